@@ -1,0 +1,862 @@
+//! A simulated GPU: the default backend, used by tests, replays and machines without a GPU.
+//!
+//! Two modes ([`Backing`]):
+//! - **host-backed**: every allocation and physical chunk is host memory, so bytes really
+//!   round-trip through `copy_to_device` / `copy_to_host`, through VMM mappings too (a chunk
+//!   mapped at two addresses shows the same bytes at both);
+//! - **address-only**: no memory is touched, only addresses and sizes are tracked, so an
+//!   80 GiB trace replays on a machine with far less memory. Copies are refused.
+//!
+//! Streams are simulated with work tickets: [`SimDevice::enqueue_work`] queues work on a stream,
+//! an event records the stream's ticket, and the event completes when the stream's work up to
+//! that ticket is done ([`SimDevice::complete_stream`], [`Device::synchronize`] or
+//! [`Device::wait_event`]). That is enough to test record-stream semantics deterministically.
+//!
+//! Every device call is counted in [`SimCounters`], which is how replays report device calls.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use crate::{
+    Device, DeviceError, DevicePtr, EventId, MemInfo, PhysicalHandle, StreamId, VirtualMemory,
+};
+
+/// 2 MiB: the VMM granularity of current NVIDIA GPUs.
+pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
+
+/// Where a simulated device keeps its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// Host memory behind every allocation: copies work.
+    Host,
+    /// Addresses and sizes only: nothing is allocated on the host.
+    AddressOnly,
+}
+
+/// Settings of a simulated device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Device memory in bytes.
+    pub capacity: u64,
+    /// Host-backed or address-only.
+    pub backing: Backing,
+    /// VMM chunk size, or `None` for a device without virtual-memory support.
+    pub granularity: Option<u64>,
+    /// Alignment of `malloc` results (cudaMalloc returns 512-byte aligned memory; real
+    /// drivers hand out 2 MiB-aligned ranges for large requests).
+    pub malloc_alignment: u64,
+}
+
+impl SimConfig {
+    /// A host-backed device of `capacity` bytes with 2 MiB VMM granularity.
+    pub fn host(capacity: u64) -> Self {
+        SimConfig {
+            capacity,
+            backing: Backing::Host,
+            granularity: Some(DEFAULT_GRANULARITY),
+            malloc_alignment: DEFAULT_GRANULARITY,
+        }
+    }
+
+    /// An address-only device of `capacity` bytes with 2 MiB VMM granularity.
+    pub fn address_only(capacity: u64) -> Self {
+        SimConfig {
+            backing: Backing::AddressOnly,
+            ..SimConfig::host(capacity)
+        }
+    }
+}
+
+/// How often each device call was made. Failed calls count too: a replay wants to see every
+/// attempt a policy made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimCounters {
+    /// `malloc` calls.
+    pub malloc: u64,
+    /// `malloc` calls that failed for lack of memory.
+    pub malloc_failed: u64,
+    /// `free` calls.
+    pub free: u64,
+    /// Address reservations.
+    pub reserve: u64,
+    /// Reservations returned.
+    pub release_reservation: u64,
+    /// Physical chunks created.
+    pub create_physical: u64,
+    /// Physical chunk creations that failed for lack of memory.
+    pub create_physical_failed: u64,
+    /// Physical chunks released.
+    pub release_physical: u64,
+    /// Map calls.
+    pub map: u64,
+    /// Unmap calls.
+    pub unmap: u64,
+    /// Events recorded.
+    pub record_event: u64,
+    /// Event queries.
+    pub event_query: u64,
+    /// Event waits.
+    pub wait_event: u64,
+    /// Stream or device synchronisations.
+    pub synchronize: u64,
+    /// Host-to-device copies.
+    pub copy_to_device: u64,
+    /// Device-to-host copies.
+    pub copy_to_host: u64,
+    /// Device-to-device copies.
+    pub copy_on_device: u64,
+}
+
+impl SimCounters {
+    /// Calls that allocate or map device memory: what a pool should make rarely.
+    pub fn allocating_calls(&self) -> u64 {
+        self.malloc + self.create_physical + self.map
+    }
+
+    /// Calls that free or unmap device memory.
+    pub fn freeing_calls(&self) -> u64 {
+        self.free + self.release_physical + self.unmap
+    }
+}
+
+/// A simulated GPU. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct SimDevice {
+    config: SimConfig,
+    state: Mutex<SimState>,
+}
+
+#[derive(Debug, Default)]
+struct SimState {
+    counters: SimCounters,
+    /// Physical bytes in use: live mallocs plus chunks not yet returned.
+    used: u64,
+    next_address: u64,
+    /// Live `malloc` ranges by start address.
+    allocations: BTreeMap<DevicePtr, Region>,
+    /// Live reservations by start address: size.
+    reservations: BTreeMap<DevicePtr, u64>,
+    /// Physical chunks by handle id.
+    physical: HashMap<u64, Physical>,
+    next_physical: u64,
+    /// Mappings by start address.
+    mappings: BTreeMap<DevicePtr, Mapping>,
+    /// Per stream: (tickets queued, tickets completed).
+    streams: HashMap<StreamId, (u64, u64)>,
+    next_stream: u64,
+    /// Live events: the stream and ticket they wait for.
+    events: HashMap<EventId, (StreamId, u64)>,
+    next_event: u64,
+}
+
+#[derive(Debug)]
+struct Region {
+    size: u64,
+    bytes: Option<Vec<u8>>,
+}
+
+#[derive(Debug)]
+struct Physical {
+    size: u64,
+    released: bool,
+    mapped: u32,
+    bytes: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Mapping {
+    size: u64,
+    handle: u64,
+}
+
+/// Base of simulated device addresses: looks like a real CUDA pointer in messages and traces.
+const ADDRESS_BASE: u64 = 0x7f00_0000_0000;
+
+fn align_up(value: u64, align: u64) -> u64 {
+    value.div_ceil(align) * align
+}
+
+impl SimDevice {
+    /// Creates a device. Fails on a zero capacity or a granularity that is not a power of two.
+    pub fn new(config: SimConfig) -> Result<Self, DeviceError> {
+        if config.capacity == 0 {
+            return Err(DeviceError::InvalidValue(
+                "simulated device capacity must be non-zero".into(),
+            ));
+        }
+        if let Some(g) = config.granularity {
+            if g == 0 || !g.is_power_of_two() {
+                return Err(DeviceError::InvalidValue(format!(
+                    "VMM granularity must be a power of two, got {g}"
+                )));
+            }
+        }
+        if config.malloc_alignment == 0 || !config.malloc_alignment.is_power_of_two() {
+            return Err(DeviceError::InvalidValue(format!(
+                "malloc alignment must be a power of two, got {}",
+                config.malloc_alignment
+            )));
+        }
+        let mut state = SimState {
+            next_address: ADDRESS_BASE,
+            next_stream: 1,
+            ..SimState::default()
+        };
+        state.streams.insert(StreamId::DEFAULT, (0, 0));
+        Ok(SimDevice {
+            config,
+            state: Mutex::new(state),
+        })
+    }
+
+    /// The settings this device was made with.
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    /// The call counters so far.
+    pub fn counters(&self) -> SimCounters {
+        self.lock().counters
+    }
+
+    /// Physical bytes in use right now (allocations plus unreleased chunks).
+    pub fn used(&self) -> u64 {
+        self.lock().used
+    }
+
+    /// Queues a unit of work on `stream` (a kernel, say): events recorded after it complete
+    /// only once the stream's work is completed.
+    pub fn enqueue_work(&self, stream: StreamId) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        let entry = s.stream_mut(stream)?;
+        entry.0 += 1;
+        Ok(())
+    }
+
+    /// Completes all work queued so far on `stream`.
+    pub fn complete_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        let entry = s.stream_mut(stream)?;
+        entry.1 = entry.0;
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SimState> {
+        // A panic while holding the lock cannot leave the state half-updated in a way that
+        // matters for a simulation, so a poisoned lock is taken over.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn backend_name(&self) -> String {
+        self.name()
+    }
+
+    fn host_backed(&self) -> bool {
+        self.config.backing == Backing::Host
+    }
+
+    fn require_host(&self, what: &str) -> Result<(), DeviceError> {
+        if self.host_backed() {
+            Ok(())
+        } else {
+            Err(DeviceError::Unsupported {
+                backend: self.backend_name(),
+                what: format!("{what}: an address-only simulated device holds no bytes"),
+            })
+        }
+    }
+
+    fn take_memory(&self, s: &mut SimState, size: u64) -> Result<(), DeviceError> {
+        let free = self.config.capacity - s.used;
+        if size > free {
+            return Err(DeviceError::OutOfMemory {
+                requested: size,
+                free,
+                total: self.config.capacity,
+            });
+        }
+        s.used += size;
+        Ok(())
+    }
+
+    fn zeroed(&self, size: u64) -> Option<Vec<u8>> {
+        self.host_backed().then(|| vec![0u8; size as usize])
+    }
+
+    fn vmm_granularity(&self) -> Result<u64, DeviceError> {
+        self.config
+            .granularity
+            .ok_or_else(|| DeviceError::Unsupported {
+                backend: self.backend_name(),
+                what: "virtual memory management".into(),
+            })
+    }
+}
+
+impl SimState {
+    fn stream_mut(&mut self, stream: StreamId) -> Result<&mut (u64, u64), DeviceError> {
+        self.streams
+            .get_mut(&stream)
+            .ok_or(DeviceError::UnknownHandle {
+                kind: "stream",
+                id: stream.0,
+            })
+    }
+
+    fn bump_address(&mut self, size: u64, align: u64) -> DevicePtr {
+        let ptr = align_up(self.next_address, align);
+        self.next_address = ptr + size;
+        ptr
+    }
+
+    /// Applies `f` to each host byte range that `[ptr, ptr+len)` covers, in address order,
+    /// whether it lies in a malloc region or in mapped chunks.
+    fn for_each_span(
+        &mut self,
+        ptr: DevicePtr,
+        len: u64,
+        mut f: impl FnMut(&mut [u8], usize),
+    ) -> Result<(), DeviceError> {
+        let end = ptr
+            .checked_add(len)
+            .ok_or_else(|| DeviceError::InvalidAddress {
+                ptr,
+                what: "range overflows the address space".into(),
+            })?;
+        if let Some((&start, region)) = self.allocations.range_mut(..=ptr).next_back() {
+            if end <= start + region.size {
+                let bytes = region.bytes.as_mut().expect("host-backed region");
+                let off = (ptr - start) as usize;
+                f(&mut bytes[off..off + len as usize], 0);
+                return Ok(());
+            }
+        }
+        let mut at = ptr;
+        while at < end {
+            let (start, mapping) = match self.mappings.range(..=at).next_back() {
+                Some((&s, &m)) if at < s + m.size => (s, m),
+                _ => {
+                    return Err(DeviceError::InvalidAddress {
+                        ptr: at,
+                        what: "not inside a live allocation or mapping".into(),
+                    })
+                }
+            };
+            let stop = end.min(start + mapping.size);
+            let chunk = self
+                .physical
+                .get_mut(&mapping.handle)
+                .expect("mapped chunk exists");
+            let bytes = chunk.bytes.as_mut().expect("host-backed chunk");
+            let off = (at - start) as usize;
+            f(
+                &mut bytes[off..off + (stop - at) as usize],
+                (at - ptr) as usize,
+            );
+            at = stop;
+        }
+        Ok(())
+    }
+}
+
+impl Device for SimDevice {
+    fn name(&self) -> String {
+        let mode = match self.config.backing {
+            Backing::Host => "host-backed",
+            Backing::AddressOnly => "address-only",
+        };
+        format!(
+            "sim ({:.2} GiB, {mode})",
+            self.config.capacity as f64 / (1u64 << 30) as f64
+        )
+    }
+
+    fn mem_info(&self) -> Result<MemInfo, DeviceError> {
+        let s = self.lock();
+        Ok(MemInfo {
+            free: self.config.capacity - s.used,
+            total: self.config.capacity,
+        })
+    }
+
+    fn malloc(&self, size: u64) -> Result<DevicePtr, DeviceError> {
+        let mut s = self.lock();
+        s.counters.malloc += 1;
+        if size == 0 {
+            return Err(DeviceError::InvalidValue("malloc of zero bytes".into()));
+        }
+        if let Err(e) = self.take_memory(&mut s, size) {
+            s.counters.malloc_failed += 1;
+            return Err(e);
+        }
+        let ptr = s.bump_address(size, self.config.malloc_alignment);
+        let bytes = self.zeroed(size);
+        s.allocations.insert(ptr, Region { size, bytes });
+        Ok(ptr)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        s.counters.free += 1;
+        let region = s
+            .allocations
+            .remove(&ptr)
+            .ok_or_else(|| DeviceError::InvalidAddress {
+                ptr,
+                what: "free of an address that no live malloc returned".into(),
+            })?;
+        s.used -= region.size;
+        Ok(())
+    }
+
+    fn vmm(&self) -> Option<&dyn VirtualMemory> {
+        self.config.granularity.map(|_| self as &dyn VirtualMemory)
+    }
+
+    fn create_stream(&self) -> Result<StreamId, DeviceError> {
+        let mut s = self.lock();
+        let id = StreamId(s.next_stream);
+        s.next_stream += 1;
+        s.streams.insert(id, (0, 0));
+        Ok(id)
+    }
+
+    fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
+        let mut s = self.lock();
+        s.counters.record_event += 1;
+        let ticket = s.stream_mut(stream)?.0;
+        let id = EventId(s.next_event);
+        s.next_event += 1;
+        s.events.insert(id, (stream, ticket));
+        Ok(id)
+    }
+
+    fn event_completed(&self, event: EventId) -> Result<bool, DeviceError> {
+        let mut s = self.lock();
+        s.counters.event_query += 1;
+        let (stream, ticket) = *s.events.get(&event).ok_or(DeviceError::UnknownHandle {
+            kind: "event",
+            id: event.0,
+        })?;
+        Ok(s.stream_mut(stream)?.1 >= ticket)
+    }
+
+    fn wait_event(&self, event: EventId) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        s.counters.wait_event += 1;
+        let (stream, ticket) = *s.events.get(&event).ok_or(DeviceError::UnknownHandle {
+            kind: "event",
+            id: event.0,
+        })?;
+        let entry = s.stream_mut(stream)?;
+        entry.1 = entry.1.max(ticket);
+        Ok(())
+    }
+
+    fn destroy_event(&self, event: EventId) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        s.events.remove(&event).ok_or(DeviceError::UnknownHandle {
+            kind: "event",
+            id: event.0,
+        })?;
+        Ok(())
+    }
+
+    fn synchronize_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        s.counters.synchronize += 1;
+        let entry = s.stream_mut(stream)?;
+        entry.1 = entry.0;
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        s.counters.synchronize += 1;
+        for entry in s.streams.values_mut() {
+            entry.1 = entry.0;
+        }
+        Ok(())
+    }
+
+    fn copy_to_device(
+        &self,
+        dst: DevicePtr,
+        src: &[u8],
+        stream: StreamId,
+    ) -> Result<(), DeviceError> {
+        self.require_host("copy to device")?;
+        let mut s = self.lock();
+        s.counters.copy_to_device += 1;
+        s.stream_mut(stream)?;
+        s.for_each_span(dst, src.len() as u64, |span, off| {
+            span.copy_from_slice(&src[off..off + span.len()])
+        })
+    }
+
+    fn copy_to_host(
+        &self,
+        dst: &mut [u8],
+        src: DevicePtr,
+        stream: StreamId,
+    ) -> Result<(), DeviceError> {
+        self.require_host("copy to host")?;
+        let mut s = self.lock();
+        s.counters.copy_to_host += 1;
+        s.stream_mut(stream)?;
+        s.for_each_span(src, dst.len() as u64, |span, off| {
+            dst[off..off + span.len()].copy_from_slice(span)
+        })
+    }
+
+    fn copy_on_device(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<(), DeviceError> {
+        self.require_host("copy on device")?;
+        let mut staging = vec![0u8; len as usize];
+        {
+            let mut s = self.lock();
+            s.counters.copy_on_device += 1;
+            s.stream_mut(stream)?;
+            s.for_each_span(src, len, |span, off| {
+                staging[off..off + span.len()].copy_from_slice(span)
+            })?;
+            s.for_each_span(dst, len, |span, off| {
+                span.copy_from_slice(&staging[off..off + span.len()])
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl VirtualMemory for SimDevice {
+    fn granularity(&self) -> u64 {
+        self.config.granularity.unwrap_or(DEFAULT_GRANULARITY)
+    }
+
+    fn reserve(&self, size: u64) -> Result<DevicePtr, DeviceError> {
+        let g = self.vmm_granularity()?;
+        let mut s = self.lock();
+        s.counters.reserve += 1;
+        if size == 0 || size % g != 0 {
+            return Err(DeviceError::InvalidValue(format!(
+                "reservation of {size} bytes is not a non-zero multiple of the granularity {g}"
+            )));
+        }
+        let ptr = s.bump_address(size, g);
+        s.reservations.insert(ptr, size);
+        Ok(ptr)
+    }
+
+    fn release_reservation(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        s.counters.release_reservation += 1;
+        match s.reservations.get(&ptr) {
+            Some(&len) if len == size => {}
+            _ => {
+                return Err(DeviceError::InvalidAddress {
+                    ptr,
+                    what: format!("no reservation of {size} bytes starts here"),
+                })
+            }
+        }
+        if s.mappings.range(ptr..ptr + size).next().is_some() {
+            return Err(DeviceError::InvalidValue(format!(
+                "reservation at {ptr:#x} still has mapped chunks"
+            )));
+        }
+        s.reservations.remove(&ptr);
+        Ok(())
+    }
+
+    fn create_physical(&self, size: u64) -> Result<PhysicalHandle, DeviceError> {
+        let g = self.vmm_granularity()?;
+        let mut s = self.lock();
+        s.counters.create_physical += 1;
+        if size == 0 || size % g != 0 {
+            return Err(DeviceError::InvalidValue(format!(
+                "physical chunk of {size} bytes is not a non-zero multiple of the granularity {g}"
+            )));
+        }
+        if let Err(e) = self.take_memory(&mut s, size) {
+            s.counters.create_physical_failed += 1;
+            return Err(e);
+        }
+        let id = s.next_physical;
+        s.next_physical += 1;
+        let bytes = self.zeroed(size);
+        s.physical.insert(
+            id,
+            Physical {
+                size,
+                released: false,
+                mapped: 0,
+                bytes,
+            },
+        );
+        Ok(PhysicalHandle(id))
+    }
+
+    fn release_physical(&self, handle: PhysicalHandle) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        s.counters.release_physical += 1;
+        let chunk = match s.physical.get_mut(&handle.0) {
+            Some(c) if !c.released => c,
+            _ => {
+                return Err(DeviceError::UnknownHandle {
+                    kind: "physical handle",
+                    id: handle.0,
+                })
+            }
+        };
+        chunk.released = true;
+        if chunk.mapped == 0 {
+            let size = chunk.size;
+            s.physical.remove(&handle.0);
+            s.used -= size;
+        }
+        Ok(())
+    }
+
+    fn map(&self, ptr: DevicePtr, handle: PhysicalHandle) -> Result<(), DeviceError> {
+        let g = self.vmm_granularity()?;
+        let mut s = self.lock();
+        s.counters.map += 1;
+        let size = match s.physical.get(&handle.0) {
+            Some(c) if !c.released => c.size,
+            _ => {
+                return Err(DeviceError::UnknownHandle {
+                    kind: "physical handle",
+                    id: handle.0,
+                })
+            }
+        };
+        if ptr % g != 0 {
+            return Err(DeviceError::InvalidAddress {
+                ptr,
+                what: format!("map address is not aligned to the granularity {g}"),
+            });
+        }
+        let inside = matches!(
+            s.reservations.range(..=ptr).next_back(),
+            Some((&start, &len)) if ptr + size <= start + len
+        );
+        if !inside {
+            return Err(DeviceError::InvalidAddress {
+                ptr,
+                what: format!("{size} bytes from here are not inside one reservation"),
+            });
+        }
+        let overlaps_before = matches!(
+            s.mappings.range(..ptr).next_back(),
+            Some((&start, m)) if start + m.size > ptr
+        );
+        if overlaps_before || s.mappings.range(ptr..ptr + size).next().is_some() {
+            return Err(DeviceError::InvalidAddress {
+                ptr,
+                what: "range is already mapped".into(),
+            });
+        }
+        s.mappings.insert(
+            ptr,
+            Mapping {
+                size,
+                handle: handle.0,
+            },
+        );
+        s.physical.get_mut(&handle.0).expect("checked above").mapped += 1;
+        Ok(())
+    }
+
+    fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        s.counters.unmap += 1;
+        let end = ptr.saturating_add(size);
+        let starts: Vec<DevicePtr> = s.mappings.range(ptr..end).map(|(&a, _)| a).collect();
+        let covered: u64 = starts.iter().map(|a| s.mappings[a].size).sum();
+        let contiguous = starts.first() == Some(&ptr)
+            && starts.last().map(|a| a + s.mappings[a].size) == Some(end);
+        if !contiguous || covered != size {
+            return Err(DeviceError::InvalidAddress {
+                ptr,
+                what: format!("{size} bytes from here do not cover whole mappings"),
+            });
+        }
+        for start in starts {
+            let mapping = s.mappings.remove(&start).expect("listed above");
+            let chunk = s
+                .physical
+                .get_mut(&mapping.handle)
+                .expect("mapped chunk exists");
+            chunk.mapped -= 1;
+            if chunk.released && chunk.mapped == 0 {
+                let freed = chunk.size;
+                s.physical.remove(&mapping.handle);
+                s.used -= freed;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn host(capacity: u64) -> SimDevice {
+        SimDevice::new(SimConfig::host(capacity)).unwrap()
+    }
+
+    #[test]
+    fn bytes_round_trip_through_malloc() {
+        let dev = host(64 * MIB);
+        let ptr = dev.malloc(4096).unwrap();
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        dev.copy_to_device(ptr + 0, &data, StreamId::DEFAULT)
+            .unwrap();
+        let mut back = vec![0u8; 4096];
+        dev.copy_to_host(&mut back, ptr, StreamId::DEFAULT).unwrap();
+        assert_eq!(back, data);
+        let other = dev.malloc(4096).unwrap();
+        dev.copy_on_device(other, ptr, 4096, StreamId::DEFAULT)
+            .unwrap();
+        let mut again = vec![0u8; 4096];
+        dev.copy_to_host(&mut again, other, StreamId::DEFAULT)
+            .unwrap();
+        assert_eq!(again, data);
+    }
+
+    #[test]
+    fn capacity_is_enforced_and_freed() {
+        let dev = host(8 * MIB);
+        let a = dev.malloc(6 * MIB).unwrap();
+        let err = dev.malloc(4 * MIB).unwrap_err();
+        assert_eq!(
+            err,
+            DeviceError::OutOfMemory {
+                requested: 4 * MIB,
+                free: 2 * MIB,
+                total: 8 * MIB
+            }
+        );
+        dev.free(a).unwrap();
+        assert_eq!(dev.mem_info().unwrap().free, 8 * MIB);
+        assert_eq!(dev.counters().malloc, 2);
+        assert_eq!(dev.counters().malloc_failed, 1);
+    }
+
+    #[test]
+    fn bad_frees_and_zero_sizes_are_errors() {
+        let dev = host(8 * MIB);
+        assert!(matches!(dev.malloc(0), Err(DeviceError::InvalidValue(_))));
+        let a = dev.malloc(MIB).unwrap();
+        assert!(matches!(
+            dev.free(a + 512),
+            Err(DeviceError::InvalidAddress { .. })
+        ));
+        dev.free(a).unwrap();
+        assert!(matches!(
+            dev.free(a),
+            Err(DeviceError::InvalidAddress { .. })
+        ));
+    }
+
+    #[test]
+    fn vmm_chunks_alias_and_span_mappings() {
+        let dev = host(16 * MIB);
+        let vmm = dev.vmm().unwrap();
+        let va = vmm.reserve(8 * MIB).unwrap();
+        let h1 = vmm.create_physical(2 * MIB).unwrap();
+        let h2 = vmm.create_physical(2 * MIB).unwrap();
+        vmm.map(va, h1).unwrap();
+        vmm.map(va + 2 * MIB, h2).unwrap();
+        // A write across the chunk boundary lands in both chunks.
+        let data = vec![0xabu8; 1024];
+        dev.copy_to_device(va + 2 * MIB - 512, &data, StreamId::DEFAULT)
+            .unwrap();
+        // Map chunk 2 a second time elsewhere (stitching) and read it there.
+        let va2 = vmm.reserve(2 * MIB).unwrap();
+        vmm.map(va2, h2).unwrap();
+        let mut back = vec![0u8; 512];
+        dev.copy_to_host(&mut back, va2, StreamId::DEFAULT).unwrap();
+        assert_eq!(back, vec![0xab; 512]);
+        assert_eq!(dev.used(), 4 * MIB);
+        // Released while mapped: memory returns only when the last mapping goes.
+        vmm.release_physical(h2).unwrap();
+        vmm.unmap(va + 2 * MIB, 2 * MIB).unwrap();
+        assert_eq!(dev.used(), 4 * MIB);
+        vmm.unmap(va2, 2 * MIB).unwrap();
+        assert_eq!(dev.used(), 2 * MIB);
+        assert!(
+            vmm.release_reservation(va, 8 * MIB).is_err(),
+            "h1 still mapped"
+        );
+        vmm.unmap(va, 2 * MIB).unwrap();
+        vmm.release_physical(h1).unwrap();
+        vmm.release_reservation(va, 8 * MIB).unwrap();
+        assert_eq!(dev.used(), 0);
+        let c = dev.counters();
+        assert_eq!((c.map, c.unmap, c.create_physical), (3, 3, 2));
+    }
+
+    #[test]
+    fn vmm_rejects_bad_mappings() {
+        let dev = host(16 * MIB);
+        let vmm = dev.vmm().unwrap();
+        assert!(
+            vmm.create_physical(MIB).is_err(),
+            "not a granularity multiple"
+        );
+        let va = vmm.reserve(4 * MIB).unwrap();
+        let h = vmm.create_physical(4 * MIB).unwrap();
+        assert!(
+            vmm.map(va + 2 * MIB, h).is_err(),
+            "runs past the reservation"
+        );
+        vmm.map(va, h).unwrap();
+        assert!(vmm.map(va, h).is_err(), "already mapped");
+        assert!(vmm.unmap(va, 2 * MIB).is_err(), "partial unmap");
+    }
+
+    #[test]
+    fn address_only_tracks_without_bytes() {
+        let dev = SimDevice::new(SimConfig::address_only(80 << 30)).unwrap();
+        let ptrs: Vec<_> = (0..40).map(|_| dev.malloc(2 << 30).unwrap()).collect();
+        assert_eq!(dev.used(), 80 << 30);
+        assert!(dev.malloc(1).is_err());
+        let mut buf = [0u8; 4];
+        assert!(matches!(
+            dev.copy_to_host(&mut buf, ptrs[0], StreamId::DEFAULT),
+            Err(DeviceError::Unsupported { .. })
+        ));
+        for p in ptrs {
+            dev.free(p).unwrap();
+        }
+        assert_eq!(dev.used(), 0);
+    }
+
+    #[test]
+    fn events_complete_with_their_stream() {
+        let dev = host(MIB * 4);
+        let s = dev.create_stream().unwrap();
+        dev.enqueue_work(s).unwrap();
+        let e = dev.record_event(s).unwrap();
+        assert!(!dev.event_completed(e).unwrap());
+        dev.enqueue_work(s).unwrap();
+        let later = dev.record_event(s).unwrap();
+        dev.wait_event(e).unwrap();
+        assert!(dev.event_completed(e).unwrap());
+        assert!(!dev.event_completed(later).unwrap());
+        dev.synchronize().unwrap();
+        assert!(dev.event_completed(later).unwrap());
+        dev.destroy_event(e).unwrap();
+        assert!(dev.event_completed(e).is_err());
+        assert!(dev.record_event(StreamId(999)).is_err());
+    }
+}
