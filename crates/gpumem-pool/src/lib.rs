@@ -1,1 +1,33 @@
-//! placeholder
+//! A caching device-memory pool for deep learning, over any [`gpumem_device::Device`].
+//!
+//! - [`Pool`] hands out device memory on streams, caches freed blocks, waits on stream events
+//!   for cross-stream frees (`record_stream`), frees its cache and retries before failing, and
+//!   fails with an [`OomError`] that explains what happened and what to try.
+//! - The placement policy is chosen at run time ([`PolicyKind`]): `torch` (PyTorch's native
+//!   caching allocator, faithfully), `expandable` (PyTorch's expandable segments), `gpumem`
+//!   (our own, the default) and `none` (no caching). Each policy lives in its own file under
+//!   [`policies`] and implements [`Policy`].
+//! - Limits, policy and PyTorch options come from the API ([`PoolConfig`]) or the environment
+//!   ([`PoolConfig::from_env`]); statistics use PyTorch's `memory_stats` keys ([`MemoryStats`]);
+//!   [`Pool::status`] prints a `pool_status`-like summary with fragmentation; history can be
+//!   recorded for snapshots ([`HistoryEntry`]).
+
+mod config;
+mod history;
+mod oom;
+pub mod policies;
+mod policy;
+mod pool;
+mod size;
+mod stats;
+
+pub use config::{ConfigError, PolicyKind, PoolConfig};
+pub use history::{Action, HistoryEntry};
+pub use oom::{Advice, OomError};
+pub use policy::{
+    AllocRequest, Block, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView, Upstream,
+    UpstreamError,
+};
+pub use pool::{Allocation, Pool, PoolError, PoolStatus};
+pub use size::{parse_limit, Bytes, Limit, SizeParseError, ACCEPTED_SIZE_FORMS};
+pub use stats::{MemoryStats, PoolKind, Stat, StatArray, SMALL_REQUEST_MAX};

@@ -1,0 +1,237 @@
+//! Pool configuration, from the library API or from the environment.
+//!
+//! Environment variables (read by [`PoolConfig::from_env`]):
+//! - `GPUMEM_POOL` = `none` | `torch` | `expandable` | `gpumem` (default `gpumem`);
+//! - `GPUMEM_SOFT_LIMIT`: cached memory above it is released at synchronisation points;
+//! - `GPUMEM_HARD_LIMIT`: reserved memory never exceeds it; an allocation beyond it is an OOM;
+//! - `GPUMEM_HISTORY`: number of events to record for snapshots (0 or unset: off);
+//! - `PYTORCH_ALLOC_CONF`, or its older name `PYTORCH_CUDA_ALLOC_CONF`: PyTorch's allocator
+//!   options, read by the `torch` and `expandable` policies.
+//!
+//! A malformed value is an error that names the variable, the value and the accepted forms.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::policies::torch_settings::TorchSettings;
+use crate::size::{parse_limit, Limit, ACCEPTED_SIZE_FORMS};
+
+/// The placement policy a pool runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PolicyKind {
+    /// No caching: every allocation is a device allocation, every free a device free.
+    None,
+    /// PyTorch's native caching allocator policy (the compatibility baseline).
+    Torch,
+    /// PyTorch's policy with expandable segments over virtual-memory mapping.
+    Expandable,
+    /// gpumem's own policy (the default).
+    Gpumem,
+}
+
+impl PolicyKind {
+    /// Every policy, in the order reports list them.
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::None,
+        PolicyKind::Torch,
+        PolicyKind::Expandable,
+        PolicyKind::Gpumem,
+    ];
+
+    /// The name used in `GPUMEM_POOL` and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::None => "none",
+            PolicyKind::Torch => "torch",
+            PolicyKind::Expandable => "expandable",
+            PolicyKind::Gpumem => "gpumem",
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PolicyKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s.trim())
+            .ok_or_else(|| "one of none, torch, expandable, gpumem".to_string())
+    }
+}
+
+/// Everything that shapes a pool's behaviour.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolConfig {
+    /// The placement policy.
+    pub policy: PolicyKind,
+    /// Cached memory above this is released at synchronisation points.
+    pub soft_limit: Option<Limit>,
+    /// Reserved memory never exceeds this.
+    pub hard_limit: Option<Limit>,
+    /// PyTorch allocator options, used by the `torch` and `expandable` policies.
+    pub torch: TorchSettings,
+    /// Events to keep in the history ring (0: recording off).
+    pub history_capacity: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            policy: PolicyKind::Gpumem,
+            soft_limit: None,
+            hard_limit: None,
+            torch: TorchSettings::default(),
+            history_capacity: 0,
+        }
+    }
+}
+
+/// A configuration value that could not be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{source_name}={value:?} is not valid: {problem}; accepted: {accepted}")]
+pub struct ConfigError {
+    /// The variable or option that held the value, e.g. `GPUMEM_HARD_LIMIT`.
+    pub source_name: String,
+    /// The value as given.
+    pub value: String,
+    /// What is wrong with it.
+    pub problem: String,
+    /// The forms that would be accepted.
+    pub accepted: String,
+}
+
+impl PoolConfig {
+    /// The configuration given by the process environment.
+    pub fn from_env() -> Result<PoolConfig, ConfigError> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// The configuration given by `lookup` (a variable name → its value), so that callers and
+    /// tests can supply the environment themselves.
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<PoolConfig, ConfigError> {
+        let mut config = PoolConfig::default();
+        if let Some(value) = lookup("GPUMEM_POOL") {
+            config.policy = value.parse().map_err(|accepted| ConfigError {
+                source_name: "GPUMEM_POOL".into(),
+                problem: "unknown pool policy".into(),
+                value: value.clone(),
+                accepted,
+            })?;
+        }
+        config.soft_limit = limit_var(&lookup, "GPUMEM_SOFT_LIMIT")?;
+        config.hard_limit = limit_var(&lookup, "GPUMEM_HARD_LIMIT")?;
+        if let Some(value) = lookup("GPUMEM_HISTORY") {
+            config.history_capacity = value.trim().parse().map_err(|_| ConfigError {
+                source_name: "GPUMEM_HISTORY".into(),
+                value: value.clone(),
+                problem: "not a whole number".into(),
+                accepted: "a number of events to record, 0 for none".into(),
+            })?;
+        }
+        for name in ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"] {
+            if let Some(value) = lookup(name) {
+                config.torch = TorchSettings::parse(&value).map_err(|mut e| {
+                    e.source_name = format!("{name} option {}", e.source_name);
+                    e
+                })?;
+                break;
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks that the settings make sense together (the soft limit below the hard limit when
+    /// both are absolute).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let (Some(Limit::Bytes(soft)), Some(Limit::Bytes(hard))) =
+            (self.soft_limit, self.hard_limit)
+        {
+            if soft > hard {
+                return Err(ConfigError {
+                    source_name: "GPUMEM_SOFT_LIMIT".into(),
+                    value: soft.to_string(),
+                    problem: format!("above the hard limit of {hard} bytes"),
+                    accepted: "a soft limit no larger than the hard limit".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn limit_var(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &str,
+) -> Result<Option<Limit>, ConfigError> {
+    let Some(value) = lookup(name) else {
+        return Ok(None);
+    };
+    parse_limit(&value).map(Some).map_err(|e| ConfigError {
+        source_name: name.into(),
+        value: value.clone(),
+        problem: e.reason,
+        accepted: ACCEPTED_SIZE_FORMS.into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn from(vars: &[(&str, &str)]) -> Result<PoolConfig, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        PoolConfig::from_vars(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn reads_policy_and_limits() {
+        let c = from(&[
+            ("GPUMEM_POOL", "torch"),
+            ("GPUMEM_SOFT_LIMIT", "50%"),
+            ("GPUMEM_HARD_LIMIT", "2GiB"),
+            ("GPUMEM_HISTORY", "1000"),
+        ])
+        .unwrap();
+        assert_eq!(c.policy, PolicyKind::Torch);
+        assert_eq!(c.soft_limit, Some(Limit::Fraction(0.5)));
+        assert_eq!(c.hard_limit, Some(Limit::Bytes(2 << 30)));
+        assert_eq!(c.history_capacity, 1000);
+        assert_eq!(from(&[]).unwrap(), PoolConfig::default());
+    }
+
+    #[test]
+    fn bad_values_name_variable_value_and_forms() {
+        let e = from(&[("GPUMEM_POOL", "cuda")]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("GPUMEM_POOL") && text.contains("\"cuda\""),
+            "{text}"
+        );
+        assert!(text.contains("none, torch, expandable, gpumem"), "{text}");
+
+        let e = from(&[("GPUMEM_HARD_LIMIT", "12 bananas")]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("GPUMEM_HARD_LIMIT") && text.contains("KiB/MiB/GiB"),
+            "{text}"
+        );
+
+        let e = from(&[("GPUMEM_SOFT_LIMIT", "3G"), ("GPUMEM_HARD_LIMIT", "2G")]).unwrap_err();
+        assert!(e.to_string().contains("above the hard limit"), "{e}");
+
+        let e = from(&[("GPUMEM_HISTORY", "lots")]).unwrap_err();
+        assert!(e.to_string().contains("GPUMEM_HISTORY"), "{e}");
+    }
+}

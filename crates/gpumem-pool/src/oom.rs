@@ -1,0 +1,176 @@
+//! Out-of-memory errors that explain themselves: what was asked, what the device and the pool
+//! held, and what to try, most promising first.
+
+use std::fmt;
+
+use gpumem_device::StreamId;
+
+use crate::config::PolicyKind;
+use crate::policy::UpstreamError;
+use crate::size::Bytes;
+
+/// One suggestion in an OOM error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Advice {
+    /// What to do, e.g. `try GPUMEM_POOL=expandable`.
+    pub action: String,
+    /// Why, with the numbers behind it.
+    pub reason: String,
+    /// Bytes it could make available; advice is ranked by this.
+    pub bytes: u64,
+}
+
+/// An allocation that failed after the pool freed its cache and retried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OomError {
+    /// Bytes the user asked for.
+    pub requested: u64,
+    /// Bytes the policy last tried to obtain from the device (a whole segment, say).
+    pub attempted: u64,
+    /// Stream of the request.
+    pub stream: StreamId,
+    /// The policy in force.
+    pub policy: PolicyKind,
+    /// Device name.
+    pub device: String,
+    /// Device total memory.
+    pub device_total: u64,
+    /// Device free memory when the allocation failed.
+    pub device_free: u64,
+    /// Bytes allocated from this pool.
+    pub allocated: u64,
+    /// Bytes reserved by this pool from the device.
+    pub reserved: u64,
+    /// The largest cached block.
+    pub largest_free_block: u64,
+    /// The hard limit in force, if any.
+    pub hard_limit: Option<u64>,
+    /// The last refusal from the device or the limit.
+    pub cause: UpstreamError,
+    /// What to try, most promising first.
+    pub advice: Vec<Advice>,
+}
+
+impl OomError {
+    /// Reserved bytes that hold no allocation: cache and fragmentation.
+    pub fn reserved_unallocated(&self) -> u64 {
+        self.reserved.saturating_sub(self.allocated)
+    }
+
+    /// Device memory in use outside this pool (other pools, processes, the CUDA context).
+    pub fn used_elsewhere(&self) -> u64 {
+        self.device_total
+            .saturating_sub(self.device_free)
+            .saturating_sub(self.reserved)
+    }
+
+    /// Fills in [`OomError::advice`] from the numbers, ranked by bytes each could free.
+    pub(crate) fn with_advice(mut self) -> Self {
+        let mut advice = Vec::new();
+        let shortfall = self.requested.saturating_sub(self.largest_free_block);
+        let idle = self.reserved_unallocated();
+        if idle > 0 {
+            let action = match self.policy {
+                PolicyKind::Torch => "try GPUMEM_POOL=gpumem (or GPUMEM_POOL=expandable)",
+                PolicyKind::Expandable => "try GPUMEM_POOL=gpumem",
+                PolicyKind::None | PolicyKind::Gpumem => {
+                    "free blocks that are no longer needed sooner; look at the snapshot (GPUMEM_HISTORY) for long-lived small blocks between large ones"
+                }
+            };
+            advice.push(Advice {
+                action: action.into(),
+                reason: format!(
+                    "{} reserved but unallocated, largest free block {} — fragmentation",
+                    Bytes(idle),
+                    Bytes(self.largest_free_block)
+                ),
+                bytes: idle,
+            });
+        }
+        if let Some(limit) = self.hard_limit {
+            let beyond = self
+                .device_free
+                .min(self.device_total.saturating_sub(limit));
+            if beyond > 0 {
+                advice.push(Advice {
+                    action: "raise GPUMEM_HARD_LIMIT".into(),
+                    reason: format!(
+                        "the limit is {}, and the device has {} free beyond it",
+                        Bytes(limit),
+                        Bytes(beyond)
+                    ),
+                    bytes: beyond,
+                });
+            }
+        }
+        let elsewhere = self.used_elsewhere();
+        if elsewhere > 0 {
+            advice.push(Advice {
+                action: "free device memory held outside this pool, or run alone on the GPU".into(),
+                reason: format!(
+                    "{} of the device is used by other pools, processes or the CUDA context",
+                    Bytes(elsewhere)
+                ),
+                bytes: elsewhere,
+            });
+        }
+        advice.push(Advice {
+            action: "reduce live memory: a smaller batch, gradient checkpointing, bf16 or an 8-bit optimizer; `gpumem plan` finds a batch that fits".into(),
+            reason: format!(
+                "{} is allocated and {} more is needed",
+                Bytes(self.allocated),
+                Bytes(shortfall.max(1))
+            ),
+            bytes: self.allocated,
+        });
+        advice.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+        self.advice = advice;
+        self
+    }
+}
+
+impl fmt::Display for OomError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "out of memory: tried to allocate {} on stream {} (policy {}",
+            Bytes(self.requested),
+            self.stream.0,
+            self.policy
+        )?;
+        if self.attempted > self.requested {
+            write!(
+                f,
+                ", which needed a new segment of {}",
+                Bytes(self.attempted)
+            )?;
+        }
+        writeln!(f, ").")?;
+        writeln!(
+            f,
+            "Device {} has {} in total, of which {} is free.",
+            self.device,
+            Bytes(self.device_total),
+            Bytes(self.device_free)
+        )?;
+        writeln!(
+            f,
+            "This pool holds {} allocated and {} reserved but unallocated; the largest free block is {}.",
+            Bytes(self.allocated),
+            Bytes(self.reserved_unallocated()),
+            Bytes(self.largest_free_block)
+        )?;
+        match self.hard_limit {
+            Some(limit) => writeln!(f, "Memory limit: hard = {}.", Bytes(limit))?,
+            None => writeln!(f, "Memory limit: none.")?,
+        }
+        writeln!(f, "Last refusal: {}.", self.cause)?;
+        write!(f, "What to try, most promising first:")?;
+        for (i, a) in self.advice.iter().enumerate() {
+            write!(f, "\n  {}. {} ({})", i + 1, a.action, a.reason)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for OomError {}

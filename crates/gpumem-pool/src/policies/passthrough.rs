@@ -1,0 +1,82 @@
+//! `GPUMEM_POOL=none`: no caching. Every allocation is one device allocation and every free
+//! one device free — the reference point that shows what a cache saves, and the mode for
+//! memory checkers that must see every allocation.
+
+use std::collections::BTreeMap;
+
+use gpumem_device::DevicePtr;
+
+use crate::policy::{
+    AllocRequest, Block, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView, Upstream,
+};
+use crate::stats::PoolKind;
+
+/// Device allocations straight through, sized to 512-byte multiples like cudaMalloc's own
+/// granularity.
+#[derive(Debug, Default)]
+pub struct PassthroughPolicy {
+    live: BTreeMap<DevicePtr, Block>,
+}
+
+/// cudaMalloc's allocation granularity.
+const ALIGNMENT: u64 = 512;
+
+impl Policy for PassthroughPolicy {
+    fn name(&self) -> &'static str {
+        "none"
+    }
+
+    fn allocate(&mut self, req: AllocRequest, up: &mut Upstream<'_>) -> Result<Block, Exhausted> {
+        let size = req.size.div_ceil(ALIGNMENT) * ALIGNMENT;
+        let pool = PoolKind::for_request(req.size);
+        let addr = up
+            .malloc_segment(size, pool, req.stream)
+            .map_err(|cause| Exhausted {
+                attempted: size,
+                cause,
+            })?;
+        let block = Block {
+            addr,
+            size,
+            requested: req.size,
+            stream: req.stream,
+            pool,
+        };
+        self.live.insert(addr, block);
+        Ok(block)
+    }
+
+    fn free(&mut self, block: Block, up: &mut Upstream<'_>) {
+        if self.live.remove(&block.addr).is_some() {
+            // The pool only hands back blocks this policy gave out, so the device knows the
+            // address; a device failure here would be a backend bug with nothing to undo.
+            let _ = up.free_segment(block.addr, block.size, block.pool, block.stream);
+        }
+    }
+
+    fn release_cached(&mut self, _target: ReleaseTarget, _up: &mut Upstream<'_>) -> u64 {
+        0
+    }
+
+    fn segments(&self) -> Vec<SegmentView> {
+        self.live
+            .values()
+            .map(|b| SegmentView {
+                address: b.addr,
+                total_size: b.size,
+                stream: b.stream,
+                pool: b.pool,
+                is_expandable: false,
+                blocks: vec![BlockView {
+                    address: b.addr,
+                    size: b.size,
+                    in_use: true,
+                }],
+            })
+            .collect()
+    }
+
+    fn largest_free_block(&self) -> u64 {
+        0
+    }
+}

@@ -1,0 +1,322 @@
+//! The contract between the pool and its placement policies.
+//!
+//! The pool ([`crate::Pool`]) owns everything that is the same for every policy: the table of
+//! live blocks, block-level statistics, cross-stream frees that wait on events, the
+//! reclaim-and-retry sequence on out-of-memory, limits, history and the OOM explanation. A
+//! [`Policy`] owns only placement: which cached block serves a request, when to grow, how to
+//! split and coalesce, what to give back. It reaches the device through an [`Upstream`], which
+//! layers the hard limit, segment statistics, device-call counts and history over the raw
+//! device, the way RMM stacks adaptors over an upstream resource.
+
+use gpumem_device::{Device, DeviceError, DevicePtr, PhysicalHandle, StreamId};
+
+use crate::history::{Action, History};
+use crate::stats::{MemoryStats, PoolKind};
+
+/// A request as the pool hands it to a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocRequest {
+    /// Bytes asked for by the user (non-zero).
+    pub size: u64,
+    /// The stream the block will be used on.
+    pub stream: StreamId,
+}
+
+/// A block handed out by a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// Device address of the block.
+    pub addr: DevicePtr,
+    /// Bytes the block occupies (after the policy's rounding); at least the request.
+    pub size: u64,
+    /// Bytes the user asked for.
+    pub requested: u64,
+    /// Stream it was allocated on.
+    pub stream: StreamId,
+    /// Pool it is accounted to in statistics.
+    pub pool: PoolKind,
+}
+
+/// How much cached memory [`Policy::release_cached`] should give back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseTarget {
+    /// Everything the policy can release (`empty_cache`).
+    All,
+    /// At least this many bytes if possible, preferring the oldest or least useful (soft limit,
+    /// garbage collection).
+    AtLeast(u64),
+}
+
+/// The policy could not serve a request even after growing as far as it is allowed to.
+/// The pool then reclaims and retries, and reports an explained OOM if that fails too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exhausted {
+    /// Bytes the policy tried to obtain from the device last (e.g. the segment size), which
+    /// the OOM message reports next to the request.
+    pub attempted: u64,
+    /// The last device or limit error seen.
+    pub cause: UpstreamError,
+}
+
+/// A device range as a policy sees it, for snapshots, status and fragmentation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentView {
+    /// Start address.
+    pub address: DevicePtr,
+    /// Bytes backed by device memory.
+    pub total_size: u64,
+    /// Stream the segment serves.
+    pub stream: StreamId,
+    /// Pool it is accounted to.
+    pub pool: PoolKind,
+    /// Whether it is a growable (VMM) segment.
+    pub is_expandable: bool,
+    /// The blocks that tile the segment, in address order.
+    pub blocks: Vec<BlockView>,
+}
+
+/// A block inside a [`SegmentView`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockView {
+    /// Start address.
+    pub address: DevicePtr,
+    /// Bytes.
+    pub size: u64,
+    /// Whether the block is handed out (or waits on events) rather than cached.
+    pub in_use: bool,
+}
+
+/// A placement policy: the part of a caching allocator that differs between PyTorch's,
+/// expandable segments and gpumem's own design.
+///
+/// Invariants the pool relies on (and the property tests check):
+/// - blocks handed out never overlap and lie inside device memory the policy obtained through
+///   its [`Upstream`];
+/// - `free` takes back exactly the blocks `allocate` returned, once each;
+/// - after `release_cached(All)` with no blocks in use, the policy holds no device memory.
+pub trait Policy: Send {
+    /// The policy's name (`torch`, `expandable`, `gpumem`, `none`).
+    fn name(&self) -> &'static str;
+
+    /// Serves a request from the cache or by obtaining device memory through `up`. A policy may
+    /// release some of its own cache and retry the device (PyTorch frees oversize blocks, say)
+    /// but must not empty the whole cache: the pool does that as its last resort.
+    fn allocate(&mut self, req: AllocRequest, up: &mut Upstream<'_>) -> Result<Block, Exhausted>;
+
+    /// Takes back a block returned by [`Policy::allocate`] whose use is over on every stream.
+    fn free(&mut self, block: Block, up: &mut Upstream<'_>);
+
+    /// Gives cached device memory back; returns the bytes released.
+    fn release_cached(&mut self, target: ReleaseTarget, up: &mut Upstream<'_>) -> u64;
+
+    /// The segments the policy holds, with their blocks.
+    fn segments(&self) -> Vec<SegmentView>;
+
+    /// Size of the largest cached block that could serve a request without growing.
+    fn largest_free_block(&self) -> u64;
+}
+
+/// Why the upstream refused device memory.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    /// The pool's hard limit would be exceeded.
+    #[error("the hard limit of {limit} bytes would be exceeded ({reserved} reserved, {requested} more requested)")]
+    OverLimit {
+        /// The limit in bytes.
+        limit: u64,
+        /// Bytes reserved now.
+        reserved: u64,
+        /// Bytes asked for.
+        requested: u64,
+    },
+    /// The device refused.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// The device as a policy reaches it: each call checks the hard limit, updates segment and
+/// reserved-bytes statistics and device-call counts, and records history.
+pub struct Upstream<'a> {
+    device: &'a dyn Device,
+    hard_limit: Option<u64>,
+    /// Statistics, for policies that keep policy-specific ones (inactive splits, oversize).
+    pub stats: &'a mut MemoryStats,
+    history: &'a mut History,
+}
+
+impl<'a> Upstream<'a> {
+    /// Layers the limit, statistics and history over `device`.
+    pub fn new(
+        device: &'a dyn Device,
+        hard_limit: Option<u64>,
+        stats: &'a mut MemoryStats,
+        history: &'a mut History,
+    ) -> Self {
+        Upstream {
+            device,
+            hard_limit,
+            stats,
+            history,
+        }
+    }
+
+    /// The raw device, for queries (memory info, granularity).
+    pub fn device(&self) -> &dyn Device {
+        self.device
+    }
+
+    /// The VMM granularity, or `None` when the device has no virtual-memory support.
+    pub fn granularity(&self) -> Option<u64> {
+        self.device.vmm().map(|v| v.granularity())
+    }
+
+    /// The pool's hard limit in bytes, if any: PyTorch's "allowed memory" for garbage
+    /// collection thresholds.
+    pub fn hard_limit(&self) -> Option<u64> {
+        self.hard_limit
+    }
+
+    /// Bytes reserved from the device through this pool right now.
+    pub fn reserved(&self) -> u64 {
+        self.stats.reserved_bytes.all.current
+    }
+
+    fn check_limit(&self, requested: u64) -> Result<(), UpstreamError> {
+        match self.hard_limit {
+            Some(limit) if self.reserved() + requested > limit => Err(UpstreamError::OverLimit {
+                limit,
+                reserved: self.reserved(),
+                requested,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Allocates a new segment of `size` bytes (one `cudaMalloc`).
+    pub fn malloc_segment(
+        &mut self,
+        size: u64,
+        pool: PoolKind,
+        stream: StreamId,
+    ) -> Result<DevicePtr, UpstreamError> {
+        self.check_limit(size)?;
+        let ptr = self.device.malloc(size)?;
+        self.stats.num_device_alloc += 1;
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, size);
+        self.history.record(Action::SegmentAlloc, ptr, size, stream);
+        Ok(ptr)
+    }
+
+    /// Frees a segment from [`Upstream::malloc_segment`].
+    pub fn free_segment(
+        &mut self,
+        ptr: DevicePtr,
+        size: u64,
+        pool: PoolKind,
+        stream: StreamId,
+    ) -> Result<(), UpstreamError> {
+        self.device.free(ptr)?;
+        self.stats.num_device_free += 1;
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, size);
+        self.history.record(Action::SegmentFree, ptr, size, stream);
+        Ok(())
+    }
+
+    /// Reserves address space (no memory, no statistics).
+    pub fn reserve_address(&mut self, size: u64) -> Result<DevicePtr, UpstreamError> {
+        Ok(self.vmm()?.reserve(size)?)
+    }
+
+    /// Returns address space from [`Upstream::reserve_address`].
+    pub fn release_address(&mut self, ptr: DevicePtr, size: u64) -> Result<(), UpstreamError> {
+        Ok(self.vmm()?.release_reservation(ptr, size)?)
+    }
+
+    /// Creates a physical chunk of `size` bytes and maps it at `ptr`: reserved memory grows by
+    /// `size`. Counts as one device allocation, as PyTorch counts a map.
+    pub fn map_new(
+        &mut self,
+        ptr: DevicePtr,
+        size: u64,
+        pool: PoolKind,
+        stream: StreamId,
+    ) -> Result<PhysicalHandle, UpstreamError> {
+        self.check_limit(size)?;
+        let vmm = self.vmm()?;
+        let handle = vmm.create_physical(size)?;
+        if let Err(e) = vmm.map(ptr, handle) {
+            // The chunk was never visible: give it back before reporting.
+            let _ = vmm.release_physical(handle);
+            return Err(e.into());
+        }
+        self.stats.num_device_alloc += 1;
+        self.stats.reserved_bytes.increase(pool, size);
+        self.history.record(Action::SegmentMap, ptr, size, stream);
+        Ok(handle)
+    }
+
+    /// Maps an existing chunk at a second address (page stitching): no new memory.
+    pub fn map_existing(
+        &mut self,
+        ptr: DevicePtr,
+        handle: PhysicalHandle,
+    ) -> Result<(), UpstreamError> {
+        self.vmm()?.map(ptr, handle)?;
+        self.stats.num_device_alloc += 1;
+        Ok(())
+    }
+
+    /// Unmaps `[ptr, ptr+size)` without releasing the chunks behind it (they may be mapped
+    /// elsewhere too).
+    pub fn unmap(&mut self, ptr: DevicePtr, size: u64) -> Result<(), UpstreamError> {
+        self.vmm()?.unmap(ptr, size)?;
+        self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    /// Unmaps `[ptr, ptr+size)` and releases the chunk mapped there: reserved memory shrinks
+    /// by `size`. The inverse of [`Upstream::map_new`].
+    pub fn unmap_release(
+        &mut self,
+        ptr: DevicePtr,
+        size: u64,
+        handle: PhysicalHandle,
+        pool: PoolKind,
+        stream: StreamId,
+    ) -> Result<(), UpstreamError> {
+        self.vmm()?.unmap(ptr, size)?;
+        self.release_physical(handle, size, pool)?;
+        self.history.record(Action::SegmentUnmap, ptr, size, stream);
+        Ok(())
+    }
+
+    /// Releases a chunk of `size` bytes from [`Upstream::map_new`] whose mappings the policy has
+    /// removed with [`Upstream::unmap`]: reserved memory shrinks by `size`.
+    pub fn release_physical(
+        &mut self,
+        handle: PhysicalHandle,
+        size: u64,
+        pool: PoolKind,
+    ) -> Result<(), UpstreamError> {
+        self.vmm()?.release_physical(handle)?;
+        self.stats.num_device_free += 1;
+        self.stats.reserved_bytes.decrease(pool, size);
+        Ok(())
+    }
+
+    /// Records a policy-level history event (e.g. a segment created by mapping).
+    pub fn record(&mut self, action: Action, addr: DevicePtr, size: u64, stream: StreamId) {
+        self.history.record(action, addr, size, stream);
+    }
+
+    fn vmm(&self) -> Result<&'a dyn gpumem_device::VirtualMemory, UpstreamError> {
+        self.device.vmm().ok_or_else(|| {
+            UpstreamError::Device(DeviceError::Unsupported {
+                backend: self.device.name(),
+                what: "virtual memory management (needed by this policy)".into(),
+            })
+        })
+    }
+}

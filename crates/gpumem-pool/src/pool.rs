@@ -1,0 +1,488 @@
+//! The pool: one policy over one device, with everything that is the same for every policy.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use gpumem_device::{Device, DeviceError, DevicePtr, EventId, StreamId};
+
+use crate::config::{ConfigError, PolicyKind, PoolConfig};
+use crate::history::{Action, History, HistoryEntry};
+use crate::oom::OomError;
+use crate::policies;
+use crate::policy::{
+    AllocRequest, Block, Policy, ReleaseTarget, SegmentView, Upstream, UpstreamError,
+};
+use crate::size::Bytes;
+use crate::stats::MemoryStats;
+
+/// Memory handed out by [`Pool::allocate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    /// Device address (0 for a zero-byte request, like a null pointer).
+    pub ptr: DevicePtr,
+    /// Bytes requested.
+    pub size: u64,
+}
+
+/// What a pool call can fail with.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PoolError {
+    /// The allocation does not fit, even after the cache was freed; the error explains why.
+    #[error("{0}")]
+    OutOfMemory(Box<OomError>),
+    /// A pointer this pool did not hand out, or already freed.
+    #[error("{ptr:#x} is not a live allocation of this pool ({what})")]
+    UnknownPointer {
+        /// The pointer given.
+        ptr: DevicePtr,
+        /// Which call got it.
+        what: &'static str,
+    },
+    /// The device failed for a reason other than lack of memory.
+    #[error("device error: {0}")]
+    Device(#[from] DeviceError),
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// A caching device-memory pool. Thread-safe: share it behind an `Arc`.
+pub struct Pool {
+    device: Arc<dyn Device>,
+    kind: PolicyKind,
+    device_total: u64,
+    soft_limit: Option<u64>,
+    hard_limit: Option<u64>,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    policy: Box<dyn Policy>,
+    stats: MemoryStats,
+    history: History,
+    live: HashMap<DevicePtr, LiveBlock>,
+    pending: Vec<PendingFree>,
+}
+
+struct LiveBlock {
+    block: Block,
+    /// Streams other than the allocation stream that used the block (`record_stream`).
+    stream_uses: Vec<StreamId>,
+}
+
+/// A freed block whose use on other streams may not be over yet.
+struct PendingFree {
+    block: Block,
+    events: Vec<EventId>,
+}
+
+impl Pool {
+    /// A pool over `device` configured by `config`.
+    pub fn new(device: Arc<dyn Device>, config: PoolConfig) -> Result<Pool, PoolError> {
+        config.validate()?;
+        let total = device.mem_info()?.total;
+        let soft_limit = config.soft_limit.map(|l| l.resolve(total));
+        let hard_limit = config.hard_limit.map(|l| l.resolve(total));
+        if let (Some(soft), Some(hard)) = (soft_limit, hard_limit) {
+            if soft > hard {
+                return Err(ConfigError {
+                    source_name: "soft limit".into(),
+                    value: soft.to_string(),
+                    problem: format!("above the hard limit of {hard} bytes on this device"),
+                    accepted: "a soft limit no larger than the hard limit".into(),
+                }
+                .into());
+            }
+        }
+        let mut stats = MemoryStats {
+            max_split_size: config.torch.max_split_size,
+            ..MemoryStats::default()
+        };
+        if !matches!(config.policy, PolicyKind::Torch | PolicyKind::Expandable) {
+            stats.max_split_size = u64::MAX;
+        }
+        let mut history = History::default();
+        history.set_capacity(config.history_capacity);
+        Ok(Pool {
+            kind: config.policy,
+            device_total: total,
+            soft_limit,
+            hard_limit,
+            inner: Mutex::new(Inner {
+                policy: policies::build(&config),
+                stats,
+                history,
+                live: HashMap::new(),
+                pending: Vec::new(),
+            }),
+            device,
+        })
+    }
+
+    /// A pool configured by the environment (see [`PoolConfig::from_env`]).
+    pub fn from_env(device: Arc<dyn Device>) -> Result<Pool, PoolError> {
+        Pool::new(device, PoolConfig::from_env()?)
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> PolicyKind {
+        self.kind
+    }
+
+    /// The device under the pool.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// Allocates `size` bytes for use on `stream`.
+    ///
+    /// On a miss the policy grows the pool; if the device (or the hard limit) refuses, the pool
+    /// waits for pending cross-stream frees, releases every cached block, searches again and
+    /// retries, and only then fails with an [`OomError`] that explains what happened. A
+    /// zero-byte request returns a null allocation without touching the device.
+    pub fn allocate(&self, size: u64, stream: StreamId) -> Result<Allocation, PoolError> {
+        if size == 0 {
+            return Ok(Allocation { ptr: 0, size: 0 });
+        }
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        self.process_events(inner, false)?;
+        let request = AllocRequest { size, stream };
+        let first = self.with_policy(inner, |policy, up| policy.allocate(request, up));
+        let block = match first {
+            Ok(block) => block,
+            Err(first_failure) => {
+                if let UpstreamError::Device(e) = &first_failure.cause {
+                    if !matches!(e, DeviceError::OutOfMemory { .. }) {
+                        return Err(PoolError::Device(e.clone()));
+                    }
+                }
+                self.process_events(inner, true)?;
+                let retry = self.with_policy(inner, |policy, up| {
+                    policy.release_cached(ReleaseTarget::All, up);
+                    up.stats.num_alloc_retries += 1;
+                    policy.allocate(request, up)
+                });
+                match retry {
+                    Ok(block) => block,
+                    Err(failure) => return Err(self.out_of_memory(inner, request, failure)),
+                }
+            }
+        };
+        let s = &mut inner.stats;
+        s.allocation.increase(block.pool, 1);
+        s.allocated_bytes.increase(block.pool, block.size);
+        s.requested_bytes.increase(block.pool, block.requested);
+        s.active.increase(block.pool, 1);
+        s.active_bytes.increase(block.pool, block.size);
+        inner
+            .history
+            .record(Action::Alloc, block.addr, block.requested, stream);
+        inner.live.insert(
+            block.addr,
+            LiveBlock {
+                block,
+                stream_uses: Vec::new(),
+            },
+        );
+        Ok(Allocation {
+            ptr: block.addr,
+            size,
+        })
+    }
+
+    /// Frees an allocation. If other streams used it ([`Pool::record_stream`]), the block
+    /// returns to the cache only once their recorded events complete. Freeing a null pointer
+    /// does nothing.
+    pub fn free(&self, ptr: DevicePtr) -> Result<(), PoolError> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let live = inner
+            .live
+            .remove(&ptr)
+            .ok_or(PoolError::UnknownPointer { ptr, what: "free" })?;
+        let block = live.block;
+        let s = &mut inner.stats;
+        s.allocation.decrease(block.pool, 1);
+        s.allocated_bytes.decrease(block.pool, block.size);
+        s.requested_bytes.decrease(block.pool, block.requested);
+        inner.history.record(
+            Action::FreeRequested,
+            block.addr,
+            block.requested,
+            block.stream,
+        );
+        if live.stream_uses.is_empty() {
+            self.return_block(inner, block);
+            return Ok(());
+        }
+        let mut events = Vec::with_capacity(live.stream_uses.len());
+        for stream in live.stream_uses {
+            events.push(self.device.record_event(stream)?);
+        }
+        inner.pending.push(PendingFree { block, events });
+        Ok(())
+    }
+
+    /// Marks `ptr` as used on `stream` as well as its allocation stream, so that a later free
+    /// waits for that stream's work before the block is reused (`Tensor.record_stream`).
+    pub fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), PoolError> {
+        let mut inner = self.lock();
+        let live = inner.live.get_mut(&ptr).ok_or(PoolError::UnknownPointer {
+            ptr,
+            what: "record_stream",
+        })?;
+        if stream != live.block.stream && !live.stream_uses.contains(&stream) {
+            live.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Releases every cached block the policy can release (`torch.cuda.empty_cache`); returns
+    /// the bytes given back to the device. Blocks still waiting on stream events are waited
+    /// for first.
+    pub fn empty_cache(&self) -> Result<u64, PoolError> {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        self.process_events(inner, true)?;
+        Ok(self.with_policy(inner, |policy, up| {
+            policy.release_cached(ReleaseTarget::All, up)
+        }))
+    }
+
+    /// A synchronisation point: waits for the device, returns completed cross-stream frees to
+    /// the cache, and releases cached memory above the soft limit.
+    pub fn synchronize(&self) -> Result<(), PoolError> {
+        self.device.synchronize()?;
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        self.process_events(inner, false)?;
+        if let Some(soft) = self.soft_limit {
+            let reserved = inner.stats.reserved_bytes.all.current;
+            if reserved > soft {
+                self.with_policy(inner, |policy, up| {
+                    policy.release_cached(ReleaseTarget::AtLeast(reserved - soft), up)
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A copy of the statistics (`torch.cuda.memory_stats`).
+    pub fn stats(&self) -> MemoryStats {
+        self.lock().stats.clone()
+    }
+
+    /// Sets every peak statistic to its current value.
+    pub fn reset_peak_stats(&self) {
+        self.lock().stats.reset_peaks();
+    }
+
+    /// Zeroes historical totals and counters.
+    pub fn reset_accumulated_stats(&self) {
+        self.lock().stats.reset_accumulated();
+    }
+
+    /// The segments the pool holds, with their blocks.
+    pub fn segments(&self) -> Vec<SegmentView> {
+        self.lock().policy.segments()
+    }
+
+    /// Starts (capacity > 0) or stops (0) recording history for snapshots.
+    pub fn set_history_capacity(&self, capacity: usize) {
+        self.lock().history.set_capacity(capacity);
+    }
+
+    /// The recorded history, oldest first.
+    pub fn history(&self) -> Vec<HistoryEntry> {
+        self.lock().history.entries().copied().collect()
+    }
+
+    /// A human summary in the spirit of CUDA.jl's `pool_status`, with fragmentation.
+    pub fn status(&self) -> Result<PoolStatus, PoolError> {
+        let info = self.device.mem_info()?;
+        let inner = self.lock();
+        Ok(PoolStatus {
+            policy: self.kind,
+            device_used: info.total - info.free,
+            device_total: info.total,
+            allocated: inner.stats.allocated_bytes.all.current,
+            reserved: inner.stats.reserved_bytes.all.current,
+            largest_free_block: inner.policy.largest_free_block(),
+            soft_limit: self.soft_limit,
+            hard_limit: self.hard_limit,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every mutation keeps the state consistent before anything can panic, so a poisoned
+        // lock (a panic in another thread) leaves usable state.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the policy with an upstream over this pool's device, limit, statistics and
+    /// history.
+    fn with_policy<R>(
+        &self,
+        inner: &mut Inner,
+        f: impl FnOnce(&mut dyn Policy, &mut Upstream<'_>) -> R,
+    ) -> R {
+        let mut up = Upstream::new(
+            self.device.as_ref(),
+            self.hard_limit,
+            &mut inner.stats,
+            &mut inner.history,
+        );
+        f(inner.policy.as_mut(), &mut up)
+    }
+
+    /// Returns a block whose use is over to the policy.
+    fn return_block(&self, inner: &mut Inner, block: Block) {
+        inner.stats.active.decrease(block.pool, 1);
+        inner.stats.active_bytes.decrease(block.pool, block.size);
+        inner.history.record(
+            Action::FreeCompleted,
+            block.addr,
+            block.requested,
+            block.stream,
+        );
+        self.with_policy(inner, |policy, up| policy.free(block, up));
+    }
+
+    /// Returns pending frees whose events completed; with `wait`, waits for all of them first
+    /// (counted as a full synchronisation, as PyTorch does).
+    fn process_events(&self, inner: &mut Inner, wait: bool) -> Result<(), PoolError> {
+        if inner.pending.is_empty() {
+            return Ok(());
+        }
+        if wait {
+            inner.stats.num_sync_all_streams += 1;
+        }
+        let mut still_pending = Vec::new();
+        for pending in std::mem::take(&mut inner.pending) {
+            let mut done = true;
+            for &event in &pending.events {
+                if wait {
+                    self.device.wait_event(event)?;
+                } else if !self.device.event_completed(event)? {
+                    done = false;
+                    break;
+                }
+            }
+            if done {
+                for event in pending.events {
+                    self.device.destroy_event(event)?;
+                }
+                self.return_block(inner, pending.block);
+            } else {
+                still_pending.push(pending);
+            }
+        }
+        inner.pending = still_pending;
+        Ok(())
+    }
+
+    fn out_of_memory(
+        &self,
+        inner: &mut Inner,
+        request: AllocRequest,
+        failure: crate::policy::Exhausted,
+    ) -> PoolError {
+        inner.stats.num_ooms += 1;
+        let info = self.device.mem_info().unwrap_or_default();
+        inner
+            .history
+            .record(Action::Oom, info.free, request.size, request.stream);
+        let error = OomError {
+            requested: request.size,
+            attempted: failure.attempted,
+            stream: request.stream,
+            policy: self.kind,
+            device: self.device.name(),
+            device_total: self.device_total,
+            device_free: info.free,
+            allocated: inner.stats.allocated_bytes.all.current,
+            reserved: inner.stats.reserved_bytes.all.current,
+            largest_free_block: inner.policy.largest_free_block(),
+            hard_limit: self.hard_limit,
+            cause: failure.cause,
+            advice: Vec::new(),
+        }
+        .with_advice();
+        PoolError::OutOfMemory(Box::new(error))
+    }
+}
+
+/// A snapshot of how the pool and the device are used, printable like CUDA.jl's `pool_status`
+/// with a fragmentation line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolStatus {
+    /// The policy in force.
+    pub policy: PolicyKind,
+    /// Device bytes in use by anyone.
+    pub device_used: u64,
+    /// Device total.
+    pub device_total: u64,
+    /// Bytes allocated from the pool.
+    pub allocated: u64,
+    /// Bytes the pool reserved from the device.
+    pub reserved: u64,
+    /// The largest cached block.
+    pub largest_free_block: u64,
+    /// Soft limit in bytes, if set.
+    pub soft_limit: Option<u64>,
+    /// Hard limit in bytes, if set.
+    pub hard_limit: Option<u64>,
+}
+
+impl PoolStatus {
+    /// Allocated / reserved: 1.0 means no cached or fragmented memory.
+    pub fn utilization(&self) -> f64 {
+        if self.reserved == 0 {
+            1.0
+        } else {
+            self.allocated as f64 / self.reserved as f64
+        }
+    }
+}
+
+impl fmt::Display for PoolStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "Effective GPU memory usage: {:.2}% ({}/{})",
+            100.0 * self.device_used as f64 / self.device_total.max(1) as f64,
+            Bytes(self.device_used),
+            Bytes(self.device_total)
+        )?;
+        if self.policy == PolicyKind::None {
+            writeln!(f, "No memory pool is in use (GPUMEM_POOL=none).")?;
+        } else {
+            writeln!(
+                f,
+                "Memory pool usage: {} ({} reserved), policy {}",
+                Bytes(self.allocated),
+                Bytes(self.reserved),
+                self.policy
+            )?;
+        }
+        let limit = |l: Option<u64>| l.map_or("none".to_string(), |b| Bytes(b).to_string());
+        writeln!(
+            f,
+            "Memory limit: soft = {}, hard = {}",
+            limit(self.soft_limit),
+            limit(self.hard_limit)
+        )?;
+        write!(
+            f,
+            "Fragmentation: {} reserved but unallocated, largest free block {}, utilization {:.1}%",
+            Bytes(self.reserved.saturating_sub(self.allocated)),
+            Bytes(self.largest_free_block),
+            100.0 * self.utilization()
+        )
+    }
+}

@@ -1,0 +1,159 @@
+//! Byte sizes as people write them (`100M`, `1.5GiB`, `50%`) and as messages print them.
+
+use std::fmt;
+
+/// The forms [`parse_limit`] accepts, for error messages.
+pub const ACCEPTED_SIZE_FORMS: &str = "bytes (e.g. 10000), k/M/G/T with optional B (1000-based, \
+e.g. 100M, 2GB), KiB/MiB/GiB/TiB (1024-based, e.g. 1.5GiB), or a percentage of the device \
+(e.g. 50%)";
+
+/// A memory amount: absolute, or a fraction of the device's total memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Limit {
+    /// A number of bytes.
+    Bytes(u64),
+    /// A fraction of device memory in (0, 1].
+    Fraction(f64),
+}
+
+impl Limit {
+    /// The limit in bytes on a device with `total` bytes.
+    pub fn resolve(self, total: u64) -> u64 {
+        match self {
+            Limit::Bytes(b) => b,
+            Limit::Fraction(f) => (f * total as f64).round() as u64,
+        }
+    }
+}
+
+/// Why a size string was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct SizeParseError {
+    /// What was wrong with it.
+    pub reason: String,
+}
+
+/// Parses a size as CUDA.jl's memory limits accept it: plain bytes, SI suffixes (`k`, `M`, `G`,
+/// `T`, optionally followed by `B`; 1000-based), IEC suffixes (`KiB` … `TiB`; 1024-based),
+/// fractional values (`1.5GiB`), or a percentage of the device (`50%`).
+pub fn parse_limit(text: &str) -> Result<Limit, SizeParseError> {
+    let s = text.trim();
+    let fail = |why: &str| SizeParseError {
+        reason: format!("{why} in {text:?}"),
+    };
+    if s.is_empty() {
+        return Err(fail("empty size"));
+    }
+    if let Some(number) = s.strip_suffix('%') {
+        let pct: f64 = number
+            .trim()
+            .parse()
+            .map_err(|_| fail("not a number before %"))?;
+        if !(pct > 0.0 && pct <= 100.0) {
+            return Err(fail("percentage must be in (0, 100]"));
+        }
+        return Ok(Limit::Fraction(pct / 100.0));
+    }
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let multiplier: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "k" | "K" | "kB" | "KB" => 1000,
+        "M" | "MB" => 1000u64.pow(2),
+        "G" | "GB" => 1000u64.pow(3),
+        "T" | "TB" => 1000u64.pow(4),
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        other => return Err(fail(&format!("unknown unit {other:?}"))),
+    };
+    if number.is_empty() {
+        return Err(fail("no number"));
+    }
+    let bytes = if number.contains('.') {
+        let value: f64 = number.parse().map_err(|_| fail("not a number"))?;
+        let bytes = value * multiplier as f64;
+        if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+            return Err(fail("size too large"));
+        }
+        bytes.round() as u64
+    } else {
+        let value: u64 = number.parse().map_err(|_| fail("not a whole number"))?;
+        value
+            .checked_mul(multiplier)
+            .ok_or_else(|| fail("size too large"))?
+    };
+    if bytes == 0 {
+        return Err(fail("size must be greater than zero"));
+    }
+    Ok(Limit::Bytes(bytes))
+}
+
+/// Displays a byte count the way PyTorch's OOM message does: `N bytes`, then KiB/MiB/GiB with
+/// two decimals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        if b <= 1024 {
+            write!(f, "{b} bytes")
+        } else if b <= 1 << 20 {
+            write!(f, "{:.2} KiB", b as f64 / 1024.0)
+        } else if b <= 1 << 30 {
+            write!(f, "{:.2} MiB", b as f64 / (1u64 << 20) as f64)
+        } else {
+            write!(f, "{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_every_documented_form() {
+        assert_eq!(parse_limit("10000"), Ok(Limit::Bytes(10_000)));
+        assert_eq!(parse_limit("100M"), Ok(Limit::Bytes(100_000_000)));
+        assert_eq!(parse_limit("2GB"), Ok(Limit::Bytes(2_000_000_000)));
+        assert_eq!(parse_limit("4k"), Ok(Limit::Bytes(4_000)));
+        assert_eq!(parse_limit("4K"), Ok(Limit::Bytes(4_000)));
+        assert_eq!(parse_limit("1.5GiB"), Ok(Limit::Bytes(3 << 29)));
+        assert_eq!(parse_limit("512 MiB"), Ok(Limit::Bytes(512 << 20)));
+        assert_eq!(parse_limit("50%"), Ok(Limit::Fraction(0.5)));
+        assert_eq!(Limit::Fraction(0.25).resolve(80 << 30), 20 << 30);
+    }
+
+    #[test]
+    fn rejects_nonsense_with_a_reason() {
+        for bad in [
+            "",
+            "abc",
+            "10X",
+            "-5",
+            "0",
+            "0%",
+            "150%",
+            "1.2.3G",
+            "GiB",
+            "99999999999999999999",
+        ] {
+            let err = parse_limit(bad).unwrap_err();
+            assert!(err.reason.contains(&format!("{bad:?}")), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn formats_like_pytorch() {
+        assert_eq!(Bytes(512).to_string(), "512 bytes");
+        assert_eq!(Bytes(1536).to_string(), "1.50 KiB");
+        assert_eq!(Bytes(20 << 20).to_string(), "20.00 MiB");
+        assert_eq!(Bytes(3 << 30).to_string(), "3.00 GiB");
+    }
+}

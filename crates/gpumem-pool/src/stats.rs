@@ -1,0 +1,298 @@
+//! Memory statistics with PyTorch's `torch.cuda.memory_stats()` keys and update rules, so that
+//! tools reading PyTorch's stats read ours unchanged.
+
+use std::collections::BTreeMap;
+
+/// Which of PyTorch's two block pools a block or segment belongs to: requests of at most 1 MiB
+/// are "small", larger ones "large". Policies without that split report everything as large.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PoolKind {
+    /// Requests ≤ 1 MiB.
+    Small,
+    /// Requests > 1 MiB.
+    Large,
+}
+
+/// Requests up to this size count as small-pool requests (PyTorch's `kSmallSize`).
+pub const SMALL_REQUEST_MAX: u64 = 1 << 20;
+
+impl PoolKind {
+    /// The pool PyTorch would account a request of `size` bytes to.
+    pub fn for_request(size: u64) -> PoolKind {
+        if size <= SMALL_REQUEST_MAX {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        }
+    }
+
+    /// The key PyTorch uses for this pool.
+    pub fn key(self) -> &'static str {
+        match self {
+            PoolKind::Small => "small_pool",
+            PoolKind::Large => "large_pool",
+        }
+    }
+}
+
+/// One statistic: its current value, its peak since the last reset, and the historical totals
+/// of increases (`allocated`) and decreases (`freed`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stat {
+    /// Value now.
+    pub current: u64,
+    /// Highest value since creation or the last peak reset.
+    pub peak: u64,
+    /// Sum of all increases.
+    pub allocated: u64,
+    /// Sum of all decreases.
+    pub freed: u64,
+}
+
+impl Stat {
+    /// Adds `n`: current and allocated grow, peak follows.
+    pub fn increase(&mut self, n: u64) {
+        self.current += n;
+        self.allocated += n;
+        self.peak = self.peak.max(self.current);
+    }
+
+    /// Subtracts `n`: current shrinks, freed grows.
+    pub fn decrease(&mut self, n: u64) {
+        debug_assert!(n <= self.current, "stat would go negative");
+        self.current = self.current.saturating_sub(n);
+        self.freed += n;
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
+    }
+}
+
+/// A statistic split by pool: `all`, `small_pool`, `large_pool`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatArray {
+    /// Both pools together.
+    pub all: Stat,
+    /// The small pool.
+    pub small_pool: Stat,
+    /// The large pool.
+    pub large_pool: Stat,
+}
+
+impl StatArray {
+    /// Adds `n` to `all` and to `pool`.
+    pub fn increase(&mut self, pool: PoolKind, n: u64) {
+        self.all.increase(n);
+        self.pool_mut(pool).increase(n);
+    }
+
+    /// Subtracts `n` from `all` and from `pool`.
+    pub fn decrease(&mut self, pool: PoolKind, n: u64) {
+        self.all.decrease(n);
+        self.pool_mut(pool).decrease(n);
+    }
+
+    /// The statistic of one pool.
+    pub fn pool(&self, pool: PoolKind) -> &Stat {
+        match pool {
+            PoolKind::Small => &self.small_pool,
+            PoolKind::Large => &self.large_pool,
+        }
+    }
+
+    fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
+        match pool {
+            PoolKind::Small => &mut self.small_pool,
+            PoolKind::Large => &mut self.large_pool,
+        }
+    }
+
+    fn each_mut(&mut self) -> [&mut Stat; 3] {
+        [&mut self.all, &mut self.small_pool, &mut self.large_pool]
+    }
+}
+
+/// Every statistic a pool keeps, named as in `torch.cuda.memory_stats()`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Number of live allocations (PyTorch's key is `allocation`).
+    pub allocation: StatArray,
+    /// Number of device segments (cudaMalloc'd ranges, or expandable segments).
+    pub segment: StatArray,
+    /// Number of active blocks: allocated, or freed but waiting on a stream event.
+    pub active: StatArray,
+    /// Number of free blocks inside split segments (not releasable without the rest).
+    pub inactive_split: StatArray,
+    /// Bytes of allocated blocks (after rounding).
+    pub allocated_bytes: StatArray,
+    /// Bytes reserved from the device.
+    pub reserved_bytes: StatArray,
+    /// Bytes of active blocks.
+    pub active_bytes: StatArray,
+    /// Bytes of inactive split blocks.
+    pub inactive_split_bytes: StatArray,
+    /// Bytes as requested, before rounding.
+    pub requested_bytes: StatArray,
+    /// Allocations of at least `max_split_size`.
+    pub oversize_allocations: Stat,
+    /// Segments of at least `max_split_size`.
+    pub oversize_segments: Stat,
+    /// Allocations that succeeded only after freeing the whole cache.
+    pub num_alloc_retries: u64,
+    /// Allocations that failed with out-of-memory.
+    pub num_ooms: u64,
+    /// Full synchronisations of pending cross-stream frees.
+    pub num_sync_all_streams: u64,
+    /// Device allocations and mappings.
+    pub num_device_alloc: u64,
+    /// Device frees and unmappings.
+    pub num_device_free: u64,
+    /// The split threshold in force (`u64::MAX` when unlimited), as PyTorch reports it.
+    pub max_split_size: u64,
+}
+
+impl MemoryStats {
+    /// Sets every peak to its current value (`torch.cuda.reset_peak_memory_stats`).
+    pub fn reset_peaks(&mut self) {
+        for array in self.arrays_mut() {
+            for stat in array.each_mut() {
+                stat.reset_peak();
+            }
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// Zeroes the historical totals and counters (`torch.cuda.reset_accumulated_memory_stats`).
+    pub fn reset_accumulated(&mut self) {
+        for array in self.arrays_mut() {
+            for stat in array.each_mut() {
+                stat.reset_accumulated();
+            }
+        }
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+
+    /// The flattened key → value map that `torch.cuda.memory_stats()` returns, e.g.
+    /// `allocated_bytes.all.peak`, `num_alloc_retries`.
+    pub fn to_map(&self) -> BTreeMap<String, u64> {
+        let mut map = BTreeMap::new();
+        for (name, array) in self.arrays() {
+            for (pool, stat) in [
+                ("all", &array.all),
+                ("small_pool", &array.small_pool),
+                ("large_pool", &array.large_pool),
+            ] {
+                insert_stat(&mut map, &format!("{name}.{pool}"), stat);
+            }
+        }
+        insert_stat(&mut map, "oversize_allocations", &self.oversize_allocations);
+        insert_stat(&mut map, "oversize_segments", &self.oversize_segments);
+        for (name, value) in [
+            ("num_alloc_retries", self.num_alloc_retries),
+            ("num_ooms", self.num_ooms),
+            ("num_sync_all_streams", self.num_sync_all_streams),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+            ("max_split_size", self.max_split_size),
+        ] {
+            map.insert(name.to_string(), value);
+        }
+        map
+    }
+
+    fn arrays(&self) -> [(&'static str, &StatArray); 9] {
+        [
+            ("allocation", &self.allocation),
+            ("segment", &self.segment),
+            ("active", &self.active),
+            ("inactive_split", &self.inactive_split),
+            ("allocated_bytes", &self.allocated_bytes),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("active_bytes", &self.active_bytes),
+            ("inactive_split_bytes", &self.inactive_split_bytes),
+            ("requested_bytes", &self.requested_bytes),
+        ]
+    }
+
+    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+}
+
+fn insert_stat(map: &mut BTreeMap<String, u64>, prefix: &str, stat: &Stat) {
+    map.insert(format!("{prefix}.current"), stat.current);
+    map.insert(format!("{prefix}.peak"), stat.peak);
+    map.insert(format!("{prefix}.allocated"), stat.allocated);
+    map.insert(format!("{prefix}.freed"), stat.freed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn update_rules_follow_pytorch() {
+        let mut s = MemoryStats::default();
+        s.allocated_bytes.increase(PoolKind::Large, 100);
+        s.allocated_bytes.increase(PoolKind::Small, 10);
+        s.allocated_bytes.decrease(PoolKind::Large, 100);
+        let m = s.to_map();
+        assert_eq!(m["allocated_bytes.all.current"], 10);
+        assert_eq!(m["allocated_bytes.all.peak"], 110);
+        assert_eq!(m["allocated_bytes.all.allocated"], 110);
+        assert_eq!(m["allocated_bytes.all.freed"], 100);
+        assert_eq!(m["allocated_bytes.large_pool.peak"], 100);
+        s.reset_peaks();
+        assert_eq!(s.allocated_bytes.all.peak, 10);
+        s.reset_accumulated();
+        assert_eq!(s.allocated_bytes.all.allocated, 0);
+        assert_eq!(s.allocated_bytes.all.current, 10);
+    }
+
+    #[test]
+    fn map_has_every_pytorch_key() {
+        let m = MemoryStats::default().to_map();
+        for key in [
+            "allocation.all.current",
+            "segment.small_pool.peak",
+            "active_bytes.large_pool.freed",
+            "inactive_split_bytes.all.allocated",
+            "requested_bytes.all.current",
+            "reserved_bytes.all.peak",
+            "oversize_allocations.current",
+            "oversize_segments.peak",
+            "num_alloc_retries",
+            "num_ooms",
+            "num_sync_all_streams",
+            "num_device_alloc",
+            "num_device_free",
+            "max_split_size",
+        ] {
+            assert!(m.contains_key(key), "{key}");
+        }
+        assert_eq!(m.len(), 9 * 3 * 4 + 2 * 4 + 6);
+    }
+}
