@@ -1,0 +1,104 @@
+//! Errors of the trace readers.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::trace::Violation;
+
+/// Why a trace or snapshot could not be read. Every variant names where in the input the
+/// problem is and what was expected there.
+#[derive(Debug, Error)]
+pub enum ReadError {
+    /// The underlying reader failed (including a corrupt gzip stream).
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+
+    /// A file-level error, wrapping the error found inside the file.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The file being read.
+        path: PathBuf,
+        /// What went wrong inside it.
+        #[source]
+        source: Box<ReadError>,
+    },
+
+    /// A line of a text format (native JSON lines, RMM CSV) does not have the expected shape.
+    #[error("line {line}: expected {expected}: {detail}")]
+    Malformed {
+        /// 1-based line number.
+        line: u64,
+        /// What the line should have contained.
+        expected: &'static str,
+        /// What was found instead (parser message or the offending text).
+        detail: String,
+    },
+
+    /// A well-formed line describes an event that cannot follow the events before it.
+    #[error("line {line}: {violation}")]
+    InvalidEvent {
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong with the event.
+        violation: Violation,
+    },
+
+    /// The input ended before anything required was read.
+    #[error("empty input: expected {expected}")]
+    Empty {
+        /// What the first line should have been.
+        expected: &'static str,
+    },
+
+    /// A native trace of a version this build does not read.
+    #[error("line 1: unsupported gpumem-trace version {found} (this build reads version 1)")]
+    UnsupportedVersion {
+        /// The version in the header.
+        found: u64,
+    },
+
+    /// A PyTorch snapshot that is not a valid pickle or JSON document of the snapshot shape.
+    #[error("snapshot: expected a memory snapshot dict (segments, device_traces): {detail}")]
+    Snapshot {
+        /// The decoder's message, including the byte offset where it stopped.
+        detail: String,
+    },
+
+    /// A snapshot event that cannot follow the events before it.
+    #[error("snapshot device_traces[{device}][{index}]: {violation}")]
+    InvalidSnapshotEvent {
+        /// Device whose trace holds the entry.
+        device: usize,
+        /// Index of the entry in that device's trace.
+        index: usize,
+        /// What is wrong with the event.
+        violation: Violation,
+    },
+
+    /// The requested device has no trace in the snapshot.
+    #[error("snapshot has traces for {available} device(s); device {requested} does not exist")]
+    NoSuchDevice {
+        /// The device asked for.
+        requested: usize,
+        /// Number of device traces present.
+        available: usize,
+    },
+
+    /// `--format auto` could not tell which format the input is in.
+    #[error("cannot detect the trace format ({reason}); pass a format: native, pytorch or rmm")]
+    UnknownFormat {
+        /// What the detector saw.
+        reason: String,
+    },
+}
+
+impl ReadError {
+    /// Wraps this error with the path of the file it was found in.
+    pub(crate) fn in_file(self, path: impl Into<PathBuf>) -> Self {
+        Self::InFile {
+            path: path.into(),
+            source: Box::new(self),
+        }
+    }
+}

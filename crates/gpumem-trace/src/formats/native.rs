@@ -1,0 +1,374 @@
+//! The native "gpumem-trace v1" format: JSON lines, optionally gzip-compressed.
+//!
+//! Line 1 is a header,
+//! `{"gpumem_trace": 1, "name": str, "source": str, "device_total": int|null, "meta": {str: str}}`,
+//! then one event per line:
+//! `{"op":"alloc","addr":int,"size":int,"stream":int}`,
+//! `{"op":"free","addr":int,"size":int,"stream":int}` (size optional, checked against the
+//! alloc when present), `{"op":"step","index":int}`. `stream` is optional (default 0).
+//! Unknown keys are ignored so that later versions can add fields; blank lines are skipped.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ReadError;
+use crate::trace::{Event, LiveBlocks, Trace, TraceMeta};
+
+/// The version this module reads and writes.
+pub const VERSION: u64 = 1;
+
+/// What the first line must hold; used in error messages.
+const HEADER_EXPECTED: &str = r#"a gpumem-trace header {"gpumem_trace": 1, "name": ..., ...}"#;
+/// What every other line must hold; used in error messages.
+const EVENT_EXPECTED: &str = r#"an event {"op": "alloc"|"free"|"step", ...}"#;
+
+/// The header line, as read.
+#[derive(Deserialize)]
+struct HeaderIn {
+    gpumem_trace: u64,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    source: String,
+    #[serde(default)]
+    device_total: Option<u64>,
+    #[serde(default)]
+    meta: BTreeMap<String, String>,
+}
+
+/// The header line, as written (borrows the trace's metadata).
+#[derive(Serialize)]
+struct HeaderOut<'a> {
+    gpumem_trace: u64,
+    name: &'a str,
+    source: &'a str,
+    device_total: Option<u64>,
+    meta: &'a BTreeMap<String, String>,
+}
+
+/// The `op` of an event line.
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum Op {
+    Alloc,
+    Free,
+    Step,
+}
+
+/// An event line, as read: every field optional, checked per `op` afterwards (a flat struct
+/// parses much faster than an internally tagged enum, which buffers every line).
+#[derive(Deserialize)]
+struct EventLine {
+    op: Op,
+    addr: Option<u64>,
+    size: Option<u64>,
+    stream: Option<u64>,
+    index: Option<u64>,
+}
+
+/// Reads a native trace (uncompressed; [`crate::read`] handles gzip).
+///
+/// Rejects lines that are not JSON events, events missing a required field, and events that
+/// are invalid at their position (see [`Trace::validate`]) — each with its line number.
+pub fn read_native(reader: impl Read) -> Result<Trace, ReadError> {
+    let mut reader = BufReader::with_capacity(1 << 16, reader);
+    let mut line = Vec::with_capacity(256);
+    let mut line_number = 0u64;
+
+    let meta = loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Err(ReadError::Empty {
+                expected: HEADER_EXPECTED,
+            });
+        }
+        line_number += 1;
+        if !is_blank(&line) {
+            break parse_header(&line, line_number)?;
+        }
+    };
+
+    let mut live = LiveBlocks::default();
+    let mut events = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        line_number += 1;
+        if is_blank(&line) {
+            continue;
+        }
+        events.push(parse_event(&line, line_number, &mut live)?);
+    }
+    Ok(Trace::new(meta, events))
+}
+
+/// Writes `trace` as a native trace (uncompressed; [`crate::write_path`] compresses `.gz`).
+///
+/// Frees carry the size of the block they release, so that readers can cross-check them.
+pub fn write_native(trace: &Trace, writer: impl Write) -> std::io::Result<()> {
+    let mut writer = std::io::BufWriter::with_capacity(1 << 16, writer);
+    let header = HeaderOut {
+        gpumem_trace: VERSION,
+        name: &trace.meta.name,
+        source: &trace.meta.source,
+        device_total: trace.meta.device_total,
+        meta: &trace.meta.extra,
+    };
+    serde_json::to_writer(&mut writer, &header)?;
+    writer.write_all(b"\n")?;
+    let mut live = LiveBlocks::default();
+    for event in &trace.events {
+        match *event {
+            Event::Alloc { addr, size, stream } => {
+                // An invalid trace is still written as it is; the reader will point at it.
+                let _ = live.alloc(addr, size);
+                writeln!(
+                    writer,
+                    r#"{{"op":"alloc","addr":{addr},"size":{size},"stream":{stream}}}"#
+                )?;
+            }
+            Event::Free { addr, stream } => match live.free(addr) {
+                Ok(size) => writeln!(
+                    writer,
+                    r#"{{"op":"free","addr":{addr},"size":{size},"stream":{stream}}}"#
+                )?,
+                Err(_) => writeln!(writer, r#"{{"op":"free","addr":{addr},"stream":{stream}}}"#)?,
+            },
+            Event::Step { index } => writeln!(writer, r#"{{"op":"step","index":{index}}}"#)?,
+        }
+    }
+    writer.flush()
+}
+
+/// Whether the first line of a document looks like a native header (for format detection).
+pub(crate) fn looks_native(head: &[u8]) -> bool {
+    let first_line = head.split(|&byte| byte == b'\n').next().unwrap_or_default();
+    first_line.trim_ascii_start().starts_with(b"{")
+        && first_line
+            .windows(b"\"gpumem_trace\"".len())
+            .any(|window| window == b"\"gpumem_trace\"")
+}
+
+fn is_blank(line: &[u8]) -> bool {
+    line.trim_ascii().is_empty()
+}
+
+fn parse_header(line: &[u8], line_number: u64) -> Result<TraceMeta, ReadError> {
+    let header: HeaderIn = serde_json::from_slice(line).map_err(|error| ReadError::Malformed {
+        line: line_number,
+        expected: HEADER_EXPECTED,
+        detail: error.to_string(),
+    })?;
+    if header.gpumem_trace != VERSION {
+        return Err(ReadError::UnsupportedVersion {
+            found: header.gpumem_trace,
+        });
+    }
+    Ok(TraceMeta {
+        name: header.name,
+        source: header.source,
+        device_total: header.device_total,
+        extra: header.meta,
+    })
+}
+
+fn parse_event(line: &[u8], line_number: u64, live: &mut LiveBlocks) -> Result<Event, ReadError> {
+    let parsed: EventLine = serde_json::from_slice(line).map_err(|error| ReadError::Malformed {
+        line: line_number,
+        expected: EVENT_EXPECTED,
+        detail: error.to_string(),
+    })?;
+    let required = |value: Option<u64>, expected: &'static str| {
+        value.ok_or_else(|| ReadError::Malformed {
+            line: line_number,
+            expected,
+            detail: "the field is missing".to_owned(),
+        })
+    };
+    let stream = parsed.stream.unwrap_or(0);
+    let invalid = |violation| ReadError::InvalidEvent {
+        line: line_number,
+        violation,
+    };
+    match parsed.op {
+        Op::Alloc => {
+            let addr = required(parsed.addr, r#"an integer "addr" on an alloc"#)?;
+            let size = required(parsed.size, r#"an integer "size" on an alloc"#)?;
+            live.alloc(addr, size).map_err(invalid)?;
+            Ok(Event::Alloc { addr, size, stream })
+        }
+        Op::Free => {
+            let addr = required(parsed.addr, r#"an integer "addr" on a free"#)?;
+            live.free_sized(addr, parsed.size).map_err(invalid)?;
+            Ok(Event::Free { addr, stream })
+        }
+        Op::Step => {
+            let index = required(parsed.index, r#"an integer "index" on a step"#)?;
+            Ok(Event::Step { index })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::Violation;
+
+    fn sample() -> Trace {
+        let mut extra = BTreeMap::new();
+        extra.insert("model".to_owned(), "gpt2 \"small\"".to_owned());
+        Trace::new(
+            TraceMeta {
+                name: "sample".to_owned(),
+                source: "unit test".to_owned(),
+                device_total: Some(80 << 30),
+                extra,
+            },
+            vec![
+                Event::Step { index: 0 },
+                Event::Alloc {
+                    addr: 0x7f00_0000_0000,
+                    size: 4096,
+                    stream: 0,
+                },
+                Event::Alloc {
+                    addr: 0x7f00_0000_1000,
+                    size: 1 << 40,
+                    stream: 7,
+                },
+                Event::Free {
+                    addr: 0x7f00_0000_0000,
+                    stream: 0,
+                },
+                Event::Step { index: 1 },
+            ],
+        )
+    }
+
+    fn read_str(text: &str) -> Result<Trace, ReadError> {
+        read_native(text.as_bytes())
+    }
+
+    #[test]
+    fn round_trip_keeps_meta_and_events() {
+        let trace = sample();
+        let mut bytes = Vec::new();
+        write_native(&trace, &mut bytes).unwrap();
+        assert_eq!(read_native(bytes.as_slice()).unwrap(), trace);
+    }
+
+    #[test]
+    fn writes_sizes_on_frees() {
+        let mut bytes = Vec::new();
+        write_native(&sample(), &mut bytes).unwrap();
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(text.contains(r#"{"op":"free","addr":139637976727552,"size":4096,"stream":0}"#));
+    }
+
+    #[test]
+    fn stream_and_free_size_are_optional_and_unknown_keys_ignored() {
+        let trace = read_str(
+            "{\"gpumem_trace\":1,\"name\":\"t\",\"source\":\"s\",\"device_total\":null,\"meta\":{}}\n\
+             {\"op\":\"alloc\",\"addr\":16,\"size\":8,\"future\":[1,2]}\n\
+             \n\
+             {\"op\":\"free\",\"addr\":16}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            trace.events,
+            vec![
+                Event::Alloc {
+                    addr: 16,
+                    size: 8,
+                    stream: 0
+                },
+                Event::Free {
+                    addr: 16,
+                    stream: 0
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn free_size_is_checked_against_the_alloc() {
+        let error = read_str(
+            "{\"gpumem_trace\":1}\n{\"op\":\"alloc\",\"addr\":16,\"size\":8}\n{\"op\":\"free\",\"addr\":16,\"size\":9}\n",
+        )
+        .unwrap_err();
+        assert!(matches!(
+            error,
+            ReadError::InvalidEvent {
+                line: 3,
+                violation: Violation::FreeSizeMismatch {
+                    addr: 16,
+                    stated: 9,
+                    allocated: 8
+                }
+            }
+        ));
+    }
+
+    #[test]
+    fn double_free_is_reported_with_its_line() {
+        let error = read_str(
+            "{\"gpumem_trace\":1}\n{\"op\":\"alloc\",\"addr\":16,\"size\":8}\n{\"op\":\"free\",\"addr\":16}\n{\"op\":\"free\",\"addr\":16}\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "line 4: free of address 0x10, which is not live"
+        );
+    }
+
+    #[test]
+    fn missing_field_names_line_and_field() {
+        let error = read_str("{\"gpumem_trace\":1}\n{\"op\":\"alloc\",\"addr\":16}\n").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "line 2: expected an integer \"size\" on an alloc: the field is missing"
+        );
+    }
+
+    #[test]
+    fn bad_json_and_unknown_op_are_malformed() {
+        for bad in [
+            "{\"op\":\"alloc\",",
+            "{\"op\":\"realloc\",\"addr\":1}",
+            "[1,2]",
+            "{\"op\":\"alloc\",\"addr\":-1,\"size\":1}",
+        ] {
+            let error = read_str(&format!("{{\"gpumem_trace\":1}}\n{bad}\n")).unwrap_err();
+            assert!(
+                matches!(error, ReadError::Malformed { line: 2, .. }),
+                "{bad}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn header_problems_are_reported() {
+        assert!(matches!(read_str(""), Err(ReadError::Empty { .. })));
+        assert!(matches!(
+            read_str("{\"gpumem_trace\":2}\n"),
+            Err(ReadError::UnsupportedVersion { found: 2 })
+        ));
+        assert!(matches!(
+            read_str("{\"op\":\"step\",\"index\":0}\n"),
+            Err(ReadError::Malformed { line: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn detects_native_header() {
+        assert!(looks_native(
+            b"  {\"gpumem_trace\": 1, \"name\": \"x\"}\n{}"
+        ));
+        assert!(!looks_native(b"{\"segments\": []}"));
+        assert!(!looks_native(b"Thread,Time,Action,Pointer,Size,Stream\n"));
+    }
+}

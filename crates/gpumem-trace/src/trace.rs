@@ -1,0 +1,357 @@
+//! The in-memory trace: allocator events plus metadata, its summary and its validation.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use thiserror::Error;
+
+/// One allocator event of a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A block of `size` bytes was handed out; `addr` identifies it until its free.
+    Alloc {
+        /// Address of the block; unique among live blocks.
+        addr: u64,
+        /// Bytes requested by the caller (before any allocator rounding).
+        size: u64,
+        /// Stream the block was allocated on (0 = default stream).
+        stream: u64,
+    },
+    /// The block allocated at `addr` was freed.
+    Free {
+        /// Address of the block being freed; must be live.
+        addr: u64,
+        /// Stream the free was issued on (0 = default stream).
+        stream: u64,
+    },
+    /// A training/inference step begins (used to count device calls per step).
+    Step {
+        /// Step number, as recorded by the source.
+        index: u64,
+    },
+}
+
+/// Where a trace came from and what it describes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TraceMeta {
+    /// Human-readable name (e.g. the model and phase, or the file stem).
+    pub name: String,
+    /// Producer of the trace (e.g. `pytorch-snapshot`, `rmm-log`, a capture tool).
+    pub source: String,
+    /// Total memory of the device the trace was recorded on, when known.
+    pub device_total: Option<u64>,
+    /// Free-form facts about the trace (reader statistics, capture settings, ...).
+    pub extra: BTreeMap<String, String>,
+}
+
+/// A sequence of allocator events with its metadata; what the replay engine consumes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trace {
+    /// Where the trace came from.
+    pub meta: TraceMeta,
+    /// The events, in the order they happened.
+    pub events: Vec<Event>,
+}
+
+/// Aggregate numbers of a trace, for reports and sanity checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceSummary {
+    /// Number of events of every kind.
+    pub events: usize,
+    /// Number of [`Event::Alloc`].
+    pub allocs: u64,
+    /// Number of [`Event::Free`].
+    pub frees: u64,
+    /// Number of [`Event::Step`].
+    pub steps: u64,
+    /// Highest sum of live block sizes at any point.
+    pub peak_live_bytes: u64,
+    /// Sum of the sizes of the blocks still live after the last event.
+    pub live_bytes_at_end: u64,
+    /// Number of blocks still live after the last event.
+    pub live_blocks_at_end: u64,
+    /// Size of the largest single allocation.
+    pub largest_alloc: u64,
+}
+
+/// Why an event cannot follow the events before it.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum Violation {
+    /// A free of an address that holds no live block (never allocated, or already freed).
+    #[error("free of address {addr:#x}, which is not live")]
+    FreeOfNonLive {
+        /// The address freed.
+        addr: u64,
+    },
+    /// An allocation at an address that still holds a live block.
+    #[error("alloc at address {addr:#x}, which is already live")]
+    AllocOfLive {
+        /// The address allocated.
+        addr: u64,
+    },
+    /// A free that states a size different from the size its block was allocated with.
+    #[error("free of address {addr:#x} states size {stated}, but the block was allocated with size {allocated}")]
+    FreeSizeMismatch {
+        /// The address freed.
+        addr: u64,
+        /// The size written on the free.
+        stated: u64,
+        /// The size of the allocation being freed.
+        allocated: u64,
+    },
+}
+
+/// An invalid event found by [`Trace::validate`], with its position.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+#[error("event {index}: {violation}")]
+pub struct ValidationError {
+    /// Index of the offending event in [`Trace::events`].
+    pub index: usize,
+    /// What is wrong with it.
+    pub violation: Violation,
+}
+
+impl Trace {
+    /// A trace from its parts.
+    pub fn new(meta: TraceMeta, events: Vec<Event>) -> Self {
+        Self { meta, events }
+    }
+
+    /// Counts, peak live bytes and what is left live at the end.
+    ///
+    /// Works on invalid traces too: a free of a non-live address releases nothing and an
+    /// alloc of a live address is counted but does not replace the live block.
+    pub fn summary(&self) -> TraceSummary {
+        let mut live = LiveBlocks::default();
+        let mut summary = TraceSummary {
+            events: self.events.len(),
+            ..TraceSummary::default()
+        };
+        for event in &self.events {
+            match *event {
+                Event::Alloc { size, .. } => {
+                    summary.allocs += 1;
+                    summary.largest_alloc = summary.largest_alloc.max(size);
+                }
+                Event::Free { .. } => summary.frees += 1,
+                Event::Step { .. } => summary.steps += 1,
+            }
+            // Invalid events are skipped on purpose: the summary describes what is there.
+            let _ = live.apply(event);
+            summary.peak_live_bytes = summary.peak_live_bytes.max(live.live_bytes());
+        }
+        summary.live_bytes_at_end = live.live_bytes();
+        summary.live_blocks_at_end = live.live_blocks() as u64;
+        summary
+    }
+
+    /// Checks that every free releases a live address and no alloc reuses a live one.
+    ///
+    /// Returns the first offending event. Readers only return traces that pass this check.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        let mut live = LiveBlocks::default();
+        for (index, event) in self.events.iter().enumerate() {
+            live.apply(event)
+                .map_err(|violation| ValidationError { index, violation })?;
+        }
+        Ok(())
+    }
+}
+
+/// The set of live blocks while walking a trace: address → size, and their byte total.
+///
+/// Shared by validation, the summary, the readers (which reject invalid events as they read
+/// them) and the writers that need a free's size.
+#[derive(Debug, Default)]
+pub(crate) struct LiveBlocks {
+    sizes: HashMap<u64, u64, BuildHasherDefault<AddressHasher>>,
+    live_bytes: u64,
+}
+
+impl LiveBlocks {
+    /// Records an allocation; fails if `addr` is live.
+    pub(crate) fn alloc(&mut self, addr: u64, size: u64) -> Result<(), Violation> {
+        match self.sizes.entry(addr) {
+            std::collections::hash_map::Entry::Occupied(_) => Err(Violation::AllocOfLive { addr }),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(size);
+                self.live_bytes += size;
+                Ok(())
+            }
+        }
+    }
+
+    /// Records a free and returns the size the block was allocated with; fails if `addr`
+    /// is not live.
+    pub(crate) fn free(&mut self, addr: u64) -> Result<u64, Violation> {
+        let size = self
+            .sizes
+            .remove(&addr)
+            .ok_or(Violation::FreeOfNonLive { addr })?;
+        self.live_bytes -= size;
+        Ok(size)
+    }
+
+    /// Like [`free`](Self::free), but also checks the size a source wrote on the free.
+    pub(crate) fn free_sized(&mut self, addr: u64, stated: Option<u64>) -> Result<u64, Violation> {
+        let allocated = *self
+            .sizes
+            .get(&addr)
+            .ok_or(Violation::FreeOfNonLive { addr })?;
+        if let Some(stated) = stated.filter(|&stated| stated != allocated) {
+            return Err(Violation::FreeSizeMismatch {
+                addr,
+                stated,
+                allocated,
+            });
+        }
+        self.free(addr)
+    }
+
+    /// Applies any event (steps change nothing).
+    pub(crate) fn apply(&mut self, event: &Event) -> Result<(), Violation> {
+        match *event {
+            Event::Alloc { addr, size, .. } => self.alloc(addr, size),
+            Event::Free { addr, .. } => self.free(addr).map(drop),
+            Event::Step { .. } => Ok(()),
+        }
+    }
+
+    /// Sum of the sizes of the live blocks.
+    pub(crate) fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// Number of live blocks.
+    pub(crate) fn live_blocks(&self) -> usize {
+        self.sizes.len()
+    }
+}
+
+/// A fast hasher for block addresses (trusted-size keys; HashDoS is not a concern for a
+/// trace we replay ourselves, speed on 10⁶-event traces is).
+#[derive(Default)]
+pub(crate) struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        // Fibonacci hashing; the rotation moves the well-mixed high bits to where hashbrown
+        // takes its bucket index and control bits from.
+        self.0 = (self.0 ^ value)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(26);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(addr: u64, size: u64) -> Event {
+        Event::Alloc {
+            addr,
+            size,
+            stream: 0,
+        }
+    }
+
+    fn free(addr: u64) -> Event {
+        Event::Free { addr, stream: 0 }
+    }
+
+    #[test]
+    fn summary_tracks_peak_and_what_is_left() {
+        let trace = Trace::new(
+            TraceMeta::default(),
+            vec![
+                Event::Step { index: 0 },
+                alloc(0x1000, 100),
+                alloc(0x2000, 300),
+                free(0x1000),
+                alloc(0x1000, 50),
+                Event::Step { index: 1 },
+                free(0x2000),
+            ],
+        );
+        assert_eq!(
+            trace.summary(),
+            TraceSummary {
+                events: 7,
+                allocs: 3,
+                frees: 2,
+                steps: 2,
+                peak_live_bytes: 400,
+                live_bytes_at_end: 50,
+                live_blocks_at_end: 1,
+                largest_alloc: 300,
+            }
+        );
+        assert_eq!(trace.validate(), Ok(()));
+    }
+
+    #[test]
+    fn validate_reports_free_of_non_live_with_index() {
+        let trace = Trace::new(TraceMeta::default(), vec![alloc(1, 8), free(1), free(1)]);
+        assert_eq!(
+            trace.validate(),
+            Err(ValidationError {
+                index: 2,
+                violation: Violation::FreeOfNonLive { addr: 1 }
+            })
+        );
+    }
+
+    #[test]
+    fn validate_reports_alloc_of_live_with_index() {
+        let trace = Trace::new(
+            TraceMeta::default(),
+            vec![alloc(7, 8), Event::Step { index: 0 }, alloc(7, 16)],
+        );
+        let error = trace.validate().unwrap_err();
+        assert_eq!(error.index, 2);
+        assert_eq!(error.violation, Violation::AllocOfLive { addr: 7 });
+        assert_eq!(
+            error.to_string(),
+            "event 2: alloc at address 0x7, which is already live"
+        );
+    }
+
+    #[test]
+    fn summary_of_invalid_trace_ignores_bad_events() {
+        let trace = Trace::new(
+            TraceMeta::default(),
+            vec![free(5), alloc(1, 10), alloc(1, 20)],
+        );
+        let summary = trace.summary();
+        assert_eq!(summary.peak_live_bytes, 10);
+        assert_eq!(summary.allocs, 2);
+        assert_eq!(summary.frees, 1);
+    }
+
+    #[test]
+    fn free_sized_checks_the_stated_size() {
+        let mut live = LiveBlocks::default();
+        live.alloc(0x40, 64).unwrap();
+        assert_eq!(
+            live.free_sized(0x40, Some(32)),
+            Err(Violation::FreeSizeMismatch {
+                addr: 0x40,
+                stated: 32,
+                allocated: 64
+            })
+        );
+        assert_eq!(live.live_blocks(), 1);
+        assert_eq!(live.free_sized(0x40, Some(64)), Ok(64));
+        assert_eq!(live.live_bytes(), 0);
+    }
+}

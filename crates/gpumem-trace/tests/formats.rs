@@ -1,0 +1,80 @@
+//! Reading and writing through the public entry points: gzip, detection, paths.
+
+use gpumem_trace::{
+    read, read_path, write_path, Event, Format, ReadError, ReadOptions, Trace, TraceMeta,
+};
+
+fn small_trace() -> Trace {
+    Trace::new(
+        TraceMeta {
+            name: String::new(),
+            source: "test".to_owned(),
+            device_total: None,
+            extra: Default::default(),
+        },
+        vec![
+            Event::Step { index: 0 },
+            Event::Alloc {
+                addr: 0x1000,
+                size: 512,
+                stream: 0,
+            },
+            Event::Alloc {
+                addr: 0x2000,
+                size: 1 << 20,
+                stream: 3,
+            },
+            Event::Free {
+                addr: 0x1000,
+                stream: 0,
+            },
+        ],
+    )
+}
+
+fn temp_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpumem-trace-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn native_gzip_round_trip_through_paths_names_the_trace_after_the_file() {
+    let path = temp_dir().join("tiny.jsonl.gz");
+    write_path(&small_trace(), &path, Format::Native).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(&bytes[..2], &[0x1f, 0x8b], "written gzip-compressed");
+    let trace = read_path(&path, ReadOptions::default()).unwrap();
+    assert_eq!(trace.meta.name, "tiny");
+    assert_eq!(trace.events, small_trace().events);
+}
+
+#[test]
+fn errors_from_files_name_the_file() {
+    let path = temp_dir().join("broken.jsonl");
+    std::fs::write(
+        &path,
+        "{\"gpumem_trace\":1}\n{\"op\":\"free\",\"addr\":1}\n",
+    )
+    .unwrap();
+    let error = read_path(&path, ReadOptions::default()).unwrap_err();
+    assert!(matches!(error, ReadError::InFile { .. }));
+    let message = error.to_string();
+    assert!(message.contains("broken.jsonl"), "{message}");
+    assert!(message.contains("line 2: free of address 0x1"), "{message}");
+}
+
+#[test]
+fn unknown_content_is_not_guessed() {
+    let error = read(&b"hello world"[..], ReadOptions::default()).unwrap_err();
+    assert!(matches!(error, ReadError::UnknownFormat { .. }), "{error}");
+    let error = read(&b""[..], ReadOptions::default()).unwrap_err();
+    assert!(matches!(error, ReadError::UnknownFormat { .. }), "{error}");
+}
+
+#[test]
+fn format_names_parse() {
+    assert_eq!("native".parse::<Format>(), Ok(Format::Native));
+    assert_eq!("auto".parse::<Format>(), Ok(Format::Auto));
+    assert!("xml".parse::<Format>().is_err());
+}
