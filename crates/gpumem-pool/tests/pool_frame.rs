@@ -1,0 +1,225 @@
+//! The pool frame's behaviour, the same for every policy: null allocations, misuse errors,
+//! cross-stream frees that wait on events, reclaim-and-retry, explained OOMs, status, history.
+
+use std::sync::Arc;
+
+use gpumem_device::sim::{SimConfig, SimDevice};
+use gpumem_device::StreamId;
+use gpumem_pool::{Action, Limit, PolicyKind, Pool, PoolConfig, PoolError};
+
+const MIB: u64 = 1 << 20;
+
+fn pool_on(device: &Arc<SimDevice>, config: PoolConfig) -> Pool {
+    Pool::new(device.clone(), config).unwrap()
+}
+
+fn sim(capacity: u64) -> Arc<SimDevice> {
+    Arc::new(SimDevice::new(SimConfig::host(capacity)).unwrap())
+}
+
+fn config(policy: PolicyKind) -> PoolConfig {
+    PoolConfig {
+        policy,
+        ..PoolConfig::default()
+    }
+}
+
+#[test]
+fn zero_bytes_is_a_null_allocation_without_device_calls() {
+    for policy in PolicyKind::ALL {
+        let dev = sim(64 * MIB);
+        let pool = pool_on(&dev, config(policy));
+        let a = pool.allocate(0, StreamId::DEFAULT).unwrap();
+        assert_eq!((a.ptr, a.size), (0, 0), "{policy}");
+        pool.free(0).unwrap();
+        assert_eq!(dev.counters().allocating_calls(), 0, "{policy}");
+    }
+}
+
+#[test]
+fn misuse_is_an_error_naming_the_pointer() {
+    for policy in PolicyKind::ALL {
+        let pool = pool_on(&sim(64 * MIB), config(policy));
+        let a = pool.allocate(1000, StreamId::DEFAULT).unwrap();
+        pool.free(a.ptr).unwrap();
+        let err = pool.free(a.ptr).unwrap_err();
+        assert!(
+            matches!(err, PoolError::UnknownPointer { ptr, what: "free" } if ptr == a.ptr),
+            "{policy}: {err}"
+        );
+        assert!(err.to_string().contains(&format!("{:#x}", a.ptr)));
+        let err = pool.record_stream(12345, StreamId(1)).unwrap_err();
+        assert!(matches!(
+            err,
+            PoolError::UnknownPointer {
+                what: "record_stream",
+                ..
+            }
+        ));
+    }
+}
+
+#[test]
+fn block_used_on_another_stream_returns_only_after_its_event() {
+    let dev = sim(64 * MIB);
+    let pool = pool_on(&dev, config(PolicyKind::None));
+    let side = dev.create_stream_for_test();
+    let a = pool.allocate(4 * MIB, StreamId::DEFAULT).unwrap();
+    pool.record_stream(a.ptr, side).unwrap();
+    dev.enqueue_work(side).unwrap();
+    pool.free(a.ptr).unwrap();
+
+    let stats = pool.stats();
+    assert_eq!(
+        stats.allocated_bytes.all.current, 0,
+        "freed from the user's view"
+    );
+    assert_eq!(
+        stats.active_bytes.all.current,
+        4 * MIB,
+        "still active: the side stream may use it"
+    );
+    assert_eq!(
+        dev.counters().free,
+        0,
+        "not returned while the event is pending"
+    );
+
+    // Work on the side stream is still running: the next allocation cannot take the block back.
+    pool.allocate(MIB, StreamId::DEFAULT).unwrap();
+    assert_eq!(pool.stats().active_bytes.all.current, 4 * MIB + MIB);
+
+    dev.complete_stream(side).unwrap();
+    pool.allocate(MIB, StreamId::DEFAULT).unwrap();
+    let stats = pool.stats();
+    assert_eq!(
+        stats.active_bytes.all.current,
+        2 * MIB,
+        "returned once the event completed"
+    );
+    assert_eq!(dev.counters().free, 1);
+    let actions: Vec<Action> = pool.history().iter().map(|e| e.action).collect();
+    assert!(actions.is_empty(), "history is off by default");
+}
+
+#[test]
+fn oom_frees_pending_and_cached_memory_then_explains() {
+    let dev = sim(32 * MIB);
+    let pool = pool_on(
+        &dev,
+        PoolConfig {
+            history_capacity: 100,
+            ..config(PolicyKind::None)
+        },
+    );
+    let side = dev.create_stream_for_test();
+    let a = pool.allocate(20 * MIB, StreamId::DEFAULT).unwrap();
+    pool.record_stream(a.ptr, side).unwrap();
+    dev.enqueue_work(side).unwrap();
+    pool.free(a.ptr).unwrap();
+    // Only the pending block stands in the way: the pool waits for it and succeeds.
+    let b = pool.allocate(20 * MIB, StreamId::DEFAULT).unwrap();
+    let stats = pool.stats();
+    assert_eq!(stats.num_sync_all_streams, 1);
+    assert_eq!(stats.num_alloc_retries, 1);
+    assert_eq!(stats.num_ooms, 0);
+
+    let err = pool.allocate(16 * MIB, StreamId::DEFAULT).unwrap_err();
+    let PoolError::OutOfMemory(oom) = err else {
+        panic!("expected an OOM, got {err}")
+    };
+    assert_eq!(oom.requested, 16 * MIB);
+    assert_eq!(oom.device_total, 32 * MIB);
+    assert_eq!(oom.device_free, 12 * MIB);
+    assert_eq!(oom.allocated, 20 * MIB);
+    let text = oom.to_string();
+    for needle in [
+        "tried to allocate 16.00 MiB",
+        "32.00 MiB in total",
+        "12.00 MiB is free",
+        "What to try",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    assert_eq!(pool.stats().num_ooms, 1);
+    assert!(pool.history().iter().any(|e| e.action == Action::Oom));
+    pool.free(b.ptr).unwrap();
+}
+
+#[test]
+fn hard_limit_is_never_exceeded_and_named_in_the_oom() {
+    let dev = sim(64 * MIB);
+    let pool = pool_on(
+        &dev,
+        PoolConfig {
+            hard_limit: Some(Limit::Bytes(10 * MIB)),
+            ..config(PolicyKind::None)
+        },
+    );
+    let _a = pool.allocate(8 * MIB, StreamId::DEFAULT).unwrap();
+    let err = pool.allocate(4 * MIB, StreamId::DEFAULT).unwrap_err();
+    let PoolError::OutOfMemory(oom) = err else {
+        panic!("expected an OOM")
+    };
+    assert_eq!(oom.hard_limit, Some(10 * MIB));
+    assert_eq!(oom.advice[0].action, "raise GPUMEM_HARD_LIMIT", "{oom}");
+    assert!(oom.to_string().contains("hard = 10.00 MiB"));
+    assert!(pool.stats().reserved_bytes.all.peak <= 10 * MIB);
+}
+
+#[test]
+fn status_reads_like_pool_status_with_fragmentation() {
+    let dev = sim(1 << 30);
+    let pool = pool_on(
+        &dev,
+        PoolConfig {
+            soft_limit: Some(Limit::Fraction(0.5)),
+            ..config(PolicyKind::None)
+        },
+    );
+    let _a = pool.allocate(3 * MIB, StreamId::DEFAULT).unwrap();
+    let text = pool.status().unwrap().to_string();
+    assert!(
+        text.starts_with("Effective GPU memory usage: 0.29% (3.00 MiB/1024.00 MiB)"),
+        "{text}"
+    );
+    assert!(text.contains("No memory pool is in use"), "{text}");
+    assert!(text.contains("soft = 512.00 MiB, hard = none"), "{text}");
+    assert!(
+        text.contains("Fragmentation: 0 bytes reserved but unallocated"),
+        "{text}"
+    );
+}
+
+#[test]
+fn history_records_the_snapshot_vocabulary() {
+    let dev = sim(64 * MIB);
+    let pool = pool_on(&dev, config(PolicyKind::None));
+    pool.set_history_capacity(16);
+    let a = pool.allocate(1000, StreamId::DEFAULT).unwrap();
+    pool.free(a.ptr).unwrap();
+    let actions: Vec<&str> = pool.history().iter().map(|e| e.action.as_str()).collect();
+    assert_eq!(
+        actions,
+        [
+            "segment_alloc",
+            "alloc",
+            "free_requested",
+            "free_completed",
+            "segment_free"
+        ]
+    );
+    let alloc = pool.history()[1];
+    assert_eq!((alloc.addr, alloc.size), (a.ptr, 1000));
+}
+
+/// Creates streams on the simulated device from tests.
+trait CreateStream {
+    fn create_stream_for_test(&self) -> StreamId;
+}
+
+impl CreateStream for SimDevice {
+    fn create_stream_for_test(&self) -> StreamId {
+        gpumem_device::Device::create_stream(self).unwrap()
+    }
+}
