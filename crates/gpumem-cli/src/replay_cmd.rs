@@ -1,10 +1,196 @@
 //! `gpumem replay`: argument parsing and printing over `gpumem_replay`.
 
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+use gpumem_pool::policies::torch_settings::TorchSettings;
+use gpumem_pool::{parse_limit, Bytes, Limit, PolicyKind};
+use gpumem_replay::{replay_all, PolicyReport, Progress, ReplayOptions};
+use gpumem_trace::{read_path, Format, ReadOptions, Trace};
+use indicatif::{ProgressBar, ProgressStyle};
+
 /// Arguments of `gpumem replay`.
 #[derive(clap::Args)]
-pub struct ReplayArgs {}
+pub struct ReplayArgs {
+    /// Trace file: gpumem JSON lines, a PyTorch snapshot pickle or an RMM log CSV (gzip or
+    /// not).
+    trace: PathBuf,
+    /// Trace format.
+    #[arg(long, default_value = "auto")]
+    format: Format,
+    /// Policy to replay through, or `all`.
+    #[arg(long, value_enum, default_value_t = PolicyChoice::All)]
+    policy: PolicyChoice,
+    /// Device capacity to check for out-of-memory, e.g. 24GiB or 80G.
+    #[arg(long, value_parser = parse_capacity)]
+    capacity: Option<u64>,
+    /// PyTorch allocator options for the torch and expandable policies
+    /// (PYTORCH_ALLOC_CONF syntax, e.g. max_split_size_mb:128).
+    #[arg(long, value_name = "CONF")]
+    pytorch_alloc_conf: Option<String>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A policy name on the command line, or all of them.
+#[derive(Clone, Copy, ValueEnum)]
+enum PolicyChoice {
+    None,
+    Torch,
+    Expandable,
+    Gpumem,
+    All,
+}
+
+impl PolicyChoice {
+    fn policies(self) -> Vec<PolicyKind> {
+        match self {
+            PolicyChoice::None => vec![PolicyKind::None],
+            PolicyChoice::Torch => vec![PolicyKind::Torch],
+            PolicyChoice::Expandable => vec![PolicyKind::Expandable],
+            PolicyChoice::Gpumem => vec![PolicyKind::Gpumem],
+            PolicyChoice::All => PolicyKind::ALL.to_vec(),
+        }
+    }
+}
+
+fn parse_capacity(text: &str) -> Result<u64, String> {
+    match parse_limit(text) {
+        Ok(Limit::Bytes(b)) => Ok(b),
+        Ok(Limit::Fraction(_)) => {
+            Err("a capacity must be absolute (e.g. 24GiB), not a percentage".into())
+        }
+        Err(e) => Err(format!(
+            "{e}; accepted: {}",
+            gpumem_pool::ACCEPTED_SIZE_FORMS
+        )),
+    }
+}
 
 /// Runs `gpumem replay`.
-pub fn run(_args: ReplayArgs) -> Result<(), String> {
-    Err("replay is not built yet".into())
+pub fn run(args: ReplayArgs) -> Result<(), String> {
+    let trace = read_path(
+        &args.trace,
+        ReadOptions {
+            format: args.format,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let torch = match &args.pytorch_alloc_conf {
+        Some(conf) => {
+            TorchSettings::parse(conf).map_err(|e| format!("--pytorch-alloc-conf: {e}"))?
+        }
+        None => TorchSettings::default(),
+    };
+    let options = ReplayOptions {
+        capacity: args.capacity,
+        torch,
+        ..ReplayOptions::default()
+    };
+    let policies = args.policy.policies();
+    let bar = progress_bar(trace.events.len() as u64 * policies.len() as u64);
+    let mut policy_index = 0usize;
+    let mut last_policy = None;
+    let mut on_progress = |p: Progress| {
+        if last_policy != Some(p.policy) {
+            if last_policy.is_some() {
+                policy_index += 1;
+            }
+            last_policy = Some(p.policy);
+            bar.set_message(p.policy.to_string());
+        }
+        bar.set_position((policy_index * p.total + p.done) as u64);
+    };
+    let reports =
+        replay_all(&trace, &policies, &options, &mut on_progress).map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    if args.json {
+        print_json(&trace, args.capacity, &reports)
+    } else {
+        print_table(&trace, args.capacity, &reports);
+        Ok(())
+    }
+}
+
+fn progress_bar(total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} events ({per_sec})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+fn print_json(
+    trace: &Trace,
+    capacity: Option<u64>,
+    reports: &[PolicyReport],
+) -> Result<(), String> {
+    let summary = trace.summary();
+    let value = serde_json::json!({
+        "trace": {
+            "name": trace.meta.name,
+            "source": trace.meta.source,
+            "events": summary.events,
+            "steps": summary.steps,
+            "peak_live_bytes": summary.peak_live_bytes,
+        },
+        "capacity_bytes": capacity,
+        "policies": reports,
+    });
+    let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
+    println!("{text}");
+    Ok(())
+}
+
+fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
+    let summary = trace.summary();
+    println!(
+        "Trace {} ({}): {} events, {} steps, peak live {}",
+        trace.meta.name,
+        trace.meta.source,
+        summary.events,
+        summary.steps,
+        Bytes(summary.peak_live_bytes)
+    );
+    let capacity_header = capacity.map_or("fits".to_string(), |c| format!("fits {}", Bytes(c)));
+    println!(
+        "{:<11} {:>13} {:>14} {:>11} {:>13} {:>10} {:>12}  {}",
+        "policy",
+        "peak alloc",
+        "peak reserved",
+        "utilization",
+        "device calls",
+        "calls/step",
+        "Mevents/s",
+        capacity_header
+    );
+    for r in reports {
+        let per_step = r
+            .steady_state_alloc_calls_per_step
+            .map_or("-".to_string(), |c| format!("{c:.1}"));
+        let fits = match (&r.oom, capacity) {
+            (None, None) => "-".to_string(),
+            (None, Some(_)) => "yes".to_string(),
+            (Some(o), _) => format!(
+                "OOM at event {}{} ({} requested)",
+                o.event_index,
+                o.step.map_or(String::new(), |s| format!(", step {s}")),
+                Bytes(o.requested_bytes)
+            ),
+        };
+        println!(
+            "{:<11} {:>13} {:>14} {:>10.1}% {:>13} {:>10} {:>12.2}  {}",
+            r.policy,
+            Bytes(r.peak_allocated_bytes).to_string(),
+            Bytes(r.peak_reserved_bytes).to_string(),
+            100.0 * r.utilization,
+            r.device_calls,
+            per_step,
+            r.events_per_second / 1e6,
+            fits
+        );
+    }
 }

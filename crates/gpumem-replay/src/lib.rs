@@ -1,1 +1,342 @@
-//! placeholder
+//! Replays allocation traces through gpumem pool policies on an address-only simulated device,
+//! so that an 80 GiB training trace replays on a laptop, and reports per policy what it would
+//! have needed: peak allocated and reserved bytes, utilisation, device calls (in all and per
+//! step in steady state), and whether and where it would run out of memory on a device of a
+//! given capacity.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use gpumem_device::sim::{SimConfig, SimCounters, SimDevice};
+use gpumem_device::{DeviceError, StreamId};
+use gpumem_pool::policies::torch_settings::TorchSettings;
+use gpumem_pool::{MemoryStats, OomError, PolicyKind, Pool, PoolConfig, PoolError};
+use gpumem_trace::{Event, Trace};
+use serde::Serialize;
+
+/// Device size for runs that must not be limited by capacity: 1 PiB of address space.
+const UNLIMITED_CAPACITY: u64 = 1 << 50;
+
+/// How often (in events) progress is reported.
+const PROGRESS_EVERY: usize = 1 << 16;
+
+/// Settings of a replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayOptions {
+    /// Device memory to check the trace against; `None` checks nothing.
+    pub capacity: Option<u64>,
+    /// PyTorch allocator options for the `torch` and `expandable` policies.
+    pub torch: TorchSettings,
+    /// Events of pool history to record (for a snapshot); 0 records none.
+    pub history_capacity: usize,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            capacity: None,
+            torch: TorchSettings::default(),
+            history_capacity: 0,
+        }
+    }
+}
+
+/// Where a replay ran out of memory.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OomReport {
+    /// The device capacity the replay was held to.
+    pub capacity_bytes: u64,
+    /// Index of the failing allocation in the trace's events.
+    pub event_index: usize,
+    /// The step the failure fell in, when the trace marks steps.
+    pub step: Option<u64>,
+    /// Bytes the failing allocation asked for.
+    pub requested_bytes: u64,
+    /// Bytes allocated when it failed.
+    pub allocated_bytes: u64,
+    /// Bytes reserved when it failed.
+    pub reserved_bytes: u64,
+    /// The pool's explanation.
+    pub message: String,
+}
+
+/// What one policy did with a trace.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PolicyReport {
+    /// Policy name.
+    pub policy: String,
+    /// Highest allocated bytes (after the policy's rounding).
+    pub peak_allocated_bytes: u64,
+    /// Highest bytes as requested, before rounding.
+    pub peak_requested_bytes: u64,
+    /// Highest bytes reserved from the device.
+    pub peak_reserved_bytes: u64,
+    /// `peak_allocated_bytes / peak_reserved_bytes`, the metric GMLake and STAlloc report.
+    pub utilization: f64,
+    /// Device calls that allocate or free memory (malloc, free, create, map, unmap, release).
+    pub device_calls: u64,
+    /// Of those, the calls that allocate or map.
+    pub device_alloc_calls: u64,
+    /// Median allocate/map calls per step after the first step (`None` with fewer than 2
+    /// steps): what the policy costs once warm.
+    pub steady_state_alloc_calls_per_step: Option<f64>,
+    /// Steps marked in the trace.
+    pub steps: u64,
+    /// Allocations that needed the whole cache freed first.
+    pub num_alloc_retries: u64,
+    /// `None` when the trace fits the capacity (or none was given), else where it failed.
+    pub oom: Option<OomReport>,
+    /// Events replayed.
+    pub events: usize,
+    /// Replay speed, events per second of wall time.
+    pub events_per_second: f64,
+}
+
+/// A finished replay: its report, and the pool as it was left (for snapshots and status).
+pub struct Replay {
+    /// The numbers.
+    pub report: PolicyReport,
+    /// The pool after the last event (or after the OOM).
+    pub pool: Pool,
+}
+
+/// Progress of a running replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// The policy being replayed.
+    pub policy: PolicyKind,
+    /// Events done.
+    pub done: usize,
+    /// Events in all.
+    pub total: usize,
+}
+
+/// Why a replay could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The trace frees an address that is not live (the readers normally prevent this).
+    #[error("event {index}: free of address {addr:#x}, which is not live in the trace")]
+    FreeOfNonLive {
+        /// Event index.
+        index: usize,
+        /// Address in the trace.
+        addr: u64,
+    },
+    /// The trace allocates at an address that is still live.
+    #[error("event {index}: alloc at address {addr:#x}, which is still live in the trace")]
+    AllocOfLive {
+        /// Event index.
+        index: usize,
+        /// Address in the trace.
+        addr: u64,
+    },
+    /// The pool failed for a reason other than memory.
+    #[error("event {index}: {source}")]
+    Pool {
+        /// Event index.
+        index: usize,
+        /// The pool's error.
+        source: PoolError,
+    },
+    /// The simulated device could not be created.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// Replays `trace` through `policy`. Without a capacity (or when the policy's peak reserved
+/// memory fits it), one run on an unlimited device gives the numbers; otherwise a second run
+/// on a device of exactly the capacity tells whether reclaiming saves it and where it fails.
+pub fn replay(
+    trace: &Trace,
+    policy: PolicyKind,
+    options: &ReplayOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Replay, ReplayError> {
+    let unlimited = run(trace, policy, UNLIMITED_CAPACITY, options, progress)?;
+    let mut report = unlimited.report(policy, trace);
+    let capacity = match options.capacity {
+        Some(c) if report.peak_reserved_bytes > c => c,
+        _ => {
+            return Ok(Replay {
+                report,
+                pool: unlimited.pool,
+            })
+        }
+    };
+    let limited = run(trace, policy, capacity, options, progress)?;
+    report.oom = limited.oom.as_ref().map(|(index, oom)| OomReport {
+        capacity_bytes: capacity,
+        event_index: *index,
+        step: step_at(trace, *index),
+        requested_bytes: oom.requested,
+        allocated_bytes: oom.allocated,
+        reserved_bytes: oom.reserved,
+        message: oom.to_string(),
+    });
+    if report.oom.is_none() {
+        // Reclaiming made it fit: the capacity-bound run is what would happen on that device.
+        report = limited.report(policy, trace);
+    }
+    Ok(Replay {
+        report,
+        pool: limited.pool,
+    })
+}
+
+/// Replays `trace` through each of `policies`, in order.
+pub fn replay_all(
+    trace: &Trace,
+    policies: &[PolicyKind],
+    options: &ReplayOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<PolicyReport>, ReplayError> {
+    policies
+        .iter()
+        .map(|&p| replay(trace, p, options, progress).map(|r| r.report))
+        .collect()
+}
+
+/// The step marked last before event `index`.
+fn step_at(trace: &Trace, index: usize) -> Option<u64> {
+    trace.events[..index].iter().rev().find_map(|e| match e {
+        Event::Step { index } => Some(*index),
+        _ => None,
+    })
+}
+
+/// One pass of a trace through a pool.
+struct Run {
+    pool: Pool,
+    stats: MemoryStats,
+    counters: SimCounters,
+    /// Allocating device calls at each step marker, in order.
+    calls_at_steps: Vec<u64>,
+    /// The first allocation that failed with out-of-memory, and its explanation.
+    oom: Option<(usize, Box<OomError>)>,
+    events: usize,
+    seconds: f64,
+}
+
+fn run(
+    trace: &Trace,
+    policy: PolicyKind,
+    capacity: u64,
+    options: &ReplayOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Run, ReplayError> {
+    let device = Arc::new(SimDevice::new(SimConfig::address_only(capacity))?);
+    let config = PoolConfig {
+        policy,
+        torch: options.torch.clone(),
+        history_capacity: options.history_capacity,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(device.clone(), config)
+        .map_err(|source| ReplayError::Pool { index: 0, source })?;
+    let total = trace.events.len();
+    let mut live: HashMap<u64, u64> = HashMap::with_capacity(1024);
+    let mut calls_at_steps = Vec::new();
+    let mut oom = None;
+    let started = Instant::now();
+    for (index, event) in trace.events.iter().enumerate() {
+        if index % PROGRESS_EVERY == 0 {
+            progress(Progress {
+                policy,
+                done: index,
+                total,
+            });
+        }
+        match *event {
+            Event::Alloc { addr, size, stream } => {
+                if live.contains_key(&addr) {
+                    return Err(ReplayError::AllocOfLive { index, addr });
+                }
+                match pool.allocate(size, StreamId(stream)) {
+                    Ok(a) => {
+                        live.insert(addr, a.ptr);
+                    }
+                    Err(PoolError::OutOfMemory(e)) => {
+                        oom = Some((index, e));
+                        break;
+                    }
+                    Err(source) => return Err(ReplayError::Pool { index, source }),
+                }
+            }
+            Event::Free { addr, .. } => {
+                let ptr = live
+                    .remove(&addr)
+                    .ok_or(ReplayError::FreeOfNonLive { index, addr })?;
+                pool.free(ptr)
+                    .map_err(|source| ReplayError::Pool { index, source })?;
+            }
+            Event::Step { .. } => calls_at_steps.push(device.counters().allocating_calls()),
+        }
+    }
+    progress(Progress {
+        policy,
+        done: total,
+        total,
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(Run {
+        stats: pool.stats(),
+        counters: device.counters(),
+        pool,
+        calls_at_steps,
+        oom,
+        events: total,
+        seconds,
+    })
+}
+
+impl Run {
+    fn report(&self, policy: PolicyKind, trace: &Trace) -> PolicyReport {
+        let s = &self.stats;
+        let peak_allocated = s.allocated_bytes.all.peak;
+        let peak_reserved = s.reserved_bytes.all.peak;
+        let mut per_step: Vec<u64> = self
+            .calls_at_steps
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .chain(
+                self.calls_at_steps
+                    .last()
+                    .map(|&last| self.counters.allocating_calls() - last),
+            )
+            .skip(1)
+            .collect();
+        per_step.sort_unstable();
+        PolicyReport {
+            policy: policy.to_string(),
+            peak_allocated_bytes: peak_allocated,
+            peak_requested_bytes: s.requested_bytes.all.peak,
+            peak_reserved_bytes: peak_reserved,
+            utilization: if peak_reserved == 0 {
+                1.0
+            } else {
+                peak_allocated as f64 / peak_reserved as f64
+            },
+            device_calls: self.counters.allocating_calls() + self.counters.freeing_calls(),
+            device_alloc_calls: self.counters.allocating_calls(),
+            steady_state_alloc_calls_per_step: median(&per_step),
+            steps: trace
+                .events
+                .iter()
+                .filter(|e| matches!(e, Event::Step { .. }))
+                .count() as u64,
+            num_alloc_retries: s.num_alloc_retries,
+            oom: None,
+            events: self.events,
+            events_per_second: self.events as f64 / self.seconds.max(1e-9),
+        }
+    }
+}
+
+fn median(sorted: &[u64]) -> Option<f64> {
+    match sorted.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(sorted[n / 2] as f64),
+        n => Some((sorted[n / 2 - 1] + sorted[n / 2]) as f64 / 2.0),
+    }
+}
