@@ -1,0 +1,151 @@
+"""Real Hugging Face config.json contents, shrunk so that CPU runs take seconds.
+
+Each entry is the public config.json of a real checkpoint (only the keys that
+matter for building the model) plus the overrides that shrink it. The written
+file is exactly what the measurement built, so the planner reads the same
+numbers (`write_configs`). CNNs use gpumem's small torchvision JSON.
+"""
+
+import json
+from pathlib import Path
+
+_GPT2 = {
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+    "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
+    "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2",
+    "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_inner": None, "n_layer": 12,
+    "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": None,
+    "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
+    "summary_type": "cls_index", "summary_use_proj": True, "vocab_size": 50257,
+}
+_TINYLLAMA = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 2048,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 22,
+    "num_key_value_heads": 4, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 10000.0, "tie_word_embeddings": False, "use_cache": True, "vocab_size": 32000,
+}
+_QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+_BERT_BASE = {
+    "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+    "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
+    "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512, "model_type": "bert", "num_attention_heads": 12,
+    "num_hidden_layers": 12, "pad_token_id": 0, "position_embedding_type": "absolute",
+    "type_vocab_size": 2, "use_cache": True, "vocab_size": 30522,
+}
+_T5_SMALL = {
+    "architectures": ["T5ForConditionalGeneration"], "d_ff": 2048, "d_kv": 64, "d_model": 512,
+    "decoder_start_token_id": 0, "dropout_rate": 0.1, "eos_token_id": 1,
+    "feed_forward_proj": "relu", "initializer_factor": 1.0, "is_encoder_decoder": True,
+    "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512, "num_heads": 8,
+    "num_layers": 6, "pad_token_id": 0, "relative_attention_num_buckets": 32,
+    "vocab_size": 32128,
+}
+_VIT_BASE = {
+    "architectures": ["ViTForImageClassification"], "attention_probs_dropout_prob": 0.0,
+    "hidden_act": "gelu", "hidden_dropout_prob": 0.0, "hidden_size": 768, "image_size": 224,
+    "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-12,
+    "model_type": "vit", "num_attention_heads": 12, "num_channels": 3,
+    "num_hidden_layers": 12, "patch_size": 16, "qkv_bias": True,
+    "id2label": {str(i): f"LABEL_{i}" for i in range(1000)},
+}
+_OPT_125M = {
+    "activation_dropout": 0.0, "activation_function": "relu", "architectures": ["OPTForCausalLM"],
+    "attention_dropout": 0.0, "bos_token_id": 2, "do_layer_norm_before": True, "dropout": 0.1,
+    "eos_token_id": 2, "ffn_dim": 3072, "hidden_size": 768, "init_std": 0.02, "layerdrop": 0.0,
+    "max_position_embeddings": 2048, "model_type": "opt", "num_attention_heads": 12,
+    "num_hidden_layers": 12, "pad_token_id": 1, "use_cache": True, "vocab_size": 50272,
+    "word_embed_proj_dim": 768,
+}
+_PYTHIA_70M = {
+    "architectures": ["GPTNeoXForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 0,
+    "eos_token_id": 0, "hidden_act": "gelu", "hidden_dropout": 0.0, "hidden_size": 512,
+    "initializer_range": 0.02, "intermediate_size": 2048, "layer_norm_eps": 1e-05,
+    "max_position_embeddings": 2048, "model_type": "gpt_neox", "num_attention_heads": 8,
+    "num_hidden_layers": 6, "rotary_emb_base": 10000, "rotary_pct": 0.25,
+    "tie_word_embeddings": False, "use_cache": True, "use_parallel_residual": True,
+    "vocab_size": 50304,
+}
+
+# name -> (hub id, real config, shrinking overrides). Attention-probability
+# dropout is set to 0 where the real model has it: on CPU, SDPA with dropout
+# falls back to the math kernel (materialises seq^2 scores) while GPUs run
+# flash / memory-efficient kernels, so only dropout-free attention measures
+# GPU-like memory.
+HF_CONFIGS = {
+    "gpt2-2l": ("openai-community/gpt2", _GPT2,
+                {"n_layer": 2, "n_embd": 256, "n_head": 4, "attn_pdrop": 0.0}),
+    "tinyllama-2l": ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", _TINYLLAMA,
+                     {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2,
+                      "num_attention_heads": 8, "num_key_value_heads": 2}),
+    "qwen2.5-2l": ("Qwen/Qwen2.5-0.5B", _QWEN25_05B,
+                   {"hidden_size": 448, "intermediate_size": 1216, "num_hidden_layers": 2,
+                    "num_attention_heads": 7, "num_key_value_heads": 1, "max_window_layers": 2,
+                    "vocab_size": 32768, "bos_token_id": 32767, "eos_token_id": 32767}),
+    "bert-2l": ("google-bert/bert-base-uncased", _BERT_BASE,
+                {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4,
+                 "num_hidden_layers": 2, "attention_probs_dropout_prob": 0.0}),
+    "t5-small-2l": ("google-t5/t5-small", _T5_SMALL,
+                    {"d_model": 256, "d_ff": 1024, "d_kv": 32, "num_layers": 2,
+                     "num_decoder_layers": 2}),
+    "vit-2l": ("google/vit-base-patch16-224", _VIT_BASE,
+               {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4,
+                "num_hidden_layers": 2}),
+    "opt-2l": ("facebook/opt-125m", _OPT_125M,
+               {"hidden_size": 256, "ffn_dim": 1024, "num_attention_heads": 4,
+                "num_hidden_layers": 2, "word_embed_proj_dim": 256}),
+    "pythia-2l": ("EleutherAI/pythia-70m", _PYTHIA_70M,
+                  {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4,
+                   "num_hidden_layers": 2}),
+    # Deeper variants for allocation traces (real depth, shrunk width).
+    "gpt2-12l": ("openai-community/gpt2", _GPT2,
+                 {"n_embd": 256, "n_head": 4, "attn_pdrop": 0.0}),
+    "tinyllama-8l": ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", _TINYLLAMA,
+                     {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 8,
+                      "num_attention_heads": 8, "num_key_value_heads": 2}),
+    "bert-12l": ("google-bert/bert-base-uncased", _BERT_BASE,
+                 {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4,
+                  "attention_probs_dropout_prob": 0.0}),
+}
+
+CNN_CONFIGS = {
+    "resnet18": {"model_type": "resnet", "depth": 18, "num_classes": 1000},
+    "resnet50": {"model_type": "resnet", "depth": 50, "num_classes": 1000},
+}
+
+
+def config_dict(name):
+    """The JSON object written for config `name`."""
+    if name in CNN_CONFIGS:
+        return dict(CNN_CONFIGS[name])
+    hub_id, real, shrink = HF_CONFIGS[name]
+    changes = ", ".join(f"{k} {real.get(k)}->{v}" for k, v in shrink.items())
+    out = {"_name_or_path": hub_id, "_gpumem_shrunk": changes}
+    out.update(real)
+    out.update(shrink)
+    return out
+
+
+def config_path(config_dir, name):
+    return Path(config_dir) / f"{name}.json"
+
+
+def write_configs(config_dir, names):
+    """Write the config files for `names` (idempotent); returns their paths."""
+    Path(config_dir).mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names:
+        path = config_path(config_dir, name)
+        path.write_text(json.dumps(config_dict(name), indent=2, sort_keys=True) + "\n")
+        paths.append(path)
+    return paths

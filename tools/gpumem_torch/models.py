@@ -1,0 +1,124 @@
+"""Build models (random weights) from config files, their inputs and optimizers."""
+
+import contextlib
+import json
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Workload:
+    """A model plus how to feed it: `batch()` -> kwargs, `loss(model, **kwargs)`."""
+    model: torch.nn.Module
+    kind: str  # "causal_lm" | "masked_lm" | "seq2seq" | "image_cls" | "cnn"
+    vocab_size: int | None
+    image_size: int | None
+    num_classes: int | None
+
+    def batch(self, batch, seq, device, dtype, with_labels):
+        """Inputs of one step, created on `device` (as a data loader would)."""
+        if self.kind == "cnn" or self.kind == "image_cls":
+            size = self.image_size
+            pixels = torch.randn(batch, 3, size, size, device=device, dtype=dtype)
+            labels = torch.randint(0, self.num_classes, (batch,), device=device)
+            key = "x" if self.kind == "cnn" else "pixel_values"
+            return {key: pixels, "labels": labels} if with_labels else {key: pixels}
+        ids = torch.randint(0, self.vocab_size, (batch, seq), device=device)
+        if not with_labels:
+            return {"input_ids": ids}
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    def loss(self, **inputs):
+        """Forward plus the standard loss (the model's own for HF, CE for CNNs)."""
+        if self.kind == "cnn":
+            labels = inputs.pop("labels")
+            return F.cross_entropy(self.model(**inputs), labels)
+        return self.model(**inputs).loss
+
+
+def load_config(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def build(config_path, dtype="fp32", attn=None, grad_ckpt=False, device="cpu", image_size=None):
+    """Instantiate the architecture of `config_path` with random weights."""
+    cfg = load_config(config_path)
+    torch_dtype = DTYPES[dtype]
+    if cfg["model_type"] == "resnet" and "depth" in cfg:
+        import torchvision
+        if grad_ckpt:
+            raise ValueError("gradient checkpointing is not defined for torchvision CNNs")
+        model = getattr(torchvision.models, f"resnet{cfg['depth']}")(num_classes=cfg["num_classes"])
+        model = model.to(device=device, dtype=torch_dtype)
+        return Workload(model, "cnn", None, image_size or 224, cfg["num_classes"])
+
+    import transformers
+    hf_cfg = transformers.AutoConfig.for_model(**cfg)
+    arch = cfg["architectures"][0]
+    kwargs = {"dtype": torch_dtype}
+    if attn is not None:
+        kwargs["attn_implementation"] = attn
+    if arch.endswith("ImageClassification"):
+        kind, auto = "image_cls", transformers.AutoModelForImageClassification
+    elif arch.endswith("MaskedLM"):
+        kind, auto = "masked_lm", transformers.AutoModelForMaskedLM
+    elif cfg.get("is_encoder_decoder"):
+        kind, auto = "seq2seq", transformers.AutoModelForSeq2SeqLM
+    else:
+        kind, auto = "causal_lm", transformers.AutoModelForCausalLM
+    model = auto.from_config(hf_cfg, **kwargs).to(device)
+    if type(model).__name__ != arch:
+        raise ValueError(f"{config_path}: built {type(model).__name__}, config names {arch}")
+    if grad_ckpt:
+        model.activation_checkpointing_enable()
+    return Workload(model, kind, cfg.get("vocab_size"), cfg.get("image_size"),
+                    len(cfg["id2label"]) if "id2label" in cfg else None)
+
+
+def make_optimizer(name, impl, params):
+    """torch.optim optimizer `name` with implementation `impl` (foreach/fused/forloop)."""
+    flags = {"foreach": {"foreach": True}, "fused": {"fused": True},
+             "forloop": {"foreach": False}}[impl]
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, **flags)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4, **flags)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **flags)
+    if name == "adafactor":
+        if impl == "fused":
+            raise ValueError("torch.optim.Adafactor has no fused implementation")
+        return torch.optim.Adafactor(params, lr=1e-3, **flags)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+@contextlib.contextmanager
+def gpu_like_dropout(device):
+    """Make CPU dropout allocate like CUDA's: a bool mask, not an input-dtype one.
+
+    On CUDA `F.dropout` runs the fused `native_dropout` kernel (output + 1-byte
+    mask); on CPU it multiplies by a noise tensor of the input's dtype. For CPU
+    runs this routes dropout through `torch.native_dropout`, the CUDA path.
+    """
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    original = F.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0:
+            return input
+        if p == 1.0:
+            return original(input, p, training, inplace)
+        return torch.native_dropout(input, p, True)[0]
+
+    F.dropout = dropout
+    try:
+        yield
+    finally:
+        F.dropout = original

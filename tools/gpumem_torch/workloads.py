@@ -1,0 +1,124 @@
+"""Training, inference and generation loops with phase boundaries.
+
+Each loop calls `rec.boundary(label)` at the start of every step ("step"),
+at every phase ("inputs", "forward", "backward", "optimizer", "zero_grad",
+"prefill", "decode") and once at the very end ("end"), so a recorded
+timeline can be cut into steps and a peak attributed to a phase.
+"""
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from .models import DTYPES, build, gpu_like_dropout, make_optimizer
+
+
+@dataclass
+class Settings:
+    mode: str  # "train" | "infer" | "generate"
+    batch: int
+    seq: int | None = None
+    image_size: int | None = None
+    new_tokens: int | None = None
+    dtype: str = "fp32"
+    amp: str | None = None
+    optimizer: str | None = None
+    optimizer_impl: str | None = None
+    grad_ckpt: bool = False
+    attn: str | None = None
+
+    def as_dict(self):
+        return dict(self.__dict__)
+
+
+def _autocast(device, amp):
+    if amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=DTYPES[amp])
+
+
+def run(config_path, s, rec, steps, device="cpu", seed=0):
+    """Build the model of `config_path` inside the recording and run `steps` steps."""
+    torch.manual_seed(seed)
+    with gpu_like_dropout(device):
+        wl = build(config_path, s.dtype, s.attn, s.grad_ckpt, device, s.image_size)
+        if s.mode == "train":
+            _train(wl, s, rec, steps, device)
+        elif s.mode == "infer":
+            _infer(wl, s, rec, steps, device)
+        elif s.mode == "generate":
+            _generate(wl, s, rec, steps, device)
+        else:
+            raise ValueError(f"unknown mode {s.mode!r}")
+        rec.boundary("end")
+
+
+def _train(wl, s, rec, steps, device):
+    wl.model.train()
+    opt = make_optimizer(s.optimizer, s.optimizer_impl, wl.model.parameters())
+    in_dtype = DTYPES[s.dtype]
+    for _ in range(steps):
+        rec.boundary("step")
+        rec.boundary("inputs")
+        inputs = wl.batch(s.batch, s.seq, device, in_dtype, with_labels=True)
+        rec.boundary("forward")
+        with _autocast(device, s.amp):
+            loss = wl.loss(**inputs)
+        rec.boundary("backward")
+        loss.backward()
+        rec.boundary("optimizer")
+        opt.step()
+        # As the Hugging Face Trainer does: gradients dropped after the step.
+        rec.boundary("zero_grad")
+        opt.zero_grad(set_to_none=True)
+        del loss, inputs
+
+
+def _infer(wl, s, rec, steps, device):
+    wl.model.eval()
+    extra = {"use_cache": False} if wl.kind in ("causal_lm", "seq2seq") else {}
+    with torch.no_grad():
+        for _ in range(steps):
+            rec.boundary("step")
+            rec.boundary("inputs")
+            inputs = wl.batch(s.batch, s.seq, device, DTYPES[s.dtype], with_labels=False)
+            if wl.kind == "seq2seq":
+                inputs["decoder_input_ids"] = inputs["input_ids"]
+            rec.boundary("forward")
+            with _autocast(device, s.amp):
+                out = wl.model(**inputs, **extra)
+            del out, inputs
+
+
+def _generate(wl, s, rec, steps, device):
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class _DecodeMark(LogitsProcessor):
+        """Called after each forward: the first call ends the prefill."""
+        def __init__(self):
+            self.seen = False
+
+        def __call__(self, input_ids, scores):
+            if not self.seen:
+                self.seen = True
+                rec.boundary("decode")
+            return scores
+
+    if wl.kind != "causal_lm":
+        raise ValueError("generate is measured for decoder-only LMs")
+    wl.model.eval()
+    eos = wl.model.generation_config.eos_token_id
+    with torch.no_grad():
+        for _ in range(steps):
+            rec.boundary("step")
+            rec.boundary("inputs")
+            ids = wl.batch(s.batch, s.seq, device, None, with_labels=False)["input_ids"]
+            mask = torch.ones_like(ids)
+            rec.boundary("prefill")
+            with _autocast(device, s.amp):
+                out = wl.model.generate(
+                    input_ids=ids, attention_mask=mask, do_sample=False,
+                    max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens,
+                    pad_token_id=eos, logits_processor=LogitsProcessorList([_DecodeMark()]))
+            del out, ids, mask

@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""Measure the peak allocated bytes of real PyTorch training / inference steps.
+
+The analogue of `torch.cuda.max_memory_allocated()` over one step: every
+allocation and free is recorded (see gpumem_torch/recorder.py) from before the
+model is built, so the live bytes at each event are exact; the peak is the
+maximum live bytes within the last step's window (training: step 2 of 2, so
+optimizer states exist; inference: forward 2 of 2; generate: call 2 of 2).
+
+Usage:
+  /work/torchenv/bin/python tools/measure_peak.py --self-test
+  /work/torchenv/bin/python tools/measure_peak.py                 # whole grid
+  /work/torchenv/bin/python tools/measure_peak.py --only 'gpt2-2l-train' --list
+  /work/torchenv/bin/python tools/measure_peak.py --device cuda --out /tmp/gpu.jsonl
+
+Results go to testdata/plan/measured.jsonl (one JSON object per case, in grid
+order; cases already in the file are kept and skipped unless --redo).
+"""
+
+import argparse
+import gc
+import json
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpumem_torch import configs  # noqa: E402
+from gpumem_torch.recorder import recorder_for  # noqa: E402
+from gpumem_torch.workloads import Settings, run  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG_DIR = "testdata/plan/configs"
+DEFAULT_OUT = REPO / "testdata/plan/measured.jsonl"
+STEPS = 2
+
+
+def T(batch, seq, **kw):
+    """A training case (AdamW foreach, fp32, sdpa unless overridden)."""
+    kw.setdefault("optimizer", "adamw")
+    kw.setdefault("optimizer_impl", "foreach")
+    kw.setdefault("attn", "sdpa")
+    return Settings("train", batch, seq, **kw)
+
+
+def I(batch, seq, **kw):
+    kw.setdefault("attn", "sdpa")
+    return Settings("infer", batch, seq, **kw)
+
+
+def G(batch, seq, new_tokens, **kw):
+    kw.setdefault("attn", "sdpa")
+    return Settings("generate", batch, seq, new_tokens=new_tokens, **kw)
+
+
+def _lm_grid(shapes, eager=(), ckpt=(), bf16=(), amp=(), opts=(), infer=(), generate=()):
+    cases = [T(b, s) for b, s in shapes]
+    cases += [T(b, s, attn="eager") for b, s in eager]
+    cases += [T(b, s, grad_ckpt=True) for b, s in ckpt]
+    cases += [T(b, s, dtype="bf16") for b, s in bf16]
+    cases += [T(b, s, amp="bf16") for b, s in amp]
+    cases += [T(b, s, optimizer=o, optimizer_impl=i) for b, s, o, i in opts]
+    cases += [I(b, s) for b, s in infer]
+    cases += [G(b, s, n) for b, s, n in generate]
+    return cases
+
+
+def _vision(kind, image_size, batches, **variants):
+    attn = None if kind == "cnn" else "sdpa"
+    seq = None
+    cases = [T(b, seq, image_size=image_size, attn=attn) for b in batches]
+    for key, specs in variants.items():
+        for b, size in specs:
+            kw = {"image_size": size, "attn": attn}
+            if key == "infer":
+                cases.append(I(b, seq, **kw))
+                continue
+            kw.update({"eager": {"attn": "eager"}, "ckpt": {"grad_ckpt": True},
+                       "bf16": {"dtype": "bf16"}, "amp": {"amp": "bf16"},
+                       "sgd": {"optimizer": "sgd"}, "size": {}}[key])
+            cases.append(T(b, seq, **kw))
+    return cases
+
+
+def grid():
+    """(config name, Settings) for every case, in file order."""
+    ab = [(2, 256), (4, 512)]
+    cases = {
+        "gpt2-2l": _lm_grid(
+            [(1, 128), (2, 128), (4, 128), (8, 128), (1, 256), (2, 256), (4, 256), (1, 512),
+             (2, 512)],
+            eager=[(2, 256), (4, 256), (2, 512)], ckpt=[(2, 256), (4, 256), (2, 512)],
+            bf16=[(2, 256), (4, 256)], amp=[(2, 256), (4, 256)],
+            opts=[(2, 256, "adamw", "fused"), (2, 256, "adamw", "forloop"),
+                  (2, 256, "adam", "foreach"), (2, 256, "sgd", "foreach"),
+                  (2, 256, "sgd", "forloop"), (2, 256, "adafactor", "foreach"),
+                  (2, 256, "adafactor", "forloop")],
+            infer=[(1, 128), (4, 256), (8, 512)],
+            generate=[(1, 128, 32), (4, 128, 32), (2, 256, 64)]),
+        "tinyllama-2l": _lm_grid(
+            [(1, 128), (2, 256), (4, 256), (2, 512), (4, 512)],
+            eager=ab, ckpt=[(2, 256), (4, 512)], bf16=ab, amp=ab,
+            opts=[(2, 256, "adamw", "fused"), (2, 256, "sgd", "foreach"),
+                  (2, 256, "adafactor", "foreach")],
+            infer=[(2, 256), (8, 512)],
+            generate=[(1, 128, 32), (4, 256, 32), (8, 128, 64)]),
+        "qwen2.5-2l": _lm_grid(
+            [(2, 256), (4, 256)], eager=[(2, 256)], ckpt=[(4, 256)], bf16=[(4, 256)],
+            amp=[(4, 256)], infer=[(4, 256)], generate=[(2, 128, 32)]),
+        "bert-2l": _lm_grid(
+            [(2, 128), (8, 128), (4, 256), (2, 512)], eager=[(4, 256), (2, 512)],
+            ckpt=[(4, 256)], bf16=[(4, 256)], amp=[(4, 256)],
+            opts=[(4, 256, "sgd", "foreach")], infer=[(8, 512)]),
+        "t5-small-2l": [
+            T(2, 128, attn="eager"), T(4, 256, attn="eager"), T(2, 512, attn="eager"),
+            T(4, 256, attn="eager", grad_ckpt=True), T(4, 256, attn="eager", amp="bf16"),
+            T(4, 256, attn="eager", dtype="bf16"),
+            T(4, 256, attn="eager", optimizer="adafactor"), I(4, 256, attn="eager")],
+        "vit-2l": _vision("vit", 224, [2, 8, 16], eager=[(8, 224)], ckpt=[(8, 224)],
+                          amp=[(8, 224)], bf16=[(8, 224)], infer=[(16, 224)]),
+        "resnet18": _vision("cnn", 224, [2, 8], size=[(8, 128)], amp=[(8, 128)],
+                            bf16=[(8, 128)], sgd=[(8, 128)], infer=[(8, 224)]),
+        "resnet50": _vision("cnn", 224, [2], size=[(8, 128)], amp=[(8, 128)],
+                            infer=[(8, 224)]),
+        "opt-2l": _lm_grid(
+            [(2, 256), (4, 512)], ckpt=[(4, 512)], infer=[(4, 256)], generate=[(2, 128, 32)]),
+        "pythia-2l": _lm_grid(
+            [(2, 256), (4, 512)], eager=[(2, 256)], ckpt=[(4, 512)], bf16=[(4, 256)],
+            infer=[(4, 256)], generate=[(2, 128, 32)]),
+    }
+    return [(name, s) for name, lst in cases.items() for s in lst]
+
+
+def case_id(name, s):
+    parts = [name, s.mode, f"b{s.batch}"]
+    if s.seq is not None:
+        parts.append(f"s{s.seq}")
+    if s.image_size is not None:
+        parts.append(f"img{s.image_size}")
+    if s.new_tokens is not None:
+        parts.append(f"new{s.new_tokens}")
+    parts.append(s.dtype)
+    if s.amp:
+        parts.append(f"amp-{s.amp}")
+    if s.optimizer:
+        parts.append(f"{s.optimizer}-{s.optimizer_impl}")
+    if s.grad_ckpt:
+        parts.append("ckpt")
+    if s.attn:
+        parts.append(s.attn)
+    return "-".join(parts)
+
+
+def notes(name, s):
+    out = [f"torch.profiler CPU allocation trace, {torch.get_num_threads()} threads",
+           f"peak over {s.mode} step {STEPS} of {STEPS}",
+           "dropout via native_dropout (1-byte mask, as CUDA)"]
+    if s.mode == "train":
+        out.append("zero_grad(set_to_none=True) after optimizer.step as HF Trainer")
+        if name.startswith("resnet"):
+            out.append("loss: F.cross_entropy(logits, labels)")
+        elif name.startswith("vit"):
+            out.append("loss: model's own cross-entropy on random labels")
+        else:
+            out.append("loss: model's own loss with labels=input_ids")
+        if s.optimizer == "sgd":
+            out.append("sgd momentum=0.9")
+    if name.startswith("t5"):
+        out.append("decoder length = seq")
+    if s.mode == "infer" and not name.startswith(("resnet", "vit", "bert")):
+        out.append("use_cache=False")
+    if s.mode == "generate":
+        out.append("HF generate, greedy, min_new_tokens=max_new_tokens, DynamicCache; "
+                   "prefill keeps last-token logits only")
+    if name.startswith("resnet"):
+        out.append("torchvision " + _torchvision_version() + ", oneDNN conv on CPU")
+    return "; ".join(out)
+
+
+def _torchvision_version():
+    import torchvision
+    return torchvision.__version__
+
+
+def versions():
+    import transformers
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+def measure(config_path, s, device):
+    """(peak live bytes in the last step, phase of the peak, timeline)."""
+    rec = recorder_for(device)
+    with rec:
+        run(config_path, s, rec, STEPS, device)
+    tl = rec.recording.timeline()
+    start = tl.boundary_times("step")[-1]
+    end = tl.boundary_times("end")[-1]
+    peak, t = tl.peak_between(start, end)
+    return peak, tl.phase_at(t), tl
+
+
+def self_test():
+    """Check the method on cases whose answer is known exactly."""
+    from gpumem_torch.recorder import CpuRecorder
+
+    # 1. Hand-made allocations: exact live and peak bytes, pre-window memory ignored.
+    before = torch.empty(1000, dtype=torch.uint8)
+    rec = CpuRecorder()
+    with rec:
+        rec.boundary("step")
+        a = torch.empty(1000, dtype=torch.float32)
+        b = torch.empty(3000, dtype=torch.float32)
+        del a
+        c = torch.empty(500, dtype=torch.float64)
+        del before, b
+        rec.boundary("end")
+    del c
+    tl = rec.recording.timeline()
+    peak, _ = tl.peak_between(*tl.boundary_times("step"), *tl.boundary_times("end"))
+    live = sum(size for _, _, size in tl.events)
+    _check("hand-made peak", peak, 16000)
+    _check("hand-made live at end", live, 4000)
+
+    # 2. nn.Linear + SGD(momentum, for-loop), loss = y.sum(): at the step
+    # start exactly W + momentum buffer are live; the peak is in backward with
+    # W, buffer, x, grad_W, two 4-byte scalars (loss, its seed gradient) and
+    # the expanded (stride-0) gradient of sum() made dense for the grad_W
+    # matmul (batch x n_out floats; BLAS and cuBLAS both need it dense).
+    n_in, n_out, batch = 1024, 1024, 16
+    w_bytes = n_in * n_out * 4
+    x_bytes = batch * n_in * 4
+    rec = CpuRecorder()
+    with rec:
+        lin = torch.nn.Linear(n_in, n_out, bias=False)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9, foreach=False)
+        for _ in range(STEPS):
+            rec.boundary("step")
+            x = torch.randn(batch, n_in)
+            rec.boundary("forward")
+            loss = lin(x).sum()
+            rec.boundary("backward")
+            loss.backward()
+            rec.boundary("optimizer")
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del x, loss
+        rec.boundary("end")
+    tl = rec.recording.timeline()
+    start = tl.boundary_times("step")[-1]
+    _check("linear: live at step start (W + momentum)", tl.live_before(start), 2 * w_bytes)
+    peak, t = tl.peak_between(start, tl.boundary_times("end")[-1])
+    _check("linear: peak (W + momentum + x + grad_W + 2 scalars + dense grad_y)", peak,
+           2 * w_bytes + x_bytes + w_bytes + 8 + batch * n_out * 4)
+    _check("linear: peak phase", tl.phase_at(t), "backward")
+
+    # 3. A real model: at the start of step 2 the live bytes equal the storage
+    # bytes of parameters, buffers and optimizer state (nothing missed).
+    cfg = configs.config_path(REPO / CONFIG_DIR, "gpt2-2l")
+    configs.write_configs(REPO / CONFIG_DIR, ["gpt2-2l"])
+    from gpumem_torch.models import build, make_optimizer
+    rec = CpuRecorder()
+    with rec:
+        wl = build(cfg)
+        opt = make_optimizer("adamw", "foreach", wl.model.parameters())
+        for _ in range(STEPS):
+            rec.boundary("step")
+            loss = wl.loss(**wl.batch(2, 64, "cpu", torch.float32, True))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del loss
+        rec.boundary("end")
+    tl = rec.recording.timeline()
+    start = tl.boundary_times("step")[-1]
+    live = tl.live_before(start)
+    tensors = list(wl.model.parameters()) + list(wl.model.buffers())
+    tensors += [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    _check("gpt2-2l: live at step 2 start = params + buffers + AdamW state",
+           live, sum(storages.values()))
+    print("self-test passed")
+
+
+def _check(what, got, want):
+    status = "ok" if got == want else "FAIL"
+    print(f"{status:4} {what}: measured {got}, expected {want}")
+    if got != want:
+        raise SystemExit(1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--self-test", action="store_true", help="validate the method and exit")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--only", help="regex: run only cases whose id matches")
+    ap.add_argument("--list", action="store_true", help="print the case ids and exit")
+    ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    if args.self_test:
+        self_test()
+        return
+    cases = [(n, s, case_id(n, s)) for n, s in grid()]
+    if args.only:
+        cases = [c for c in cases if re.search(args.only, c[2])]
+    if args.list:
+        print("\n".join(c[2] for c in cases))
+        print(f"{len(cases)} cases", file=sys.stderr)
+        return
+
+    configs.write_configs(REPO / CONFIG_DIR, sorted({n for n, _, _ in cases}))
+    done = {}
+    if args.out.exists():
+        done = {r["id"]: r for r in map(json.loads, args.out.read_text().splitlines())}
+    order = {case_id(n, s): i for i, (n, s) in enumerate(grid())}
+    vers = versions()
+    for name, s, cid in cases:
+        if cid in done and not args.redo:
+            continue
+        t0 = time.time()
+        cfg = f"{CONFIG_DIR}/{name}.json"
+        peak, phase, _ = measure(REPO / cfg, s, args.device)
+        done[cid] = {"id": cid, "config": cfg, "settings": s.as_dict(),
+                     "measured": {"peak_allocated_bytes": peak, "phase": phase},
+                     "versions": vers, "notes": notes(name, s)}
+        gc.collect()
+        print(f"{cid}: {peak / 2**20:.1f} MiB ({phase}) in {time.time() - t0:.1f}s", flush=True)
+        rows = sorted(done.values(), key=lambda r: order.get(r["id"], len(order)))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+if __name__ == "__main__":
+    main()
