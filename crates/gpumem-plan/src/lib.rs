@@ -1,1 +1,31 @@
-//! placeholder
+//! gpumem-plan: predict the peak GPU memory of deep-learning training and inference before
+//! running, find the batch size that fits, and say what to change.
+//!
+//! Pure functions over plain data: a [`ModelSpec`] (from the embedded catalogue or a Hugging
+//! Face `config.json`), a [`Workload`], and [`Overheads`] give an [`Estimate`] whose peak is found
+//! by replaying one step phase by phase. [`fit()`] and [`advise`] search over the estimator.
+
+pub mod advice;
+pub mod catalogue;
+pub mod error;
+pub mod estimate;
+pub mod fit;
+pub mod gpu;
+mod graph;
+pub mod hf;
+pub mod model;
+pub mod names;
+pub mod safetensors;
+pub mod workload;
+
+pub use advice::{advise, Suggestion};
+pub use catalogue::{find_model, load_config, model_names};
+pub use error::{PlanError, Result};
+pub use estimate::{estimate, Breakdown, Estimate, Overheads, Phase, PhasePeak};
+pub use fit::{fewest_gpus, fit, Fit, FitTarget};
+pub use gpu::{find_gpu, Gpu};
+pub use hf::parse_config;
+pub use model::{Architecture, ModelSpec, ParamCounts, ResnetSpec, TransformerSpec};
+pub use workload::{
+    Attention, BaseQuant, Checkpointing, Dtype, Layout, Lora, Mode, Optimizer, OptimizerImpl, Sharding, Target, Workload,
+};

@@ -1,0 +1,135 @@
+//! Advice: concrete changes to a plan, each re-estimated, ranked by memory saved, with its cost.
+
+use crate::error::Result;
+use crate::estimate::{estimate, Overheads};
+use crate::model::{Architecture, ModelSpec};
+use crate::workload::{
+    Attention, BaseQuant, Checkpointing, Dtype, Lora, Mode, Optimizer, OptimizerImpl, Sharding, Workload,
+};
+use serde::Serialize;
+
+/// One suggested change and its effect.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Suggestion {
+    /// What to change, as a flag or setting.
+    pub change: String,
+    /// Peak total bytes after the change.
+    pub new_peak_total_bytes: u64,
+    /// Bytes saved against the current plan (negative: the change needs more).
+    pub saved_bytes: i64,
+    /// What the change costs (compute, quality, hardware).
+    pub cost: &'static str,
+    /// Whether the changed plan fits the GPU (when one is given).
+    pub fits: Option<bool>,
+}
+
+/// A candidate change: description, cost, and the modified workload (None when not applicable).
+type Candidate = (String, &'static str, Option<Workload>);
+
+fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
+    let training = w.mode == Mode::Train;
+    let transformer = matches!(model.arch, Architecture::Transformer(_));
+    let with = |f: &dyn Fn(&mut Workload)| {
+        let mut changed = w.clone();
+        f(&mut changed);
+        Some(changed)
+    };
+    let mut list: Vec<Candidate> = Vec::new();
+    if w.dtype == Dtype::Fp32 && w.amp.is_none() {
+        list.push(("--amp bf16".into(), "none on Ampere or newer (fp16 with loss scaling on V100/T4)", with(&|x| x.amp = Some(Dtype::Bf16))));
+        list.push((
+            "--dtype bf16".into(),
+            "pure bf16 weights and optimizer states: small precision risk for long training",
+            with(&|x| x.dtype = Dtype::Bf16),
+        ));
+    }
+    if training {
+        if w.checkpointing == Checkpointing::None {
+            list.push(("--grad-ckpt".into(), "~33% more compute (one extra forward per step)", with(&|x| x.checkpointing = Checkpointing::Full)));
+            if transformer {
+                list.push((
+                    "--grad-ckpt-selective".into(),
+                    "~5% more compute (attention core recomputed)",
+                    with(&|x| x.checkpointing = Checkpointing::Selective),
+                ));
+            }
+        }
+        if matches!(w.optimizer, Optimizer::AdamW | Optimizer::Adam) {
+            list.push(("--optimizer adam8bit".into(), "bitsandbytes dependency; usually no quality loss", with(&|x| x.optimizer = Optimizer::Adam8bit)));
+            list.push(("--optimizer adafactor".into(), "different optimizer dynamics; may need LR retuning", with(&|x| x.optimizer = Optimizer::Adafactor)));
+            if w.optimizer_impl != OptimizerImpl::Fused {
+                list.push(("--optimizer-impl fused".into(), "none (PyTorch ≥ 2.0 on CUDA)", with(&|x| x.optimizer_impl = OptimizerImpl::Fused)));
+            }
+        }
+        if transformer && w.lora.is_none() {
+            list.push((
+                "--lora-rank 16".into(),
+                "trains adapters only: a different fine-tune, not full training",
+                with(&|x| x.lora = Some(Lora { rank: 16, base: BaseQuant::None })),
+            ));
+            list.push((
+                "--qlora".into(),
+                "4-bit frozen base: ~20-30% slower steps, small quality loss",
+                with(&|x| {
+                    x.lora = Some(Lora { rank: 16, base: BaseQuant::Nf4 });
+                    if x.dtype == Dtype::Fp32 {
+                        x.dtype = Dtype::Bf16;
+                    }
+                }),
+            ));
+        }
+        if w.layout.dp() > 1 {
+            let next = match w.layout.sharding {
+                Sharding::None => Some(("--zero 1", Sharding::Zero1)),
+                Sharding::Zero1 => Some(("--zero 2", Sharding::Zero2)),
+                Sharding::Zero2 => Some(("--zero 3", Sharding::Zero3)),
+                Sharding::Zero3 | Sharding::Fsdp => None,
+            };
+            if let Some((flag, stage)) = next {
+                list.push((flag.into(), "more communication (ZeRO-3: ~1.5× the traffic of DDP)", with(&|x| x.layout.sharding = stage)));
+            }
+            if !w.layout.offload && w.layout.sharding != Sharding::None {
+                list.push(("--offload".into(), "CPU memory and PCIe time per step; often 2× slower", with(&|x| x.layout.offload = true)));
+            }
+        }
+        if w.batch > 1 {
+            list.push((
+                format!("--batch {} --grad-accum {}", w.batch / 2, w.grad_accum * 2),
+                "same global batch; lower GPU utilisation per micro-step",
+                with(&|x| {
+                    x.batch /= 2;
+                    x.grad_accum *= 2;
+                }),
+            ));
+        }
+    }
+    if transformer && w.attention == Attention::Eager {
+        list.push(("--attn sdpa".into(), "none (PyTorch ≥ 2.0)", with(&|x| x.attention = Attention::Sdpa)));
+    }
+    if !training && w.batch > 1 {
+        list.push((format!("--batch {}", w.batch / 2), "lower throughput", with(&|x| x.batch /= 2)));
+    }
+    list
+}
+
+/// Ranks the applicable changes by memory saved (largest first). `gpu_bytes` marks which fit.
+pub fn advise(model: &ModelSpec, workload: &Workload, overheads: &Overheads, gpu_bytes: Option<u64>) -> Result<Vec<Suggestion>> {
+    let current = estimate(model, workload, overheads)?.peak_total_bytes;
+    let mut suggestions = Vec::new();
+    for (change, cost, changed) in candidates(model, workload) {
+        let Some(changed) = changed else { continue };
+        let new_peak = estimate(model, &changed, overheads)?.peak_total_bytes;
+        let saved = current as i64 - new_peak as i64;
+        if saved > 0 {
+            suggestions.push(Suggestion {
+                change,
+                new_peak_total_bytes: new_peak,
+                saved_bytes: saved,
+                cost,
+                fits: gpu_bytes.map(|g| new_peak <= g),
+            });
+        }
+    }
+    suggestions.sort_by(|a, b| b.saved_bytes.cmp(&a.saved_bytes));
+    Ok(suggestions)
+}

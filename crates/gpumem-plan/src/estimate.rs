@@ -1,0 +1,442 @@
+//! The estimator: model states per GPU, then a phase-by-phase replay of live tensors through one
+//! step (forward, backward, optimizer step; or prefill and decode), reporting the peak and its phase.
+
+use crate::error::{PlanError, Result};
+use crate::graph::{build_units, Unit};
+use crate::model::{Architecture, ModelSpec, ParamCounts};
+use crate::workload::{BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload};
+use serde::Serialize;
+
+/// CUDA context, kernels and cuBLAS workspace of one process (CUDA ≥ 11.7 with lazy loading).
+pub const DEFAULT_CONTEXT_BYTES: u64 = 500 << 20;
+
+/// Share of allocated bytes the caching allocator keeps reserved on top (block rounding and
+/// fragmentation; +5–10 % on the published V100 bert-large points).
+pub const DEFAULT_ALLOCATOR_FRACTION: f64 = 0.06;
+
+/// DeepSpeed's default `reduce_bucket_size` and `allgather_bucket_size`, in elements.
+pub const ZERO_BUCKET_ELEMENTS: u64 = 500_000_000;
+
+/// Memory outside PyTorch tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Overheads {
+    /// CUDA context + framework bytes per process.
+    pub context_bytes: u64,
+    /// Reserved-but-unallocated share of allocated bytes.
+    pub allocator_fraction: f64,
+}
+
+impl Default for Overheads {
+    fn default() -> Self {
+        Overheads { context_bytes: DEFAULT_CONTEXT_BYTES, allocator_fraction: DEFAULT_ALLOCATOR_FRACTION }
+    }
+}
+
+/// Where in the step the memory is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Inside the forward pass (a transient: attention scores, logits and the loss).
+    Forward,
+    /// After the forward pass: all saved activations alive.
+    ForwardEnd,
+    /// Inside the backward pass: gradients appear as activations are freed.
+    Backward,
+    /// Inside `optimizer.step()`: gradients, states and step temporaries.
+    OptimizerStep,
+    /// Prompt processing of generation (or a plain no-grad forward).
+    Prefill,
+    /// Token-by-token decoding with a full KV cache.
+    Decode,
+}
+
+impl Phase {
+    /// Human-readable name.
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::ForwardEnd => "forward end",
+            Phase::Backward => "backward",
+            Phase::OptimizerStep => "optimizer step",
+            Phase::Prefill => "prefill",
+            Phase::Decode => "decode",
+        }
+    }
+}
+
+/// Bytes by kind, at one moment of the step.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Breakdown {
+    /// Model weights (and buffers, gathered ZeRO-3 layers).
+    pub weights: u64,
+    /// Parameter gradients (and DDP/ZeRO buckets).
+    pub gradients: u64,
+    /// Optimizer states, fp32 master weights included.
+    pub optimizer_states: u64,
+    /// Activations saved for backward (or alive in a no-grad forward).
+    pub activations: u64,
+    /// Key/value cache.
+    pub kv_cache: u64,
+    /// Short-lived tensors: logits and loss, gradients of activations, optimizer-step buffers.
+    pub temporaries: u64,
+    /// CUDA context, kernels and framework, outside the allocator.
+    pub framework: u64,
+    /// Reserved by the caching allocator but not allocated.
+    pub allocator: u64,
+}
+
+impl Breakdown {
+    /// Tensor bytes (what `torch.cuda.max_memory_allocated` reports).
+    pub fn allocated(&self) -> u64 {
+        self.weights + self.gradients + self.optimizer_states + self.activations + self.kv_cache + self.temporaries
+    }
+
+    /// Named entries, largest first, for printing.
+    pub fn entries(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("weights", self.weights),
+            ("gradients", self.gradients),
+            ("optimizer_states", self.optimizer_states),
+            ("activations", self.activations),
+            ("kv_cache", self.kv_cache),
+            ("temporaries", self.temporaries),
+            ("framework", self.framework),
+            ("allocator", self.allocator),
+        ]
+    }
+}
+
+/// Peak of one phase.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PhasePeak {
+    /// The phase.
+    pub phase: Phase,
+    /// Peak allocated bytes within it.
+    pub allocated_bytes: u64,
+}
+
+/// The answer for one GPU (the busiest).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Estimate {
+    /// Tensor bytes at the peak (comparable with `torch.cuda.max_memory_allocated`).
+    pub peak_allocated_bytes: u64,
+    /// Allocated plus allocator overhead (comparable with `max_memory_reserved`).
+    pub peak_reserved_bytes: u64,
+    /// Reserved plus CUDA context and framework (comparable with nvidia-smi).
+    pub peak_total_bytes: u64,
+    /// Phase holding the peak.
+    pub peak_phase: Phase,
+    /// What the peak consists of.
+    pub breakdown: Breakdown,
+    /// The peak of every phase, in step order.
+    pub phases: Vec<PhasePeak>,
+    /// Parameters of the whole model.
+    pub total_params: u64,
+    /// Parameters being trained (all, or the LoRA adapters).
+    pub trainable_params: u64,
+}
+
+/// Model-state bytes on one GPU.
+#[derive(Debug, Clone, Copy, Default)]
+struct States {
+    weights: f64,
+    /// Gradient bytes per parameter of a unit, on this GPU.
+    grad_per_param: f64,
+    optimizer: f64,
+    /// Communication buckets (DDP) or gathered layers (ZeRO-3/FSDP), alive the whole step.
+    buffers_weights: f64,
+    buffers_gradients: f64,
+    step_temporaries: f64,
+}
+
+/// Estimates the peak memory of `workload` on `model` for the busiest GPU.
+pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -> Result<Estimate> {
+    workload.validate()?;
+    let counts = model.params();
+    if workload.lora.is_some() && !matches!(model.arch, Architecture::Transformer(_)) {
+        return Err(PlanError::InvalidValue {
+            name: "lora-rank".into(),
+            value: model.name.clone(),
+            reason: "LoRA is modelled for transformers only".into(),
+        });
+    }
+    let trainable = trainable_params(model, workload, &counts);
+    let mut peaks: Vec<(Phase, Breakdown)> = match workload.mode {
+        Mode::Train => {
+            let stages = pipeline_stages(model, workload);
+            let mut peaks = Vec::new();
+            for (stage_units, in_flight) in stages {
+                let states = model_states(model, workload, &counts, &stage_units, trainable);
+                let stage = simulate_training(&stage_units, &states, workload, in_flight);
+                merge_busiest(&mut peaks, stage);
+            }
+            peaks
+        }
+        Mode::Infer | Mode::Generate => {
+            let units = build_units(model, workload, workload.batch);
+            let states = model_states(model, workload, &counts, &units, trainable);
+            simulate_inference(model, &units, &states, workload)
+        }
+    };
+    let (peak_phase, mut breakdown) =
+        *peaks.iter().max_by_key(|(_, b)| b.allocated()).expect("every mode simulates at least one phase");
+    let allocated = breakdown.allocated();
+    breakdown.allocator = (allocated as f64 * overheads.allocator_fraction).round() as u64;
+    breakdown.framework = overheads.context_bytes;
+    let phases = peaks.drain(..).map(|(phase, b)| PhasePeak { phase, allocated_bytes: b.allocated() }).collect();
+    Ok(Estimate {
+        peak_allocated_bytes: allocated,
+        peak_reserved_bytes: allocated + breakdown.allocator,
+        peak_total_bytes: allocated + breakdown.allocator + breakdown.framework,
+        peak_phase,
+        breakdown,
+        phases,
+        total_params: counts.total(),
+        trainable_params: trainable,
+    })
+}
+
+/// Keeps, per phase, the larger of two pipeline stages' peaks.
+fn merge_busiest(peaks: &mut Vec<(Phase, Breakdown)>, stage: Vec<(Phase, Breakdown)>) {
+    if peaks.is_empty() {
+        *peaks = stage;
+        return;
+    }
+    for ((_, kept), (_, new)) in peaks.iter_mut().zip(stage) {
+        if new.allocated() > kept.allocated() {
+            *kept = new;
+        }
+    }
+}
+
+fn trainable_params(model: &ModelSpec, workload: &Workload, counts: &ParamCounts) -> u64 {
+    match (&model.arch, workload.lora) {
+        (Architecture::Transformer(spec), Some(lora)) => spec.lora_params(lora.rank),
+        _ => counts.total(),
+    }
+}
+
+/// Pipeline stages to evaluate: the first (most activations in flight) and the last (the head).
+fn pipeline_stages(model: &ModelSpec, workload: &Workload) -> Vec<(Vec<Unit>, f64)> {
+    let units = build_units(model, workload, workload.batch);
+    let stages = workload.layout.pp as usize;
+    if stages == 1 {
+        return vec![(units, 1.0)];
+    }
+    let blocks: Vec<&Unit> = units.iter().filter(|u| u.name == "block").collect();
+    let per_stage = blocks.len().div_ceil(stages);
+    let first: Vec<Unit> = units.iter().take(1 + per_stage).cloned().collect();
+    let last_blocks = blocks.len().saturating_sub(per_stage * (stages - 1)).max(1);
+    let mut last: Vec<Unit> = units.iter().rev().take(1 + last_blocks).cloned().collect();
+    last.reverse();
+    // 1F1B: the first stage holds `pp` micro-batches in flight when there are that many.
+    let in_flight = (workload.grad_accum.min(workload.layout.pp)) as f64;
+    vec![(first, in_flight), (last, 1.0)]
+}
+
+/// Bytes per weight of the frozen base under LoRA quantisation (NF4 with double-quantised scales).
+fn base_weight_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
+    match quant {
+        BaseQuant::None => dtype.bytes() as f64,
+        BaseQuant::Int8 => 1.0 + 4.0 / 4096.0,
+        // 4-bit values, one int8 absmax per 64 weights, one fp32 scale per 256 absmax blocks.
+        BaseQuant::Nf4 => 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0),
+    }
+}
+
+fn model_states(model: &ModelSpec, workload: &Workload, counts: &ParamCounts, units: &[Unit], trainable: u64) -> States {
+    let layout = &workload.layout;
+    let dp = layout.dp() as f64;
+    let tp = layout.tp as f64;
+    let stage_params: u64 = units.iter().map(|u| u.params).sum();
+    let full_params = stage_params as f64 / tp;
+    let share = full_params / counts.total().max(1) as f64;
+    let weight_bytes = workload.dtype.bytes() as f64;
+    let lora = workload.lora;
+    let mut weights = match lora {
+        Some(l) => {
+            let quantised = counts.block_linear as f64 * share;
+            quantised * base_weight_bytes(l.base, workload.dtype)
+                + (full_params - quantised) * weight_bytes
+                + trainable as f64 * share * weight_bytes
+        }
+        None => full_params * weight_bytes,
+    };
+    weights += counts.buffers as f64 * share * weight_bytes;
+    let trainable_local = if lora.is_some() { trainable as f64 * share } else { full_params };
+    if workload.mode != Mode::Train {
+        return States { weights, ..States::default() };
+    }
+    let master = workload.amp.is_some() && workload.dtype != Dtype::Fp32;
+    // Optimizer states follow the parameter dtype unless a fp32 master copy exists.
+    let state_bytes = if master { 4.0 } else { weight_bytes };
+    let largest_trainable = match (lora, &model.arch) {
+        (Some(l), Architecture::Transformer(spec)) => (l.rank * spec.hidden.max(spec.intermediate)) as f64,
+        _ => counts.largest_tensor as f64 / tp,
+    };
+    let per_param_states = match workload.optimizer {
+        Optimizer::AdamW | Optimizer::Adam => 2.0 * state_bytes,
+        Optimizer::Sgd => state_bytes,
+        // Row and column second-moment factors: about (1/rows + 1/cols) of each matrix.
+        Optimizer::Adafactor => state_bytes * adafactor_fraction(model),
+        // Two uint8 moments plus an fp32 absmax per 2048-element block for each.
+        Optimizer::Adam8bit => 2.0 + 8.0 / 2048.0,
+    };
+    let mut optimizer = trainable_local * (per_param_states + if master { 4.0 } else { 0.0 });
+    let step_temporaries = match (workload.optimizer, workload.optimizer_impl) {
+        (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Foreach) => trainable_local * state_bytes,
+        (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::ForLoop) => 2.0 * largest_trainable * state_bytes,
+        (Optimizer::Adafactor, _) => 2.0 * largest_trainable * 4.0,
+        (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Fused) | (Optimizer::Sgd | Optimizer::Adam8bit, _) => 0.0,
+    };
+    let grad_bytes = weight_bytes;
+    let mut grad_per_param = grad_bytes * if lora.is_some() { 0.0 } else { 1.0 / tp };
+    let mut buffers_weights = 0.0;
+    let mut buffers_gradients = 0.0;
+    let gradients_full = trainable_local * grad_bytes;
+    let largest_block = counts.largest_block as f64 / tp * weight_bytes;
+    match layout.sharding {
+        Sharding::None if dp > 1.0 => buffers_gradients = gradients_full, // DDP bucket copies
+        Sharding::None => {}
+        Sharding::Zero1 => optimizer /= dp,
+        Sharding::Zero2 => {
+            optimizer /= dp;
+            grad_per_param /= dp;
+            buffers_gradients = gradients_full.min(ZERO_BUCKET_ELEMENTS as f64 * grad_bytes);
+        }
+        Sharding::Zero3 | Sharding::Fsdp => {
+            optimizer /= dp;
+            grad_per_param /= dp;
+            weights /= dp;
+            // The layer in use and the one prefetched are gathered unsharded.
+            buffers_weights = 2.0 * largest_block;
+            buffers_gradients = largest_block.min(ZERO_BUCKET_ELEMENTS as f64 * grad_bytes);
+        }
+    }
+    if layout.offload {
+        optimizer = 0.0;
+        if matches!(layout.sharding, Sharding::Zero3 | Sharding::Fsdp) {
+            weights = 0.0;
+        }
+    }
+    let sharded_temporaries = if layout.offload { 0.0 } else { step_temporaries / optimizer_shards(layout.sharding, dp) };
+    States {
+        weights,
+        grad_per_param,
+        optimizer,
+        buffers_weights,
+        buffers_gradients,
+        step_temporaries: sharded_temporaries,
+    }
+}
+
+fn optimizer_shards(sharding: Sharding, dp: f64) -> f64 {
+    if sharding == Sharding::None {
+        1.0
+    } else {
+        dp
+    }
+}
+
+fn adafactor_fraction(model: &ModelSpec) -> f64 {
+    match &model.arch {
+        Architecture::Transformer(t) => 1.0 / t.hidden as f64 + 1.0 / t.intermediate as f64,
+        // 4-D conv weights factor over their last two dims: about 2/k of each kernel.
+        Architecture::Resnet(_) => 0.67,
+    }
+}
+
+/// Saved bytes of a unit under the checkpointing policy, and what backward recomputes.
+fn kept_and_recomputed(unit: &Unit, policy: Checkpointing) -> (f64, f64) {
+    match (policy, unit.checkpoint) {
+        (Checkpointing::Full, Some(kept)) => (kept, unit.saved),
+        (Checkpointing::Selective, Some(_)) => (unit.saved - unit.attention_core, unit.attention_core),
+        _ => (unit.saved, 0.0),
+    }
+}
+
+fn bytes(x: f64) -> u64 {
+    x.max(0.0).round() as u64
+}
+
+fn simulate_training(units: &[Unit], states: &States, workload: &Workload, in_flight: f64) -> Vec<(Phase, Breakdown)> {
+    let total_params: f64 = units.iter().map(|u| u.params as f64).sum();
+    let all_gradients = total_params * states.grad_per_param;
+    let accumulating = workload.grad_accum > 1;
+    let base = |gradients: f64, activations: f64, temporaries: f64| Breakdown {
+        weights: bytes(states.weights + states.buffers_weights),
+        gradients: bytes(gradients + states.buffers_gradients),
+        optimizer_states: bytes(states.optimizer),
+        activations: bytes(activations),
+        temporaries: bytes(temporaries),
+        ..Breakdown::default()
+    };
+    let policy = workload.checkpointing;
+    let kept: Vec<(f64, f64)> = units.iter().map(|u| kept_and_recomputed(u, policy)).collect();
+    let gradients_in_forward = if accumulating { all_gradients } else { 0.0 };
+
+    let mut forward = Breakdown::default();
+    let mut saved = 0.0;
+    let mut held = 0.0;
+    for (unit, (keep, _)) in units.iter().zip(&kept) {
+        let live = base(gradients_in_forward, saved + held + keep, unit.forward_transient);
+        if live.allocated() > forward.allocated() {
+            forward = live;
+        }
+        saved += keep * in_flight;
+        held += unit.held;
+    }
+    let forward_end = base(gradients_in_forward, saved + held, 0.0);
+
+    let mut backward = Breakdown::default();
+    let mut gradients = gradients_in_forward;
+    for (unit, (keep, recompute)) in units.iter().zip(&kept).rev() {
+        let new_gradients = unit.params as f64 * states.grad_per_param;
+        let (grown, transient_gradients) = if accumulating { (0.0, new_gradients) } else { (new_gradients, 0.0) };
+        let live = base(gradients + grown, saved + held, recompute + unit.backward_transient + transient_gradients);
+        if live.allocated() > backward.allocated() {
+            backward = live;
+        }
+        saved -= keep * in_flight;
+        gradients += grown;
+    }
+    let step = base(all_gradients, 0.0, states.step_temporaries);
+    vec![(Phase::Forward, forward), (Phase::ForwardEnd, forward_end), (Phase::Backward, backward), (Phase::OptimizerStep, step)]
+}
+
+fn simulate_inference(model: &ModelSpec, units: &[Unit], states: &States, workload: &Workload) -> Vec<(Phase, Breakdown)> {
+    let pass = |units: &[Unit], kv_base: f64| -> Breakdown {
+        let mut peak = Breakdown::default();
+        let mut kv = kv_base;
+        let mut held = 0.0;
+        for unit in units {
+            let live = Breakdown {
+                weights: bytes(states.weights),
+                activations: bytes(unit.inference_live),
+                kv_cache: bytes(kv + unit.kv_cache),
+                temporaries: bytes(held),
+                ..Breakdown::default()
+            };
+            if live.allocated() > peak.allocated() {
+                peak = live;
+            }
+            kv += unit.kv_cache;
+            held += unit.held;
+        }
+        peak
+    };
+    let prefill = pass(units, 0.0);
+    if workload.mode == Mode::Infer {
+        return vec![(Phase::Prefill, prefill)];
+    }
+    // Decode: one token per step against a cache of prompt + new − 1 tokens; concatenating into a
+    // layer's cache briefly holds the old and the new copy of that layer.
+    let one_token = Workload { seq: 1, new_tokens: 1, ..workload.clone() };
+    let step_units = build_units(model, &one_token, workload.batch);
+    let cached_tokens = (workload.seq + workload.new_tokens - 1) as f64;
+    let kv_per_token: f64 = step_units.iter().map(|u| u.kv_cache).sum();
+    let layer_kv = step_units.iter().map(|u| u.kv_cache).fold(0.0, f64::max) * cached_tokens;
+    let mut decode = pass(&step_units, kv_per_token * (cached_tokens - 1.0));
+    decode.temporaries += bytes(layer_kv);
+    vec![(Phase::Prefill, prefill), (Phase::Decode, decode)]
+}

@@ -1,0 +1,173 @@
+//! Fitting: the largest micro-batch or sequence that fits a GPU with a margin, the gradient
+//! accumulation reaching a global batch, and the fewest GPUs for a layout. Binary search over
+//! the estimator, which is cheap, so no trial runs.
+
+use crate::error::{PlanError, Result};
+use crate::estimate::{estimate, Estimate, Overheads};
+use crate::model::ModelSpec;
+use crate::workload::{Workload, MAX_SIZE};
+use serde::Serialize;
+
+/// What a fit search varies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FitTarget {
+    /// Micro-batch size.
+    Batch,
+    /// Sequence length.
+    Seq,
+}
+
+impl FitTarget {
+    fn name(self) -> &'static str {
+        match self {
+            FitTarget::Batch => "batch",
+            FitTarget::Seq => "seq",
+        }
+    }
+
+    fn apply(self, workload: &Workload, value: u64) -> Workload {
+        match self {
+            FitTarget::Batch => Workload { batch: value, ..workload.clone() },
+            FitTarget::Seq => Workload { seq: value, ..workload.clone() },
+        }
+    }
+}
+
+/// The result of a fit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fit {
+    /// What was searched.
+    pub target: FitTarget,
+    /// Largest value that fits.
+    pub value: u64,
+    /// Safety margin kept free, as a fraction of GPU memory.
+    pub margin: f64,
+    /// GPU memory, bytes.
+    pub gpu_bytes: u64,
+    /// Memory the plan may use: `gpu_bytes × (1 − margin)`.
+    pub usable_bytes: u64,
+    /// Gradient accumulation steps to reach the requested global batch (1 without one).
+    pub grad_accum: u64,
+    /// Global batch actually reached: micro-batch × data-parallel ranks × accumulation.
+    pub global_batch: u64,
+    /// The estimate at `value`.
+    pub estimate: Estimate,
+}
+
+/// Usable bytes of a GPU after a safety margin.
+pub fn usable_bytes(gpu_bytes: u64, margin: f64) -> u64 {
+    (gpu_bytes as f64 * (1.0 - margin.clamp(0.0, 0.9))) as u64
+}
+
+fn check_margin(margin: f64) -> Result<()> {
+    if (0.0..0.9).contains(&margin) {
+        Ok(())
+    } else {
+        Err(PlanError::InvalidValue {
+            name: "margin".into(),
+            value: margin.to_string(),
+            reason: "must be a fraction in [0, 0.9), e.g. 0.1 for 10 %".into(),
+        })
+    }
+}
+
+/// Largest value of `target` in `[1, MAX_SIZE]` whose peak total fits `usable` bytes.
+fn largest_fitting(
+    model: &ModelSpec,
+    workload: &Workload,
+    overheads: &Overheads,
+    target: FitTarget,
+    usable: u64,
+) -> Result<(u64, Estimate)> {
+    let fits = |value: u64| -> Result<(bool, Estimate)> {
+        let e = estimate(model, &target.apply(workload, value), overheads)?;
+        Ok((e.peak_total_bytes <= usable, e))
+    };
+    let (ok, smallest) = fits(1)?;
+    if !ok {
+        return Err(PlanError::NothingFits {
+            what: target.name(),
+            smallest: 1,
+            needed_gib: smallest.peak_total_bytes as f64 / (1u64 << 30) as f64,
+            usable_gib: usable as f64 / (1u64 << 30) as f64,
+        });
+    }
+    // Exponential search for an upper bound, then bisection: peak memory grows with both.
+    let (mut low, mut best) = (1, smallest);
+    let mut high = 2;
+    while high <= MAX_SIZE {
+        let (ok, e) = fits(high)?;
+        if !ok {
+            break;
+        }
+        (low, best) = (high, e);
+        high *= 2;
+    }
+    let mut high = high.min(MAX_SIZE + 1);
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        let (ok, e) = fits(mid)?;
+        if ok {
+            (low, best) = (mid, e);
+        } else {
+            high = mid;
+        }
+    }
+    Ok((low, best))
+}
+
+/// Finds the largest micro-batch (or sequence) that fits `gpu_bytes` with `margin`, and the
+/// accumulation reaching `global_batch` (accumulating keeps gradients alive during forward, so
+/// the search is redone with accumulation when one is needed).
+pub fn fit(
+    model: &ModelSpec,
+    workload: &Workload,
+    overheads: &Overheads,
+    target: FitTarget,
+    gpu_bytes: u64,
+    margin: f64,
+    global_batch: Option<u64>,
+) -> Result<Fit> {
+    check_margin(margin)?;
+    workload.validate()?;
+    let usable = usable_bytes(gpu_bytes, margin);
+    let dp = workload.layout.dp();
+    let mut current = workload.clone();
+    let (mut value, mut best) = largest_fitting(model, &current, overheads, target, usable)?;
+    let accumulation_for = |micro: u64| global_batch.map_or(workload.grad_accum, |g| g.div_ceil(micro * dp).max(1));
+    let micro_batch = |w: &Workload, v: u64| if target == FitTarget::Batch { v } else { w.batch };
+    let mut grad_accum = accumulation_for(micro_batch(&current, value));
+    if grad_accum > 1 && current.grad_accum == 1 {
+        current.grad_accum = grad_accum;
+        (value, best) = largest_fitting(model, &current, overheads, target, usable)?;
+        grad_accum = accumulation_for(micro_batch(&current, value)).max(2);
+    }
+    let micro = micro_batch(&current, value);
+    Ok(Fit {
+        target,
+        value,
+        margin,
+        gpu_bytes,
+        usable_bytes: usable,
+        grad_accum,
+        global_batch: micro * dp * grad_accum,
+        estimate: best,
+    })
+}
+
+/// Fewest GPUs (multiples of `tp × pp`, up to 4096) on which the workload's layout fits.
+pub fn fewest_gpus(model: &ModelSpec, workload: &Workload, overheads: &Overheads, gpu_bytes: u64, margin: f64) -> Result<Option<u64>> {
+    check_margin(margin)?;
+    let usable = usable_bytes(gpu_bytes, margin);
+    let group = workload.layout.tp * workload.layout.pp;
+    for gpus in (1..=4096 / group).map(|n| n * group) {
+        let mut candidate = workload.clone();
+        candidate.layout.gpus = gpus;
+        candidate.layout.nodes = 1;
+        if estimate(model, &candidate, overheads)?.peak_total_bytes <= usable {
+            return Ok(Some(gpus));
+        }
+    }
+    Ok(None)
+}

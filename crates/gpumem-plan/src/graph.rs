@@ -1,0 +1,487 @@
+//! The forward pass as a sequence of memory units: what each step saves for backward, what it
+//! holds only briefly, and what it adds to the KV cache. Built from the tensors PyTorch really
+//! keeps (saved inputs of linears, GELU/LayerNorm inputs, softmax outputs, dropout masks, the fp32
+//! upcast of logits in the loss), so the phase simulation can replay a step.
+
+use crate::model::{Activation, Architecture, ConvShape, Head, ModelSpec, Norm, ResnetSpec, TransformerSpec};
+use crate::workload::{Attention, Mode, Target, Workload};
+
+/// One step of the forward pass, in bytes for the whole micro-batch on one GPU.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Unit {
+    /// What the unit is ("embeddings", "block", "head").
+    pub name: &'static str,
+    /// Bytes saved for backward when nothing is recomputed.
+    pub saved: f64,
+    /// Part of `saved` inside the attention core (dropped by selective recomputation).
+    pub attention_core: f64,
+    /// Bytes kept under full checkpointing (the block input), for checkpointable units.
+    pub checkpoint: Option<f64>,
+    /// Bytes the unit's output keeps alive until the step ends (logits held by the model output).
+    pub held: f64,
+    /// Short-lived bytes at the unit's forward peak, on top of what it saves.
+    pub forward_transient: f64,
+    /// Short-lived bytes at the unit's backward peak (gradients of its activations).
+    pub backward_transient: f64,
+    /// Peak bytes alive inside the unit in a no-grad forward (besides weights and KV cache).
+    pub inference_live: f64,
+    /// KV-cache bytes the unit keeps in a no-grad forward.
+    pub kv_cache: f64,
+    /// Parameters of the unit (their gradients appear when its backward runs).
+    pub params: u64,
+}
+
+/// Bytes per element for the tensors of a workload.
+#[derive(Debug, Clone, Copy)]
+struct Bytes {
+    /// Activations computed by matmuls (the autocast dtype under AMP).
+    act: f64,
+    /// The residual stream and norm outputs (fp32 under autocast with fp32 weights).
+    residual: f64,
+    /// Autocast copies inputs per linear call instead of saving one shared tensor.
+    autocast: bool,
+}
+
+impl Bytes {
+    fn of(workload: &Workload) -> Self {
+        let act = workload.compute_dtype().bytes() as f64;
+        let residual = workload.dtype.bytes() as f64;
+        Bytes { act, residual, autocast: workload.amp.is_some() && residual != act }
+    }
+
+    /// Bytes saved for a norm output of width `width` read by `consumers` linear layers.
+    fn linear_input(&self, width: f64, consumers: f64) -> f64 {
+        if self.autocast {
+            self.act * width * consumers
+        } else {
+            self.residual * width
+        }
+    }
+}
+
+/// Tensor-parallel split: terms inside attention/MLP divide by `tp`, the rest only with SP.
+#[derive(Debug, Clone, Copy)]
+struct Split {
+    tp: f64,
+    sequence: f64,
+}
+
+/// Sequence lengths of one attention: queries and keys.
+#[derive(Debug, Clone, Copy)]
+struct AttentionShape {
+    queries: f64,
+    keys: f64,
+    causal: bool,
+}
+
+/// Per-token and per-score byte counts of one block, before multiplying by tokens.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    /// Saved bytes per token inside tensor-parallel regions.
+    sharded: f64,
+    /// Saved bytes per token outside them (norm inputs, residual, dropout masks).
+    replicated: f64,
+    /// Saved bytes of the attention core, absolute.
+    core: f64,
+}
+
+/// Builds the unit sequence of a model under a workload for one micro-batch (`batch` samples).
+pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Unit> {
+    match &model.arch {
+        Architecture::Transformer(spec) => TransformerGraph::new(spec, workload, batch).units(),
+        Architecture::Resnet(spec) => resnet_units(spec, workload, batch),
+    }
+}
+
+struct TransformerGraph<'a> {
+    spec: &'a TransformerSpec,
+    workload: &'a Workload,
+    bytes: Bytes,
+    split: Split,
+    batch: f64,
+    training: bool,
+}
+
+impl<'a> TransformerGraph<'a> {
+    fn new(spec: &'a TransformerSpec, workload: &'a Workload, batch: u64) -> Self {
+        let tp = workload.layout.tp as f64;
+        TransformerGraph {
+            spec,
+            workload,
+            bytes: Bytes::of(workload),
+            split: Split { tp, sequence: if workload.layout.sp { tp } else { 1.0 } },
+            batch: batch as f64,
+            training: workload.mode == Mode::Train,
+        }
+    }
+
+    fn dropout_active(&self, p: f64) -> bool {
+        self.training && p > 0.0
+    }
+
+    /// Sequence length of the (decoder or only) stack.
+    fn sequence(&self) -> f64 {
+        match self.spec.patches {
+            Some(p) => ((self.workload.image_size / p.patch).pow(2) + 1) as f64,
+            None => self.workload.seq as f64,
+        }
+    }
+
+    /// Sequence length on the decoder side of an encoder-decoder.
+    fn decoder_sequence(&self) -> f64 {
+        if self.spec.is_encoder_decoder() && self.workload.mode == Mode::Generate {
+            self.workload.new_tokens as f64
+        } else {
+            self.sequence()
+        }
+    }
+
+    fn units(&self) -> Vec<Unit> {
+        let spec = self.spec;
+        let mut units = vec![self.embeddings()];
+        let seq = self.sequence();
+        if spec.is_encoder_decoder() {
+            let encoder = AttentionShape { queries: seq, keys: seq, causal: false };
+            for _ in 0..spec.encoder_layers {
+                units.push(self.block(encoder, None));
+            }
+            let dec = self.decoder_sequence();
+            let decoder = AttentionShape { queries: dec, keys: dec, causal: true };
+            let cross = AttentionShape { queries: dec, keys: seq, causal: false };
+            for _ in 0..spec.layers {
+                units.push(self.block(decoder, Some(cross)));
+            }
+        } else {
+            let shape = AttentionShape { queries: seq, keys: seq, causal: spec.is_causal_lm() };
+            for _ in 0..spec.layers {
+                units.push(self.block(shape, None));
+            }
+        }
+        units.push(self.head());
+        units
+    }
+
+    /// Saved bytes per token of a norm (its input and, for RMSNorm, the normalised fp32 values).
+    fn norm_saved(&self) -> f64 {
+        let h = self.spec.hidden as f64;
+        match self.spec.norm {
+            Norm::LayerNorm => self.bytes.residual * h + 8.0,
+            Norm::RmsNorm => 4.0 * h + self.bytes.residual * h + 4.0,
+        }
+    }
+
+    fn embeddings(&self) -> Unit {
+        let spec = self.spec;
+        let tokens = self.batch * self.sequence();
+        let h = spec.hidden as f64;
+        // Token ids (int64) are held by the caller for the whole step.
+        let mut held = tokens * 8.0;
+        let mut saved = 0.0;
+        if let Some(p) = spec.patches {
+            let pixels = self.batch * (p.channels * self.workload.image_size.pow(2)) as f64;
+            held = pixels * self.bytes.residual;
+            saved = if self.bytes.autocast { pixels * self.bytes.act } else { 0.0 };
+        }
+        if spec.embedding_norm {
+            saved += tokens * self.bytes.residual * h;
+        }
+        if self.dropout_active(spec.embedding_dropout) {
+            saved += tokens * h;
+        }
+        Unit {
+            name: "embeddings",
+            saved: saved / self.split.sequence,
+            held,
+            forward_transient: 2.0 * tokens * self.bytes.residual * h,
+            backward_transient: tokens * self.bytes.residual * h,
+            inference_live: 2.0 * tokens * self.bytes.residual * h,
+            params: spec.params_of_embeddings(),
+            ..Unit::default()
+        }
+    }
+
+    /// Bytes per score element saved by eager attention: softmax output, its cast, dropout.
+    fn score_saved_bytes(&self) -> f64 {
+        let act = self.bytes.act;
+        let softmax = if self.spec.softmax_fp32 || self.workload.amp.is_some() { 4.0 } else { act };
+        let cast = if softmax != act { act } else { 0.0 };
+        let dropout = if self.dropout_active(self.spec.attention_dropout) { 1.0 + act } else { 0.0 };
+        softmax + cast + dropout
+    }
+
+    /// Does this attention materialise the score matrix?
+    fn materialises_scores(&self) -> bool {
+        match self.workload.attention {
+            Attention::Eager => true,
+            Attention::Flash => false,
+            // T5's relative position bias has no fused kernel path in transformers.
+            Attention::Sdpa => {
+                self.spec.model_type == "t5"
+                    || (self.workload.target == Target::Cpu && self.dropout_active(self.spec.attention_dropout))
+            }
+        }
+    }
+
+    /// The attention sublayer: saved tally per token, plus absolute transients.
+    fn attention(&self, shape: AttentionShape, cross: bool, tally: &mut Tally) -> (f64, f64, f64) {
+        let spec = self.spec;
+        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let (q, kv) = (spec.query_width() as f64, spec.kv_width() as f64);
+        let heads = spec.heads as f64 / self.split.tp;
+        let scores = self.batch * heads * shape.queries * shape.keys;
+        let key_tokens = self.batch * shape.keys;
+        let mut key_side = 0.0; // saved bytes per key token (cross attention reads the encoder)
+        let projections_from_norm = if cross { 1.0 } else if spec.fused_qkv { 1.0 } else { 3.0 };
+        tally.sharded += if spec.post_norm && !cross { 0.0 } else { self.bytes.linear_input(h, projections_from_norm) };
+        // q, k, v outputs stay alive: saved by RoPE's multiply or by the attention itself.
+        tally.sharded += act * q;
+        key_side += act * 2.0 * kv;
+        let rotary = spec.rotary_fraction;
+        if rotary > 0.0 && !cross {
+            // rotate_half of the rotated part, then the rotated q and k (new tensors).
+            tally.sharded += act * (q + kv) * (rotary + 1.0);
+        }
+        let repeats = spec.heads / spec.kv_heads;
+        let materialised = self.materialises_scores();
+        if repeats > 1 && materialised {
+            // repeat_kv expands k and v to all heads before the matmuls.
+            key_side += act * 2.0 * q;
+        }
+        let mut core = 0.0;
+        let mut transient = 0.0;
+        let mut inference = 0.0;
+        if materialised {
+            core += scores * self.score_saved_bytes();
+            // Raw and masked scores exist briefly before the softmax; a causal mask (b × q × k in
+            // the activation dtype) lives through the whole forward.
+            transient += 2.0 * act * scores;
+            if shape.causal {
+                transient += act * self.batch * shape.queries * shape.keys;
+            }
+            inference += scores * (act + self.score_saved_bytes());
+            // The head-merging copy is saved by the output projection.
+            tally.sharded += act * q;
+        } else {
+            // Kernel output (already in the layout the output projection reads) + fp32 log-sum-exp.
+            tally.sharded += act * q + 4.0 * spec.heads as f64;
+        }
+        if self.dropout_active(spec.hidden_dropout) {
+            tally.replicated += h;
+        }
+        tally.core += core;
+        let per_token_key = key_side / self.split.tp * key_tokens;
+        (per_token_key, transient, inference)
+    }
+
+    /// Saved bytes per token of the MLP and its activation.
+    fn mlp(&self) -> f64 {
+        let spec = self.spec;
+        let (act, h, f) = (self.bytes.act, spec.hidden as f64, spec.intermediate as f64);
+        let consumers = if spec.gated_mlp { 2.0 } else { 1.0 };
+        let activation = match spec.activation {
+            Activation::Gelu | Activation::GeluTanh | Activation::Silu => 2.0 * f,
+            Activation::Relu => f,
+            // 0.5·x·(1 + tanh(…)) in Python ops keeps x, tanh(…), 0.5·x, 1 + tanh(…) and the product.
+            Activation::GeluTanhPython => 5.0 * f,
+        };
+        let mut per_expert = act * activation;
+        if spec.gated_mlp {
+            per_expert += act * 2.0 * f; // up projection and the gated product
+        }
+        if self.dropout_active(spec.activation_dropout) {
+            per_expert += f + if spec.activation == Activation::Relu { act * f } else { 0.0 };
+        }
+        let routed = spec.experts_per_token as f64;
+        let routing = if spec.experts > 1 { 4.0 * spec.experts as f64 + routed * act * h } else { 0.0 };
+        self.bytes.linear_input(h, consumers) + routed * per_expert + routing
+    }
+
+    fn block(&self, shape: AttentionShape, cross: Option<AttentionShape>) -> Unit {
+        let spec = self.spec;
+        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let tokens = self.batch * shape.queries;
+        let mut tally = Tally::default();
+        let norms = if spec.shared_block_norm { 1.0 } else { 2.0 } + if cross.is_some() { 1.0 } else { 0.0 };
+        if spec.post_norm {
+            // The block input is saved by q/k/v; each add+norm saves the sum.
+            tally.sharded += self.bytes.linear_input(h, if spec.fused_qkv { 1.0 } else { 3.0 });
+            tally.replicated += 2.0 * (self.bytes.residual * h + 8.0);
+        } else if spec.parallel_residual && !spec.shared_block_norm {
+            // Both norms read the same residual input: it is saved once.
+            tally.replicated += 2.0 * self.norm_saved() - self.bytes.residual * h;
+        } else {
+            tally.replicated += norms * self.norm_saved();
+        }
+        let (key_bytes, mut transient, mut inference) = self.attention(shape, false, &mut tally);
+        let mut cross_key_bytes = 0.0;
+        if let Some(cross) = cross {
+            let (keys, t, i) = self.attention(cross, true, &mut tally);
+            cross_key_bytes = keys;
+            transient = transient.max(t);
+            inference = inference.max(i);
+        }
+        tally.sharded += self.mlp();
+        if self.dropout_active(spec.hidden_dropout) {
+            tally.replicated += h;
+        }
+        let autocast_weights = if self.bytes.autocast { act * spec.block_linear_params() as f64 / self.split.tp } else { 0.0 };
+        let saved = tokens * (tally.sharded / self.split.tp + tally.replicated / self.split.sequence)
+            + key_bytes
+            + cross_key_bytes
+            + tally.core
+            + autocast_weights;
+        let f = spec.intermediate as f64 * spec.experts_per_token as f64 / self.split.tp;
+        let mlp_live = tokens * (2.0 * self.bytes.residual * h + act * f * if spec.gated_mlp { 3.0 } else { 2.0 });
+        let attention_live = tokens * (2.0 * self.bytes.residual * h + act * 3.0 * spec.query_width() as f64 / self.split.tp);
+        let kv_cache = if spec.is_causal_lm() && !self.training {
+            act * 2.0 * spec.kv_width() as f64 / self.split.tp * tokens
+        } else {
+            0.0
+        };
+        let largest_intermediate = (tally.core / 2.0).max(tokens * act * f);
+        Unit {
+            name: "block",
+            saved,
+            attention_core: tally.core,
+            checkpoint: Some(tokens * self.bytes.residual * h / self.split.sequence),
+            held: 0.0,
+            forward_transient: transient + tokens * act * f,
+            backward_transient: 2.0 * largest_intermediate + 2.0 * tokens * self.bytes.residual * h,
+            inference_live: attention_live.max(mlp_live) + inference,
+            kv_cache,
+            params: spec.block_params(cross.is_some()),
+        }
+    }
+
+    fn head(&self) -> Unit {
+        let spec = self.spec;
+        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let tokens = self.batch * self.decoder_sequence();
+        let vocab = spec.vocab as f64 / self.split.tp;
+        let final_norm = if spec.final_norm { self.norm_saved() } else { 0.0 };
+        let params = spec.params_of_head();
+        let autocast_weight = |n: u64| if self.bytes.autocast { act * n as f64 / self.split.tp } else { 0.0 };
+        match spec.head {
+            Head::CausalLm | Head::Seq2SeqLm | Head::MaskedLm => {
+                let lm_weights = spec.vocab * spec.hidden;
+                let transform = if spec.head == Head::MaskedLm {
+                    // dense → GELU → LayerNorm before the decoder.
+                    self.bytes.linear_input(h, 1.0) + act * 2.0 * h + self.bytes.residual * h
+                } else {
+                    0.0
+                };
+                // T5 rescales the decoder output before the tied LM head: a fresh tensor.
+                let rescale = if spec.head == Head::Seq2SeqLm && spec.tied_embeddings { self.bytes.residual * h } else { 0.0 };
+                let logits_tokens = if self.workload.mode == Mode::Generate { self.batch } else { tokens };
+                let logits = logits_tokens * vocab * act;
+                let fp32_copy = if act == 4.0 { 0.0 } else { logits_tokens * vocab * 4.0 };
+                let saved_per_token = final_norm + transform + rescale + self.bytes.linear_input(h, 1.0);
+                if self.training {
+                    let log_probs = tokens * vocab * 4.0;
+                    Unit {
+                        name: "head",
+                        saved: tokens * saved_per_token + log_probs + autocast_weight(lm_weights),
+                        held: logits,
+                        forward_transient: fp32_copy,
+                        // nll grad and log_softmax grad (fp32), then the cast back to the logits dtype.
+                        backward_transient: 2.0 * tokens * vocab * 4.0 + if act == 4.0 { 0.0 } else { logits },
+                        params,
+                        ..Unit::default()
+                    }
+                } else {
+                    Unit {
+                        name: "head",
+                        inference_live: logits + tokens * self.bytes.residual * h * 2.0,
+                        held: logits,
+                        params,
+                        ..Unit::default()
+                    }
+                }
+            }
+            Head::Pooler | Head::None | Head::SequenceClassification { .. } | Head::ImageClassification { .. } => {
+                // A classifier on the first token keeps the whole final-norm output alive through its view.
+                let keeps_norm_output = matches!(spec.head, Head::ImageClassification { .. }) && spec.final_norm;
+                let pooled = self.batch * h * act * 2.0;
+                let saved = tokens * (final_norm + if keeps_norm_output { self.bytes.residual * h } else { 0.0 }) + pooled;
+                Unit {
+                    name: "head",
+                    saved: if self.training { saved } else { 0.0 },
+                    inference_live: tokens * self.bytes.residual * h + pooled,
+                    backward_transient: tokens * self.bytes.residual * h,
+                    params,
+                    ..Unit::default()
+                }
+            }
+        }
+    }
+}
+
+/// Units of a torchvision ResNet: stem, one per residual block, classifier head.
+fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit> {
+    let act = workload.compute_dtype().bytes() as f64;
+    let input_bytes = workload.dtype.bytes() as f64;
+    let b = batch as f64;
+    let training = workload.mode == Mode::Train;
+    let image = workload.image_size;
+    let mut units = Vec::new();
+    // Stem: conv 7×7/2 → BN → ReLU (in place) → max-pool 3×3/2 (saves int64 indices).
+    let stem = spec.stem();
+    let stem_side = stem.output_side(image);
+    let pooled_side = (stem_side + 2 - 3) / 2 + 1;
+    let stem_out = b * (stem.outputs * stem_side * stem_side) as f64;
+    let pooled = b * (stem.outputs * pooled_side * pooled_side) as f64;
+    let pixels = b * (3 * image * image) as f64;
+    let autocast_input = if workload.amp.is_some() && input_bytes != act { pixels * act } else { 0.0 };
+    units.push(Unit {
+        name: "stem",
+        saved: if training { autocast_input + 2.0 * stem_out * act + pooled * (act + 8.0) } else { 0.0 },
+        held: pixels * input_bytes,
+        forward_transient: 0.0,
+        backward_transient: 2.0 * stem_out * act,
+        inference_live: (2.0 * stem_out + pooled) * act,
+        params: stem.params(),
+        ..Unit::default()
+    });
+    let mut side = pooled_side;
+    for block in spec.blocks() {
+        let mut saved = 0.0;
+        let mut largest: f64 = 0.0;
+        let mut conv_side = side;
+        // Each convolution's output is saved by its BatchNorm, and the BN/ReLU output by the next op.
+        for conv in &block.convs {
+            conv_side = conv.output_side(conv_side);
+            let out = b * (conv.outputs * conv_side * conv_side) as f64;
+            saved += 2.0 * out * act;
+            largest = largest.max(out);
+        }
+        if let Some(down) = block.downsample {
+            let out_side = down.output_side(side);
+            saved += b * (down.outputs * out_side * out_side) as f64 * act;
+        }
+        let input = b * (block.convs[0].inputs * side * side) as f64;
+        let params = block.convs.iter().chain(block.downsample.iter()).map(ConvShape::params).sum();
+        units.push(Unit {
+            name: "block",
+            saved: if training { saved } else { 0.0 },
+            checkpoint: Some(input * act),
+            forward_transient: largest * act,
+            backward_transient: 3.0 * largest * act,
+            inference_live: (input + 2.0 * largest) * act,
+            params,
+            ..Unit::default()
+        });
+        side = conv_side;
+    }
+    let features = b * spec.features() as f64;
+    let logits = b * spec.num_classes as f64;
+    units.push(Unit {
+        name: "head",
+        saved: if training { features * act + logits * 4.0 } else { 0.0 },
+        held: logits * act,
+        backward_transient: 2.0 * logits * 4.0 + features * act,
+        inference_live: features * act + logits * act,
+        params: spec.features() * spec.num_classes + spec.num_classes,
+        ..Unit::default()
+    });
+    units
+}

@@ -1,0 +1,359 @@
+//! Reading Hugging Face `config.json` files (and a small ResNet JSON) into [`ModelSpec`].
+
+use crate::error::{PlanError, Result};
+use crate::model::{Activation, Architecture, Head, ModelSpec, Norm, Patches, ResnetSpec, TransformerSpec};
+use crate::names::nearest;
+use serde_json::Value;
+
+/// `model_type` values the planner understands.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2", "mixtral", "gemma", "phi", "bert", "roberta", "t5", "vit",
+    "resnet",
+];
+
+/// Parses a config.json text.
+pub fn parse_config(name: &str, text: &str) -> Result<ModelSpec> {
+    let json: Value = serde_json::from_str(text)
+        .map_err(|e| PlanError::Unreadable { path: name.to_string(), reason: format!("not JSON: {e}") })?;
+    spec_from_json(name, &json)
+}
+
+/// Builds a model from an already-parsed config object.
+pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
+    let model_type = json
+        .get("model_type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| PlanError::MissingField {
+            model_type: "?".into(),
+            field: "model_type",
+            spellings: vec!["model_type"],
+        })?
+        .to_string();
+    let fields = Fields { json, model_type: model_type.clone() };
+    let arch = match model_type.as_str() {
+        "resnet" => Architecture::Resnet(fields.resnet()?),
+        "gpt2" | "gpt_neox" | "opt" | "llama" | "mistral" | "qwen2" | "mixtral" | "gemma" | "phi" | "bert"
+        | "roberta" | "t5" | "vit" => Architecture::Transformer(fields.transformer()?),
+        _ => {
+            return Err(PlanError::UnsupportedModelType {
+                nearest: nearest(&model_type, SUPPORTED_MODEL_TYPES.iter().copied()),
+                given: model_type,
+                accepted: SUPPORTED_MODEL_TYPES.iter().map(|s| s.to_string()).collect(),
+            })
+        }
+    };
+    Ok(ModelSpec { name: name.to_string(), arch })
+}
+
+struct Fields<'a> {
+    json: &'a Value,
+    model_type: String,
+}
+
+impl Fields<'_> {
+    fn find(&self, spellings: &[&str]) -> Option<&Value> {
+        spellings.iter().find_map(|key| self.json.get(*key).filter(|v| !v.is_null()))
+    }
+
+    fn optional_u64(&self, field: &'static str, spellings: &[&'static str]) -> Result<Option<u64>> {
+        match self.find(spellings) {
+            None => Ok(None),
+            Some(value) => match value.as_u64() {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(PlanError::InvalidValue {
+                    name: field.to_string(),
+                    value: value.to_string(),
+                    reason: "must be a positive integer".into(),
+                }),
+            },
+        }
+    }
+
+    fn required_u64(&self, field: &'static str, spellings: &[&'static str]) -> Result<u64> {
+        self.optional_u64(field, spellings)?.ok_or_else(|| PlanError::MissingField {
+            model_type: self.model_type.clone(),
+            field,
+            spellings: spellings.to_vec(),
+        })
+    }
+
+    fn f64_or(&self, spellings: &[&str], default: f64) -> f64 {
+        self.find(spellings).and_then(Value::as_f64).unwrap_or(default)
+    }
+
+    fn bool_or(&self, spellings: &[&str], default: bool) -> bool {
+        self.find(spellings).and_then(Value::as_bool).unwrap_or(default)
+    }
+
+    fn str_or<'b>(&'b self, spellings: &[&str], default: &'b str) -> &'b str {
+        self.find(spellings).and_then(Value::as_str).unwrap_or(default)
+    }
+
+    fn labels(&self, default: u64) -> u64 {
+        if let Some(n) = self.json.get("num_labels").and_then(Value::as_u64) {
+            return n;
+        }
+        self.json.get("id2label").and_then(Value::as_object).map_or(default, |m| m.len() as u64)
+    }
+
+    fn architecture_name(&self) -> &str {
+        self.json
+            .get("architectures")
+            .and_then(Value::as_array)
+            .and_then(|a| a.first())
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    }
+
+    fn activation(&self, spellings: &[&str], default: &str) -> Result<Activation> {
+        let name = self.str_or(spellings, default);
+        // T5 spells it "gated-gelu" / "relu" in feed_forward_proj.
+        let base = name.trim_start_matches("gated-");
+        match base {
+            "gelu" => Ok(Activation::Gelu),
+            "gelu_new" | "gelu_fast" => Ok(Activation::GeluTanhPython),
+            "gelu_pytorch_tanh" => Ok(Activation::GeluTanh),
+            "relu" => Ok(Activation::Relu),
+            "silu" | "swish" => Ok(Activation::Silu),
+            other => Err(PlanError::InvalidValue {
+                name: "hidden_act".into(),
+                value: other.into(),
+                reason: "supported: gelu, gelu_new, gelu_fast, gelu_pytorch_tanh, relu, silu".into(),
+            }),
+        }
+    }
+
+    fn resnet(&self) -> Result<ResnetSpec> {
+        let num_classes = self.optional_u64("num_classes", &["num_classes", "num_labels"])?.unwrap_or(1000);
+        if let Some(depth) = self.optional_u64("depth", &["depth"])? {
+            let (blocks, bottleneck) = match depth {
+                18 => ([2, 2, 2, 2], false),
+                34 => ([3, 4, 6, 3], false),
+                50 => ([3, 4, 6, 3], true),
+                101 => ([3, 4, 23, 3], true),
+                152 => ([3, 8, 36, 3], true),
+                other => {
+                    return Err(PlanError::InvalidValue {
+                        name: "depth".into(),
+                        value: other.to_string(),
+                        reason: "ResNet depth must be one of 18, 34, 50, 101, 152".into(),
+                    })
+                }
+            };
+            return Ok(ResnetSpec { blocks, bottleneck, num_classes });
+        }
+        // Hugging Face ResNetConfig: "depths": [3,4,6,3], "layer_type": "bottleneck".
+        let depths: Vec<u64> = self
+            .find(&["depths"])
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default();
+        let blocks: [u64; 4] = depths.try_into().map_err(|_| PlanError::MissingField {
+            model_type: self.model_type.clone(),
+            field: "depth",
+            spellings: vec!["depth", "depths (4 stages)"],
+        })?;
+        let bottleneck = self.str_or(&["layer_type"], "bottleneck") == "bottleneck";
+        Ok(ResnetSpec { blocks, bottleneck, num_classes })
+    }
+
+    fn transformer(&self) -> Result<TransformerSpec> {
+        let mt = self.model_type.as_str();
+        let hidden = self.required_u64("hidden_size", &["hidden_size", "n_embd", "d_model"])?;
+        let layers = self.required_u64("num_hidden_layers", &["num_hidden_layers", "n_layer", "num_layers"])?;
+        let heads = self.required_u64("num_attention_heads", &["num_attention_heads", "n_head", "num_heads"])?;
+        let vocab = if mt == "vit" { 0 } else { self.required_u64("vocab_size", &["vocab_size"])? };
+        let kv_heads = self.optional_u64("num_key_value_heads", &["num_key_value_heads"])?.unwrap_or(heads);
+        let head_dim = self.optional_u64("head_dim", &["head_dim", "d_kv"])?.unwrap_or(hidden / heads);
+        if mt != "t5" && hidden % heads != 0 && self.find(&["head_dim"]).is_none() {
+            return Err(PlanError::InvalidValue {
+                name: "hidden_size".into(),
+                value: hidden.to_string(),
+                reason: format!("must be divisible by num_attention_heads = {heads}"),
+            });
+        }
+        if heads % kv_heads != 0 {
+            return Err(PlanError::InvalidValue {
+                name: "num_key_value_heads".into(),
+                value: kv_heads.to_string(),
+                reason: format!("must divide num_attention_heads = {heads}"),
+            });
+        }
+        let intermediate = self
+            .optional_u64("intermediate_size", &["intermediate_size", "n_inner", "ffn_dim", "d_ff"])?
+            .unwrap_or(4 * hidden);
+        let positions = self.optional_u64("max_position_embeddings", &["max_position_embeddings", "n_positions"])?;
+        let mut spec = TransformerSpec {
+            model_type: mt.to_string(),
+            hidden,
+            layers,
+            encoder_layers: 0,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate,
+            vocab,
+            learned_positions: 0,
+            token_types: 0,
+            activation: Activation::Gelu,
+            gated_mlp: false,
+            norm: Norm::LayerNorm,
+            norm_bias: true,
+            post_norm: false,
+            parallel_residual: false,
+            shared_block_norm: false,
+            fused_qkv: false,
+            qkv_bias: true,
+            out_bias: true,
+            mlp_bias: true,
+            rotary_fraction: 0.0,
+            softmax_fp32: false,
+            tied_embeddings: self.bool_or(&["tie_word_embeddings"], true),
+            lm_head_bias: false,
+            embedding_norm: false,
+            final_norm: true,
+            experts: 1,
+            experts_per_token: 1,
+            relative_attention_buckets: 0,
+            embed_projection: 0,
+            attention_dropout: 0.0,
+            hidden_dropout: 0.0,
+            activation_dropout: 0.0,
+            embedding_dropout: 0.0,
+            head: Head::CausalLm,
+            patches: None,
+        };
+        let need_positions = || {
+            positions.ok_or_else(|| PlanError::MissingField {
+                model_type: mt.to_string(),
+                field: "max_position_embeddings",
+                spellings: vec!["max_position_embeddings", "n_positions"],
+            })
+        };
+        match mt {
+            "gpt2" => {
+                spec.learned_positions = need_positions()?;
+                spec.fused_qkv = true;
+                spec.activation = self.activation(&["activation_function"], "gelu_new")?;
+                spec.attention_dropout = self.f64_or(&["attn_pdrop"], 0.1);
+                spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.1);
+                spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.1);
+            }
+            "gpt_neox" => {
+                spec.fused_qkv = true;
+                spec.parallel_residual = self.bool_or(&["use_parallel_residual"], true);
+                spec.rotary_fraction = self.f64_or(&["rotary_pct", "partial_rotary_factor"], 0.25);
+                spec.activation = self.activation(&["hidden_act"], "gelu")?;
+                spec.qkv_bias = self.bool_or(&["attention_bias"], true);
+                spec.out_bias = spec.qkv_bias;
+                spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], false);
+                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+                spec.hidden_dropout = self.f64_or(&["hidden_dropout"], 0.0);
+            }
+            "opt" => {
+                // OPT's learned positions carry an offset of 2 rows.
+                spec.learned_positions = need_positions()? + 2;
+                spec.activation = self.activation(&["activation_function"], "relu")?;
+                let bias = self.bool_or(&["enable_bias"], true);
+                (spec.qkv_bias, spec.out_bias, spec.mlp_bias) = (bias, bias, bias);
+                let pre_norm = self.bool_or(&["do_layer_norm_before"], true);
+                spec.post_norm = !pre_norm;
+                spec.final_norm = pre_norm && !self.bool_or(&["_remove_final_layer_norm"], false);
+                let projection = self.optional_u64("word_embed_proj_dim", &["word_embed_proj_dim"])?.unwrap_or(hidden);
+                spec.embed_projection = if projection == hidden { 0 } else { projection };
+                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+                spec.hidden_dropout = self.f64_or(&["dropout"], 0.1);
+                spec.embedding_dropout = spec.hidden_dropout;
+                spec.activation_dropout = self.f64_or(&["activation_dropout"], 0.0);
+            }
+            "llama" | "mistral" | "qwen2" | "mixtral" | "gemma" => {
+                spec.norm = Norm::RmsNorm;
+                spec.norm_bias = false;
+                spec.gated_mlp = true;
+                spec.activation = self.activation(&["hidden_activation", "hidden_act"], "silu")?;
+                spec.qkv_bias = self.bool_or(&["attention_bias"], mt == "qwen2");
+                spec.out_bias = mt != "qwen2" && spec.qkv_bias;
+                spec.mlp_bias = self.bool_or(&["mlp_bias"], false);
+                spec.rotary_fraction = self.f64_or(&["partial_rotary_factor"], 1.0);
+                spec.softmax_fp32 = true;
+                spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], mt == "gemma");
+                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+                if mt == "mixtral" {
+                    spec.experts = self.required_u64("num_local_experts", &["num_local_experts"])?;
+                    spec.experts_per_token =
+                        self.optional_u64("num_experts_per_tok", &["num_experts_per_tok"])?.unwrap_or(2);
+                }
+            }
+            "phi" => {
+                spec.parallel_residual = true;
+                spec.shared_block_norm = true;
+                spec.rotary_fraction = self.f64_or(&["partial_rotary_factor"], 0.5);
+                spec.activation = self.activation(&["hidden_act"], "gelu_new")?;
+                spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], false);
+                spec.lm_head_bias = true;
+                spec.softmax_fp32 = true;
+                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+                spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.0);
+                spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.0);
+            }
+            "bert" | "roberta" => {
+                spec.learned_positions = need_positions()?;
+                spec.token_types = self.optional_u64("type_vocab_size", &["type_vocab_size"])?.unwrap_or(2);
+                spec.post_norm = true;
+                spec.embedding_norm = true;
+                spec.final_norm = false;
+                spec.activation = self.activation(&["hidden_act"], "gelu")?;
+                spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.1);
+                spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.1);
+                spec.embedding_dropout = spec.hidden_dropout;
+                let arch = self.architecture_name();
+                spec.head = if arch.ends_with("ForMaskedLM") {
+                    Head::MaskedLm
+                } else if arch.ends_with("ForSequenceClassification") {
+                    Head::SequenceClassification { labels: self.labels(2) }
+                } else {
+                    Head::Pooler
+                };
+            }
+            "t5" => {
+                spec.encoder_layers = layers;
+                spec.layers = self.optional_u64("num_decoder_layers", &["num_decoder_layers"])?.unwrap_or(layers);
+                spec.norm = Norm::RmsNorm;
+                spec.norm_bias = false;
+                (spec.qkv_bias, spec.out_bias, spec.mlp_bias) = (false, false, false);
+                let proj = self.str_or(&["feed_forward_proj"], "relu");
+                spec.gated_mlp = proj.starts_with("gated-");
+                spec.activation = self.activation(&["feed_forward_proj"], "relu")?;
+                spec.relative_attention_buckets =
+                    self.optional_u64("relative_attention_num_buckets", &["relative_attention_num_buckets"])?.unwrap_or(32);
+                spec.softmax_fp32 = true;
+                let dropout = self.f64_or(&["dropout_rate"], 0.1);
+                (spec.attention_dropout, spec.hidden_dropout, spec.activation_dropout, spec.embedding_dropout) =
+                    (dropout, dropout, dropout, dropout);
+                spec.head = Head::Seq2SeqLm;
+            }
+            "vit" => {
+                spec.patches = Some(Patches {
+                    patch: self.optional_u64("patch_size", &["patch_size"])?.unwrap_or(16),
+                    channels: self.optional_u64("num_channels", &["num_channels"])?.unwrap_or(3),
+                    image_size: self.optional_u64("image_size", &["image_size"])?.unwrap_or(224),
+                });
+                spec.activation = self.activation(&["hidden_act"], "gelu")?;
+                spec.qkv_bias = self.bool_or(&["qkv_bias"], true);
+                spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.0);
+                spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.0);
+                spec.embedding_dropout = spec.hidden_dropout;
+                spec.head = if self.architecture_name() == "ViTModel" {
+                    Head::Pooler
+                } else {
+                    Head::ImageClassification { classes: self.labels(2) }
+                };
+            }
+            _ => unreachable!("model types are filtered by spec_from_json"),
+        }
+        if spec.head == Head::CausalLm && self.architecture_name().ends_with("Model") {
+            spec.head = Head::None;
+        }
+        Ok(spec)
+    }
+}

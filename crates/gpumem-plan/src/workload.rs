@@ -1,0 +1,351 @@
+//! What is run on the model: training or inference settings, precision, optimizer, parallel layout.
+
+use crate::error::{PlanError, Result};
+use crate::names::lookup;
+use serde::Serialize;
+
+/// Training step, plain forward pass, or autoregressive generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Forward, backward and optimizer step.
+    Train,
+    /// One forward pass without gradients (decoder LMs also build their KV cache, as Hugging Face does).
+    Infer,
+    /// Prefill of the prompt, then one decode step per new token with a KV cache.
+    Generate,
+}
+
+/// Element type of weights or activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// 32-bit float.
+    Fp32,
+    /// bfloat16.
+    Bf16,
+    /// IEEE half.
+    Fp16,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::Fp32 => 4,
+            Dtype::Bf16 | Dtype::Fp16 => 2,
+        }
+    }
+}
+
+/// The optimizer whose states and step temporaries are modelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    /// torch.optim.AdamW: two fp32-sized moments per parameter.
+    AdamW,
+    /// torch.optim.Adam: same memory as AdamW.
+    Adam,
+    /// torch.optim.SGD with momentum: one buffer per parameter.
+    Sgd,
+    /// Adafactor (transformers): factored second moment, no first moment.
+    Adafactor,
+    /// bitsandbytes 8-bit Adam: two 1-byte moments per parameter plus block scales.
+    Adam8bit,
+}
+
+/// PyTorch's optimizer-step implementations differ in their temporaries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerImpl {
+    /// One parameter at a time (the CPU default): temporaries of the largest parameter.
+    ForLoop,
+    /// Multi-tensor `_foreach_*` kernels (the CUDA default): a parameter-sized temporary.
+    Foreach,
+    /// One fused kernel: no temporaries.
+    Fused,
+}
+
+/// How attention is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    /// Explicit matmul + softmax: batch × heads × seq² scores are materialised and saved.
+    Eager,
+    /// `scaled_dot_product_attention`: a flash / memory-efficient kernel where one applies.
+    Sdpa,
+    /// FlashAttention-2: never materialises scores.
+    Flash,
+}
+
+/// Which activations are recomputed in backward instead of kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Checkpointing {
+    /// Keep all activations.
+    None,
+    /// Keep each layer's input only; recompute the layer in backward.
+    Full,
+    /// Recompute the attention core only (Korthikanti et al.).
+    Selective,
+}
+
+/// How model states are sharded over data-parallel ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sharding {
+    /// Plain data parallel (DDP): everything replicated, plus gradient buckets.
+    None,
+    /// ZeRO-1: optimizer states sharded.
+    Zero1,
+    /// ZeRO-2: optimizer states and gradients sharded.
+    Zero2,
+    /// ZeRO-3: optimizer states, gradients and weights sharded; layers gathered on use.
+    Zero3,
+    /// PyTorch FSDP full shard: like ZeRO-3 with one unit prefetched.
+    Fsdp,
+}
+
+/// Where the tensors live; the CPU target reproduces PyTorch-on-CPU validation measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    /// A CUDA/ROCm GPU (default).
+    Gpu,
+    /// PyTorch on CPU: SDPA falls back to the math kernel when attention dropout is active.
+    Cpu,
+}
+
+/// Storage of the frozen base model under LoRA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BaseQuant {
+    /// Base weights in the model dtype (LoRA).
+    None,
+    /// bitsandbytes int8 (LLM.int8).
+    Int8,
+    /// bitsandbytes NF4 with double quantization (QLoRA).
+    Nf4,
+}
+
+/// Low-rank adapters on every linear layer of the transformer blocks; the base is frozen.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Lora {
+    /// Adapter rank r: each targeted `in × out` matrix gains `r·(in + out)` trainable parameters.
+    pub rank: u64,
+    /// Storage of the frozen base.
+    pub base: BaseQuant,
+}
+
+/// The parallel layout: `gpus = data × tensor × pipeline` ranks over `nodes` machines.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Layout {
+    /// Total GPUs.
+    pub gpus: u64,
+    /// Machines the GPUs are spread over (each holds `gpus / nodes`).
+    pub nodes: u64,
+    /// Tensor-parallel size.
+    pub tp: u64,
+    /// Pipeline-parallel size.
+    pub pp: u64,
+    /// Sequence parallelism (splits the non-tensor-parallel activations over the TP group).
+    pub sp: bool,
+    /// Model-state sharding over the data-parallel group.
+    pub sharding: Sharding,
+    /// Optimizer states (and, with ZeRO-3/FSDP, parameters) offloaded to CPU memory.
+    pub offload: bool,
+}
+
+impl Layout {
+    /// One GPU, nothing sharded.
+    pub fn single() -> Self {
+        Layout { gpus: 1, nodes: 1, tp: 1, pp: 1, sp: false, sharding: Sharding::None, offload: false }
+    }
+
+    /// Data-parallel size: `gpus / (tp · pp)`.
+    pub fn dp(&self) -> u64 {
+        self.gpus / (self.tp * self.pp)
+    }
+}
+
+/// Everything about the run except the model itself.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Workload {
+    /// Train, infer or generate.
+    pub mode: Mode,
+    /// Micro-batch size per data-parallel rank.
+    pub batch: u64,
+    /// Sequence length (prompt length for generate); ignored by CNNs.
+    pub seq: u64,
+    /// Input image side in pixels for vision models.
+    pub image_size: u64,
+    /// Tokens generated after the prompt (generate mode).
+    pub new_tokens: u64,
+    /// Storage dtype of the weights.
+    pub dtype: Dtype,
+    /// Autocast compute dtype (mixed precision with `dtype` weights, normally fp32 masters).
+    pub amp: Option<Dtype>,
+    /// Optimizer (training).
+    pub optimizer: Optimizer,
+    /// Optimizer-step implementation (training).
+    pub optimizer_impl: OptimizerImpl,
+    /// Micro-batches accumulated per optimizer step; above 1, gradients stay alive through forward.
+    pub grad_accum: u64,
+    /// Activation recomputation.
+    pub checkpointing: Checkpointing,
+    /// Attention implementation.
+    pub attention: Attention,
+    /// Low-rank adaptation of a frozen base.
+    pub lora: Option<Lora>,
+    /// Parallel layout.
+    pub layout: Layout,
+    /// GPU or PyTorch-on-CPU.
+    pub target: Target,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload {
+            mode: Mode::Train,
+            batch: 1,
+            seq: 512,
+            image_size: 224,
+            new_tokens: 128,
+            dtype: Dtype::Fp32,
+            amp: None,
+            optimizer: Optimizer::AdamW,
+            optimizer_impl: OptimizerImpl::Foreach,
+            grad_accum: 1,
+            checkpointing: Checkpointing::None,
+            attention: Attention::Sdpa,
+            lora: None,
+            layout: Layout::single(),
+            target: Target::Gpu,
+        }
+    }
+}
+
+/// Largest accepted batch, sequence, image or token count: beyond it a setting is a typo.
+pub const MAX_SIZE: u64 = 1 << 24;
+
+impl Workload {
+    /// The dtype activations are computed in: the autocast dtype if any, else the weight dtype.
+    pub fn compute_dtype(&self) -> Dtype {
+        self.amp.unwrap_or(self.dtype)
+    }
+
+    /// Rejects nonsense sizes and layouts with a typed error.
+    pub fn validate(&self) -> Result<()> {
+        let sizes = [
+            ("batch", self.batch),
+            ("seq", self.seq),
+            ("image-size", self.image_size),
+            ("grad-accum", self.grad_accum),
+            ("gpus", self.layout.gpus),
+            ("nodes", self.layout.nodes),
+            ("tp", self.layout.tp),
+            ("pp", self.layout.pp),
+        ];
+        for (name, value) in sizes {
+            check_size(name, value)?;
+        }
+        if self.mode == Mode::Generate {
+            check_size("new-tokens", self.new_tokens)?;
+        }
+        let layout = &self.layout;
+        if layout.gpus % (layout.tp * layout.pp) != 0 {
+            return Err(invalid("gpus", layout.gpus, format!("must be a multiple of tp × pp = {}", layout.tp * layout.pp)));
+        }
+        if layout.gpus % layout.nodes != 0 {
+            return Err(invalid("nodes", layout.nodes, format!("must divide gpus = {}", layout.gpus)));
+        }
+        if let Some(lora) = self.lora {
+            check_size("lora-rank", lora.rank)?;
+        }
+        if self.amp == Some(Dtype::Fp32) {
+            return Err(invalid("amp", "fp32", "autocast dtype must be bf16 or fp16".into()));
+        }
+        Ok(())
+    }
+}
+
+fn check_size(name: &str, value: u64) -> Result<()> {
+    if value == 0 || value > MAX_SIZE {
+        return Err(invalid(name, value, format!("must be between 1 and {MAX_SIZE}")));
+    }
+    Ok(())
+}
+
+fn invalid(name: &str, value: impl ToString, reason: String) -> PlanError {
+    PlanError::InvalidValue { name: name.to_string(), value: value.to_string(), reason }
+}
+
+/// Names accepted for each choice, as typed on the command line.
+pub mod choices {
+    use super::*;
+
+    /// `--mode`.
+    pub const MODES: &[(&str, Mode)] = &[("train", Mode::Train), ("infer", Mode::Infer), ("generate", Mode::Generate)];
+    /// `--dtype` and `--amp`.
+    pub const DTYPES: &[(&str, Dtype)] = &[
+        ("fp32", Dtype::Fp32),
+        ("float32", Dtype::Fp32),
+        ("bf16", Dtype::Bf16),
+        ("bfloat16", Dtype::Bf16),
+        ("fp16", Dtype::Fp16),
+        ("float16", Dtype::Fp16),
+    ];
+    /// `--optimizer`.
+    pub const OPTIMIZERS: &[(&str, Optimizer)] = &[
+        ("adamw", Optimizer::AdamW),
+        ("adam", Optimizer::Adam),
+        ("sgd", Optimizer::Sgd),
+        ("adafactor", Optimizer::Adafactor),
+        ("adam8bit", Optimizer::Adam8bit),
+        ("adamw8bit", Optimizer::Adam8bit),
+    ];
+    /// `--optimizer-impl`.
+    pub const OPTIMIZER_IMPLS: &[(&str, OptimizerImpl)] = &[
+        ("foreach", OptimizerImpl::Foreach),
+        ("fused", OptimizerImpl::Fused),
+        ("forloop", OptimizerImpl::ForLoop),
+    ];
+    /// `--attn`.
+    pub const ATTENTIONS: &[(&str, Attention)] = &[
+        ("eager", Attention::Eager),
+        ("sdpa", Attention::Sdpa),
+        ("flash", Attention::Flash),
+        ("flash-attention-2", Attention::Flash),
+    ];
+    /// `--zero`.
+    pub const ZERO_STAGES: &[(&str, Sharding)] =
+        &[("0", Sharding::None), ("1", Sharding::Zero1), ("2", Sharding::Zero2), ("3", Sharding::Zero3)];
+
+    /// Parses a choice from `table`, with a typed error naming the accepted values.
+    pub fn parse<T: Clone>(kind: &'static str, given: &str, table: &[(&str, T)]) -> Result<T> {
+        lookup(kind, given, table)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_zero_and_absurd_sizes() {
+        let zero = Workload { batch: 0, ..Workload::default() };
+        assert!(matches!(zero.validate(), Err(PlanError::InvalidValue { .. })));
+        let huge = Workload { seq: MAX_SIZE + 1, ..Workload::default() };
+        assert!(huge.validate().is_err());
+        let bad_layout = Workload { layout: Layout { gpus: 6, tp: 4, ..Layout::single() }, ..Workload::default() };
+        assert!(bad_layout.validate().is_err());
+        assert!(Workload::default().validate().is_ok());
+    }
+
+    #[test]
+    fn parses_choices_with_suggestions() {
+        assert_eq!(choices::parse("optimizer", "AdamW", choices::OPTIMIZERS).unwrap(), Optimizer::AdamW);
+        let err = choices::parse("optimizer", "adamm", choices::OPTIMIZERS).unwrap_err();
+        assert!(err.to_string().contains("did you mean adam"), "{err}");
+    }
+}
