@@ -11,8 +11,10 @@
 
 mod error;
 pub mod formats;
+pub mod snapshot;
 mod trace;
 
 pub use error::ReadError;
 pub use formats::{read, read_path, write, write_path, Format, ReadOptions};
+pub use snapshot::Snapshot;
 pub use trace::{Event, Trace, TraceMeta, TraceSummary, ValidationError, Violation};

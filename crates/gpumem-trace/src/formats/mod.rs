@@ -1,6 +1,8 @@
 //! Trace file formats (one module per format), format detection, gzip, and path helpers.
 
 pub mod native;
+pub mod pytorch;
+pub mod rmm;
 
 use std::fmt;
 use std::fs::File;
@@ -12,6 +14,7 @@ use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
 
 use crate::error::ReadError;
+use crate::snapshot::Snapshot;
 use crate::trace::Trace;
 
 /// The gzip magic bytes.
@@ -27,10 +30,15 @@ pub enum Format {
     Auto,
     /// gpumem's own JSON-lines format ([`native`]).
     Native,
+    /// A PyTorch memory snapshot, pickle or JSON ([`pytorch`]); written as a protocol-3
+    /// pickle that memory_viz opens.
+    Pytorch,
+    /// RAPIDS RMM's logging CSV ([`rmm`]).
+    Rmm,
 }
 
 /// The names [`Format`] parses from, for help texts and error messages.
-pub const FORMAT_NAMES: &str = "auto, native";
+pub const FORMAT_NAMES: &str = "auto, native, pytorch, rmm";
 
 /// An unknown format name given to [`Format::from_str`].
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -47,6 +55,8 @@ impl FromStr for Format {
         match name {
             "auto" => Ok(Self::Auto),
             "native" => Ok(Self::Native),
+            "pytorch" => Ok(Self::Pytorch),
+            "rmm" => Ok(Self::Rmm),
             _ => Err(UnknownFormatName {
                 given: name.to_owned(),
             }),
@@ -59,6 +69,8 @@ impl fmt::Display for Format {
         f.write_str(match self {
             Self::Auto => "auto",
             Self::Native => "native",
+            Self::Pytorch => "pytorch",
+            Self::Rmm => "rmm",
         })
     }
 }
@@ -68,6 +80,8 @@ impl fmt::Display for Format {
 pub struct ReadOptions {
     /// The format, or [`Format::Auto`] to detect it.
     pub format: Format,
+    /// For snapshots: the device whose trace to read (default: the first non-empty one).
+    pub device: Option<usize>,
 }
 
 /// Reads a trace in any supported format from `reader`, gunzipping it first if it starts
@@ -116,16 +130,31 @@ pub fn write_path(trace: &Trace, path: impl AsRef<Path>, format: Format) -> std:
     }
 }
 
-/// Writes `trace` in `format` (`Auto` means native).
+/// Writes `trace` in `format` (`Auto` means native; `Pytorch` writes a snapshot pickle
+/// holding the trace as device 0's events).
 pub fn write(trace: &Trace, writer: impl Write, format: Format) -> std::io::Result<()> {
     match format {
         Format::Auto | Format::Native => native::write_native(trace, writer),
+        Format::Pytorch => Snapshot::from_trace(trace, 0).write_pickle(writer),
+        Format::Rmm => rmm::write_rmm(trace, writer),
     }
 }
 
-/// The format a file name suggests: native for anything else.
-pub fn format_for_path(_path: &Path) -> Format {
-    Format::Native
+/// The format a file name suggests, ignoring a trailing `.gz`: `.pickle`/`.pkl` → PyTorch
+/// snapshot, `.csv` → RMM log, anything else native.
+pub fn format_for_path(path: &Path) -> Format {
+    let name = path
+        .file_name()
+        .map(|name| name.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    let name = name.strip_suffix(".gz").unwrap_or(&name);
+    if name.ends_with(".pickle") || name.ends_with(".pkl") {
+        Format::Pytorch
+    } else if name.ends_with(".csv") {
+        Format::Rmm
+    } else {
+        Format::Native
+    }
 }
 
 /// Reads an uncompressed document whose first bytes are `head`.
@@ -136,6 +165,8 @@ fn read_plain(head: &[u8], reader: impl Read, options: ReadOptions) -> Result<Tr
     };
     match format {
         Format::Auto | Format::Native => native::read_native(reader),
+        Format::Pytorch => pytorch::read_pytorch(reader, options.device),
+        Format::Rmm => rmm::read_rmm(reader),
     }
 }
 
@@ -143,6 +174,10 @@ fn read_plain(head: &[u8], reader: impl Read, options: ReadOptions) -> Result<Tr
 fn detect(head: &[u8]) -> Result<Format, ReadError> {
     if native::looks_native(head) {
         Ok(Format::Native)
+    } else if pytorch::looks_like_snapshot(head) {
+        Ok(Format::Pytorch)
+    } else if rmm::looks_like_rmm(head) {
+        Ok(Format::Rmm)
     } else if head.is_empty() {
         Err(ReadError::UnknownFormat {
             reason: "the input is empty".to_owned(),
@@ -159,7 +194,7 @@ fn detect(head: &[u8]) -> Result<Format, ReadError> {
 
 /// Reads the first bytes of `reader` and returns them with a reader that still yields the
 /// whole stream.
-fn peek<R: Read>(mut reader: R) -> std::io::Result<(Vec<u8>, impl Read)> {
+pub(crate) fn peek<R: Read>(mut reader: R) -> std::io::Result<(Vec<u8>, impl Read)> {
     let mut head = Vec::new();
     reader.by_ref().take(SNIFF_LEN).read_to_end(&mut head)?;
     Ok((head.clone(), Cursor::new(head).chain(reader)))

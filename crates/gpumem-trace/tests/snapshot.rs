@@ -1,0 +1,362 @@
+//! PyTorch snapshots: reading real-shaped pickles of every protocol, the cross-format check on
+//! the small fixture, and the memory_viz writer (opcode subset, read-back, Python's view).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gpumem_trace::snapshot::{
+    Action, Block, BlockState, Segment, SegmentType, SettingValue, Snapshot, TraceEntry,
+};
+use gpumem_trace::{read_path, Event, Format, ReadError, ReadOptions, Trace};
+
+const A: u64 = 0x7F00_0000_0000;
+const B: u64 = 0x7F00_0020_0000;
+const C: u64 = 0x7F00_0020_0200;
+const D: u64 = B;
+const E: u64 = 0x7F00_0200_0000;
+const S7: u64 = 0x55D0_C0DE_0000;
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+/// The block trace `make_fixtures.py` wrote in every format.
+fn expected_events() -> Vec<Event> {
+    let alloc = |addr, size, stream| Event::Alloc { addr, size, stream };
+    let free = |addr| Event::Free { addr, stream: 0 };
+    vec![
+        alloc(A, 1024, 0),
+        alloc(B, 512, 0),
+        alloc(C, 1000, 0),
+        free(B),
+        free(A),
+        alloc(D, 256, S7),
+        free(C),
+        alloc(E, 20 << 20, 0),
+    ]
+}
+
+fn read_fixture_snapshot(protocol: u8) -> Snapshot {
+    let file = std::fs::File::open(data(&format!("snapshot_p{protocol}.pickle"))).unwrap();
+    Snapshot::read(file).unwrap()
+}
+
+#[test]
+fn every_pickle_protocol_reads_to_the_same_snapshot() {
+    let reference = read_fixture_snapshot(2);
+    for protocol in [3, 4, 5] {
+        assert_eq!(
+            read_fixture_snapshot(protocol),
+            reference,
+            "protocol {protocol}"
+        );
+    }
+}
+
+#[test]
+fn snapshot_segments_blocks_and_settings_are_read() {
+    let snapshot = read_fixture_snapshot(4);
+    assert_eq!(snapshot.segments.len(), 2);
+    let small = &snapshot.segments[0];
+    assert_eq!(small.segment_type, SegmentType::Small);
+    assert_eq!(small.stream, S7);
+    assert_eq!(
+        small.blocks[1].state,
+        BlockState::ActivePendingFree,
+        "active_awaiting_free"
+    );
+    assert_eq!(small.blocks[1].requested_size, 1000);
+
+    // The legacy segment: block address from the segment base, requested size from history,
+    // allocated/active/requested sizes from the blocks.
+    let legacy = &snapshot.segments[1];
+    assert_eq!(legacy.segment_pool_id, (1, 2));
+    assert!(legacy.is_expandable);
+    assert_eq!(
+        legacy.blocks,
+        vec![Block {
+            address: E,
+            size: 20 << 20,
+            requested_size: 20 << 20,
+            state: BlockState::ActiveAllocated
+        }]
+    );
+    assert_eq!(legacy.allocated_size, 20 << 20);
+    assert_eq!(legacy.active_size, 20 << 20);
+
+    let trace = &snapshot.device_traces[0];
+    assert_eq!(trace.len(), 14);
+    assert_eq!(trace[5].action, Action::Oom);
+    assert_eq!(trace[5].device_free, Some(123 << 20));
+    assert_eq!(trace[10].action, Action::UserDefined);
+    assert!(snapshot.device_traces[1].is_empty());
+
+    assert_eq!(
+        snapshot.allocator_settings["expandable_segments"],
+        SettingValue::Bool(true)
+    );
+    assert_eq!(
+        snapshot.allocator_settings["max_split_size"],
+        SettingValue::Int(-1)
+    );
+    let SettingValue::Map(divisions) = &snapshot.allocator_settings["roundup_power2_divisions"]
+    else {
+        panic!("roundup_power2_divisions is a dict")
+    };
+    assert_eq!(divisions.len(), 3);
+}
+
+#[test]
+fn snapshot_trace_synthesises_allocations_made_before_recording() {
+    let trace = read_fixture_snapshot(2).to_trace(None).unwrap();
+    assert_eq!(trace.events, expected_events());
+    assert_eq!(trace.validate(), Ok(()));
+    assert_eq!(trace.meta.extra["synthesized_allocs"], "1");
+    assert_eq!(trace.meta.extra["synthesized_alloc_bytes"], "1024");
+    assert_eq!(trace.meta.extra["segments"], "2");
+    assert_eq!(
+        trace.meta.extra["reserved_bytes"],
+        (22u64 << 20).to_string()
+    );
+    let summary = trace.summary();
+    assert_eq!(summary.live_bytes_at_end, 256 + (20 << 20));
+}
+
+#[test]
+fn device_choice_is_honoured() {
+    let snapshot = read_fixture_snapshot(3);
+    assert!(snapshot.to_trace(Some(1)).unwrap().events.is_empty());
+    assert!(matches!(
+        snapshot.to_trace(Some(2)),
+        Err(ReadError::NoSuchDevice {
+            requested: 2,
+            available: 2
+        })
+    ));
+    let options = ReadOptions {
+        format: Format::Auto,
+        device: Some(1),
+    };
+    assert!(read_path(data("snapshot_p4.pickle"), options)
+        .unwrap()
+        .events
+        .is_empty());
+}
+
+#[test]
+fn the_three_formats_of_the_small_trace_agree() {
+    for name in [
+        "small.jsonl",
+        "small_rmm.csv",
+        "snapshot_p2.pickle",
+        "snapshot_p3.pickle",
+        "snapshot_p4.pickle",
+        "snapshot_p5.pickle",
+    ] {
+        let trace = read_path(data(name), ReadOptions::default()).unwrap();
+        assert_eq!(trace.events, expected_events(), "{name}");
+    }
+}
+
+#[test]
+fn invalid_snapshot_events_name_device_and_index() {
+    let mut snapshot = read_fixture_snapshot(4);
+    let double_alloc = snapshot.device_traces[0][1].clone();
+    snapshot.device_traces[0].insert(2, double_alloc);
+    let error = snapshot.to_trace(Some(0)).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!("snapshot device_traces[0][2]: alloc at address {B:#x}, which is already live")
+    );
+}
+
+#[test]
+fn garbage_is_a_snapshot_error() {
+    for bytes in [
+        &b"\x80\x04garbage"[..],
+        b"{\"segments\": 5}",
+        b"\x80\x03K\x05.",
+    ] {
+        let error = Snapshot::read(bytes).unwrap_err();
+        assert!(matches!(error, ReadError::Snapshot { .. }), "{error}");
+    }
+}
+
+/// A snapshot exercising every field the writer emits.
+fn written_snapshot() -> Snapshot {
+    let entry = |action, addr, size| TraceEntry {
+        action,
+        addr,
+        size,
+        stream: S7,
+        time_us: 1_732_233_600_000_000,
+        device_free: None,
+    };
+    Snapshot {
+        segments: vec![Segment {
+            device: 0,
+            address: E,
+            total_size: 20 << 20,
+            allocated_size: 12 << 20,
+            active_size: 12 << 20,
+            requested_size: (12 << 20) - 100,
+            stream: S7,
+            segment_type: SegmentType::Large,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            blocks: vec![
+                Block {
+                    address: E,
+                    size: 12 << 20,
+                    requested_size: (12 << 20) - 100,
+                    state: BlockState::ActiveAllocated,
+                },
+                Block {
+                    address: E + (12 << 20),
+                    size: 8 << 20,
+                    requested_size: 0,
+                    state: BlockState::Inactive,
+                },
+            ],
+        }],
+        device_traces: vec![vec![
+            entry(Action::SegmentAlloc, E, 20 << 20),
+            entry(Action::Alloc, E, (12 << 20) - 100),
+            entry(Action::Alloc, E + (12 << 20), 5),
+            entry(Action::FreeRequested, E + (12 << 20), 5),
+            entry(Action::FreeCompleted, E + (12 << 20), 5),
+            TraceEntry {
+                device_free: Some(1 << 30),
+                ..entry(Action::Oom, 0, 40 << 30)
+            },
+            entry(Action::SegmentMap, E, 2 << 20),
+            entry(Action::SegmentUnmap, E, 2 << 20),
+            entry(Action::SegmentFree, A, 2 << 20),
+        ]],
+        allocator_settings: [
+            ("expandable_segments".to_owned(), SettingValue::Bool(false)),
+            ("max_split_size".to_owned(), SettingValue::Int(-1)),
+            (
+                "garbage_collection_threshold".to_owned(),
+                SettingValue::Float(0.8),
+            ),
+            (
+                "PYTORCH_CUDA_ALLOC_CONF".to_owned(),
+                SettingValue::Str(String::new()),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+#[test]
+fn written_pickle_and_json_read_back_equal() {
+    let snapshot = written_snapshot();
+    let mut pickle = Vec::new();
+    snapshot.write_pickle(&mut pickle).unwrap();
+    assert_eq!(&pickle[..2], &[0x80, 3], "protocol 3");
+    assert_eq!(Snapshot::read(pickle.as_slice()).unwrap(), snapshot);
+    let mut json = Vec::new();
+    snapshot.write_json(&mut json).unwrap();
+    assert_eq!(Snapshot::read(json.as_slice()).unwrap(), snapshot);
+}
+
+/// Walks a pickle's opcodes, accepting only those memory_viz's JavaScript unpickler handles,
+/// and LONG1 integers of at most 8 bytes (longer ones become BigInts that break its
+/// arithmetic). Returns the opcodes seen.
+fn viewer_opcodes(pickle: &[u8]) -> Result<Vec<u8>, String> {
+    let mut seen = Vec::new();
+    let mut at = 0;
+    loop {
+        let opcode = *pickle.get(at).ok_or("no STOP")?;
+        seen.push(opcode);
+        at += 1;
+        let argument_len = match opcode {
+            b'.' => return Ok(seen),
+            0x80 => 1, // PROTO
+            b'}' | b']' | b')' | b'(' | b'e' | b'u' | b'a' | b's' | b'l' | b'd' | b't' | 0x85
+            | 0x86 | 0x87 | 0x88 | 0x89 | b'N' | 0x94 => 0,
+            b'K' | b'q' | b'h' => 1,
+            b'M' => 2,
+            b'J' | b'r' | b'j' => 4,
+            b'G' => 8,
+            0x95 => 8, // FRAME
+            0x8a => {
+                let len = pickle[at] as usize;
+                if len > 8 {
+                    return Err(format!("LONG1 of {len} bytes at {at}"));
+                }
+                1 + len
+            }
+            b'X' => 4 + u32::from_le_bytes(pickle[at..at + 4].try_into().unwrap()) as usize,
+            0x8c => 1 + pickle[at] as usize,
+            other => return Err(format!("opcode {other:#04x} at {} not accepted", at - 1)),
+        };
+        at += argument_len;
+    }
+}
+
+#[test]
+fn written_pickle_uses_only_opcodes_memory_viz_accepts() {
+    let mut pickle = Vec::new();
+    written_snapshot().write_pickle(&mut pickle).unwrap();
+    let opcodes = viewer_opcodes(&pickle).unwrap();
+    assert!(opcodes.contains(&0x8a), "large addresses are LONG1");
+    // A real PyTorch pickle of protocol 4 goes through the same checker (FRAME, MEMOIZE...).
+    let torch_like = std::fs::read(data("snapshot_p4.pickle")).unwrap();
+    viewer_opcodes(&torch_like).unwrap();
+}
+
+#[test]
+fn python_loads_the_written_snapshot() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("python3 not found: skipping the check with Python's pickle");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("gpumem-snapshot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pickle_path = dir.join("snapshot.pickle");
+    let json_path = dir.join("snapshot.json");
+    let snapshot = written_snapshot();
+    snapshot
+        .write_pickle(std::fs::File::create(&pickle_path).unwrap())
+        .unwrap();
+    snapshot
+        .write_json(std::fs::File::create(&json_path).unwrap())
+        .unwrap();
+    let output = Command::new("python3")
+        .arg(data("check_snapshot.py"))
+        .arg(&pickle_path)
+        .arg(&json_path)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).starts_with("ok: 1 segments"));
+}
+
+#[test]
+fn trace_to_snapshot_and_back_keeps_blocks() {
+    let trace = read_path(data("small.jsonl"), ReadOptions::default()).unwrap();
+    let snapshot = Snapshot::from_trace(&trace, 1);
+    assert!(snapshot.device_traces[0].is_empty());
+    let actions: Vec<Action> = snapshot.device_traces[1].iter().map(|e| e.action).collect();
+    assert_eq!(
+        &actions[3..5],
+        &[Action::FreeRequested, Action::FreeCompleted]
+    );
+    assert_eq!(
+        snapshot.device_traces[1][3].size, 512,
+        "frees carry the block size"
+    );
+    let back: Trace = snapshot.to_trace(None).unwrap();
+    assert_eq!(back.events, trace.events);
+    assert_eq!(back.meta.extra["device"], "1");
+}
