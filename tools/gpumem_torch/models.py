@@ -122,3 +122,71 @@ def gpu_like_dropout(device):
         yield
     finally:
         F.dropout = original
+
+
+# torch.autocast op policy of CUDA that CPU autocast lacks (PyTorch AMP docs:
+# "CUDA ops that can autocast to float32"): these run in fp32 on CUDA, while
+# CPU autocast runs them in the input's bf16/fp16, which would shrink the
+# activations it saves.
+_CUDA_FP32_OPS = [
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor",
+    "pow.Scalar", "softplus", "layer_norm", "native_layer_norm", "group_norm",
+    "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
+    "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
+    "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+    "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm",
+    "logsumexp",
+]
+# ... and these run with dtype=float32 unless a dtype is given.
+_CUDA_FP32_SET_DTYPE_OPS = [
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "sum",
+    "sum.dim_IntList",
+]
+_cuda_policy_lib = None
+
+
+def cuda_autocast_policy_on_cpu():
+    """Make CPU autocast cast ops as CUDA autocast does (idempotent, process-wide).
+
+    Registers AutocastCPU kernels for CUDA's fp32 op lists; they only run
+    inside `torch.autocast("cpu")`, so non-AMP work is unaffected.
+    """
+    global _cuda_policy_lib
+    if _cuda_policy_lib is not None:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+    def eligible(t):
+        return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+
+    def fp32_kernel(op):
+        def kernel(*args, **kwargs):
+            args, kwargs = torch.utils._pytree.tree_map(
+                lambda t: t.float() if eligible(t) else t, (args, kwargs))
+            with torch._C._ExcludeDispatchKeyGuard(exclude):
+                return op(*args, **kwargs)
+        return kernel
+
+    def set_dtype_kernel(op):
+        names = [a.name for a in op._schema.arguments if not a.kwarg_only]
+        pos = names.index("dtype") if "dtype" in names else None
+
+        def kernel(*args, **kwargs):
+            if eligible(args[0]):
+                if pos is not None and pos < len(args):
+                    if args[pos] is None:
+                        args = args[:pos] + (torch.float32,) + args[pos + 1:]
+                elif kwargs.get("dtype") is None:
+                    kwargs["dtype"] = torch.float32
+            with torch._C._ExcludeDispatchKeyGuard(exclude):
+                return op(*args, **kwargs)
+        return kernel
+
+    for name in _CUDA_FP32_OPS + _CUDA_FP32_SET_DTYPE_OPS:
+        base, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, base), overload or "default")
+        make = fp32_kernel if name in _CUDA_FP32_OPS else set_dtype_kernel
+        lib.impl(name, make(op), "AutocastCPU")
+    _cuda_policy_lib = lib

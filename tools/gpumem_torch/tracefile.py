@@ -50,7 +50,7 @@ def window(timeline, start_label="step", end_label="end"):
 
 def write(path, name, source, meta, events):
     header = {"gpumem_trace": 1, "name": name, "source": source, "device_total": None,
-              "meta": {k: str(v) for k, v in meta.items()}}
+              "meta": {k: _text(v) for k, v in meta.items()}}
     # mtime=0: the same events give the same bytes.
     with open(path, "wb") as raw, \
             gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as gz, \
@@ -58,6 +58,10 @@ def write(path, name, source, meta, events):
         f.write(json.dumps(header) + "\n")
         for ev in events:
             f.write(json.dumps(ev, separators=(",", ":")) + "\n")
+
+
+def _text(value):
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def read(path):

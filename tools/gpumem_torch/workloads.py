@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .models import DTYPES, build, gpu_like_dropout, make_optimizer
+from .models import DTYPES, build, cuda_autocast_policy_on_cpu, gpu_like_dropout, make_optimizer
 
 
 @dataclass
@@ -35,7 +35,10 @@ class Settings:
 def _autocast(device, amp):
     if amp is None:
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=DTYPES[amp])
+    device_type = torch.device(device).type
+    if device_type == "cpu":
+        cuda_autocast_policy_on_cpu()
+    return torch.autocast(device_type, dtype=DTYPES[amp])
 
 
 def run(config_path, s, rec, steps, device="cpu", seed=0):
