@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole gpumem test suite, as CI runs it: formatting, lints, then every test of every crate.
+# Needs only a Rust toolchain (rustup); no GPU, no PyTorch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if command -v rustup >/dev/null 2>&1; then
+  rustup component add rustfmt clippy >/dev/null 2>&1 || true
+fi
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
