@@ -16,6 +16,7 @@ pub mod hf;
 pub mod model;
 pub mod names;
 pub mod safetensors;
+pub mod settings;
 pub mod workload;
 
 pub use advice::{advise, Suggestion};
@@ -25,6 +26,7 @@ pub use estimate::{estimate, Breakdown, Estimate, Overheads, Phase, PhasePeak};
 pub use fit::{fewest_gpus, fit, Fit, FitTarget};
 pub use gpu::{find_gpu, Gpu};
 pub use hf::parse_config;
+pub use settings::Settings;
 pub use model::{Architecture, ModelSpec, ParamCounts, ResnetSpec, TransformerSpec};
 pub use workload::{
     Attention, BaseQuant, Checkpointing, Dtype, Layout, Lora, Mode, Optimizer, OptimizerImpl, Sharding, Target, Workload,

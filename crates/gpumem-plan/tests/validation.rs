@@ -1,0 +1,73 @@
+//! Validation against peak allocated bytes measured on real PyTorch steps
+//! (`testdata/plan/measured.jsonl`, written by `tools/measure_peak.py`).
+//! Run with `--nocapture` to print the per-case table and the error summary.
+
+use gpumem_plan::{estimate, load_config, Overheads, Settings};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+#[derive(Deserialize)]
+struct Case {
+    id: String,
+    config: String,
+    settings: Settings,
+    measured: Measured,
+}
+
+#[derive(Deserialize)]
+struct Measured {
+    peak_allocated_bytes: u64,
+    phase: Option<String>,
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Relative error of the planner on one measured case (the measurement ran on CPU).
+fn relative_error(case: &Case) -> (f64, u64, String) {
+    let model = load_config(&repo_root().join(&case.config)).unwrap_or_else(|e| panic!("{}: {e}", case.id));
+    let settings = Settings { target: Some("cpu".into()), ..case.settings.clone() };
+    let workload = settings.to_workload().unwrap_or_else(|e| panic!("{}: {e}", case.id));
+    let overheads = Overheads { context_bytes: 0, allocator_fraction: 0.0 };
+    let e = estimate(&model, &workload, &overheads).unwrap_or_else(|e| panic!("{}: {e}", case.id));
+    let measured = case.measured.peak_allocated_bytes as f64;
+    ((e.peak_allocated_bytes as f64 - measured) / measured, e.peak_allocated_bytes, e.peak_phase.label().to_string())
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
+
+#[test]
+fn planner_matches_pytorch_measurements() {
+    let path = repo_root().join("testdata/plan/measured.jsonl");
+    let text = std::fs::read_to_string(&path).expect("testdata/plan/measured.jsonl is committed");
+    let cases: Vec<Case> = text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(!cases.is_empty());
+    println!("{:<58} {:>12} {:>12} {:>8}  phase (measured / planned)", "case", "measured", "planned", "error");
+    let mut errors = Vec::new();
+    for case in &cases {
+        let (error, planned, phase) = relative_error(case);
+        println!(
+            "{:<58} {:>12} {:>12} {:>+7.2}%  {} / {}",
+            case.id,
+            case.measured.peak_allocated_bytes,
+            planned,
+            100.0 * error,
+            case.measured.phase.as_deref().unwrap_or("-"),
+            phase
+        );
+        errors.push(error.abs());
+    }
+    errors.sort_by(f64::total_cmp);
+    let (median, max) = (median(&errors), errors[errors.len() - 1]);
+    println!("{} cases: median |error| {:.2}%, max |error| {:.2}%", errors.len(), 100.0 * median, 100.0 * max);
+    assert!(median <= 0.03, "median |error| {:.2}% > 3%", 100.0 * median);
+    assert!(max <= 0.08, "max |error| {:.2}% > 8%", 100.0 * max);
+}
