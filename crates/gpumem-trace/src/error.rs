@@ -58,11 +58,25 @@ pub enum ReadError {
         found: u64,
     },
 
-    /// A PyTorch snapshot that is not a valid pickle or JSON document of the snapshot shape.
-    #[error("snapshot: expected a memory snapshot dict (segments, device_traces): {detail}")]
-    Snapshot {
-        /// The decoder's message, including the byte offset where it stopped.
+    /// A snapshot pickle that cannot be decoded (corrupt, truncated, or holding objects
+    /// rather than plain data).
+    #[error("pickle byte {offset}: {detail}")]
+    Pickle {
+        /// Byte offset of the offending opcode.
+        offset: u64,
+        /// What is wrong there.
         detail: String,
+    },
+
+    /// A decoded snapshot whose structure differs from PyTorch's snapshot dict.
+    #[error("snapshot {path}: expected {expected}, found {found}")]
+    SnapshotShape {
+        /// Where the value sits, e.g. `segments[3].blocks[0].size`.
+        path: String,
+        /// What PyTorch writes there.
+        expected: &'static str,
+        /// What was found.
+        found: String,
     },
 
     /// A snapshot event that cannot follow the events before it.

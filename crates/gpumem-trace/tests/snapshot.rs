@@ -46,7 +46,7 @@ fn read_fixture_snapshot(protocol: u8) -> Snapshot {
 #[test]
 fn every_pickle_protocol_reads_to_the_same_snapshot() {
     let reference = read_fixture_snapshot(2);
-    for protocol in [3, 4, 5] {
+    for protocol in [0, 1, 3, 4, 5] {
         assert_eq!(
             read_fixture_snapshot(protocol),
             reference,
@@ -150,6 +150,8 @@ fn the_three_formats_of_the_small_trace_agree() {
     for name in [
         "small.jsonl",
         "small_rmm.csv",
+        "snapshot_p0.pickle",
+        "snapshot_p1.pickle",
         "snapshot_p2.pickle",
         "snapshot_p3.pickle",
         "snapshot_p4.pickle",
@@ -173,14 +175,33 @@ fn invalid_snapshot_events_name_device_and_index() {
 }
 
 #[test]
-fn garbage_is_a_snapshot_error() {
-    for bytes in [
-        &b"\x80\x04garbage"[..],
-        b"{\"segments\": 5}",
-        b"\x80\x03K\x05.",
-    ] {
-        let error = Snapshot::read(bytes).unwrap_err();
-        assert!(matches!(error, ReadError::Snapshot { .. }), "{error}");
+fn malformed_snapshots_are_errors_that_say_where() {
+    let cases: [(&[u8], &str); 6] = [
+        (b"\x80\x04garbage", "pickle byte 2: opcode 0x67"),
+        (
+            b"\x80\x03K\x05.",
+            "snapshot the top level: expected a dict, found an integer",
+        ),
+        (
+            b"{\"segments\": 5}",
+            "snapshot segments: expected a list, found an integer",
+        ),
+        (
+            b"{\"segments\": [{\"address\": 1, \"segment_type\": \"large\"}]}",
+            "snapshot segments[0].total_size: expected a value (the field is required)",
+        ),
+        (
+            b"{\"device_traces\": [[{\"action\": \"alloc\", \"addr\": -1}]]}",
+            "snapshot device_traces[0][0].addr: expected a non-negative 64-bit integer, found -1",
+        ),
+        (
+            b"{\"segments\": [}",
+            "line 1: expected a JSON memory snapshot",
+        ),
+    ];
+    for (bytes, expected) in cases {
+        let message = Snapshot::read(bytes).unwrap_err().to_string();
+        assert!(message.starts_with(expected), "{message}");
     }
 }
 

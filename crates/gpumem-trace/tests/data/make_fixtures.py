@@ -2,7 +2,7 @@
 """Writes the small test fixtures of gpumem-trace (no torch needed).
 
 One small allocation history, written independently of the Rust code in three formats:
-- snapshot_p{2,3,4,5}.pickle: a dict shaped like torch.cuda.memory._snapshot() (segments with
+- snapshot_p{0..5}.pickle: a dict shaped like torch.cuda.memory._snapshot() (segments with
   blocks and frames, tuple segment_pool_id, legacy and current block states, device_traces with
   every action kind, allocator_settings, extra keys), pickled with each protocol;
 - small.jsonl: the same block trace in gpumem's native format;
@@ -95,7 +95,7 @@ snapshot = {
     "external_annotations": [],
 }
 
-for protocol in (2, 3, 4, 5):
+for protocol in (0, 1, 2, 3, 4, 5):
     with open(f"snapshot_p{protocol}.pickle", "wb") as f:
         pickle.dump(snapshot, f, protocol=protocol)
 

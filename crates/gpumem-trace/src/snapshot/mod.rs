@@ -8,36 +8,35 @@
 //! sets or globals), or JSON of the same structure. Stack frames are not modelled and are
 //! written as empty lists, which the viewer shows as "allocated before recording".
 //!
-//! Reading: pickle (protocols 0–5) or JSON; unknown keys are ignored, legacy blocks without
-//! `address`/`requested_size` are completed the way memory_viz does, and both spellings of
-//! the pending-free state are accepted.
+//! Reading: pickle (protocols 0–5, plain data only) or JSON; unknown keys are ignored,
+//! legacy blocks without `address`/`requested_size` are completed the way memory_viz does,
+//! and both spellings of the pending-free state are accepted.
+
+mod decode;
+mod unpickle;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::{Read, Write};
 
 use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Serialize, Serializer};
 
 use crate::error::ReadError;
 use crate::trace::{Event, LiveBlocks, Trace, TraceMeta};
 
 /// A memory snapshot: segments with their blocks, per-device event traces, allocator settings.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     /// Every segment (device allocation) of every device at snapshot time.
-    #[serde(default)]
     pub segments: Vec<Segment>,
     /// The recorded allocator events, one list per device index.
-    #[serde(default)]
     pub device_traces: Vec<Vec<TraceEntry>>,
     /// The allocator's configuration (`PYTORCH_CUDA_ALLOC_CONF` and parsed options).
-    #[serde(default)]
     pub allocator_settings: BTreeMap<String, SettingValue>,
 }
 
 /// One device allocation (a `cudaMalloc`, or a mapped range of an expandable segment).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(from = "SegmentIn")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Segment {
     /// Device index.
     pub device: u64,
@@ -64,8 +63,7 @@ pub struct Segment {
 }
 
 /// The pool a segment serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SegmentType {
     /// Blocks of at most 1 MiB, in 2 MiB segments.
     Small,
@@ -87,43 +85,36 @@ pub struct Block {
 }
 
 /// The allocation state of a block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockState {
     /// Handed out to a caller.
     ActiveAllocated,
     /// Freed by the caller but still in use by a stream (record_stream); not yet reusable.
-    #[serde(alias = "active_awaiting_free")]
+    /// Read from `active_pending_free` (what the C++ writes) or `active_awaiting_free`.
     ActivePendingFree,
     /// Free, cached in the pool.
     Inactive,
 }
 
-/// One recorded allocator event (`device_traces[d][i]`).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+/// One recorded allocator event (`device_traces[d][i]`). Missing numbers read as 0.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TraceEntry {
     /// What happened.
     pub action: Action,
     /// Block or segment address (0 for `oom` and `snapshot`).
-    #[serde(default)]
     pub addr: u64,
     /// Block size as requested, segment size, or for `oom` the requested (rounded) size.
-    #[serde(default)]
     pub size: u64,
     /// Stream of the event (raw `cudaStream_t`; 0 = default stream).
-    #[serde(default)]
     pub stream: u64,
     /// Unix-epoch microseconds (gpumem writes the event's sequence number when it has no clock).
-    #[serde(default)]
     pub time_us: u64,
     /// For `oom`: the device's free memory at the time.
-    #[serde(default)]
     pub device_free: Option<u64>,
 }
 
 /// The action of a [`TraceEntry`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
     /// A block was handed out.
     Alloc,
@@ -148,13 +139,57 @@ pub enum Action {
     /// A user annotation (newer PyTorch builds).
     UserDefined,
     /// An action this version does not know; kept so newer snapshots still read.
-    #[serde(other)]
     Unknown,
 }
 
+/// The names PyTorch writes for the variants of a small enum, in one table per enum: used
+/// both to write and to read them.
+macro_rules! snapshot_names {
+    ($type:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $type {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
+            /// The name PyTorch uses in snapshots.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name),+
+                }
+            }
+        }
+
+        impl Serialize for $type {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+    };
+}
+
+snapshot_names!(SegmentType { Small => "small", Large => "large" });
+snapshot_names!(BlockState {
+    ActiveAllocated => "active_allocated",
+    ActivePendingFree => "active_pending_free",
+    Inactive => "inactive",
+});
+snapshot_names!(Action {
+    Alloc => "alloc",
+    FreeRequested => "free_requested",
+    FreeCompleted => "free_completed",
+    Free => "free",
+    SegmentAlloc => "segment_alloc",
+    SegmentFree => "segment_free",
+    SegmentMap => "segment_map",
+    SegmentUnmap => "segment_unmap",
+    Oom => "oom",
+    Snapshot => "snapshot",
+    UserDefined => "user_defined",
+    Unknown => "unknown",
+});
+
 /// A value in `allocator_settings`: PyTorch writes strings, numbers, bools and a dict
 /// (`roundup_power2_divisions`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum SettingValue {
     /// `None`.
@@ -174,25 +209,21 @@ pub enum SettingValue {
 }
 
 impl Snapshot {
-    /// Reads a snapshot written as a pickle (any protocol) or as JSON (first byte `{`).
-    pub fn read(reader: impl Read) -> Result<Self, ReadError> {
-        let (head, reader) = crate::formats::peek(reader)?;
-        let snapshot_error = |detail: String| ReadError::Snapshot { detail };
-        if head.trim_ascii_start().starts_with(b"{") {
-            serde_json::from_reader(reader).map_err(|error| snapshot_error(error.to_string()))
+    /// Reads a snapshot written as a pickle (protocols 0–5) or as JSON (first byte `{`).
+    pub fn read(mut reader: impl Read) -> Result<Self, ReadError> {
+        let mut bytes = Vec::new();
+        reader.read_to_end(&mut bytes)?;
+        let document = if bytes.trim_ascii_start().starts_with(b"{") {
+            let json = serde_json::from_slice(&bytes).map_err(|error| ReadError::Malformed {
+                line: error.line() as u64,
+                expected: "a JSON memory snapshot",
+                detail: error.to_string(),
+            })?;
+            decode::from_json(json)
         } else {
-            // serde-pickle miscounts references into a memoised container that is itself
-            // referenced more than once (PyTorch shares `frames` lists and frame dicts between
-            // blocks and trace entries) and then reports a "recursive structure". Replacing
-            // such a reference with None is harmless here: only the frames we ignore are
-            // shared, and a None where a field we read is expected is still an error.
-            let options = serde_pickle::DeOptions::new()
-                .decode_strings()
-                .replace_unresolved_globals()
-                .replace_recursive_structures();
-            serde_pickle::from_reader(reader, options)
-                .map_err(|error| snapshot_error(error.to_string()))
-        }
+            unpickle::unpickle(&bytes)?
+        };
+        decode::snapshot(&document)
     }
 
     /// Writes the snapshot as a protocol-3 pickle that memory_viz opens.
@@ -439,102 +470,5 @@ impl Serialize for TraceEntry {
         map.serialize_entry("time_us", &PyInt(self.time_us))?;
         map.serialize_entry("frames", &NoFrames)?;
         map.end()
-    }
-}
-
-/// A segment as read, before legacy gaps are filled.
-#[derive(Deserialize)]
-struct SegmentIn {
-    #[serde(default)]
-    device: u64,
-    address: u64,
-    total_size: u64,
-    allocated_size: Option<u64>,
-    active_size: Option<u64>,
-    requested_size: Option<u64>,
-    #[serde(default)]
-    stream: u64,
-    segment_type: SegmentType,
-    #[serde(default)]
-    segment_pool_id: (u64, u64),
-    #[serde(default)]
-    is_expandable: bool,
-    #[serde(default)]
-    blocks: Vec<BlockIn>,
-}
-
-/// A block as read: legacy snapshots omit `address` (implied by the segment's base plus the
-/// sizes of the blocks before it) and `requested_size` (then in `history[0].real_size`).
-#[derive(Deserialize)]
-struct BlockIn {
-    address: Option<u64>,
-    size: u64,
-    requested_size: Option<u64>,
-    #[serde(default)]
-    history: Vec<LegacyHistory>,
-    state: BlockState,
-}
-
-/// An entry of a legacy block's `history`.
-#[derive(Deserialize)]
-struct LegacyHistory {
-    real_size: Option<u64>,
-}
-
-impl From<SegmentIn> for Segment {
-    fn from(segment: SegmentIn) -> Self {
-        let mut next_address = segment.address;
-        let blocks: Vec<Block> = segment
-            .blocks
-            .into_iter()
-            .map(|block| {
-                let address = block.address.unwrap_or(next_address);
-                next_address = address.wrapping_add(block.size);
-                let legacy_requested = block.history.first().and_then(|entry| entry.real_size);
-                Block {
-                    address,
-                    size: block.size,
-                    requested_size: block
-                        .requested_size
-                        .or(legacy_requested)
-                        .unwrap_or(block.size),
-                    state: block.state,
-                }
-            })
-            .collect();
-        let sum_sizes = |keep: fn(&Block) -> bool, size: fn(&Block) -> u64| {
-            blocks
-                .iter()
-                .filter(|block| keep(block))
-                .fold(0u64, |total, block| total.saturating_add(size(block)))
-        };
-        Self {
-            device: segment.device,
-            address: segment.address,
-            total_size: segment.total_size,
-            allocated_size: segment.allocated_size.unwrap_or_else(|| {
-                sum_sizes(
-                    |block| block.state == BlockState::ActiveAllocated,
-                    |block| block.size,
-                )
-            }),
-            active_size: segment.active_size.unwrap_or_else(|| {
-                sum_sizes(
-                    |block| block.state != BlockState::Inactive,
-                    |block| block.size,
-                )
-            }),
-            requested_size: segment.requested_size.unwrap_or_else(|| {
-                sum_sizes(
-                    |block| block.state != BlockState::Inactive,
-                    |block| block.requested_size,
-                )
-            }),
-            stream: segment.stream,
-            segment_type: segment.segment_type,
-            segment_pool_id: segment.segment_pool_id,
-            is_expandable: segment.is_expandable,
-            blocks,
-        }
     }
 }

@@ -1,0 +1,412 @@
+//! From a decoded document (pickle or JSON) to a [`Snapshot`]: a typed walk over the fields
+//! gpumem uses. Unknown keys (and `frames`) are never visited, so their size and shape do
+//! not matter; errors name the path of the offending value (`segments[3].blocks[0].size`).
+
+use std::cell::Ref;
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::unpickle::Value;
+use super::{Action, Block, BlockState, Segment, SegmentType, SettingValue, Snapshot, TraceEntry};
+use crate::error::ReadError;
+
+/// How deep and how large an `allocator_settings` value may be (PyTorch's is two levels
+/// and a dozen entries); bounds the walk on cyclic or exponentially shared input.
+const MAX_SETTING_DEPTH: usize = 16;
+const MAX_SETTING_NODES: usize = 100_000;
+
+/// Where a value sits in the snapshot, built only when an error is reported.
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    Root,
+    Key(&'a Path<'a>, &'a str),
+    Index(&'a Path<'a>, usize),
+}
+
+impl fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Root => f.write_str("the top level"),
+            Self::Key(Self::Root, key) => f.write_str(key),
+            Self::Key(parent, key) => write!(f, "{parent}.{key}"),
+            Self::Index(Self::Root, index) => write!(f, "[{index}]"),
+            Self::Index(parent, index) => write!(f, "{parent}[{index}]"),
+        }
+    }
+}
+
+fn shape_error(path: &Path<'_>, expected: &'static str, found: String) -> ReadError {
+    ReadError::SnapshotShape {
+        path: path.to_string(),
+        expected,
+        found,
+    }
+}
+
+/// The entries of a dict value.
+fn dict<'v>(value: &'v Value, path: &Path<'_>) -> Result<Ref<'v, Vec<(Value, Value)>>, ReadError> {
+    match value {
+        Value::Dict(entries) => Ok(entries.borrow()),
+        other => Err(shape_error(path, "a dict", other.type_name().to_owned())),
+    }
+}
+
+/// The items of a list (or tuple) value.
+fn list<'v>(value: &'v Value, path: &Path<'_>) -> Result<Ref<'v, Vec<Value>>, ReadError> {
+    match value {
+        Value::List(items) => Ok(items.borrow()),
+        other => Err(shape_error(path, "a list", other.type_name().to_owned())),
+    }
+}
+
+fn unsigned(value: &Value, path: &Path<'_>) -> Result<u64, ReadError> {
+    match value {
+        Value::Int(number) => u64::try_from(*number)
+            .map_err(|_| shape_error(path, "a non-negative 64-bit integer", number.to_string())),
+        other => Err(shape_error(
+            path,
+            "a non-negative 64-bit integer",
+            other.type_name().to_owned(),
+        )),
+    }
+}
+
+fn string<'v>(value: &'v Value, path: &Path<'_>) -> Result<&'v str, ReadError> {
+    match value {
+        Value::Str(text) => Ok(text),
+        other => Err(shape_error(path, "a string", other.type_name().to_owned())),
+    }
+}
+
+/// The fields of one dict, looked up by key (the last entry for a key wins, as in Python).
+struct Fields<'v, 'p> {
+    entries: Ref<'v, Vec<(Value, Value)>>,
+    path: &'p Path<'p>,
+}
+
+impl<'v, 'p> Fields<'v, 'p> {
+    fn of(value: &'v Value, path: &'p Path<'p>) -> Result<Self, ReadError> {
+        Ok(Self {
+            entries: dict(value, path)?,
+            path,
+        })
+    }
+
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.entries
+            .iter()
+            .rev()
+            .find(|(name, _)| matches!(name, Value::Str(name) if &**name == key))
+            .map(|(_, value)| value)
+    }
+
+    /// Runs `read` on the field's value, or fails naming the missing field.
+    fn required<T>(
+        &self,
+        key: &'static str,
+        read: impl FnOnce(&Value, &Path<'_>) -> Result<T, ReadError>,
+    ) -> Result<T, ReadError> {
+        let path = Path::Key(self.path, key);
+        let value = self.get(key).ok_or_else(|| {
+            shape_error(
+                &path,
+                "a value (the field is required)",
+                "no such key".to_owned(),
+            )
+        })?;
+        read(value, &path)
+    }
+
+    /// Runs `read` on the field's value if the field is there and not None.
+    fn optional<T>(
+        &self,
+        key: &'static str,
+        read: impl FnOnce(&Value, &Path<'_>) -> Result<T, ReadError>,
+    ) -> Result<Option<T>, ReadError> {
+        match self.get(key) {
+            None | Some(Value::None) => Ok(None),
+            Some(value) => read(value, &Path::Key(self.path, key)).map(Some),
+        }
+    }
+
+    /// Reads every item of a list field (absent or None: no items).
+    fn each<T>(
+        &self,
+        key: &'static str,
+        mut read: impl FnMut(&Value, &Path<'_>) -> Result<T, ReadError>,
+    ) -> Result<Vec<T>, ReadError> {
+        let path = Path::Key(self.path, key);
+        match self.get(key) {
+            None | Some(Value::None) => Ok(Vec::new()),
+            Some(value) => list(value, &path)?
+                .iter()
+                .enumerate()
+                .map(|(index, item)| read(item, &Path::Index(&path, index)))
+                .collect(),
+        }
+    }
+}
+
+/// Reads a snapshot from a decoded document.
+pub(super) fn snapshot(root: &Value) -> Result<Snapshot, ReadError> {
+    let fields = Fields::of(root, &Path::Root)?;
+    let settings = match fields.get("allocator_settings") {
+        None | Some(Value::None) => BTreeMap::new(),
+        Some(value) => {
+            let path = Path::Key(&Path::Root, "allocator_settings");
+            let mut budget = MAX_SETTING_NODES;
+            match setting(value, &path, 0, &mut budget)? {
+                SettingValue::Map(map) => map,
+                _ => return Err(shape_error(&path, "a dict", value.type_name().to_owned())),
+            }
+        }
+    };
+    Ok(Snapshot {
+        segments: fields.each("segments", segment)?,
+        device_traces: fields.each("device_traces", |trace, path| {
+            list(trace, path)?
+                .iter()
+                .enumerate()
+                .map(|(index, entry)| trace_entry(entry, &Path::Index(path, index)))
+                .collect()
+        })?,
+        allocator_settings: settings,
+    })
+}
+
+fn segment(value: &Value, path: &Path<'_>) -> Result<Segment, ReadError> {
+    let fields = Fields::of(value, path)?;
+    let address = fields.required("address", unsigned)?;
+    // Legacy blocks have no address: it follows from the segment base and the sizes before.
+    let mut next_address = address;
+    let blocks = fields.each("blocks", |value, path| {
+        let block = block(value, path, next_address)?;
+        next_address = block.address.wrapping_add(block.size);
+        Ok(block)
+    })?;
+    let sum = |keep: fn(&Block) -> bool, size: fn(&Block) -> u64| {
+        blocks
+            .iter()
+            .filter(|block| keep(block))
+            .fold(0u64, |total, block| total.saturating_add(size(block)))
+    };
+    let pool_id = fields.optional("segment_pool_id", |value, path| {
+        let items = list(value, path)?;
+        match items.as_slice() {
+            [high, low] => Ok((unsigned(high, path)?, unsigned(low, path)?)),
+            _ => Err(shape_error(
+                path,
+                "a pair (int, int)",
+                format!("{} items", items.len()),
+            )),
+        }
+    })?;
+    Ok(Segment {
+        device: fields.optional("device", unsigned)?.unwrap_or(0),
+        address,
+        total_size: fields.required("total_size", unsigned)?,
+        allocated_size: fields
+            .optional("allocated_size", unsigned)?
+            .unwrap_or_else(|| {
+                sum(
+                    |block| block.state == BlockState::ActiveAllocated,
+                    |block| block.size,
+                )
+            }),
+        active_size: fields
+            .optional("active_size", unsigned)?
+            .unwrap_or_else(|| {
+                sum(
+                    |block| block.state != BlockState::Inactive,
+                    |block| block.size,
+                )
+            }),
+        requested_size: fields
+            .optional("requested_size", unsigned)?
+            .unwrap_or_else(|| {
+                sum(
+                    |block| block.state != BlockState::Inactive,
+                    |block| block.requested_size,
+                )
+            }),
+        stream: fields.optional("stream", unsigned)?.unwrap_or(0),
+        segment_type: fields.required("segment_type", |value, path| {
+            named(
+                value,
+                path,
+                SegmentType::ALL,
+                SegmentType::as_str,
+                "\"small\" or \"large\"",
+            )
+        })?,
+        segment_pool_id: pool_id.unwrap_or((0, 0)),
+        is_expandable: fields
+            .optional("is_expandable", |value, path| match value {
+                Value::Bool(flag) => Ok(*flag),
+                other => Err(shape_error(path, "a bool", other.type_name().to_owned())),
+            })?
+            .unwrap_or(false),
+        blocks,
+    })
+}
+
+fn block(value: &Value, path: &Path<'_>, implied_address: u64) -> Result<Block, ReadError> {
+    let fields = Fields::of(value, path)?;
+    let size = fields.required("size", unsigned)?;
+    // Legacy blocks keep the requested size in `history[0].real_size`.
+    let legacy_requested = || {
+        let history = fields.each("history", |entry, path| {
+            Fields::of(entry, path)?.optional("real_size", unsigned)
+        })?;
+        Ok::<_, ReadError>(history.into_iter().next().flatten())
+    };
+    let requested_size = match fields.optional("requested_size", unsigned)? {
+        Some(requested) => requested,
+        None => legacy_requested()?.unwrap_or(size),
+    };
+    Ok(Block {
+        address: fields
+            .optional("address", unsigned)?
+            .unwrap_or(implied_address),
+        size,
+        requested_size,
+        state: fields.required("state", |value, path| {
+            let name = string(value, path)?;
+            // The C++ writes active_pending_free; the docstring and some exporters say
+            // active_awaiting_free.
+            if name == "active_awaiting_free" {
+                return Ok(BlockState::ActivePendingFree);
+            }
+            named(
+                value,
+                path,
+                BlockState::ALL,
+                BlockState::as_str,
+                "active_allocated, active_pending_free or inactive",
+            )
+        })?,
+    })
+}
+
+fn trace_entry(value: &Value, path: &Path<'_>) -> Result<TraceEntry, ReadError> {
+    let fields = Fields::of(value, path)?;
+    let action = fields.required("action", |value, path| {
+        let name = string(value, path)?;
+        Ok(Action::ALL
+            .iter()
+            .copied()
+            .find(|action| action.as_str() == name)
+            .unwrap_or(Action::Unknown))
+    })?;
+    Ok(TraceEntry {
+        action,
+        addr: fields.optional("addr", unsigned)?.unwrap_or(0),
+        size: fields.optional("size", unsigned)?.unwrap_or(0),
+        stream: fields.optional("stream", unsigned)?.unwrap_or(0),
+        time_us: fields.optional("time_us", unsigned)?.unwrap_or(0),
+        device_free: fields.optional("device_free", unsigned)?,
+    })
+}
+
+/// One of a fixed set of named values.
+fn named<T: Copy>(
+    value: &Value,
+    path: &Path<'_>,
+    all: &[T],
+    name_of: fn(T) -> &'static str,
+    expected: &'static str,
+) -> Result<T, ReadError> {
+    let name = string(value, path)?;
+    all.iter()
+        .copied()
+        .find(|candidate| name_of(*candidate) == name)
+        .ok_or_else(|| shape_error(path, expected, format!("{name:?}")))
+}
+
+fn setting(
+    value: &Value,
+    path: &Path<'_>,
+    depth: usize,
+    budget: &mut usize,
+) -> Result<SettingValue, ReadError> {
+    *budget = budget
+        .checked_sub(1)
+        .ok_or_else(|| shape_error(path, "a small settings value", "too many nodes".to_owned()))?;
+    if depth > MAX_SETTING_DEPTH {
+        return Err(shape_error(
+            path,
+            "a settings value nested at most 16 deep",
+            "deeper nesting".to_owned(),
+        ));
+    }
+    Ok(match value {
+        Value::None => SettingValue::None,
+        Value::Bool(flag) => SettingValue::Bool(*flag),
+        Value::Int(number) => SettingValue::Int(
+            i64::try_from(*number)
+                .map_err(|_| shape_error(path, "a 64-bit integer", number.to_string()))?,
+        ),
+        Value::HugeInt => {
+            return Err(shape_error(
+                path,
+                "a 64-bit integer",
+                "a larger one".to_owned(),
+            ))
+        }
+        Value::Float(number) => SettingValue::Float(*number),
+        Value::Str(text) => SettingValue::Str(text.to_string()),
+        Value::Bytes => return Err(shape_error(path, "a settings value", "bytes".to_owned())),
+        Value::List(items) => SettingValue::List(
+            items
+                .borrow()
+                .iter()
+                .enumerate()
+                .map(|(index, item)| setting(item, &Path::Index(path, index), depth + 1, budget))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Dict(entries) => SettingValue::Map(
+            entries
+                .borrow()
+                .iter()
+                .map(|(key, item)| {
+                    let key = match key {
+                        Value::Str(text) => text.to_string(),
+                        Value::Int(number) => number.to_string(),
+                        other => {
+                            return Err(shape_error(
+                                path,
+                                "string keys",
+                                other.type_name().to_owned(),
+                            ))
+                        }
+                    };
+                    let item = setting(item, &Path::Key(path, &key), depth + 1, budget)?;
+                    Ok((key, item))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+    })
+}
+
+/// The same document model from JSON (serde_json bounds its own nesting at 128 levels).
+pub(super) fn from_json(value: serde_json::Value) -> Value {
+    match value {
+        serde_json::Value::Null => Value::None,
+        serde_json::Value::Bool(flag) => Value::Bool(flag),
+        serde_json::Value::Number(number) => match (number.as_i64(), number.as_u64()) {
+            (Some(signed), _) => Value::Int(i128::from(signed)),
+            (None, Some(unsigned)) => Value::Int(i128::from(unsigned)),
+            (None, None) => Value::Float(number.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(text) => Value::Str(text.into()),
+        serde_json::Value::Array(items) => {
+            Value::new_list(items.into_iter().map(from_json).collect())
+        }
+        serde_json::Value::Object(entries) => Value::new_dict(
+            entries
+                .into_iter()
+                .map(|(key, item)| (Value::Str(key.into()), from_json(item)))
+                .collect(),
+        ),
+    }
+}
