@@ -165,7 +165,8 @@ impl Trace {
 #[derive(Debug, Default)]
 pub(crate) struct LiveBlocks {
     sizes: HashMap<u64, u64, BuildHasherDefault<AddressHasher>>,
-    live_bytes: u64,
+    /// Exact even for absurd inputs (sizes near `u64::MAX`), so no reader can overflow.
+    live_bytes: u128,
 }
 
 impl LiveBlocks {
@@ -175,7 +176,7 @@ impl LiveBlocks {
             std::collections::hash_map::Entry::Occupied(_) => Err(Violation::AllocOfLive { addr }),
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(size);
-                self.live_bytes += size;
+                self.live_bytes += u128::from(size);
                 Ok(())
             }
         }
@@ -188,7 +189,7 @@ impl LiveBlocks {
             .sizes
             .remove(&addr)
             .ok_or(Violation::FreeOfNonLive { addr })?;
-        self.live_bytes -= size;
+        self.live_bytes -= u128::from(size);
         Ok(size)
     }
 
@@ -217,9 +218,9 @@ impl LiveBlocks {
         }
     }
 
-    /// Sum of the sizes of the live blocks.
+    /// Sum of the sizes of the live blocks (saturating at `u64::MAX`).
     pub(crate) fn live_bytes(&self) -> u64 {
-        self.live_bytes
+        u64::try_from(self.live_bytes).unwrap_or(u64::MAX)
     }
 
     /// Number of live blocks.
@@ -336,6 +337,17 @@ mod tests {
         assert_eq!(summary.peak_live_bytes, 10);
         assert_eq!(summary.allocs, 2);
         assert_eq!(summary.frees, 1);
+    }
+
+    #[test]
+    fn absurd_sizes_saturate_instead_of_overflowing() {
+        let trace = Trace::new(
+            TraceMeta::default(),
+            vec![alloc(1, u64::MAX), alloc(2, u64::MAX), free(1)],
+        );
+        let summary = trace.summary();
+        assert_eq!(summary.peak_live_bytes, u64::MAX);
+        assert_eq!(summary.live_bytes_at_end, u64::MAX);
     }
 
     #[test]
