@@ -78,3 +78,34 @@ fn format_names_parse() {
     assert_eq!("auto".parse::<Format>(), Ok(Format::Auto));
     assert!("xml".parse::<Format>().is_err());
 }
+
+#[test]
+fn every_format_round_trips_through_a_gzip_file_chosen_by_extension() {
+    let dir = temp_dir();
+    let blocks_only: Vec<Event> = small_trace().events[1..].to_vec();
+    for name in ["t.jsonl.gz", "t.csv.gz", "t.pickle.gz", "t.csv", "t.pickle"] {
+        let path = dir.join(name);
+        write_path(&small_trace(), &path, Format::Auto).unwrap();
+        let trace = read_path(&path, ReadOptions::default()).unwrap();
+        let expected = if name.starts_with("t.jsonl") {
+            small_trace().events
+        } else {
+            blocks_only.clone()
+        };
+        assert_eq!(trace.events, expected, "{name}");
+    }
+}
+
+#[test]
+fn snapshot_write_path_picks_json_or_pickle() {
+    let dir = temp_dir();
+    let snapshot = gpumem_trace::Snapshot::from_trace(&small_trace(), 0);
+    for name in ["s.json", "s.pickle"] {
+        let path = dir.join(name);
+        snapshot.write_path(&path).unwrap();
+        let first = std::fs::read(&path).unwrap()[0];
+        assert_eq!(first, if name.ends_with("json") { b'{' } else { 0x80 });
+        let back = gpumem_trace::Snapshot::read(std::fs::File::open(&path).unwrap()).unwrap();
+        assert_eq!(back, snapshot);
+    }
+}

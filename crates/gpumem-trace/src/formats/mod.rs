@@ -194,7 +194,7 @@ fn detect(head: &[u8]) -> Result<Format, ReadError> {
 
 /// Reads the first bytes of `reader` and returns them with a reader that still yields the
 /// whole stream.
-pub(crate) fn peek<R: Read>(mut reader: R) -> std::io::Result<(Vec<u8>, impl Read)> {
+fn peek<R: Read>(mut reader: R) -> std::io::Result<(Vec<u8>, impl Read)> {
     let mut head = Vec::new();
     reader.by_ref().take(SNIFF_LEN).read_to_end(&mut head)?;
     Ok((head.clone(), Cursor::new(head).chain(reader)))

@@ -245,6 +245,21 @@ impl Snapshot {
         writer.flush()
     }
 
+    /// Writes the snapshot to a file: JSON if the name ends in `.json`, else a pickle for
+    /// memory_viz (`gpumem replay --snapshot OUT.pickle`).
+    pub fn write_path(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        let path = path.as_ref();
+        let file = std::fs::File::create(path)?;
+        if path
+            .extension()
+            .is_some_and(|extension| extension == "json")
+        {
+            self.write_json(file)
+        } else {
+            self.write_pickle(file)
+        }
+    }
+
     /// A snapshot holding `trace` as the event trace of `device` (segments empty).
     ///
     /// Each free becomes `free_requested` followed by `free_completed`, as PyTorch records
