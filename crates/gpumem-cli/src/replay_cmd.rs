@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::ValueEnum;
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::{parse_limit, Bytes, Limit, PolicyKind};
-use gpumem_replay::{replay_all, PolicyReport, Progress, ReplayOptions};
+use gpumem_replay::{replay, PolicyReport, Progress, ReplayOptions};
+use gpumem_trace::Snapshot;
 use gpumem_trace::{read_path, Format, ReadOptions, Trace};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -18,6 +19,9 @@ pub struct ReplayArgs {
     /// Trace format.
     #[arg(long, default_value = "auto")]
     format: Format,
+    /// For PyTorch snapshots: the device whose trace to replay (default: the first with one).
+    #[arg(long)]
+    device: Option<usize>,
     /// Policy to replay through, or `all`.
     #[arg(long, value_enum, default_value_t = PolicyChoice::All)]
     policy: PolicyChoice,
@@ -31,6 +35,10 @@ pub struct ReplayArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Write the replay's memory snapshot for PyTorch's memory_viz (pickle; JSON if the name
+    /// ends in .json). Needs a single --policy.
+    #[arg(long, value_name = "OUT")]
+    snapshot: Option<PathBuf>,
 }
 
 /// A policy name on the command line, or all of them.
@@ -74,6 +82,7 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
         &args.trace,
         ReadOptions {
             format: args.format,
+            device: args.device,
         },
     )
     .map_err(|e| e.to_string())?;
@@ -83,27 +92,36 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
         }
         None => TorchSettings::default(),
     };
+    let policies = args.policy.policies();
+    if args.snapshot.is_some() && policies.len() != 1 {
+        return Err(
+            "--snapshot needs a single --policy (none, torch, expandable or gpumem)".into(),
+        );
+    }
     let options = ReplayOptions {
         capacity: args.capacity,
         torch,
-        ..ReplayOptions::default()
+        // Each event records at most a block event and a segment event, a free two.
+        history_capacity: if args.snapshot.is_some() {
+            trace.events.len() * 3 + 16
+        } else {
+            0
+        },
     };
-    let policies = args.policy.policies();
-    let bar = progress_bar(trace.events.len() as u64 * policies.len() as u64);
-    let mut policy_index = 0usize;
-    let mut last_policy = None;
+    let bar = progress_bar(trace.events.len() as u64);
     let mut on_progress = |p: Progress| {
-        if last_policy != Some(p.policy) {
-            if last_policy.is_some() {
-                policy_index += 1;
-            }
-            last_policy = Some(p.policy);
-            bar.set_message(p.policy.to_string());
-        }
-        bar.set_position((policy_index * p.total + p.done) as u64);
+        bar.set_message(p.policy.to_string());
+        bar.set_position(p.done as u64);
     };
-    let reports =
-        replay_all(&trace, &policies, &options, &mut on_progress).map_err(|e| e.to_string())?;
+    let mut reports = Vec::with_capacity(policies.len());
+    for &policy in &policies {
+        let replay =
+            replay(&trace, policy, &options, &mut on_progress).map_err(|e| e.to_string())?;
+        if let Some(path) = &args.snapshot {
+            write_snapshot(&replay.pool.snapshot(), path)?;
+        }
+        reports.push(replay.report);
+    }
     bar.finish_and_clear();
     if args.json {
         print_json(&trace, args.capacity, &reports)
@@ -111,6 +129,16 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
         print_table(&trace, args.capacity, &reports);
         Ok(())
     }
+}
+
+fn write_snapshot(snapshot: &Snapshot, path: &std::path::Path) -> Result<(), String> {
+    let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let written = if path.extension().is_some_and(|e| e == "json") {
+        snapshot.write_json(file)
+    } else {
+        snapshot.write_pickle(file)
+    };
+    written.map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn progress_bar(total: u64) -> ProgressBar {

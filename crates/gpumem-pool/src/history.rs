@@ -1,63 +1,13 @@
 //! Optional recording of every allocator event in a bounded ring buffer, in the vocabulary of
 //! PyTorch's memory snapshots (`alloc`, `free_requested`, `free_completed`, `segment_alloc`,
-//! …). When recording is off the cost is one branch per event.
+//! …), so that a pool's history is a snapshot's `device_traces` as it stands. When recording
+//! is off the cost is one branch per event.
 
 use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpumem_device::{DevicePtr, StreamId};
-
-/// What happened, named as in PyTorch's `device_traces`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Action {
-    /// A block was handed out (size = requested bytes).
-    Alloc,
-    /// The user freed a block; it may still wait on stream events.
-    FreeRequested,
-    /// The block is back in the pool.
-    FreeCompleted,
-    /// A device allocation of a new segment.
-    SegmentAlloc,
-    /// A segment returned to the device.
-    SegmentFree,
-    /// Physical memory mapped into a segment.
-    SegmentMap,
-    /// Physical memory unmapped from a segment.
-    SegmentUnmap,
-    /// An allocation failed; `size` is the request, `addr` holds the device's free bytes.
-    Oom,
-}
-
-impl Action {
-    /// PyTorch's name for the action.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Alloc => "alloc",
-            Action::FreeRequested => "free_requested",
-            Action::FreeCompleted => "free_completed",
-            Action::SegmentAlloc => "segment_alloc",
-            Action::SegmentFree => "segment_free",
-            Action::SegmentMap => "segment_map",
-            Action::SegmentUnmap => "segment_unmap",
-            Action::Oom => "oom",
-        }
-    }
-}
-
-/// One recorded event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HistoryEntry {
-    /// What happened.
-    pub action: Action,
-    /// Block or segment address (for [`Action::Oom`], the device's free bytes).
-    pub addr: DevicePtr,
-    /// Bytes concerned.
-    pub size: u64,
-    /// Stream of the block or segment.
-    pub stream: StreamId,
-    /// Wall-clock time, microseconds since the Unix epoch.
-    pub time_us: u64,
-}
+use gpumem_trace::snapshot::{Action, TraceEntry};
 
 /// The recorder: off, or a ring buffer of at most `capacity` entries that drops the oldest.
 #[derive(Debug, Default)]
@@ -68,7 +18,7 @@ pub struct History {
 #[derive(Debug)]
 struct Ring {
     capacity: usize,
-    entries: VecDeque<HistoryEntry>,
+    entries: VecDeque<TraceEntry>,
     dropped: u64,
 }
 
@@ -92,14 +42,26 @@ impl History {
         }
     }
 
-    /// Whether events are being recorded.
-    pub fn is_on(&self) -> bool {
-        self.ring.is_some()
-    }
-
     /// Records an event if recording is on.
     #[inline]
     pub fn record(&mut self, action: Action, addr: DevicePtr, size: u64, stream: StreamId) {
+        self.push(action, addr, size, stream, None);
+    }
+
+    /// Records an out-of-memory failure of a `size`-byte request while the device had
+    /// `device_free` bytes free.
+    pub fn record_oom(&mut self, size: u64, stream: StreamId, device_free: u64) {
+        self.push(Action::Oom, 0, size, stream, Some(device_free));
+    }
+
+    fn push(
+        &mut self,
+        action: Action,
+        addr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+        device_free: Option<u64>,
+    ) {
         if let Some(ring) = &mut self.ring {
             if ring.entries.len() == ring.capacity {
                 ring.entries.pop_front();
@@ -109,18 +71,19 @@ impl History {
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_micros() as u64)
                 .unwrap_or(0);
-            ring.entries.push_back(HistoryEntry {
+            ring.entries.push_back(TraceEntry {
                 action,
                 addr,
                 size,
-                stream,
+                stream: stream.0,
                 time_us,
+                device_free,
             });
         }
     }
 
     /// The recorded entries, oldest first.
-    pub fn entries(&self) -> impl Iterator<Item = &HistoryEntry> {
+    pub fn entries(&self) -> impl Iterator<Item = &TraceEntry> {
         self.ring.iter().flat_map(|r| r.entries.iter())
     }
 
@@ -148,7 +111,13 @@ mod tests {
         assert_eq!(h.dropped(), 1);
         h.set_capacity(1);
         assert_eq!(h.entries().map(|e| e.addr).collect::<Vec<_>>(), vec![3]);
+        h.record_oom(100, StreamId(7), 42);
+        let oom = h.entries().next().unwrap();
+        assert_eq!(
+            (oom.action, oom.size, oom.stream, oom.device_free),
+            (Action::Oom, 100, 7, Some(42))
+        );
         h.set_capacity(0);
-        assert!(!h.is_on());
+        assert_eq!(h.entries().count(), 0);
     }
 }

@@ -10,7 +10,7 @@
 //! - Limits, policy and PyTorch options come from the API ([`PoolConfig`]) or the environment
 //!   ([`PoolConfig::from_env`]); statistics use PyTorch's `memory_stats` keys ([`MemoryStats`]);
 //!   [`Pool::status`] prints a `pool_status`-like summary with fragmentation; history can be
-//!   recorded for snapshots ([`HistoryEntry`]).
+//!   recorded and written as a PyTorch memory snapshot ([`Pool::snapshot`]).
 
 mod config;
 mod history;
@@ -22,7 +22,7 @@ mod size;
 mod stats;
 
 pub use config::{ConfigError, PolicyKind, PoolConfig};
-pub use history::{Action, HistoryEntry};
+pub use gpumem_trace::snapshot::{Action, TraceEntry};
 pub use oom::{Advice, OomError};
 pub use policy::{
     AllocRequest, Block, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView, Upstream,

@@ -10,8 +10,9 @@
 
 use gpumem_device::{Device, DeviceError, DevicePtr, PhysicalHandle, StreamId};
 
-use crate::history::{Action, History};
+use crate::history::History;
 use crate::stats::{MemoryStats, PoolKind};
+use gpumem_trace::snapshot::Action;
 
 /// A request as the pool hands it to a policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,20 +1,24 @@
 //! The pool: one policy over one device, with everything that is the same for every policy.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpumem_device::{Device, DeviceError, DevicePtr, EventId, StreamId};
 
 use crate::config::{ConfigError, PolicyKind, PoolConfig};
-use crate::history::{Action, History, HistoryEntry};
+use crate::history::History;
 use crate::oom::OomError;
 use crate::policies;
 use crate::policy::{
     AllocRequest, Block, Policy, ReleaseTarget, SegmentView, Upstream, UpstreamError,
 };
 use crate::size::Bytes;
-use crate::stats::MemoryStats;
+use crate::stats::{MemoryStats, PoolKind};
+use gpumem_trace::snapshot::{
+    Action, Block as SnapshotBlock, BlockState, Segment, SegmentType, SettingValue, Snapshot,
+    TraceEntry,
+};
 
 /// Memory handed out by [`Pool::allocate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -298,8 +302,82 @@ impl Pool {
     }
 
     /// The recorded history, oldest first.
-    pub fn history(&self) -> Vec<HistoryEntry> {
-        self.lock().history.entries().copied().collect()
+    pub fn history(&self) -> Vec<TraceEntry> {
+        self.lock().history.entries().cloned().collect()
+    }
+
+    /// The pool as a PyTorch memory snapshot: its segments with every block's state, and the
+    /// recorded history as device 0's trace. Written with [`Snapshot::write_pickle`], it opens
+    /// in PyTorch's memory_viz.
+    pub fn snapshot(&self) -> Snapshot {
+        let inner = self.lock();
+        let pending: HashMap<DevicePtr, &Block> = inner
+            .pending
+            .iter()
+            .map(|p| (p.block.addr, &p.block))
+            .collect();
+        let segments = inner
+            .policy
+            .segments()
+            .into_iter()
+            .map(|view| {
+                let blocks: Vec<SnapshotBlock> = view
+                    .blocks
+                    .iter()
+                    .map(|b| {
+                        let (state, requested_size) =
+                            match (inner.live.get(&b.address), pending.get(&b.address)) {
+                                (Some(live), _) if b.in_use => {
+                                    (BlockState::ActiveAllocated, live.block.requested)
+                                }
+                                (None, Some(p)) if b.in_use => {
+                                    (BlockState::ActivePendingFree, p.requested)
+                                }
+                                _ => (BlockState::Inactive, 0),
+                            };
+                        SnapshotBlock {
+                            address: b.address,
+                            size: b.size,
+                            requested_size,
+                            state,
+                        }
+                    })
+                    .collect();
+                let sum = |keep: &dyn Fn(&SnapshotBlock) -> bool| -> u64 {
+                    blocks.iter().filter(|b| keep(b)).map(|b| b.size).sum()
+                };
+                Segment {
+                    device: 0,
+                    address: view.address,
+                    total_size: view.total_size,
+                    allocated_size: sum(&|b| b.state == BlockState::ActiveAllocated),
+                    active_size: sum(&|b| b.state != BlockState::Inactive),
+                    requested_size: blocks.iter().map(|b| b.requested_size).sum(),
+                    stream: view.stream.0,
+                    segment_type: match view.pool {
+                        PoolKind::Small => SegmentType::Small,
+                        PoolKind::Large => SegmentType::Large,
+                    },
+                    segment_pool_id: (0, 0),
+                    is_expandable: view.is_expandable,
+                    blocks,
+                }
+            })
+            .collect();
+        let mut allocator_settings = BTreeMap::new();
+        allocator_settings.insert(
+            "gpumem_policy".to_string(),
+            SettingValue::Str(self.kind.to_string()),
+        );
+        allocator_settings.insert(
+            "expandable_segments".to_string(),
+            SettingValue::Bool(self.kind == PolicyKind::Expandable),
+        );
+        Snapshot {
+            segments,
+            device_traces: vec![inner.history.entries().cloned().collect()],
+            allocator_settings,
+        }
     }
 
     /// A human summary in the spirit of CUDA.jl's `pool_status`, with fragmentation.
@@ -396,7 +474,7 @@ impl Pool {
         let info = self.device.mem_info().unwrap_or_default();
         inner
             .history
-            .record(Action::Oom, info.free, request.size, request.stream);
+            .record_oom(request.size, request.stream, info.free);
         let error = OomError {
             requested: request.size,
             attempted: failure.attempted,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::StreamId;
 use gpumem_pool::{Action, Limit, PolicyKind, Pool, PoolConfig, PoolError};
+use gpumem_trace::snapshot::{BlockState, Snapshot};
 
 const MIB: u64 = 1 << 20;
 
@@ -209,7 +210,7 @@ fn history_records_the_snapshot_vocabulary() {
             "segment_free"
         ]
     );
-    let alloc = pool.history()[1];
+    let alloc = pool.history()[1].clone();
     assert_eq!((alloc.addr, alloc.size), (a.ptr, 1000));
 }
 
@@ -222,4 +223,52 @@ impl CreateStream for SimDevice {
     fn create_stream_for_test(&self) -> StreamId {
         gpumem_device::Device::create_stream(self).unwrap()
     }
+}
+
+#[test]
+fn snapshot_holds_segments_block_states_and_history() {
+    let dev = sim(64 * MIB);
+    let pool = pool_on(
+        &dev,
+        PoolConfig {
+            history_capacity: 64,
+            ..config(PolicyKind::None)
+        },
+    );
+    let side = dev.create_stream_for_test();
+    let kept = pool.allocate(3000, StreamId::DEFAULT).unwrap();
+    let waiting = pool.allocate(5000, StreamId::DEFAULT).unwrap();
+    pool.record_stream(waiting.ptr, side).unwrap();
+    dev.enqueue_work(side).unwrap();
+    pool.free(waiting.ptr).unwrap();
+
+    let snapshot = pool.snapshot();
+    let state_of = |ptr: u64| {
+        snapshot
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .find(|b| b.address == ptr)
+            .map(|b| (b.state, b.requested_size))
+    };
+    assert_eq!(
+        state_of(kept.ptr),
+        Some((BlockState::ActiveAllocated, 3000))
+    );
+    assert_eq!(
+        state_of(waiting.ptr),
+        Some((BlockState::ActivePendingFree, 5000))
+    );
+    let trace = &snapshot.device_traces[0];
+    assert_eq!(
+        trace.len(),
+        5,
+        "two segment_alloc, two alloc, one free_requested"
+    );
+
+    let mut pickle = Vec::new();
+    snapshot.write_pickle(&mut pickle).unwrap();
+    let back = Snapshot::read(pickle.as_slice()).unwrap();
+    assert_eq!(back.segments, snapshot.segments);
+    assert_eq!(back.device_traces, snapshot.device_traces);
 }
