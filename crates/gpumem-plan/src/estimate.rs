@@ -2,7 +2,7 @@
 //! step (forward, backward, optimizer step; or prefill and decode), reporting the peak and its phase.
 
 use crate::error::{PlanError, Result};
-use crate::graph::{build_units, Unit};
+use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
 use crate::workload::{BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload};
 use serde::Serialize;
@@ -392,12 +392,19 @@ fn simulate_training(units: &[Unit], states: &States, workload: &Workload, in_fl
     let mut gradients = gradients_in_forward;
     for (unit, (keep, recompute)) in units.iter().zip(&kept).rev() {
         let new_gradients = unit.params as f64 * states.grad_per_param;
-        let (grown, transient_gradients) = if accumulating { (0.0, new_gradients) } else { (new_gradients, 0.0) };
-        let live = base(gradients + grown, saved + held, recompute + unit.backward_transient + transient_gradients);
-        if live.allocated() > backward.allocated() {
-            backward = live;
-        }
+        // Accumulating into existing gradients: the new one and the sum exist briefly.
+        let (grown, transient_gradients) =
+            if accumulating { (0.0, ACCUMULATION_COPIES * new_gradients) } else { (new_gradients, 0.0) };
+        // Two moments: the unit's backward starts (all its saved tensors, no gradients yet) and
+        // its parameter gradients appear (its saved tensors released).
+        let starting = base(gradients, saved + held, recompute + unit.backward_transient);
         saved -= keep * in_flight;
+        let finishing = base(gradients + grown, saved + held, unit.gradient_transient + transient_gradients);
+        for live in [starting, finishing] {
+            if live.allocated() > backward.allocated() {
+                backward = live;
+            }
+        }
         gradients += grown;
     }
     let step = base(all_gradients, 0.0, states.step_temporaries);

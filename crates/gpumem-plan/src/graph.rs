@@ -21,8 +21,12 @@ pub struct Unit {
     pub held: f64,
     /// Short-lived bytes at the unit's forward peak, on top of what it saves.
     pub forward_transient: f64,
-    /// Short-lived bytes at the unit's backward peak (gradients of its activations).
+    /// Short-lived bytes at the start of the unit's backward, before its parameter gradients
+    /// exist (gradients of its activations, e.g. of the loss over the vocabulary).
     pub backward_transient: f64,
+    /// Short-lived bytes while the unit's parameter gradients are produced (its own saved tensors
+    /// are released by then).
+    pub gradient_transient: f64,
     /// Peak bytes alive inside the unit in a no-grad forward (besides weights and KV cache).
     pub inference_live: f64,
     /// KV-cache bytes the unit keeps in a no-grad forward.
@@ -30,6 +34,10 @@ pub struct Unit {
     /// Parameters of the unit (their gradients appear when its backward runs).
     pub params: u64,
 }
+
+/// Gradient-sized tensors alive while a new gradient is added to an existing one (the new
+/// gradient and the out-of-place sum), as measured for tied embeddings.
+pub const ACCUMULATION_COPIES: f64 = 2.0;
 
 /// Bytes per element for the tensors of a workload.
 #[derive(Debug, Clone, Copy)]
@@ -188,12 +196,20 @@ impl<'a> TransformerGraph<'a> {
         if self.dropout_active(spec.embedding_dropout) {
             saved += tokens * h;
         }
+        // A tied word embedding already holds the LM head's gradient: the embedding backward adds a
+        // new V×h gradient and accumulating it allocates the sum.
+        let tied_accumulation = if spec.tied_embeddings && spec.head != Head::None {
+            ACCUMULATION_COPIES * (spec.vocab * spec.hidden) as f64 / self.split.tp * self.workload.dtype.bytes() as f64
+        } else {
+            0.0
+        };
         Unit {
             name: "embeddings",
             saved: saved / self.split.sequence,
             held,
             forward_transient: 2.0 * tokens * self.bytes.residual * h,
             backward_transient: tokens * self.bytes.residual * h,
+            gradient_transient: tied_accumulation + tokens * self.bytes.residual * h,
             inference_live: 2.0 * tokens * self.bytes.residual * h,
             params: spec.params_of_embeddings(),
             ..Unit::default()
@@ -296,6 +312,15 @@ impl<'a> TransformerGraph<'a> {
         self.bytes.linear_input(h, consumers) + routed * per_expert + routing
     }
 
+    /// Intermediates of width f alive at once in a no-grad MLP forward.
+    fn mlp_live_intermediates(&self) -> f64 {
+        match (self.spec.gated_mlp, self.spec.activation) {
+            (true, _) => 3.0,                           // activation(gate), up, product
+            (false, Activation::GeluTanhPython) => 4.0, // x, 0.5·x, two chained temporaries
+            (false, _) => 2.0,                          // projection and activation
+        }
+    }
+
     fn block(&self, shape: AttentionShape, cross: Option<AttentionShape>) -> Unit {
         let spec = self.spec;
         let (act, h) = (self.bytes.act, spec.hidden as f64);
@@ -331,7 +356,7 @@ impl<'a> TransformerGraph<'a> {
             + tally.core
             + autocast_weights;
         let f = spec.intermediate as f64 * spec.experts_per_token as f64 / self.split.tp;
-        let mlp_live = tokens * (2.0 * self.bytes.residual * h + act * f * if spec.gated_mlp { 3.0 } else { 2.0 });
+        let mlp_live = tokens * (2.0 * self.bytes.residual * h + act * f * self.mlp_live_intermediates());
         let attention_live = tokens * (2.0 * self.bytes.residual * h + act * 3.0 * spec.query_width() as f64 / self.split.tp);
         let kv_cache = if spec.is_causal_lm() && !self.training {
             act * 2.0 * spec.kv_width() as f64 / self.split.tp * tokens
@@ -339,6 +364,7 @@ impl<'a> TransformerGraph<'a> {
             0.0
         };
         let largest_intermediate = (tally.core / 2.0).max(tokens * act * f);
+        let residual_gradient = 2.0 * tokens * self.bytes.residual * h;
         Unit {
             name: "block",
             saved,
@@ -346,7 +372,9 @@ impl<'a> TransformerGraph<'a> {
             checkpoint: Some(tokens * self.bytes.residual * h / self.split.sequence),
             held: 0.0,
             forward_transient: transient + tokens * act * f,
-            backward_transient: 2.0 * largest_intermediate + 2.0 * tokens * self.bytes.residual * h,
+            // Saved tensors are released as their node runs: one intermediate's gradient at a time.
+            backward_transient: largest_intermediate + residual_gradient,
+            gradient_transient: residual_gradient,
             inference_live: attention_live.max(mlp_live) + inference,
             kv_cache,
             params: spec.block_params(cross.is_some()),
@@ -374,17 +402,24 @@ impl<'a> TransformerGraph<'a> {
                 let rescale = if spec.head == Head::Seq2SeqLm && spec.tied_embeddings { self.bytes.residual * h } else { 0.0 };
                 let logits_tokens = if self.workload.mode == Mode::Generate { self.batch } else { tokens };
                 let logits = logits_tokens * vocab * act;
-                let fp32_copy = if act == 4.0 { 0.0 } else { logits_tokens * vocab * 4.0 };
+                // Causal LMs upcast logits before the loss; autocast runs cross-entropy in fp32;
+                // masked-LM and T5 heads take the loss in the activation dtype.
+                let upcast = spec.head == Head::CausalLm || self.workload.amp.is_some();
+                let loss_bytes = if upcast { 4.0 } else { act };
+                let fp32_copy = if loss_bytes == act { 0.0 } else { logits_tokens * vocab * 4.0 };
                 let saved_per_token = final_norm + transform + rescale + self.bytes.linear_input(h, 1.0);
                 if self.training {
-                    let log_probs = tokens * vocab * 4.0;
+                    let log_probs = tokens * vocab * loss_bytes;
                     Unit {
                         name: "head",
                         saved: tokens * saved_per_token + log_probs + autocast_weight(lm_weights),
-                        held: logits,
-                        forward_transient: fp32_copy,
-                        // nll grad and log_softmax grad (fp32), then the cast back to the logits dtype.
-                        backward_transient: 2.0 * tokens * vocab * 4.0 + if act == 4.0 { 0.0 } else { logits },
+                        // Only the loss leaves the model (as in the HF Trainer): logits and their fp32
+                        // copy live until log_softmax has run.
+                        forward_transient: logits + fp32_copy,
+                        // Gradients of nll_loss and of log_softmax, with log_softmax's output still saved.
+                        backward_transient: 2.0 * tokens * vocab * loss_bytes,
+                        // The logits' gradient (cast back to the logits dtype) feeds the LM head.
+                        gradient_transient: logits,
                         params,
                         ..Unit::default()
                     }
@@ -408,6 +443,7 @@ impl<'a> TransformerGraph<'a> {
                     saved: if self.training { saved } else { 0.0 },
                     inference_live: tokens * self.bytes.residual * h + pooled,
                     backward_transient: tokens * self.bytes.residual * h,
+                    gradient_transient: tokens * self.bytes.residual * h,
                     params,
                     ..Unit::default()
                 }
@@ -438,6 +474,7 @@ fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit>
         held: pixels * input_bytes,
         forward_transient: 0.0,
         backward_transient: 2.0 * stem_out * act,
+        gradient_transient: 2.0 * stem_out * act,
         inference_live: (2.0 * stem_out + pooled) * act,
         params: stem.params(),
         ..Unit::default()
@@ -466,6 +503,7 @@ fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit>
             checkpoint: Some(input * act),
             forward_transient: largest * act,
             backward_transient: 3.0 * largest * act,
+            gradient_transient: 2.0 * largest * act,
             inference_live: (input + 2.0 * largest) * act,
             params,
             ..Unit::default()
@@ -479,6 +517,7 @@ fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit>
         saved: if training { features * act + logits * 4.0 } else { 0.0 },
         held: logits * act,
         backward_transient: 2.0 * logits * 4.0 + features * act,
+        gradient_transient: logits * 4.0 + features * act,
         inference_live: features * act + logits * act,
         params: spec.features() * spec.num_classes + spec.num_classes,
         ..Unit::default()

@@ -351,7 +351,9 @@ impl Fields<'_> {
             }
             _ => unreachable!("model types are filtered by spec_from_json"),
         }
-        if spec.head == Head::CausalLm && self.architecture_name().ends_with("Model") {
+        let arch = self.architecture_name();
+        let base_model = arch.ends_with("Model") && !arch.contains("For") && !arch.contains("LMHead");
+        if spec.head == Head::CausalLm && base_model {
             spec.head = Head::None;
         }
         Ok(spec)

@@ -11,7 +11,7 @@ pub mod error;
 pub mod estimate;
 pub mod fit;
 pub mod gpu;
-mod graph;
+pub mod graph;
 pub mod hf;
 pub mod model;
 pub mod names;

@@ -3,7 +3,7 @@
 
 use crate::error::Result;
 use crate::workload::choices::{self, parse};
-use crate::workload::{Attention, BaseQuant, Checkpointing, Layout, Lora, Mode, OptimizerImpl, Sharding, Target, Workload};
+use crate::workload::{Attention, BaseQuant, Checkpointing, Layout, Lora, OptimizerImpl, Sharding, Target, Workload};
 use serde::Deserialize;
 
 /// Settings as strings and numbers, exactly as typed on the command line or stored in
