@@ -37,11 +37,12 @@ impl ExpandableSegment {
         self.base + i * self.chunk
     }
 
-    /// Index of the chunk containing `addr` (rounded down) and of the first chunk at or after it.
+    /// Index of the chunk containing `addr`.
     fn chunk_floor(&self, addr: DevicePtr) -> u64 {
         (addr - self.base) / self.chunk
     }
 
+    /// Index of the first chunk starting at or after `addr`.
     fn chunk_ceil(&self, addr: DevicePtr) -> u64 {
         (addr - self.base).div_ceil(self.chunk)
     }
@@ -155,6 +156,7 @@ impl TorchPolicy {
         Ok(idx)
     }
 
+    /// The expandable segment block `idx` lies in.
     fn segment_of(&mut self, idx: usize) -> &mut ExpandableSegment {
         self.segments[self.blocks[idx].expandable]
             .as_mut()

@@ -52,6 +52,7 @@ impl TorchPolicy {
         }
     }
 
+    /// The block pool of `kind`.
     fn pool(&self, kind: PoolKind) -> &BlockPool {
         match kind {
             PoolKind::Small => &self.small,
@@ -59,6 +60,7 @@ impl TorchPolicy {
         }
     }
 
+    /// The block pool of `kind`, to change.
     fn pool_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
         match kind {
             PoolKind::Small => &mut self.small,
@@ -76,6 +78,7 @@ impl TorchPolicy {
         self.pool_mut(kind).free.insert(key);
     }
 
+    /// Takes block `idx` out of its pool's free set (before its key changes).
     fn remove_free(&mut self, idx: usize) {
         let n = self.blocks[idx];
         self.pool_mut(n.pool)
@@ -83,6 +86,7 @@ impl TorchPolicy {
             .remove(&(n.stream, n.size, n.addr, idx));
     }
 
+    /// Records block `idx` as an unmapped range of its pool.
     fn insert_unmapped(&mut self, idx: usize) {
         let n = self.blocks[idx];
         self.pool_mut(n.pool)
@@ -90,6 +94,7 @@ impl TorchPolicy {
             .insert((n.stream, n.addr, idx));
     }
 
+    /// Takes block `idx` out of its pool's unmapped set.
     fn remove_unmapped(&mut self, idx: usize) {
         let n = self.blocks[idx];
         self.pool_mut(n.pool)
@@ -173,7 +178,6 @@ impl TorchPolicy {
         let counts_inactive_split = !found.is_expandable();
         let handed_out = if self.should_split(idx, size) {
             let front = self.blocks.insert(Node {
-                size,
                 expandable: found.expandable,
                 ..Node::new(found.addr, size, found.stream, found.pool)
             });
