@@ -30,7 +30,9 @@ fn expandable(device: &Arc<SimDevice>, conf: &str, hard_limit: Option<u64>) -> P
 }
 
 /// (address, size, [(block size, in use)]) per contiguous mapped range, in address order.
-fn layout(pool: &Pool) -> Vec<(u64, u64, Vec<(u64, bool)>)> {
+type Layout = Vec<(u64, u64, Vec<(u64, bool)>)>;
+
+fn layout(pool: &Pool) -> Layout {
     pool.segments()
         .iter()
         .map(|s| {
