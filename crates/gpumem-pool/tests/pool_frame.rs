@@ -272,3 +272,41 @@ fn snapshot_holds_segments_block_states_and_history() {
     assert_eq!(back.segments, snapshot.segments);
     assert_eq!(back.device_traces, snapshot.device_traces);
 }
+
+#[test]
+fn soft_limit_releases_cache_at_synchronisation_only() {
+    for policy in [
+        PolicyKind::Torch,
+        PolicyKind::Expandable,
+        PolicyKind::Gpumem,
+    ] {
+        let dev = sim(512 * MIB);
+        let pool = pool_on(
+            &dev,
+            PoolConfig {
+                soft_limit: Some(Limit::Bytes(64 * MIB)),
+                ..config(policy)
+            },
+        );
+        let blocks: Vec<_> = (0..4)
+            .map(|_| pool.allocate(40 * MIB, StreamId::DEFAULT).unwrap())
+            .collect();
+        assert!(
+            pool.stats().reserved_bytes.all.current >= 160 * MIB,
+            "{policy}"
+        );
+        for b in &blocks {
+            pool.free(b.ptr).unwrap();
+        }
+        assert!(
+            pool.stats().reserved_bytes.all.current >= 160 * MIB,
+            "{policy}: the cache is kept until a synchronisation point"
+        );
+        pool.synchronize().unwrap();
+        let reserved = pool.stats().reserved_bytes.all.current;
+        assert!(
+            reserved <= 64 * MIB,
+            "{policy}: {reserved} bytes still reserved above the soft limit"
+        );
+    }
+}
