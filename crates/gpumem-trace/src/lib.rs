@@ -9,6 +9,8 @@
 //! [`ReadError`] that names the position (line, event index or byte offset) and what was
 //! expected there.
 
+#![warn(missing_docs)]
+
 mod error;
 pub mod formats;
 pub mod snapshot;
