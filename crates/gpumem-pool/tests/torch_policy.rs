@@ -275,3 +275,69 @@ fn history_records_segment_alloc_and_free() {
         ]
     );
 }
+
+#[test]
+fn device_oom_frees_one_large_enough_oversize_block_before_the_full_reclaim() {
+    // PyTorch's release_available_cached_blocks, run when max_split_size is set.
+    let dev = sim(1024 * MIB);
+    let pool = torch_pool(&dev, "max_split_size_mb:128", None);
+    let cached = pool.allocate(600 * MIB, S0).unwrap();
+    pool.free(cached.ptr).unwrap();
+    // 600 MiB is more than 20 MiB above 500 MiB, so the block is not used; the device has
+    // 424 MiB free, so the cached block is freed and the device asked again.
+    pool.allocate(500 * MIB, S0).unwrap();
+    let s = pool.stats();
+    assert_eq!(s.num_device_free, 1);
+    assert_eq!(s.num_alloc_retries, 0, "no full reclaim was needed");
+    assert_eq!(s.oversize_segments.current, 1);
+    assert_eq!(s.reserved_bytes.all.current, 500 * MIB);
+}
+
+#[test]
+fn device_oom_frees_oversize_blocks_largest_first_until_they_add_up() {
+    let dev = sim(1024 * MIB);
+    let pool = torch_pool(&dev, "max_split_size_mb:128", None);
+    let _live = pool.allocate(400 * MIB, S0).unwrap();
+    let a = pool.allocate(200 * MIB, S0).unwrap();
+    let b = pool.allocate(210 * MIB, S0).unwrap();
+    let small = pool.allocate(150 * MIB, S0).unwrap();
+    for p in [a.ptr, b.ptr, small.ptr] {
+        pool.free(p).unwrap();
+    }
+    // 350 MiB: no single cached block is large enough; 210 + 200 MiB are.
+    pool.allocate(350 * MIB, S0).unwrap();
+    let s = pool.stats();
+    assert_eq!(s.num_device_free, 2);
+    assert_eq!(s.num_alloc_retries, 0);
+    assert_eq!(
+        s.reserved_bytes.all.current,
+        (400 + 150 + 350) * MIB,
+        "the 150 MiB block was not needed"
+    );
+}
+
+#[test]
+fn the_soft_limit_releases_the_largest_cached_segments_first() {
+    let dev = sim(1024 * MIB);
+    let pool = Pool::new(
+        dev.clone(),
+        PoolConfig {
+            policy: PolicyKind::Torch,
+            soft_limit: Some(Limit::Bytes(50 * MIB)),
+            ..PoolConfig::default()
+        },
+    )
+    .unwrap();
+    let a = pool.allocate(40 * MIB, S0).unwrap();
+    let b = pool.allocate(30 * MIB, S0).unwrap();
+    let live = pool.allocate(12 * MIB, S0).unwrap();
+    pool.free(a.ptr).unwrap();
+    pool.free(b.ptr).unwrap();
+    pool.synchronize().unwrap();
+    // 82 MiB reserved, 32 MiB above the limit: the 40 MiB segment suffices.
+    let s = pool.stats();
+    assert_eq!(s.reserved_bytes.all.current, 42 * MIB);
+    assert_eq!(s.num_device_free, 1);
+    assert_eq!(pool.allocate(30 * MIB, S0).unwrap().ptr, b.ptr);
+    pool.free(live.ptr).unwrap();
+}
