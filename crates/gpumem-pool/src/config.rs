@@ -148,12 +148,25 @@ impl PoolConfig {
         Ok(config)
     }
 
-    /// Checks that the settings make sense together (the soft limit below the hard limit when
-    /// both are absolute).
+    /// Checks what can be checked without knowing the device: a soft limit above a hard limit
+    /// of the same kind (both absolute, or both percentages).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if let (Some(Limit::Bytes(soft)), Some(Limit::Bytes(hard))) =
-            (self.soft_limit, self.hard_limit)
-        {
+        match (self.soft_limit, self.hard_limit) {
+            (Some(Limit::Bytes(_)), Some(Limit::Bytes(_)))
+            | (Some(Limit::Fraction(_)), Some(Limit::Fraction(_))) => {
+                // The device size does not change the comparison of limits of one kind.
+                self.resolve_limits(1 << 40).map(|_| ())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The soft and hard limits in bytes on a device of `total` bytes; an error if the soft
+    /// limit is above the hard one.
+    pub fn resolve_limits(&self, total: u64) -> Result<(Option<u64>, Option<u64>), ConfigError> {
+        let soft = self.soft_limit.map(|l| l.resolve(total));
+        let hard = self.hard_limit.map(|l| l.resolve(total));
+        if let (Some(soft), Some(hard)) = (soft, hard) {
             if soft > hard {
                 return Err(ConfigError {
                     source_name: "GPUMEM_SOFT_LIMIT".into(),
@@ -163,7 +176,7 @@ impl PoolConfig {
                 });
             }
         }
-        Ok(())
+        Ok((soft, hard))
     }
 }
 

@@ -84,21 +84,8 @@ struct PendingFree {
 impl Pool {
     /// A pool over `device` configured by `config`.
     pub fn new(device: Arc<dyn Device>, config: PoolConfig) -> Result<Pool, PoolError> {
-        config.validate()?;
         let total = device.mem_info()?.total;
-        let soft_limit = config.soft_limit.map(|l| l.resolve(total));
-        let hard_limit = config.hard_limit.map(|l| l.resolve(total));
-        if let (Some(soft), Some(hard)) = (soft_limit, hard_limit) {
-            if soft > hard {
-                return Err(ConfigError {
-                    source_name: "soft limit".into(),
-                    value: soft.to_string(),
-                    problem: format!("above the hard limit of {hard} bytes on this device"),
-                    accepted: "a soft limit no larger than the hard limit".into(),
-                }
-                .into());
-            }
-        }
+        let (soft_limit, hard_limit) = config.resolve_limits(total)?;
         let mut stats = MemoryStats {
             max_split_size: config.torch.max_split_size,
             ..MemoryStats::default()
