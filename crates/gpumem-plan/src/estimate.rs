@@ -286,7 +286,10 @@ fn model_states(model: &ModelSpec, workload: &Workload, counts: &ParamCounts, un
     let step_temporaries = match (workload.optimizer, workload.optimizer_impl) {
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Foreach) => trainable_local * state_bytes,
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::ForLoop) => 2.0 * largest_trainable * state_bytes,
-        (Optimizer::Adafactor, _) => 2.0 * largest_trainable * 4.0,
+        // torch.optim.Adafactor builds the full variance estimate row_var @ col_var: for all
+        // parameters at once (foreach) or one parameter at a time.
+        (Optimizer::Adafactor, OptimizerImpl::Foreach) => trainable_local * 4.0,
+        (Optimizer::Adafactor, _) => largest_trainable * 4.0,
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Fused) | (Optimizer::Sgd | Optimizer::Adam8bit, _) => 0.0,
     };
     let grad_bytes = weight_bytes;

@@ -268,9 +268,9 @@ impl<'a> TransformerGraph<'a> {
         let mut inference = 0.0;
         if materialised {
             core += scores * self.score_saved_bytes();
-            // Raw and masked scores exist briefly before the softmax; a causal mask (b × q × k in
-            // the activation dtype) lives through the whole forward.
-            transient += 2.0 * act * scores;
+            // The raw scores exist next to their scaled/masked copy before the softmax; a causal
+            // mask (b × q × k in the activation dtype) lives through the whole forward.
+            transient += act * scores;
             if shape.causal {
                 transient += act * self.batch * shape.queries * shape.keys;
             }
@@ -356,8 +356,11 @@ impl<'a> TransformerGraph<'a> {
             + tally.core
             + autocast_weights;
         let f = spec.intermediate as f64 * spec.experts_per_token as f64 / self.split.tp;
-        let mlp_live = tokens * (2.0 * self.bytes.residual * h + act * f * self.mlp_live_intermediates());
-        let attention_live = tokens * (2.0 * self.bytes.residual * h + act * 3.0 * spec.query_width() as f64 / self.split.tp);
+        // No-grad forward: the caller's block input, the residual sum, the norm output and the
+        // sublayer output are all referenced while the sublayer runs.
+        let residuals = 4.0 * self.bytes.residual * h;
+        let mlp_live = tokens * (residuals + act * f * self.mlp_live_intermediates());
+        let attention_live = tokens * (residuals + act * 3.0 * spec.query_width() as f64 / self.split.tp);
         let kv_cache = if spec.is_causal_lm() && !self.training {
             act * 2.0 * spec.kv_width() as f64 / self.split.tp * tokens
         } else {
@@ -484,18 +487,27 @@ fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit>
         let mut saved = 0.0;
         let mut largest: f64 = 0.0;
         let mut conv_side = side;
+        let mut outputs = Vec::new();
         // Each convolution's output is saved by its BatchNorm, and the BN/ReLU output by the next op.
         for conv in &block.convs {
             conv_side = conv.output_side(conv_side);
             let out = b * (conv.outputs * conv_side * conv_side) as f64;
             saved += 2.0 * out * act;
             largest = largest.max(out);
+            outputs.push(out);
         }
-        if let Some(down) = block.downsample {
+        let shortcut = block.downsample.map_or(0.0, |down| {
             let out_side = down.output_side(side);
-            saved += b * (down.outputs * out_side * out_side) as f64 * act;
-        }
+            b * (down.outputs * out_side * out_side) as f64
+        });
+        saved += shortcut * act;
         let input = b * (block.convs[0].inputs * side * side) as f64;
+        // No-grad: input (kept for the shortcut), the previous ReLU output, the last conv and BN
+        // outputs (BN is not in place), and the downsampled shortcut.
+        let (last, middle) = match outputs.as_slice() {
+            [.., middle, last] => (*last, *middle),
+            _ => (largest, 0.0),
+        };
         let params = block.convs.iter().chain(block.downsample.iter()).map(ConvShape::params).sum();
         units.push(Unit {
             name: "block",
@@ -504,7 +516,7 @@ fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit>
             forward_transient: largest * act,
             backward_transient: 3.0 * largest * act,
             gradient_transient: 2.0 * largest * act,
-            inference_live: (input + 2.0 * largest) * act,
+            inference_live: (input + middle + 2.0 * last + shortcut) * act,
             params,
             ..Unit::default()
         });
