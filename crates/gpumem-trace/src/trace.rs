@@ -229,6 +229,12 @@ impl LiveBlocks {
     }
 }
 
+/// The sum of byte counts, saturating at `u64::MAX` (inputs may be absurd; sums must not
+/// overflow).
+pub(crate) fn saturating_sum(values: impl IntoIterator<Item = u64>) -> u64 {
+    values.into_iter().fold(0, u64::saturating_add)
+}
+
 /// A fast hasher for block addresses (trusted-size keys; HashDoS is not a concern for a
 /// trace we replay ourselves, speed on 10⁶-event traces is).
 #[derive(Default)]

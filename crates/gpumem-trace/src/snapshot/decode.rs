@@ -9,6 +9,7 @@ use std::fmt;
 use super::unpickle::Value;
 use super::{Action, Block, BlockState, Segment, SegmentType, SettingValue, Snapshot, TraceEntry};
 use crate::error::ReadError;
+use crate::trace::saturating_sum;
 
 /// How deep and how large an `allocator_settings` value may be (PyTorch's is two levels
 /// and a dozen entries); bounds the walk on cyclic or exponentially shared input.
@@ -185,10 +186,7 @@ fn segment(value: &Value, path: &Path<'_>) -> Result<Segment, ReadError> {
         Ok(block)
     })?;
     let sum = |keep: fn(&Block) -> bool, size: fn(&Block) -> u64| {
-        blocks
-            .iter()
-            .filter(|block| keep(block))
-            .fold(0u64, |total, block| total.saturating_add(size(block)))
+        saturating_sum(blocks.iter().filter(|block| keep(block)).map(size))
     };
     let pool_id = fields.optional("segment_pool_id", |value, path| {
         let items = list(value, path)?;

@@ -22,7 +22,7 @@ use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 
 use crate::error::ReadError;
-use crate::trace::{Event, LiveBlocks, Trace, TraceMeta};
+use crate::trace::{saturating_sum, Event, LiveBlocks, Trace, TraceMeta};
 
 /// A memory snapshot: segments with their blocks, per-device event traces, allocator settings.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -302,11 +302,13 @@ impl Snapshot {
     /// The block trace of one device: `alloc` → [`Event::Alloc`], `free_completed` (or a bare
     /// `free`) → [`Event::Free`]; other actions are ignored.
     ///
-    /// `device` defaults to the first device with a non-empty trace. A free of an address
-    /// the trace never allocated is memory allocated before recording began: its alloc is
-    /// synthesised at the start (with the free's size), so live bytes are right; the number
-    /// and bytes of those are in `meta.extra` (`synthesized_allocs`, `synthesized_alloc_bytes`),
-    /// with the device, its segment count and reserved bytes.
+    /// `device` defaults to the first device with a non-empty trace. Memory allocated before
+    /// recording began gets its alloc synthesised at the start, so that live bytes are right
+    /// throughout: for a free of an address the trace never allocated (size from the free),
+    /// and for a block still allocated in `segments` that the trace never mentions (its
+    /// requested size; memory_viz shows both as "initially allocated"). `meta.extra` holds
+    /// their number and bytes (`synthesized_allocs`, `synthesized_alloc_bytes`, of which
+    /// `synthesized_from_segments`), the device, its segment count and reserved bytes.
     pub fn to_trace(&self, device: Option<usize>) -> Result<Trace, ReadError> {
         let device = match device {
             Some(requested) if requested >= self.device_traces.len() => {
@@ -357,21 +359,34 @@ impl Snapshot {
             }
         }
 
-        let device_segments = self
+        let device_segments: Vec<&Segment> = self
             .segments
             .iter()
-            .filter(|segment| segment.device == device as u64);
+            .filter(|segment| segment.device == device as u64)
+            .collect();
+        let synthesized_from_frees = synthesized.len();
+        for segment in &device_segments {
+            for block in &segment.blocks {
+                if block.state != BlockState::Inactive && seen.insert(block.address) {
+                    synthesized.push(Event::Alloc {
+                        addr: block.address,
+                        size: block.requested_size,
+                        stream: segment.stream,
+                    });
+                }
+            }
+        }
+
+        let synthesized_bytes = saturating_sum(synthesized.iter().map(|event| match event {
+            Event::Alloc { size, .. } => *size,
+            _ => 0,
+        }));
         let extra = BTreeMap::from([
             ("device".to_owned(), device.to_string()),
-            (
-                "segments".to_owned(),
-                device_segments.clone().count().to_string(),
-            ),
+            ("segments".to_owned(), device_segments.len().to_string()),
             (
                 "reserved_bytes".to_owned(),
-                device_segments
-                    .map(|segment| segment.total_size)
-                    .sum::<u64>()
+                saturating_sum(device_segments.iter().map(|segment| segment.total_size))
                     .to_string(),
             ),
             (
@@ -380,14 +395,11 @@ impl Snapshot {
             ),
             (
                 "synthesized_alloc_bytes".to_owned(),
-                synthesized
-                    .iter()
-                    .map(|event| match event {
-                        Event::Alloc { size, .. } => *size,
-                        _ => 0,
-                    })
-                    .sum::<u64>()
-                    .to_string(),
+                synthesized_bytes.to_string(),
+            ),
+            (
+                "synthesized_from_segments".to_owned(),
+                (synthesized.len() - synthesized_from_frees).to_string(),
             ),
         ]);
         synthesized.append(&mut events);
