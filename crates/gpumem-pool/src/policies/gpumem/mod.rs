@@ -1,0 +1,661 @@
+//! `GPUMEM_POOL=gpumem` (the default): gpumem's own placement policy.
+//!
+//! Each (stream, small/large) pair gets an *arena*: one large virtual-address reservation per
+//! arena, tiled by a TLSF index ([`tlsf`]) that finds a good-fitting free range in O(1) and
+//! merges neighbours on free in O(1), with physical memory mapped in granularity pages
+//! ([`pages`]) only under the bytes that blocks actually touch. Because an arena is one
+//! contiguous range, free neighbours always merge (PyTorch never merges across segments), and
+//! reserved memory is the set of pages blocks have touched rather than whole 2 or 20 MiB
+//! segments. Requests are rounded to 512 bytes only.
+//!
+//! - Steady state: freed ranges stay mapped, so a repeated training step is served with no
+//!   device call at all.
+//! - Pressure (device out of memory or the hard limit): an allocation that needs a fresh page
+//!   first *moves* an idle page of the same pool (any stream) under itself — unmap there, map
+//!   here, no new memory — stitching scattered free memory into one contiguous block as GMLake
+//!   does; then frees idle pages of the other pool and retries.
+//! - Small requests (≤ 1 MiB) live in their own arenas, so long-lived small tensors never sit
+//!   between large ones.
+//! - Streams: a freed range is reused only by its own stream (cross-stream frees are delayed
+//!   by the pool until their events). Memory moves between streams only as whole idle pages.
+//! - Without VMM the same index runs over `cudaMalloc` segments sized like PyTorch's (2 MiB
+//!   small, 20 MiB for 1–10 MiB requests, else the request rounded to 2 MiB); fully free
+//!   segments are given back on reclaim.
+
+mod pages;
+mod tlsf;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use gpumem_device::{DeviceError, DevicePtr, StreamId};
+
+use self::pages::{Chunk, PageMap, MAX_CHUNK_PAGES};
+use self::tlsf::{NodeId, Tlsf};
+use crate::policy::{
+    AllocRequest, Block, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView, Upstream,
+    UpstreamError,
+};
+use crate::stats::PoolKind;
+
+/// Every block is a multiple of this (cudaMalloc's own alignment): the only rounding.
+const ROUNDING: u64 = 512;
+/// Bytes of address space each arena reserves per byte of device memory.
+const VA_PER_DEVICE_BYTE: u64 = 4;
+/// Without VMM: the segment for small requests.
+const SMALL_SEGMENT: u64 = 2 << 20;
+/// Without VMM: the segment for requests of 1–10 MiB.
+const MID_SEGMENT: u64 = 20 << 20;
+/// Without VMM: requests from this size get a segment of their own size rounded to
+/// [`SEGMENT_ROUNDING`].
+const LARGE_REQUEST: u64 = 10 << 20;
+/// Without VMM: the rounding of segments for large requests.
+const SEGMENT_ROUNDING: u64 = 2 << 20;
+
+/// gpumem's policy: TLSF over per-stream address reservations with pages mapped on demand.
+#[derive(Debug, Default)]
+pub struct GpumemPolicy {
+    arenas: Vec<Arena>,
+}
+
+impl GpumemPolicy {
+    /// A policy holding no memory yet.
+    pub fn new() -> Self {
+        GpumemPolicy::default()
+    }
+}
+
+/// The blocks of one stream and one pool kind.
+#[derive(Debug)]
+struct Arena {
+    stream: StreamId,
+    pool: PoolKind,
+    index: Tlsf,
+    /// Handed-out blocks: address → node.
+    live: HashMap<DevicePtr, NodeId, BuildHasherDefault<AddressHasher>>,
+    backing: Backing,
+}
+
+/// Where an arena's memory comes from.
+#[derive(Debug)]
+enum Backing {
+    /// One address reservation, pages mapped on demand.
+    Paged {
+        reservation: DevicePtr,
+        len: u64,
+        /// The index node that starts the reservation (stable for its life).
+        first: NodeId,
+        pages: PageMap,
+    },
+    /// `cudaMalloc` segments, when the device has no VMM.
+    Segments(Vec<Segment>),
+}
+
+/// A device allocation backing part of an arena without VMM.
+#[derive(Debug)]
+struct Segment {
+    ptr: DevicePtr,
+    size: u64,
+    /// The index node that starts the segment (stable for its life).
+    first: NodeId,
+}
+
+/// A hasher for device addresses, which are distinct multiples of 512: one multiplication
+/// spreads them, where SipHash would cost more than the rest of a free.
+#[derive(Default, Clone, Copy)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0 ^ u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n >> 9 ^ n.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Whether an upstream error means "no memory now" (worth freeing idle memory and retrying)
+/// rather than a device fault.
+fn is_pressure(cause: &UpstreamError) -> bool {
+    matches!(
+        cause,
+        UpstreamError::OverLimit { .. } | UpstreamError::Device(DeviceError::OutOfMemory { .. })
+    )
+}
+
+/// Bytes the device and the hard limit would still grant.
+fn headroom(up: &Upstream<'_>) -> u64 {
+    let device_free = up.device().mem_info().map_or(0, |info| info.free);
+    let under_limit = up
+        .hard_limit()
+        .map_or(u64::MAX, |limit| limit.saturating_sub(up.reserved()));
+    device_free.min(under_limit)
+}
+
+/// The failure for a request no arena could ever hold.
+fn too_large(requested: u64, up: &Upstream<'_>) -> Exhausted {
+    let info = up.device().mem_info().unwrap_or_default();
+    Exhausted {
+        attempted: requested,
+        cause: UpstreamError::Device(DeviceError::OutOfMemory {
+            requested,
+            free: info.free,
+            total: info.total,
+        }),
+    }
+}
+
+/// The segment that serves a `size`-byte request of `pool` when no segment has room.
+fn segment_size(pool: PoolKind, size: u64) -> Option<u64> {
+    match pool {
+        PoolKind::Small => Some(SMALL_SEGMENT),
+        PoolKind::Large if size < LARGE_REQUEST => Some(MID_SEGMENT),
+        PoolKind::Large => size.checked_next_multiple_of(SEGMENT_ROUNDING),
+    }
+}
+
+impl Arena {
+    /// A new arena: an address reservation when the device has VMM, else segments on demand.
+    fn new(stream: StreamId, pool: PoolKind, up: &mut Upstream<'_>) -> Result<Arena, Exhausted> {
+        let mut index = Tlsf::default();
+        let backing = match up.granularity() {
+            Some(page) => {
+                // Address space is cheap: four times the device, so that however the
+                // ranges fragment, physical memory runs out before addresses do.
+                let total = up.device().mem_info().map_err(|e| Exhausted {
+                    attempted: 0,
+                    cause: e.into(),
+                })?;
+                let len = total
+                    .total
+                    .saturating_mul(VA_PER_DEVICE_BYTE)
+                    .next_multiple_of(page);
+                let reservation = up.reserve_address(len).map_err(|cause| Exhausted {
+                    attempted: len,
+                    cause,
+                })?;
+                let Some(first) = index.add_span(reservation, len) else {
+                    let _ = up.release_address(reservation, len);
+                    return Err(too_large(len, up));
+                };
+                Backing::Paged {
+                    reservation,
+                    len,
+                    first,
+                    pages: PageMap::new(reservation, page),
+                }
+            }
+            None => Backing::Segments(Vec::new()),
+        };
+        Ok(Arena {
+            stream,
+            pool,
+            index,
+            live: HashMap::default(),
+            backing,
+        })
+    }
+
+    /// Whether the arena holds neither blocks nor device memory.
+    fn is_empty(&self) -> bool {
+        self.live.is_empty()
+            && match &self.backing {
+                Backing::Paged { pages, .. } => pages.mapped_bytes() == 0,
+                Backing::Segments(segments) => segments.is_empty(),
+            }
+    }
+
+    /// Idle chunks (wholly inside free ranges) of a paged arena, as (first page, chunk),
+    /// lowest first.
+    fn idle_chunks(&self) -> Vec<(u64, Chunk)> {
+        let Backing::Paged { pages, .. } = &self.backing else {
+            return Vec::new();
+        };
+        let mut idle: Vec<(u64, Chunk)> = self
+            .index
+            .free_nodes()
+            .flat_map(|id| pages.chunks_inside(self.index.offset(id), self.index.size(id)))
+            .collect();
+        idle.sort_unstable_by_key(|&(p, _)| p);
+        idle
+    }
+
+    /// Gives back idle device memory, highest addresses first, until `want` bytes are freed;
+    /// returns the bytes freed.
+    fn release_idle(&mut self, want: u64, up: &mut Upstream<'_>) -> u64 {
+        let mut released = 0;
+        match &mut self.backing {
+            Backing::Paged { .. } => {
+                let idle = self.idle_chunks();
+                let Backing::Paged { pages, .. } = &mut self.backing else {
+                    return 0;
+                };
+                for (p, _) in idle.into_iter().rev() {
+                    if released >= want {
+                        break;
+                    }
+                    released += pages.release(p, up, self.pool, self.stream).unwrap_or(0);
+                }
+            }
+            Backing::Segments(segments) => {
+                let index = &mut self.index;
+                segments.retain(|s| {
+                    let idle = index.is_free(s.first) && index.size(s.first) == s.size;
+                    if released >= want || !idle {
+                        return true;
+                    }
+                    if up
+                        .free_segment(s.ptr, s.size, self.pool, self.stream)
+                        .is_err()
+                    {
+                        return true;
+                    }
+                    index.remove_span(s.first);
+                    released += s.size;
+                    false
+                });
+            }
+        }
+        released
+    }
+
+    /// The nodes of the span starting at `first`, in address order, as block views.
+    fn span_blocks(&self, first: NodeId) -> impl Iterator<Item = BlockView> + '_ {
+        std::iter::successors(Some(first), |&id| self.index.next_in_span(id)).map(|id| BlockView {
+            address: self.index.offset(id),
+            size: self.index.size(id),
+            in_use: !self.index.is_free(id),
+        })
+    }
+
+    fn segment_views(&self, views: &mut Vec<SegmentView>) {
+        let view = |address, total_size, is_expandable, blocks| SegmentView {
+            address,
+            total_size,
+            stream: self.stream,
+            pool: self.pool,
+            is_expandable,
+            blocks,
+        };
+        match &self.backing {
+            Backing::Paged { first, pages, .. } => {
+                // One segment per run of mapped pages, with the blocks clipped to it.
+                let nodes: Vec<BlockView> = self.span_blocks(*first).collect();
+                for (first, end) in pages.mapped_runs() {
+                    let (start, stop) = (pages.address(first), pages.address(end));
+                    let blocks = clip(&nodes, start, stop);
+                    views.push(view(start, stop - start, true, blocks));
+                }
+            }
+            Backing::Segments(segments) => {
+                for s in segments {
+                    views.push(view(
+                        s.ptr,
+                        s.size,
+                        false,
+                        self.span_blocks(s.first).collect(),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The largest free range backed by memory right now.
+    fn largest_free_block(&self) -> u64 {
+        let free = self.index.free_nodes();
+        match &self.backing {
+            Backing::Segments(_) => free.map(|id| self.index.size(id)).max().unwrap_or(0),
+            Backing::Paged { pages, .. } => {
+                let runs = pages.mapped_runs();
+                free.map(|id| {
+                    let (lo, hi) = (
+                        self.index.offset(id),
+                        self.index.offset(id) + self.index.size(id),
+                    );
+                    runs.iter()
+                        .map(|&(a, b)| {
+                            let (a, b) = (pages.address(a).max(lo), pages.address(b).min(hi));
+                            b.saturating_sub(a)
+                        })
+                        .max()
+                        .unwrap_or(0)
+                })
+                .max()
+                .unwrap_or(0)
+            }
+        }
+    }
+}
+
+/// The parts of `blocks` (in address order) that lie in `[start, stop)`.
+fn clip(blocks: &[BlockView], start: u64, stop: u64) -> Vec<BlockView> {
+    let from = blocks.partition_point(|b| b.address + b.size <= start);
+    blocks[from..]
+        .iter()
+        .take_while(|b| b.address < stop)
+        .map(|b| {
+            let address = b.address.max(start);
+            BlockView {
+                address,
+                size: (b.address + b.size).min(stop) - address,
+                in_use: b.in_use,
+            }
+        })
+        .collect()
+}
+
+impl GpumemPolicy {
+    /// The arena of `stream` and `pool`, created on first use.
+    fn arena(
+        &mut self,
+        stream: StreamId,
+        pool: PoolKind,
+        up: &mut Upstream<'_>,
+    ) -> Result<usize, Exhausted> {
+        if let Some(i) = self
+            .arenas
+            .iter()
+            .position(|a| a.stream == stream && a.pool == pool)
+        {
+            return Ok(i);
+        }
+        self.arenas.push(Arena::new(stream, pool, up)?);
+        Ok(self.arenas.len() - 1)
+    }
+
+    /// Places `size` bytes in the paged arena `a`, mapping the pages it touches that are not
+    /// mapped yet.
+    fn place_paged(
+        &mut self,
+        a: usize,
+        size: u64,
+        up: &mut Upstream<'_>,
+    ) -> Result<DevicePtr, Exhausted> {
+        let arena = &mut self.arenas[a];
+        let Some(node) = arena.index.allocate(size) else {
+            return Err(too_large(size, up));
+        };
+        let addr = arena.index.offset(node);
+        if let Backing::Paged { pages, .. } = &arena.backing {
+            let (first, end) = pages.pages_touching(addr, size);
+            if !pages.all_mapped(first, end) {
+                let interior = pages.pages_inside(addr, size);
+                if let Err(e) = self.map_pages(a, (first, end), interior, up) {
+                    self.arenas[a].index.free(node);
+                    return Err(e);
+                }
+            }
+        }
+        self.arenas[a].live.insert(addr, node);
+        Ok(addr)
+    }
+
+    /// Maps the unmapped pages among `touched` (first, end) of arena `a`, for a block whose
+    /// own pages are `interior`: fresh chunks while the device and the limit allow (one per
+    /// interior run, one per shared boundary page); under pressure, idle chunks of the same
+    /// pool moved here (largest that fits first), else fresh memory after freeing idle chunks
+    /// elsewhere.
+    fn map_pages(
+        &mut self,
+        a: usize,
+        (first, end): (u64, u64),
+        (inner_first, inner_end): (u64, u64),
+        up: &mut Upstream<'_>,
+    ) -> Result<(), Exhausted> {
+        let (pool, stream) = (self.arenas[a].pool, self.arenas[a].stream);
+        let mut pressure: Option<UpstreamError> = None;
+        let mut try_fresh = true;
+        let mut donors: Option<Vec<(usize, u64, Chunk)>> = None;
+        let mut p = first;
+        while p < end {
+            let Backing::Paged { pages, .. } = &mut self.arenas[a].backing else {
+                return Ok(());
+            };
+            let page = pages.page_size();
+            if pages.is_mapped(p) {
+                p += 1;
+                continue;
+            }
+            let gap = pages.unmapped_run_end(p, end) - p;
+            let exhausted = |cause| Exhausted {
+                attempted: gap * page,
+                cause,
+            };
+            let mut n = if (inner_first..inner_end).contains(&p) {
+                (gap.min(inner_end - p)).min(MAX_CHUNK_PAGES)
+            } else {
+                1
+            };
+            if pressure.is_some() {
+                n = n.min(headroom(up) / page);
+            }
+            if try_fresh && n > 0 {
+                match pages.map_fresh(p, n, up, pool, stream) {
+                    Ok(()) => p += n,
+                    Err(cause) if is_pressure(&cause) => {
+                        // A second refusal: the headroom estimate is wrong, stop asking.
+                        try_fresh = pressure.is_none();
+                        pressure = Some(cause);
+                    }
+                    Err(cause) => return Err(exhausted(cause)),
+                }
+                continue;
+            }
+            let Some(cause) = pressure.clone() else {
+                return Ok(());
+            };
+            let list = donors.get_or_insert_with(|| self.idle_chunks_of(pool));
+            if let Some(i) = list.iter().rposition(|(_, _, c)| c.pages <= gap) {
+                let (d, q, chunk) = list.remove(i);
+                self.move_chunk(d, q, a, p, up).map_err(exhausted)?;
+                p += chunk.pages;
+                continue;
+            }
+            let released = self.release_idle(gap * page, up) / page;
+            if released == 0 {
+                return Err(exhausted(cause));
+            }
+            donors = None;
+            let n = gap.min(released).min(MAX_CHUNK_PAGES);
+            let Backing::Paged { pages, .. } = &mut self.arenas[a].backing else {
+                return Ok(());
+            };
+            pages.map_fresh(p, n, up, pool, stream).map_err(exhausted)?;
+            p += n;
+        }
+        Ok(())
+    }
+
+    /// Idle chunks of every paged arena of `pool`, as (arena, first page, chunk), smallest
+    /// first.
+    fn idle_chunks_of(&self, pool: PoolKind) -> Vec<(usize, u64, Chunk)> {
+        let mut idle: Vec<(usize, u64, Chunk)> = self
+            .arenas
+            .iter()
+            .enumerate()
+            .filter(|(_, arena)| arena.pool == pool)
+            .flat_map(|(i, arena)| arena.idle_chunks().into_iter().map(move |(p, c)| (i, p, c)))
+            .collect();
+        idle.sort_by_key(|&(_, _, c)| c.pages);
+        idle
+    }
+
+    /// Moves the idle chunk at page `q` of arena `d` to page `p` of arena `a`.
+    fn move_chunk(
+        &mut self,
+        d: usize,
+        q: u64,
+        a: usize,
+        p: u64,
+        up: &mut Upstream<'_>,
+    ) -> Result<(), UpstreamError> {
+        let pool = self.arenas[d].pool;
+        let Backing::Paged { pages: donor, .. } = &mut self.arenas[d].backing else {
+            return Ok(());
+        };
+        let page = donor.page_size();
+        let chunk = donor.take(q, up)?;
+        let Backing::Paged { pages, .. } = &mut self.arenas[a].backing else {
+            return Ok(());
+        };
+        if let Err(e) = pages.map_moved(p, chunk, up) {
+            // The chunk is mapped nowhere now: give it back so reserved stays exact.
+            let _ = up.release_physical(chunk.handle, chunk.pages * page, pool);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Places `size` bytes in the segment arena `a`, allocating a segment when none has room.
+    fn place_in_segment(
+        &mut self,
+        a: usize,
+        size: u64,
+        up: &mut Upstream<'_>,
+    ) -> Result<DevicePtr, Exhausted> {
+        let node = match self.arenas[a].index.allocate(size) {
+            Some(node) => node,
+            None => self.grow_segments(a, size, up)?,
+        };
+        let arena = &mut self.arenas[a];
+        let addr = arena.index.offset(node);
+        arena.live.insert(addr, node);
+        Ok(addr)
+    }
+
+    /// Adds a segment to arena `a` for a `size`-byte request and allocates from it.
+    fn grow_segments(
+        &mut self,
+        a: usize,
+        size: u64,
+        up: &mut Upstream<'_>,
+    ) -> Result<NodeId, Exhausted> {
+        let (pool, stream) = (self.arenas[a].pool, self.arenas[a].stream);
+        let seg = segment_size(pool, size).ok_or_else(|| too_large(size, up))?;
+        let exhausted = |cause| Exhausted {
+            attempted: seg,
+            cause,
+        };
+        let ptr = match up.malloc_segment(seg, pool, stream) {
+            Ok(ptr) => ptr,
+            Err(cause) if is_pressure(&cause) && self.release_idle(seg, up) > 0 => {
+                up.malloc_segment(seg, pool, stream).map_err(exhausted)?
+            }
+            Err(cause) => return Err(exhausted(cause)),
+        };
+        let arena = &mut self.arenas[a];
+        let Some(first) = arena.index.add_span(ptr, seg) else {
+            let _ = up.free_segment(ptr, seg, pool, stream);
+            return Err(too_large(seg, up));
+        };
+        if let Backing::Segments(segments) = &mut arena.backing {
+            segments.push(Segment {
+                ptr,
+                size: seg,
+                first,
+            });
+        }
+        // The new span is filed at the head of its class, so the search finds it.
+        arena
+            .index
+            .allocate(size)
+            .ok_or_else(|| too_large(size, up))
+    }
+
+    /// Frees idle memory across all arenas until `want` bytes are given back.
+    fn release_idle(&mut self, want: u64, up: &mut Upstream<'_>) -> u64 {
+        let mut released = 0;
+        for arena in &mut self.arenas {
+            if released >= want {
+                break;
+            }
+            released += arena.release_idle(want - released, up);
+        }
+        released
+    }
+}
+
+impl Policy for GpumemPolicy {
+    fn name(&self) -> &'static str {
+        "gpumem"
+    }
+
+    fn allocate(&mut self, req: AllocRequest, up: &mut Upstream<'_>) -> Result<Block, Exhausted> {
+        let pool = PoolKind::for_request(req.size);
+        let size = req
+            .size
+            .checked_next_multiple_of(ROUNDING)
+            .ok_or_else(|| too_large(req.size, up))?;
+        let a = self.arena(req.stream, pool, up)?;
+        let addr = match self.arenas[a].backing {
+            Backing::Paged { .. } => self.place_paged(a, size, up)?,
+            Backing::Segments(_) => self.place_in_segment(a, size, up)?,
+        };
+        Ok(Block {
+            addr,
+            size,
+            requested: req.size,
+            stream: req.stream,
+            pool,
+        })
+    }
+
+    fn free(&mut self, block: Block, _up: &mut Upstream<'_>) {
+        let Some(arena) = self
+            .arenas
+            .iter_mut()
+            .find(|a| a.stream == block.stream && a.pool == block.pool)
+        else {
+            return;
+        };
+        if let Some(node) = arena.live.remove(&block.addr) {
+            arena.index.free(node);
+        }
+    }
+
+    fn release_cached(&mut self, target: ReleaseTarget, up: &mut Upstream<'_>) -> u64 {
+        let want = match target {
+            ReleaseTarget::All => u64::MAX,
+            ReleaseTarget::AtLeast(n) => n,
+        };
+        let released = self.release_idle(want, up);
+        if target == ReleaseTarget::All {
+            // Arenas left with nothing give their address space back too.
+            self.arenas.retain(|arena| {
+                if !arena.is_empty() {
+                    return true;
+                }
+                match arena.backing {
+                    Backing::Paged {
+                        reservation, len, ..
+                    } => up.release_address(reservation, len).is_err(),
+                    Backing::Segments(_) => false,
+                }
+            });
+        }
+        released
+    }
+
+    fn segments(&self) -> Vec<SegmentView> {
+        let mut views = Vec::new();
+        for arena in &self.arenas {
+            arena.segment_views(&mut views);
+        }
+        views
+    }
+
+    fn largest_free_block(&self) -> u64 {
+        self.arenas
+            .iter()
+            .map(Arena::largest_free_block)
+            .max()
+            .unwrap_or(0)
+    }
+}
