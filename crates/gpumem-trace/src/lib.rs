@@ -8,6 +8,21 @@
 //! Every reader takes any [`std::io::Read`], never panics on malformed input, and returns a
 //! [`ReadError`] that names the position (line, event index or byte offset) and what was
 //! expected there.
+//!
+//! ```
+//! use gpumem_trace::{read, write, Format, ReadOptions, Snapshot};
+//!
+//! let text = "{\"gpumem_trace\": 1, \"name\": \"demo\"}\n\
+//!             {\"op\": \"alloc\", \"addr\": 4096, \"size\": 512}\n";
+//! let trace = read(text.as_bytes(), ReadOptions::default())?; // format detected
+//! assert_eq!(trace.summary().peak_live_bytes, 512);
+//!
+//! let mut rmm_log = Vec::new();
+//! write(&trace, &mut rmm_log, Format::Rmm)?;
+//! let mut for_memory_viz = Vec::new();
+//! Snapshot::from_trace(&trace, 0).write_pickle(&mut for_memory_viz)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![warn(missing_docs)]
 

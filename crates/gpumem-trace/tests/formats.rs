@@ -50,6 +50,16 @@ fn native_gzip_round_trip_through_paths_names_the_trace_after_the_file() {
 }
 
 #[test]
+fn unnamed_traces_are_named_after_the_file_without_its_extensions() {
+    let path = temp_dir().join("gpt2-1.5b.csv.gz");
+    write_path(&small_trace(), &path, Format::Auto).unwrap();
+    assert_eq!(
+        read_path(&path, ReadOptions::default()).unwrap().meta.name,
+        "gpt2-1.5b"
+    );
+}
+
+#[test]
 fn errors_from_files_name_the_file() {
     let path = temp_dir().join("broken.jsonl");
     std::fs::write(

@@ -200,11 +200,14 @@ fn peek<R: Read>(mut reader: R) -> std::io::Result<(Vec<u8>, impl Read)> {
     Ok((head.clone(), Cursor::new(head).chain(reader)))
 }
 
+/// The file name without `.gz` and one more extension (`gpt2-1.5b.jsonl.gz` → `gpt2-1.5b`).
 fn file_stem(path: &Path) -> String {
-    let name = path
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // Strip compound extensions such as `.jsonl.gz`.
-    name.split('.').next().unwrap_or_default().to_owned()
+    let uncompressed = match path.extension() {
+        Some(extension) if extension == "gz" => path.with_extension(""),
+        _ => path.to_path_buf(),
+    };
+    uncompressed
+        .file_stem()
+        .map(|stem| stem.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
