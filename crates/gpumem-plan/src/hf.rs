@@ -326,7 +326,8 @@ impl Fields<'_> {
                 spec.activation = self.activation(&["feed_forward_proj"], "relu")?;
                 spec.relative_attention_buckets =
                     self.optional_u64("relative_attention_num_buckets", &["relative_attention_num_buckets"])?.unwrap_or(32);
-                spec.softmax_fp32 = true;
+                // transformers 5.x keeps T5's attention softmax in the activation dtype (measured).
+                spec.softmax_fp32 = false;
                 let dropout = self.f64_or(&["dropout_rate"], 0.1);
                 (spec.attention_dropout, spec.hidden_dropout, spec.activation_dropout, spec.embedding_dropout) =
                     (dropout, dropout, dropout, dropout);

@@ -11,7 +11,7 @@ pub mod error;
 pub mod estimate;
 pub mod fit;
 pub mod gpu;
-pub mod graph;
+mod graph;
 pub mod hf;
 pub mod model;
 pub mod names;
