@@ -1,10 +1,311 @@
 //! `gpumem plan`: argument parsing and printing over `gpumem_plan`.
 
+use gpumem_plan::{
+    advise, estimate, fewest_gpus, find_gpu, find_model, fit, load_config, Estimate, Fit, FitTarget, ModelSpec,
+    Overheads, PlanError, Settings, Suggestion,
+};
+use std::path::PathBuf;
+
 /// Arguments of `gpumem plan`.
 #[derive(clap::Args)]
-pub struct PlanArgs {}
+pub struct PlanArgs {
+    /// Catalogue model name or Hugging Face id (e.g. llama-3-8b, gpt2, resnet50).
+    #[arg(long, conflicts_with = "config", required_unless_present_any = ["config", "list_models"])]
+    model: Option<String>,
+    /// Path to a Hugging Face config.json (or {"model_type":"resnet","depth":50}).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// List catalogue models and exit.
+    #[arg(long)]
+    list_models: bool,
+    /// train, infer or generate.
+    #[arg(long)]
+    mode: Option<String>,
+    /// Micro-batch per data-parallel rank.
+    #[arg(long, allow_negative_numbers = true)]
+    batch: Option<i64>,
+    /// Sequence (prompt) length.
+    #[arg(long, allow_negative_numbers = true)]
+    seq: Option<i64>,
+    /// Image side in pixels (vision models).
+    #[arg(long)]
+    image_size: Option<i64>,
+    /// Tokens to generate (generate mode).
+    #[arg(long)]
+    new_tokens: Option<i64>,
+    /// Weight dtype: fp32, bf16, fp16.
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Autocast dtype for mixed precision: bf16 or fp16.
+    #[arg(long)]
+    amp: Option<String>,
+    /// adamw, adam, sgd, adafactor, adam8bit.
+    #[arg(long)]
+    optimizer: Option<String>,
+    /// foreach, fused, forloop.
+    #[arg(long)]
+    optimizer_impl: Option<String>,
+    /// Full activation checkpointing.
+    #[arg(long)]
+    grad_ckpt: bool,
+    /// Selective checkpointing (recompute the attention core only).
+    #[arg(long)]
+    grad_ckpt_selective: bool,
+    /// eager, sdpa, flash.
+    #[arg(long)]
+    attn: Option<String>,
+    /// Micro-batches accumulated per optimizer step.
+    #[arg(long)]
+    grad_accum: Option<i64>,
+    /// Global batch to reach with accumulation (with --fit batch).
+    #[arg(long)]
+    global_batch: Option<i64>,
+    /// Total GPUs.
+    #[arg(long)]
+    gpus: Option<i64>,
+    /// Machines the GPUs are spread over.
+    #[arg(long)]
+    nodes: Option<i64>,
+    /// ZeRO stage 0-3.
+    #[arg(long)]
+    zero: Option<String>,
+    /// FSDP full sharding.
+    #[arg(long)]
+    fsdp: bool,
+    /// Offload optimizer states (and ZeRO-3/FSDP parameters) to CPU.
+    #[arg(long)]
+    offload: bool,
+    /// Tensor-parallel size.
+    #[arg(long)]
+    tp: Option<i64>,
+    /// Pipeline-parallel size.
+    #[arg(long)]
+    pp: Option<i64>,
+    /// Sequence parallelism over the tensor-parallel group.
+    #[arg(long)]
+    sp: bool,
+    /// LoRA adapter rank (frozen base).
+    #[arg(long)]
+    lora_rank: Option<i64>,
+    /// QLoRA: LoRA over a 4-bit NF4 base.
+    #[arg(long)]
+    qlora: bool,
+    /// GPU name (h100, a100-40gb, rtx-4090, ...) or a size (24GB, 80GiB).
+    #[arg(long)]
+    gpu: Option<String>,
+    /// Find the largest batch or seq that fits --gpu.
+    #[arg(long)]
+    fit: Option<String>,
+    /// Safety margin kept free when fitting, as a fraction of GPU memory.
+    #[arg(long, default_value_t = 0.1)]
+    margin: f64,
+    /// Also find the fewest GPUs on which this layout fits --gpu.
+    #[arg(long)]
+    min_gpus: bool,
+    /// CUDA context + framework per GPU, MiB.
+    #[arg(long)]
+    context_mib: Option<u64>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn size(name: &str, value: Option<i64>) -> Result<Option<u64>, PlanError> {
+    value
+        .map(|v| {
+            u64::try_from(v).map_err(|_| PlanError::InvalidValue {
+                name: name.into(),
+                value: v.to_string(),
+                reason: "must be a positive integer".into(),
+            })
+        })
+        .transpose()
+}
+
+fn settings(a: &PlanArgs) -> Result<Settings, PlanError> {
+    Ok(Settings {
+        mode: a.mode.clone(),
+        batch: size("batch", a.batch)?,
+        seq: size("seq", a.seq)?,
+        image_size: size("image-size", a.image_size)?,
+        new_tokens: size("new-tokens", a.new_tokens)?,
+        dtype: a.dtype.clone(),
+        amp: a.amp.clone(),
+        optimizer: a.optimizer.clone(),
+        optimizer_impl: a.optimizer_impl.clone(),
+        grad_ckpt: a.grad_ckpt,
+        grad_ckpt_selective: a.grad_ckpt_selective,
+        attn: a.attn.clone(),
+        grad_accum: size("grad-accum", a.grad_accum)?,
+        gpus: size("gpus", a.gpus)?,
+        nodes: size("nodes", a.nodes)?,
+        zero: a.zero.clone(),
+        fsdp: a.fsdp,
+        offload: a.offload,
+        tp: size("tp", a.tp)?,
+        pp: size("pp", a.pp)?,
+        sp: a.sp,
+        lora_rank: size("lora-rank", a.lora_rank)?,
+        qlora: a.qlora,
+        ..Settings::default()
+    })
+}
+
+fn model(a: &PlanArgs) -> Result<ModelSpec, PlanError> {
+    match (&a.model, &a.config) {
+        (Some(name), _) => find_model(name),
+        (None, Some(path)) => load_config(path),
+        (None, None) => Err(PlanError::InvalidValue {
+            name: "model".into(),
+            value: "none".into(),
+            reason: "give --model NAME or --config PATH".into(),
+        }),
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
 
 /// Runs `gpumem plan`.
-pub fn run(_args: PlanArgs) -> Result<(), String> {
-    Err("plan is not built yet".into())
+pub fn run(args: PlanArgs) -> Result<(), String> {
+    if args.list_models {
+        println!("{}", gpumem_plan::model_names().join("\n"));
+        return Ok(());
+    }
+    plan(&args).map_err(|e| e.to_string())
+}
+
+fn plan(a: &PlanArgs) -> Result<(), PlanError> {
+    let model = model(a)?;
+    let workload = settings(a)?.to_workload()?;
+    let gpu = a.gpu.as_deref().map(find_gpu).transpose()?;
+    let overheads = Overheads {
+        context_bytes: a.context_mib.map_or(Overheads::default().context_bytes, |m| m << 20),
+        ..Overheads::default()
+    };
+    let target = match a.fit.as_deref() {
+        None => None,
+        Some("batch") => Some(FitTarget::Batch),
+        Some("seq") => Some(FitTarget::Seq),
+        Some(other) => return Err(gpumem_plan::names::unknown("fit target", other, ["batch", "seq"])),
+    };
+    let global_batch = size("global-batch", a.global_batch)?;
+    let fitted: Option<Fit> = match (target, &gpu) {
+        (Some(target), Some(gpu)) => Some(fit(&model, &workload, &overheads, target, gpu.memory_bytes, a.margin, global_batch)?),
+        (Some(_), None) => {
+            return Err(PlanError::InvalidValue {
+                name: "fit".into(),
+                value: a.fit.clone().unwrap_or_default(),
+                reason: "needs --gpu NAME or --gpu SIZE".into(),
+            })
+        }
+        _ => None,
+    };
+    let (shown, estimate_now) = match &fitted {
+        Some(f) => (f.workload.clone(), f.estimate.clone()),
+        None => (workload.clone(), estimate(&model, &workload, &overheads)?),
+    };
+    let gpu_bytes = gpu.as_ref().map(|g| g.memory_bytes);
+    let advice = advise(&model, &shown, &overheads, gpu_bytes)?;
+    let min_gpus = match (&gpu, a.min_gpus) {
+        (Some(g), true) => fewest_gpus(&model, &workload, &overheads, g.memory_bytes, a.margin)?,
+        _ => None,
+    };
+    if a.json {
+        let mut out = serde_json::json!({
+            "model": model.name,
+            "total_params": estimate_now.total_params,
+            "trainable_params": estimate_now.trainable_params,
+            "workload": shown,
+            "peak_allocated_bytes": estimate_now.peak_allocated_bytes,
+            "peak_reserved_bytes": estimate_now.peak_reserved_bytes,
+            "peak_total_bytes": estimate_now.peak_total_bytes,
+            "peak_phase": estimate_now.peak_phase,
+            "breakdown": estimate_now.breakdown,
+            "phases": estimate_now.phases,
+            "advice": advice,
+        });
+        if let Some(g) = &gpu {
+            out["gpu"] = serde_json::json!({ "name": g.name, "memory_bytes": g.memory_bytes,
+                "fits": estimate_now.peak_total_bytes <= g.memory_bytes });
+        }
+        if let Some(f) = &fitted {
+            out["fit"] = serde_json::json!({ "target": f.target, "value": f.value, "margin": f.margin,
+                "usable_bytes": f.usable_bytes, "grad_accum": f.grad_accum, "global_batch": f.global_batch });
+        }
+        if a.min_gpus {
+            out["min_gpus"] = serde_json::json!(min_gpus);
+        }
+        emit(&serde_json::to_string_pretty(&out).unwrap_or_default());
+        return Ok(());
+    }
+    emit(&table(&model, &estimate_now, gpu.as_ref(), fitted.as_ref(), &advice, a.min_gpus.then_some(min_gpus)));
+    Ok(())
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error.
+fn emit(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}");
+}
+
+fn table(
+    model: &ModelSpec,
+    e: &Estimate,
+    gpu: Option<&gpumem_plan::Gpu>,
+    fitted: Option<&Fit>,
+    advice: &[Suggestion],
+    min_gpus: Option<Option<u64>>,
+) -> String {
+    use std::fmt::Write;
+    let mut t = String::new();
+    let _ = writeln!(t, "model: {}  ({} parameters, {} trainable)", model.name, e.total_params, e.trainable_params);
+    if let Some(f) = fitted {
+        let _ = writeln!(t, "plan at the fitted {} = {}:", f.target_name(), f.value);
+    }
+    let _ = writeln!(t, "peak per GPU: {}  in phase: {}", gib(e.peak_total_bytes), e.peak_phase.label());
+    let _ = writeln!(t, "  {:<18} {:>12}", "component", "memory");
+    for (name, bytes) in e.breakdown.entries() {
+        let _ = writeln!(t, "  {:<18} {:>12}", name, gib(bytes));
+    }
+    let _ = writeln!(t, "  {:<18} {:>12}", "= allocated", gib(e.peak_allocated_bytes));
+    let _ = writeln!(t, "  {:<18} {:>12}", "= reserved", gib(e.peak_reserved_bytes));
+    let _ = writeln!(t, "  {:<18} {:>12}", "= total", gib(e.peak_total_bytes));
+    let phases: Vec<String> = e.phases.iter().map(|p| format!("{} {}", p.phase.label(), gib(p.allocated_bytes))).collect();
+    let _ = writeln!(t, "phases (allocated): {}", phases.join(" | "));
+    if let Some(g) = gpu {
+        let verdict = if e.peak_total_bytes <= g.memory_bytes { "fits" } else { "does NOT fit" };
+        let _ = writeln!(t, "gpu: {} ({}): {verdict}", g.name, gib(g.memory_bytes));
+    }
+    if let Some(f) = fitted {
+        let _ = writeln!(t, 
+            "fit: largest {} = {} within {} (margin {:.0}%); grad accumulation {} → global batch {}",
+            f.target_name(),
+            f.value,
+            gib(f.usable_bytes),
+            100.0 * f.margin,
+            f.grad_accum,
+            f.global_batch
+        );
+    }
+    if let Some(n) = min_gpus {
+        match n {
+            Some(n) => {
+                let _ = writeln!(t, "fewest GPUs for this layout: {n}");
+            }
+            None => {
+                let _ = writeln!(t, "fewest GPUs for this layout: does not fit on up to 4096");
+            }
+        }
+    }
+    if !advice.is_empty() {
+        let _ = writeln!(t, "advice (change in peak; largest saving first):");
+        for s in advice.iter().take(8) {
+            let fits = if s.fits == Some(true) { "  fits" } else { "" };
+            let _ = writeln!(t, "  {:<32} {:>+11.2} GiB → {:>11}{fits}   cost: {}", s.change, -(s.saved_bytes as f64) / (1u64 << 30) as f64, gib(s.new_peak_total_bytes), s.cost);
+        }
+    }
+    t
 }

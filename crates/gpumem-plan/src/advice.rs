@@ -2,6 +2,7 @@
 
 use crate::error::Result;
 use crate::estimate::{estimate, Overheads};
+use crate::fit::{fit, FitTarget};
 use crate::model::{Architecture, ModelSpec};
 use crate::workload::{
     Attention, BaseQuant, Checkpointing, Dtype, Lora, Mode, Optimizer, OptimizerImpl, Sharding, Workload,
@@ -112,7 +113,8 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
     list
 }
 
-/// Ranks the applicable changes by memory saved (largest first). `gpu_bytes` marks which fit.
+/// Ranks the applicable changes by memory saved (largest first). With `gpu_bytes`, marks which
+/// fit and, when the plan leaves most of the GPU idle, first suggests the largest batch that fits.
 pub fn advise(model: &ModelSpec, workload: &Workload, overheads: &Overheads, gpu_bytes: Option<u64>) -> Result<Vec<Suggestion>> {
     let current = estimate(model, workload, overheads)?.peak_total_bytes;
     let mut suggestions = Vec::new();
@@ -131,5 +133,31 @@ pub fn advise(model: &ModelSpec, workload: &Workload, overheads: &Overheads, gpu
         }
     }
     suggestions.sort_by(|a, b| b.saved_bytes.cmp(&a.saved_bytes));
+    if let Some(gpu) = gpu_bytes {
+        if let Some(larger) = use_headroom(model, workload, overheads, gpu, current)? {
+            suggestions.insert(0, larger);
+        }
+    }
     Ok(suggestions)
+}
+
+/// Share of GPU memory below which a fitting plan is said to leave the GPU idle.
+pub const IDLE_SHARE: f64 = 0.5;
+
+/// Safety margin used when suggesting a larger batch.
+pub const HEADROOM_MARGIN: f64 = 0.1;
+
+/// When the plan uses less than [`IDLE_SHARE`] of the GPU, the largest batch that still fits.
+fn use_headroom(model: &ModelSpec, workload: &Workload, overheads: &Overheads, gpu: u64, current: u64) -> Result<Option<Suggestion>> {
+    if current as f64 >= IDLE_SHARE * gpu as f64 {
+        return Ok(None);
+    }
+    let larger = fit(model, workload, overheads, FitTarget::Batch, gpu, HEADROOM_MARGIN, None)?;
+    Ok((larger.value > workload.batch).then(|| Suggestion {
+        change: format!("--batch {}", larger.value),
+        new_peak_total_bytes: larger.estimate.peak_total_bytes,
+        saved_bytes: current as i64 - larger.estimate.peak_total_bytes as i64,
+        cost: "none: uses idle memory for throughput (10% margin kept)",
+        fits: Some(true),
+    }))
 }

@@ -51,8 +51,17 @@ pub struct Fit {
     pub grad_accum: u64,
     /// Global batch actually reached: micro-batch × data-parallel ranks × accumulation.
     pub global_batch: u64,
+    /// The workload at `value` (with the accumulation found).
+    pub workload: Workload,
     /// The estimate at `value`.
     pub estimate: Estimate,
+}
+
+impl Fit {
+    /// The searched quantity as a flag name ("batch" or "seq").
+    pub fn target_name(&self) -> &'static str {
+        self.target.name()
+    }
 }
 
 /// Usable bytes of a GPU after a safety margin.
@@ -144,7 +153,10 @@ pub fn fit(
         grad_accum = accumulation_for(micro_batch(&current, value)).max(2);
     }
     let micro = micro_batch(&current, value);
+    let mut fitted = target.apply(&current, value);
+    fitted.grad_accum = grad_accum;
     Ok(Fit {
+        workload: fitted,
         target,
         value,
         margin,
