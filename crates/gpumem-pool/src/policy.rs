@@ -293,6 +293,82 @@ impl<'a> Upstream<'a> {
         Ok(())
     }
 
+    /// Creates `count` physical chunks of `chunk` bytes and maps them back to back from `ptr`,
+    /// as PyTorch's `map_block` does for an expandable segment: reserved memory grows by
+    /// `count × chunk`, counted as one device allocation and recorded as one `segment_map`.
+    /// All or nothing: on failure the chunks mapped so far are unmapped and released.
+    pub fn map_new_chunks(
+        &mut self,
+        ptr: DevicePtr,
+        chunk: u64,
+        count: u64,
+        pool: PoolKind,
+        stream: StreamId,
+    ) -> Result<Vec<PhysicalHandle>, UpstreamError> {
+        let total = chunk.checked_mul(count).ok_or_else(|| {
+            UpstreamError::Device(DeviceError::InvalidValue(format!(
+                "{count} chunks of {chunk} bytes overflow the address space"
+            )))
+        })?;
+        self.check_limit(total)?;
+        let vmm = self.vmm()?;
+        let mut handles = Vec::new();
+        for at in (0..count).map(|i| ptr + i * chunk) {
+            let mapped = vmm.create_physical(chunk).and_then(|handle| {
+                vmm.map(at, handle).map(|()| handle).inspect_err(|_| {
+                    let _ = vmm.release_physical(handle);
+                })
+            });
+            match mapped {
+                Ok(handle) => handles.push(handle),
+                Err(e) => {
+                    for (i, &handle) in handles.iter().enumerate() {
+                        let _ = vmm.unmap(ptr + i as u64 * chunk, chunk);
+                        let _ = vmm.release_physical(handle);
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        self.stats.num_device_alloc += 1;
+        self.stats.reserved_bytes.increase(pool, total);
+        self.history.record(Action::SegmentMap, ptr, total, stream);
+        Ok(handles)
+    }
+
+    /// Unmaps and releases chunks of `chunk` bytes mapped back to back from `ptr`, as PyTorch's
+    /// `unmap_block` does: reserved memory shrinks by their total, counted as one device free
+    /// and recorded as one `segment_unmap`. Returns how many chunks, from the first, were given
+    /// back: all of them unless the device refused one.
+    pub fn unmap_release_chunks(
+        &mut self,
+        ptr: DevicePtr,
+        chunk: u64,
+        handles: &[PhysicalHandle],
+        pool: PoolKind,
+        stream: StreamId,
+    ) -> usize {
+        let Ok(vmm) = self.vmm() else {
+            return 0;
+        };
+        let released = handles
+            .iter()
+            .enumerate()
+            .take_while(|&(i, &handle)| {
+                vmm.unmap(ptr + i as u64 * chunk, chunk).is_ok()
+                    && vmm.release_physical(handle).is_ok()
+            })
+            .count();
+        if released > 0 {
+            let total = released as u64 * chunk;
+            self.stats.num_device_free += 1;
+            self.stats.reserved_bytes.decrease(pool, total);
+            self.history
+                .record(Action::SegmentUnmap, ptr, total, stream);
+        }
+        released
+    }
+
     /// Releases a chunk of `size` bytes from [`Upstream::map_new`] whose mappings the policy has
     /// removed with [`Upstream::unmap`]: reserved memory shrinks by `size`.
     pub fn release_physical(

@@ -177,24 +177,16 @@ impl TorchPolicy {
         let begin = segment.chunk_floor(node.addr);
         let end = segment.chunk_ceil(node.addr + size);
         let chunk = segment.chunk;
+        let at = segment.chunk_addr(begin);
+        let handles = up.map_new_chunks(at, chunk, end - begin, node.pool, node.stream)?;
         if segment.handles.len() < end as usize {
             segment.handles.resize(end as usize, None);
         }
-        for i in begin..end {
-            let at = segment.chunk_addr(i);
-            match up.map_new(at, chunk, node.pool, node.stream) {
-                Ok(handle) => segment.handles[i as usize] = Some(handle),
-                Err(e) => {
-                    for j in begin..i {
-                        if let Some(handle) = segment.handles[j as usize].take() {
-                            let at = segment.chunk_addr(j);
-                            let _ = up.unmap_release(at, chunk, handle, node.pool, node.stream);
-                        }
-                    }
-                    trim_handles(&mut segment.handles);
-                    return Err(e);
-                }
-            }
+        for (slot, handle) in segment.handles[begin as usize..end as usize]
+            .iter_mut()
+            .zip(handles)
+        {
+            *slot = Some(handle);
         }
         let mapped = (end - begin) * chunk;
         self.remove_unmapped(idx);
@@ -257,29 +249,28 @@ impl TorchPolicy {
         let node = self.blocks[idx];
         let segment = self.segment_of(idx);
         let begin = segment.chunk_ceil(node.addr);
-        let mut end = segment.chunk_floor(node.addr + node.size);
+        let end = segment.chunk_floor(node.addr + node.size).max(begin);
         let chunk = segment.chunk;
-        for i in begin..end {
-            let at = segment.chunk_addr(i);
-            let Some(handle) = segment.handles.get_mut(i as usize).and_then(Option::take) else {
-                end = i;
-                break;
-            };
-            if up
-                .unmap_release(at, chunk, handle, node.pool, node.stream)
-                .is_err()
-            {
-                // The device kept this chunk: stop here, the rest stays mapped and cached.
-                segment.handles[i as usize] = Some(handle);
-                end = i;
-                break;
-            }
+        // Every chunk inside a cached block is mapped: blocks never span unmapped space.
+        let handles: Vec<PhysicalHandle> = segment
+            .handles
+            .get(begin as usize..end as usize)
+            .unwrap_or_default()
+            .iter()
+            .map_while(|h| *h)
+            .collect();
+        let start = segment.chunk_addr(begin);
+        let released =
+            up.unmap_release_chunks(start, chunk, &handles, node.pool, node.stream) as u64;
+        // The device may have refused a chunk: only those before it are unmapped.
+        let end = begin + released;
+        for slot in &mut segment.handles[begin as usize..end as usize] {
+            *slot = None;
         }
         trim_handles(&mut segment.handles);
         if begin >= end {
             return 0;
         }
-        let start = segment.chunk_addr(begin);
         let unmapped = (end - begin) * chunk;
         self.remove_free(idx);
         let before = start - node.addr;
