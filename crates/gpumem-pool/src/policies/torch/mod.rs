@@ -9,6 +9,16 @@
 //! The pool frame does the last-resort step (wait for events, release every cached block,
 //! search again); this policy does everything before it, in PyTorch's order: search, garbage
 //! collection, device allocation, `release_available_cached_blocks`, device allocation.
+//!
+//! Where this differs from PyTorch, and why:
+//! - Settings are fixed when the pool is built; PyTorch can change them at run time.
+//! - The pool's hard limit plays the role of the per-process memory fraction (the allowed
+//!   memory for the limit check and for `garbage_collection_threshold`).
+//! - After the final reclaim the frame searches the cache again (PyTorch does not: #189504).
+//! - `oversize_allocations` drops when a block returns to the cache, which for a block used
+//!   on other streams is after their events, not at the free request.
+//! - Expandable large-pool chunks are `large_segment_size` (20 MiB by default).
+//! - No CUDA-graph private pools and no free-memory callbacks.
 
 mod blocks;
 mod expandable;
