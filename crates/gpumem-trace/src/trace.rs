@@ -1,6 +1,6 @@
 //! The in-memory trace: allocator events plus metadata, its summary and its validation.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use thiserror::Error;
@@ -228,6 +228,9 @@ impl LiveBlocks {
         self.sizes.len()
     }
 }
+
+/// A set of block addresses, hashed with [`AddressHasher`].
+pub(crate) type AddressSet = HashSet<u64, BuildHasherDefault<AddressHasher>>;
 
 /// The sum of byte counts, saturating at `u64::MAX` (inputs may be absurd; sums must not
 /// overflow).

@@ -61,14 +61,13 @@ fn list<'v>(value: &'v Value, path: &Path<'_>) -> Result<Ref<'v, Vec<Value>>, Re
 }
 
 fn unsigned(value: &Value, path: &Path<'_>) -> Result<u64, ReadError> {
-    match value {
-        Value::Int(number) => u64::try_from(*number)
-            .map_err(|_| shape_error(path, "a non-negative 64-bit integer", number.to_string())),
-        other => Err(shape_error(
-            path,
-            "a non-negative 64-bit integer",
-            other.type_name().to_owned(),
-        )),
+    const EXPECTED: &str = "a non-negative 64-bit integer";
+    match *value {
+        Value::Unsigned(number) => Ok(number),
+        Value::Int(number) => {
+            u64::try_from(number).map_err(|_| shape_error(path, EXPECTED, number.to_string()))
+        }
+        ref other => Err(shape_error(path, EXPECTED, other.type_name().to_owned())),
     }
 }
 
@@ -340,11 +339,8 @@ fn setting(
     Ok(match value {
         Value::None => SettingValue::None,
         Value::Bool(flag) => SettingValue::Bool(*flag),
-        Value::Int(number) => SettingValue::Int(
-            i64::try_from(*number)
-                .map_err(|_| shape_error(path, "a 64-bit integer", number.to_string()))?,
-        ),
-        Value::HugeInt => {
+        Value::Int(number) => SettingValue::Int(*number),
+        Value::Unsigned(_) | Value::HugeInt => {
             return Err(shape_error(
                 path,
                 "a 64-bit integer",
@@ -370,6 +366,7 @@ fn setting(
                     let key = match key {
                         Value::Str(text) => text.to_string(),
                         Value::Int(number) => number.to_string(),
+                        Value::Unsigned(number) => number.to_string(),
                         other => {
                             return Err(shape_error(
                                 path,
@@ -392,8 +389,8 @@ pub(super) fn from_json(value: serde_json::Value) -> Value {
         serde_json::Value::Null => Value::None,
         serde_json::Value::Bool(flag) => Value::Bool(flag),
         serde_json::Value::Number(number) => match (number.as_i64(), number.as_u64()) {
-            (Some(signed), _) => Value::Int(i128::from(signed)),
-            (None, Some(unsigned)) => Value::Int(i128::from(unsigned)),
+            (Some(signed), _) => Value::Int(signed),
+            (None, Some(unsigned)) => Value::Unsigned(unsigned),
             (None, None) => Value::Float(number.as_f64().unwrap_or(f64::NAN)),
         },
         serde_json::Value::String(text) => Value::Str(text.into()),

@@ -15,14 +15,14 @@
 mod decode;
 mod unpickle;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 
 use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 
 use crate::error::ReadError;
-use crate::trace::{saturating_sum, Event, LiveBlocks, Trace, TraceMeta};
+use crate::trace::{saturating_sum, AddressSet, Event, LiveBlocks, Trace, TraceMeta};
 
 /// A memory snapshot: segments with their blocks, per-device event traces, allocator settings.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -330,7 +330,7 @@ impl Snapshot {
             .map_or(&[][..], Vec::as_slice);
 
         let mut live = LiveBlocks::default();
-        let mut seen = HashSet::new();
+        let mut seen = AddressSet::default();
         let mut synthesized = Vec::new();
         let mut events = Vec::with_capacity(entries.len());
         for (index, entry) in entries.iter().enumerate() {

@@ -25,9 +25,12 @@ pub(crate) enum Value {
     None,
     /// `True` / `False`.
     Bool(bool),
-    /// An integer (Python ints beyond 128 bits are [`Value::HugeInt`]).
-    Int(i128),
-    /// An integer too large for 128 bits.
+    /// An integer that fits in an `i64`.
+    Int(i64),
+    /// An integer above `i64::MAX` that fits in a `u64` (kept apart so that a value stays
+    /// 16 bytes: snapshots hold millions of them).
+    Unsigned(u64),
+    /// An integer outside both ranges.
     HugeInt,
     /// A float.
     Float(f64),
@@ -47,12 +50,23 @@ impl Value {
         match self {
             Self::None => "None",
             Self::Bool(_) => "a bool",
-            Self::Int(_) | Self::HugeInt => "an integer",
+            Self::Int(_) | Self::Unsigned(_) | Self::HugeInt => "an integer",
             Self::Float(_) => "a float",
             Self::Str(_) => "a string",
             Self::Bytes => "bytes",
             Self::List(_) => "a list",
             Self::Dict(_) => "a dict",
+        }
+    }
+
+    /// An integer value, in the narrowest variant that holds it.
+    pub(crate) fn int(number: i128) -> Self {
+        if let Ok(signed) = i64::try_from(number) {
+            Self::Int(signed)
+        } else if let Ok(unsigned) = u64::try_from(number) {
+            Self::Unsigned(unsigned)
+        } else {
+            Self::HugeInt
         }
     }
 
@@ -103,6 +117,7 @@ pub(crate) fn unpickle(input: &[u8]) -> Result<Value, ReadError> {
         stack: Vec::new(),
         marks: Vec::new(),
         memo: HashMap::new(),
+        strings: HashMap::new(),
     }
     .run()
 }
@@ -113,7 +128,13 @@ struct Unpickler<'a> {
     stack: Vec<Value>,
     marks: Vec<usize>,
     memo: HashMap<u64, Value>,
+    /// Short strings seen so far, shared rather than allocated again (dict keys repeat in
+    /// every block and event; pickles not written by Python do not memoise them).
+    strings: HashMap<&'a [u8], Rc<str>>,
 }
+
+/// Strings up to this length are shared through [`Unpickler::strings`].
+const SHARED_STRING_MAX: usize = 64;
 
 /// The failure of one opcode, before the offset is attached.
 type Step<T> = Result<T, String>;
@@ -214,15 +235,15 @@ impl<'a> Unpickler<'a> {
             0x89 => self.stack.push(Value::Bool(false)),
             b'K' => {
                 let byte = self.take(1)?[0];
-                self.stack.push(Value::Int(i128::from(byte)));
+                self.stack.push(Value::Int(i64::from(byte)));
             }
             b'M' => {
                 let value = u16::from_le_bytes(self.array()?);
-                self.stack.push(Value::Int(i128::from(value)));
+                self.stack.push(Value::Int(i64::from(value)));
             }
             b'J' => {
                 let value = i32::from_le_bytes(self.array()?);
-                self.stack.push(Value::Int(i128::from(value)));
+                self.stack.push(Value::Int(i64::from(value)));
             }
             0x8a => {
                 let length = usize::from(self.take(1)?[0]);
@@ -399,8 +420,19 @@ impl<'a> Unpickler<'a> {
 
     fn push_str(&mut self, length: usize) -> Step<()> {
         let bytes = self.take(length)?;
-        let text = std::str::from_utf8(bytes).map_err(|_| "string is not UTF-8".to_owned())?;
-        self.stack.push(Value::Str(text.into()));
+        let text = match self.strings.get(bytes) {
+            Some(shared) => shared.clone(),
+            None => {
+                let text: Rc<str> = std::str::from_utf8(bytes)
+                    .map_err(|_| "string is not UTF-8".to_owned())?
+                    .into();
+                if length <= SHARED_STRING_MAX {
+                    self.strings.insert(bytes, text.clone());
+                }
+                text
+            }
+        };
+        self.stack.push(Value::Str(text));
         Ok(())
     }
 
@@ -494,14 +526,14 @@ fn little_endian_int(bytes: &[u8]) -> Value {
     }
     let mut buffer = [fill; 16];
     buffer[..low.len()].copy_from_slice(low);
-    Value::Int(i128::from_le_bytes(buffer))
+    Value::int(i128::from_le_bytes(buffer))
 }
 
 /// A decimal integer argument of the text opcodes.
 fn text_int(text: &str) -> Step<Value> {
     let text = text.trim();
     match text.parse::<i128>() {
-        Ok(value) => Ok(Value::Int(value)),
+        Ok(value) => Ok(Value::int(value)),
         Err(_)
             if !text.is_empty()
                 && text
@@ -550,9 +582,10 @@ mod tests {
     use super::*;
 
     fn int(value: &Value) -> i128 {
-        match value {
-            Value::Int(value) => *value,
-            other => panic!("not an int: {other:?}"),
+        match *value {
+            Value::Int(signed) => i128::from(signed),
+            Value::Unsigned(unsigned) => i128::from(unsigned),
+            ref other => panic!("not an int: {other:?}"),
         }
     }
 
