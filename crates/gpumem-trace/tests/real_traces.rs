@@ -61,20 +61,25 @@ fn relabelled(events: &[Event]) -> Vec<Relabelled> {
         .collect()
 }
 
-/// Stems of the traces that come in every format.
-fn cross_format_stems() -> Vec<String> {
+/// Stems of the trace files whose name ends in `suffix`.
+fn stems_with(suffix: &str) -> Vec<String> {
     let mut stems: Vec<String> = std::fs::read_dir(traces_dir())
         .map(|entries| {
             entries
                 .filter_map(|entry| {
                     let name = entry.ok()?.file_name().into_string().ok()?;
-                    name.strip_suffix(".rmm.csv").map(str::to_owned)
+                    name.strip_suffix(suffix).map(str::to_owned)
                 })
                 .collect()
         })
         .unwrap_or_default();
     stems.sort();
     stems
+}
+
+/// Stems of the traces that come in every format.
+fn cross_format_stems() -> Vec<String> {
+    stems_with(".rmm.csv")
 }
 
 #[test]
@@ -107,9 +112,12 @@ fn formats_of_the_same_real_trace_agree() {
 }
 
 #[test]
-fn native_headers_agree_with_our_summary() {
-    for stem in cross_format_stems() {
+fn every_native_trace_is_valid_and_its_header_agrees_with_our_summary() {
+    let stems = stems_with(".jsonl.gz");
+    assert!(!stems.is_empty(), "no native traces in {:?}", traces_dir());
+    for stem in stems {
         let trace = read(&format!("{stem}.jsonl.gz"), Format::Native);
+        assert_eq!(trace.validate(), Ok(()), "{stem}");
         let summary = trace.summary();
         let stated = |key: &str| {
             trace
@@ -120,6 +128,9 @@ fn native_headers_agree_with_our_summary() {
         };
         if let Some(events) = stated("events") {
             assert_eq!(summary.events as u64, events, "{stem}");
+        }
+        if let Some(steps) = stated("steps") {
+            assert_eq!(summary.steps, steps, "{stem}");
         }
         if let Some(peak) = stated("peak_live_bytes") {
             assert_eq!(summary.peak_live_bytes, peak, "{stem}");
