@@ -1,0 +1,54 @@
+//! (b) Replay throughput: `gpumem_replay::replay` of each real trace in `testdata/traces` and
+//! of a 10⁶-event synthetic training trace through every policy, in events per second (goal:
+//! ≥ 5 M events/s). Each iteration is one whole replay (fresh pool and address-only device).
+//!
+//! `cargo bench -p gpumem-bench --bench replay` (filter: `-- gpumem`, …).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
+use gpumem_bench::report::Recorder;
+use gpumem_bench::{default_trace_dir, load_traces, synthetic_training_trace};
+use gpumem_pool::PolicyKind;
+use gpumem_replay::{replay, ReplayOptions};
+
+const SAMPLES: usize = 10;
+
+fn main() {
+    let mut c = Criterion::default()
+        .sample_size(SAMPLES)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args();
+    let recorder = Recorder::default();
+    let mut traces = load_traces(&default_trace_dir());
+    traces.push(synthetic_training_trace(1_000_000));
+    let options = ReplayOptions::default();
+    for trace in &traces {
+        let group_name = format!("replay/{}", trace.meta.name);
+        let mut group = c.benchmark_group(&group_name);
+        group
+            .sampling_mode(SamplingMode::Flat)
+            .throughput(Throughput::Elements(trace.events.len() as u64));
+        for policy in PolicyKind::ALL {
+            let id = policy.to_string();
+            group.bench_function(BenchmarkId::from_parameter(&id), |b| {
+                b.iter_custom(|iters| {
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        let r = replay(trace, policy, &options, &mut |_| {}).expect("replay");
+                        black_box(r.report.peak_reserved_bytes);
+                    }
+                    let elapsed = t.elapsed();
+                    recorder.record(&group_name, &id, iters, elapsed, trace.events.len() as u64);
+                    elapsed
+                })
+            });
+        }
+        group.finish();
+    }
+    c.final_summary();
+    println!("\nReplay throughput (median of criterion's {SAMPLES} samples; includes pool and device set-up and teardown):");
+    println!("{}", recorder.markdown(SAMPLES, "torch", "event"));
+}

@@ -1,0 +1,386 @@
+//! Measuring every allocator on a workload once (no criterion) and printing the results as
+//! Markdown: what `bench-report` prints and `docs/benchmarks.md` holds.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use gpumem_pool::{Bytes, PolicyKind};
+use gpumem_replay::{replay, PolicyReport, ReplayOptions};
+use gpumem_trace::Trace;
+
+use crate::arena::{with_arena, Allocator, Arena, WithArena};
+use crate::run::{profile, time_body, Profile, Timing};
+use crate::workload::Workload;
+
+/// How hard [`measure_ops`] tries.
+#[derive(Clone, Debug)]
+pub struct OpsOptions {
+    /// Most timed body passes per allocator (the fastest is kept).
+    pub max_passes: u32,
+    /// Stop adding passes once this much time has been spent timing.
+    pub min_total: Duration,
+    /// Give up on an allocator (setup + first pass, and separately the profiling pass) after
+    /// this long: range-alloc's linear best fit at 10⁵–10⁶ live blocks.
+    pub budget: Duration,
+    /// Check every allocation against the live spans for overlaps during profiling.
+    pub check_overlaps: bool,
+}
+
+impl Default for OpsOptions {
+    fn default() -> Self {
+        OpsOptions {
+            max_passes: 10,
+            min_total: Duration::from_secs(1),
+            budget: Duration::from_secs(10),
+            check_overlaps: false,
+        }
+    }
+}
+
+/// One allocator on one workload.
+#[derive(Clone, Debug)]
+pub struct OpsRow {
+    /// The allocator.
+    pub allocator: Allocator,
+    /// Per-op cost.
+    pub timing: Timing,
+    /// Footprint and fragmentation; `None` when the budget ran out.
+    pub profile: Option<Profile>,
+}
+
+/// Every allocator on one workload.
+#[derive(Clone, Debug)]
+pub struct OpsTable {
+    /// Workload name.
+    pub name: String,
+    /// Workload description.
+    pub description: String,
+    /// Timed operations per pass.
+    pub body_ops: usize,
+    /// Most live blocks.
+    pub max_live_blocks: usize,
+    /// Peak live requested bytes.
+    pub peak_live_bytes: u64,
+    /// One row per allocator, in the order asked.
+    pub rows: Vec<OpsRow>,
+}
+
+impl OpsTable {
+    /// ns/op of offset-allocator, the reference.
+    pub fn reference_ns(&self) -> Option<f64> {
+        self.row(Allocator::OffsetAllocator)
+            .filter(|r| r.timing.complete)
+            .map(|r| r.timing.ns_per_op)
+    }
+
+    /// The row of `allocator`.
+    pub fn row(&self, allocator: Allocator) -> Option<&OpsRow> {
+        self.rows.iter().find(|r| r.allocator == allocator)
+    }
+
+    /// Cost of `allocator` relative to offset-allocator.
+    pub fn ratio(&self, allocator: Allocator) -> Option<f64> {
+        let r = self.row(allocator)?;
+        Some(r.timing.ns_per_op / self.reference_ns()?)
+    }
+}
+
+struct Measure<'a> {
+    w: &'a Workload,
+    opts: &'a OpsOptions,
+}
+
+impl WithArena for Measure<'_> {
+    type Output = (Timing, Option<Profile>);
+
+    fn run<A: Arena>(self, make: &dyn Fn() -> A) -> Self::Output {
+        let o = self.opts;
+        let timing = time_body(make, self.w, o.max_passes, o.min_total, o.budget);
+        let profile = if timing.complete {
+            let mut arena = make();
+            profile(&mut arena, self.w, o.check_overlaps, Some(o.budget))
+        } else {
+            None
+        };
+        (timing, profile)
+    }
+}
+
+/// Times and profiles each of `allocators` on `w`.
+pub fn measure_ops(w: &Workload, allocators: &[Allocator], opts: &OpsOptions) -> OpsTable {
+    let rows = allocators
+        .iter()
+        .map(|&allocator| {
+            let (timing, profile) = with_arena(allocator, w, Measure { w, opts });
+            OpsRow {
+                allocator,
+                timing,
+                profile,
+            }
+        })
+        .collect();
+    OpsTable {
+        name: w.name.clone(),
+        description: w.description.clone(),
+        body_ops: w.body.len(),
+        max_live_blocks: w.max_live_blocks,
+        peak_live_bytes: w.peak_live_bytes,
+        rows,
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1} %", 100.0 * x)
+}
+
+fn ns(t: &Timing) -> String {
+    match (t.complete, t.ns_per_op.is_nan()) {
+        (true, _) => format!("{:.1}", t.ns_per_op),
+        (false, true) => "> budget (setup)".into(),
+        (false, false) => format!("≥ {:.0} (budget)", t.ns_per_op),
+    }
+}
+
+/// One Markdown table per workload: ns/op, ratio to offset-allocator, failures, footprint,
+/// utilisation, fragmentation.
+pub fn ops_markdown(t: &OpsTable) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "#### `{}`: {}\n", t.name, t.description);
+    let _ = writeln!(
+        s,
+        "{} timed ops per pass; at most {} live blocks; peak live {}.\n",
+        t.body_ops,
+        t.max_live_blocks,
+        Bytes(t.peak_live_bytes)
+    );
+    let _ = writeln!(
+        s,
+        "| allocator | ns/op | × offset-allocator | failures | peak footprint | utilisation | ext. frag. at peak |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
+    for r in &t.rows {
+        let ratio = match t.ratio(r.allocator) {
+            Some(x) if r.timing.complete => format!("{x:.2}×"),
+            Some(x) if !x.is_nan() => format!("≥ {x:.0}×"),
+            _ => "—".into(),
+        };
+        let (failures, footprint, util, frag) = match &r.profile {
+            Some(p) => (
+                p.failures.to_string(),
+                Bytes(p.footprint).to_string(),
+                pct(p.utilization),
+                pct(p.fragmentation),
+            ),
+            None => ("—".into(), "—".into(), "—".into(), "—".into()),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.allocator.name(),
+            ns(&r.timing),
+            ratio,
+            failures,
+            footprint,
+            util,
+            frag
+        );
+    }
+    s
+}
+
+/// Replays `trace` through each of `policies` `reps` times and keeps, per policy, the report
+/// of the fastest run (the memory numbers are deterministic).
+pub fn measure_replay(trace: &Trace, policies: &[PolicyKind], reps: u32) -> Vec<PolicyReport> {
+    policies
+        .iter()
+        .filter_map(|&p| {
+            let mut best: Option<PolicyReport> = None;
+            for _ in 0..reps.max(1) {
+                match replay(trace, p, &ReplayOptions::default(), &mut |_| {}) {
+                    Ok(r) => {
+                        if best
+                            .as_ref()
+                            .is_none_or(|b| r.report.events_per_second > b.events_per_second)
+                        {
+                            best = Some(r.report);
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("replay of {} with {p} failed: {e}", trace.meta.name);
+                        return None;
+                    }
+                }
+            }
+            best
+        })
+        .collect()
+}
+
+/// The replay table: per trace and policy, throughput and what the policy needed.
+pub fn replay_markdown(results: &[(String, Vec<PolicyReport>)]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| trace | events | policy | events/s | peak allocated | peak reserved | utilisation | device alloc calls | steady-state alloc calls/step |"
+    );
+    let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---:|---:|");
+    for (name, reports) in results {
+        for r in reports {
+            let _ = writeln!(
+                s,
+                "| `{}` | {} | {} | {:.2} M | {} | {} | {} | {} | {} |",
+                name,
+                r.events,
+                r.policy,
+                r.events_per_second / 1e6,
+                Bytes(r.peak_allocated_bytes),
+                Bytes(r.peak_reserved_bytes),
+                pct(r.utilization),
+                r.device_alloc_calls,
+                r.steady_state_alloc_calls_per_step
+                    .map_or("—".into(), |x| format!("{x}")),
+            );
+        }
+    }
+    s
+}
+
+/// The three goals of the benchmark item, checked against the measurements: `gpumem`
+/// utilisation ≥ 97 % on every real trace, per-op cost of `pool/gpumem` within 2× of
+/// offset-allocator, replay ≥ 5 M events/s.
+pub fn goals_markdown(
+    ops: &[OpsTable],
+    replays: &[(String, Vec<PolicyReport>)],
+    real_traces: &[String],
+) -> String {
+    let mut s = String::new();
+    let mark = |ok: bool| if ok { "✅" } else { "❌" };
+    let gpumem = PolicyKind::Gpumem.to_string();
+    let _ = writeln!(s, "| goal | input | measured | met |");
+    let _ = writeln!(s, "|---|---|---:|:---:|");
+    for (name, reports) in replays {
+        let Some(r) = reports.iter().find(|r| r.policy == gpumem) else {
+            continue;
+        };
+        if real_traces.contains(name) {
+            let _ = writeln!(
+                s,
+                "| `gpumem` utilisation ≥ 97 % | `{name}` | {} | {} |",
+                pct(r.utilization),
+                mark(r.utilization >= 0.97)
+            );
+        }
+    }
+    for t in ops {
+        if let Some(x) = t.ratio(Allocator::Pool(PolicyKind::Gpumem)) {
+            let complete = t
+                .row(Allocator::Pool(PolicyKind::Gpumem))
+                .is_some_and(|r| r.timing.complete);
+            let _ = writeln!(
+                s,
+                "| `pool/gpumem` per-op cost ≤ 2× offset-allocator | `{}` | {x:.2}× | {} |",
+                t.name,
+                mark(complete && x <= 2.0)
+            );
+        }
+    }
+    for (name, reports) in replays {
+        if let Some(r) = reports.iter().find(|r| r.policy == gpumem) {
+            let _ = writeln!(
+                s,
+                "| replay ≥ 5 M events/s (`gpumem`) | `{name}` | {:.2} M/s | {} |",
+                r.events_per_second / 1e6,
+                mark(r.events_per_second >= 5e6)
+            );
+        }
+    }
+    s
+}
+
+/// Timings a criterion benchmark records from inside `iter_custom`, so that the bench can
+/// print a summary (ns per element, ratio to a reference) after criterion's own output.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    entries: std::cell::RefCell<Vec<Recorded>>,
+}
+
+#[derive(Clone, Debug)]
+struct Recorded {
+    group: String,
+    id: String,
+    iters: u64,
+    elapsed: Duration,
+    elements: u64,
+}
+
+impl Recorder {
+    /// Records one `iter_custom` call: `iters` iterations of `elements` elements each.
+    pub fn record(&self, group: &str, id: &str, iters: u64, elapsed: Duration, elements: u64) {
+        self.entries.borrow_mut().push(Recorded {
+            group: group.into(),
+            id: id.into(),
+            iters,
+            elapsed,
+            elements,
+        });
+    }
+
+    /// Median ns per element over the last `samples` calls of `group`/`id` (criterion's
+    /// measurement samples come after its warm-up calls).
+    pub fn ns_per_element(&self, group: &str, id: &str, samples: usize) -> Option<f64> {
+        let entries = self.entries.borrow();
+        let mut v: Vec<f64> = entries
+            .iter()
+            .filter(|e| e.group == group && e.id == id && e.iters > 0)
+            .map(|e| e.elapsed.as_nanos() as f64 / (e.iters * e.elements.max(1)) as f64)
+            .collect();
+        let v_len = v.len();
+        v.drain(..v_len.saturating_sub(samples));
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        Some(v[v.len() / 2])
+    }
+
+    /// Groups and ids recorded, in first-seen order.
+    pub fn keys(&self) -> Vec<(String, String)> {
+        let mut keys: Vec<(String, String)> = Vec::new();
+        for e in self.entries.borrow().iter() {
+            if !keys.iter().any(|(g, i)| *g == e.group && *i == e.id) {
+                keys.push((e.group.clone(), e.id.clone()));
+            }
+        }
+        keys
+    }
+
+    /// A Markdown table per group: ns per element (median of the last `samples` calls),
+    /// elements per second, and the ratio to `reference` (an id) when it was measured.
+    pub fn markdown(&self, samples: usize, reference: &str, element: &str) -> String {
+        let mut s = String::new();
+        let keys = self.keys();
+        let mut groups: Vec<&String> = Vec::new();
+        for (g, _) in &keys {
+            if !groups.contains(&g) {
+                groups.push(g);
+            }
+        }
+        for g in groups {
+            let reference_ns = self.ns_per_element(g, reference, samples);
+            let _ = writeln!(s, "\n{g}\n");
+            let _ = writeln!(
+                s,
+                "| benchmark | ns/{element} | M {element}s/s | × {reference} |"
+            );
+            let _ = writeln!(s, "|---|---:|---:|---:|");
+            for (_, id) in keys.iter().filter(|(kg, _)| kg == g) {
+                let Some(ns) = self.ns_per_element(g, id, samples) else {
+                    continue;
+                };
+                let ratio = reference_ns.map_or("—".into(), |r| format!("{:.2}×", ns / r));
+                let _ = writeln!(s, "| {id} | {ns:.1} | {:.2} | {ratio} |", 1e3 / ns);
+            }
+        }
+        s
+    }
+}

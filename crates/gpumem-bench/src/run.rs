@@ -1,0 +1,231 @@
+//! Driving an [`Arena`] through a [`Workload`]: the hot loop the benchmarks time, a profiling
+//! pass (failures, footprint, utilisation, fragmentation, overlap check) and a best-of-k
+//! timing pass with a time budget.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use crate::arena::Arena;
+use crate::workload::{Op, Workload};
+
+/// The live-handle table of a run.
+pub type Slots<H> = Vec<Option<H>>;
+
+/// A fresh live-handle table for `w`.
+pub fn slots<H: Copy>(w: &Workload) -> Slots<H> {
+    vec![None; w.slots]
+}
+
+/// Applies `ops` to `arena`; returns the number of failed allocations. A failed allocation
+/// leaves its slot empty and its free is skipped. This is the loop every timing measures: per
+/// operation one slot load/store around the allocator's own call.
+#[inline]
+pub fn apply<A: Arena>(arena: &mut A, ops: &[Op], slots: &mut [Option<A::Handle>]) -> u64 {
+    let mut failures = 0;
+    for op in ops {
+        match *op {
+            Op::Alloc { slot, size } => {
+                let handle = arena.alloc(size);
+                failures += handle.is_none() as u64;
+                slots[slot as usize] = handle;
+            }
+            Op::Free { slot } => {
+                if let Some(handle) = slots[slot as usize].take() {
+                    arena.free(handle);
+                }
+            }
+        }
+    }
+    failures
+}
+
+/// What one profiling pass over setup + body found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Profile {
+    /// Allocations that failed.
+    pub failures: u64,
+    /// Peak bytes the allocator needed: peak reserved for a pool, high-water mark (highest
+    /// offset + size ever handed out) for a fixed arena.
+    pub footprint: u64,
+    /// Peak live requested bytes of the workload (the same for every allocator).
+    pub peak_live_bytes: u64,
+    /// `peak_live_bytes / footprint`: 1.0 is perfect.
+    pub utilization: f64,
+    /// External fragmentation at the moment live bytes peak: 1 − largest free block / free
+    /// bytes, over reserved memory (pool) or below the high-water mark (fixed arena).
+    pub fragmentation: f64,
+    /// Free bytes (cached or below the high-water mark) at that moment.
+    pub free_at_peak: u64,
+    /// Live blocks found overlapping another (only counted when checking).
+    pub overlaps: u64,
+}
+
+/// Runs setup + one body pass on a fresh `arena`, measuring what [`Profile`] holds. With
+/// `check`, every allocation's span is checked against every live span (in a `BTreeMap`).
+/// Returns `None` if `budget` runs out first.
+pub fn profile<A: Arena>(
+    arena: &mut A,
+    w: &Workload,
+    check: bool,
+    budget: Option<Duration>,
+) -> Option<Profile> {
+    let started = Instant::now();
+    let mut slots: Slots<A::Handle> = slots(w);
+    let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+    let (mut failures, mut overlaps, mut high_water) = (0u64, 0u64, 0u64);
+    let mut at_peak = (0u64, 0u64);
+    for (index, op) in w.setup.iter().chain(w.body.iter()).enumerate() {
+        match *op {
+            Op::Alloc { slot, size } => {
+                let handle = arena.alloc(size);
+                if let Some(h) = handle {
+                    let (start, end) = arena.span(h);
+                    high_water = high_water.max(end);
+                    if check {
+                        let clash_before = live
+                            .range(..end)
+                            .next_back()
+                            .is_some_and(|(_, &e)| e > start);
+                        if clash_before || end <= start {
+                            overlaps += 1;
+                        }
+                        live.insert(start, end);
+                    }
+                } else {
+                    failures += 1;
+                }
+                slots[slot as usize] = handle;
+            }
+            Op::Free { slot } => {
+                if let Some(h) = slots[slot as usize].take() {
+                    if check {
+                        live.remove(&arena.span(h).0);
+                    }
+                    arena.free(h);
+                }
+            }
+        }
+        if index % CHUNK == 0 && budget.is_some_and(|b| started.elapsed() > b) {
+            return None;
+        }
+        if index == w.peak_index {
+            at_peak = arena
+                .free_space()
+                .unwrap_or_else(|| free_below(arena, &slots, high_water));
+        }
+    }
+    // Leave the arena empty (pools keep their cache).
+    for h in slots.iter_mut().filter_map(Option::take) {
+        arena.free(h);
+    }
+    let footprint = arena.peak_reserved().unwrap_or(high_water);
+    let (free, largest) = at_peak;
+    Some(Profile {
+        failures,
+        footprint,
+        peak_live_bytes: w.peak_live_bytes,
+        utilization: if footprint == 0 {
+            1.0
+        } else {
+            w.peak_live_bytes as f64 / footprint as f64
+        },
+        fragmentation: if free == 0 {
+            0.0
+        } else {
+            1.0 - largest as f64 / free as f64
+        },
+        free_at_peak: free,
+        overlaps,
+    })
+}
+
+/// Free bytes below `high_water` and the largest free hole there, from the live spans.
+fn free_below<A: Arena>(arena: &A, slots: &[Option<A::Handle>], high_water: u64) -> (u64, u64) {
+    let mut spans: Vec<(u64, u64)> = slots.iter().flatten().map(|&h| arena.span(h)).collect();
+    spans.sort_unstable();
+    let (mut cursor, mut free, mut largest) = (0u64, 0u64, 0u64);
+    for (start, end) in spans {
+        if start > cursor {
+            free += start - cursor;
+            largest = largest.max(start - cursor);
+        }
+        cursor = cursor.max(end);
+    }
+    if high_water > cursor {
+        free += high_water - cursor;
+        largest = largest.max(high_water - cursor);
+    }
+    (free, largest)
+}
+
+/// The result of [`time_body`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timing {
+    /// Nanoseconds per body operation, best of the passes (or over the operations done when
+    /// the budget ran out).
+    pub ns_per_op: f64,
+    /// Body passes completed.
+    pub passes: u32,
+    /// False when the time budget ran out before one whole pass (setup included): then
+    /// `ns_per_op` is over the body operations done, or NaN if the setup did not finish.
+    pub complete: bool,
+}
+
+/// Operations between two looks at the clock in a budgeted run.
+const CHUNK: usize = 4096;
+
+/// Times the body on one arena from `make`: applies the setup (untimed), then replays the body
+/// up to `max_passes` times (stopping once `min_total` has been spent) and keeps the fastest
+/// pass. If `budget` runs out first (setup included), stops and reports what it has.
+pub fn time_body<A: Arena>(
+    make: &dyn Fn() -> A,
+    w: &Workload,
+    max_passes: u32,
+    min_total: Duration,
+    budget: Duration,
+) -> Timing {
+    let started = Instant::now();
+    let mut arena = make();
+    let mut slots: Slots<A::Handle> = slots(w);
+    for chunk in w.setup.chunks(CHUNK) {
+        apply(&mut arena, chunk, &mut slots);
+        if started.elapsed() > budget {
+            return Timing {
+                ns_per_op: f64::NAN,
+                passes: 0,
+                complete: false,
+            };
+        }
+    }
+    let mut best = f64::INFINITY;
+    let mut passes = 0;
+    let timed_from = Instant::now();
+    while passes < max_passes && (passes == 0 || timed_from.elapsed() < min_total) {
+        let t = Instant::now();
+        if passes == 0 {
+            // The first pass is budgeted chunk by chunk.
+            let mut done = 0usize;
+            for chunk in w.body.chunks(CHUNK) {
+                black_box(apply(&mut arena, chunk, &mut slots));
+                done += chunk.len();
+                if started.elapsed() > budget && done < w.body.len() {
+                    return Timing {
+                        ns_per_op: t.elapsed().as_nanos() as f64 / done as f64,
+                        passes: 0,
+                        complete: false,
+                    };
+                }
+            }
+        } else {
+            black_box(apply(&mut arena, &w.body, &mut slots));
+        }
+        best = best.min(t.elapsed().as_nanos() as f64 / w.body.len().max(1) as f64);
+        passes += 1;
+    }
+    Timing {
+        ns_per_op: best,
+        passes,
+        complete: true,
+    }
+}
