@@ -20,8 +20,6 @@ pub(super) struct Node {
     pub addr: DevicePtr,
     /// Bytes.
     pub size: u64,
-    /// Bytes the user asked for while the block is handed out.
-    pub requested: u64,
     /// The stream whose free set the block belongs to.
     pub stream: StreamId,
     /// Small or large pool.
@@ -48,7 +46,6 @@ impl Node {
         Node {
             addr,
             size,
-            requested: 0,
             stream,
             pool,
             prev: NIL,

@@ -219,7 +219,6 @@ impl TorchPolicy {
         };
         let node = &mut self.blocks[handed_out];
         node.allocated = true;
-        node.requested = req.size;
         let block = Block {
             addr: node.addr,
             size: node.size,
@@ -557,7 +556,6 @@ impl Policy for TorchPolicy {
         };
         let node = &mut self.blocks[idx];
         node.allocated = false;
-        node.requested = 0;
         if node.size >= self.settings.max_split_size {
             up.stats.oversize_allocations.decrease(1);
         }
