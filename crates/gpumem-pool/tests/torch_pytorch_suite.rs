@@ -302,6 +302,44 @@ fn test_memory_stats_active_bytes() {
     assert_eq!(stat(&p, "reserved_bytes.all.peak"), prev_max_reserved);
 }
 
+/// Port of `TestCuda.test_cuda_memory_leak_detection`: a function that frees what it
+/// allocates leaves `memory_allocated` unchanged; one that keeps 8 Mi floats is caught by it
+/// and by the device's usage, while a leak small enough to land in cached memory shows in the
+/// pool's statistics only ("increasing by just 1 byte can be hidden by the caching
+/// allocator").
+#[test]
+fn test_cuda_memory_leak_detection() {
+    let dev = host(256 * MIB);
+    let p = pool(&dev, PolicyKind::Torch, "", None);
+    let check = |f: &mut dyn FnMut()| -> (u64, u64) {
+        let (allocated, used) = (stat(&p, "allocated_bytes.all.current"), dev.used());
+        f();
+        (
+            stat(&p, "allocated_bytes.all.current") - allocated,
+            dev.used() - used,
+        )
+    };
+    let mut leaked = Vec::new();
+    let no_leak = || {
+        let t = p.allocate(1024 * FLOAT, S0).unwrap();
+        p.free(t.ptr).unwrap();
+    };
+    // The cache keeps the 2 MiB segment: device usage grows without a leak, which is why
+    // the check goes by memory_allocated.
+    assert_eq!(check(&mut { no_leak }), (0, 2 * MIB));
+    let leak_one_byte = || leaked.push(p.allocate(1, S0).unwrap());
+    assert_eq!(
+        check(&mut { leak_one_byte }),
+        (512, 0),
+        "hidden from the device"
+    );
+    let leak_gpu0 = || leaked.push(p.allocate(1024 * 1024 * 8 * FLOAT, S0).unwrap());
+    assert_eq!(check(&mut { leak_gpu0 }), (32 * MIB, 32 * MIB));
+    for a in leaked {
+        p.free(a.ptr).unwrap();
+    }
+}
+
 /// PyTorch's `power2_div` helper from `test_allocator_settings`.
 fn power2_div(size: u64, div_factor: u64) -> u64 {
     let mut pow2 = 1;
