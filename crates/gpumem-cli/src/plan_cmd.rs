@@ -60,6 +60,9 @@ pub struct PlanArgs {
     /// Global batch to reach with accumulation (with --fit batch).
     #[arg(long)]
     global_batch: Option<i64>,
+    /// Gradients zeroed, not freed, between steps (zero_grad(set_to_none=False)).
+    #[arg(long)]
+    keep_grads: bool,
     /// Total GPUs.
     #[arg(long)]
     gpus: Option<i64>,
@@ -137,6 +140,7 @@ fn settings(a: &PlanArgs) -> Result<Settings, PlanError> {
         grad_ckpt_selective: a.grad_ckpt_selective,
         attn: a.attn.clone(),
         grad_accum: size("grad-accum", a.grad_accum)?,
+        keep_grads: a.keep_grads,
         gpus: size("gpus", a.gpus)?,
         nodes: size("nodes", a.nodes)?,
         zero: a.zero.clone(),

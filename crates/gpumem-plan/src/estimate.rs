@@ -365,7 +365,7 @@ fn bytes(x: f64) -> u64 {
 fn simulate_training(units: &[Unit], states: &States, workload: &Workload, in_flight: f64) -> Vec<(Phase, Breakdown)> {
     let total_params: f64 = units.iter().map(|u| u.params as f64).sum();
     let all_gradients = total_params * states.grad_per_param;
-    let accumulating = workload.grad_accum > 1;
+    let accumulating = workload.grad_accum > 1 || workload.keep_grads;
     let base = |gradients: f64, activations: f64, temporaries: f64| Breakdown {
         weights: bytes(states.weights + states.buffers_weights),
         gradients: bytes(gradients + states.buffers_gradients),

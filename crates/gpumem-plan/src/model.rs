@@ -203,6 +203,17 @@ impl ParamCounts {
 }
 
 impl ModelSpec {
+    /// The same encoder with a pooler + classifier head (what `…ForSequenceClassification`
+    /// trains); decoders and CNNs are returned unchanged.
+    pub fn with_sequence_classification_head(mut self, labels: u64) -> Self {
+        if let Architecture::Transformer(t) = &mut self.arch {
+            if matches!(t.head, Head::Pooler | Head::MaskedLm | Head::None) && !t.is_encoder_decoder() {
+                t.head = Head::SequenceClassification { labels };
+            }
+        }
+        self
+    }
+
     /// Exact parameter counts of the model.
     pub fn params(&self) -> ParamCounts {
         match &self.arch {

@@ -37,6 +37,8 @@ pub struct Settings {
     pub attn: Option<String>,
     /// `--grad-accum`.
     pub grad_accum: Option<u64>,
+    /// `--keep-grads`: gradients zeroed, not freed, between steps.
+    pub keep_grads: bool,
     /// `--gpus`.
     pub gpus: Option<u64>,
     /// `--nodes`.
@@ -111,6 +113,7 @@ impl Settings {
                     Target::Cpu => OptimizerImpl::ForLoop,
                 }),
             grad_accum: self.grad_accum.unwrap_or(1),
+            keep_grads: self.keep_grads,
             checkpointing,
             attention: pick(&self.attn, "attention", choices::ATTENTIONS)?.unwrap_or(Attention::Sdpa),
             lora,

@@ -191,6 +191,9 @@ pub struct Workload {
     pub optimizer_impl: OptimizerImpl,
     /// Micro-batches accumulated per optimizer step; above 1, gradients stay alive through forward.
     pub grad_accum: u64,
+    /// Gradients are zeroed instead of freed after the step (`zero_grad(set_to_none=False)`,
+    /// the PyTorch < 2.0 default): they stay allocated through the next forward.
+    pub keep_grads: bool,
     /// Activation recomputation.
     pub checkpointing: Checkpointing,
     /// Attention implementation.
@@ -216,6 +219,7 @@ impl Default for Workload {
             optimizer: Optimizer::AdamW,
             optimizer_impl: OptimizerImpl::Foreach,
             grad_accum: 1,
+            keep_grads: false,
             checkpointing: Checkpointing::None,
             attention: Attention::Sdpa,
             lora: None,

@@ -1,0 +1,59 @@
+//! Published GPU measurements (`tests/data/published.json`, sources and what each measured are
+//! listed per point; points with incomplete settings are listed under `skipped` with the reason).
+//! Each is compared after the overhead it includes: `alloc`/`active` against allocated bytes,
+//! `nvml` against allocated + allocator + the CUDA context measured by the same source.
+//! Run with `--nocapture` for the table.
+
+use gpumem_plan::{estimate, find_model, Overheads, Settings};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Published {
+    points: Vec<Point>,
+    skipped: Vec<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct Point {
+    id: String,
+    source: String,
+    model: String,
+    #[serde(default)]
+    head: Option<String>,
+    metric: String,
+    measured_bytes: u64,
+    #[serde(default)]
+    context_bytes: u64,
+    settings: Settings,
+}
+
+const TOLERANCE: f64 = 0.10;
+
+#[test]
+fn planner_matches_published_gpu_measurements() {
+    let text = include_str!("data/published.json");
+    let published: Published = serde_json::from_str(text).unwrap();
+    assert!(!published.skipped.is_empty());
+    let mut worst: f64 = 0.0;
+    println!("{:<44} {:>7} {:>14} {:>14} {:>8}", "point", "metric", "published", "planned", "error");
+    for point in &published.points {
+        assert!(!point.source.is_empty());
+        let mut model = find_model(&point.model).unwrap();
+        if point.head.as_deref() == Some("sequence_classification") {
+            model = model.with_sequence_classification_head(2);
+        }
+        let workload = point.settings.to_workload().unwrap_or_else(|e| panic!("{}: {e}", point.id));
+        let overheads = Overheads { context_bytes: point.context_bytes, ..Overheads::default() };
+        let e = estimate(&model, &workload, &overheads).unwrap();
+        let planned = match point.metric.as_str() {
+            "alloc" | "active" => e.peak_allocated_bytes,
+            "nvml" => e.peak_total_bytes,
+            other => panic!("{}: unknown metric {other}", point.id),
+        };
+        let error = (planned as f64 - point.measured_bytes as f64) / point.measured_bytes as f64;
+        println!("{:<44} {:>7} {:>14} {:>14} {:>+7.2}%", point.id, point.metric, point.measured_bytes, planned, 100.0 * error);
+        worst = worst.max(error.abs());
+    }
+    println!("{} points: max |error| {:.2}%", published.points.len(), 100.0 * worst);
+    assert!(worst <= TOLERANCE, "max |error| {:.2}% > 10%", 100.0 * worst);
+}
