@@ -7,15 +7,20 @@ use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::{parse_limit, Bytes, Limit, PolicyKind};
 use gpumem_replay::{replay, PolicyReport, Progress, ReplayOptions};
 use gpumem_trace::Snapshot;
-use gpumem_trace::{read_path, Format, ReadOptions, Trace};
+use gpumem_trace::{read, read_path, Format, ReadOptions, Trace};
 use indicatif::{ProgressBar, ProgressStyle};
+
+/// The trace `gpumem replay` replays when given none: a real PyTorch training trace (GPT-2,
+/// 12 layers, batch 4, sequence 256, AdamW, 4 steps) captured by `tools/capture_trace.py`.
+const DEFAULT_TRACE: &[u8] =
+    include_bytes!("../../../testdata/traces/gpt2-12l-train-b4-s256.jsonl.gz");
 
 /// Arguments of `gpumem replay`.
 #[derive(clap::Args)]
 pub struct ReplayArgs {
     /// Trace file: gpumem JSON lines, a PyTorch snapshot pickle or an RMM log CSV (gzip or
-    /// not).
-    trace: PathBuf,
+    /// not). Without one, a bundled real trace (GPT-2 training, 4 steps) is replayed.
+    trace: Option<PathBuf>,
     /// Trace format.
     #[arg(long, default_value = "auto")]
     format: Format,
@@ -78,13 +83,14 @@ fn parse_capacity(text: &str) -> Result<u64, String> {
 
 /// Runs `gpumem replay`.
 pub fn run(args: ReplayArgs) -> Result<(), String> {
-    let trace = read_path(
-        &args.trace,
-        ReadOptions {
-            format: args.format,
-            device: args.device,
-        },
-    )
+    let read_options = ReadOptions {
+        format: args.format,
+        device: args.device,
+    };
+    let trace = match &args.trace {
+        Some(path) => read_path(path, read_options),
+        None => read(DEFAULT_TRACE, read_options),
+    }
     .map_err(|e| e.to_string())?;
     let torch = match &args.pytorch_alloc_conf {
         Some(conf) => {

@@ -1,0 +1,163 @@
+//! `gpumem replay` as a user runs it: the embedded default, the JSON contract, every trace
+//! format, snapshots, and clear errors for bad input.
+
+use std::process::{Command, Output};
+
+fn gpumem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(args)
+        .output()
+        .expect("the gpumem binary runs")
+}
+
+fn testdata(name: &str) -> String {
+    format!(
+        "{}/../../testdata/traces/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+fn json_of(output: &Output) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "gpumem failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("stdout is one JSON object")
+}
+
+#[test]
+fn default_replay_compares_every_policy_in_json() {
+    let out = json_of(&gpumem(&["replay", "--json", "--capacity", "1.25GiB"]));
+    let policies = out["policies"].as_array().unwrap();
+    let names: Vec<&str> = policies
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["none", "torch", "expandable", "gpumem"]);
+    for p in policies {
+        for key in [
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+            "utilization",
+            "device_calls",
+        ] {
+            assert!(p[key].is_number(), "{key} missing in {p}");
+        }
+        assert!(p.get("oom").is_some(), "oom key missing in {p}");
+        let utilization = p["utilization"].as_f64().unwrap();
+        assert!(utilization > 0.5 && utilization <= 1.0, "{p}");
+        assert!(p["peak_reserved_bytes"].as_u64() >= p["peak_allocated_bytes"].as_u64());
+    }
+    // The trace peaks at 1.19 GiB live: without caching it fits 1.25 GiB exactly as asked.
+    assert!(policies[0]["oom"].is_null());
+    assert_eq!(out["trace"]["steps"], 4);
+}
+
+#[test]
+fn an_oom_names_the_event_and_step() {
+    let out = json_of(&gpumem(&[
+        "replay",
+        "--json",
+        "--policy",
+        "none",
+        "--capacity",
+        "500MiB",
+    ]));
+    let oom = &out["policies"][0]["oom"];
+    assert_eq!(oom["capacity_bytes"], 500 << 20);
+    assert!(oom["event_index"].as_u64().unwrap() > 0);
+    assert!(oom["message"].as_str().unwrap().contains("What to try"));
+}
+
+#[test]
+fn the_three_formats_of_one_trace_agree() {
+    let peaks: Vec<u64> = [
+        "small-gpt2-2l-infer-b1-s32.jsonl.gz",
+        "small-gpt2-2l-infer-b1-s32.rmm.csv",
+        "small-gpt2-2l-infer-b1-s32.snapshot.p4.pickle",
+    ]
+    .iter()
+    .map(|name| {
+        let out = json_of(&gpumem(&[
+            "replay",
+            &testdata(name),
+            "--policy",
+            "torch",
+            "--json",
+        ]));
+        out["policies"][0]["peak_reserved_bytes"].as_u64().unwrap()
+    })
+    .collect();
+    assert!(peaks.iter().all(|&p| p == peaks[0] && p > 0), "{peaks:?}");
+}
+
+#[test]
+fn snapshot_is_written_for_one_policy() {
+    let dir = std::env::temp_dir().join(format!("gpumem-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("replay.pickle");
+    let trace = testdata("small-gpt2-2l-infer-b1-s32.jsonl.gz");
+    let status = gpumem(&[
+        "replay",
+        &trace,
+        "--policy",
+        "gpumem",
+        "--snapshot",
+        path.to_str().unwrap(),
+    ]);
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let snapshot = gpumem_trace::Snapshot::read(std::fs::File::open(&path).unwrap()).unwrap();
+    let trace_events = &snapshot.device_traces[0];
+    assert!(trace_events
+        .iter()
+        .any(|e| e.action == gpumem_trace::snapshot::Action::Alloc));
+
+    let refused = gpumem(&["replay", &trace, "--snapshot", path.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("needs a single --policy"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    for (args, needle) in [
+        (
+            vec!["replay", "/nonexistent/trace.jsonl"],
+            "/nonexistent/trace.jsonl",
+        ),
+        (vec!["replay", "--capacity", "12bananas"], "accepted"),
+        (vec!["replay", "--capacity", "50%"], "absolute"),
+        (vec!["replay", "--policy", "fastest"], "possible values"),
+        (vec!["replay", "--format", "csv"], "expected one of"),
+        (
+            vec!["replay", "--pytorch-alloc-conf", "max_split_size_mb:5"],
+            "at least 20",
+        ),
+    ] {
+        let out = gpumem(&args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    let dir = std::env::temp_dir().join(format!("gpumem-cli-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = dir.join("garbage.jsonl");
+    std::fs::write(
+        &garbage,
+        "{\"gpumem_trace\": 1}\n{\"op\":\"alloc\",\"addr\":1}\n",
+    )
+    .unwrap();
+    let out = gpumem(&["replay", garbage.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("line 2") || stderr.contains("size"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
