@@ -341,3 +341,113 @@ fn the_soft_limit_releases_the_largest_cached_segments_first() {
     assert_eq!(pool.allocate(30 * MIB, S0).unwrap().ptr, b.ptr);
     pool.free(live.ptr).unwrap();
 }
+
+/// Checks what must hold after every operation: the blocks of a segment tile it, no two free
+/// blocks are neighbours (they would have been merged), and the statistics agree with the
+/// segments.
+fn check_invariants(pool: &Pool, context: &str) {
+    let segments = pool.segments();
+    let s = pool.stats();
+    let (mut reserved, mut allocated, mut largest_free) = (0, 0, 0);
+    let (mut allocations, mut inactive_split, mut inactive_split_bytes) = (0, 0, 0);
+    for seg in &segments {
+        let mut at = seg.address;
+        let mut previous_free = false;
+        for b in &seg.blocks {
+            assert_eq!(b.address, at, "{context}: blocks tile the segment");
+            at += b.size;
+            assert!(
+                !(previous_free && !b.in_use),
+                "{context}: unmerged neighbours"
+            );
+            previous_free = !b.in_use;
+            if b.in_use {
+                allocated += b.size;
+                allocations += 1;
+            } else {
+                largest_free = largest_free.max(b.size);
+                if seg.blocks.len() > 1 && !seg.is_expandable {
+                    inactive_split += 1;
+                    inactive_split_bytes += b.size;
+                }
+            }
+        }
+        assert_eq!(at - seg.address, seg.total_size, "{context}");
+        reserved += seg.total_size;
+    }
+    assert_eq!(s.reserved_bytes.all.current, reserved, "{context}");
+    assert_eq!(s.allocated_bytes.all.current, allocated, "{context}");
+    assert_eq!(s.allocation.all.current, allocations, "{context}");
+    assert_eq!(s.inactive_split.all.current, inactive_split, "{context}");
+    assert_eq!(
+        s.inactive_split_bytes.all.current, inactive_split_bytes,
+        "{context}"
+    );
+    assert_eq!(
+        pool.status().unwrap().largest_free_block,
+        largest_free,
+        "{context}"
+    );
+}
+
+#[test]
+fn random_operations_keep_segments_tiled_merged_and_counted() {
+    let settings = [
+        (PolicyKind::Torch, "", None),
+        (PolicyKind::Torch, "max_split_size_mb:40", None),
+        (
+            PolicyKind::Torch,
+            "roundup_power2_divisions:[1:2,8:4,>:8],garbage_collection_threshold:0.7",
+            Some(600 * MIB),
+        ),
+        (PolicyKind::Expandable, "", None),
+        (
+            PolicyKind::Expandable,
+            "max_split_size_mb:20",
+            Some(600 * MIB),
+        ),
+    ];
+    for (policy, conf, limit) in settings {
+        let dev = Arc::new(SimDevice::new(SimConfig::address_only(1024 * MIB)).unwrap());
+        let pool = pool_with(&dev, policy, conf, limit);
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut rnd = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut live: Vec<u64> = Vec::new();
+        for step in 0..3000 {
+            let context = format!("{policy} {conf:?} step {step}");
+            let roll = rnd() % 100;
+            if roll < 55 || live.is_empty() {
+                let size = match rnd() % 4 {
+                    0 => rnd() % 4096 + 1,
+                    1 => rnd() % (1 << 20) + 1,
+                    2 => rnd() % (12 << 20) + 1,
+                    _ => rnd() % (90 << 20) + 1,
+                };
+                let stream = StreamId(rnd() % 2);
+                match pool.allocate(size, stream) {
+                    Ok(a) => live.push(a.ptr),
+                    Err(PoolError::OutOfMemory(_)) => {}
+                    Err(e) => panic!("{context}: {e}"),
+                }
+            } else if roll < 98 {
+                let i = (rnd() as usize) % live.len();
+                pool.free(live.swap_remove(i)).unwrap();
+            } else {
+                pool.empty_cache().unwrap();
+            }
+            check_invariants(&pool, &context);
+        }
+        for p in live {
+            pool.free(p).unwrap();
+        }
+        pool.empty_cache().unwrap();
+        check_invariants(&pool, "the end");
+        assert_eq!(pool.stats().reserved_bytes.all.current, 0);
+        assert_eq!(dev.used(), 0);
+    }
+}
