@@ -356,10 +356,7 @@ fn check_invariants(pool: &Pool, context: &str) {
         for b in &seg.blocks {
             assert_eq!(b.address, at, "{context}: blocks tile the segment");
             at += b.size;
-            assert!(
-                !(previous_free && !b.in_use),
-                "{context}: unmerged neighbours"
-            );
+            assert!(b.in_use || !previous_free, "{context}: unmerged neighbours");
             previous_free = !b.in_use;
             if b.in_use {
                 allocated += b.size;
