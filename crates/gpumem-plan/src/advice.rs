@@ -132,7 +132,7 @@ pub fn advise(model: &ModelSpec, workload: &Workload, overheads: &Overheads, gpu
             });
         }
     }
-    suggestions.sort_by(|a, b| b.saved_bytes.cmp(&a.saved_bytes));
+    suggestions.sort_by_key(|s| std::cmp::Reverse(s.saved_bytes));
     if let Some(gpu) = gpu_bytes {
         if let Some(larger) = use_headroom(model, workload, overheads, gpu, current)? {
             suggestions.insert(0, larger);

@@ -247,7 +247,7 @@ impl<'a> TransformerGraph<'a> {
         let scores = self.batch * heads * shape.queries * shape.keys;
         let key_tokens = self.batch * shape.keys;
         let mut key_side = 0.0; // saved bytes per key token (cross attention reads the encoder)
-        let projections_from_norm = if cross { 1.0 } else if spec.fused_qkv { 1.0 } else { 3.0 };
+        let projections_from_norm = if cross || spec.fused_qkv { 1.0 } else { 3.0 };
         tally.sharded += if spec.post_norm && !cross { 0.0 } else { self.bytes.linear_input(h, projections_from_norm) };
         // q, k, v outputs stay alive: saved by RoPE's multiply or by the attention itself.
         tally.sharded += act * q;

@@ -257,10 +257,10 @@ impl Workload {
             check_size("new-tokens", self.new_tokens)?;
         }
         let layout = &self.layout;
-        if layout.gpus % (layout.tp * layout.pp) != 0 {
+        if !layout.gpus.is_multiple_of(layout.tp * layout.pp) {
             return Err(invalid("gpus", layout.gpus, format!("must be a multiple of tp × pp = {}", layout.tp * layout.pp)));
         }
-        if layout.gpus % layout.nodes != 0 {
+        if !layout.gpus.is_multiple_of(layout.nodes) {
             return Err(invalid("nodes", layout.nodes, format!("must divide gpus = {}", layout.gpus)));
         }
         if let Some(lora) = self.lora {
