@@ -57,7 +57,8 @@ def G(batch, seq, new_tokens, **kw):
     return Settings("generate", batch, seq, new_tokens=new_tokens, **kw)
 
 
-def _lm_grid(shapes, eager=(), ckpt=(), bf16=(), amp=(), opts=(), infer=(), generate=()):
+def _lm_grid(shapes, eager=(), ckpt=(), bf16=(), amp=(), opts=(), infer=(), generate=(),
+             generate_bf16=()):
     cases = [T(b, s) for b, s in shapes]
     cases += [T(b, s, attn="eager") for b, s in eager]
     cases += [T(b, s, grad_ckpt=True) for b, s in ckpt]
@@ -66,6 +67,7 @@ def _lm_grid(shapes, eager=(), ckpt=(), bf16=(), amp=(), opts=(), infer=(), gene
     cases += [T(b, s, optimizer=o, optimizer_impl=i) for b, s, o, i in opts]
     cases += [I(b, s) for b, s in infer]
     cases += [G(b, s, n) for b, s, n in generate]
+    cases += [G(b, s, n, dtype="bf16") for b, s, n in generate_bf16]
     return cases
 
 
@@ -100,7 +102,7 @@ def grid():
                   (2, 256, "sgd", "forloop"), (2, 256, "adafactor", "foreach"),
                   (2, 256, "adafactor", "forloop")],
             infer=[(1, 128), (4, 256), (8, 512)],
-            generate=[(1, 128, 32), (4, 128, 32), (2, 256, 64)]),
+            generate=[(1, 128, 32), (4, 128, 32), (2, 256, 64), (8, 512, 128)]),
         "tinyllama-2l": _lm_grid(
             [(1, 128), (2, 256), (4, 256), (2, 512), (4, 512)],
             eager=ab, ckpt=[(2, 256), (4, 512)], bf16=ab, amp=ab,
@@ -111,7 +113,8 @@ def grid():
                   (2, 256, "adamw", "fused"), (2, 256, "sgd", "foreach"),
                   (2, 256, "adafactor", "foreach")],
             infer=[(2, 256), (8, 512)],
-            generate=[(1, 128, 32), (4, 256, 32), (8, 128, 64)]),
+            generate=[(1, 128, 32), (4, 256, 32), (8, 128, 64)],
+            generate_bf16=[(4, 256, 32)]),
         "qwen2.5-2l": _lm_grid(
             [(2, 256), (4, 256)], eager=[(2, 256)], ckpt=[(4, 256)], bf16=[(4, 256)],
             amp=[(4, 256)], infer=[(4, 256)], generate=[(2, 128, 32)]),
@@ -134,7 +137,7 @@ def grid():
             [(2, 256), (4, 512)], ckpt=[(4, 512)], infer=[(4, 256)], generate=[(2, 128, 32)]),
         "pythia-2l": _lm_grid(
             [(2, 256), (4, 512)], eager=[(2, 256)], ckpt=[(4, 512)], bf16=[(4, 256)],
-            infer=[(4, 256)], generate=[(2, 128, 32)]),
+            infer=[(4, 256)], generate=[(2, 128, 32), (8, 256, 128)]),
     }
     return [(name, s) for name, lst in cases.items() for s in lst]
 
