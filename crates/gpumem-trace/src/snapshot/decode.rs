@@ -6,7 +6,7 @@ use std::cell::Ref;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::unpickle::Value;
+use super::document::{Arena, Document, Value};
 use super::{Action, Block, BlockState, Segment, SegmentType, SettingValue, Snapshot, TraceEntry};
 use crate::error::ReadError;
 use crate::trace::saturating_sum;
@@ -383,8 +383,15 @@ fn setting(
     })
 }
 
-/// The same document model from JSON (serde_json bounds its own nesting at 128 levels).
-pub(super) fn from_json(value: serde_json::Value) -> Value {
+/// The same document model from JSON.
+pub(super) fn from_json(value: serde_json::Value) -> Document {
+    let mut arena = Arena::default();
+    let root = json_value(value, &mut arena);
+    Document::new(root, arena)
+}
+
+/// One JSON value (serde_json bounds the nesting, and so this recursion, at 128 levels).
+fn json_value(value: serde_json::Value, arena: &mut Arena) -> Value {
     match value {
         serde_json::Value::Null => Value::None,
         serde_json::Value::Bool(flag) => Value::Bool(flag),
@@ -395,13 +402,18 @@ pub(super) fn from_json(value: serde_json::Value) -> Value {
         },
         serde_json::Value::String(text) => Value::Str(text.into()),
         serde_json::Value::Array(items) => {
-            Value::new_list(items.into_iter().map(from_json).collect())
-        }
-        serde_json::Value::Object(entries) => Value::new_dict(
-            entries
+            let items = items
                 .into_iter()
-                .map(|(key, item)| (Value::Str(key.into()), from_json(item)))
-                .collect(),
-        ),
+                .map(|item| json_value(item, arena))
+                .collect();
+            arena.list(items)
+        }
+        serde_json::Value::Object(entries) => {
+            let entries = entries
+                .into_iter()
+                .map(|(key, item)| (Value::Str(key.into()), json_value(item, arena)))
+                .collect();
+            arena.dict(entries)
+        }
     }
 }

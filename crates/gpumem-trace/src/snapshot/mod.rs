@@ -13,6 +13,7 @@
 //! and both spellings of the pending-free state are accepted.
 
 mod decode;
+mod document;
 mod unpickle;
 
 use std::collections::BTreeMap;
@@ -223,7 +224,7 @@ impl Snapshot {
         } else {
             unpickle::unpickle(&bytes)?
         };
-        decode::snapshot(&document)
+        decode::snapshot(&document.root)
     }
 
     /// Writes the snapshot as a protocol-3 pickle that memory_viz opens.

@@ -7,110 +7,14 @@
 //! iterative, dropping is iterative, and only plain data is accepted (no globals, no object
 //! construction), so any input ends in a value or an error naming the byte offset.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use super::document::{Arena, Dict, Document, List, Value};
 use crate::error::ReadError;
 
-/// A list (also a tuple or a set) whose items may still be appended to while unpickling.
-pub(crate) type List = Rc<RefCell<Vec<Value>>>;
-/// A dict as its entries in insertion order (a later entry for a key wins).
-pub(crate) type Dict = Rc<RefCell<Vec<(Value, Value)>>>;
-
-/// A decoded pickle (or JSON) value.
-#[derive(Clone, Debug)]
-pub(crate) enum Value {
-    /// `None` / `null`.
-    None,
-    /// `True` / `False`.
-    Bool(bool),
-    /// An integer that fits in an `i64`.
-    Int(i64),
-    /// An integer above `i64::MAX` that fits in a `u64` (kept apart so that a value stays
-    /// 16 bytes: snapshots hold millions of them).
-    Unsigned(u64),
-    /// An integer outside both ranges.
-    HugeInt,
-    /// A float.
-    Float(f64),
-    /// A string.
-    Str(Rc<str>),
-    /// A byte string (its content is never needed).
-    Bytes,
-    /// A list, tuple or set.
-    List(List),
-    /// A dict.
-    Dict(Dict),
-}
-
-impl Value {
-    /// A short name of the value's type, for error messages.
-    pub(crate) fn type_name(&self) -> &'static str {
-        match self {
-            Self::None => "None",
-            Self::Bool(_) => "a bool",
-            Self::Int(_) | Self::Unsigned(_) | Self::HugeInt => "an integer",
-            Self::Float(_) => "a float",
-            Self::Str(_) => "a string",
-            Self::Bytes => "bytes",
-            Self::List(_) => "a list",
-            Self::Dict(_) => "a dict",
-        }
-    }
-
-    /// An integer value, in the narrowest variant that holds it.
-    pub(crate) fn int(number: i128) -> Self {
-        if let Ok(signed) = i64::try_from(number) {
-            Self::Int(signed)
-        } else if let Ok(unsigned) = u64::try_from(number) {
-            Self::Unsigned(unsigned)
-        } else {
-            Self::HugeInt
-        }
-    }
-
-    pub(crate) fn new_list(items: Vec<Value>) -> Self {
-        Self::List(Rc::new(RefCell::new(items)))
-    }
-
-    pub(crate) fn new_dict(entries: Vec<(Value, Value)>) -> Self {
-        Self::Dict(Rc::new(RefCell::new(entries)))
-    }
-}
-
-impl Drop for Value {
-    /// Drops nested containers with an explicit work list instead of recursion, so that a
-    /// deeply nested input cannot overflow the stack.
-    fn drop(&mut self) {
-        fn take_children(value: &mut Value, pending: &mut Vec<Value>) {
-            match value {
-                Value::List(items) => {
-                    if let Some(items) = Rc::get_mut(items) {
-                        pending.append(items.get_mut());
-                    }
-                }
-                Value::Dict(entries) => {
-                    if let Some(entries) = Rc::get_mut(entries) {
-                        for (key, value) in entries.get_mut().drain(..) {
-                            pending.push(key);
-                            pending.push(value);
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        let mut pending = Vec::new();
-        take_children(self, &mut pending);
-        while let Some(mut value) = pending.pop() {
-            take_children(&mut value, &mut pending);
-        }
-    }
-}
-
 /// Decodes a pickle; errors name the byte offset of the offending opcode.
-pub(crate) fn unpickle(input: &[u8]) -> Result<Value, ReadError> {
+pub(crate) fn unpickle(input: &[u8]) -> Result<Document, ReadError> {
     Unpickler {
         input,
         position: 0,
@@ -118,6 +22,7 @@ pub(crate) fn unpickle(input: &[u8]) -> Result<Value, ReadError> {
         marks: Vec::new(),
         memo: HashMap::new(),
         strings: HashMap::new(),
+        arena: Arena::default(),
     }
     .run()
 }
@@ -131,6 +36,8 @@ struct Unpickler<'a> {
     /// Short strings seen so far, shared rather than allocated again (dict keys repeat in
     /// every block and event; pickles not written by Python do not memoise them).
     strings: HashMap<&'a [u8], Rc<str>>,
+    /// Owns every container built, so that cycles and deep nesting drop safely.
+    arena: Arena,
 }
 
 /// Strings up to this length are shared through [`Unpickler::strings`].
@@ -140,7 +47,7 @@ const SHARED_STRING_MAX: usize = 64;
 type Step<T> = Result<T, String>;
 
 impl<'a> Unpickler<'a> {
-    fn run(mut self) -> Result<Value, ReadError> {
+    fn run(mut self) -> Result<Document, ReadError> {
         loop {
             let offset = self.position;
             let Some(&opcode) = self.input.get(offset) else {
@@ -152,7 +59,7 @@ impl<'a> Unpickler<'a> {
             self.position += 1;
             match self.execute(opcode) {
                 Ok(None) => {}
-                Ok(Some(result)) => return Ok(result),
+                Ok(Some(root)) => return Ok(Document::new(root, self.arena)),
                 Err(detail) => {
                     return Err(ReadError::Pickle {
                         offset: offset as u64,
@@ -192,11 +99,18 @@ impl<'a> Unpickler<'a> {
                 self.stack.push(top);
             }
             // Containers.
-            b'}' => self.stack.push(Value::new_dict(Vec::new())),
-            b']' | b')' | 0x8f => self.stack.push(Value::new_list(Vec::new())),
+            b'}' => {
+                let dict = self.arena.dict(Vec::new());
+                self.stack.push(dict);
+            }
+            b']' | b')' | 0x8f => {
+                let list = self.arena.list(Vec::new());
+                self.stack.push(list);
+            }
             b'l' | b't' | 0x91 => {
                 let items = self.pop_mark()?;
-                self.stack.push(Value::new_list(items));
+                let list = self.arena.list(items);
+                self.stack.push(list);
             }
             0x85..=0x87 => {
                 let count = usize::from(opcode - 0x84);
@@ -204,12 +118,14 @@ impl<'a> Unpickler<'a> {
                     return Err("stack underflow".to_owned());
                 }
                 let items = self.stack.split_off(self.stack.len() - count);
-                self.stack.push(Value::new_list(items));
+                let list = self.arena.list(items);
+                self.stack.push(list);
             }
             b'd' => {
                 let items = self.pop_mark()?;
                 let entries = pairs(items)?;
-                self.stack.push(Value::new_dict(entries));
+                let dict = self.arena.dict(entries);
+                self.stack.push(dict);
             }
             b'a' => {
                 let item = self.pop()?;
@@ -604,22 +520,23 @@ mod tests {
             (b"L12345678901234567890L\n.", 12_345_678_901_234_567_890),
         ];
         for (pickle, expected) in cases {
-            assert_eq!(int(&unpickle(pickle).unwrap()), expected, "{pickle:?}");
+            assert_eq!(int(&unpickle(pickle).unwrap().root), expected, "{pickle:?}");
         }
+        let huge = b"\x8a\x11\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01.";
+        assert!(matches!(unpickle(huge).unwrap().root, Value::HugeInt));
         assert!(matches!(
-            unpickle(
-                b"\x8a\x11\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01."
-            ),
-            Ok(Value::HugeInt)
+            unpickle(b"I01\n.").unwrap().root,
+            Value::Bool(true)
         ));
-        assert!(matches!(unpickle(b"I01\n."), Ok(Value::Bool(true))));
     }
 
     #[test]
     fn shared_memoised_containers_stay_shared() {
         // d = {}; x = [d, d] with d memoised and fetched again.
-        let value = unpickle(b"\x80\x02](}q\x00h\x00e.").unwrap();
-        let Value::List(list) = &value else { panic!() };
+        let document = unpickle(b"\x80\x02](}q\x00h\x00e.").unwrap();
+        let Value::List(list) = &document.root else {
+            panic!()
+        };
         let list = list.borrow();
         let (Value::Dict(first), Value::Dict(second)) = (&list[0], &list[1]) else {
             panic!()
@@ -651,13 +568,28 @@ mod tests {
         let mut pickle = vec![b'('; depth];
         pickle.extend(std::iter::repeat_n(b'l', depth));
         pickle.push(b'.');
-        let value = unpickle(&pickle).unwrap();
-        drop(value);
+        let document = unpickle(&pickle).unwrap();
+        drop(document);
+    }
+
+    #[test]
+    fn a_list_that_contains_itself_is_freed() {
+        // x = []; x.append(x)
+        let document = unpickle(b"\x80\x02]q\x00h\x00a.").unwrap();
+        let Value::List(list) = &document.root else {
+            panic!()
+        };
+        let weak = Rc::downgrade(list);
+        drop(document);
+        assert!(
+            weak.upgrade().is_none(),
+            "the cycle was broken and the list freed"
+        );
     }
 
     #[test]
     fn protocol_0_strings_unescape() {
-        let Value::Str(text) = &unpickle(b"Va\\u00e9b\\\\c\xe9\n.").unwrap() else {
+        let Value::Str(text) = &unpickle(b"Va\\u00e9b\\\\c\xe9\n.").unwrap().root else {
             panic!()
         };
         assert_eq!(&**text, "a\u{e9}b\\\\c\u{e9}");

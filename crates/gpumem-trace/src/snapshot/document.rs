@@ -1,0 +1,132 @@
+//! The decoded form of a snapshot document (pickle or JSON) before its typed walk.
+//!
+//! Containers are shared (`Rc`): a pickle's memo refers to the same object from many places
+//! (PyTorch shares `frames`), and may even make a container contain itself. Every container
+//! is registered in an [`Arena`], which empties them all when it is dropped: that breaks
+//! reference cycles (no leak) and makes dropping non-recursive (no stack overflow on deeply
+//! nested input), because each container's children are still held by the arena while it is
+//! emptied.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// A list (also a tuple or a set) whose items may still be appended to while unpickling.
+pub(crate) type List = Rc<RefCell<Vec<Value>>>;
+/// A dict as its entries in insertion order (a later entry for a key wins).
+pub(crate) type Dict = Rc<RefCell<Vec<(Value, Value)>>>;
+
+/// A decoded pickle (or JSON) value.
+#[derive(Clone, Debug)]
+pub(crate) enum Value {
+    /// `None` / `null`.
+    None,
+    /// `True` / `False`.
+    Bool(bool),
+    /// An integer that fits in an `i64`.
+    Int(i64),
+    /// An integer above `i64::MAX` that fits in a `u64` (kept apart so that a value stays
+    /// 16 bytes: snapshots hold millions of them).
+    Unsigned(u64),
+    /// An integer outside both ranges.
+    HugeInt,
+    /// A float.
+    Float(f64),
+    /// A string.
+    Str(Rc<str>),
+    /// A byte string (its content is never needed).
+    Bytes,
+    /// A list, tuple or set.
+    List(List),
+    /// A dict.
+    Dict(Dict),
+}
+
+impl Value {
+    /// A short name of the value's type, for error messages.
+    pub(crate) fn type_name(&self) -> &'static str {
+        match self {
+            Self::None => "None",
+            Self::Bool(_) => "a bool",
+            Self::Int(_) | Self::Unsigned(_) | Self::HugeInt => "an integer",
+            Self::Float(_) => "a float",
+            Self::Str(_) => "a string",
+            Self::Bytes => "bytes",
+            Self::List(_) => "a list",
+            Self::Dict(_) => "a dict",
+        }
+    }
+
+    /// An integer value, in the narrowest variant that holds it.
+    pub(crate) fn int(number: i128) -> Self {
+        if let Ok(signed) = i64::try_from(number) {
+            Self::Int(signed)
+        } else if let Ok(unsigned) = u64::try_from(number) {
+            Self::Unsigned(unsigned)
+        } else {
+            Self::HugeInt
+        }
+    }
+}
+
+/// Owns every container of a document and empties them all when dropped (see the module
+/// documentation).
+#[derive(Default)]
+pub(crate) struct Arena {
+    lists: Vec<List>,
+    dicts: Vec<Dict>,
+}
+
+impl Arena {
+    /// A new list value, registered in the arena.
+    pub(crate) fn list(&mut self, items: Vec<Value>) -> Value {
+        let list = Rc::new(RefCell::new(items));
+        self.lists.push(list.clone());
+        Value::List(list)
+    }
+
+    /// A new dict value, registered in the arena.
+    pub(crate) fn dict(&mut self, entries: Vec<(Value, Value)>) -> Value {
+        let dict = Rc::new(RefCell::new(entries));
+        self.dicts.push(dict.clone());
+        Value::Dict(dict)
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        for list in &self.lists {
+            // The items are dropped here; a container among them is still held by the arena.
+            drop(std::mem::take(&mut *list.borrow_mut()));
+        }
+        for dict in &self.dicts {
+            drop(std::mem::take(&mut *dict.borrow_mut()));
+        }
+    }
+}
+
+/// A decoded document: its root value and the arena that owns its containers.
+pub(crate) struct Document {
+    /// The top-level value.
+    pub(crate) root: Value,
+    /// Declared after `root`, so it is dropped after it.
+    _arena: Arena,
+}
+
+impl Document {
+    /// A document from its root and the arena its containers were registered in.
+    pub(crate) fn new(root: Value, arena: Arena) -> Self {
+        Self {
+            root,
+            _arena: arena,
+        }
+    }
+}
+
+impl std::fmt::Debug for Document {
+    /// Shallow: a document may contain itself.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Document")
+            .field("root", &self.root.type_name())
+            .finish_non_exhaustive()
+    }
+}
