@@ -542,7 +542,7 @@ impl VirtualMemory for SimDevice {
         let g = self.vmm_granularity()?;
         let mut s = self.lock();
         s.counters.reserve += 1;
-        if size == 0 || size % g != 0 {
+        if size == 0 || !size.is_multiple_of(g) {
             return Err(DeviceError::InvalidValue(format!(
                 "reservation of {size} bytes is not a non-zero multiple of the granularity {g}"
             )));
@@ -577,7 +577,7 @@ impl VirtualMemory for SimDevice {
         let g = self.vmm_granularity()?;
         let mut s = self.lock();
         s.counters.create_physical += 1;
-        if size == 0 || size % g != 0 {
+        if size == 0 || !size.is_multiple_of(g) {
             return Err(DeviceError::InvalidValue(format!(
                 "physical chunk of {size} bytes is not a non-zero multiple of the granularity {g}"
             )));
@@ -635,7 +635,7 @@ impl VirtualMemory for SimDevice {
                 })
             }
         };
-        if ptr % g != 0 {
+        if !ptr.is_multiple_of(g) {
             return Err(DeviceError::InvalidAddress {
                 ptr,
                 what: format!("map address is not aligned to the granularity {g}"),
@@ -718,7 +718,7 @@ mod tests {
         let dev = host(64 * MIB);
         let ptr = dev.malloc(4096).unwrap();
         let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
-        dev.copy_to_device(ptr + 0, &data, StreamId::DEFAULT)
+        dev.copy_to_device(ptr, &data, StreamId::DEFAULT)
             .unwrap();
         let mut back = vec![0u8; 4096];
         dev.copy_to_host(&mut back, ptr, StreamId::DEFAULT).unwrap();

@@ -123,7 +123,7 @@ impl OomError {
             ),
             bytes: self.allocated,
         });
-        advice.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+        advice.sort_by_key(|a| std::cmp::Reverse(a.bytes));
         self.advice = advice;
         self
     }
