@@ -261,7 +261,9 @@ impl Snapshot {
         }
     }
 
-    /// A snapshot holding `trace` as the event trace of `device` (segments empty).
+    /// A snapshot holding `trace` as the event trace of `device` (`device_traces` gets
+    /// `device + 1` lists); no segments, as a trace knows nothing of them, so memory_viz's
+    /// Active Memory Timeline applies but not its segment views (a pool's own snapshot has both).
     ///
     /// Each free becomes `free_requested` followed by `free_completed`, as PyTorch records
     /// it; steps are dropped (snapshots have no step marker); `time_us` is the event's index.
