@@ -9,7 +9,7 @@ use gpumem_device::{DeviceError, DevicePtr, PhysicalHandle, StreamId};
 
 use super::blocks::{Node, NIL};
 use super::rounding::SMALL_BUFFER;
-use super::TorchPolicy;
+use super::{out_of_memory, TorchPolicy};
 use crate::policy::{Upstream, UpstreamError};
 use crate::stats::PoolKind;
 
@@ -46,16 +46,6 @@ impl ExpandableSegment {
     fn chunk_ceil(&self, addr: DevicePtr) -> u64 {
         (addr - self.base).div_ceil(self.chunk)
     }
-}
-
-/// The device is out of memory for `requested` bytes (for failures found before calling it).
-fn out_of_memory(requested: u64, up: &Upstream<'_>) -> UpstreamError {
-    let info = up.device().mem_info().unwrap_or_default();
-    UpstreamError::Device(DeviceError::OutOfMemory {
-        requested,
-        free: info.free,
-        total: info.total,
-    })
 }
 
 impl TorchPolicy {

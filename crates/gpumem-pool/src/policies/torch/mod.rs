@@ -506,6 +506,17 @@ fn apply_change(stat: &mut crate::stats::StatArray, pool: PoolKind, change: i64)
     }
 }
 
+/// The device is out of memory for `requested` bytes: for requests found impossible before
+/// the device is asked.
+fn out_of_memory(requested: u64, up: &Upstream<'_>) -> UpstreamError {
+    let info = up.device().mem_info().unwrap_or_default();
+    UpstreamError::Device(DeviceError::OutOfMemory {
+        requested,
+        free: info.free,
+        total: info.total,
+    })
+}
+
 /// Whether a device-side failure means "no memory" (worth freeing cache and retrying) rather
 /// than a broken device.
 fn is_out_of_memory(cause: &UpstreamError) -> bool {
@@ -531,14 +542,9 @@ impl Policy for TorchPolicy {
                     .map(|alloc_size| (size, alloc_size))
             });
         let Some((size, alloc_size)) = sizes else {
-            let info = up.device().mem_info().unwrap_or_default();
             return Err(Exhausted {
                 attempted: req.size,
-                cause: UpstreamError::Device(DeviceError::OutOfMemory {
-                    requested: req.size,
-                    free: info.free,
-                    total: info.total,
-                }),
+                cause: out_of_memory(req.size, up),
             });
         };
         let kind = PoolKind::for_request(size);
