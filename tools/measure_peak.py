@@ -72,19 +72,18 @@ def _lm_grid(shapes, eager=(), ckpt=(), bf16=(), amp=(), opts=(), infer=(), gene
 
 
 def _vision(kind, image_size, batches, **variants):
+    """Image-model cases: default training at `batches`, then each variant
+    (eager / ckpt / bf16 / amp / sgd / size / infer) at its (batch, image size)s."""
     attn = None if kind == "cnn" else "sdpa"
-    seq = None
-    cases = [T(b, seq, image_size=image_size, attn=attn) for b in batches]
+    cases = [T(b, None, image_size=image_size, attn=attn) for b in batches]
+    changes = {"eager": {"attn": "eager"}, "ckpt": {"grad_ckpt": True}, "bf16": {"dtype": "bf16"},
+               "amp": {"amp": "bf16"}, "sgd": {"optimizer": "sgd"}, "size": {}}
     for key, specs in variants.items():
         for b, size in specs:
-            kw = {"image_size": size, "attn": attn}
             if key == "infer":
-                cases.append(I(b, seq, **kw))
-                continue
-            kw.update({"eager": {"attn": "eager"}, "ckpt": {"grad_ckpt": True},
-                       "bf16": {"dtype": "bf16"}, "amp": {"amp": "bf16"},
-                       "sgd": {"optimizer": "sgd"}, "size": {}}[key])
-            cases.append(T(b, seq, **kw))
+                cases.append(I(b, None, image_size=size, attn=attn))
+            else:
+                cases.append(T(b, None, **{"image_size": size, "attn": attn, **changes[key]}))
     return cases
 
 
@@ -135,6 +134,13 @@ def grid():
                             infer=[(8, 224)]),
         "opt-2l": _lm_grid(
             [(2, 256), (4, 512)], ckpt=[(4, 512)], infer=[(4, 256)], generate=[(2, 128, 32)]),
+        # Deeper variants (real depth, shrunk width): activations per layer
+        # weigh more against embeddings and logits than in the 2-layer models.
+        "gpt2-12l": [T(4, 256), T(2, 512), T(4, 256, attn="eager"), T(4, 256, grad_ckpt=True),
+                     T(4, 256, amp="bf16"), T(4, 256, dtype="bf16"), I(8, 256)],
+        "tinyllama-8l": [T(4, 512), T(4, 512, grad_ckpt=True), T(4, 512, amp="bf16"),
+                         T(4, 512, dtype="bf16"), I(8, 512)],
+        "bert-12l": [T(8, 128), T(8, 128, grad_ckpt=True), T(4, 512, attn="eager")],
         "pythia-2l": _lm_grid(
             [(2, 256), (4, 512)], eager=[(2, 256)], ckpt=[(4, 512)], bf16=[(4, 256)],
             infer=[(4, 256)], generate=[(2, 128, 32), (8, 256, 128)]),
