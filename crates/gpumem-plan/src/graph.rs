@@ -361,8 +361,16 @@ impl<'a> TransformerGraph<'a> {
         let residuals = 4.0 * self.bytes.residual * h;
         let mlp_live = tokens * (residuals + act * f * self.mlp_live_intermediates());
         let attention_live = tokens * (residuals + act * 3.0 * spec.query_width() as f64 / self.split.tp);
-        let kv_cache = if spec.is_causal_lm() && !self.training {
-            act * 2.0 * spec.kv_width() as f64 / self.split.tp * tokens
+        // Generation keeps keys and values per layer (a plain forward runs without a cache). When
+        // they are views of a fused q/k/v projection (GPT-2), the cache keeps the whole projection
+        // alive until the first decode step concatenates.
+        let cached_width = if spec.fused_qkv && spec.rotary_fraction == 0.0 && shape.queries > 1.0 {
+            spec.query_width() + 2 * spec.kv_width()
+        } else {
+            2 * spec.kv_width()
+        };
+        let kv_cache = if spec.is_causal_lm() && self.workload.mode == Mode::Generate {
+            act * cached_width as f64 / self.split.tp * tokens
         } else {
             0.0
         };
