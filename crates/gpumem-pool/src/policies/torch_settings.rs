@@ -40,16 +40,15 @@ impl Default for TorchSettings {
     }
 }
 
-/// Options PyTorch accepts that only concern pinned host memory, locking or CUDA graphs:
-/// accepted (so existing settings strings work) but without effect on device placement.
-const NO_PLACEMENT_EFFECT: [&str; 8] = [
+/// Boolean options PyTorch accepts that only concern pinned host memory, locking or CUDA
+/// graphs: checked and accepted (so existing settings strings work) but without effect on
+/// device placement. So are `pinned_num_register_threads` and `pinned_reserve_segment_size_mb`.
+const NO_PLACEMENT_EFFECT: [&str; 6] = [
     "release_lock_on_cudamalloc",
     "release_lock_on_hipmalloc",
     "pinned_use_cuda_host_register",
     "pinned_use_hip_host_register",
-    "pinned_num_register_threads",
     "pinned_use_background_threads",
-    "pinned_reserve_segment_size_mb",
     "graph_capture_record_stream_reuse",
 ];
 
@@ -118,11 +117,8 @@ impl TorchSettings {
                 self.garbage_collection_threshold = Some(t);
             }
             "expandable_segments" => {
-                self.expandable_segments = match value {
-                    "True" | "true" | "1" => true,
-                    "False" | "false" | "0" => false,
-                    _ => return Err(err("not a boolean", "True or False")),
-                }
+                self.expandable_segments =
+                    parse_bool(value).ok_or_else(|| err("not a boolean", "True or False"))?
             }
             "roundup_power2_divisions" => {
                 self.roundup_power2_divisions = parse_divisions(value).map_err(|problem| {
@@ -132,10 +128,36 @@ impl TorchSettings {
                     )
                 })?
             }
-            k if NO_PLACEMENT_EFFECT.contains(&k) => {}
+            "pinned_num_register_threads" => {
+                let threads: u64 = value.parse().map_err(|_| {
+                    err("not a whole number", "a power of two from 1 to 128")
+                })?;
+                if !threads.is_power_of_two() || threads > 128 {
+                    return Err(err("out of range", "a power of two from 1 to 128"));
+                }
+            }
+            "pinned_reserve_segment_size_mb" => {
+                value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&mb| mb > 0)
+                    .ok_or_else(|| err("not a positive whole number of MB", "an integer > 0 (MB)"))?;
+            }
+            k if NO_PLACEMENT_EFFECT.contains(&k) => {
+                parse_bool(value).ok_or_else(|| err("not a boolean", "True or False"))?;
+            }
             _ => return Err(err("unknown option", KNOWN_KEYS)),
         }
         Ok(())
+    }
+}
+
+/// A boolean as PyTorch's option parser accepts it.
+fn parse_bool(value: &str) -> Option<bool> {
+    match value {
+        "True" | "true" | "1" => Some(true),
+        "False" | "false" | "0" => Some(false),
+        _ => None,
     }
 }
 
@@ -274,6 +296,10 @@ mod tests {
             ("foo:1", "unknown option"),
             ("backend:cudaMallocAsync", "driver's pool"),
             ("roundup_power2_divisions:[256:1", "unbalanced"),
+            ("release_lock_on_cudamalloc:none", "not a boolean"),
+            ("pinned_num_register_threads:1024", "out of range"),
+            ("pinned_num_register_threads:3", "out of range"),
+            ("pinned_reserve_segment_size_mb:0", "positive"),
         ] {
             let e = TorchSettings::parse(conf).unwrap_err().to_string();
             assert!(e.contains(needle), "{conf}: {e}");
