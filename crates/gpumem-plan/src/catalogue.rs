@@ -4,7 +4,7 @@
 use crate::error::{PlanError, Result};
 use crate::hf::spec_from_json;
 use crate::model::ModelSpec;
-use crate::names::{normalise, unknown};
+use crate::names::{nearest, normalise};
 use serde_json::Value;
 use std::sync::OnceLock;
 
@@ -36,7 +36,14 @@ pub fn find_model(name: &str) -> Result<ModelSpec> {
     let key = normalise(name);
     let canonical = cat.aliases.get(&key).and_then(Value::as_str).unwrap_or(&key);
     let config = cat.models.get(canonical).ok_or_else(|| {
-        unknown("model", name, cat.models.keys().map(String::as_str).chain(cat.aliases.keys().map(String::as_str)))
+        // Suggest from names and aliases; list only the canonical names.
+        let all = cat.models.keys().map(String::as_str).chain(cat.aliases.keys().map(String::as_str));
+        PlanError::UnknownName {
+            kind: "model",
+            given: name.to_string(),
+            nearest: nearest(name, all),
+            accepted: model_names().iter().map(|n| n.to_string()).collect(),
+        }
     })?;
     spec_from_json(canonical, config)
 }
