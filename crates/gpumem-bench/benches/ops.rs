@@ -33,7 +33,7 @@ struct Bench<'a, 'g, 'c> {
 impl WithArena for Bench<'_, '_, '_> {
     type Output = ();
 
-    fn run<A: Arena>(self, make: &dyn Fn() -> A) {
+    fn run<A: Arena + 'static>(self, make: &dyn Fn() -> A) {
         let w = self.w;
         let name = self.allocator.name();
         let group_name = format!("ops/{}", w.name);

@@ -293,7 +293,7 @@ pub trait WithArena {
     /// What the visit returns.
     type Output;
     /// Runs with a constructor of fresh arenas.
-    fn run<A: Arena>(self, make: &dyn Fn() -> A) -> Self::Output;
+    fn run<A: Arena + 'static>(self, make: &dyn Fn() -> A) -> Self::Output;
 }
 
 /// Calls `visitor` with a constructor of fresh arenas of `allocator`, sized for `w`.

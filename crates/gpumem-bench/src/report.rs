@@ -9,15 +9,15 @@ use gpumem_replay::{replay, PolicyReport, ReplayOptions};
 use gpumem_trace::Trace;
 
 use crate::arena::{with_arena, Allocator, Arena, WithArena};
-use crate::run::{profile, time_body, Profile, Timing};
+use crate::run::{prepare, profile, Prepared, Profile, Timing};
 use crate::workload::Workload;
 
 /// How hard [`measure_ops`] tries.
 #[derive(Clone, Debug)]
 pub struct OpsOptions {
-    /// Most timed body passes per allocator (the fastest is kept).
+    /// Most timed body passes (rounds) per allocator (the fastest pass is kept).
     pub max_passes: u32,
-    /// Stop adding passes once this much time has been spent timing.
+    /// After 3 rounds, stop once this much time per allocator has been spent timing.
     pub min_total: Duration,
     /// Give up on an allocator (setup + first pass, and separately the profiling pass) after
     /// this long: range-alloc's linear best fit at 10⁵–10⁶ live blocks.
@@ -85,36 +85,118 @@ impl OpsTable {
     }
 }
 
-struct Measure<'a> {
+struct Prepare<'a> {
+    w: &'a Workload,
+    budget: Duration,
+}
+
+impl<'a> WithArena for Prepare<'a> {
+    type Output = Option<Box<dyn Prepared + 'a>>;
+
+    fn run<A: Arena + 'static>(self, make: &dyn Fn() -> A) -> Self::Output {
+        prepare(make, self.w, self.budget)
+    }
+}
+
+struct Profiling<'a> {
     w: &'a Workload,
     opts: &'a OpsOptions,
 }
 
-impl WithArena for Measure<'_> {
-    type Output = (Timing, Option<Profile>);
+impl WithArena for Profiling<'_> {
+    type Output = Option<Profile>;
 
-    fn run<A: Arena>(self, make: &dyn Fn() -> A) -> Self::Output {
-        let o = self.opts;
-        let timing = time_body(make, self.w, o.max_passes, o.min_total, o.budget);
-        let profile = if timing.complete {
-            let mut arena = make();
-            profile(&mut arena, self.w, o.check_overlaps, Some(o.budget))
-        } else {
-            None
-        };
-        (timing, profile)
+    fn run<A: Arena + 'static>(self, make: &dyn Fn() -> A) -> Self::Output {
+        let mut arena = make();
+        profile(
+            &mut arena,
+            self.w,
+            self.opts.check_overlaps,
+            Some(self.opts.budget),
+        )
     }
 }
 
 /// Times and profiles each of `allocators` on `w`.
+///
+/// Timing: every allocator gets an arena brought to the setup's state; then the body is
+/// replayed in rounds, one pass per allocator per round (round-robin, so that background load
+/// hits all of them alike), for at least 3 and at most `max_passes` rounds, or until about
+/// `min_total` per allocator has been spent; the fastest pass counts. An allocator whose setup
+/// or first pass exceeds `budget` drops out with what it did. Profiling: one more pass over
+/// setup + body on a fresh arena per allocator (see [`profile`]).
 pub fn measure_ops(w: &Workload, allocators: &[Allocator], opts: &OpsOptions) -> OpsTable {
+    struct Slot<'a> {
+        runner: Option<Box<dyn Prepared + 'a>>,
+        timing: Timing,
+    }
+    let mut slots: Vec<Slot<'_>> = allocators
+        .iter()
+        .map(|&a| {
+            let runner = with_arena(
+                a,
+                w,
+                Prepare {
+                    w,
+                    budget: opts.budget,
+                },
+            );
+            Slot {
+                timing: Timing {
+                    ns_per_op: f64::NAN,
+                    passes: 0,
+                    complete: runner.is_some(),
+                },
+                runner,
+            }
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let total = opts.min_total * allocators.len() as u32;
+    let mut round = 0;
+    while round < opts.max_passes.max(1) && (round < 3 || started.elapsed() < total) {
+        for slot in slots.iter_mut() {
+            let Some(runner) = slot.runner.as_mut() else {
+                continue;
+            };
+            let deadline = (round == 0).then(|| std::time::Instant::now() + opts.budget);
+            match runner.pass(deadline) {
+                Ok(ns) => {
+                    let t = &mut slot.timing;
+                    t.ns_per_op = if t.passes == 0 {
+                        ns
+                    } else {
+                        t.ns_per_op.min(ns)
+                    };
+                    t.passes += 1;
+                }
+                Err(partial) => {
+                    slot.timing = Timing {
+                        ns_per_op: partial,
+                        passes: 0,
+                        complete: false,
+                    };
+                    slot.runner = None;
+                }
+            }
+        }
+        round += 1;
+    }
+    for slot in &mut slots {
+        slot.runner = None; // free the arenas before profiling
+    }
     let rows = allocators
         .iter()
-        .map(|&allocator| {
-            let (timing, profile) = with_arena(allocator, w, Measure { w, opts });
+        .zip(slots)
+        .map(|(&allocator, slot)| {
+            let profile = if slot.timing.complete {
+                with_arena(allocator, w, Profiling { w, opts })
+            } else {
+                None
+            };
             OpsRow {
                 allocator,
-                timing,
+                timing: slot.timing,
                 profile,
             }
         })

@@ -159,6 +159,66 @@ fn free_below<A: Arena>(arena: &A, slots: &[Option<A::Handle>], high_water: u64)
     (free, largest)
 }
 
+/// An arena brought to the state after the setup, ready to replay its workload's body again
+/// and again; lets several allocators be timed in turns (round-robin), so that a burst of
+/// background load on a shared machine hits all of them rather than one.
+pub trait Prepared {
+    /// Replays the body once. With a deadline, looks at the clock every few thousand
+    /// operations and stops past it: `Err(ns per op over the operations done)`.
+    fn pass(&mut self, deadline: Option<Instant>) -> Result<f64, f64>;
+}
+
+struct PreparedArena<'w, A: Arena> {
+    arena: A,
+    slots: Slots<A::Handle>,
+    body: &'w [Op],
+}
+
+impl<A: Arena> Prepared for PreparedArena<'_, A> {
+    fn pass(&mut self, deadline: Option<Instant>) -> Result<f64, f64> {
+        let t = Instant::now();
+        match deadline {
+            None => {
+                black_box(apply(&mut self.arena, self.body, &mut self.slots));
+            }
+            Some(deadline) => {
+                let mut done = 0usize;
+                for chunk in self.body.chunks(CHUNK) {
+                    black_box(apply(&mut self.arena, chunk, &mut self.slots));
+                    done += chunk.len();
+                    if Instant::now() > deadline && done < self.body.len() {
+                        return Err(t.elapsed().as_nanos() as f64 / done as f64);
+                    }
+                }
+            }
+        }
+        Ok(t.elapsed().as_nanos() as f64 / self.body.len().max(1) as f64)
+    }
+}
+
+/// A fresh arena from `make` with `w`'s setup applied, or `None` if the setup took longer than
+/// `budget`.
+pub fn prepare<'w, A: Arena + 'static>(
+    make: &dyn Fn() -> A,
+    w: &'w Workload,
+    budget: Duration,
+) -> Option<Box<dyn Prepared + 'w>> {
+    let started = Instant::now();
+    let mut arena = make();
+    let mut slots: Slots<A::Handle> = slots(w);
+    for chunk in w.setup.chunks(CHUNK) {
+        apply(&mut arena, chunk, &mut slots);
+        if started.elapsed() > budget {
+            return None;
+        }
+    }
+    Some(Box::new(PreparedArena {
+        arena,
+        slots,
+        body: &w.body,
+    }))
+}
+
 /// The result of [`time_body`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Timing {

@@ -17,7 +17,7 @@ struct Check<'a>(&'a Workload);
 
 impl WithArena for Check<'_> {
     type Output = ();
-    fn run<A: Arena>(self, make: &dyn Fn() -> A) {
+    fn run<A: Arena + 'static>(self, make: &dyn Fn() -> A) {
         let w = self.0;
         let mut arena = make();
         let p = profile(&mut arena, w, true, None).expect("no budget");
