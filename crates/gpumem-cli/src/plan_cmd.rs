@@ -1,14 +1,21 @@
 //! `gpumem plan`: argument parsing and printing over `gpumem_plan`.
 
 use gpumem_plan::{
-    advise, estimate, fewest_gpus, find_gpu, find_model, fit, load_config, Estimate, Fit, FitTarget, ModelSpec,
-    Overheads, PlanError, Settings, Suggestion,
+    advise, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model, fit, load_config,
+    Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings, Suggestion,
 };
 use std::path::PathBuf;
 
-/// Arguments of `gpumem plan`.
+/// Arguments of `gpumem plan` (boxed: the flags are many and the command enum stays small).
 #[derive(clap::Args)]
 pub struct PlanArgs {
+    #[command(flatten)]
+    flags: Box<PlanFlags>,
+}
+
+/// The flags of `gpumem plan`.
+#[derive(clap::Args)]
+struct PlanFlags {
     /// Catalogue model name or Hugging Face id (e.g. llama-3-8b, gpt2, resnet50).
     #[arg(long, conflicts_with = "config", required_unless_present_any = ["config", "list_models"])]
     model: Option<String>,
@@ -125,7 +132,7 @@ fn size(name: &str, value: Option<i64>) -> Result<Option<u64>, PlanError> {
         .transpose()
 }
 
-fn settings(a: &PlanArgs) -> Result<Settings, PlanError> {
+fn settings(a: &PlanFlags) -> Result<Settings, PlanError> {
     Ok(Settings {
         mode: a.mode.clone(),
         batch: size("batch", a.batch)?,
@@ -155,7 +162,7 @@ fn settings(a: &PlanArgs) -> Result<Settings, PlanError> {
     })
 }
 
-fn model(a: &PlanArgs) -> Result<ModelSpec, PlanError> {
+fn model(a: &PlanFlags) -> Result<ModelSpec, PlanError> {
     match (&a.model, &a.config) {
         (Some(name), _) => find_model(name),
         (None, Some(path)) => load_config(path),
@@ -173,6 +180,7 @@ fn gib(bytes: u64) -> String {
 
 /// Runs `gpumem plan`.
 pub fn run(args: PlanArgs) -> Result<(), String> {
+    let args = args.flags;
     if args.list_models {
         println!("{}", gpumem_plan::model_names().join("\n"));
         return Ok(());
@@ -180,23 +188,39 @@ pub fn run(args: PlanArgs) -> Result<(), String> {
     plan(&args).map_err(|e| e.to_string())
 }
 
-fn plan(a: &PlanArgs) -> Result<(), PlanError> {
+fn plan(a: &PlanFlags) -> Result<(), PlanError> {
     let model = model(a)?;
     let workload = settings(a)?.to_workload()?;
     let gpu = a.gpu.as_deref().map(find_gpu).transpose()?;
     let overheads = Overheads {
-        context_bytes: a.context_mib.map_or(Overheads::default().context_bytes, |m| m << 20),
+        context_bytes: a
+            .context_mib
+            .map_or(Overheads::default().context_bytes, |m| m << 20),
         ..Overheads::default()
     };
     let target = match a.fit.as_deref() {
         None => None,
         Some("batch") => Some(FitTarget::Batch),
         Some("seq") => Some(FitTarget::Seq),
-        Some(other) => return Err(gpumem_plan::names::unknown("fit target", other, ["batch", "seq"])),
+        Some(other) => {
+            return Err(gpumem_plan::names::unknown(
+                "fit target",
+                other,
+                ["batch", "seq"],
+            ))
+        }
     };
     let global_batch = size("global-batch", a.global_batch)?;
     let fitted: Option<Fit> = match (target, &gpu) {
-        (Some(target), Some(gpu)) => Some(fit(&model, &workload, &overheads, target, gpu.memory_bytes, a.margin, global_batch)?),
+        (Some(target), Some(gpu)) => Some(fit(
+            &model,
+            &workload,
+            &overheads,
+            target,
+            gpu.memory_bytes,
+            a.margin,
+            global_batch,
+        )?),
         (Some(_), None) => {
             return Err(PlanError::InvalidValue {
                 name: "fit".into(),
@@ -212,6 +236,12 @@ fn plan(a: &PlanArgs) -> Result<(), PlanError> {
     };
     let gpu_bytes = gpu.as_ref().map(|g| g.memory_bytes);
     let advice = advise(&model, &shown, &overheads, gpu_bytes)?;
+    let combination = match gpu_bytes {
+        Some(bytes) if estimate_now.peak_total_bytes > bytes => {
+            combine_until_fits(&model, &shown, &overheads, bytes)?
+        }
+        _ => None,
+    };
     let min_gpus = match (&gpu, a.min_gpus) {
         (Some(g), true) => fewest_gpus(&model, &workload, &overheads, g.memory_bytes, a.margin)?,
         _ => None,
@@ -241,10 +271,29 @@ fn plan(a: &PlanArgs) -> Result<(), PlanError> {
         if a.min_gpus {
             out["min_gpus"] = serde_json::json!(min_gpus);
         }
+        if let Some((changes, _, peak)) = &combination {
+            out["plan_that_fits"] =
+                serde_json::json!({ "changes": changes, "peak_total_bytes": peak });
+        }
         emit(&serde_json::to_string_pretty(&out).unwrap_or_default());
         return Ok(());
     }
-    emit(&table(&model, &estimate_now, gpu.as_ref(), fitted.as_ref(), &advice, a.min_gpus.then_some(min_gpus)));
+    let mut text = table(
+        &model,
+        &estimate_now,
+        gpu.as_ref(),
+        fitted.as_ref(),
+        &advice,
+        a.min_gpus.then_some(min_gpus),
+    );
+    if let Some((changes, _, peak)) = &combination {
+        text += &format!(
+            "plan that fits: add {}  → {}\n",
+            changes.join(" "),
+            gib(*peak)
+        );
+    }
+    emit(text.trim_end());
     Ok(())
 }
 
@@ -265,27 +314,55 @@ fn table(
 ) -> String {
     use std::fmt::Write;
     let mut t = String::new();
-    let _ = writeln!(t, "model: {}  ({} parameters, {} trainable)", model.name, e.total_params, e.trainable_params);
+    let _ = writeln!(
+        t,
+        "model: {}  ({} parameters, {} trainable)",
+        model.name, e.total_params, e.trainable_params
+    );
     if let Some(f) = fitted {
         let _ = writeln!(t, "plan at the fitted {} = {}:", f.target_name(), f.value);
     }
-    let _ = writeln!(t, "peak per GPU: {}  in phase: {}", gib(e.peak_total_bytes), e.peak_phase.label());
+    let _ = writeln!(
+        t,
+        "peak per GPU: {}  in phase: {}",
+        gib(e.peak_total_bytes),
+        e.peak_phase.label()
+    );
     let _ = writeln!(t, "  {:<18} {:>12}", "component", "memory");
     for (name, bytes) in e.breakdown.entries() {
         let _ = writeln!(t, "  {:<18} {:>12}", name, gib(bytes));
     }
-    let _ = writeln!(t, "  {:<18} {:>12}", "= allocated", gib(e.peak_allocated_bytes));
-    let _ = writeln!(t, "  {:<18} {:>12}", "= reserved", gib(e.peak_reserved_bytes));
+    let _ = writeln!(
+        t,
+        "  {:<18} {:>12}",
+        "= allocated",
+        gib(e.peak_allocated_bytes)
+    );
+    let _ = writeln!(
+        t,
+        "  {:<18} {:>12}",
+        "= reserved",
+        gib(e.peak_reserved_bytes)
+    );
     let _ = writeln!(t, "  {:<18} {:>12}", "= total", gib(e.peak_total_bytes));
-    let phases: Vec<String> = e.phases.iter().map(|p| format!("{} {}", p.phase.label(), gib(p.allocated_bytes))).collect();
+    let phases: Vec<String> = e
+        .phases
+        .iter()
+        .map(|p| format!("{} {}", p.phase.label(), gib(p.allocated_bytes)))
+        .collect();
     let _ = writeln!(t, "phases (allocated): {}", phases.join(" | "));
     if let Some(g) = gpu {
-        let verdict = if e.peak_total_bytes <= g.memory_bytes { "fits" } else { "does NOT fit" };
+        let verdict = if e.peak_total_bytes <= g.memory_bytes {
+            "fits"
+        } else {
+            "does NOT fit"
+        };
         let _ = writeln!(t, "gpu: {} ({}): {verdict}", g.name, gib(g.memory_bytes));
     }
     if let Some(f) = fitted {
-        let _ = writeln!(t, 
-            "fit: largest {} = {} within {} (margin {:.0}%); grad accumulation {} → global batch {}",
+        let _ = writeln!(
+            t,
+            "fit: {} = {} within {} (margin {:.0}%); grad accumulation {} → global batch {}",
             f.target_name(),
             f.value,
             gib(f.usable_bytes),
@@ -308,7 +385,14 @@ fn table(
         let _ = writeln!(t, "advice (change in peak; largest saving first):");
         for s in advice.iter().take(8) {
             let fits = if s.fits == Some(true) { "  fits" } else { "" };
-            let _ = writeln!(t, "  {:<32} {:>+11.2} GiB → {:>11}{fits}   cost: {}", s.change, -(s.saved_bytes as f64) / (1u64 << 30) as f64, gib(s.new_peak_total_bytes), s.cost);
+            let _ = writeln!(
+                t,
+                "  {:<32} {:>+11.2} GiB → {:>11}{fits}   cost: {}",
+                s.change,
+                -(s.saved_bytes as f64) / (1u64 << 30) as f64,
+                gib(s.new_peak_total_bytes),
+                s.cost
+            );
         }
     }
     t

@@ -21,19 +21,57 @@ fn bench(c: &mut Criterion) {
     let llama = find_model("llama-3-70b").unwrap();
     let train = settings("train").to_workload().unwrap();
     let generate = settings("generate").to_workload().unwrap();
-    c.bench_function("estimate/llama-3-70b train", |b| b.iter(|| estimate(black_box(&llama), black_box(&train), &overheads)));
-    c.bench_function("estimate/llama-3-70b generate", |b| b.iter(|| estimate(black_box(&llama), black_box(&generate), &overheads)));
+    c.bench_function("estimate/llama-3-70b train", |b| {
+        b.iter(|| estimate(black_box(&llama), black_box(&train), &overheads))
+    });
+    c.bench_function("estimate/llama-3-70b generate", |b| {
+        b.iter(|| estimate(black_box(&llama), black_box(&generate), &overheads))
+    });
     // A fit that succeeds (a failing fit stops after one estimate and would flatter the timing).
     let small = find_model("llama-3.2-3b").unwrap();
-    let fitting = Settings { grad_ckpt: true, ..settings("train") }.to_workload().unwrap();
+    let fitting = Settings {
+        grad_ckpt: true,
+        ..settings("train")
+    }
+    .to_workload()
+    .unwrap();
     let gpu = 80 << 30;
-    assert!(fit(&small, &fitting, &overheads, FitTarget::Batch, gpu, 0.1, Some(512)).is_ok());
+    assert!(fit(
+        &small,
+        &fitting,
+        &overheads,
+        FitTarget::Batch,
+        gpu,
+        0.1,
+        Some(512)
+    )
+    .is_ok());
     assert!(fit(&small, &fitting, &overheads, FitTarget::Seq, gpu, 0.1, None).is_ok());
     c.bench_function("fit/llama-3.2-3b batch on 80 GiB", |b| {
-        b.iter(|| fit(black_box(&small), black_box(&fitting), &overheads, FitTarget::Batch, gpu, 0.1, Some(512)))
+        b.iter(|| {
+            fit(
+                black_box(&small),
+                black_box(&fitting),
+                &overheads,
+                FitTarget::Batch,
+                gpu,
+                0.1,
+                Some(512),
+            )
+        })
     });
     c.bench_function("fit/llama-3.2-3b seq on 80 GiB", |b| {
-        b.iter(|| fit(black_box(&small), black_box(&fitting), &overheads, FitTarget::Seq, gpu, 0.1, None))
+        b.iter(|| {
+            fit(
+                black_box(&small),
+                black_box(&fitting),
+                &overheads,
+                FitTarget::Seq,
+                gpu,
+                0.1,
+                None,
+            )
+        })
     });
 }
 

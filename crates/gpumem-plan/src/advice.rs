@@ -5,7 +5,8 @@ use crate::estimate::{estimate, Overheads};
 use crate::fit::{fit, FitTarget};
 use crate::model::{Architecture, ModelSpec};
 use crate::workload::{
-    Attention, BaseQuant, Checkpointing, Dtype, Lora, Mode, Optimizer, OptimizerImpl, Sharding, Workload,
+    Attention, BaseQuant, Checkpointing, Dtype, Lora, Mode, Optimizer, OptimizerImpl, Sharding,
+    Workload,
 };
 use serde::Serialize;
 
@@ -37,7 +38,11 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
     };
     let mut list: Vec<Candidate> = Vec::new();
     if w.dtype == Dtype::Fp32 && w.amp.is_none() {
-        list.push(("--amp bf16".into(), "none on Ampere or newer (fp16 with loss scaling on V100/T4)", with(&|x| x.amp = Some(Dtype::Bf16))));
+        list.push((
+            "--amp bf16".into(),
+            "none on Ampere or newer (fp16 with loss scaling on V100/T4)",
+            with(&|x| x.amp = Some(Dtype::Bf16)),
+        ));
         list.push((
             "--dtype bf16".into(),
             "pure bf16 weights and optimizer states: small precision risk for long training",
@@ -46,7 +51,11 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
     }
     if training {
         if w.checkpointing == Checkpointing::None {
-            list.push(("--grad-ckpt".into(), "~33% more compute (one extra forward per step)", with(&|x| x.checkpointing = Checkpointing::Full)));
+            list.push((
+                "--grad-ckpt".into(),
+                "~33% more compute (one extra forward per step)",
+                with(&|x| x.checkpointing = Checkpointing::Full),
+            ));
             if transformer {
                 list.push((
                     "--grad-ckpt-selective".into(),
@@ -56,23 +65,43 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
             }
         }
         if matches!(w.optimizer, Optimizer::AdamW | Optimizer::Adam) {
-            list.push(("--optimizer adam8bit".into(), "bitsandbytes dependency; usually no quality loss", with(&|x| x.optimizer = Optimizer::Adam8bit)));
-            list.push(("--optimizer adafactor".into(), "different optimizer dynamics; may need LR retuning", with(&|x| x.optimizer = Optimizer::Adafactor)));
+            list.push((
+                "--optimizer adam8bit".into(),
+                "bitsandbytes dependency; usually no quality loss",
+                with(&|x| x.optimizer = Optimizer::Adam8bit),
+            ));
+            list.push((
+                "--optimizer adafactor".into(),
+                "different optimizer dynamics; may need LR retuning",
+                with(&|x| x.optimizer = Optimizer::Adafactor),
+            ));
             if w.optimizer_impl != OptimizerImpl::Fused {
-                list.push(("--optimizer-impl fused".into(), "none (PyTorch ≥ 2.0 on CUDA)", with(&|x| x.optimizer_impl = OptimizerImpl::Fused)));
+                list.push((
+                    "--optimizer-impl fused".into(),
+                    "none (PyTorch ≥ 2.0 on CUDA)",
+                    with(&|x| x.optimizer_impl = OptimizerImpl::Fused),
+                ));
             }
         }
         if transformer && w.lora.is_none() {
             list.push((
                 "--lora-rank 16".into(),
                 "trains adapters only: a different fine-tune, not full training",
-                with(&|x| x.lora = Some(Lora { rank: 16, base: BaseQuant::None })),
+                with(&|x| {
+                    x.lora = Some(Lora {
+                        rank: 16,
+                        base: BaseQuant::None,
+                    })
+                }),
             ));
             list.push((
                 "--qlora".into(),
                 "4-bit frozen base: ~20-30% slower steps, small quality loss",
                 with(&|x| {
-                    x.lora = Some(Lora { rank: 16, base: BaseQuant::Nf4 });
+                    x.lora = Some(Lora {
+                        rank: 16,
+                        base: BaseQuant::Nf4,
+                    });
                     if x.dtype == Dtype::Fp32 {
                         x.dtype = Dtype::Bf16;
                     }
@@ -87,10 +116,18 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
                 Sharding::Zero3 | Sharding::Fsdp => None,
             };
             if let Some((flag, stage)) = next {
-                list.push((flag.into(), "more communication (ZeRO-3: ~1.5× the traffic of DDP)", with(&|x| x.layout.sharding = stage)));
+                list.push((
+                    flag.into(),
+                    "more communication (ZeRO-3: ~1.5× the traffic of DDP)",
+                    with(&|x| x.layout.sharding = stage),
+                ));
             }
             if !w.layout.offload && w.layout.sharding != Sharding::None {
-                list.push(("--offload".into(), "CPU memory and PCIe time per step; often 2× slower", with(&|x| x.layout.offload = true)));
+                list.push((
+                    "--offload".into(),
+                    "CPU memory and PCIe time per step; often 2× slower",
+                    with(&|x| x.layout.offload = true),
+                ));
             }
         }
         if w.batch > 1 {
@@ -105,17 +142,30 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
         }
     }
     if transformer && w.attention == Attention::Eager {
-        list.push(("--attn sdpa".into(), "none (PyTorch ≥ 2.0)", with(&|x| x.attention = Attention::Sdpa)));
+        list.push((
+            "--attn sdpa".into(),
+            "none (PyTorch ≥ 2.0)",
+            with(&|x| x.attention = Attention::Sdpa),
+        ));
     }
     if !training && w.batch > 1 {
-        list.push((format!("--batch {}", w.batch / 2), "lower throughput", with(&|x| x.batch /= 2)));
+        list.push((
+            format!("--batch {}", w.batch / 2),
+            "lower throughput",
+            with(&|x| x.batch /= 2),
+        ));
     }
     list
 }
 
 /// Ranks the applicable changes by memory saved (largest first). With `gpu_bytes`, marks which
 /// fit and, when the plan leaves most of the GPU idle, first suggests the largest batch that fits.
-pub fn advise(model: &ModelSpec, workload: &Workload, overheads: &Overheads, gpu_bytes: Option<u64>) -> Result<Vec<Suggestion>> {
+pub fn advise(
+    model: &ModelSpec,
+    workload: &Workload,
+    overheads: &Overheads,
+    gpu_bytes: Option<u64>,
+) -> Result<Vec<Suggestion>> {
     let current = estimate(model, workload, overheads)?.peak_total_bytes;
     let mut suggestions = Vec::new();
     for (change, cost, changed) in candidates(model, workload) {
@@ -141,6 +191,35 @@ pub fn advise(model: &ModelSpec, workload: &Workload, overheads: &Overheads, gpu
     Ok(suggestions)
 }
 
+/// Changes applied one after another, each the largest remaining saving, until the plan fits
+/// `gpu_bytes` (None when even all of them do not suffice). Returns the flags and the final peak.
+pub fn combine_until_fits(
+    model: &ModelSpec,
+    workload: &Workload,
+    overheads: &Overheads,
+    gpu_bytes: u64,
+) -> Result<Option<(Vec<String>, Workload, u64)>> {
+    let mut current = workload.clone();
+    let mut peak = estimate(model, &current, overheads)?.peak_total_bytes;
+    let mut changes = Vec::new();
+    while peak > gpu_bytes {
+        let mut best: Option<(String, Workload, u64)> = None;
+        for (change, _, changed) in candidates(model, &current) {
+            let Some(changed) = changed else { continue };
+            let new_peak = estimate(model, &changed, overheads)?.peak_total_bytes;
+            if new_peak < best.as_ref().map_or(peak, |b| b.2) {
+                best = Some((change, changed, new_peak));
+            }
+        }
+        let Some((change, changed, new_peak)) = best else {
+            return Ok(None);
+        };
+        changes.push(change);
+        (current, peak) = (changed, new_peak);
+    }
+    Ok(Some((changes, current, peak)))
+}
+
 /// Share of GPU memory below which a fitting plan is said to leave the GPU idle.
 pub const IDLE_SHARE: f64 = 0.5;
 
@@ -148,11 +227,25 @@ pub const IDLE_SHARE: f64 = 0.5;
 pub const HEADROOM_MARGIN: f64 = 0.1;
 
 /// When the plan uses less than [`IDLE_SHARE`] of the GPU, the largest batch that still fits.
-fn use_headroom(model: &ModelSpec, workload: &Workload, overheads: &Overheads, gpu: u64, current: u64) -> Result<Option<Suggestion>> {
+fn use_headroom(
+    model: &ModelSpec,
+    workload: &Workload,
+    overheads: &Overheads,
+    gpu: u64,
+    current: u64,
+) -> Result<Option<Suggestion>> {
     if current as f64 >= IDLE_SHARE * gpu as f64 {
         return Ok(None);
     }
-    let larger = fit(model, workload, overheads, FitTarget::Batch, gpu, HEADROOM_MARGIN, None)?;
+    let larger = fit(
+        model,
+        workload,
+        overheads,
+        FitTarget::Batch,
+        gpu,
+        HEADROOM_MARGIN,
+        None,
+    )?;
     Ok((larger.value > workload.batch).then(|| Suggestion {
         change: format!("--batch {}", larger.value),
         new_peak_total_bytes: larger.estimate.peak_total_bytes,

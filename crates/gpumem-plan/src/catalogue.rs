@@ -20,8 +20,16 @@ fn catalogue() -> &'static Catalogue {
     CATALOGUE.get_or_init(|| {
         // The embedded file is checked by the `catalogue_parses` test; an empty map is the fallback.
         let json: Value = serde_json::from_str(CATALOGUE_JSON).unwrap_or_default();
-        let section = |key: &str| json.get(key).and_then(Value::as_object).cloned().unwrap_or_default();
-        Catalogue { models: section("models"), aliases: section("aliases") }
+        let section = |key: &str| {
+            json.get(key)
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default()
+        };
+        Catalogue {
+            models: section("models"),
+            aliases: section("aliases"),
+        }
     })
 }
 
@@ -34,10 +42,18 @@ pub fn model_names() -> Vec<&'static str> {
 pub fn find_model(name: &str) -> Result<ModelSpec> {
     let cat = catalogue();
     let key = normalise(name);
-    let canonical = cat.aliases.get(&key).and_then(Value::as_str).unwrap_or(&key);
+    let canonical = cat
+        .aliases
+        .get(&key)
+        .and_then(Value::as_str)
+        .unwrap_or(&key);
     let config = cat.models.get(canonical).ok_or_else(|| {
         // Suggest from names and aliases; list only the canonical names.
-        let all = cat.models.keys().map(String::as_str).chain(cat.aliases.keys().map(String::as_str));
+        let all = cat
+            .models
+            .keys()
+            .map(String::as_str)
+            .chain(cat.aliases.keys().map(String::as_str));
         PlanError::UnknownName {
             kind: "model",
             given: name.to_string(),
@@ -51,8 +67,10 @@ pub fn find_model(name: &str) -> Result<ModelSpec> {
 /// Reads a model from a config file: a Hugging Face `config.json` or the ResNet form
 /// `{"model_type": "resnet", "depth": 50, "num_classes": 1000}`.
 pub fn load_config(path: &std::path::Path) -> Result<ModelSpec> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| PlanError::Unreadable { path: path.display().to_string(), reason: e.to_string() })?;
+    let text = std::fs::read_to_string(path).map_err(|e| PlanError::Unreadable {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
     crate::hf::parse_config(&path.display().to_string(), &text)
 }
 

@@ -4,7 +4,9 @@
 use crate::error::{PlanError, Result};
 use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
-use crate::workload::{BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload};
+use crate::workload::{
+    BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload,
+};
 use serde::Serialize;
 
 /// CUDA context, kernels and cuBLAS workspace of one process (CUDA ≥ 11.7 with lazy loading).
@@ -28,7 +30,10 @@ pub struct Overheads {
 
 impl Default for Overheads {
     fn default() -> Self {
-        Overheads { context_bytes: DEFAULT_CONTEXT_BYTES, allocator_fraction: DEFAULT_ALLOCATOR_FRACTION }
+        Overheads {
+            context_bytes: DEFAULT_CONTEXT_BYTES,
+            allocator_fraction: DEFAULT_ALLOCATOR_FRACTION,
+        }
     }
 }
 
@@ -88,7 +93,12 @@ pub struct Breakdown {
 impl Breakdown {
     /// Tensor bytes (what `torch.cuda.max_memory_allocated` reports).
     pub fn allocated(&self) -> u64 {
-        self.weights + self.gradients + self.optimizer_states + self.activations + self.kv_cache + self.temporaries
+        self.weights
+            + self.gradients
+            + self.optimizer_states
+            + self.activations
+            + self.kv_cache
+            + self.temporaries
     }
 
     /// Named entries, largest first, for printing.
@@ -178,12 +188,20 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
             simulate_inference(model, &units, &states, workload)
         }
     };
-    let (peak_phase, mut breakdown) =
-        *peaks.iter().max_by_key(|(_, b)| b.allocated()).expect("every mode simulates at least one phase");
+    let (peak_phase, mut breakdown) = *peaks
+        .iter()
+        .max_by_key(|(_, b)| b.allocated())
+        .expect("every mode simulates at least one phase");
     let allocated = breakdown.allocated();
     breakdown.allocator = (allocated as f64 * overheads.allocator_fraction).round() as u64;
     breakdown.framework = overheads.context_bytes;
-    let phases = peaks.drain(..).map(|(phase, b)| PhasePeak { phase, allocated_bytes: b.allocated() }).collect();
+    let phases = peaks
+        .drain(..)
+        .map(|(phase, b)| PhasePeak {
+            phase,
+            allocated_bytes: b.allocated(),
+        })
+        .collect();
     Ok(Estimate {
         peak_allocated_bytes: allocated,
         peak_reserved_bytes: allocated + breakdown.allocator,
@@ -244,7 +262,13 @@ fn base_weight_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
     }
 }
 
-fn model_states(model: &ModelSpec, workload: &Workload, counts: &ParamCounts, units: &[Unit], trainable: u64) -> States {
+fn model_states(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+    units: &[Unit],
+    trainable: u64,
+) -> States {
     let layout = &workload.layout;
     let dp = layout.dp() as f64;
     let tp = layout.tp as f64;
@@ -263,15 +287,24 @@ fn model_states(model: &ModelSpec, workload: &Workload, counts: &ParamCounts, un
         None => full_params * weight_bytes,
     };
     weights += counts.buffers as f64 * share * weight_bytes;
-    let trainable_local = if lora.is_some() { trainable as f64 * share } else { full_params };
+    let trainable_local = if lora.is_some() {
+        trainable as f64 * share
+    } else {
+        full_params
+    };
     if workload.mode != Mode::Train {
-        return States { weights, ..States::default() };
+        return States {
+            weights,
+            ..States::default()
+        };
     }
     let master = workload.amp.is_some() && workload.dtype != Dtype::Fp32;
     // Optimizer states follow the parameter dtype unless a fp32 master copy exists.
     let state_bytes = if master { 4.0 } else { weight_bytes };
     let largest_trainable = match (lora, &model.arch) {
-        (Some(l), Architecture::Transformer(spec)) => (l.rank * spec.hidden.max(spec.intermediate)) as f64,
+        (Some(l), Architecture::Transformer(spec)) => {
+            (l.rank * spec.hidden.max(spec.intermediate)) as f64
+        }
         _ => counts.largest_tensor as f64 / tp,
     };
     let per_param_states = match workload.optimizer {
@@ -284,13 +317,18 @@ fn model_states(model: &ModelSpec, workload: &Workload, counts: &ParamCounts, un
     };
     let mut optimizer = trainable_local * (per_param_states + if master { 4.0 } else { 0.0 });
     let step_temporaries = match (workload.optimizer, workload.optimizer_impl) {
-        (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Foreach) => trainable_local * state_bytes,
-        (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::ForLoop) => 2.0 * largest_trainable * state_bytes,
+        (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Foreach) => {
+            trainable_local * state_bytes
+        }
+        (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::ForLoop) => {
+            2.0 * largest_trainable * state_bytes
+        }
         // torch.optim.Adafactor builds the full variance estimate row_var @ col_var: for all
         // parameters at once (foreach) or one parameter at a time.
         (Optimizer::Adafactor, OptimizerImpl::Foreach) => trainable_local * 4.0,
         (Optimizer::Adafactor, _) => largest_trainable * 4.0,
-        (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Fused) | (Optimizer::Sgd | Optimizer::Adam8bit, _) => 0.0,
+        (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Fused)
+        | (Optimizer::Sgd | Optimizer::Adam8bit, _) => 0.0,
     };
     let grad_bytes = weight_bytes;
     let mut grad_per_param = grad_bytes * if lora.is_some() { 0.0 } else { 1.0 / tp };
@@ -322,7 +360,11 @@ fn model_states(model: &ModelSpec, workload: &Workload, counts: &ParamCounts, un
             weights = 0.0;
         }
     }
-    let sharded_temporaries = if layout.offload { 0.0 } else { step_temporaries / optimizer_shards(layout.sharding, dp) };
+    let sharded_temporaries = if layout.offload {
+        0.0
+    } else {
+        step_temporaries / optimizer_shards(layout.sharding, dp)
+    };
     States {
         weights,
         grad_per_param,
@@ -353,7 +395,9 @@ fn adafactor_fraction(model: &ModelSpec) -> f64 {
 fn kept_and_recomputed(unit: &Unit, policy: Checkpointing) -> (f64, f64) {
     match (policy, unit.checkpoint) {
         (Checkpointing::Full, Some(kept)) => (kept, unit.saved),
-        (Checkpointing::Selective, Some(_)) => (unit.saved - unit.attention_core, unit.attention_core),
+        (Checkpointing::Selective, Some(_)) => {
+            (unit.saved - unit.attention_core, unit.attention_core)
+        }
         _ => (unit.saved, 0.0),
     }
 }
@@ -362,7 +406,12 @@ fn bytes(x: f64) -> u64 {
     x.max(0.0).round() as u64
 }
 
-fn simulate_training(units: &[Unit], states: &States, workload: &Workload, in_flight: f64) -> Vec<(Phase, Breakdown)> {
+fn simulate_training(
+    units: &[Unit],
+    states: &States,
+    workload: &Workload,
+    in_flight: f64,
+) -> Vec<(Phase, Breakdown)> {
     let total_params: f64 = units.iter().map(|u| u.params as f64).sum();
     let all_gradients = total_params * states.grad_per_param;
     let accumulating = workload.grad_accum > 1 || workload.keep_grads;
@@ -375,14 +424,21 @@ fn simulate_training(units: &[Unit], states: &States, workload: &Workload, in_fl
         ..Breakdown::default()
     };
     let policy = workload.checkpointing;
-    let kept: Vec<(f64, f64)> = units.iter().map(|u| kept_and_recomputed(u, policy)).collect();
+    let kept: Vec<(f64, f64)> = units
+        .iter()
+        .map(|u| kept_and_recomputed(u, policy))
+        .collect();
     let gradients_in_forward = if accumulating { all_gradients } else { 0.0 };
 
     let mut forward = Breakdown::default();
     let mut saved = 0.0;
     let mut held = 0.0;
     for (unit, (keep, _)) in units.iter().zip(&kept) {
-        let live = base(gradients_in_forward, saved + held + keep, unit.forward_transient);
+        let live = base(
+            gradients_in_forward,
+            saved + held + keep,
+            unit.forward_transient,
+        );
         if live.allocated() > forward.allocated() {
             forward = live;
         }
@@ -396,13 +452,20 @@ fn simulate_training(units: &[Unit], states: &States, workload: &Workload, in_fl
     for (unit, (keep, recompute)) in units.iter().zip(&kept).rev() {
         let new_gradients = unit.params as f64 * states.grad_per_param;
         // Accumulating into existing gradients: the new one and the sum exist briefly.
-        let (grown, transient_gradients) =
-            if accumulating { (0.0, ACCUMULATION_COPIES * new_gradients) } else { (new_gradients, 0.0) };
+        let (grown, transient_gradients) = if accumulating {
+            (0.0, ACCUMULATION_COPIES * new_gradients)
+        } else {
+            (new_gradients, 0.0)
+        };
         // Two moments: the unit's backward starts (all its saved tensors, no gradients yet) and
         // its parameter gradients appear (its saved tensors released).
         let starting = base(gradients, saved + held, recompute + unit.backward_transient);
         saved -= keep * in_flight;
-        let finishing = base(gradients + grown, saved + held, unit.gradient_transient + transient_gradients);
+        let finishing = base(
+            gradients + grown,
+            saved + held,
+            unit.gradient_transient + transient_gradients,
+        );
         for live in [starting, finishing] {
             if live.allocated() > backward.allocated() {
                 backward = live;
@@ -411,10 +474,20 @@ fn simulate_training(units: &[Unit], states: &States, workload: &Workload, in_fl
         gradients += grown;
     }
     let step = base(all_gradients, 0.0, states.step_temporaries);
-    vec![(Phase::Forward, forward), (Phase::ForwardEnd, forward_end), (Phase::Backward, backward), (Phase::OptimizerStep, step)]
+    vec![
+        (Phase::Forward, forward),
+        (Phase::ForwardEnd, forward_end),
+        (Phase::Backward, backward),
+        (Phase::OptimizerStep, step),
+    ]
 }
 
-fn simulate_inference(model: &ModelSpec, units: &[Unit], states: &States, workload: &Workload) -> Vec<(Phase, Breakdown)> {
+fn simulate_inference(
+    model: &ModelSpec,
+    units: &[Unit],
+    states: &States,
+    workload: &Workload,
+) -> Vec<(Phase, Breakdown)> {
     let pass = |units: &[Unit], kv_base: f64| -> Breakdown {
         let mut peak = Breakdown::default();
         let mut kv = kv_base;
@@ -441,7 +514,11 @@ fn simulate_inference(model: &ModelSpec, units: &[Unit], states: &States, worklo
     }
     // Decode: one token per step against a cache of prompt + new − 1 tokens; concatenating into a
     // layer's cache briefly holds the old and the new copy of that layer.
-    let one_token = Workload { seq: 1, new_tokens: 1, ..workload.clone() };
+    let one_token = Workload {
+        seq: 1,
+        new_tokens: 1,
+        ..workload.clone()
+    };
     let step_units = build_units(model, &one_token, workload.batch);
     let cached_tokens = (workload.seq + workload.new_tokens - 1) as f64;
     let kv_per_token: f64 = step_units.iter().map(|u| u.kv_cache).sum();

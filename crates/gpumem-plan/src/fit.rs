@@ -28,8 +28,14 @@ impl FitTarget {
 
     fn apply(self, workload: &Workload, value: u64) -> Workload {
         match self {
-            FitTarget::Batch => Workload { batch: value, ..workload.clone() },
-            FitTarget::Seq => Workload { seq: value, ..workload.clone() },
+            FitTarget::Batch => Workload {
+                batch: value,
+                ..workload.clone()
+            },
+            FitTarget::Seq => Workload {
+                seq: value,
+                ..workload.clone()
+            },
         }
     }
 }
@@ -144,13 +150,35 @@ pub fn fit(
     let dp = workload.layout.dp();
     let mut current = workload.clone();
     let (mut value, mut best) = largest_fitting(model, &current, overheads, target, usable)?;
-    let accumulation_for = |micro: u64| global_batch.map_or(workload.grad_accum, |g| g.div_ceil(micro * dp).max(1));
-    let micro_batch = |w: &Workload, v: u64| if target == FitTarget::Batch { v } else { w.batch };
+    let accumulation_for =
+        |micro: u64| global_batch.map_or(workload.grad_accum, |g| g.div_ceil(micro * dp).max(1));
+    let micro_batch = |w: &Workload, v: u64| {
+        if target == FitTarget::Batch {
+            v
+        } else {
+            w.batch
+        }
+    };
     let mut grad_accum = accumulation_for(micro_batch(&current, value));
     if grad_accum > 1 && current.grad_accum == 1 {
         current.grad_accum = grad_accum;
         (value, best) = largest_fitting(model, &current, overheads, target, usable)?;
         grad_accum = accumulation_for(micro_batch(&current, value)).max(2);
+    }
+    // Prefer a micro-batch that divides the global batch exactly (64 = 16 × 4, not 24 × 3).
+    if let (FitTarget::Batch, Some(global)) = (target, global_batch) {
+        if global.is_multiple_of(dp) {
+            let per_rank = global / dp;
+            if let Some(divisor) = (1..=value.min(per_rank))
+                .rev()
+                .find(|d| per_rank.is_multiple_of(*d))
+            {
+                value = divisor;
+                grad_accum = per_rank / divisor;
+                current.grad_accum = grad_accum;
+                best = estimate(model, &target.apply(&current, value), overheads)?;
+            }
+        }
     }
     let micro = micro_batch(&current, value);
     let mut fitted = target.apply(&current, value);
@@ -169,7 +197,13 @@ pub fn fit(
 }
 
 /// Fewest GPUs (multiples of `tp × pp`, up to 4096) on which the workload's layout fits.
-pub fn fewest_gpus(model: &ModelSpec, workload: &Workload, overheads: &Overheads, gpu_bytes: u64, margin: f64) -> Result<Option<u64>> {
+pub fn fewest_gpus(
+    model: &ModelSpec,
+    workload: &Workload,
+    overheads: &Overheads,
+    gpu_bytes: u64,
+    margin: f64,
+) -> Result<Option<u64>> {
     check_margin(margin)?;
     let usable = usable_bytes(gpu_bytes, margin);
     let group = workload.layout.tp * workload.layout.pp;

@@ -51,20 +51,31 @@ pub const GPUS: &[(&str, u64)] = &[
 /// Looks a GPU up by name ("H100", "rtx4090", "A100-80GB") or reads a size ("24GB", "80GiB").
 pub fn find_gpu(name: &str) -> Result<Gpu> {
     if let Some(bytes) = parse_size(name)? {
-        return Ok(Gpu { name: name.to_string(), memory_bytes: bytes });
+        return Ok(Gpu {
+            name: name.to_string(),
+            memory_bytes: bytes,
+        });
     }
-    let key = normalise(name).replace("nvidia-", "").replace("rtx", "rtx-").replace("rtx--", "rtx-");
+    let key = normalise(name)
+        .replace("nvidia-", "")
+        .replace("rtx", "rtx-")
+        .replace("rtx--", "rtx-");
     let compact = |s: &str| s.replace('-', "");
     GPUS.iter()
         .find(|(known, _)| compact(known) == compact(&key))
-        .map(|(known, mib)| Gpu { name: known.to_string(), memory_bytes: mib * MIB })
+        .map(|(known, mib)| Gpu {
+            name: known.to_string(),
+            memory_bytes: mib * MIB,
+        })
         .ok_or_else(|| unknown("GPU", name, GPUS.iter().map(|(n, _)| *n)))
 }
 
 /// Parses "24GB" (1e9), "24GiB"/"24G" (2^30) or "24000MB"/"MiB"; `None` if it is not a size.
 pub fn parse_size(text: &str) -> Result<Option<u64>> {
     let t = text.trim().to_ascii_lowercase();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
     if number.is_empty() {
         return Ok(None);

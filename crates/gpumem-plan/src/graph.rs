@@ -3,7 +3,9 @@
 //! keeps (saved inputs of linears, GELU/LayerNorm inputs, softmax outputs, dropout masks, the fp32
 //! upcast of logits in the loss), so the phase simulation can replay a step.
 
-use crate::model::{Activation, Architecture, ConvShape, Head, ModelSpec, Norm, ResnetSpec, TransformerSpec};
+use crate::model::{
+    Activation, Architecture, ConvShape, Head, ModelSpec, Norm, ResnetSpec, TransformerSpec,
+};
 use crate::workload::{Attention, Mode, Target, Workload};
 
 /// One step of the forward pass, in bytes for the whole micro-batch on one GPU.
@@ -54,7 +56,11 @@ impl Bytes {
     fn of(workload: &Workload) -> Self {
         let act = workload.compute_dtype().bytes() as f64;
         let residual = workload.dtype.bytes() as f64;
-        Bytes { act, residual, autocast: workload.amp.is_some() && residual != act }
+        Bytes {
+            act,
+            residual,
+            autocast: workload.amp.is_some() && residual != act,
+        }
     }
 
     /// Bytes saved for a norm output of width `width` read by `consumers` linear layers.
@@ -117,7 +123,10 @@ impl<'a> TransformerGraph<'a> {
             spec,
             workload,
             bytes: Bytes::of(workload),
-            split: Split { tp, sequence: if workload.layout.sp { tp } else { 1.0 } },
+            split: Split {
+                tp,
+                sequence: if workload.layout.sp { tp } else { 1.0 },
+            },
             batch: batch as f64,
             training: workload.mode == Mode::Train,
         }
@@ -149,18 +158,34 @@ impl<'a> TransformerGraph<'a> {
         let mut units = vec![self.embeddings()];
         let seq = self.sequence();
         if spec.is_encoder_decoder() {
-            let encoder = AttentionShape { queries: seq, keys: seq, causal: false };
+            let encoder = AttentionShape {
+                queries: seq,
+                keys: seq,
+                causal: false,
+            };
             for _ in 0..spec.encoder_layers {
                 units.push(self.block(encoder, None));
             }
             let dec = self.decoder_sequence();
-            let decoder = AttentionShape { queries: dec, keys: dec, causal: true };
-            let cross = AttentionShape { queries: dec, keys: seq, causal: false };
+            let decoder = AttentionShape {
+                queries: dec,
+                keys: dec,
+                causal: true,
+            };
+            let cross = AttentionShape {
+                queries: dec,
+                keys: seq,
+                causal: false,
+            };
             for _ in 0..spec.layers {
                 units.push(self.block(decoder, Some(cross)));
             }
         } else {
-            let shape = AttentionShape { queries: seq, keys: seq, causal: spec.is_causal_lm() };
+            let shape = AttentionShape {
+                queries: seq,
+                keys: seq,
+                causal: spec.is_causal_lm(),
+            };
             for _ in 0..spec.layers {
                 units.push(self.block(shape, None));
             }
@@ -188,7 +213,11 @@ impl<'a> TransformerGraph<'a> {
         if let Some(p) = spec.patches {
             let pixels = self.batch * (p.channels * self.workload.image_size.pow(2)) as f64;
             held = pixels * self.bytes.residual;
-            saved = if self.bytes.autocast { pixels * self.bytes.act } else { 0.0 };
+            saved = if self.bytes.autocast {
+                pixels * self.bytes.act
+            } else {
+                0.0
+            };
         }
         if spec.embedding_norm {
             saved += tokens * self.bytes.residual * h;
@@ -199,7 +228,8 @@ impl<'a> TransformerGraph<'a> {
         // A tied word embedding already holds the LM head's gradient: the embedding backward adds a
         // new V×h gradient and accumulating it allocates the sum.
         let tied_accumulation = if spec.tied_embeddings && spec.head != Head::None {
-            ACCUMULATION_COPIES * (spec.vocab * spec.hidden) as f64 / self.split.tp * self.workload.dtype.bytes() as f64
+            ACCUMULATION_COPIES * (spec.vocab * spec.hidden) as f64 / self.split.tp
+                * self.workload.dtype.bytes() as f64
         } else {
             0.0
         };
@@ -219,9 +249,17 @@ impl<'a> TransformerGraph<'a> {
     /// Bytes per score element saved by eager attention: softmax output, its cast, dropout.
     fn score_saved_bytes(&self) -> f64 {
         let act = self.bytes.act;
-        let softmax = if self.spec.softmax_fp32 || self.workload.amp.is_some() { 4.0 } else { act };
+        let softmax = if self.spec.softmax_fp32 || self.workload.amp.is_some() {
+            4.0
+        } else {
+            act
+        };
         let cast = if softmax != act { act } else { 0.0 };
-        let dropout = if self.dropout_active(self.spec.attention_dropout) { 1.0 + act } else { 0.0 };
+        let dropout = if self.dropout_active(self.spec.attention_dropout) {
+            1.0 + act
+        } else {
+            0.0
+        };
         softmax + cast + dropout
     }
 
@@ -233,7 +271,8 @@ impl<'a> TransformerGraph<'a> {
             // T5's relative position bias has no fused kernel path in transformers.
             Attention::Sdpa => {
                 self.spec.model_type == "t5"
-                    || (self.workload.target == Target::Cpu && self.dropout_active(self.spec.attention_dropout))
+                    || (self.workload.target == Target::Cpu
+                        && self.dropout_active(self.spec.attention_dropout))
             }
         }
     }
@@ -248,7 +287,11 @@ impl<'a> TransformerGraph<'a> {
         let key_tokens = self.batch * shape.keys;
         let mut key_side = 0.0; // saved bytes per key token (cross attention reads the encoder)
         let projections_from_norm = if cross || spec.fused_qkv { 1.0 } else { 3.0 };
-        tally.sharded += if spec.post_norm && !cross { 0.0 } else { self.bytes.linear_input(h, projections_from_norm) };
+        tally.sharded += if spec.post_norm && !cross {
+            0.0
+        } else {
+            self.bytes.linear_input(h, projections_from_norm)
+        };
         // q, k, v outputs stay alive: saved by RoPE's multiply or by the attention itself.
         tally.sharded += act * q;
         key_side += act * 2.0 * kv;
@@ -305,10 +348,18 @@ impl<'a> TransformerGraph<'a> {
             per_expert += act * 2.0 * f; // up projection and the gated product
         }
         if self.dropout_active(spec.activation_dropout) {
-            per_expert += f + if spec.activation == Activation::Relu { act * f } else { 0.0 };
+            per_expert += f + if spec.activation == Activation::Relu {
+                act * f
+            } else {
+                0.0
+            };
         }
         let routed = spec.experts_per_token as f64;
-        let routing = if spec.experts > 1 { 4.0 * spec.experts as f64 + routed * act * h } else { 0.0 };
+        let routing = if spec.experts > 1 {
+            4.0 * spec.experts as f64 + routed * act * h
+        } else {
+            0.0
+        };
         self.bytes.linear_input(h, consumers) + routed * per_expert + routing
     }
 
@@ -326,10 +377,13 @@ impl<'a> TransformerGraph<'a> {
         let (act, h) = (self.bytes.act, spec.hidden as f64);
         let tokens = self.batch * shape.queries;
         let mut tally = Tally::default();
-        let norms = if spec.shared_block_norm { 1.0 } else { 2.0 } + if cross.is_some() { 1.0 } else { 0.0 };
+        let norms = if spec.shared_block_norm { 1.0 } else { 2.0 }
+            + if cross.is_some() { 1.0 } else { 0.0 };
         if spec.post_norm {
             // The block input is saved by q/k/v; each add+norm saves the sum.
-            tally.sharded += self.bytes.linear_input(h, if spec.fused_qkv { 1.0 } else { 3.0 });
+            tally.sharded += self
+                .bytes
+                .linear_input(h, if spec.fused_qkv { 1.0 } else { 3.0 });
             tally.replicated += 2.0 * (self.bytes.residual * h + 8.0);
         } else if spec.parallel_residual && !spec.shared_block_norm {
             // Both norms read the same residual input: it is saved once.
@@ -349,8 +403,13 @@ impl<'a> TransformerGraph<'a> {
         if self.dropout_active(spec.hidden_dropout) {
             tally.replicated += h;
         }
-        let autocast_weights = if self.bytes.autocast { act * spec.block_linear_params() as f64 / self.split.tp } else { 0.0 };
-        let saved = tokens * (tally.sharded / self.split.tp + tally.replicated / self.split.sequence)
+        let autocast_weights = if self.bytes.autocast {
+            act * spec.block_linear_params() as f64 / self.split.tp
+        } else {
+            0.0
+        };
+        let saved = tokens
+            * (tally.sharded / self.split.tp + tally.replicated / self.split.sequence)
             + key_bytes
             + cross_key_bytes
             + tally.core
@@ -360,7 +419,8 @@ impl<'a> TransformerGraph<'a> {
         // sublayer output are all referenced while the sublayer runs.
         let residuals = 4.0 * self.bytes.residual * h;
         let mlp_live = tokens * (residuals + act * f * self.mlp_live_intermediates());
-        let attention_live = tokens * (residuals + act * 3.0 * spec.query_width() as f64 / self.split.tp);
+        let attention_live =
+            tokens * (residuals + act * 3.0 * spec.query_width() as f64 / self.split.tp);
         // Generation keeps keys and values per layer (a plain forward runs without a cache). When
         // they are views of a fused q/k/v projection (GPT-2), the cache keeps the whole projection
         // alive until the first decode step concatenates.
@@ -397,9 +457,19 @@ impl<'a> TransformerGraph<'a> {
         let (act, h) = (self.bytes.act, spec.hidden as f64);
         let tokens = self.batch * self.decoder_sequence();
         let vocab = spec.vocab as f64 / self.split.tp;
-        let final_norm = if spec.final_norm { self.norm_saved() } else { 0.0 };
+        let final_norm = if spec.final_norm {
+            self.norm_saved()
+        } else {
+            0.0
+        };
         let params = spec.params_of_head();
-        let autocast_weight = |n: u64| if self.bytes.autocast { act * n as f64 / self.split.tp } else { 0.0 };
+        let autocast_weight = |n: u64| {
+            if self.bytes.autocast {
+                act * n as f64 / self.split.tp
+            } else {
+                0.0
+            }
+        };
         match spec.head {
             Head::CausalLm | Head::Seq2SeqLm | Head::MaskedLm => {
                 let lm_weights = spec.vocab * spec.hidden;
@@ -410,15 +480,28 @@ impl<'a> TransformerGraph<'a> {
                     0.0
                 };
                 // T5 rescales the decoder output before the tied LM head: a fresh tensor.
-                let rescale = if spec.head == Head::Seq2SeqLm && spec.tied_embeddings { self.bytes.residual * h } else { 0.0 };
-                let logits_tokens = if self.workload.mode == Mode::Generate { self.batch } else { tokens };
+                let rescale = if spec.head == Head::Seq2SeqLm && spec.tied_embeddings {
+                    self.bytes.residual * h
+                } else {
+                    0.0
+                };
+                let logits_tokens = if self.workload.mode == Mode::Generate {
+                    self.batch
+                } else {
+                    tokens
+                };
                 let logits = logits_tokens * vocab * act;
                 // Causal LMs upcast logits before the loss; autocast runs cross-entropy in fp32;
                 // masked-LM and T5 heads take the loss in the activation dtype.
                 let upcast = spec.head == Head::CausalLm || self.workload.amp.is_some();
                 let loss_bytes = if upcast { 4.0 } else { act };
-                let fp32_copy = if loss_bytes == act { 0.0 } else { logits_tokens * vocab * 4.0 };
-                let saved_per_token = final_norm + transform + rescale + self.bytes.linear_input(h, 1.0);
+                let fp32_copy = if loss_bytes == act {
+                    0.0
+                } else {
+                    logits_tokens * vocab * 4.0
+                };
+                let saved_per_token =
+                    final_norm + transform + rescale + self.bytes.linear_input(h, 1.0);
                 if self.training {
                     let log_probs = tokens * vocab * loss_bytes;
                     Unit {
@@ -444,11 +527,22 @@ impl<'a> TransformerGraph<'a> {
                     }
                 }
             }
-            Head::Pooler | Head::None | Head::SequenceClassification { .. } | Head::ImageClassification { .. } => {
+            Head::Pooler
+            | Head::None
+            | Head::SequenceClassification { .. }
+            | Head::ImageClassification { .. } => {
                 // A classifier on the first token keeps the whole final-norm output alive through its view.
-                let keeps_norm_output = matches!(spec.head, Head::ImageClassification { .. }) && spec.final_norm;
+                let keeps_norm_output =
+                    matches!(spec.head, Head::ImageClassification { .. }) && spec.final_norm;
                 let pooled = self.batch * h * act * 2.0;
-                let saved = tokens * (final_norm + if keeps_norm_output { self.bytes.residual * h } else { 0.0 }) + pooled;
+                let saved = tokens
+                    * (final_norm
+                        + if keeps_norm_output {
+                            self.bytes.residual * h
+                        } else {
+                            0.0
+                        })
+                    + pooled;
                 Unit {
                     name: "head",
                     saved: if self.training { saved } else { 0.0 },
@@ -478,10 +572,18 @@ fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit>
     let stem_out = b * (stem.outputs * stem_side * stem_side) as f64;
     let pooled = b * (stem.outputs * pooled_side * pooled_side) as f64;
     let pixels = b * (3 * image * image) as f64;
-    let autocast_input = if workload.amp.is_some() && input_bytes != act { pixels * act } else { 0.0 };
+    let autocast_input = if workload.amp.is_some() && input_bytes != act {
+        pixels * act
+    } else {
+        0.0
+    };
     units.push(Unit {
         name: "stem",
-        saved: if training { autocast_input + 2.0 * stem_out * act + pooled * (act + 8.0) } else { 0.0 },
+        saved: if training {
+            autocast_input + 2.0 * stem_out * act + pooled * (act + 8.0)
+        } else {
+            0.0
+        },
         held: pixels * input_bytes,
         forward_transient: 0.0,
         backward_transient: 2.0 * stem_out * act,
@@ -516,7 +618,12 @@ fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit>
             [.., middle, last] => (*last, *middle),
             _ => (largest, 0.0),
         };
-        let params = block.convs.iter().chain(block.downsample.iter()).map(ConvShape::params).sum();
+        let params = block
+            .convs
+            .iter()
+            .chain(block.downsample.iter())
+            .map(ConvShape::params)
+            .sum();
         units.push(Unit {
             name: "block",
             saved: if training { saved } else { 0.0 },
@@ -534,7 +641,11 @@ fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit>
     let logits = b * spec.num_classes as f64;
     units.push(Unit {
         name: "head",
-        saved: if training { features * act + logits * 4.0 } else { 0.0 },
+        saved: if training {
+            features * act + logits * 4.0
+        } else {
+            0.0
+        },
         held: logits * act,
         backward_transient: 2.0 * logits * 4.0 + features * act,
         gradient_transient: logits * 4.0 + features * act,

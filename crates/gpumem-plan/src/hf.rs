@@ -1,20 +1,24 @@
 //! Reading Hugging Face `config.json` files (and a small ResNet JSON) into [`ModelSpec`].
 
 use crate::error::{PlanError, Result};
-use crate::model::{Activation, Architecture, Head, ModelSpec, Norm, Patches, ResnetSpec, TransformerSpec};
+use crate::model::{
+    Activation, Architecture, Head, ModelSpec, Norm, Patches, ResnetSpec, TransformerSpec,
+};
 use crate::names::nearest;
 use serde_json::Value;
 
 /// `model_type` values the planner understands.
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
-    "gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2", "mixtral", "gemma", "phi", "bert", "roberta", "t5", "vit",
-    "resnet",
+    "gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2", "mixtral", "gemma", "phi", "bert",
+    "roberta", "t5", "vit", "resnet",
 ];
 
 /// Parses a config.json text.
 pub fn parse_config(name: &str, text: &str) -> Result<ModelSpec> {
-    let json: Value = serde_json::from_str(text)
-        .map_err(|e| PlanError::Unreadable { path: name.to_string(), reason: format!("not JSON: {e}") })?;
+    let json: Value = serde_json::from_str(text).map_err(|e| PlanError::Unreadable {
+        path: name.to_string(),
+        reason: format!("not JSON: {e}"),
+    })?;
     spec_from_json(name, &json)
 }
 
@@ -29,20 +33,31 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
             spellings: vec!["model_type"],
         })?
         .to_string();
-    let fields = Fields { json, model_type: model_type.clone() };
+    let fields = Fields {
+        json,
+        model_type: model_type.clone(),
+    };
     let arch = match model_type.as_str() {
         "resnet" => Architecture::Resnet(fields.resnet()?),
-        "gpt2" | "gpt_neox" | "opt" | "llama" | "mistral" | "qwen2" | "mixtral" | "gemma" | "phi" | "bert"
-        | "roberta" | "t5" | "vit" => Architecture::Transformer(fields.transformer()?),
+        "gpt2" | "gpt_neox" | "opt" | "llama" | "mistral" | "qwen2" | "mixtral" | "gemma"
+        | "phi" | "bert" | "roberta" | "t5" | "vit" => {
+            Architecture::Transformer(fields.transformer()?)
+        }
         _ => {
             return Err(PlanError::UnsupportedModelType {
                 nearest: nearest(&model_type, SUPPORTED_MODEL_TYPES.iter().copied()),
                 given: model_type,
-                accepted: SUPPORTED_MODEL_TYPES.iter().map(|s| s.to_string()).collect(),
+                accepted: SUPPORTED_MODEL_TYPES
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
             })
         }
     };
-    Ok(ModelSpec { name: name.to_string(), arch })
+    Ok(ModelSpec {
+        name: name.to_string(),
+        arch,
+    })
 }
 
 struct Fields<'a> {
@@ -52,7 +67,9 @@ struct Fields<'a> {
 
 impl Fields<'_> {
     fn find(&self, spellings: &[&str]) -> Option<&Value> {
-        spellings.iter().find_map(|key| self.json.get(*key).filter(|v| !v.is_null()))
+        spellings
+            .iter()
+            .find_map(|key| self.json.get(*key).filter(|v| !v.is_null()))
     }
 
     fn optional_u64(&self, field: &'static str, spellings: &[&'static str]) -> Result<Option<u64>> {
@@ -70,30 +87,40 @@ impl Fields<'_> {
     }
 
     fn required_u64(&self, field: &'static str, spellings: &[&'static str]) -> Result<u64> {
-        self.optional_u64(field, spellings)?.ok_or_else(|| PlanError::MissingField {
-            model_type: self.model_type.clone(),
-            field,
-            spellings: spellings.to_vec(),
-        })
+        self.optional_u64(field, spellings)?
+            .ok_or_else(|| PlanError::MissingField {
+                model_type: self.model_type.clone(),
+                field,
+                spellings: spellings.to_vec(),
+            })
     }
 
     fn f64_or(&self, spellings: &[&str], default: f64) -> f64 {
-        self.find(spellings).and_then(Value::as_f64).unwrap_or(default)
+        self.find(spellings)
+            .and_then(Value::as_f64)
+            .unwrap_or(default)
     }
 
     fn bool_or(&self, spellings: &[&str], default: bool) -> bool {
-        self.find(spellings).and_then(Value::as_bool).unwrap_or(default)
+        self.find(spellings)
+            .and_then(Value::as_bool)
+            .unwrap_or(default)
     }
 
     fn str_or<'b>(&'b self, spellings: &[&str], default: &'b str) -> &'b str {
-        self.find(spellings).and_then(Value::as_str).unwrap_or(default)
+        self.find(spellings)
+            .and_then(Value::as_str)
+            .unwrap_or(default)
     }
 
     fn labels(&self, default: u64) -> u64 {
         if let Some(n) = self.json.get("num_labels").and_then(Value::as_u64) {
             return n;
         }
-        self.json.get("id2label").and_then(Value::as_object).map_or(default, |m| m.len() as u64)
+        self.json
+            .get("id2label")
+            .and_then(Value::as_object)
+            .map_or(default, |m| m.len() as u64)
     }
 
     fn architecture_name(&self) -> &str {
@@ -118,13 +145,16 @@ impl Fields<'_> {
             other => Err(PlanError::InvalidValue {
                 name: "hidden_act".into(),
                 value: other.into(),
-                reason: "supported: gelu, gelu_new, gelu_fast, gelu_pytorch_tanh, relu, silu".into(),
+                reason: "supported: gelu, gelu_new, gelu_fast, gelu_pytorch_tanh, relu, silu"
+                    .into(),
             }),
         }
     }
 
     fn resnet(&self) -> Result<ResnetSpec> {
-        let num_classes = self.optional_u64("num_classes", &["num_classes", "num_labels"])?.unwrap_or(1000);
+        let num_classes = self
+            .optional_u64("num_classes", &["num_classes", "num_labels"])?
+            .unwrap_or(1000);
         if let Some(depth) = self.optional_u64("depth", &["depth"])? {
             let (blocks, bottleneck) = match depth {
                 18 => ([2, 2, 2, 2], false),
@@ -140,7 +170,11 @@ impl Fields<'_> {
                     })
                 }
             };
-            return Ok(ResnetSpec { blocks, bottleneck, num_classes });
+            return Ok(ResnetSpec {
+                blocks,
+                bottleneck,
+                num_classes,
+            });
         }
         // Hugging Face ResNetConfig: "depths": [3,4,6,3], "layer_type": "bottleneck".
         let depths: Vec<u64> = self
@@ -154,17 +188,35 @@ impl Fields<'_> {
             spellings: vec!["depth", "depths (4 stages)"],
         })?;
         let bottleneck = self.str_or(&["layer_type"], "bottleneck") == "bottleneck";
-        Ok(ResnetSpec { blocks, bottleneck, num_classes })
+        Ok(ResnetSpec {
+            blocks,
+            bottleneck,
+            num_classes,
+        })
     }
 
     fn transformer(&self) -> Result<TransformerSpec> {
         let mt = self.model_type.as_str();
         let hidden = self.required_u64("hidden_size", &["hidden_size", "n_embd", "d_model"])?;
-        let layers = self.required_u64("num_hidden_layers", &["num_hidden_layers", "n_layer", "num_layers"])?;
-        let heads = self.required_u64("num_attention_heads", &["num_attention_heads", "n_head", "num_heads"])?;
-        let vocab = if mt == "vit" { 0 } else { self.required_u64("vocab_size", &["vocab_size"])? };
-        let kv_heads = self.optional_u64("num_key_value_heads", &["num_key_value_heads"])?.unwrap_or(heads);
-        let head_dim = self.optional_u64("head_dim", &["head_dim", "d_kv"])?.unwrap_or(hidden / heads);
+        let layers = self.required_u64(
+            "num_hidden_layers",
+            &["num_hidden_layers", "n_layer", "num_layers"],
+        )?;
+        let heads = self.required_u64(
+            "num_attention_heads",
+            &["num_attention_heads", "n_head", "num_heads"],
+        )?;
+        let vocab = if mt == "vit" {
+            0
+        } else {
+            self.required_u64("vocab_size", &["vocab_size"])?
+        };
+        let kv_heads = self
+            .optional_u64("num_key_value_heads", &["num_key_value_heads"])?
+            .unwrap_or(heads);
+        let head_dim = self
+            .optional_u64("head_dim", &["head_dim", "d_kv"])?
+            .unwrap_or(hidden / heads);
         if mt != "t5" && hidden % heads != 0 && self.find(&["head_dim"]).is_none() {
             return Err(PlanError::InvalidValue {
                 name: "hidden_size".into(),
@@ -180,9 +232,15 @@ impl Fields<'_> {
             });
         }
         let intermediate = self
-            .optional_u64("intermediate_size", &["intermediate_size", "n_inner", "ffn_dim", "d_ff"])?
+            .optional_u64(
+                "intermediate_size",
+                &["intermediate_size", "n_inner", "ffn_dim", "d_ff"],
+            )?
             .unwrap_or(4 * hidden);
-        let positions = self.optional_u64("max_position_embeddings", &["max_position_embeddings", "n_positions"])?;
+        let positions = self.optional_u64(
+            "max_position_embeddings",
+            &["max_position_embeddings", "n_positions"],
+        )?;
         let mut spec = TransformerSpec {
             model_type: mt.to_string(),
             hidden,
@@ -259,7 +317,9 @@ impl Fields<'_> {
                 let pre_norm = self.bool_or(&["do_layer_norm_before"], true);
                 spec.post_norm = !pre_norm;
                 spec.final_norm = pre_norm && !self.bool_or(&["_remove_final_layer_norm"], false);
-                let projection = self.optional_u64("word_embed_proj_dim", &["word_embed_proj_dim"])?.unwrap_or(hidden);
+                let projection = self
+                    .optional_u64("word_embed_proj_dim", &["word_embed_proj_dim"])?
+                    .unwrap_or(hidden);
                 spec.embed_projection = if projection == hidden { 0 } else { projection };
                 spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
                 spec.hidden_dropout = self.f64_or(&["dropout"], 0.1);
@@ -279,9 +339,11 @@ impl Fields<'_> {
                 spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], mt == "gemma");
                 spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
                 if mt == "mixtral" {
-                    spec.experts = self.required_u64("num_local_experts", &["num_local_experts"])?;
-                    spec.experts_per_token =
-                        self.optional_u64("num_experts_per_tok", &["num_experts_per_tok"])?.unwrap_or(2);
+                    spec.experts =
+                        self.required_u64("num_local_experts", &["num_local_experts"])?;
+                    spec.experts_per_token = self
+                        .optional_u64("num_experts_per_tok", &["num_experts_per_tok"])?
+                        .unwrap_or(2);
                 }
             }
             "phi" => {
@@ -298,7 +360,9 @@ impl Fields<'_> {
             }
             "bert" | "roberta" => {
                 spec.learned_positions = need_positions()?;
-                spec.token_types = self.optional_u64("type_vocab_size", &["type_vocab_size"])?.unwrap_or(2);
+                spec.token_types = self
+                    .optional_u64("type_vocab_size", &["type_vocab_size"])?
+                    .unwrap_or(2);
                 spec.post_norm = true;
                 spec.embedding_norm = true;
                 spec.final_norm = false;
@@ -310,34 +374,52 @@ impl Fields<'_> {
                 spec.head = if arch.ends_with("ForMaskedLM") {
                     Head::MaskedLm
                 } else if arch.ends_with("ForSequenceClassification") {
-                    Head::SequenceClassification { labels: self.labels(2) }
+                    Head::SequenceClassification {
+                        labels: self.labels(2),
+                    }
                 } else {
                     Head::Pooler
                 };
             }
             "t5" => {
                 spec.encoder_layers = layers;
-                spec.layers = self.optional_u64("num_decoder_layers", &["num_decoder_layers"])?.unwrap_or(layers);
+                spec.layers = self
+                    .optional_u64("num_decoder_layers", &["num_decoder_layers"])?
+                    .unwrap_or(layers);
                 spec.norm = Norm::RmsNorm;
                 spec.norm_bias = false;
                 (spec.qkv_bias, spec.out_bias, spec.mlp_bias) = (false, false, false);
                 let proj = self.str_or(&["feed_forward_proj"], "relu");
                 spec.gated_mlp = proj.starts_with("gated-");
                 spec.activation = self.activation(&["feed_forward_proj"], "relu")?;
-                spec.relative_attention_buckets =
-                    self.optional_u64("relative_attention_num_buckets", &["relative_attention_num_buckets"])?.unwrap_or(32);
+                spec.relative_attention_buckets = self
+                    .optional_u64(
+                        "relative_attention_num_buckets",
+                        &["relative_attention_num_buckets"],
+                    )?
+                    .unwrap_or(32);
                 // transformers 5.x keeps T5's attention softmax in the activation dtype (measured).
                 spec.softmax_fp32 = false;
                 let dropout = self.f64_or(&["dropout_rate"], 0.1);
-                (spec.attention_dropout, spec.hidden_dropout, spec.activation_dropout, spec.embedding_dropout) =
-                    (dropout, dropout, dropout, dropout);
+                (
+                    spec.attention_dropout,
+                    spec.hidden_dropout,
+                    spec.activation_dropout,
+                    spec.embedding_dropout,
+                ) = (dropout, dropout, dropout, dropout);
                 spec.head = Head::Seq2SeqLm;
             }
             "vit" => {
                 spec.patches = Some(Patches {
-                    patch: self.optional_u64("patch_size", &["patch_size"])?.unwrap_or(16),
-                    channels: self.optional_u64("num_channels", &["num_channels"])?.unwrap_or(3),
-                    image_size: self.optional_u64("image_size", &["image_size"])?.unwrap_or(224),
+                    patch: self
+                        .optional_u64("patch_size", &["patch_size"])?
+                        .unwrap_or(16),
+                    channels: self
+                        .optional_u64("num_channels", &["num_channels"])?
+                        .unwrap_or(3),
+                    image_size: self
+                        .optional_u64("image_size", &["image_size"])?
+                        .unwrap_or(224),
                 });
                 spec.activation = self.activation(&["hidden_act"], "gelu")?;
                 spec.qkv_bias = self.bool_or(&["qkv_bias"], true);
@@ -347,13 +429,16 @@ impl Fields<'_> {
                 spec.head = if self.architecture_name() == "ViTModel" {
                     Head::Pooler
                 } else {
-                    Head::ImageClassification { classes: self.labels(2) }
+                    Head::ImageClassification {
+                        classes: self.labels(2),
+                    }
                 };
             }
             _ => unreachable!("model types are filtered by spec_from_json"),
         }
         let arch = self.architecture_name();
-        let base_model = arch.ends_with("Model") && !arch.contains("For") && !arch.contains("LMHead");
+        let base_model =
+            arch.ends_with("Model") && !arch.contains("For") && !arch.contains("LMHead");
         if spec.head == Head::CausalLm && base_model {
             spec.head = Head::None;
         }

@@ -19,15 +19,16 @@ pub mod safetensors;
 pub mod settings;
 pub mod workload;
 
-pub use advice::{advise, Suggestion};
+pub use advice::{advise, combine_until_fits, Suggestion};
 pub use catalogue::{find_model, load_config, model_names};
 pub use error::{PlanError, Result};
 pub use estimate::{estimate, Breakdown, Estimate, Overheads, Phase, PhasePeak};
 pub use fit::{fewest_gpus, fit, Fit, FitTarget};
 pub use gpu::{find_gpu, Gpu};
 pub use hf::parse_config;
-pub use settings::Settings;
 pub use model::{Architecture, ModelSpec, ParamCounts, ResnetSpec, TransformerSpec};
+pub use settings::Settings;
 pub use workload::{
-    Attention, BaseQuant, Checkpointing, Dtype, Layout, Lora, Mode, Optimizer, OptimizerImpl, Sharding, Target, Workload,
+    Attention, BaseQuant, Checkpointing, Dtype, Layout, Lora, Mode, Optimizer, OptimizerImpl,
+    Sharding, Target, Workload,
 };

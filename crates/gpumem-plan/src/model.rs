@@ -207,7 +207,9 @@ impl ModelSpec {
     /// trains); decoders and CNNs are returned unchanged.
     pub fn with_sequence_classification_head(mut self, labels: u64) -> Self {
         if let Architecture::Transformer(t) = &mut self.arch {
-            if matches!(t.head, Head::Pooler | Head::MaskedLm | Head::None) && !t.is_encoder_decoder() {
+            if matches!(t.head, Head::Pooler | Head::MaskedLm | Head::None)
+                && !t.is_encoder_decoder()
+            {
                 t.head = Head::SequenceClassification { labels };
             }
         }
@@ -270,7 +272,11 @@ impl TransformerSpec {
     /// Parameters of one MLP (all experts and the router for MoE).
     pub fn mlp_params(&self) -> u64 {
         let (h, f) = (self.hidden, self.intermediate);
-        let biases = if self.mlp_bias { (self.mlp_matrices() - 1) * f + h } else { 0 };
+        let biases = if self.mlp_bias {
+            (self.mlp_matrices() - 1) * f + h
+        } else {
+            0
+        };
         let one = self.mlp_matrices() * h * f + biases;
         if self.experts > 1 {
             self.experts * one + h * self.experts
@@ -289,7 +295,8 @@ impl TransformerSpec {
     /// Parameters of the embedding tables (token, position, type, patches, projections, norm).
     pub fn params_of_embeddings(&self) -> u64 {
         let h = self.hidden;
-        let mut embeddings = self.vocab * self.word_width() + (self.learned_positions + self.token_types) * h;
+        let mut embeddings =
+            self.vocab * self.word_width() + (self.learned_positions + self.token_types) * h;
         if self.embed_projection > 0 {
             embeddings += 2 * self.embed_projection * h; // project_in and project_out, no bias
         }
@@ -307,13 +314,21 @@ impl TransformerSpec {
     pub fn params_of_head(&self) -> u64 {
         let h = self.hidden;
         let stacks = if self.is_encoder_decoder() { 2 } else { 1 };
-        let final_norms = if self.final_norm { stacks * self.norm_params() } else { 0 };
+        let final_norms = if self.final_norm {
+            stacks * self.norm_params()
+        } else {
+            0
+        };
         final_norms
             + match self.head {
-                Head::CausalLm | Head::Seq2SeqLm if !self.tied_embeddings => linear(h, self.vocab, self.lm_head_bias),
+                Head::CausalLm | Head::Seq2SeqLm if !self.tied_embeddings => {
+                    linear(h, self.vocab, self.lm_head_bias)
+                }
                 Head::CausalLm | Head::Seq2SeqLm | Head::None => 0,
                 Head::Pooler => linear(h, h, true),
-                Head::SequenceClassification { labels } => linear(h, h, true) + linear(h, labels, true),
+                Head::SequenceClassification { labels } => {
+                    linear(h, h, true) + linear(h, labels, true)
+                }
                 Head::MaskedLm => linear(h, h, true) + self.norm_params() + self.vocab,
                 Head::ImageClassification { classes } => linear(h, classes, true),
             }
@@ -343,7 +358,9 @@ impl TransformerSpec {
             body: encoder + decoder + stacks * self.relative_attention_buckets * self.heads,
             head: self.params_of_head(),
             largest_block: self.block_params(self.is_encoder_decoder()),
-            largest_tensor: (self.vocab * self.word_width()).max(mlp_tensor).max(self.hidden * self.query_width()),
+            largest_tensor: (self.vocab * self.word_width())
+                .max(mlp_tensor)
+                .max(self.hidden * self.query_width()),
             block_linear: self.block_linear_params() * (self.layers + self.encoder_layers),
             buffers: 0,
         }
@@ -399,7 +416,12 @@ impl ResnetSpec {
 
     /// The stem convolution (7×7, stride 2).
     pub fn stem(&self) -> ConvShape {
-        ConvShape { inputs: 3, outputs: Self::STEM_CHANNELS, kernel: 7, stride: 2 }
+        ConvShape {
+            inputs: 3,
+            outputs: Self::STEM_CHANNELS,
+            kernel: 7,
+            stride: 2,
+        }
     }
 
     /// All residual blocks in order.
@@ -413,18 +435,47 @@ impl ResnetSpec {
                 let out = width * self.expansion();
                 let convs = if self.bottleneck {
                     vec![
-                        ConvShape { inputs: channels, outputs: width, kernel: 1, stride: 1 },
-                        ConvShape { inputs: width, outputs: width, kernel: 3, stride },
-                        ConvShape { inputs: width, outputs: out, kernel: 1, stride: 1 },
+                        ConvShape {
+                            inputs: channels,
+                            outputs: width,
+                            kernel: 1,
+                            stride: 1,
+                        },
+                        ConvShape {
+                            inputs: width,
+                            outputs: width,
+                            kernel: 3,
+                            stride,
+                        },
+                        ConvShape {
+                            inputs: width,
+                            outputs: out,
+                            kernel: 1,
+                            stride: 1,
+                        },
                     ]
                 } else {
                     vec![
-                        ConvShape { inputs: channels, outputs: width, kernel: 3, stride },
-                        ConvShape { inputs: width, outputs: width, kernel: 3, stride: 1 },
+                        ConvShape {
+                            inputs: channels,
+                            outputs: width,
+                            kernel: 3,
+                            stride,
+                        },
+                        ConvShape {
+                            inputs: width,
+                            outputs: width,
+                            kernel: 3,
+                            stride: 1,
+                        },
                     ]
                 };
-                let downsample = (stride != 1 || channels != out)
-                    .then_some(ConvShape { inputs: channels, outputs: out, kernel: 1, stride });
+                let downsample = (stride != 1 || channels != out).then_some(ConvShape {
+                    inputs: channels,
+                    outputs: out,
+                    kernel: 1,
+                    stride,
+                });
                 blocks.push(ResnetBlock { convs, downsample });
                 channels = out;
             }
@@ -440,7 +491,11 @@ impl ResnetSpec {
     fn params(&self) -> ParamCounts {
         let blocks = self.blocks();
         let block_params = |b: &ResnetBlock| -> u64 {
-            b.convs.iter().chain(b.downsample.iter()).map(ConvShape::params).sum()
+            b.convs
+                .iter()
+                .chain(b.downsample.iter())
+                .map(ConvShape::params)
+                .sum()
         };
         let bn_channels: u64 = blocks
             .iter()
@@ -471,7 +526,12 @@ impl ResnetSpec {
 impl TransformerSpec {
     /// Trainable parameters that rank-`rank` LoRA adapters add to every linear layer of every block.
     pub fn lora_params(&self, rank: u64) -> u64 {
-        let (h, q, kv, f) = (self.hidden, self.query_width(), self.kv_width(), self.intermediate);
+        let (h, q, kv, f) = (
+            self.hidden,
+            self.query_width(),
+            self.kv_width(),
+            self.intermediate,
+        );
         let attention = (h + q) * 2 + (h + kv) * 2;
         let mlp = self.mlp_matrices() * (h + f) * self.experts;
         rank * (attention + mlp) * (self.layers + self.encoder_layers)

@@ -42,11 +42,19 @@ pub fn nearest<'a>(given: &str, accepted: impl IntoIterator<Item = &'a str>) -> 
         .filter(|(distance, name)| *distance <= (name.len().max(given.len()) / 2).max(2))
         .collect();
     scored.sort();
-    scored.into_iter().take(3).map(|(_, name)| name.to_string()).collect()
+    scored
+        .into_iter()
+        .take(3)
+        .map(|(_, name)| name.to_string())
+        .collect()
 }
 
 /// Looks `given` up in a table of `(name, value)`; unknown names give [`PlanError::UnknownName`].
-pub fn lookup<T: Clone>(kind: &'static str, given: &str, table: &[(&str, T)]) -> Result<T, PlanError> {
+pub fn lookup<T: Clone>(
+    kind: &'static str,
+    given: &str,
+    table: &[(&str, T)],
+) -> Result<T, PlanError> {
     let key = normalise(given);
     table
         .iter()
@@ -56,7 +64,11 @@ pub fn lookup<T: Clone>(kind: &'static str, given: &str, table: &[(&str, T)]) ->
 }
 
 /// Builds the [`PlanError::UnknownName`] for `given` against the accepted names.
-pub fn unknown<'a>(kind: &'static str, given: &str, accepted: impl IntoIterator<Item = &'a str> + Clone) -> PlanError {
+pub fn unknown<'a>(
+    kind: &'static str,
+    given: &str,
+    accepted: impl IntoIterator<Item = &'a str> + Clone,
+) -> PlanError {
     PlanError::UnknownName {
         kind,
         given: given.to_string(),

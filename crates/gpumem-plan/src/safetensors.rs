@@ -22,37 +22,66 @@ pub struct TensorSummary {
 
 /// Reads the header of a safetensors stream and sums its tensors.
 pub fn read_header(mut reader: impl Read, path: &str) -> Result<TensorSummary> {
-    let bad = |reason: String| PlanError::Unreadable { path: path.to_string(), reason };
+    let bad = |reason: String| PlanError::Unreadable {
+        path: path.to_string(),
+        reason,
+    };
     let mut length = [0u8; 8];
-    reader.read_exact(&mut length).map_err(|e| bad(format!("no header length: {e}")))?;
+    reader
+        .read_exact(&mut length)
+        .map_err(|e| bad(format!("no header length: {e}")))?;
     let length = u64::from_le_bytes(length);
     if length == 0 || length > MAX_HEADER_BYTES {
         return Err(bad(format!("header length {length} out of range")));
     }
     let mut header = vec![0u8; length as usize];
-    reader.read_exact(&mut header).map_err(|e| bad(format!("truncated header: {e}")))?;
-    let json: Value = serde_json::from_slice(&header).map_err(|e| bad(format!("header is not JSON: {e}")))?;
-    let tensors = json.as_object().ok_or_else(|| bad("header is not a JSON object".into()))?;
+    reader
+        .read_exact(&mut header)
+        .map_err(|e| bad(format!("truncated header: {e}")))?;
+    let json: Value =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("header is not JSON: {e}")))?;
+    let tensors = json
+        .as_object()
+        .ok_or_else(|| bad("header is not a JSON object".into()))?;
     let mut summary = TensorSummary::default();
-    for (name, info) in tensors.iter().filter(|(name, _)| name.as_str() != "__metadata__") {
-        let dtype = info.get("dtype").and_then(Value::as_str).ok_or_else(|| bad(format!("{name}: no dtype")))?;
-        let shape = info.get("shape").and_then(Value::as_array).ok_or_else(|| bad(format!("{name}: no shape")))?;
-        let elements = shape.iter().try_fold(1u64, |acc, d| d.as_u64().and_then(|d| acc.checked_mul(d)));
+    for (name, info) in tensors
+        .iter()
+        .filter(|(name, _)| name.as_str() != "__metadata__")
+    {
+        let dtype = info
+            .get("dtype")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("{name}: no dtype")))?;
+        let shape = info
+            .get("shape")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad(format!("{name}: no shape")))?;
+        let elements = shape
+            .iter()
+            .try_fold(1u64, |acc, d| d.as_u64().and_then(|d| acc.checked_mul(d)));
         let elements = elements.ok_or_else(|| bad(format!("{name}: bad shape")))?;
         let offsets = info.get("data_offsets").and_then(Value::as_array);
         if let Some([start, end]) = offsets.map(Vec::as_slice) {
-            summary.data_bytes += end.as_u64().unwrap_or(0).saturating_sub(start.as_u64().unwrap_or(0));
+            summary.data_bytes += end
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_sub(start.as_u64().unwrap_or(0));
         }
         summary.elements += elements;
-        *summary.elements_by_dtype.entry(dtype.to_string()).or_default() += elements;
+        *summary
+            .elements_by_dtype
+            .entry(dtype.to_string())
+            .or_default() += elements;
     }
     Ok(summary)
 }
 
 /// Reads the header of a safetensors file on disk.
 pub fn read_file(path: &std::path::Path) -> Result<TensorSummary> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| PlanError::Unreadable { path: path.display().to_string(), reason: e.to_string() })?;
+    let file = std::fs::File::open(path).map_err(|e| PlanError::Unreadable {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
     read_header(std::io::BufReader::new(file), &path.display().to_string())
 }
 

@@ -3,7 +3,9 @@
 
 use crate::error::Result;
 use crate::workload::choices::{self, parse};
-use crate::workload::{Attention, BaseQuant, Checkpointing, Layout, Lora, OptimizerImpl, Sharding, Target, Workload};
+use crate::workload::{
+    Attention, BaseQuant, Checkpointing, Layout, Lora, OptimizerImpl, Sharding, Target, Workload,
+};
 use serde::Deserialize;
 
 /// Settings as strings and numbers, exactly as typed on the command line or stored in
@@ -69,7 +71,11 @@ pub struct Settings {
 pub const DEFAULT_LORA_RANK: u64 = 16;
 
 /// Parses an optional choice against its table of accepted names.
-fn pick<T: Clone>(value: &Option<String>, kind: &'static str, table: &[(&str, T)]) -> Result<Option<T>> {
+fn pick<T: Clone>(
+    value: &Option<String>,
+    kind: &'static str,
+    table: &[(&str, T)],
+) -> Result<Option<T>> {
     value.as_deref().map(|v| parse(kind, v, table)).transpose()
 }
 
@@ -92,7 +98,10 @@ impl Settings {
         } else {
             self.lora_rank.map(|_| BaseQuant::None)
         };
-        let lora = lora_base.map(|base| Lora { rank: self.lora_rank.unwrap_or(DEFAULT_LORA_RANK), base });
+        let lora = lora_base.map(|base| Lora {
+            rank: self.lora_rank.unwrap_or(DEFAULT_LORA_RANK),
+            base,
+        });
         let checkpointing = match (self.grad_ckpt, self.grad_ckpt_selective) {
             (true, _) => Checkpointing::Full,
             (false, true) => Checkpointing::Selective,
@@ -106,16 +115,22 @@ impl Settings {
             new_tokens: self.new_tokens.unwrap_or(d.new_tokens),
             dtype: pick(&self.dtype, "dtype", choices::DTYPES)?.unwrap_or(d.dtype),
             amp: pick(&self.amp, "amp dtype", choices::DTYPES)?,
-            optimizer: pick(&self.optimizer, "optimizer", choices::OPTIMIZERS)?.unwrap_or(d.optimizer),
-            optimizer_impl: pick(&self.optimizer_impl, "optimizer implementation", choices::OPTIMIZER_IMPLS)?
-                .unwrap_or(match target {
-                    Target::Gpu => OptimizerImpl::Foreach,
-                    Target::Cpu => OptimizerImpl::ForLoop,
-                }),
+            optimizer: pick(&self.optimizer, "optimizer", choices::OPTIMIZERS)?
+                .unwrap_or(d.optimizer),
+            optimizer_impl: pick(
+                &self.optimizer_impl,
+                "optimizer implementation",
+                choices::OPTIMIZER_IMPLS,
+            )?
+            .unwrap_or(match target {
+                Target::Gpu => OptimizerImpl::Foreach,
+                Target::Cpu => OptimizerImpl::ForLoop,
+            }),
             grad_accum: self.grad_accum.unwrap_or(1),
             keep_grads: self.keep_grads,
             checkpointing,
-            attention: pick(&self.attn, "attention", choices::ATTENTIONS)?.unwrap_or(Attention::Sdpa),
+            attention: pick(&self.attn, "attention", choices::ATTENTIONS)?
+                .unwrap_or(Attention::Sdpa),
             lora,
             layout: Layout {
                 gpus: self.gpus.unwrap_or(1),

@@ -159,7 +159,15 @@ pub struct Layout {
 impl Layout {
     /// One GPU, nothing sharded.
     pub fn single() -> Self {
-        Layout { gpus: 1, nodes: 1, tp: 1, pp: 1, sp: false, sharding: Sharding::None, offload: false }
+        Layout {
+            gpus: 1,
+            nodes: 1,
+            tp: 1,
+            pp: 1,
+            sp: false,
+            sharding: Sharding::None,
+            offload: false,
+        }
     }
 
     /// Data-parallel size: `gpus / (tp · pp)`.
@@ -258,16 +266,28 @@ impl Workload {
         }
         let layout = &self.layout;
         if !layout.gpus.is_multiple_of(layout.tp * layout.pp) {
-            return Err(invalid("gpus", layout.gpus, format!("must be a multiple of tp × pp = {}", layout.tp * layout.pp)));
+            return Err(invalid(
+                "gpus",
+                layout.gpus,
+                format!("must be a multiple of tp × pp = {}", layout.tp * layout.pp),
+            ));
         }
         if !layout.gpus.is_multiple_of(layout.nodes) {
-            return Err(invalid("nodes", layout.nodes, format!("must divide gpus = {}", layout.gpus)));
+            return Err(invalid(
+                "nodes",
+                layout.nodes,
+                format!("must divide gpus = {}", layout.gpus),
+            ));
         }
         if let Some(lora) = self.lora {
             check_size("lora-rank", lora.rank)?;
         }
         if self.amp == Some(Dtype::Fp32) {
-            return Err(invalid("amp", "fp32", "autocast dtype must be bf16 or fp16".into()));
+            return Err(invalid(
+                "amp",
+                "fp32",
+                "autocast dtype must be bf16 or fp16".into(),
+            ));
         }
         Ok(())
     }
@@ -275,13 +295,21 @@ impl Workload {
 
 fn check_size(name: &str, value: u64) -> Result<()> {
     if value == 0 || value > MAX_SIZE {
-        return Err(invalid(name, value, format!("must be between 1 and {MAX_SIZE}")));
+        return Err(invalid(
+            name,
+            value,
+            format!("must be between 1 and {MAX_SIZE}"),
+        ));
     }
     Ok(())
 }
 
 fn invalid(name: &str, value: impl ToString, reason: String) -> PlanError {
-    PlanError::InvalidValue { name: name.to_string(), value: value.to_string(), reason }
+    PlanError::InvalidValue {
+        name: name.to_string(),
+        value: value.to_string(),
+        reason,
+    }
 }
 
 /// Names accepted for each choice, as typed on the command line.
@@ -289,7 +317,11 @@ pub mod choices {
     use super::*;
 
     /// `--mode`.
-    pub const MODES: &[(&str, Mode)] = &[("train", Mode::Train), ("infer", Mode::Infer), ("generate", Mode::Generate)];
+    pub const MODES: &[(&str, Mode)] = &[
+        ("train", Mode::Train),
+        ("infer", Mode::Infer),
+        ("generate", Mode::Generate),
+    ];
     /// `--dtype` and `--amp`.
     pub const DTYPES: &[(&str, Dtype)] = &[
         ("fp32", Dtype::Fp32),
@@ -322,8 +354,12 @@ pub mod choices {
         ("flash-attention-2", Attention::Flash),
     ];
     /// `--zero`.
-    pub const ZERO_STAGES: &[(&str, Sharding)] =
-        &[("0", Sharding::None), ("1", Sharding::Zero1), ("2", Sharding::Zero2), ("3", Sharding::Zero3)];
+    pub const ZERO_STAGES: &[(&str, Sharding)] = &[
+        ("0", Sharding::None),
+        ("1", Sharding::Zero1),
+        ("2", Sharding::Zero2),
+        ("3", Sharding::Zero3),
+    ];
 
     /// Parses a choice from `table`, with a typed error naming the accepted values.
     pub fn parse<T: Clone>(kind: &'static str, given: &str, table: &[(&str, T)]) -> Result<T> {
@@ -337,18 +373,37 @@ mod tests {
 
     #[test]
     fn rejects_zero_and_absurd_sizes() {
-        let zero = Workload { batch: 0, ..Workload::default() };
-        assert!(matches!(zero.validate(), Err(PlanError::InvalidValue { .. })));
-        let huge = Workload { seq: MAX_SIZE + 1, ..Workload::default() };
+        let zero = Workload {
+            batch: 0,
+            ..Workload::default()
+        };
+        assert!(matches!(
+            zero.validate(),
+            Err(PlanError::InvalidValue { .. })
+        ));
+        let huge = Workload {
+            seq: MAX_SIZE + 1,
+            ..Workload::default()
+        };
         assert!(huge.validate().is_err());
-        let bad_layout = Workload { layout: Layout { gpus: 6, tp: 4, ..Layout::single() }, ..Workload::default() };
+        let bad_layout = Workload {
+            layout: Layout {
+                gpus: 6,
+                tp: 4,
+                ..Layout::single()
+            },
+            ..Workload::default()
+        };
         assert!(bad_layout.validate().is_err());
         assert!(Workload::default().validate().is_ok());
     }
 
     #[test]
     fn parses_choices_with_suggestions() {
-        assert_eq!(choices::parse("optimizer", "AdamW", choices::OPTIMIZERS).unwrap(), Optimizer::AdamW);
+        assert_eq!(
+            choices::parse("optimizer", "AdamW", choices::OPTIMIZERS).unwrap(),
+            Optimizer::AdamW
+        );
         let err = choices::parse("optimizer", "adamm", choices::OPTIMIZERS).unwrap_err();
         assert!(err.to_string().contains("did you mean adam"), "{err}");
     }

@@ -1,12 +1,19 @@
 //! Bad input gives a typed error naming what is accepted and the nearest names; never a panic.
 
-use gpumem_plan::{estimate, find_gpu, find_model, fit, parse_config, FitTarget, Overheads, PlanError, Settings};
+use gpumem_plan::{
+    estimate, find_gpu, find_model, fit, parse_config, FitTarget, Overheads, PlanError, Settings,
+};
 
 #[test]
 fn unknown_model_name_suggests_nearest() {
     let err = find_model("lama-3-8b").unwrap_err();
     match &err {
-        PlanError::UnknownName { kind, nearest, accepted, .. } => {
+        PlanError::UnknownName {
+            kind,
+            nearest,
+            accepted,
+            ..
+        } => {
             assert_eq!(*kind, "model");
             assert!(nearest.iter().any(|n| n == "llama-3-8b"), "{nearest:?}");
             assert!(accepted.iter().any(|n| n == "gpt2"));
@@ -19,20 +26,51 @@ fn unknown_model_name_suggests_nearest() {
 #[test]
 fn unknown_model_type_lists_supported() {
     let err = parse_config("x.json", r#"{"model_type": "llamaa", "hidden_size": 8}"#).unwrap_err();
-    let PlanError::UnsupportedModelType { nearest, accepted, .. } = &err else { panic!("{err:?}") };
+    let PlanError::UnsupportedModelType {
+        nearest, accepted, ..
+    } = &err
+    else {
+        panic!("{err:?}")
+    };
     assert_eq!(nearest[0], "llama");
     assert!(accepted.iter().any(|t| t == "t5"));
 }
 
 #[test]
 fn missing_and_invalid_config_fields() {
-    let err = parse_config("x.json", r#"{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}"#).unwrap_err();
-    assert!(matches!(err, PlanError::MissingField { field: "num_hidden_layers", .. }), "{err:?}");
-    let err = parse_config("x.json", r#"{"model_type": "gpt2", "n_embd": -5, "n_layer": 2, "n_head": 1}"#).unwrap_err();
+    let err = parse_config(
+        "x.json",
+        r#"{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}"#,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PlanError::MissingField {
+                field: "num_hidden_layers",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = parse_config(
+        "x.json",
+        r#"{"model_type": "gpt2", "n_embd": -5, "n_layer": 2, "n_head": 1}"#,
+    )
+    .unwrap_err();
     assert!(matches!(err, PlanError::InvalidValue { .. }), "{err:?}");
     let err = parse_config("x.json", r#"{"hidden_size": 8}"#).unwrap_err();
-    assert!(matches!(err, PlanError::MissingField { field: "model_type", .. }));
-    assert!(matches!(parse_config("x.json", "not json").unwrap_err(), PlanError::Unreadable { .. }));
+    assert!(matches!(
+        err,
+        PlanError::MissingField {
+            field: "model_type",
+            ..
+        }
+    ));
+    assert!(matches!(
+        parse_config("x.json", "not json").unwrap_err(),
+        PlanError::Unreadable { .. }
+    ));
     let err = parse_config("x.json", r#"{"model_type": "resnet", "depth": 42}"#).unwrap_err();
     assert!(err.to_string().contains("18, 34, 50, 101, 152"));
     let gqa = r#"{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -43,31 +81,71 @@ fn missing_and_invalid_config_fields() {
 #[test]
 fn nonsense_sizes_are_rejected() {
     for settings in [
-        Settings { batch: Some(0), ..Settings::default() },
-        Settings { seq: Some(1 << 40), ..Settings::default() },
-        Settings { gpus: Some(0), ..Settings::default() },
-        Settings { gpus: Some(6), tp: Some(4), ..Settings::default() },
-        Settings { mode: Some("generate".into()), new_tokens: Some(0), ..Settings::default() },
-        Settings { amp: Some("fp32".into()), ..Settings::default() },
+        Settings {
+            batch: Some(0),
+            ..Settings::default()
+        },
+        Settings {
+            seq: Some(1 << 40),
+            ..Settings::default()
+        },
+        Settings {
+            gpus: Some(0),
+            ..Settings::default()
+        },
+        Settings {
+            gpus: Some(6),
+            tp: Some(4),
+            ..Settings::default()
+        },
+        Settings {
+            mode: Some("generate".into()),
+            new_tokens: Some(0),
+            ..Settings::default()
+        },
+        Settings {
+            amp: Some("fp32".into()),
+            ..Settings::default()
+        },
     ] {
-        assert!(matches!(settings.to_workload(), Err(PlanError::InvalidValue { .. })), "{settings:?}");
+        assert!(
+            matches!(settings.to_workload(), Err(PlanError::InvalidValue { .. })),
+            "{settings:?}"
+        );
     }
 }
 
 #[test]
 fn unknown_choices_name_the_accepted_values() {
-    let err = Settings { optimizer: Some("adamm".into()), ..Settings::default() }.to_workload().unwrap_err();
+    let err = Settings {
+        optimizer: Some("adamm".into()),
+        ..Settings::default()
+    }
+    .to_workload()
+    .unwrap_err();
     assert!(err.to_string().contains("adamw"), "{err}");
-    let err = Settings { attn: Some("flashh".into()), ..Settings::default() }.to_workload().unwrap_err();
+    let err = Settings {
+        attn: Some("flashh".into()),
+        ..Settings::default()
+    }
+    .to_workload()
+    .unwrap_err();
     assert!(err.to_string().contains("did you mean flash"), "{err}");
-    let err = Settings { zero: Some("4".into()), ..Settings::default() }.to_workload().unwrap_err();
+    let err = Settings {
+        zero: Some("4".into()),
+        ..Settings::default()
+    }
+    .to_workload()
+    .unwrap_err();
     assert!(err.to_string().contains("0, 1, 2, 3"), "{err}");
 }
 
 #[test]
 fn unknown_gpu_suggests_nearest() {
     let err = find_gpu("rtx-4900").unwrap_err();
-    let PlanError::UnknownName { kind, nearest, .. } = &err else { panic!("{err:?}") };
+    let PlanError::UnknownName { kind, nearest, .. } = &err else {
+        panic!("{err:?}")
+    };
     assert_eq!(*kind, "GPU");
     assert!(nearest.iter().any(|n| n == "rtx-4090"), "{nearest:?}");
     assert!(find_gpu("-3GB").is_err());
@@ -78,10 +156,36 @@ fn fit_errors_are_typed() {
     let model = find_model("llama-2-70b").unwrap();
     let workload = Settings::default().to_workload().unwrap();
     let overheads = Overheads::default();
-    let err = fit(&model, &workload, &overheads, FitTarget::Batch, 24 << 30, 0.1, None).unwrap_err();
-    assert!(matches!(err, PlanError::NothingFits { what: "batch", .. }), "{err:?}");
-    let err = fit(&model, &workload, &overheads, FitTarget::Batch, 24 << 30, 1.5, None).unwrap_err();
+    let err = fit(
+        &model,
+        &workload,
+        &overheads,
+        FitTarget::Batch,
+        24 << 30,
+        0.1,
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, PlanError::NothingFits { what: "batch", .. }),
+        "{err:?}"
+    );
+    let err = fit(
+        &model,
+        &workload,
+        &overheads,
+        FitTarget::Batch,
+        24 << 30,
+        1.5,
+        None,
+    )
+    .unwrap_err();
     assert!(matches!(err, PlanError::InvalidValue { .. }));
-    let lora_on_cnn = Settings { lora_rank: Some(8), ..Settings::default() }.to_workload().unwrap();
+    let lora_on_cnn = Settings {
+        lora_rank: Some(8),
+        ..Settings::default()
+    }
+    .to_workload()
+    .unwrap();
     assert!(estimate(&find_model("resnet50").unwrap(), &lora_on_cnn, &overheads).is_err());
 }

@@ -1,15 +1,26 @@
 //! Behaviour of the estimator, fit and advice on catalogue models.
 
 use gpumem_plan::{
-    advise, estimate, fewest_gpus, find_model, fit, Estimate, FitTarget, Overheads, Phase, Settings, Workload,
+    advise, estimate, fewest_gpus, find_model, fit, Estimate, FitTarget, Overheads, Phase,
+    Settings, Workload,
 };
 
 fn plan(model: &str, settings: Settings) -> Estimate {
-    estimate(&find_model(model).unwrap(), &settings.to_workload().unwrap(), &Overheads::default()).unwrap()
+    estimate(
+        &find_model(model).unwrap(),
+        &settings.to_workload().unwrap(),
+        &Overheads::default(),
+    )
+    .unwrap()
 }
 
 fn train(batch: u64, seq: u64) -> Settings {
-    Settings { mode: Some("train".into()), batch: Some(batch), seq: Some(seq), ..Settings::default() }
+    Settings {
+        mode: Some("train".into()),
+        batch: Some(batch),
+        seq: Some(seq),
+        ..Settings::default()
+    }
 }
 
 #[test]
@@ -28,24 +39,66 @@ fn kv_cache_counts_grouped_query_heads() {
     let per_token = 32 * 2 * 8 * 128 * 2;
     let full_cache = (per_token * 2 * (16 + 4000 - 1)) as f64;
     let kv = e.breakdown.kv_cache as f64;
-    assert!((kv - full_cache).abs() / full_cache < 0.01, "{kv} vs {full_cache}");
+    assert!(
+        (kv - full_cache).abs() / full_cache < 0.01,
+        "{kv} vs {full_cache}"
+    );
     assert_eq!(e.breakdown.weights, 8_030_261_248 * 2);
 }
 
 #[test]
 fn eager_attention_grows_quadratically_and_flash_does_not() {
-    let with = |attn: &str, seq| plan("llama-2-7b", Settings { attn: Some(attn.into()), amp: Some("bf16".into()), ..train(1, seq) });
-    let eager = with("eager", 4096).breakdown.activations as f64 - with("eager", 2048).breakdown.activations as f64;
-    let flash = with("flash", 4096).breakdown.activations as f64 - with("flash", 2048).breakdown.activations as f64;
+    let with = |attn: &str, seq| {
+        plan(
+            "llama-2-7b",
+            Settings {
+                attn: Some(attn.into()),
+                amp: Some("bf16".into()),
+                ..train(1, seq)
+            },
+        )
+    };
+    let eager = with("eager", 4096).breakdown.activations as f64
+        - with("eager", 2048).breakdown.activations as f64;
+    let flash = with("flash", 4096).breakdown.activations as f64
+        - with("flash", 2048).breakdown.activations as f64;
     assert!(eager > 1.5 * flash, "eager growth {eager} vs flash {flash}");
 }
 
 #[test]
 fn checkpointing_trades_activations() {
-    let full = plan("llama-2-7b", Settings { dtype: Some("bf16".into()), ..train(4, 2048) });
-    let ckpt = plan("llama-2-7b", Settings { dtype: Some("bf16".into()), grad_ckpt: true, ..train(4, 2048) });
-    let selective = plan("llama-2-7b", Settings { dtype: Some("bf16".into()), grad_ckpt_selective: true, attn: Some("eager".into()), ..train(4, 2048) });
-    let eager = plan("llama-2-7b", Settings { dtype: Some("bf16".into()), attn: Some("eager".into()), ..train(4, 2048) });
+    let full = plan(
+        "llama-2-7b",
+        Settings {
+            dtype: Some("bf16".into()),
+            ..train(4, 2048)
+        },
+    );
+    let ckpt = plan(
+        "llama-2-7b",
+        Settings {
+            dtype: Some("bf16".into()),
+            grad_ckpt: true,
+            ..train(4, 2048)
+        },
+    );
+    let selective = plan(
+        "llama-2-7b",
+        Settings {
+            dtype: Some("bf16".into()),
+            grad_ckpt_selective: true,
+            attn: Some("eager".into()),
+            ..train(4, 2048)
+        },
+    );
+    let eager = plan(
+        "llama-2-7b",
+        Settings {
+            dtype: Some("bf16".into()),
+            attn: Some("eager".into()),
+            ..train(4, 2048)
+        },
+    );
     assert!(ckpt.peak_allocated_bytes < full.peak_allocated_bytes);
     assert!(selective.peak_allocated_bytes < eager.peak_allocated_bytes);
 }
@@ -57,44 +110,101 @@ fn peak_moves_from_optimizer_step_to_backward_with_batch() {
     assert_eq!(small.peak_phase, Phase::OptimizerStep);
     assert_eq!(large.peak_phase, Phase::Backward);
     // AdamW foreach: weights + gradients + two moments + one parameter-sized temporary.
-    let step = small.phases.iter().find(|p| p.phase == Phase::OptimizerStep).unwrap();
+    let step = small
+        .phases
+        .iter()
+        .find(|p| p.phase == Phase::OptimizerStep)
+        .unwrap();
     assert_eq!(step.allocated_bytes, 124_439_808 * 4 * 5);
 }
 
 #[test]
 fn optimizer_implementations_and_states() {
     let with = |opt: &str, imp: &str| {
-        plan("gpt2", Settings { optimizer: Some(opt.into()), optimizer_impl: Some(imp.into()), ..train(1, 64) })
+        plan(
+            "gpt2",
+            Settings {
+                optimizer: Some(opt.into()),
+                optimizer_impl: Some(imp.into()),
+                ..train(1, 64)
+            },
+        )
     };
     let foreach = with("adamw", "foreach");
     let fused = with("adamw", "fused");
     assert!(fused.peak_allocated_bytes < foreach.peak_allocated_bytes);
-    assert_eq!(with("adamw", "fused").breakdown.optimizer_states, 124_439_808 * 8);
-    assert_eq!(with("sgd", "foreach").breakdown.optimizer_states, 124_439_808 * 4);
+    assert_eq!(
+        with("adamw", "fused").breakdown.optimizer_states,
+        124_439_808 * 8
+    );
+    assert_eq!(
+        with("sgd", "foreach").breakdown.optimizer_states,
+        124_439_808 * 4
+    );
     assert!(with("adam8bit", "fused").breakdown.optimizer_states < 124_439_808 * 3);
 }
 
 #[test]
 fn zero_stages_shrink_model_states() {
     let layout = |zero: &str| {
-        plan("llama-2-7b", Settings { gpus: Some(8), zero: Some(zero.into()), dtype: Some("bf16".into()), amp: Some("bf16".into()), ..train(1, 1024) })
-            .peak_allocated_bytes
+        plan(
+            "llama-2-7b",
+            Settings {
+                gpus: Some(8),
+                zero: Some(zero.into()),
+                dtype: Some("bf16".into()),
+                amp: Some("bf16".into()),
+                ..train(1, 1024)
+            },
+        )
+        .peak_allocated_bytes
     };
     let (z0, z1, z2, z3) = (layout("0"), layout("1"), layout("2"), layout("3"));
     assert!(z0 > z1 && z1 > z2 && z2 > z3, "{z0} {z1} {z2} {z3}");
     // ZeRO-1 on 8 ranks: 12 bytes/param of master + Adam states become 1.5 bytes/param.
-    let z1_states =
-        plan("llama-2-7b", Settings { gpus: Some(8), zero: Some("1".into()), dtype: Some("bf16".into()), amp: Some("bf16".into()), ..train(1, 1024) })
-            .breakdown
-            .optimizer_states;
+    let z1_states = plan(
+        "llama-2-7b",
+        Settings {
+            gpus: Some(8),
+            zero: Some("1".into()),
+            dtype: Some("bf16".into()),
+            amp: Some("bf16".into()),
+            ..train(1, 1024)
+        },
+    )
+    .breakdown
+    .optimizer_states;
     assert_eq!(z1_states, (6_738_415_616.0 * 12.0 / 8.0) as u64);
 }
 
 #[test]
 fn tensor_and_pipeline_parallel_split_weights() {
-    let single = plan("llama-2-13b", Settings { dtype: Some("bf16".into()), ..train(1, 2048) });
-    let tp = plan("llama-2-13b", Settings { dtype: Some("bf16".into()), gpus: Some(4), tp: Some(4), ..train(1, 2048) });
-    let pp = plan("llama-2-13b", Settings { dtype: Some("bf16".into()), gpus: Some(4), pp: Some(4), grad_accum: Some(8), ..train(1, 2048) });
+    let single = plan(
+        "llama-2-13b",
+        Settings {
+            dtype: Some("bf16".into()),
+            ..train(1, 2048)
+        },
+    );
+    let tp = plan(
+        "llama-2-13b",
+        Settings {
+            dtype: Some("bf16".into()),
+            gpus: Some(4),
+            tp: Some(4),
+            ..train(1, 2048)
+        },
+    );
+    let pp = plan(
+        "llama-2-13b",
+        Settings {
+            dtype: Some("bf16".into()),
+            gpus: Some(4),
+            pp: Some(4),
+            grad_accum: Some(8),
+            ..train(1, 2048)
+        },
+    );
     let ratio = single.breakdown.weights as f64 / tp.breakdown.weights as f64;
     assert!((ratio - 4.0).abs() < 0.01, "{ratio}");
     assert!(pp.breakdown.weights < single.breakdown.weights / 2);
@@ -102,9 +212,30 @@ fn tensor_and_pipeline_parallel_split_weights() {
 
 #[test]
 fn lora_and_qlora_shrink_training() {
-    let full = plan("llama-2-7b", Settings { dtype: Some("bf16".into()), ..train(1, 512) });
-    let lora = plan("llama-2-7b", Settings { dtype: Some("bf16".into()), lora_rank: Some(8), ..train(1, 512) });
-    let qlora = plan("llama-2-7b", Settings { dtype: Some("bf16".into()), qlora: true, lora_rank: Some(8), ..train(1, 512) });
+    let full = plan(
+        "llama-2-7b",
+        Settings {
+            dtype: Some("bf16".into()),
+            ..train(1, 512)
+        },
+    );
+    let lora = plan(
+        "llama-2-7b",
+        Settings {
+            dtype: Some("bf16".into()),
+            lora_rank: Some(8),
+            ..train(1, 512)
+        },
+    );
+    let qlora = plan(
+        "llama-2-7b",
+        Settings {
+            dtype: Some("bf16".into()),
+            qlora: true,
+            lora_rank: Some(8),
+            ..train(1, 512)
+        },
+    );
     assert!(lora.trainable_params < full.trainable_params / 100);
     assert!(qlora.breakdown.weights < lora.breakdown.weights / 3);
     assert!(full.peak_total_bytes > 3 * lora.peak_total_bytes);
@@ -113,26 +244,81 @@ fn lora_and_qlora_shrink_training() {
 #[test]
 fn fit_finds_the_boundary_and_accumulation() {
     let model = find_model("llama-3.2-1b").unwrap();
-    let workload = Settings { amp: Some("bf16".into()), ..train(1, 2048) }.to_workload().unwrap();
+    let workload = Settings {
+        amp: Some("bf16".into()),
+        ..train(1, 2048)
+    }
+    .to_workload()
+    .unwrap();
     let overheads = Overheads::default();
     let gpu = 80 << 30;
-    let f = fit(&model, &workload, &overheads, FitTarget::Batch, gpu, 0.1, Some(256)).unwrap();
+    let f = fit(
+        &model,
+        &workload,
+        &overheads,
+        FitTarget::Batch,
+        gpu,
+        0.1,
+        None,
+    )
+    .unwrap();
     assert!(f.estimate.peak_total_bytes <= f.usable_bytes);
-    let one_more = Workload { batch: f.value + 1, grad_accum: f.grad_accum, ..workload.clone() };
-    assert!(estimate(&model, &one_more, &overheads).unwrap().peak_total_bytes > f.usable_bytes);
-    assert!(f.grad_accum > 1 && f.global_batch >= 256, "{} × {}", f.value, f.grad_accum);
-    let seq = fit(&model, &workload, &overheads, FitTarget::Seq, gpu, 0.1, None).unwrap();
+    let one_more = Workload {
+        batch: f.value + 1,
+        ..workload.clone()
+    };
+    assert!(
+        estimate(&model, &one_more, &overheads)
+            .unwrap()
+            .peak_total_bytes
+            > f.usable_bytes
+    );
+    // A global batch is reached exactly by a dividing micro-batch and accumulation.
+    let g = fit(
+        &model,
+        &workload,
+        &overheads,
+        FitTarget::Batch,
+        gpu,
+        0.1,
+        Some(256),
+    )
+    .unwrap();
+    assert!(
+        g.grad_accum > 1 && g.value * g.grad_accum == 256,
+        "{} × {}",
+        g.value,
+        g.grad_accum
+    );
+    assert!(g.value <= f.value && g.estimate.peak_total_bytes <= g.usable_bytes);
+    let seq = fit(
+        &model,
+        &workload,
+        &overheads,
+        FitTarget::Seq,
+        gpu,
+        0.1,
+        None,
+    )
+    .unwrap();
     assert!(seq.value > 2048 && seq.estimate.peak_total_bytes <= seq.usable_bytes);
 }
 
 #[test]
 fn fewest_gpus_for_zero3() {
     let model = find_model("llama-2-70b").unwrap();
-    let workload =
-        Settings { dtype: Some("bf16".into()), amp: Some("bf16".into()), zero: Some("3".into()), grad_ckpt: true, ..train(1, 2048) }
-            .to_workload()
-            .unwrap();
-    let n = fewest_gpus(&model, &workload, &Overheads::default(), 80 << 30, 0.1).unwrap().unwrap();
+    let workload = Settings {
+        dtype: Some("bf16".into()),
+        amp: Some("bf16".into()),
+        zero: Some("3".into()),
+        grad_ckpt: true,
+        ..train(1, 2048)
+    }
+    .to_workload()
+    .unwrap();
+    let n = fewest_gpus(&model, &workload, &Overheads::default(), 80 << 30, 0.1)
+        .unwrap()
+        .unwrap();
     // 16 bytes/param of model states = 1.1 TB: at least 14 GPUs of 72 GiB usable.
     assert!((14..=32).contains(&n), "{n}");
 }
@@ -140,12 +326,21 @@ fn fewest_gpus_for_zero3() {
 #[test]
 fn advice_is_ranked_and_finds_a_plan_that_fits() {
     let model = find_model("llama-2-7b").unwrap();
-    let workload = Settings { dtype: Some("bf16".into()), ..train(2, 1024) }.to_workload().unwrap();
+    let workload = Settings {
+        dtype: Some("bf16".into()),
+        ..train(2, 1024)
+    }
+    .to_workload()
+    .unwrap();
     let gpu = 24_000_000_000;
     let current = estimate(&model, &workload, &Overheads::default()).unwrap();
     assert!(current.peak_total_bytes > gpu);
     let advice = advise(&model, &workload, &Overheads::default(), Some(gpu)).unwrap();
-    assert!(advice.windows(2).all(|w| w[0].saved_bytes >= w[1].saved_bytes));
+    assert!(advice
+        .windows(2)
+        .all(|w| w[0].saved_bytes >= w[1].saved_bytes));
     assert!(advice.iter().any(|s| s.fits == Some(true)), "{advice:?}");
-    assert!(advice.iter().all(|s| s.new_peak_total_bytes < current.peak_total_bytes));
+    assert!(advice
+        .iter()
+        .all(|s| s.new_peak_total_bytes < current.peak_total_bytes));
 }

@@ -35,15 +35,24 @@ fn planner_matches_published_gpu_measurements() {
     let published: Published = serde_json::from_str(text).unwrap();
     assert!(!published.skipped.is_empty());
     let mut worst: f64 = 0.0;
-    println!("{:<44} {:>7} {:>14} {:>14} {:>8}", "point", "metric", "published", "planned", "error");
+    println!(
+        "{:<44} {:>7} {:>14} {:>14} {:>8}",
+        "point", "metric", "published", "planned", "error"
+    );
     for point in &published.points {
         assert!(!point.source.is_empty());
         let mut model = find_model(&point.model).unwrap();
         if point.head.as_deref() == Some("sequence_classification") {
             model = model.with_sequence_classification_head(2);
         }
-        let workload = point.settings.to_workload().unwrap_or_else(|e| panic!("{}: {e}", point.id));
-        let overheads = Overheads { context_bytes: point.context_bytes, ..Overheads::default() };
+        let workload = point
+            .settings
+            .to_workload()
+            .unwrap_or_else(|e| panic!("{}: {e}", point.id));
+        let overheads = Overheads {
+            context_bytes: point.context_bytes,
+            ..Overheads::default()
+        };
         let e = estimate(&model, &workload, &overheads).unwrap();
         let planned = match point.metric.as_str() {
             "alloc" | "active" => e.peak_allocated_bytes,
@@ -51,9 +60,24 @@ fn planner_matches_published_gpu_measurements() {
             other => panic!("{}: unknown metric {other}", point.id),
         };
         let error = (planned as f64 - point.measured_bytes as f64) / point.measured_bytes as f64;
-        println!("{:<44} {:>7} {:>14} {:>14} {:>+7.2}%", point.id, point.metric, point.measured_bytes, planned, 100.0 * error);
+        println!(
+            "{:<44} {:>7} {:>14} {:>14} {:>+7.2}%",
+            point.id,
+            point.metric,
+            point.measured_bytes,
+            planned,
+            100.0 * error
+        );
         worst = worst.max(error.abs());
     }
-    println!("{} points: max |error| {:.2}%", published.points.len(), 100.0 * worst);
-    assert!(worst <= TOLERANCE, "max |error| {:.2}% > 10%", 100.0 * worst);
+    println!(
+        "{} points: max |error| {:.2}%",
+        published.points.len(),
+        100.0 * worst
+    );
+    assert!(
+        worst <= TOLERANCE,
+        "max |error| {:.2}% > 10%",
+        100.0 * worst
+    );
 }

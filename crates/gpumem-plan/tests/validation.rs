@@ -26,13 +26,26 @@ fn repo_root() -> PathBuf {
 
 /// Relative error of the planner on one measured case (the measurement ran on CPU).
 fn relative_error(case: &Case) -> (f64, u64, String) {
-    let model = load_config(&repo_root().join(&case.config)).unwrap_or_else(|e| panic!("{}: {e}", case.id));
-    let settings = Settings { target: Some("cpu".into()), ..case.settings.clone() };
-    let workload = settings.to_workload().unwrap_or_else(|e| panic!("{}: {e}", case.id));
-    let overheads = Overheads { context_bytes: 0, allocator_fraction: 0.0 };
+    let model =
+        load_config(&repo_root().join(&case.config)).unwrap_or_else(|e| panic!("{}: {e}", case.id));
+    let settings = Settings {
+        target: Some("cpu".into()),
+        ..case.settings.clone()
+    };
+    let workload = settings
+        .to_workload()
+        .unwrap_or_else(|e| panic!("{}: {e}", case.id));
+    let overheads = Overheads {
+        context_bytes: 0,
+        allocator_fraction: 0.0,
+    };
     let e = estimate(&model, &workload, &overheads).unwrap_or_else(|e| panic!("{}: {e}", case.id));
     let measured = case.measured.peak_allocated_bytes as f64;
-    ((e.peak_allocated_bytes as f64 - measured) / measured, e.peak_allocated_bytes, e.peak_phase.label().to_string())
+    (
+        (e.peak_allocated_bytes as f64 - measured) / measured,
+        e.peak_allocated_bytes,
+        e.peak_phase.label().to_string(),
+    )
 }
 
 fn median(sorted: &[f64]) -> f64 {
@@ -48,9 +61,16 @@ fn median(sorted: &[f64]) -> f64 {
 fn planner_matches_pytorch_measurements() {
     let path = repo_root().join("testdata/plan/measured.jsonl");
     let text = std::fs::read_to_string(&path).expect("testdata/plan/measured.jsonl is committed");
-    let cases: Vec<Case> = text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let cases: Vec<Case> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert!(!cases.is_empty());
-    println!("{:<58} {:>12} {:>12} {:>8}  phase (measured / planned)", "case", "measured", "planned", "error");
+    println!(
+        "{:<58} {:>12} {:>12} {:>8}  phase (measured / planned)",
+        "case", "measured", "planned", "error"
+    );
     let mut errors = Vec::new();
     for case in &cases {
         let (error, planned, phase) = relative_error(case);
@@ -67,7 +87,12 @@ fn planner_matches_pytorch_measurements() {
     }
     errors.sort_by(f64::total_cmp);
     let (median, max) = (median(&errors), errors[errors.len() - 1]);
-    println!("{} cases: median |error| {:.2}%, max |error| {:.2}%", errors.len(), 100.0 * median, 100.0 * max);
+    println!(
+        "{} cases: median |error| {:.2}%, max |error| {:.2}%",
+        errors.len(),
+        100.0 * median,
+        100.0 * max
+    );
     assert!(median <= 0.03, "median |error| {:.2}% > 3%", 100.0 * median);
     assert!(max <= 0.08, "max |error| {:.2}% > 8%", 100.0 * max);
 }
