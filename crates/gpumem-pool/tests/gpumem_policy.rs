@@ -320,17 +320,37 @@ fn streams_reuse_their_own_ranges_and_share_idle_pages_under_pressure() {
 }
 
 #[test]
-fn small_requests_do_not_sit_between_large_blocks() {
+fn small_requests_share_a_slab_that_returns_to_large_blocks_once_empty() {
     let dev = device(SimConfig::host(1 << 30));
     let pool = gpumem(&dev);
     let large1 = pool.allocate(4 * MIB, S0).unwrap();
-    let small = pool.allocate(4096, S0).unwrap();
+    let small1 = pool.allocate(4096, S0).unwrap();
+    let small2 = pool.allocate(4096, S0).unwrap();
     let large2 = pool.allocate(4 * MIB, S0).unwrap();
-    assert_eq!(large2.ptr, large1.ptr + 4 * MIB);
-    assert!(small.ptr < large1.ptr || small.ptr >= large2.ptr + 4 * MIB);
-    for a in [large1, small, large2] {
+    assert_eq!(
+        small1.ptr,
+        large1.ptr + 4 * MIB,
+        "a 2 MiB slab after the first block"
+    );
+    assert_eq!(
+        small2.ptr,
+        small1.ptr + 4096,
+        "small blocks pack into the slab"
+    );
+    assert_eq!(large2.ptr, large1.ptr + 6 * MIB);
+    assert_eq!(pool.stats().allocated_bytes.small_pool.current, 8192);
+    for a in [large1, small1, small2] {
         pool.free(a.ptr).unwrap();
     }
+    let calls = dev.counters().allocating_calls();
+    let merged = pool.allocate(6 * MIB, S0).unwrap();
+    assert_eq!(
+        merged.ptr, large1.ptr,
+        "the emptied slab merged back into one range"
+    );
+    assert_eq!(dev.counters().allocating_calls(), calls);
+    pool.free(merged.ptr).unwrap();
+    pool.free(large2.ptr).unwrap();
 }
 
 #[test]

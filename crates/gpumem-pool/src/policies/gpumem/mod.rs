@@ -1,27 +1,32 @@
 //! `GPUMEM_POOL=gpumem` (the default): gpumem's own placement policy.
 //!
-//! Each (stream, small/large) pair gets an *arena*: one large virtual-address reservation per
-//! arena, tiled by a TLSF index ([`tlsf`]) that finds a good-fitting free range in O(1) and
-//! merges neighbours on free in O(1), with physical memory mapped in granularity pages
-//! ([`pages`]) only under the bytes that blocks actually touch. Because an arena is one
-//! contiguous range, free neighbours always merge (PyTorch never merges across segments), and
-//! reserved memory is the set of pages blocks have touched rather than whole 2 or 20 MiB
-//! segments. Requests are rounded to 512 bytes only.
+//! Each stream gets an *arena*: one large virtual-address reservation, tiled by a TLSF index
+//! ([`tlsf`]) that finds a good-fitting free range in O(1) and merges neighbours on free in
+//! O(1), with physical memory mapped in granularity pages ([`pages`]) only under the bytes that
+//! blocks actually touch. Because an arena is one contiguous range, free neighbours always
+//! merge (PyTorch never merges across segments), and reserved memory is the set of pages blocks
+//! have touched rather than whole 2 or 20 MiB segments. Requests are rounded to 512 bytes only.
 //!
 //! - Steady state: freed ranges stay mapped, so a repeated training step is served with no
 //!   device call at all.
-//! - Pressure (device out of memory or the hard limit): an allocation that needs a fresh page
-//!   first *moves* an idle page of the same pool (any stream) under itself — unmap there, map
-//!   here, no new memory — stitching scattered free memory into one contiguous block as GMLake
-//!   does; then frees idle pages of the other pool and retries.
-//! - Small requests (≤ 1 MiB) live in their own arenas, so long-lived small tensors never sit
-//!   between large ones.
+//! - Pressure (device out of memory or the hard limit): an allocation that needs fresh pages
+//!   takes what the device and the limit still grant, then *moves* idle chunks of any stream's
+//!   arena under itself — unmap there, map here, no new memory — stitching scattered free
+//!   memory into one contiguous block as GMLake does; then frees idle chunks elsewhere and
+//!   maps fresh ones.
+//! - Small requests (≤ 1 MiB) are packed into 2 MiB slabs that the stream's large arena lends
+//!   as ordinary blocks and takes back, merged with its neighbours, once they empty: small
+//!   blocks never split a large range below 2 MiB, and their memory is not stranded in a pool
+//!   of its own.
 //! - Streams: a freed range is reused only by its own stream (cross-stream frees are delayed
-//!   by the pool until their events). Memory moves between streams only as whole idle pages.
+//!   by the pool until their events). Memory moves between streams only as whole idle chunks,
+//!   under pressure.
 //! - Without VMM the same index runs over `cudaMalloc` segments sized like PyTorch's (2 MiB
 //!   small, 20 MiB for 1–10 MiB requests, else the request rounded to 2 MiB); fully free
 //!   segments are given back on reclaim.
 
+#[cfg(test)]
+mod op_cost;
 mod pages;
 mod tlsf;
 
@@ -42,7 +47,8 @@ use crate::stats::PoolKind;
 const ROUNDING: u64 = 512;
 /// Bytes of address space each arena reserves per byte of device memory.
 const VA_PER_DEVICE_BYTE: u64 = 4;
-/// Without VMM: the segment for small requests.
+/// The slab small blocks are packed into: with VMM a block of the stream's large arena, without
+/// a device segment of its own.
 const SMALL_SEGMENT: u64 = 2 << 20;
 /// Without VMM: the segment for requests of 1–10 MiB.
 const MID_SEGMENT: u64 = 20 << 20;
@@ -89,6 +95,10 @@ enum Backing {
     },
     /// `cudaMalloc` segments, when the device has no VMM.
     Segments(Vec<Segment>),
+    /// Small blocks with VMM: 2 MiB slabs taken from the stream's large arena as blocks and
+    /// handed back as soon as they empty, so small blocks share pages with large ones and
+    /// their idle memory returns to the large arena. By first node: the slab's address.
+    Slabs(HashMap<NodeId, DevicePtr, BuildHasherDefault<AddressHasher>>),
 }
 
 /// A device allocation backing part of an arena without VMM.
@@ -166,6 +176,7 @@ impl Arena {
     fn new(stream: StreamId, pool: PoolKind, up: &mut Upstream<'_>) -> Result<Arena, Exhausted> {
         let mut index = Tlsf::default();
         let backing = match up.granularity() {
+            Some(_) if pool == PoolKind::Small => Backing::Slabs(HashMap::default()),
             Some(page) => {
                 // Address space is cheap: four times the device, so that however the
                 // ranges fragment, physical memory runs out before addresses do.
@@ -203,12 +214,29 @@ impl Arena {
         })
     }
 
+    /// The page table of a paged arena.
+    fn pages(&self) -> Option<&PageMap> {
+        match &self.backing {
+            Backing::Paged { pages, .. } => Some(pages),
+            Backing::Segments(_) | Backing::Slabs(_) => None,
+        }
+    }
+
+    /// Maps a fresh chunk of `n` pages at page `p` of a paged arena.
+    fn map_fresh(&mut self, p: u64, n: u64, up: &mut Upstream<'_>) -> Result<(), UpstreamError> {
+        match &mut self.backing {
+            Backing::Paged { pages, .. } => pages.map_fresh(p, n, up, self.pool, self.stream),
+            Backing::Segments(_) | Backing::Slabs(_) => Ok(()),
+        }
+    }
+
     /// Whether the arena holds neither blocks nor device memory.
     fn is_empty(&self) -> bool {
         self.live.is_empty()
             && match &self.backing {
                 Backing::Paged { pages, .. } => pages.mapped_bytes() == 0,
                 Backing::Segments(segments) => segments.is_empty(),
+                Backing::Slabs(slabs) => slabs.is_empty(),
             }
     }
 
@@ -244,6 +272,8 @@ impl Arena {
                     released += pages.release(p, up, self.pool, self.stream).unwrap_or(0);
                 }
             }
+            // Empty slabs go back to the large arena at once: nothing idle is kept here.
+            Backing::Slabs(_) => {}
             Backing::Segments(segments) => {
                 let index = &mut self.index;
                 segments.retain(|s| {
@@ -275,7 +305,13 @@ impl Arena {
         })
     }
 
-    fn segment_views(&self, views: &mut Vec<SegmentView>) {
+    /// The segments of this arena, with `slab_blocks` (slab address → the small blocks tiling
+    /// it) shown in place of the slabs a paged arena lends to small blocks.
+    fn segment_views(
+        &self,
+        slab_blocks: &HashMap<DevicePtr, Vec<BlockView>>,
+        views: &mut Vec<SegmentView>,
+    ) {
         let view = |address, total_size, is_expandable, blocks| SegmentView {
             address,
             total_size,
@@ -287,13 +323,21 @@ impl Arena {
         match &self.backing {
             Backing::Paged { first, pages, .. } => {
                 // One segment per run of mapped pages, with the blocks clipped to it.
-                let nodes: Vec<BlockView> = self.span_blocks(*first).collect();
+                let nodes: Vec<BlockView> = self
+                    .span_blocks(*first)
+                    .flat_map(|b| match slab_blocks.get(&b.address) {
+                        Some(inner) if b.in_use => inner.clone(),
+                        _ => vec![b],
+                    })
+                    .collect();
                 for (first, end) in pages.mapped_runs() {
                     let (start, stop) = (pages.address(first), pages.address(end));
                     let blocks = clip(&nodes, start, stop);
                     views.push(view(start, stop - start, true, blocks));
                 }
             }
+            // Shown inside the large arena's segments.
+            Backing::Slabs(_) => {}
             Backing::Segments(segments) => {
                 for s in segments {
                     views.push(view(
@@ -311,7 +355,9 @@ impl Arena {
     fn largest_free_block(&self) -> u64 {
         let free = self.index.free_nodes();
         match &self.backing {
-            Backing::Segments(_) => free.map(|id| self.index.size(id)).max().unwrap_or(0),
+            Backing::Segments(_) | Backing::Slabs(_) => {
+                free.map(|id| self.index.size(id)).max().unwrap_or(0)
+            }
             Backing::Paged { pages, .. } => {
                 let runs = pages.mapped_runs();
                 free.map(|id| {
@@ -359,15 +405,60 @@ impl GpumemPolicy {
         pool: PoolKind,
         up: &mut Upstream<'_>,
     ) -> Result<usize, Exhausted> {
-        if let Some(i) = self
-            .arenas
-            .iter()
-            .position(|a| a.stream == stream && a.pool == pool)
-        {
+        if let Some(i) = self.find_arena(stream, pool) {
             return Ok(i);
         }
         self.arenas.push(Arena::new(stream, pool, up)?);
         Ok(self.arenas.len() - 1)
+    }
+
+    /// The arena of `stream` and `pool`, if it exists.
+    fn find_arena(&self, stream: StreamId, pool: PoolKind) -> Option<usize> {
+        self.arenas
+            .iter()
+            .position(|a| a.stream == stream && a.pool == pool)
+    }
+
+    /// Places `size` bytes in the slab arena `a`, taking a new slab from the stream's large
+    /// arena when no slab has room.
+    fn place_in_slab(
+        &mut self,
+        a: usize,
+        size: u64,
+        up: &mut Upstream<'_>,
+    ) -> Result<DevicePtr, Exhausted> {
+        let node = match self.arenas[a].index.allocate(size) {
+            Some(node) => node,
+            None => {
+                let large = self.arena(self.arenas[a].stream, PoolKind::Large, up)?;
+                let slab = self.place_paged(large, SMALL_SEGMENT, up)?;
+                let arena = &mut self.arenas[a];
+                let Some(first) = arena.index.add_span(slab, SMALL_SEGMENT) else {
+                    self.free_slab(large, slab);
+                    return Err(too_large(size, up));
+                };
+                if let Backing::Slabs(slabs) = &mut arena.backing {
+                    slabs.insert(first, slab);
+                }
+                // The new span is filed at the head of its class, so the search finds it.
+                arena
+                    .index
+                    .allocate(size)
+                    .ok_or_else(|| too_large(size, up))?
+            }
+        };
+        let arena = &mut self.arenas[a];
+        let addr = arena.index.offset(node);
+        arena.live.insert(addr, node);
+        Ok(addr)
+    }
+
+    /// Gives the slab at `slab` back to the large arena `large` it was taken from.
+    fn free_slab(&mut self, large: usize, slab: DevicePtr) {
+        let arena = &mut self.arenas[large];
+        if let Some(node) = arena.live.remove(&slab) {
+            arena.index.free(node);
+        }
     }
 
     /// Places `size` bytes in the paged arena `a`, mapping the pages it touches that are not
@@ -409,20 +500,20 @@ impl GpumemPolicy {
         (inner_first, inner_end): (u64, u64),
         up: &mut Upstream<'_>,
     ) -> Result<(), Exhausted> {
-        let (pool, stream) = (self.arenas[a].pool, self.arenas[a].stream);
+        let pool = self.arenas[a].pool;
         let mut pressure: Option<UpstreamError> = None;
         let mut try_fresh = true;
         let mut donors: Option<Vec<(usize, u64, Chunk)>> = None;
         let mut p = first;
         while p < end {
-            let Backing::Paged { pages, .. } = &mut self.arenas[a].backing else {
+            let Some(pages) = self.arenas[a].pages() else {
                 return Ok(());
             };
-            let page = pages.page_size();
             if pages.is_mapped(p) {
                 p += 1;
                 continue;
             }
+            let page = pages.page_size();
             let gap = pages.unmapped_run_end(p, end) - p;
             let exhausted = |cause| Exhausted {
                 attempted: gap * page,
@@ -437,7 +528,7 @@ impl GpumemPolicy {
                 n = n.min(headroom(up) / page);
             }
             if try_fresh && n > 0 {
-                match pages.map_fresh(p, n, up, pool, stream) {
+                match self.arenas[a].map_fresh(p, n, up) {
                     Ok(()) => p += n,
                     Err(cause) if is_pressure(&cause) => {
                         // A second refusal: the headroom estimate is wrong, stop asking.
@@ -464,10 +555,7 @@ impl GpumemPolicy {
             }
             donors = None;
             let n = gap.min(released).min(MAX_CHUNK_PAGES);
-            let Backing::Paged { pages, .. } = &mut self.arenas[a].backing else {
-                return Ok(());
-            };
-            pages.map_fresh(p, n, up, pool, stream).map_err(exhausted)?;
+            self.arenas[a].map_fresh(p, n, up).map_err(exhausted)?;
             p += n;
         }
         Ok(())
@@ -597,6 +685,7 @@ impl Policy for GpumemPolicy {
         let addr = match self.arenas[a].backing {
             Backing::Paged { .. } => self.place_paged(a, size, up)?,
             Backing::Segments(_) => self.place_in_segment(a, size, up)?,
+            Backing::Slabs(_) => self.place_in_slab(a, size, up)?,
         };
         Ok(Block {
             addr,
@@ -608,15 +697,28 @@ impl Policy for GpumemPolicy {
     }
 
     fn free(&mut self, block: Block, _up: &mut Upstream<'_>) {
-        let Some(arena) = self
-            .arenas
-            .iter_mut()
-            .find(|a| a.stream == block.stream && a.pool == block.pool)
-        else {
+        let Some(a) = self.find_arena(block.stream, block.pool) else {
             return;
         };
-        if let Some(node) = arena.live.remove(&block.addr) {
-            arena.index.free(node);
+        let arena = &mut self.arenas[a];
+        let Some(node) = arena.live.remove(&block.addr) else {
+            return;
+        };
+        let merged = arena.index.free(node);
+        let Backing::Slabs(slabs) = &mut arena.backing else {
+            return;
+        };
+        // An empty slab goes back to the large arena, where it merges with its neighbours.
+        let Some(&slab) = slabs.get(&merged) else {
+            return;
+        };
+        if arena.index.size(merged) != SMALL_SEGMENT {
+            return;
+        }
+        slabs.remove(&merged);
+        arena.index.remove_span(merged);
+        if let Some(large) = self.find_arena(block.stream, PoolKind::Large) {
+            self.free_slab(large, slab);
         }
     }
 
@@ -636,7 +738,7 @@ impl Policy for GpumemPolicy {
                     Backing::Paged {
                         reservation, len, ..
                     } => up.release_address(reservation, len).is_err(),
-                    Backing::Segments(_) => false,
+                    Backing::Segments(_) | Backing::Slabs(_) => false,
                 }
             });
         }
@@ -644,9 +746,17 @@ impl Policy for GpumemPolicy {
     }
 
     fn segments(&self) -> Vec<SegmentView> {
+        let mut slab_blocks: HashMap<DevicePtr, Vec<BlockView>> = HashMap::new();
+        for arena in &self.arenas {
+            if let Backing::Slabs(slabs) = &arena.backing {
+                for (&first, &slab) in slabs {
+                    slab_blocks.insert(slab, arena.span_blocks(first).collect());
+                }
+            }
+        }
         let mut views = Vec::new();
         for arena in &self.arenas {
-            arena.segment_views(&mut views);
+            arena.segment_views(&slab_blocks, &mut views);
         }
         views
     }

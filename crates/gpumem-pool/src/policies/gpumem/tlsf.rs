@@ -38,7 +38,7 @@ const TOP_CLASSES: usize = 64 - SUB_BITS as usize + 1;
 /// All size classes.
 pub(crate) const BINS: usize = TOP_CLASSES * SUB_CLASSES;
 /// Nodes of the request's own class examined for a best fit before moving up a class.
-const OWN_CLASS_SCAN: usize = 8;
+const OWN_CLASS_SCAN: usize = 2;
 
 #[derive(Clone, Copy, Debug)]
 struct Node {
