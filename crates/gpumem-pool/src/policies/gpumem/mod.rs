@@ -709,12 +709,12 @@ impl Policy for GpumemPolicy {
             return;
         };
         // An empty slab goes back to the large arena, where it merges with its neighbours.
-        let Some(&slab) = slabs.get(&merged) else {
-            return;
-        };
         if arena.index.size(merged) != SMALL_SEGMENT {
             return;
         }
+        let Some(&slab) = slabs.get(&merged) else {
+            return;
+        };
         slabs.remove(&merged);
         arena.index.remove_span(merged);
         if let Some(large) = self.find_arena(block.stream, PoolKind::Large) {
