@@ -70,7 +70,8 @@ def capture(name, config_path, s, steps, device, config_label):
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(),
             "dropped_unmatched_frees": tl.unmatched_frees,
-            "dropped_duplicate_allocs": tl.duplicate_allocs}
+            "dropped_duplicate_allocs": tl.duplicate_allocs,
+            "free_size_mismatches": tl.size_mismatches}
     meta.update({k: v for k, v in s.as_dict().items() if v is not None})
     meta.update(stats)
     return rec.source, meta, events

@@ -168,10 +168,13 @@ def case_id(name, s):
     return "-".join(parts)
 
 
-def notes(name, s):
-    out = [f"torch.profiler CPU allocation trace, {torch.get_num_threads()} threads",
-           f"peak over {s.mode} step {STEPS} of {STEPS}",
-           "dropout via native_dropout (1-byte mask, as CUDA)"]
+def notes(name, s, device):
+    cpu = torch.device(device).type == "cpu"
+    out = [f"torch.profiler CPU allocation trace, {torch.get_num_threads()} threads" if cpu
+           else "torch.cuda.memory._record_memory_history trace",
+           f"peak over {s.mode} step {STEPS} of {STEPS}"]
+    if cpu:
+        out.append("dropout via native_dropout (1-byte mask, as CUDA)")
     if s.mode == "train":
         out.append("zero_grad(set_to_none=True) after optimizer.step as HF Trainer")
         if name.startswith("resnet"):
@@ -182,7 +185,7 @@ def notes(name, s):
             out.append("loss: model's own loss with labels=input_ids")
         if s.optimizer == "sgd":
             out.append("sgd momentum=0.9")
-    if s.amp:
+    if s.amp and cpu:
         out.append("CUDA autocast op policy emulated on CPU (its fp32 ops, e.g. softmax, "
                    "layer_norm, pow, sum, run in fp32)")
     if name.startswith("t5"):
@@ -209,7 +212,7 @@ def versions():
 
 
 def measure(config_path, s, device):
-    """(peak live bytes in the last step, phase of the peak, timeline)."""
+    """(peak live bytes in the last step, phase of the peak)."""
     rec = recorder_for(device)
     with rec:
         run(config_path, s, rec, STEPS, device)
@@ -217,7 +220,7 @@ def measure(config_path, s, device):
     start = tl.boundary_times("step")[-1]
     end = tl.boundary_times("end")[-1]
     peak, t = tl.peak_between(start, end)
-    return peak, tl.phase_at(t), tl
+    return peak, tl.phase_at(t)
 
 
 def self_test():
@@ -365,10 +368,10 @@ def main():
             continue
         t0 = time.time()
         cfg = f"{CONFIG_DIR}/{name}.json"
-        peak, phase, _ = measure(REPO / cfg, s, args.device)
+        peak, phase = measure(REPO / cfg, s, args.device)
         done[cid] = {"id": cid, "config": cfg, "settings": s.as_dict(),
                      "measured": {"peak_allocated_bytes": peak, "phase": phase},
-                     "versions": vers, "notes": notes(name, s)}
+                     "versions": vers, "notes": notes(name, s, args.device)}
         gc.collect()
         print(f"{cid}: {peak / 2**20:.1f} MiB ({phase}) in {time.time() - t0:.1f}s", flush=True)
         rows = sorted(done.values(), key=lambda r: order.get(r["id"], len(order)))
