@@ -101,7 +101,8 @@ def grid():
                   (2, 256, "sgd", "forloop"), (2, 256, "adafactor", "foreach"),
                   (2, 256, "adafactor", "forloop")],
             infer=[(1, 128), (4, 256), (8, 512)],
-            generate=[(1, 128, 32), (4, 128, 32), (2, 256, 64), (8, 512, 128)]),
+            # Short prompt, long generation: the KV cache outgrows prefill.
+            generate=[(1, 128, 32), (4, 128, 32), (2, 256, 64), (8, 512, 128), (8, 16, 256)]),
         "tinyllama-2l": _lm_grid(
             [(1, 128), (2, 256), (4, 256), (2, 512), (4, 512)],
             eager=ab, ckpt=[(2, 256), (4, 512)], bf16=ab, amp=ab,
@@ -324,6 +325,25 @@ def self_test():
                   str(h.pow(3).dtype), str(torch.mm(h.float(), h.float().T).dtype)]
     _check("autocast dtypes of softmax, layer_norm, pow, mm", dtypes,
            ["torch.float32"] * 3 + ["torch.bfloat16"])
+
+    # 6. The CUDA path's conversion of device_traces (no GPU needed): boundaries
+    # are allocs on the marker stream; a free of pre-recording memory is dropped.
+    from gpumem_torch.recorder import recording_from_cuda_trace
+
+    def entry(action, addr, size, stream=0):
+        return {"action": action, "addr": addr, "size": size, "stream": stream,
+                "time_us": 0, "frames": []}
+    marker = 99
+    entries = [entry("free_completed", 0x500, 4096),  # allocated before recording
+               entry("alloc", 0x9000, 512, marker), entry("free_requested", 0x9000, 512, marker),
+               entry("free_completed", 0x9000, 512, marker),
+               entry("alloc", 0x1000, 1000), entry("alloc", 0x2000, 3000),
+               entry("free_requested", 0x1000, 1000), entry("free_completed", 0x1000, 1000),
+               entry("alloc", 0x9000, 512, marker), entry("alloc", 0x3000, 500)]
+    tl = recording_from_cuda_trace(entries, marker, ["step", "end"]).timeline()
+    _check("cuda trace: peak, dropped frees, phase",
+           (*tl.peak_between(*tl.boundary_times("step"), *tl.boundary_times("end")),
+            tl.unmatched_frees, tl.phase_at(9)), (4000, 5, 1, "end"))
     print("self-test passed")
 
 

@@ -173,19 +173,26 @@ class CudaRecorder:
         if exc[0] is not None:
             return
         entries = snap["device_traces"][torch.cuda.current_device()]
-        marker_stream = self._stream.cuda_stream
-        raw, bounds = [], []
-        for i, e in enumerate(entries):
-            if e["stream"] == marker_stream:
-                if e["action"] == "alloc":
-                    bounds.append(i)
-            elif e["action"] == "alloc":
-                raw.append((i, e["addr"], e["size"]))
-            elif e["action"] == "free_completed":
-                raw.append((i, e["addr"], -e["size"]))
-        if len(bounds) != len(self._labels):
-            raise RuntimeError(f"history ring buffer overflowed (max_entries={self.max_entries})")
-        self.recording = Recording(raw, list(zip(bounds, self._labels)))
+        self.recording = recording_from_cuda_trace(entries, self._stream.cuda_stream, self._labels)
+
+
+def recording_from_cuda_trace(entries, marker_stream, labels):
+    """Recording of a snapshot's `device_traces[d]`: `alloc` / `free_completed`
+    entries become events (time = entry index); the `alloc`s on `marker_stream`
+    are the boundaries, labelled by `labels` in order."""
+    raw, bounds = [], []
+    for i, e in enumerate(entries):
+        if e["stream"] == marker_stream:
+            if e["action"] == "alloc":
+                bounds.append(i)
+        elif e["action"] == "alloc":
+            raw.append((i, e["addr"], e["size"]))
+        elif e["action"] == "free_completed":
+            raw.append((i, e["addr"], -e["size"]))
+    if len(bounds) != len(labels):
+        raise RuntimeError(f"{len(bounds)} boundaries in the trace, {len(labels)} recorded: "
+                           "the history ring buffer overflowed (raise max_entries)")
+    return Recording(raw, list(zip(bounds, labels)))
 
 
 def recorder_for(device):
