@@ -246,6 +246,15 @@ impl<'a> TransformerGraph<'a> {
         }
     }
 
+    /// Hugging Face decoders keep `use_cache` on in training unless checkpointing: every layer's
+    /// k and v then pass through a `DynamicCache` concatenation (new tensors).
+    fn cache_copies(&self) -> bool {
+        self.training
+            && self.spec.use_cache
+            && self.spec.is_causal_lm()
+            && self.workload.checkpointing != crate::workload::Checkpointing::Full
+    }
+
     /// Bytes per score element saved by eager attention: softmax output, its cast, dropout.
     fn score_saved_bytes(&self) -> f64 {
         let act = self.bytes.act;
@@ -292,16 +301,22 @@ impl<'a> TransformerGraph<'a> {
         } else {
             self.bytes.linear_input(h, projections_from_norm)
         };
-        // q, k, v outputs stay alive: saved by RoPE's multiply or by the attention itself.
+        // q, k, v (rotated when RoPE is used) are saved by the attention. RoPE's products with the
+        // gradient-free cos/sin tables save only the tables, so the raw projections are freed.
         tally.sharded += act * q;
         key_side += act * 2.0 * kv;
-        let rotary = spec.rotary_fraction;
-        if rotary > 0.0 && !cross {
-            // rotate_half of the rotated part, then the rotated q and k (new tensors).
-            tally.sharded += act * (q + kv) * (rotary + 1.0);
+        let materialised = self.materialises_scores();
+        if self.cache_copies()
+            && !materialised
+            && spec.fused_qkv
+            && spec.rotary_fraction == 0.0
+            && !cross
+        {
+            // The KV cache concatenates copies of k and v, which the kernel saves, while the
+            // query view keeps the whole fused projection alive.
+            key_side += act * 2.0 * kv;
         }
         let repeats = spec.heads / spec.kv_heads;
-        let materialised = self.materialises_scores();
         if repeats > 1 && materialised {
             // repeat_kv expands k and v to all heads before the matmuls.
             key_side += act * 2.0 * q;
@@ -337,13 +352,15 @@ impl<'a> TransformerGraph<'a> {
         let spec = self.spec;
         let (act, h, f) = (self.bytes.act, spec.hidden as f64, spec.intermediate as f64);
         let consumers = if spec.gated_mlp { 2.0 } else { 1.0 };
-        let activation = match spec.activation {
-            Activation::Gelu | Activation::GeluTanh | Activation::Silu => 2.0 * f,
-            Activation::Relu => f,
-            // 0.5·x·(1 + tanh(…)) in Python ops keeps x, tanh(…), 0.5·x, 1 + tanh(…) and the product.
-            Activation::GeluTanhPython => 5.0 * f,
+        let mut per_expert = f * match spec.activation {
+            Activation::Gelu | Activation::GeluTanh | Activation::Silu => 2.0 * act,
+            Activation::Relu => act,
+            // 0.5·x·(1 + tanh(…)) in Python ops. Plain: x, tanh(…), 0.5·x, 1 + tanh(…) and the
+            // product. Autocast runs pow in fp32, which promotes the tanh branch to fp32: the fp32
+            // copy of x, tanh(…), 1 + tanh(…), plus 0.5·x and the product's cast for the next linear.
+            Activation::GeluTanhPython if self.bytes.autocast => 3.0 * 4.0 + 2.0 * act,
+            Activation::GeluTanhPython => 5.0 * act,
         };
-        let mut per_expert = act * activation;
         if spec.gated_mlp {
             per_expert += act * 2.0 * f; // up projection and the gated product
         }

@@ -279,6 +279,7 @@ impl Fields<'_> {
             activation_dropout: 0.0,
             embedding_dropout: 0.0,
             head: Head::CausalLm,
+            use_cache: self.bool_or(&["use_cache"], true),
             patches: None,
         };
         let need_positions = || {

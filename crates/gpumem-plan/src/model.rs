@@ -161,6 +161,8 @@ pub struct TransformerSpec {
     pub embedding_dropout: f64,
     /// Output module.
     pub head: Head,
+    /// `use_cache` of the config: Hugging Face decoders then build a KV cache even in training.
+    pub use_cache: bool,
     /// Patching, for vision transformers.
     pub patches: Option<Patches>,
 }
