@@ -12,7 +12,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass
 class Workload:
-    """A model plus how to feed it: `batch()` -> kwargs, `loss(model, **kwargs)`."""
+    """A model plus how to feed it: `batch(...)` -> kwargs, `loss(**kwargs)` -> scalar."""
     model: torch.nn.Module
     kind: str  # "causal_lm" | "masked_lm" | "seq2seq" | "image_cls" | "cnn"
     vocab_size: int | None
@@ -57,6 +57,9 @@ def build(config_path, dtype="fp32", attn=None, grad_ckpt=False, device="cpu", i
         model = model.to(device=device, dtype=torch_dtype)
         return Workload(model, "cnn", None, image_size or 224, cfg["num_classes"])
 
+    if image_size is not None and image_size != cfg.get("image_size"):
+        raise ValueError(f"{config_path}: built for image_size {cfg.get('image_size')}, "
+                         f"not {image_size}")
     import transformers
     hf_cfg = transformers.AutoConfig.for_model(**cfg)
     arch = cfg["architectures"][0]
