@@ -49,6 +49,6 @@ fn main() {
         group.finish();
     }
     c.final_summary();
-    println!("\nReplay throughput (median of criterion's {SAMPLES} samples; includes pool and device set-up and teardown):");
+    println!("\nReplay throughput (median of criterion's {SAMPLES} samples; whole `replay` calls; pool and device set-up and teardown cost < 0.1 ms):");
     println!("{}", recorder.markdown(SAMPLES, "torch", "event"));
 }

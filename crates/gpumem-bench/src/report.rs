@@ -237,33 +237,35 @@ pub fn ops_markdown(t: &OpsTable) -> String {
     );
     let _ = writeln!(
         s,
-        "| allocator | ns/op | × offset-allocator | failures | peak footprint | utilisation | ext. frag. at peak |"
+        "| allocator | ns/op | × offset-allocator | failures | peak footprint | utilisation | free at peak | ext. frag. at peak |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in &t.rows {
         let ratio = match t.ratio(r.allocator) {
             Some(x) if r.timing.complete => format!("{x:.2}×"),
             Some(x) if !x.is_nan() => format!("≥ {x:.0}×"),
             _ => "—".into(),
         };
-        let (failures, footprint, util, frag) = match &r.profile {
+        let (failures, footprint, util, free, frag) = match &r.profile {
             Some(p) => (
                 p.failures.to_string(),
                 Bytes(p.footprint).to_string(),
                 pct(p.utilization),
+                Bytes(p.free_at_peak).to_string(),
                 pct(p.fragmentation),
             ),
-            None => ("—".into(), "—".into(), "—".into(), "—".into()),
+            None => ("—".into(), "—".into(), "—".into(), "—".into(), "—".into()),
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             r.allocator.name(),
             ns(&r.timing),
             ratio,
             failures,
             footprint,
             util,
+            free,
             frag
         );
     }
