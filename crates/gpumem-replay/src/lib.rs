@@ -22,7 +22,7 @@ const UNLIMITED_CAPACITY: u64 = 1 << 50;
 const PROGRESS_EVERY: usize = 1 << 16;
 
 /// Settings of a replay.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReplayOptions {
     /// Device memory to check the trace against; `None` checks nothing.
     pub capacity: Option<u64>,
@@ -30,16 +30,6 @@ pub struct ReplayOptions {
     pub torch: TorchSettings,
     /// Events of pool history to record (for a snapshot); 0 records none.
     pub history_capacity: usize,
-}
-
-impl Default for ReplayOptions {
-    fn default() -> Self {
-        ReplayOptions {
-            capacity: None,
-            torch: TorchSettings::default(),
-            history_capacity: 0,
-        }
-    }
 }
 
 /// Where a replay ran out of memory.
