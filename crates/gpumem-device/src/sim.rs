@@ -718,8 +718,7 @@ mod tests {
         let dev = host(64 * MIB);
         let ptr = dev.malloc(4096).unwrap();
         let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
-        dev.copy_to_device(ptr, &data, StreamId::DEFAULT)
-            .unwrap();
+        dev.copy_to_device(ptr, &data, StreamId::DEFAULT).unwrap();
         let mut back = vec![0u8; 4096];
         dev.copy_to_host(&mut back, ptr, StreamId::DEFAULT).unwrap();
         assert_eq!(back, data);
