@@ -185,6 +185,32 @@ fn under_pressure_idle_pages_move_under_a_new_block_instead_of_an_oom() {
 }
 
 #[test]
+fn a_big_block_that_fits_no_hole_is_stitched_from_idle_chunks_once() {
+    let dev = device(SimConfig::address_only(1 << 30));
+    let pool = gpumem(&dev);
+    let a = pool.allocate(64 * MIB, S0).unwrap();
+    let keep = pool.allocate(2 * MIB, S0).unwrap();
+    pool.free(a.ptr).unwrap();
+    // 100 MiB fits no free range: the hole's 64 MiB of idle chunks move under it and only
+    // 36 MiB are new.
+    let big = pool.allocate(100 * MIB, S0).unwrap();
+    assert_eq!(big.ptr, keep.ptr + 2 * MIB);
+    assert_eq!(reserved(&pool), 102 * MIB);
+    assert_eq!(dev.counters().unmap, 2, "two 32 MiB chunks moved");
+    // The hole's addresses are retired: a new 64 MiB block lands in mapped memory.
+    pool.free(big.ptr).unwrap();
+    let calls = dev.counters().allocating_calls();
+    let again = pool.allocate(64 * MIB, S0).unwrap();
+    assert_eq!(again.ptr, big.ptr);
+    assert_eq!(dev.counters().allocating_calls(), calls);
+    for b in [again, keep] {
+        pool.free(b.ptr).unwrap();
+    }
+    pool.empty_cache().unwrap();
+    assert_eq!(reserved(&pool), 0);
+}
+
+#[test]
 fn the_hard_limit_is_never_exceeded_and_an_oom_explains() {
     let dev = device(SimConfig::address_only(1 << 30));
     let pool = gpumem_limited(&dev, Some(100 * MIB));

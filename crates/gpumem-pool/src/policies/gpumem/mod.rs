@@ -9,6 +9,9 @@
 //!
 //! - Steady state: freed ranges stay mapped, so a repeated training step is served with no
 //!   device call at all.
+//! - Growth by a big block (≥ 64 MiB, e.g. logits) that fits no free range: idle chunks of the
+//!   arena move under it before fresh memory is mapped, and their old range leaves the index
+//!   for good — stitched once, reused from then on.
 //! - Pressure (device out of memory or the hard limit): an allocation that needs fresh pages
 //!   takes what the device and the limit still grant, then *moves* idle chunks of any stream's
 //!   arena under itself — unmap there, map here, no new memory — stitching scattered free
@@ -45,6 +48,12 @@ use crate::stats::PoolKind;
 
 /// Every block is a multiple of this (cudaMalloc's own alignment): the only rounding.
 const ROUNDING: u64 = 512;
+/// A block at least this large that needs fresh pages takes idle chunks of its own arena
+/// first, even without pressure (the moved chunks' old range leaves the index for good, so
+/// this happens once, not every step). Logits and their gradients — larger than any hole, and
+/// arriving while activations' pages sit idle — are what this is for; applied to every size it
+/// cascades through a step's mid-size blocks and costs device calls in steady state.
+const STITCH_ON_GROWTH_MIN: u64 = 64 << 20;
 /// Bytes of address space each arena reserves per byte of device memory.
 const VA_PER_DEVICE_BYTE: u64 = 4;
 /// The slab small blocks are packed into: with VMM a block of the stream's large arena, without
@@ -89,9 +98,11 @@ enum Backing {
     Paged {
         reservation: DevicePtr,
         len: u64,
-        /// The index node that starts the reservation (stable for its life).
-        first: NodeId,
         pages: PageMap,
+        /// Address ranges taken out of the index when their chunks moved to back a growing
+        /// block (so that nothing is placed there again and has to be mapped anew); given back
+        /// to the index if it ever runs out of address space.
+        abandoned: Vec<(DevicePtr, u64)>,
     },
     /// `cudaMalloc` segments, when the device has no VMM.
     Segments(Vec<Segment>),
@@ -99,6 +110,18 @@ enum Backing {
     /// handed back as soon as they empty, so small blocks share pages with large ones and
     /// their idle memory returns to the large arena. By first node: the slab's address.
     Slabs(HashMap<NodeId, DevicePtr, BuildHasherDefault<AddressHasher>>),
+}
+
+/// An idle chunk that can be moved under a block that needs pages.
+#[derive(Clone, Copy, Debug)]
+struct Donor {
+    /// Its arena.
+    arena: usize,
+    /// Its first page there.
+    page: u64,
+    chunk: Chunk,
+    /// The free node that holds it.
+    node: NodeId,
 }
 
 /// A device allocation backing part of an arena without VMM.
@@ -192,15 +215,15 @@ impl Arena {
                     attempted: len,
                     cause,
                 })?;
-                let Some(first) = index.add_span(reservation, len) else {
+                if index.add_span(reservation, len).is_none() {
                     let _ = up.release_address(reservation, len);
                     return Err(too_large(len, up));
-                };
+                }
                 Backing::Paged {
                     reservation,
                     len,
-                    first,
                     pages: PageMap::new(reservation, page),
+                    abandoned: Vec::new(),
                 }
             }
             None => Backing::Segments(Vec::new()),
@@ -230,6 +253,20 @@ impl Arena {
         }
     }
 
+    /// Gives the address ranges abandoned by moved chunks back to the index; whether there
+    /// were any.
+    fn restore_abandoned(&mut self) -> bool {
+        let Backing::Paged { abandoned, .. } = &mut self.backing else {
+            return false;
+        };
+        let restored = !abandoned.is_empty();
+        for (addr, len) in abandoned.drain(..) {
+            // A full slab leaves the range out: it stays unusable, nothing else breaks.
+            let _ = self.index.add_span(addr, len);
+        }
+        restored
+    }
+
     /// Whether the arena holds neither blocks nor device memory.
     fn is_empty(&self) -> bool {
         self.live.is_empty()
@@ -240,18 +277,22 @@ impl Arena {
             }
     }
 
-    /// Idle chunks (wholly inside free ranges) of a paged arena, as (first page, chunk),
-    /// lowest first.
-    fn idle_chunks(&self) -> Vec<(u64, Chunk)> {
+    /// Idle chunks (wholly inside free ranges) of a paged arena, as (first page, chunk, the
+    /// free node holding it), lowest first.
+    fn idle_chunks(&self) -> Vec<(u64, Chunk, NodeId)> {
         let Backing::Paged { pages, .. } = &self.backing else {
             return Vec::new();
         };
-        let mut idle: Vec<(u64, Chunk)> = self
+        let mut idle: Vec<(u64, Chunk, NodeId)> = self
             .index
             .free_nodes()
-            .flat_map(|id| pages.chunks_inside(self.index.offset(id), self.index.size(id)))
+            .flat_map(|id| {
+                pages
+                    .chunks_inside(self.index.offset(id), self.index.size(id))
+                    .map(move |(p, c)| (p, c, id))
+            })
             .collect();
-        idle.sort_unstable_by_key(|&(p, _)| p);
+        idle.sort_unstable_by_key(|&(p, _, _)| p);
         idle
     }
 
@@ -265,7 +306,7 @@ impl Arena {
                 let Backing::Paged { pages, .. } = &mut self.backing else {
                     return 0;
                 };
-                for (p, _) in idle.into_iter().rev() {
+                for (p, _, _) in idle.into_iter().rev() {
                     if released >= want {
                         break;
                     }
@@ -296,13 +337,19 @@ impl Arena {
         released
     }
 
-    /// The nodes of the span starting at `first`, in address order, as block views.
-    fn span_blocks(&self, first: NodeId) -> impl Iterator<Item = BlockView> + '_ {
-        std::iter::successors(Some(first), |&id| self.index.next_in_span(id)).map(|id| BlockView {
+    /// A node as a block view.
+    fn block_view(&self, id: NodeId) -> BlockView {
+        BlockView {
             address: self.index.offset(id),
             size: self.index.size(id),
             in_use: !self.index.is_free(id),
-        })
+        }
+    }
+
+    /// The nodes of the span starting at `first`, in address order, as block views.
+    fn span_blocks(&self, first: NodeId) -> impl Iterator<Item = BlockView> + '_ {
+        std::iter::successors(Some(first), |&id| self.index.next_in_span(id))
+            .map(|id| self.block_view(id))
     }
 
     /// The segments of this arena, with `slab_blocks` (slab address → the small blocks tiling
@@ -321,10 +368,14 @@ impl Arena {
             blocks,
         };
         match &self.backing {
-            Backing::Paged { first, pages, .. } => {
+            Backing::Paged { pages, .. } => {
                 // One segment per run of mapped pages, with the blocks clipped to it.
-                let nodes: Vec<BlockView> = self
-                    .span_blocks(*first)
+                let mut ids: Vec<NodeId> = self.live.values().copied().collect();
+                ids.extend(self.index.free_nodes());
+                ids.sort_unstable_by_key(|&id| self.index.offset(id));
+                let nodes: Vec<BlockView> = ids
+                    .into_iter()
+                    .map(|id| self.block_view(id))
                     .flat_map(|b| match slab_blocks.get(&b.address) {
                         Some(inner) if b.in_use => inner.clone(),
                         _ => vec![b],
@@ -470,7 +521,11 @@ impl GpumemPolicy {
         up: &mut Upstream<'_>,
     ) -> Result<DevicePtr, Exhausted> {
         let arena = &mut self.arenas[a];
-        let Some(node) = arena.index.allocate(size) else {
+        let Some(node) = arena.index.allocate(size).or_else(|| {
+            arena
+                .restore_abandoned()
+                .then(|| arena.index.allocate(size))?
+        }) else {
             return Err(too_large(size, up));
         };
         let addr = arena.index.offset(node);
@@ -489,10 +544,10 @@ impl GpumemPolicy {
     }
 
     /// Maps the unmapped pages among `touched` (first, end) of arena `a`, for a block whose
-    /// own pages are `interior`: fresh chunks while the device and the limit allow (one per
-    /// interior run, one per shared boundary page); under pressure, idle chunks of the same
-    /// pool moved here (largest that fits first), else fresh memory after freeing idle chunks
-    /// elsewhere.
+    /// own pages are `interior`: idle chunks moved here (largest that fits first) when the
+    /// block is big or memory is short; fresh chunks while the device and the limit allow (one
+    /// per interior run, one per shared boundary page); else fresh memory after freeing idle
+    /// chunks elsewhere.
     fn map_pages(
         &mut self,
         a: usize,
@@ -503,7 +558,7 @@ impl GpumemPolicy {
         let pool = self.arenas[a].pool;
         let mut pressure: Option<UpstreamError> = None;
         let mut try_fresh = true;
-        let mut donors: Option<Vec<(usize, u64, Chunk)>> = None;
+        let mut donors: Option<Vec<Donor>> = None;
         let mut p = first;
         while p < end {
             let Some(pages) = self.arenas[a].pages() else {
@@ -519,6 +574,21 @@ impl GpumemPolicy {
                 attempted: gap * page,
                 cause,
             };
+            // Stitch first: an idle chunk that fits the gap moves here — from this arena when a
+            // big block grows it, from any arena of the pool under pressure.
+            let list = donors.get_or_insert_with(|| self.idle_chunks_of(pool));
+            let growing_big = (end - first) * page >= STITCH_ON_GROWTH_MIN;
+            let fits = |d: &Donor| {
+                d.chunk.pages <= gap && (pressure.is_some() || (growing_big && d.arena == a))
+            };
+            if let Some(i) = list.iter().rposition(fits) {
+                let donor = list[i];
+                self.move_chunk(&donor, a, p, up).map_err(exhausted)?;
+                p += donor.chunk.pages;
+                // The donor's range left its index: the other donors' nodes may have changed.
+                donors = None;
+                continue;
+            }
             let mut n = if (inner_first..inner_end).contains(&p) {
                 (gap.min(inner_end - p)).min(MAX_CHUNK_PAGES)
             } else {
@@ -542,13 +612,6 @@ impl GpumemPolicy {
             let Some(cause) = pressure.clone() else {
                 return Ok(());
             };
-            let list = donors.get_or_insert_with(|| self.idle_chunks_of(pool));
-            if let Some(i) = list.iter().rposition(|(_, _, c)| c.pages <= gap) {
-                let (d, q, chunk) = list.remove(i);
-                self.move_chunk(d, q, a, p, up).map_err(exhausted)?;
-                p += chunk.pages;
-                continue;
-            }
             let released = self.release_idle(gap * page, up) / page;
             if released == 0 {
                 return Err(exhausted(cause));
@@ -561,35 +624,53 @@ impl GpumemPolicy {
         Ok(())
     }
 
-    /// Idle chunks of every paged arena of `pool`, as (arena, first page, chunk), smallest
-    /// first.
-    fn idle_chunks_of(&self, pool: PoolKind) -> Vec<(usize, u64, Chunk)> {
-        let mut idle: Vec<(usize, u64, Chunk)> = self
+    /// Idle chunks of every paged arena of `pool`, smallest first.
+    fn idle_chunks_of(&self, pool: PoolKind) -> Vec<Donor> {
+        let mut idle: Vec<Donor> = self
             .arenas
             .iter()
             .enumerate()
             .filter(|(_, arena)| arena.pool == pool)
-            .flat_map(|(i, arena)| arena.idle_chunks().into_iter().map(move |(p, c)| (i, p, c)))
+            .flat_map(|(arena, a)| {
+                a.idle_chunks()
+                    .into_iter()
+                    .map(move |(page, chunk, node)| Donor {
+                        arena,
+                        page,
+                        chunk,
+                        node,
+                    })
+            })
             .collect();
-        idle.sort_by_key(|&(_, _, c)| c.pages);
+        idle.sort_by_key(|d| d.chunk.pages);
         idle
     }
 
-    /// Moves the idle chunk at page `q` of arena `d` to page `p` of arena `a`.
+    /// Moves an idle chunk to page `p` of arena `a`, and takes its old address range out of
+    /// its arena's index for good, so that nothing placed there later needs mapping again.
     fn move_chunk(
         &mut self,
-        d: usize,
-        q: u64,
+        donor: &Donor,
         a: usize,
         p: u64,
         up: &mut Upstream<'_>,
     ) -> Result<(), UpstreamError> {
-        let pool = self.arenas[d].pool;
-        let Backing::Paged { pages: donor, .. } = &mut self.arenas[d].backing else {
+        let arena = &mut self.arenas[donor.arena];
+        let pool = arena.pool;
+        let Backing::Paged {
+            pages: from,
+            abandoned,
+            ..
+        } = &mut arena.backing
+        else {
             return Ok(());
         };
-        let page = donor.page_size();
-        let chunk = donor.take(q, up)?;
+        let page = from.page_size();
+        let chunk = from.take(donor.page, up)?;
+        let range = (from.address(donor.page), chunk.pages * page);
+        if arena.index.carve(donor.node, range.0, range.1) {
+            abandoned.push(range);
+        }
         let Backing::Paged { pages, .. } = &mut self.arenas[a].backing else {
             return Ok(());
         };

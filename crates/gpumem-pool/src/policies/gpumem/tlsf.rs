@@ -169,6 +169,43 @@ impl Tlsf {
         id
     }
 
+    /// Takes `[offset, offset + size)` out of the free node `id` that contains it, for good:
+    /// what lies before and after stays free, but the two parts no longer touch (they become
+    /// separate spans). `false`, with nothing changed, only if the slab is full.
+    pub(crate) fn carve(&mut self, id: NodeId, offset: u64, size: u64) -> bool {
+        let node = self.nodes[id as usize];
+        debug_assert!(node.free && node.offset <= offset);
+        debug_assert!(offset + size <= node.offset + node.size);
+        let right_size = node.offset + node.size - (offset + size);
+        let right = if right_size > 0 {
+            match self.new_node(offset + size, right_size, NIL, node.addr_next) {
+                Some(right) => right,
+                None => return false,
+            }
+        } else {
+            NIL
+        };
+        self.unfile(id);
+        if node.addr_next != NIL {
+            self.nodes[node.addr_next as usize].addr_prev = right;
+        }
+        if offset > node.offset {
+            let left = &mut self.nodes[id as usize];
+            left.size = offset - node.offset;
+            left.addr_next = NIL;
+            self.file(id);
+        } else {
+            if node.addr_prev != NIL {
+                self.nodes[node.addr_prev as usize].addr_next = NIL;
+            }
+            self.spare.push(id);
+        }
+        if right != NIL {
+            self.file(right);
+        }
+        true
+    }
+
     /// Start of a node's range.
     pub(crate) fn offset(&self, id: NodeId) -> u64 {
         self.nodes[id as usize].offset
@@ -456,6 +493,31 @@ mod tests {
         assert_eq!(t.free_bytes(), 0);
         assert!(t.allocate(1).is_none());
         assert_eq!(t.free_nodes().count(), 0);
+    }
+
+    #[test]
+    fn carving_splits_a_free_range_into_parts_that_never_merge_again() {
+        let mut t = Tlsf::default();
+        let span = t.add_span(0, 10_000).unwrap();
+        let a = t.allocate(1000).unwrap();
+        let b = t.allocate(1000).unwrap();
+        t.free(a);
+        let free = t.free(b);
+        assert!(t.carve(free, 3000, 2000));
+        assert_eq!(t.free_bytes(), 8000);
+        let right_span = t.free_nodes().find(|&id| t.offset(id) == 5000).unwrap();
+        t.check(&[(span, 0, 3000), (right_span, 5000, 5000)]);
+        let right = t.allocate(5000).unwrap();
+        assert_eq!(t.offset(right), 5000);
+        t.free(right);
+        assert!(
+            t.allocate(5001).is_none(),
+            "the parts are separate ranges now"
+        );
+        let left = t.allocate(3000).unwrap();
+        let left = t.free(left);
+        assert!(t.carve(left, 0, 3000), "a whole node can be carved");
+        assert_eq!(t.free_bytes(), 5000);
     }
 
     #[test]
