@@ -44,6 +44,7 @@ def _train(batch, seq, **kw):
 
 # name -> (config name, settings, steps)
 TRACES = {
+    "gpt2-124m-train-b4-s256": ("gpt2", _train(4, 256), 3),
     "gpt2-12l-train-b4-s256": ("gpt2-12l", _train(4, 256), 4),
     "gpt2-12l-train-ckpt-b4-s256": ("gpt2-12l", _train(4, 256, grad_ckpt=True), 4),
     "tinyllama-8l-train-amp-bf16-fused-b4-s512": (

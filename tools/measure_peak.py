@@ -135,6 +135,8 @@ def grid():
                             infer=[(8, 224)]),
         "opt-2l": _lm_grid(
             [(2, 256), (4, 512)], ckpt=[(4, 512)], infer=[(4, 256)], generate=[(2, 128, 32)]),
+        # Full-size GPT-2 small (124M parameters).
+        "gpt2": [T(4, 256), T(4, 256, grad_ckpt=True), T(4, 256, amp="bf16")],
         # Deeper variants (real depth, shrunk width): activations per layer
         # weigh more against embeddings and logits than in the 2-layer models.
         "gpt2-12l": [T(4, 256), T(2, 512), T(4, 256, attn="eager"), T(4, 256, grad_ckpt=True),

@@ -107,7 +107,9 @@ HF_CONFIGS = {
     "pythia-2l": ("EleutherAI/pythia-70m", _PYTHIA_70M,
                   {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4,
                    "num_hidden_layers": 2}),
-    # Deeper variants for allocation traces (real depth, shrunk width).
+    # Full-size GPT-2 small (124M), for a trace with real tensor sizes.
+    "gpt2": ("openai-community/gpt2", _GPT2, {"attn_pdrop": 0.0}),
+    # Deeper variants (real depth, shrunk width).
     "gpt2-12l": ("openai-community/gpt2", _GPT2,
                  {"n_embd": 256, "n_head": 4, "attn_pdrop": 0.0}),
     "tinyllama-8l": ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", _TINYLLAMA,
