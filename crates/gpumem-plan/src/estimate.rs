@@ -497,7 +497,7 @@ fn simulate_inference(
                 weights: bytes(states.weights),
                 activations: bytes(unit.inference_live),
                 kv_cache: bytes(kv + unit.kv_cache),
-                temporaries: bytes(held),
+                temporaries: bytes(held + unit.held),
                 ..Breakdown::default()
             };
             if live.allocated() > peak.allocated() {

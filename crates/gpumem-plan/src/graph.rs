@@ -535,10 +535,18 @@ impl<'a> TransformerGraph<'a> {
                         ..Unit::default()
                     }
                 } else {
+                    // Generation copies the last logits to fp32 and a logits processor makes
+                    // another fp32 tensor before picking the token.
+                    let selection = if self.workload.mode == Mode::Generate {
+                        2.0 * 4.0 * self.batch * vocab
+                    } else {
+                        0.0
+                    };
                     Unit {
                         name: "head",
-                        inference_live: logits + tokens * self.bytes.residual * h * 2.0,
-                        held: logits,
+                        // The logits themselves are `held` (returned to the caller).
+                        inference_live: tokens * self.bytes.residual * h * 2.0,
+                        held: logits + selection,
                         params,
                         ..Unit::default()
                     }
@@ -605,7 +613,8 @@ fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit>
         forward_transient: 0.0,
         backward_transient: 2.0 * stem_out * act,
         gradient_transient: 2.0 * stem_out * act,
-        inference_live: (2.0 * stem_out + pooled) * act,
+        // Convolution output and BatchNorm output; the pooled map comes after the first is freed.
+        inference_live: 2.0 * stem_out * act,
         params: stem.params(),
         ..Unit::default()
     });
@@ -666,7 +675,7 @@ fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit>
         held: logits * act,
         backward_transient: 2.0 * logits * 4.0 + features * act,
         gradient_transient: logits * 4.0 + features * act,
-        inference_live: features * act + logits * act,
+        inference_live: features * act,
         params: spec.features() * spec.num_classes + spec.num_classes,
         ..Unit::default()
     });
