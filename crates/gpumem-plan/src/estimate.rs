@@ -188,10 +188,11 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
             simulate_inference(model, &units, &states, workload)
         }
     };
-    let (peak_phase, mut breakdown) = *peaks
+    let (peak_phase, mut breakdown) = peaks
         .iter()
+        .copied()
         .max_by_key(|(_, b)| b.allocated())
-        .expect("every mode simulates at least one phase");
+        .unwrap_or((Phase::Forward, Breakdown::default()));
     let allocated = breakdown.allocated();
     breakdown.allocator = (allocated as f64 * overheads.allocator_fraction).round() as u64;
     breakdown.framework = overheads.context_bytes;

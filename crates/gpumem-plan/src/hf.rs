@@ -37,27 +37,29 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
         json,
         model_type: model_type.clone(),
     };
+    if !SUPPORTED_MODEL_TYPES.contains(&model_type.as_str()) {
+        return Err(unsupported(&model_type));
+    }
     let arch = match model_type.as_str() {
         "resnet" => Architecture::Resnet(fields.resnet()?),
-        "gpt2" | "gpt_neox" | "opt" | "llama" | "mistral" | "qwen2" | "mixtral" | "gemma"
-        | "phi" | "bert" | "roberta" | "t5" | "vit" => {
-            Architecture::Transformer(fields.transformer()?)
-        }
-        _ => {
-            return Err(PlanError::UnsupportedModelType {
-                nearest: nearest(&model_type, SUPPORTED_MODEL_TYPES.iter().copied()),
-                given: model_type,
-                accepted: SUPPORTED_MODEL_TYPES
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-            })
-        }
+        _ => Architecture::Transformer(fields.transformer()?),
     };
     Ok(ModelSpec {
         name: name.to_string(),
         arch,
     })
+}
+
+/// The error for a `model_type` outside [`SUPPORTED_MODEL_TYPES`].
+fn unsupported(model_type: &str) -> PlanError {
+    PlanError::UnsupportedModelType {
+        given: model_type.to_string(),
+        nearest: nearest(model_type, SUPPORTED_MODEL_TYPES.iter().copied()),
+        accepted: SUPPORTED_MODEL_TYPES
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    }
 }
 
 struct Fields<'a> {
@@ -435,7 +437,7 @@ impl Fields<'_> {
                     }
                 };
             }
-            _ => unreachable!("model types are filtered by spec_from_json"),
+            other => return Err(unsupported(other)),
         }
         let arch = self.architecture_name();
         let base_model =
