@@ -348,7 +348,11 @@ fn model_states(
         }
         Sharding::Zero3 | Sharding::Fsdp => {
             optimizer /= dp;
-            grad_per_param /= dp;
+            // FSDP accumulates under `no_sync` with unsharded gradients; ZeRO-3 reduces into
+            // partitioned buffers every micro-step.
+            if !(layout.sharding == Sharding::Fsdp && workload.grad_accum > 1) {
+                grad_per_param /= dp;
+            }
             weights /= dp;
             // The layer in use and the one prefetched are gathered unsharded.
             buffers_weights = 2.0 * largest_block;

@@ -88,6 +88,17 @@ struct AttentionShape {
     causal: bool,
 }
 
+/// What one attention sublayer keeps besides its per-query-token terms, in bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct AttentionMemory {
+    /// Saved bytes proportional to the key tokens (k, v and their expansions).
+    key_saved: f64,
+    /// Short-lived bytes in its forward (scores before the softmax, the mask).
+    forward_transient: f64,
+    /// Extra live bytes in a no-grad forward (materialised scores).
+    inference_live: f64,
+}
+
 /// Per-token and per-score byte counts of one block, before multiplying by tokens.
 #[derive(Debug, Clone, Copy, Default)]
 struct Tally {
@@ -286,8 +297,8 @@ impl<'a> TransformerGraph<'a> {
         }
     }
 
-    /// The attention sublayer: saved tally per token, plus absolute transients.
-    fn attention(&self, shape: AttentionShape, cross: bool, tally: &mut Tally) -> (f64, f64, f64) {
+    /// The attention sublayer: adds its per-query-token terms to `tally` and returns the rest.
+    fn attention(&self, shape: AttentionShape, cross: bool, tally: &mut Tally) -> AttentionMemory {
         let spec = self.spec;
         let (act, h) = (self.bytes.act, spec.hidden as f64);
         let (q, kv) = (spec.query_width() as f64, spec.kv_width() as f64);
@@ -343,8 +354,11 @@ impl<'a> TransformerGraph<'a> {
             tally.replicated += h;
         }
         tally.core += core;
-        let per_token_key = key_side / self.split.tp * key_tokens;
-        (per_token_key, transient, inference)
+        AttentionMemory {
+            key_saved: key_side / self.split.tp * key_tokens,
+            forward_transient: transient,
+            inference_live: inference,
+        }
     }
 
     /// Saved bytes per token of the MLP and its activation.
@@ -408,14 +422,14 @@ impl<'a> TransformerGraph<'a> {
         } else {
             tally.replicated += norms * self.norm_saved();
         }
-        let (key_bytes, mut transient, mut inference) = self.attention(shape, false, &mut tally);
-        let mut cross_key_bytes = 0.0;
-        if let Some(cross) = cross {
-            let (keys, t, i) = self.attention(cross, true, &mut tally);
-            cross_key_bytes = keys;
-            transient = transient.max(t);
-            inference = inference.max(i);
-        }
+        let own = self.attention(shape, false, &mut tally);
+        let has_cross = cross.is_some();
+        let cross = cross
+            .map(|c| self.attention(c, true, &mut tally))
+            .unwrap_or_default();
+        let key_bytes = own.key_saved + cross.key_saved;
+        let transient = own.forward_transient.max(cross.forward_transient);
+        let inference = own.inference_live.max(cross.inference_live);
         tally.sharded += self.mlp();
         if self.dropout_active(spec.hidden_dropout) {
             tally.replicated += h;
@@ -428,7 +442,6 @@ impl<'a> TransformerGraph<'a> {
         let saved = tokens
             * (tally.sharded / self.split.tp + tally.replicated / self.split.sequence)
             + key_bytes
-            + cross_key_bytes
             + tally.core
             + autocast_weights;
         let f = spec.intermediate as f64 * spec.experts_per_token as f64 / self.split.tp;
@@ -465,7 +478,7 @@ impl<'a> TransformerGraph<'a> {
             gradient_transient: residual_gradient,
             inference_live: attention_live.max(mlp_live) + inference,
             kv_cache,
-            params: spec.block_params(cross.is_some()),
+            params: spec.block_params(has_cross),
         }
     }
 

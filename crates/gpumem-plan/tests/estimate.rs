@@ -344,3 +344,26 @@ fn advice_is_ranked_and_finds_a_plan_that_fits() {
         .iter()
         .all(|s| s.new_peak_total_bytes < current.peak_total_bytes));
 }
+
+#[test]
+fn fsdp_accumulation_keeps_unsharded_gradients() {
+    let with = |fsdp: bool, zero: &str, accumulate: u64| {
+        plan(
+            "llama-2-7b",
+            Settings {
+                gpus: Some(8),
+                fsdp,
+                zero: Some(zero.into()),
+                dtype: Some("bf16".into()),
+                grad_accum: Some(accumulate),
+                ..train(1, 1024)
+            },
+        )
+        .peak_allocated_bytes
+    };
+    // FSDP's no_sync holds full gradients (2 bytes × 6.7e9) while ZeRO-3 stays partitioned.
+    let fsdp_gap = with(true, "0", 2) as f64 - with(true, "0", 1) as f64;
+    let zero3_gap = with(false, "3", 2) as f64 - with(false, "3", 1) as f64;
+    assert!(fsdp_gap > 10e9, "{fsdp_gap}");
+    assert!(zero3_gap < 3e9, "{zero3_gap}");
+}
