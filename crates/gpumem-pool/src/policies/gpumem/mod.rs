@@ -52,7 +52,7 @@ const ROUNDING: u64 = 512;
 /// first, even without pressure (the moved chunks' old range leaves the index for good, so
 /// this happens once, not every step). Logits and their gradients — larger than any hole, and
 /// arriving while activations' pages sit idle — are what this is for; applied to every size it
-/// cascades through a step's mid-size blocks and costs device calls in steady state.
+/// displaces mid-size blocks whose new places cost device calls for a step or two longer.
 const STITCH_ON_GROWTH_MIN: u64 = 64 << 20;
 /// Bytes of address space each arena reserves per byte of device memory.
 const VA_PER_DEVICE_BYTE: u64 = 4;
