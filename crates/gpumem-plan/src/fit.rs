@@ -4,7 +4,7 @@
 
 use crate::error::{PlanError, Result};
 use crate::estimate::{estimate, Estimate, Overheads};
-use crate::model::ModelSpec;
+use crate::model::{Architecture, ModelSpec};
 use crate::workload::{Workload, MAX_SIZE};
 use serde::Serialize;
 
@@ -146,6 +146,17 @@ pub fn fit(
 ) -> Result<Fit> {
     check_margin(margin)?;
     workload.validate()?;
+    let has_sequence = matches!(&model.arch, Architecture::Transformer(t) if t.patches.is_none());
+    if target == FitTarget::Seq && !has_sequence {
+        return Err(PlanError::InvalidValue {
+            name: "fit".into(),
+            value: "seq".into(),
+            reason: format!(
+                "{} has no sequence length (fit batch, or set --image-size)",
+                model.name
+            ),
+        });
+    }
     let usable = usable_bytes(gpu_bytes, margin);
     let dp = workload.layout.dp();
     let mut current = workload.clone();

@@ -189,3 +189,24 @@ fn fit_errors_are_typed() {
     .unwrap();
     assert!(estimate(&find_model("resnet50").unwrap(), &lora_on_cnn, &overheads).is_err());
 }
+
+#[test]
+fn fitting_a_sequence_needs_a_sequence_model() {
+    let workload = Settings::default().to_workload().unwrap();
+    for name in ["resnet50", "vit-base"] {
+        let err = fit(
+            &find_model(name).unwrap(),
+            &workload,
+            &Overheads::default(),
+            FitTarget::Seq,
+            80 << 30,
+            0.1,
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, PlanError::InvalidValue { .. }),
+            "{name}: {err:?}"
+        );
+    }
+}
