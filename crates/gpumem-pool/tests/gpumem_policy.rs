@@ -211,6 +211,32 @@ fn a_big_block_that_fits_no_hole_is_stitched_from_idle_chunks_once() {
 }
 
 #[test]
+fn addresses_retired_by_stitching_come_back_when_the_reservation_runs_out() {
+    // 64 MiB of memory, 256 MiB of address space: each round retires 24 MiB of addresses.
+    let dev = device(SimConfig::address_only(64 * MIB));
+    let pool = gpumem(&dev);
+    for round in 0..20 {
+        let blocks: Vec<_> = (0..8)
+            .map(|_| pool.allocate(8 * MIB, S0).unwrap())
+            .collect();
+        for b in blocks.iter().step_by(2) {
+            pool.free(b.ptr).unwrap();
+        }
+        let big = pool
+            .allocate(24 * MIB, S0)
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(reserved(&pool) <= 64 * MIB);
+        pool.free(big.ptr).unwrap();
+        for b in blocks.iter().skip(1).step_by(2) {
+            pool.free(b.ptr).unwrap();
+        }
+    }
+    assert_eq!(pool.stats().num_ooms, 0);
+    pool.empty_cache().unwrap();
+    assert_eq!(reserved(&pool), 0);
+}
+
+#[test]
 fn the_hard_limit_is_never_exceeded_and_an_oom_explains() {
     let dev = device(SimConfig::address_only(1 << 30));
     let pool = gpumem_limited(&dev, Some(100 * MIB));

@@ -102,7 +102,7 @@ enum Backing {
         /// Address ranges taken out of the index when their chunks moved to back a growing
         /// block (so that nothing is placed there again and has to be mapped anew); given back
         /// to the index if it ever runs out of address space.
-        abandoned: Vec<(DevicePtr, u64)>,
+        retired: Vec<(DevicePtr, u64)>,
     },
     /// `cudaMalloc` segments, when the device has no VMM.
     Segments(Vec<Segment>),
@@ -223,7 +223,7 @@ impl Arena {
                     reservation,
                     len,
                     pages: PageMap::new(reservation, page),
-                    abandoned: Vec::new(),
+                    retired: Vec::new(),
                 }
             }
             None => Backing::Segments(Vec::new()),
@@ -253,16 +253,16 @@ impl Arena {
         }
     }
 
-    /// Gives the address ranges abandoned by moved chunks back to the index; whether there
+    /// Gives the address ranges retired by moved chunks back to the index; whether there
     /// were any.
-    fn restore_abandoned(&mut self) -> bool {
-        let Backing::Paged { abandoned, .. } = &mut self.backing else {
+    fn restore_retired(&mut self) -> bool {
+        let Backing::Paged { retired, .. } = &mut self.backing else {
             return false;
         };
-        let restored = !abandoned.is_empty();
-        for (addr, len) in abandoned.drain(..) {
+        let restored = !retired.is_empty();
+        for (addr, len) in retired.drain(..) {
             // A full slab leaves the range out: it stays unusable, nothing else breaks.
-            let _ = self.index.add_span(addr, len);
+            let _ = self.index.restore(addr, len);
         }
         restored
     }
@@ -523,7 +523,7 @@ impl GpumemPolicy {
         let arena = &mut self.arenas[a];
         let Some(node) = arena.index.allocate(size).or_else(|| {
             arena
-                .restore_abandoned()
+                .restore_retired()
                 .then(|| arena.index.allocate(size))?
         }) else {
             return Err(too_large(size, up));
@@ -659,7 +659,7 @@ impl GpumemPolicy {
         let pool = arena.pool;
         let Backing::Paged {
             pages: from,
-            abandoned,
+            retired,
             ..
         } = &mut arena.backing
         else {
@@ -669,7 +669,7 @@ impl GpumemPolicy {
         let chunk = from.take(donor.page, up)?;
         let range = (from.address(donor.page), chunk.pages * page);
         if arena.index.carve(donor.node, range.0, range.1) {
-            abandoned.push(range);
+            retired.push(range);
         }
         let Backing::Paged { pages, .. } = &mut self.arenas[a].backing else {
             return Ok(());

@@ -206,6 +206,40 @@ impl Tlsf {
         true
     }
 
+    /// Puts a range taken out by [`Tlsf::carve`] back: it is linked to the nodes that end where
+    /// it starts and start where it ends (if they border a carved gap) and merged with them if
+    /// free. Scans the whole slab: for the rare case of an exhausted address space. `false`
+    /// only if the slab is full.
+    pub(crate) fn restore(&mut self, offset: u64, size: u64) -> bool {
+        let spare: std::collections::HashSet<NodeId> = self.spare.iter().copied().collect();
+        let (mut before, mut after) = (NIL, NIL);
+        for (i, node) in self.nodes.iter().enumerate() {
+            let i = i as NodeId;
+            if spare.contains(&i) {
+                continue;
+            }
+            if node.offset + node.size == offset && node.addr_next == NIL {
+                before = i;
+            }
+            if node.offset == offset + size && node.addr_prev == NIL {
+                after = i;
+            }
+        }
+        let Some(id) = self.new_node(offset, size, before, after) else {
+            return false;
+        };
+        if before != NIL {
+            self.nodes[before as usize].addr_next = id;
+        }
+        if after != NIL {
+            self.nodes[after as usize].addr_prev = id;
+        }
+        // Handed out for a moment, then freed: the free path merges and files it.
+        self.nodes[id as usize].free = false;
+        self.free(id);
+        true
+    }
+
     /// Start of a node's range.
     pub(crate) fn offset(&self, id: NodeId) -> u64 {
         self.nodes[id as usize].offset
@@ -518,6 +552,22 @@ mod tests {
         let left = t.free(left);
         assert!(t.carve(left, 0, 3000), "a whole node can be carved");
         assert_eq!(t.free_bytes(), 5000);
+    }
+
+    #[test]
+    fn restoring_carved_ranges_makes_one_range_again() {
+        let mut t = Tlsf::default();
+        let span = t.add_span(0, 10_000).unwrap();
+        let keep = t.allocate(1000).unwrap();
+        let free = t.allocate(9000).map(|id| t.free(id)).unwrap();
+        assert!(t.carve(free, 4000, 1000));
+        let right = t.free_nodes().find(|&id| t.offset(id) == 5000).unwrap();
+        assert!(t.carve(right, 5000, 1000));
+        assert!(t.restore(5000, 1000));
+        assert!(t.restore(4000, 1000));
+        t.check(&[(span, 0, 10_000)]);
+        t.free(keep);
+        assert_eq!(t.allocate(10_000).map(|id| t.offset(id)), Some(0));
     }
 
     #[test]
