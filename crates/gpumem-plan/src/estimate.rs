@@ -332,7 +332,8 @@ fn model_states(
         | (Optimizer::Sgd | Optimizer::Adam8bit, _) => 0.0,
     };
     let grad_bytes = weight_bytes;
-    let mut grad_per_param = grad_bytes * if lora.is_some() { 0.0 } else { 1.0 / tp };
+    // Gradient bytes per parameter of a unit: only the trainable share (LoRA adapters) gets one.
+    let mut grad_per_param = grad_bytes / tp * trainable_local / full_params.max(1.0);
     let mut buffers_weights = 0.0;
     let mut buffers_gradients = 0.0;
     let gradients_full = trainable_local * grad_bytes;
