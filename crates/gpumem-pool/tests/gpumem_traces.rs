@@ -25,7 +25,6 @@ const TARGET_UTILISATION: f64 = 0.97;
 /// aliasing (GMLake's) recovers without device calls in every step; see
 /// docs/gpumem-policy.md, "Gaps".
 const KNOWN_SHORT_OF_TARGET: &[(&str, f64)] = &[
-    ("gpt2-12l-train-ckpt-b4-s256", 0.93),
     ("resnet50-train-b8-img128", 0.95),
     ("tinyllama-8l-generate-b4-s128-new64", 0.96),
 ];

@@ -17,10 +17,12 @@ use gpumem_device::{DeviceError, DevicePtr, PhysicalHandle, StreamId};
 use crate::policy::{Upstream, UpstreamError};
 use crate::stats::PoolKind;
 
-/// The largest chunk created at once, in pages: 32 MiB at 2 MiB granularity. Larger chunks
-/// save device calls when growing; smaller ones can be moved or freed under pressure even
-/// while a neighbouring block lives.
-pub(crate) const MAX_CHUNK_PAGES: u64 = 16;
+/// The largest chunk created at once, in pages: 8 MiB at 2 MiB granularity. Larger chunks
+/// save device calls when growing; smaller ones can be moved or freed as soon as that much of
+/// a free range is idle, even while a block lies in the rest of it. Measured (chunks of 16 / 8
+/// / 4 / 2 pages): the checkpointed GPT-2 trace reaches 93.5 / 96.9 / 97.7 / 98.2 %
+/// utilisation for 148 / 194 / 296 / 500 device calls in all.
+pub(crate) const MAX_CHUNK_PAGES: u64 = 4;
 
 /// A physical chunk mapped at a run of pages.
 #[derive(Clone, Copy, Debug)]
