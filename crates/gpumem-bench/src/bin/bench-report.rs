@@ -117,6 +117,14 @@ fn machine() -> String {
     format!("{cpu}, {cores} cores available, {}", std::env::consts::OS)
 }
 
+/// The 1-minute load average (Linux), to judge how noisy the numbers are.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
+}
+
 fn main() -> ExitCode {
     let args = match parse() {
         Ok(a) => a,
@@ -126,6 +134,7 @@ fn main() -> ExitCode {
         }
     };
     let started = Instant::now();
+    let load_before = load();
     let real = load_traces(&args.traces);
     let real_names: Vec<String> = real.iter().map(|t| t.meta.name.clone()).collect();
     eprintln!("{} real trace(s) in {}", real.len(), args.traces.display());
@@ -153,8 +162,10 @@ fn main() -> ExitCode {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Measured on: {}; {} real trace(s) from `testdata/traces`; bench-report ran {:.0} s.\n",
+        "Measured on: {}; load average {} at the start, {} at the end; {} real trace(s) from `testdata/traces`; bench-report ran {:.0} s.\n",
         machine(),
+        load_before,
+        load(),
         real.len(),
         started.elapsed().as_secs_f64()
     );
