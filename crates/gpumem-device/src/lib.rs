@@ -9,9 +9,11 @@
 //! by side: [`sim`] (host-backed or address-only, always available) and, behind features, real
 //! GPUs.
 
+pub mod address_map;
 mod error;
 pub mod sim;
 
+pub use address_map::{AddressMap, AddressSet};
 pub use error::DeviceError;
 
 /// A device address. Plain integer so that address-only simulations, traces and real pointers

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use gpumem_device::{Device, DeviceError, DevicePtr, EventId, StreamId};
+use gpumem_device::{AddressMap, Device, DeviceError, DevicePtr, EventId, StreamId};
 
 use crate::config::{ConfigError, PolicyKind, PoolConfig};
 use crate::history::History;
@@ -65,7 +65,7 @@ struct Inner {
     policy: Box<dyn Policy>,
     stats: MemoryStats,
     history: History,
-    live: HashMap<DevicePtr, LiveBlock>,
+    live: AddressMap<LiveBlock>,
     pending: Vec<PendingFree>,
 }
 
@@ -104,7 +104,7 @@ impl Pool {
                 policy: policies::build(&config),
                 stats,
                 history,
-                live: HashMap::new(),
+                live: AddressMap::default(),
                 pending: Vec::new(),
             }),
             device,

@@ -4,12 +4,11 @@
 //! step in steady state), and whether and where it would run out of memory on a device of a
 //! given capacity.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use gpumem_device::sim::{SimConfig, SimCounters, SimDevice};
-use gpumem_device::{DeviceError, StreamId};
+use gpumem_device::{AddressMap, DeviceError, StreamId};
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::{MemoryStats, OomError, PolicyKind, Pool, PoolConfig, PoolError};
 use gpumem_trace::{Event, Trace};
@@ -225,7 +224,7 @@ fn run(
     let pool = Pool::new(device.clone(), config)
         .map_err(|source| ReplayError::Pool { index: 0, source })?;
     let total = trace.events.len();
-    let mut live: HashMap<u64, u64> = HashMap::with_capacity(1024);
+    let mut live: AddressMap<u64> = AddressMap::default();
     let mut calls_at_steps = Vec::new();
     let mut oom = None;
     let started = Instant::now();

@@ -1,7 +1,8 @@
 //! The in-memory trace: allocator events plus metadata, its summary and its validation.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
+
+use gpumem_device::AddressMap;
 
 use thiserror::Error;
 
@@ -164,7 +165,7 @@ impl Trace {
 /// them) and the writers that need a free's size.
 #[derive(Debug, Default)]
 pub(crate) struct LiveBlocks {
-    sizes: HashMap<u64, u64, BuildHasherDefault<AddressHasher>>,
+    sizes: AddressMap<u64>,
     /// Exact even for absurd inputs (sizes near `u64::MAX`), so no reader can overflow.
     live_bytes: u128,
 }
@@ -229,38 +230,10 @@ impl LiveBlocks {
     }
 }
 
-/// A set of block addresses, hashed with [`AddressHasher`].
-pub(crate) type AddressSet = HashSet<u64, BuildHasherDefault<AddressHasher>>;
-
 /// The sum of byte counts, saturating at `u64::MAX` (inputs may be absurd; sums must not
 /// overflow).
 pub(crate) fn saturating_sum(values: impl IntoIterator<Item = u64>) -> u64 {
     values.into_iter().fold(0, u64::saturating_add)
-}
-
-/// A fast hasher for block addresses (trusted-size keys; HashDoS is not a concern for a
-/// trace we replay ourselves, speed on 10⁶-event traces is).
-#[derive(Default)]
-pub(crate) struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.write_u64(u64::from(byte));
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        // Fibonacci hashing; the rotation moves the well-mixed high bits to where hashbrown
-        // takes its bucket index and control bits from.
-        self.0 = (self.0 ^ value)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .rotate_left(26);
-    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,9 @@ use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 
 use crate::error::ReadError;
-use crate::trace::{saturating_sum, AddressSet, Event, LiveBlocks, Trace, TraceMeta};
+use gpumem_device::AddressSet;
+
+use crate::trace::{saturating_sum, Event, LiveBlocks, Trace, TraceMeta};
 
 /// A memory snapshot: segments with their blocks, per-device event traces, allocator settings.
 #[derive(Clone, Debug, Default, PartialEq)]

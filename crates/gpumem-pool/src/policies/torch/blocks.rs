@@ -1,8 +1,7 @@
 //! Blocks and block pools: the bookkeeping PyTorch keeps in `Block` and `BlockPool`, held in a
 //! slab of nodes linked by index so that an operation allocates nothing but tree nodes.
 
-use std::collections::{BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeSet;
 use std::ops::{Index, IndexMut};
 
 use gpumem_device::{DevicePtr, StreamId};
@@ -180,27 +179,4 @@ impl BlockPool {
     }
 }
 
-/// A hasher for device addresses (multiples of 512): one multiply, with the high bits folded
-/// down so that the bucket index does not see the zero low bits.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(self.0.rotate_left(8) ^ u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        let h = value.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = h ^ (h >> 32);
-    }
-}
-
-/// Handed-out blocks by address.
-pub(super) type AddressMap = HashMap<DevicePtr, usize, BuildHasherDefault<AddressHasher>>;
+pub(super) type AddressMap = gpumem_device::AddressMap<usize>;
