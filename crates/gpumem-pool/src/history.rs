@@ -10,6 +10,8 @@ use gpumem_device::{DevicePtr, StreamId};
 use gpumem_trace::snapshot::{Action, TraceEntry};
 
 /// The recorder: off, or a ring buffer of at most `capacity` entries that drops the oldest.
+/// Public so that a policy can be driven without a pool (benchmarks of placement alone build
+/// their own [`crate::Upstream`] over a device, statistics and a history that is off).
 #[derive(Debug, Default)]
 pub struct History {
     ring: Option<Ring>,

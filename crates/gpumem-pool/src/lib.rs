@@ -23,6 +23,7 @@ mod stats;
 
 pub use config::{ConfigError, PolicyKind, PoolConfig};
 pub use gpumem_trace::snapshot::{Action, TraceEntry};
+pub use history::History;
 pub use oom::{Advice, OomError};
 pub use policy::{
     AllocRequest, Block, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView, Upstream,
