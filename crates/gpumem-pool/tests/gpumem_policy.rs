@@ -63,11 +63,14 @@ fn blocks_are_rounded_to_512_bytes_and_reserve_only_the_pages_they_touch() {
     );
     assert_eq!(
         reserved(&pool),
-        4 * PAGE,
-        "small blocks take pages of their own"
+        3 * PAGE,
+        "a small-pool block fills the page the large one left"
     );
-    pool.free(a.ptr).unwrap();
-    pool.free(b.ptr).unwrap();
+    let c = pool.allocate(4096, S0).unwrap();
+    assert_eq!(reserved(&pool), 4 * PAGE, "a tiny block opens a 1 MiB slab");
+    for block in [a, b, c] {
+        pool.free(block.ptr).unwrap();
+    }
 }
 
 #[test]
@@ -188,19 +191,19 @@ fn under_pressure_idle_pages_move_under_a_new_block_instead_of_an_oom() {
 fn a_big_block_that_fits_no_hole_is_stitched_from_idle_chunks_once() {
     let dev = device(SimConfig::address_only(1 << 30));
     let pool = gpumem(&dev);
-    let a = pool.allocate(64 * MIB, S0).unwrap();
+    let a = pool.allocate(128 * MIB, S0).unwrap();
     let keep = pool.allocate(2 * MIB, S0).unwrap();
     pool.free(a.ptr).unwrap();
-    // 100 MiB fits no free range: the hole's 64 MiB of idle chunks move under it and only
-    // 36 MiB are new.
-    let big = pool.allocate(100 * MIB, S0).unwrap();
+    // 200 MiB fits no free range: the hole's 128 MiB of idle chunks move under it and only
+    // 72 MiB are new.
+    let big = pool.allocate(200 * MIB, S0).unwrap();
     assert_eq!(big.ptr, keep.ptr + 2 * MIB);
-    assert_eq!(reserved(&pool), 102 * MIB);
-    assert_eq!(dev.counters().unmap, 8, "eight 8 MiB chunks moved");
-    // The hole's addresses are retired: a new 64 MiB block lands in mapped memory.
+    assert_eq!(reserved(&pool), 202 * MIB);
+    assert_eq!(dev.counters().unmap, 16, "sixteen 8 MiB chunks moved");
+    // The hole's addresses are retired: a new 128 MiB block lands in mapped memory.
     pool.free(big.ptr).unwrap();
     let calls = dev.counters().allocating_calls();
-    let again = pool.allocate(64 * MIB, S0).unwrap();
+    let again = pool.allocate(128 * MIB, S0).unwrap();
     assert_eq!(again.ptr, big.ptr);
     assert_eq!(dev.counters().allocating_calls(), calls);
     for b in [again, keep] {
@@ -382,20 +385,20 @@ fn small_requests_share_a_slab_that_returns_to_large_blocks_once_empty() {
     assert_eq!(
         small1.ptr,
         large1.ptr + 4 * MIB,
-        "a 2 MiB slab after the first block"
+        "a 1 MiB slab after the first block"
     );
     assert_eq!(
         small2.ptr,
         small1.ptr + 4096,
         "small blocks pack into the slab"
     );
-    assert_eq!(large2.ptr, large1.ptr + 6 * MIB);
+    assert_eq!(large2.ptr, large1.ptr + 5 * MIB);
     assert_eq!(pool.stats().allocated_bytes.small_pool.current, 8192);
     for a in [large1, small1, small2] {
         pool.free(a.ptr).unwrap();
     }
     let calls = dev.counters().allocating_calls();
-    let merged = pool.allocate(6 * MIB, S0).unwrap();
+    let merged = pool.allocate(5 * MIB, S0).unwrap();
     assert_eq!(
         merged.ptr, large1.ptr,
         "the emptied slab merged back into one range"

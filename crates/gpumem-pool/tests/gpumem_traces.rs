@@ -19,15 +19,6 @@ use gpumem_trace::{Event, ReadOptions};
 const CAPACITY: u64 = 80 << 30;
 /// The utilisation the `gpumem` policy must reach on every real trace.
 const TARGET_UTILISATION: f64 = 0.97;
-/// Real traces known to fall short of the target, with the floor they must still hold (they
-/// must also beat torch). In each, a block larger than any free range (logits and their
-/// gradients) arrives while mapped pages sit idle in smaller ranges, which only stitching by
-/// aliasing (GMLake's) recovers without device calls in every step; see
-/// docs/gpumem-policy.md, "Gaps".
-const KNOWN_SHORT_OF_TARGET: &[(&str, f64)] = &[
-    ("resnet50-train-b8-img128", 0.95),
-    ("tinyllama-8l-generate-b4-s128-new64", 0.96),
-];
 /// The utilisation it must reach on the adversarial synthetic traces, where a late block
 /// larger than any hole can leave a few percent of mapped pages idle (see
 /// docs/gpumem-policy.md).
@@ -184,18 +175,11 @@ fn real_traces_reach_the_target_utilisation() {
         let trace = gpumem_trace::read_path(&path, ReadOptions::default()).unwrap();
         let name = &trace.meta.name;
         let (ours, torch) = compare(name, &trace.events);
-        let floor = KNOWN_SHORT_OF_TARGET
-            .iter()
-            .find(|(known, _)| known == name)
-            .map_or(TARGET_UTILISATION, |&(_, floor)| {
-                eprintln!("known gap: {name} is held to {floor} only");
-                floor
-            });
-        if ours.utilisation() < floor {
+        if ours.utilisation() < TARGET_UTILISATION {
             failures.push(format!(
                 "{name}: utilisation {:.2} % below {:.0} %",
                 100.0 * ours.utilisation(),
-                100.0 * floor
+                100.0 * TARGET_UTILISATION
             ));
         }
         if ours.utilisation() <= torch.utilisation() {

@@ -9,7 +9,7 @@
 //!
 //! - Steady state: freed ranges stay mapped, so a repeated training step is served with no
 //!   device call at all.
-//! - Growth by a big block (≥ 64 MiB, e.g. logits) that fits no free range: idle chunks of the
+//! - Growth by a big block (≥ 128 MiB, e.g. logits) that fits no free range: idle chunks of the
 //!   arena move under it before fresh memory is mapped, and their old range leaves the index
 //!   for good — stitched once, reused from then on.
 //! - Pressure (device out of memory or the hard limit): an allocation that needs fresh pages
@@ -17,10 +17,10 @@
 //!   arena under itself — unmap there, map here, no new memory — stitching scattered free
 //!   memory into one contiguous block as GMLake does; then frees idle chunks elsewhere and
 //!   maps fresh ones.
-//! - Small requests (≤ 1 MiB) are packed into 2 MiB slabs that the stream's large arena lends
-//!   as ordinary blocks and takes back, merged with its neighbours, once they empty: small
-//!   blocks never split a large range below 2 MiB, and their memory is not stranded in a pool
-//!   of its own.
+//! - Tiny requests (≤ 64 KiB) are packed into 1 MiB slabs that the stream's large arena lends
+//!   as ordinary blocks and takes back, merged with its neighbours, once they empty: tiny
+//!   blocks never leave sub-page slivers between large ones, and their memory is not stranded
+//!   in a pool of its own. Other small-pool requests are placed in the large arena.
 //! - Streams: a freed range is reused only by its own stream (cross-stream frees are delayed
 //!   by the pool until their events). Memory moves between streams only as whole idle chunks,
 //!   under pressure.
@@ -51,13 +51,21 @@ const ROUNDING: u64 = 512;
 /// A block at least this large that needs fresh pages takes idle chunks of its own arena
 /// first, even without pressure (the moved chunks' old range leaves the index for good, so
 /// this happens once, not every step). Logits and their gradients — larger than any hole, and
-/// arriving while activations' pages sit idle — are what this is for; applied to every size it
-/// displaces mid-size blocks whose new places cost device calls for a step or two longer.
-const STITCH_ON_GROWTH_MIN: u64 = 64 << 20;
+/// arriving while activations' pages sit idle — are what this is for; applied to smaller
+/// blocks it displaces blocks whose new places cost device calls for some steps longer
+/// (measured at 64 and 96 MiB: the synthetic checkpointing trace then never settles).
+const STITCH_ON_GROWTH_MIN: u64 = 128 << 20;
 /// Bytes of address space each arena reserves per byte of device memory.
 const VA_PER_DEVICE_BYTE: u64 = 4;
-/// The slab small blocks are packed into: with VMM a block of the stream's large arena, without
-/// a device segment of its own.
+/// With VMM: requests up to this size are packed into slabs; larger ones, small-pool requests
+/// included, are placed in the stream's large arena like any block. Tiny blocks (norm weights,
+/// scalars, index tensors) would leave sub-page holes between large blocks; requests of
+/// 64 KiB – 1 MiB (KV-cache slices, biases) fill such holes better than they fill slabs, where
+/// the space they leave is lost to the large blocks.
+const SLAB_MAX_REQUEST: u64 = 64 << 10;
+/// With VMM: the slab tiny blocks are packed into, a block of the stream's large arena.
+const SLAB: u64 = 1 << 20;
+/// Without VMM: the segment for small requests.
 const SMALL_SEGMENT: u64 = 2 << 20;
 /// Without VMM: the segment for requests of 1–10 MiB.
 const MID_SEGMENT: u64 = 20 << 20;
@@ -106,8 +114,8 @@ enum Backing {
     },
     /// `cudaMalloc` segments, when the device has no VMM.
     Segments(Vec<Segment>),
-    /// Small blocks with VMM: 2 MiB slabs taken from the stream's large arena as blocks and
-    /// handed back as soon as they empty, so small blocks share pages with large ones and
+    /// Tiny blocks with VMM: 1 MiB slabs taken from the stream's large arena as blocks and
+    /// handed back as soon as they empty, so tiny blocks share pages with large ones and
     /// their idle memory returns to the large arena. By first node: the slab's address.
     Slabs(HashMap<NodeId, DevicePtr, BuildHasherDefault<AddressHasher>>),
 }
@@ -182,6 +190,16 @@ fn too_large(requested: u64, up: &Upstream<'_>) -> Exhausted {
             free: info.free,
             total: info.total,
         }),
+    }
+}
+
+/// The arena kind that holds a block of `size` bytes (rounded) accounted to `pool`: with VMM,
+/// small-pool blocks above [`SLAB_MAX_REQUEST`] live in the large arena.
+fn arena_pool(pool: PoolKind, size: u64, up: &Upstream<'_>) -> PoolKind {
+    if up.granularity().is_some() && size > SLAB_MAX_REQUEST {
+        PoolKind::Large
+    } else {
+        pool
     }
 }
 
@@ -482,9 +500,9 @@ impl GpumemPolicy {
             Some(node) => node,
             None => {
                 let large = self.arena(self.arenas[a].stream, PoolKind::Large, up)?;
-                let slab = self.place_paged(large, SMALL_SEGMENT, up)?;
+                let slab = self.place_paged(large, SLAB, up)?;
                 let arena = &mut self.arenas[a];
-                let Some(first) = arena.index.add_span(slab, SMALL_SEGMENT) else {
+                let Some(first) = arena.index.add_span(slab, SLAB) else {
                     self.free_slab(large, slab);
                     return Err(too_large(size, up));
                 };
@@ -762,7 +780,7 @@ impl Policy for GpumemPolicy {
             .size
             .checked_next_multiple_of(ROUNDING)
             .ok_or_else(|| too_large(req.size, up))?;
-        let a = self.arena(req.stream, pool, up)?;
+        let a = self.arena(req.stream, arena_pool(pool, size, up), up)?;
         let addr = match self.arenas[a].backing {
             Backing::Paged { .. } => self.place_paged(a, size, up)?,
             Backing::Segments(_) => self.place_in_segment(a, size, up)?,
@@ -777,8 +795,9 @@ impl Policy for GpumemPolicy {
         })
     }
 
-    fn free(&mut self, block: Block, _up: &mut Upstream<'_>) {
-        let Some(a) = self.find_arena(block.stream, block.pool) else {
+    fn free(&mut self, block: Block, up: &mut Upstream<'_>) {
+        let pool = arena_pool(block.pool, block.size, up);
+        let Some(a) = self.find_arena(block.stream, pool) else {
             return;
         };
         let arena = &mut self.arenas[a];
@@ -790,7 +809,7 @@ impl Policy for GpumemPolicy {
             return;
         };
         // An empty slab goes back to the large arena, where it merges with its neighbours.
-        if arena.index.size(merged) != SMALL_SEGMENT {
+        if arena.index.size(merged) != SLAB {
             return;
         }
         let Some(&slab) = slabs.get(&merged) else {
