@@ -6,7 +6,9 @@ use std::sync::Arc;
 use buddy_system_allocator::FrameAllocator;
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::StreamId;
-use gpumem_pool::{PolicyKind, Pool, PoolConfig};
+use gpumem_pool::{
+    AllocRequest, Block, History, MemoryStats, Policy, PolicyKind, Pool, PoolConfig, Upstream,
+};
 use offset_allocator::Allocation;
 use range_alloc::RangeAllocator;
 
@@ -58,6 +60,9 @@ pub enum Allocator {
     Buddy,
     /// A gpumem policy through [`Pool`] on the address-only simulated device.
     Pool(PolicyKind),
+    /// A gpumem policy driven directly through its [`Upstream`], without the pool frame
+    /// (no mutex, live table, block statistics or events): the policy's own cost.
+    Policy(PolicyKind),
 }
 
 impl Allocator {
@@ -69,6 +74,12 @@ impl Allocator {
             Allocator::Buddy,
         ];
         v.extend(PolicyKind::ALL.iter().map(|&p| Allocator::Pool(p)));
+        v.extend(
+            PolicyKind::ALL
+                .iter()
+                .filter(|&&p| p != PolicyKind::None)
+                .map(|&p| Allocator::Policy(p)),
+        );
         v
     }
 
@@ -79,12 +90,13 @@ impl Allocator {
             Allocator::RangeAlloc => "range-alloc".into(),
             Allocator::Buddy => "buddy_system_allocator".into(),
             Allocator::Pool(p) => format!("pool/{p}"),
+            Allocator::Policy(p) => format!("policy/{p}"),
         }
     }
 
-    /// Whether it is a gpumem policy (through the pool).
+    /// Whether it is a gpumem policy (through the pool or directly).
     pub fn is_pool(self) -> bool {
-        matches!(self, Allocator::Pool(_))
+        matches!(self, Allocator::Pool(_) | Allocator::Policy(_))
     }
 
     /// Largest live-block count at which the criterion benchmarks include this allocator:
@@ -287,6 +299,78 @@ impl Arena for PoolArena {
     }
 }
 
+/// A gpumem policy driven directly: `Policy::allocate` / `Policy::free` through an [`Upstream`]
+/// over the address-only [`SimDevice`] (hard limit none, history off), as the pool calls them
+/// but without the pool around it. A failed allocation is not retried after a reclaim (the
+/// device is never full here).
+pub struct PolicyArena {
+    device: SimDevice,
+    policy: Box<dyn Policy>,
+    stats: MemoryStats,
+    history: History,
+    allocated: u64,
+}
+
+impl PolicyArena {
+    /// A fresh policy of `kind` with default settings.
+    pub fn new(kind: PolicyKind) -> Self {
+        let config = PoolConfig {
+            policy: kind,
+            ..PoolConfig::default()
+        };
+        PolicyArena {
+            device: SimDevice::new(SimConfig::address_only(POOL_DEVICE_CAPACITY))
+                .expect("address-only simulated device"),
+            policy: gpumem_pool::policies::build(&config),
+            stats: MemoryStats::default(),
+            history: History::default(),
+            allocated: 0,
+        }
+    }
+}
+
+impl Arena for PolicyArena {
+    type Handle = Block;
+
+    #[inline]
+    fn alloc(&mut self, size: u64) -> Option<Block> {
+        let mut up = Upstream::new(&self.device, None, &mut self.stats, &mut self.history);
+        let request = AllocRequest {
+            size,
+            stream: StreamId::DEFAULT,
+        };
+        let block = self.policy.allocate(request, &mut up).ok()?;
+        self.allocated += block.size;
+        Some(block)
+    }
+
+    #[inline]
+    fn free(&mut self, block: Block) {
+        self.allocated -= block.size;
+        let mut up = Upstream::new(&self.device, None, &mut self.stats, &mut self.history);
+        self.policy.free(block, &mut up);
+    }
+
+    fn span(&self, block: Block) -> (u64, u64) {
+        (block.addr, block.addr + block.size)
+    }
+
+    fn peak_reserved(&self) -> Option<u64> {
+        Some(self.stats.reserved_bytes.all.peak)
+    }
+
+    fn free_space(&self) -> Option<(u64, u64)> {
+        Some((
+            self.stats
+                .reserved_bytes
+                .all
+                .current
+                .saturating_sub(self.allocated),
+            self.policy.largest_free_block(),
+        ))
+    }
+}
+
 /// Something to run with whichever concrete arena an [`Allocator`] names (the harness is
 /// generic, so each allocator's loop is compiled for it, with no dynamic dispatch).
 pub trait WithArena {
@@ -303,5 +387,6 @@ pub fn with_arena<V: WithArena>(allocator: Allocator, w: &Workload, visitor: V) 
         Allocator::RangeAlloc => visitor.run(&|| RangeArena::new(w)),
         Allocator::Buddy => visitor.run(&|| BuddyArena::new(w)),
         Allocator::Pool(p) => visitor.run(&|| PoolArena::new(p)),
+        Allocator::Policy(p) => visitor.run(&|| PolicyArena::new(p)),
     }
 }
