@@ -1,5 +1,6 @@
 //! The allocators under test behind one small trait: the three Rust peers over one fixed arena,
-//! and each gpumem policy through a [`Pool`] on the address-only simulated device.
+//! each gpumem policy through a [`Pool`] on the address-only simulated device, and each policy
+//! alone through its [`Upstream`].
 
 use std::sync::Arc;
 

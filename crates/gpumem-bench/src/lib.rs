@@ -5,8 +5,9 @@
 //! - [`workload`]: a trace (or a synthetic mix at a fixed live count) becomes a flat list of
 //!   `alloc(slot, size)` / `free(slot)` operations ([`Workload`]).
 //! - [`arena`]: one small trait ([`Arena`]) implemented for each peer over a fixed arena in
-//!   512-byte units and for each gpumem policy through a [`gpumem_pool::Pool`] on the
-//!   address-only simulated device.
+//!   512-byte units, for each gpumem policy through a [`gpumem_pool::Pool`] on the
+//!   address-only simulated device, and for each policy alone (through its `Upstream`, without
+//!   the pool frame).
 //! - [`run`]: the hot loop ([`run::apply`]), a profiling pass ([`run::profile`]: failures,
 //!   footprint, utilisation, fragmentation, overlap check) and a budgeted best-of-k timing
 //!   ([`run::time_body`]).
