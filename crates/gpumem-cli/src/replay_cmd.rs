@@ -191,20 +191,20 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
     );
     let capacity_header = capacity.map_or("fits".to_string(), |c| format!("fits {}", Bytes(c)));
     println!(
-        "{:<11} {:>13} {:>14} {:>11} {:>13} {:>10} {:>12}  {}",
+        "{:<11} {:>13} {:>14} {:>11} {:>13} {:>17} {:>12}  {}",
         "policy",
         "peak alloc",
         "peak reserved",
         "utilization",
         "device calls",
-        "calls/step",
+        "steady calls/step",
         "Mevents/s",
         capacity_header
     );
     for r in reports {
         let per_step = r
             .steady_state_alloc_calls_per_step
-            .map_or("-".to_string(), |c| format!("{c:.1}"));
+            .map_or("-".to_string(), |c| c.to_string());
         let fits = match (&r.oom, capacity) {
             (None, None) => "-".to_string(),
             (None, Some(_)) => "yes".to_string(),
@@ -216,7 +216,7 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
             ),
         };
         println!(
-            "{:<11} {:>13} {:>14} {:>10.1}% {:>13} {:>10} {:>12.2}  {}",
+            "{:<11} {:>13} {:>14} {:>10.1}% {:>13} {:>17} {:>12.2}  {}",
             r.policy,
             Bytes(r.peak_allocated_bytes).to_string(),
             Bytes(r.peak_reserved_bytes).to_string(),

@@ -67,9 +67,10 @@ pub struct PolicyReport {
     pub device_calls: u64,
     /// Of those, the calls that allocate or map.
     pub device_alloc_calls: u64,
-    /// Median allocate/map calls per step after the first step (`None` with fewer than 2
-    /// steps): what the policy costs once warm.
-    pub steady_state_alloc_calls_per_step: Option<f64>,
+    /// The most allocate/map calls of any step once the trace's steps after the first are
+    /// repeated on the warm pool (`None` with fewer than 2 steps): what the policy costs per
+    /// step in steady state. The whole trace's calls are in `device_alloc_calls`.
+    pub steady_state_alloc_calls_per_step: Option<u64>,
     /// Steps marked in the trace.
     pub steps: u64,
     /// Allocations that needed the whole cache freed first.
@@ -143,7 +144,8 @@ pub fn replay(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Replay, ReplayError> {
     let unlimited = run(trace, policy, UNLIMITED_CAPACITY, options, progress)?;
-    let mut report = unlimited.report(policy, trace);
+    let steady = steady_state_calls(trace, policy, options)?;
+    let mut report = unlimited.report(policy, trace, steady);
     let capacity = match options.capacity {
         Some(c) if report.peak_reserved_bytes > c => c,
         _ => {
@@ -165,7 +167,7 @@ pub fn replay(
     });
     if report.oom.is_none() {
         // Reclaiming made it fit: the capacity-bound run is what would happen on that device.
-        report = limited.report(policy, trace);
+        report = limited.report(policy, trace, steady);
     }
     Ok(Replay {
         report,
@@ -199,12 +201,97 @@ struct Run {
     pool: Pool,
     stats: MemoryStats,
     counters: SimCounters,
-    /// Allocating device calls at each step marker, in order.
-    calls_at_steps: Vec<u64>,
-    /// The first allocation that failed with out-of-memory, and its explanation.
-    oom: Option<(usize, Box<OomError>)>,
+    /// Where the replay ran out of memory, if it did.
+    oom: Option<FirstOom>,
     events: usize,
     seconds: f64,
+}
+
+/// A fresh pool of `policy` on an address-only device of `capacity` bytes.
+fn new_pool(
+    policy: PolicyKind,
+    capacity: u64,
+    options: &ReplayOptions,
+    history_capacity: usize,
+) -> Result<(Arc<SimDevice>, Pool), ReplayError> {
+    let device = Arc::new(SimDevice::new(SimConfig::address_only(capacity))?);
+    let config = PoolConfig {
+        policy,
+        torch: options.torch.clone(),
+        history_capacity,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(device.clone(), config)
+        .map_err(|source| ReplayError::Pool { index: 0, source })?;
+    Ok((device, pool))
+}
+
+/// The index of the first allocation that failed with out-of-memory, and its explanation.
+type FirstOom = (usize, Box<OomError>);
+
+/// How [`drive`] treats events that do not fit the blocks it holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mismatch {
+    /// An error: the trace is invalid.
+    Reject,
+    /// Repeating part of a trace: an alloc at a held address frees the old block first, a free
+    /// of an address not held is skipped.
+    Tolerate,
+}
+
+/// Replays `events` into `pool`, mapping trace addresses to pool pointers in `live`. Returns
+/// the allocating device calls of each step (steps end at `Step` markers and at the end) and
+/// the first out-of-memory failure, where it stops.
+fn drive(
+    pool: &Pool,
+    device: &SimDevice,
+    events: &[Event],
+    live: &mut AddressMap<u64>,
+    mismatch: Mismatch,
+    on_event: &mut dyn FnMut(usize),
+) -> Result<(Vec<u64>, Option<FirstOom>), ReplayError> {
+    let mut calls_per_step = Vec::new();
+    let mut calls_before = device.counters().allocating_calls();
+    let mut close_step = |calls_per_step: &mut Vec<u64>| {
+        let calls = device.counters().allocating_calls();
+        calls_per_step.push(calls - calls_before);
+        calls_before = calls;
+    };
+    for (index, event) in events.iter().enumerate() {
+        on_event(index);
+        match *event {
+            Event::Alloc { addr, size, stream } => {
+                if let Some(previous) = live.remove(&addr) {
+                    if mismatch == Mismatch::Reject {
+                        return Err(ReplayError::AllocOfLive { index, addr });
+                    }
+                    pool.free(previous)
+                        .map_err(|source| ReplayError::Pool { index, source })?;
+                }
+                match pool.allocate(size, StreamId(stream)) {
+                    Ok(a) => {
+                        live.insert(addr, a.ptr);
+                    }
+                    Err(PoolError::OutOfMemory(e)) => {
+                        return Ok((calls_per_step, Some((index, e))))
+                    }
+                    Err(source) => return Err(ReplayError::Pool { index, source }),
+                }
+            }
+            Event::Free { addr, .. } => match live.remove(&addr) {
+                Some(ptr) => pool
+                    .free(ptr)
+                    .map_err(|source| ReplayError::Pool { index, source })?,
+                None if mismatch == Mismatch::Reject => {
+                    return Err(ReplayError::FreeOfNonLive { index, addr })
+                }
+                None => {}
+            },
+            Event::Step { .. } => close_step(&mut calls_per_step),
+        }
+    }
+    close_step(&mut calls_per_step);
+    Ok((calls_per_step, None))
 }
 
 fn run(
@@ -214,54 +301,26 @@ fn run(
     options: &ReplayOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Run, ReplayError> {
-    let device = Arc::new(SimDevice::new(SimConfig::address_only(capacity))?);
-    let config = PoolConfig {
-        policy,
-        torch: options.torch.clone(),
-        history_capacity: options.history_capacity,
-        ..PoolConfig::default()
-    };
-    let pool = Pool::new(device.clone(), config)
-        .map_err(|source| ReplayError::Pool { index: 0, source })?;
+    let (device, pool) = new_pool(policy, capacity, options, options.history_capacity)?;
     let total = trace.events.len();
-    let mut live: AddressMap<u64> = AddressMap::default();
-    let mut calls_at_steps = Vec::new();
-    let mut oom = None;
     let started = Instant::now();
-    for (index, event) in trace.events.iter().enumerate() {
-        if index % PROGRESS_EVERY == 0 {
+    let mut on_event = |index: usize| {
+        if index.is_multiple_of(PROGRESS_EVERY) {
             progress(Progress {
                 policy,
                 done: index,
                 total,
             });
         }
-        match *event {
-            Event::Alloc { addr, size, stream } => {
-                if live.contains_key(&addr) {
-                    return Err(ReplayError::AllocOfLive { index, addr });
-                }
-                match pool.allocate(size, StreamId(stream)) {
-                    Ok(a) => {
-                        live.insert(addr, a.ptr);
-                    }
-                    Err(PoolError::OutOfMemory(e)) => {
-                        oom = Some((index, e));
-                        break;
-                    }
-                    Err(source) => return Err(ReplayError::Pool { index, source }),
-                }
-            }
-            Event::Free { addr, .. } => {
-                let ptr = live
-                    .remove(&addr)
-                    .ok_or(ReplayError::FreeOfNonLive { index, addr })?;
-                pool.free(ptr)
-                    .map_err(|source| ReplayError::Pool { index, source })?;
-            }
-            Event::Step { .. } => calls_at_steps.push(device.counters().allocating_calls()),
-        }
-    }
+    };
+    let (_, oom) = drive(
+        &pool,
+        &device,
+        &trace.events,
+        &mut AddressMap::default(),
+        Mismatch::Reject,
+        &mut on_event,
+    )?;
     progress(Progress {
         policy,
         done: total,
@@ -272,30 +331,68 @@ fn run(
         stats: pool.stats(),
         counters: device.counters(),
         pool,
-        calls_at_steps,
         oom,
         events: total,
         seconds,
     })
 }
 
+/// Times the trace's steps after the first are repeated to measure the steady state.
+const STEADY_REPEATS: usize = 2;
+
+/// The most allocating device calls of any step once the trace's steps after the first are
+/// repeated [`STEADY_REPEATS`] more times on a pool that has replayed the whole trace: what the
+/// policy costs per step once warm, which a short recorded trace may not reach by itself.
+/// `None` for a trace with fewer than two steps.
+fn steady_state_calls(
+    trace: &Trace,
+    policy: PolicyKind,
+    options: &ReplayOptions,
+) -> Result<Option<u64>, ReplayError> {
+    let Some(second_step) = trace
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(e, Event::Step { .. }))
+        .nth(1)
+        .map(|(i, _)| i)
+    else {
+        return Ok(None);
+    };
+    let (device, pool) = new_pool(policy, UNLIMITED_CAPACITY, options, 0)?;
+    let mut live = AddressMap::default();
+    let mut ignore = |_| {};
+    drive(
+        &pool,
+        &device,
+        &trace.events,
+        &mut live,
+        Mismatch::Reject,
+        &mut ignore,
+    )?;
+    let mut most = 0;
+    for _ in 0..STEADY_REPEATS {
+        let repeated = &trace.events[second_step..];
+        let (calls, _) = drive(
+            &pool,
+            &device,
+            repeated,
+            &mut live,
+            Mismatch::Tolerate,
+            &mut ignore,
+        )?;
+        // The first entry is the tail of the previous pass before the repeated range's first
+        // step marker: empty, since the range starts at one.
+        most = most.max(calls.into_iter().max().unwrap_or(0));
+    }
+    Ok(Some(most))
+}
+
 impl Run {
-    fn report(&self, policy: PolicyKind, trace: &Trace) -> PolicyReport {
+    fn report(&self, policy: PolicyKind, trace: &Trace, steady: Option<u64>) -> PolicyReport {
         let s = &self.stats;
         let peak_allocated = s.allocated_bytes.all.peak;
         let peak_reserved = s.reserved_bytes.all.peak;
-        let mut per_step: Vec<u64> = self
-            .calls_at_steps
-            .windows(2)
-            .map(|w| w[1] - w[0])
-            .chain(
-                self.calls_at_steps
-                    .last()
-                    .map(|&last| self.counters.allocating_calls() - last),
-            )
-            .skip(1)
-            .collect();
-        per_step.sort_unstable();
         PolicyReport {
             policy: policy.to_string(),
             peak_allocated_bytes: peak_allocated,
@@ -308,7 +405,7 @@ impl Run {
             },
             device_calls: self.counters.allocating_calls() + self.counters.freeing_calls(),
             device_alloc_calls: self.counters.allocating_calls(),
-            steady_state_alloc_calls_per_step: median(&per_step),
+            steady_state_alloc_calls_per_step: steady,
             steps: trace
                 .events
                 .iter()
@@ -319,13 +416,5 @@ impl Run {
             events: self.events,
             events_per_second: self.events as f64 / self.seconds.max(1e-9),
         }
-    }
-}
-
-fn median(sorted: &[u64]) -> Option<f64> {
-    match sorted.len() {
-        0 => None,
-        n if n % 2 == 1 => Some(sorted[n / 2] as f64),
-        n => Some((sorted[n / 2 - 1] + sorted[n / 2]) as f64 / 2.0),
     }
 }
