@@ -6,6 +6,9 @@
 //! Run with `cargo test --release -p gpumem-pool --test gpumem_traces -- --nocapture` to see
 //! the table.
 
+mod support;
+use support::Rng;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -193,22 +196,6 @@ fn real_traces_reach_the_target_utilisation() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
-}
-
-/// A deterministic xorshift generator for the synthetic traces.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// Builds traces: hands out trace addresses and records events.

@@ -7,6 +7,9 @@
 //! a per-process memory fraction; here settings are fixed per pool, so a test builds one pool
 //! per settings phase, and the fraction is the pool's hard limit.
 
+mod support;
+use support::Rng;
+
 use std::sync::Arc;
 
 use gpumem_device::sim::{SimConfig, SimDevice};
@@ -44,22 +47,6 @@ fn pool(device: &Arc<SimDevice>, policy: PolicyKind, conf: &str, limit: Option<L
 
 fn stat(pool: &Pool, key: &str) -> u64 {
     pool.stats().to_map()[key]
-}
-
-/// A small deterministic generator standing in for `torch.randperm` / `random`.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// Port of `TestCuda._check_memory_stat_consistency`: the statistics agree with a snapshot
