@@ -34,9 +34,10 @@ mod pages;
 mod tlsf;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 
-use gpumem_device::{DeviceError, DevicePtr, StreamId};
+use gpumem_device::address_map::AddressHasher;
+use gpumem_device::{AddressMap, DeviceError, DevicePtr, StreamId};
 
 use self::pages::{Chunk, PageMap, MAX_CHUNK_PAGES};
 use self::tlsf::{NodeId, Tlsf};
@@ -95,7 +96,7 @@ struct Arena {
     pool: PoolKind,
     index: Tlsf,
     /// Handed-out blocks: address → node.
-    live: HashMap<DevicePtr, NodeId, BuildHasherDefault<AddressHasher>>,
+    live: AddressMap<NodeId>,
     backing: Backing,
 }
 
@@ -139,27 +140,6 @@ struct Segment {
     size: u64,
     /// The index node that starts the segment (stable for its life).
     first: NodeId,
-}
-
-/// A hasher for device addresses, which are distinct multiples of 512: one multiplication
-/// spreads them, where SipHash would cost more than the rest of a free.
-#[derive(Default, Clone, Copy)]
-struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(self.0 ^ u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (n >> 9 ^ n.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 /// Whether an upstream error means "no memory now" (worth freeing idle memory and retrying)
@@ -250,7 +230,7 @@ impl Arena {
             stream,
             pool,
             index,
-            live: HashMap::default(),
+            live: AddressMap::default(),
             backing,
         })
     }
