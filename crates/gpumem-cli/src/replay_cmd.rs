@@ -21,7 +21,7 @@ pub struct ReplayArgs {
     /// Trace file: gpumem JSON lines, a PyTorch snapshot pickle or an RMM log CSV (gzip or
     /// not). Without one, a bundled real trace (GPT-2 training, 4 steps) is replayed.
     trace: Option<PathBuf>,
-    /// Trace format.
+    /// Trace format: auto, native, pytorch or rmm.
     #[arg(long, default_value = "auto")]
     format: Format,
     /// For PyTorch snapshots: the device whose trace to replay (default: the first with one).
