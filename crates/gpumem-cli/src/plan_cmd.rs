@@ -211,8 +211,10 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         }
     };
     let global_batch = size("global-batch", a.global_batch)?;
+    // When nothing fits, the plan as given is still shown with its advice before the error.
+    let mut nothing_fits = None;
     let fitted: Option<Fit> = match (target, &gpu) {
-        (Some(target), Some(gpu)) => Some(fit(
+        (Some(target), Some(gpu)) => match fit(
             &model,
             &workload,
             &overheads,
@@ -220,7 +222,14 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
             gpu.memory_bytes,
             a.margin,
             global_batch,
-        )?),
+        ) {
+            Ok(f) => Some(f),
+            Err(e @ PlanError::NothingFits { .. }) => {
+                nothing_fits = Some(e);
+                None
+            }
+            Err(e) => return Err(e),
+        },
         (Some(_), None) => {
             return Err(PlanError::InvalidValue {
                 name: "fit".into(),
@@ -275,8 +284,11 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
             out["plan_that_fits"] =
                 serde_json::json!({ "changes": changes, "peak_total_bytes": peak });
         }
+        if let Some(e) = &nothing_fits {
+            out["fit_error"] = serde_json::json!(e.to_string());
+        }
         emit(&serde_json::to_string_pretty(&out).unwrap_or_default());
-        return Ok(());
+        return nothing_fits.map_or(Ok(()), Err);
     }
     let mut text = table(
         &model,
@@ -294,7 +306,7 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         );
     }
     emit(text.trim_end());
-    Ok(())
+    nothing_fits.map_or(Ok(()), Err)
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error.

@@ -1,0 +1,99 @@
+//! `gpumem plan` as a user runs it: the JSON contract, and a fit that finds nothing still
+//! shows the plan and its advice before failing.
+
+use std::process::{Command, Output};
+
+fn gpumem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(args)
+        .output()
+        .expect("the gpumem binary runs")
+}
+
+#[test]
+fn json_has_the_contract_keys() {
+    let out = gpumem(&[
+        "plan",
+        "--model",
+        "gpt2",
+        "--mode",
+        "train",
+        "--batch",
+        "8",
+        "--seq",
+        "512",
+        "--gpu",
+        "a100-80gb",
+        "--fit",
+        "batch",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "peak_total_bytes",
+    ] {
+        assert!(v[key].as_u64().unwrap() > 0, "{key}");
+    }
+    assert!(v["peak_reserved_bytes"].as_u64() >= v["peak_allocated_bytes"].as_u64());
+    assert!(v["peak_phase"].is_string());
+    assert!(v["breakdown"]["weights"].as_u64().unwrap() > 0);
+    assert!(
+        v["fit"]["value"].as_u64().unwrap() >= 8,
+        "gpt2 fits more than 8 on 80 GB"
+    );
+}
+
+#[test]
+fn a_fit_that_finds_nothing_shows_the_advice_then_fails() {
+    let out = gpumem(&[
+        "plan",
+        "--model",
+        "llama-2-7b",
+        "--mode",
+        "train",
+        "--batch",
+        "1",
+        "--seq",
+        "1024",
+        "--gpu",
+        "t4",
+        "--fit",
+        "batch",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("does NOT fit") && stdout.contains("advice"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("plan that fits"), "{stdout}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing fits"));
+
+    let out = gpumem(&[
+        "plan",
+        "--model",
+        "llama-2-7b",
+        "--mode",
+        "train",
+        "--batch",
+        "1",
+        "--seq",
+        "1024",
+        "--gpu",
+        "t4",
+        "--fit",
+        "batch",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["fit_error"].as_str().unwrap().contains("nothing fits"));
+    assert!(!v["advice"].as_array().unwrap().is_empty());
+}
