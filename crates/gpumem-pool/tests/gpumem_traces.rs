@@ -9,17 +9,12 @@
 mod support;
 use support::Rng;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use gpumem_device::sim::{SimConfig, SimDevice};
-use gpumem_device::StreamId;
-use gpumem_pool::{PolicyKind, Pool, PoolConfig};
-use gpumem_trace::{Event, ReadOptions};
+use gpumem_pool::PolicyKind;
+use gpumem_replay::{PolicyReport, ReplayOptions};
+use gpumem_trace::{Event, ReadOptions, Trace, TraceMeta};
 
-/// Device size for replays: an 80 GiB GPU, address-only.
-const CAPACITY: u64 = 80 << 30;
 /// The utilisation the `gpumem` policy must reach on every real trace.
 const TARGET_UTILISATION: f64 = 0.97;
 /// The utilisation it must reach on the adversarial synthetic traces, where a late block
@@ -27,119 +22,73 @@ const TARGET_UTILISATION: f64 = 0.97;
 /// docs/gpumem-policy.md).
 const SYNTHETIC_UTILISATION: f64 = 0.95;
 
-/// Times the steps after the first are replayed again after the trace, as a training loop
-/// goes on, to measure device calls in steady state.
-const STEADY_REPEATS: usize = 3;
-
-/// What one replay measured.
-#[derive(Debug)]
-struct Replay {
-    /// Peaks over the trace itself.
-    peak_allocated: u64,
-    peak_reserved: u64,
-    /// Allocating device calls of each step of the trace (between step markers; the events
-    /// before the first marker count as a step).
-    calls_per_step: Vec<u64>,
-    /// The most allocating device calls of any repeated step.
-    steady_calls_per_step: u64,
+/// Replays `events` through `policy` with the replay engine (`gpumem replay`), which also
+/// repeats the steps after the first on the warm pool to measure steady-state device calls.
+fn replay(name: &str, events: &[Event], policy: PolicyKind) -> PolicyReport {
+    let trace = Trace::new(
+        TraceMeta {
+            name: name.to_string(),
+            ..TraceMeta::default()
+        },
+        events.to_vec(),
+    );
+    gpumem_replay::replay(&trace, policy, &ReplayOptions::default(), &mut |_| {})
+        .unwrap_or_else(|e| panic!("{name} with {policy}: {e}"))
+        .report
 }
 
-impl Replay {
-    fn utilisation(&self) -> f64 {
-        self.peak_allocated as f64 / self.peak_reserved.max(1) as f64
-    }
+/// The most allocating device calls of any step in steady state.
+fn steady_calls(report: &PolicyReport) -> u64 {
+    report
+        .steady_state_alloc_calls_per_step
+        .expect("the traces mark at least two steps")
 }
 
-/// Replays `events` through a pool with `policy` on an address-only simulated device, then
-/// the steps after the first [`STEADY_REPEATS`] times more (the last step when the trace has
-/// fewer than two); checks that freeing everything and emptying the cache gives every byte
-/// back. In a repetition, a trace address allocated again while still live (a block that
-/// outlived the recorded steps) frees its previous block first.
-fn replay(events: &[Event], policy: PolicyKind) -> Replay {
-    let device = Arc::new(SimDevice::new(SimConfig::address_only(CAPACITY)).unwrap());
-    let config = PoolConfig {
-        policy,
-        ..PoolConfig::default()
-    };
-    let pool = Pool::new(device.clone(), config).unwrap();
-    let mut live: HashMap<u64, u64> = HashMap::new();
-    let mut calls_per_step = Vec::new();
-    let mut calls_before = 0;
-    let mut run = |events: &[Event], calls_per_step: &mut Vec<u64>| {
-        let mut close_step = |calls_per_step: &mut Vec<u64>| {
-            let calls = device.counters().allocating_calls();
-            calls_per_step.push(calls - calls_before);
-            calls_before = calls;
-        };
-        for (i, event) in events.iter().enumerate() {
-            match *event {
-                Event::Alloc { addr, size, stream } => {
-                    if let Some(previous) = live.remove(&addr) {
-                        pool.free(previous).unwrap();
-                    }
-                    let a = pool
-                        .allocate(size, StreamId(stream))
-                        .unwrap_or_else(|e| panic!("{policy}: event {i}: {e}"));
-                    live.insert(addr, a.ptr);
-                }
-                Event::Free { addr, .. } => {
-                    if let Some(ptr) = live.remove(&addr) {
-                        pool.free(ptr).unwrap();
-                    }
-                }
-                Event::Step { .. } => close_step(calls_per_step),
-            }
-        }
-        close_step(calls_per_step);
-    };
-    run(events, &mut calls_per_step);
-    let stats = pool.stats();
-    let second_step = events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| matches!(e, Event::Step { .. }))
-        .nth(1)
-        .map(|(i, _)| i);
-    let steady_calls_per_step = match second_step {
-        Some(from) => {
-            let mut repeated = Vec::new();
-            for _ in 0..STEADY_REPEATS {
-                run(&events[from..], &mut repeated);
-            }
-            repeated.into_iter().max().unwrap_or(0)
-        }
-        None => calls_per_step.last().copied().unwrap_or(0),
-    };
-    for ptr in live.into_values() {
-        pool.free(ptr).unwrap();
+/// Appends to `failures` what keeps `ours` from the targets: utilisation below `target`, not
+/// above `torch`'s, or more device calls per step in steady state than `torch`.
+fn check(
+    name: &str,
+    ours: &PolicyReport,
+    torch: &PolicyReport,
+    target: f64,
+    failures: &mut Vec<String>,
+) {
+    if ours.utilization < target {
+        failures.push(format!(
+            "{name}: utilisation {:.2} % below {:.0} %",
+            100.0 * ours.utilization,
+            100.0 * target
+        ));
     }
-    pool.empty_cache().unwrap();
-    assert_eq!(pool.stats().reserved_bytes.all.current, 0, "{policy}");
-    Replay {
-        peak_allocated: stats.allocated_bytes.all.peak,
-        peak_reserved: stats.reserved_bytes.all.peak,
-        calls_per_step,
-        steady_calls_per_step,
+    if ours.utilization <= torch.utilization {
+        failures.push(format!("{name}: torch's utilisation is as high"));
+    }
+    if steady_calls(ours) > steady_calls(torch) {
+        failures.push(format!(
+            "{name}: {} device calls per step in steady state, torch makes {}",
+            steady_calls(ours),
+            steady_calls(torch)
+        ));
     }
 }
 
 /// Replays with `gpumem` and `torch` and prints one row of the comparison table.
-fn compare(name: &str, events: &[Event]) -> (Replay, Replay) {
-    let ours = replay(events, PolicyKind::Gpumem);
-    let torch = replay(events, PolicyKind::Torch);
+fn compare(name: &str, events: &[Event]) -> (PolicyReport, PolicyReport) {
+    let ours = replay(name, events, PolicyKind::Gpumem);
+    let torch = replay(name, events, PolicyKind::Torch);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     eprintln!(
         "| {name} | {:.1} % | {:.1} % | {:.0} / {:.0} | {:.0} / {:.0} | {} / {} | {} / {} |",
-        100.0 * ours.utilisation(),
-        100.0 * torch.utilisation(),
-        mib(ours.peak_allocated),
-        mib(torch.peak_allocated),
-        mib(ours.peak_reserved),
-        mib(torch.peak_reserved),
-        ours.steady_calls_per_step,
-        torch.steady_calls_per_step,
-        ours.calls_per_step.iter().sum::<u64>(),
-        torch.calls_per_step.iter().sum::<u64>(),
+        100.0 * ours.utilization,
+        100.0 * torch.utilization,
+        mib(ours.peak_allocated_bytes),
+        mib(torch.peak_allocated_bytes),
+        mib(ours.peak_reserved_bytes),
+        mib(torch.peak_reserved_bytes),
+        steady_calls(&ours),
+        steady_calls(&torch),
+        ours.device_alloc_calls,
+        torch.device_alloc_calls,
     );
     (ours, torch)
 }
@@ -178,22 +127,7 @@ fn real_traces_reach_the_target_utilisation() {
         let trace = gpumem_trace::read_path(&path, ReadOptions::default()).unwrap();
         let name = &trace.meta.name;
         let (ours, torch) = compare(name, &trace.events);
-        if ours.utilisation() < TARGET_UTILISATION {
-            failures.push(format!(
-                "{name}: utilisation {:.2} % below {:.0} %",
-                100.0 * ours.utilisation(),
-                100.0 * TARGET_UTILISATION
-            ));
-        }
-        if ours.utilisation() <= torch.utilisation() {
-            failures.push(format!("{name}: torch's utilisation is as high"));
-        }
-        if ours.steady_calls_per_step > torch.steady_calls_per_step {
-            failures.push(format!(
-                "{name}: {} device calls per step in steady state, torch makes {}",
-                ours.steady_calls_per_step, torch.steady_calls_per_step
-            ));
-        }
+        check(name, &ours, &torch, TARGET_UTILISATION, &mut failures);
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -441,21 +375,7 @@ fn synthetic_training_traces_beat_torch() {
     let mut failures = Vec::new();
     for (name, events) in synthetic_traces() {
         let (ours, torch) = compare(name, &events);
-        if ours.utilisation() < SYNTHETIC_UTILISATION {
-            failures.push(format!(
-                "{name}: utilisation {:.2} %",
-                100.0 * ours.utilisation()
-            ));
-        }
-        if ours.utilisation() <= torch.utilisation() {
-            failures.push(format!("{name}: torch's utilisation is as high"));
-        }
-        if ours.steady_calls_per_step > torch.steady_calls_per_step {
-            failures.push(format!(
-                "{name}: {} device calls per step in steady state, torch makes {}",
-                ours.steady_calls_per_step, torch.steady_calls_per_step
-            ));
-        }
+        check(name, &ours, &torch, SYNTHETIC_UTILISATION, &mut failures);
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
