@@ -36,6 +36,10 @@ pub struct Block {
     pub stream: StreamId,
     /// Pool it is accounted to in statistics.
     pub pool: PoolKind,
+    /// The policy's own reference to the block (an index node, a slab slot), opaque to the
+    /// pool and handed back to [`Policy::free`]: with it a policy finds the block without an
+    /// address lookup of its own, so each operation pays for one address table, the pool's.
+    pub handle: u64,
 }
 
 /// How much cached memory [`Policy::release_cached`] should give back.
@@ -104,7 +108,8 @@ pub trait Policy: Send {
     /// but must not empty the whole cache: the pool does that as its last resort.
     fn allocate(&mut self, req: AllocRequest, up: &mut Upstream<'_>) -> Result<Block, Exhausted>;
 
-    /// Takes back a block returned by [`Policy::allocate`] whose use is over on every stream.
+    /// Takes back a block returned by [`Policy::allocate`] whose use is over on every stream,
+    /// as it was returned (its `handle` included).
     fn free(&mut self, block: Block, up: &mut Upstream<'_>);
 
     /// Gives cached device memory back; returns the bytes released.

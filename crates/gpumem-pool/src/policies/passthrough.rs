@@ -16,6 +16,9 @@ use crate::stats::PoolKind;
 #[derive(Debug, Default)]
 pub struct PassthroughPolicy {
     live: BTreeMap<DevicePtr, Block>,
+    /// Handles are allocation numbers, so that a stale block is told from the live one that
+    /// now has its address.
+    allocations: u64,
 }
 
 /// cudaMalloc's allocation granularity.
@@ -41,13 +44,16 @@ impl Policy for PassthroughPolicy {
             requested: req.size,
             stream: req.stream,
             pool,
+            handle: self.allocations,
         };
+        self.allocations += 1;
         self.live.insert(addr, block);
         Ok(block)
     }
 
     fn free(&mut self, block: Block, up: &mut Upstream<'_>) {
-        if self.live.remove(&block.addr).is_some() {
+        if self.live.get(&block.addr) == Some(&block) {
+            self.live.remove(&block.addr);
             // The pool only hands back blocks this policy gave out, so the device knows the
             // address; a device failure here would be a backend bug with nothing to undo.
             let _ = up.free_segment(block.addr, block.size, block.pool, block.stream);

@@ -37,7 +37,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
 use gpumem_device::address_map::AddressHasher;
-use gpumem_device::{AddressMap, DeviceError, DevicePtr, StreamId};
+use gpumem_device::{DeviceError, DevicePtr, StreamId};
 
 use self::pages::{Chunk, PageMap, MAX_CHUNK_PAGES};
 use self::tlsf::{NodeId, Tlsf};
@@ -80,6 +80,9 @@ const SEGMENT_ROUNDING: u64 = 2 << 20;
 #[derive(Debug, Default)]
 pub struct GpumemPolicy {
     arenas: Vec<Arena>,
+    /// Whether the device has VMM, learnt at the first request (a policy serves one device):
+    /// asked on every request, and a device query is a dynamic call.
+    vmm: Option<bool>,
 }
 
 impl GpumemPolicy {
@@ -94,9 +97,8 @@ impl GpumemPolicy {
 struct Arena {
     stream: StreamId,
     pool: PoolKind,
+    /// Free and handed-out ranges; a block's handle names its node (see [`block_handle`]).
     index: Tlsf,
-    /// Handed-out blocks: address → node.
-    live: AddressMap<NodeId>,
     backing: Backing,
 }
 
@@ -117,8 +119,33 @@ enum Backing {
     Segments(Vec<Segment>),
     /// Tiny blocks with VMM: 1 MiB slabs taken from the stream's large arena as blocks and
     /// handed back as soon as they empty, so tiny blocks share pages with large ones and
-    /// their idle memory returns to the large arena. By first node: the slab's address.
-    Slabs(HashMap<NodeId, DevicePtr, BuildHasherDefault<AddressHasher>>),
+    /// their idle memory returns to the large arena. By the slab's first node here.
+    Slabs(HashMap<NodeId, SlabLoan, BuildHasherDefault<AddressHasher>>),
+}
+
+/// A slab lent by the stream's large arena to its slab arena.
+#[derive(Clone, Copy, Debug)]
+struct SlabLoan {
+    /// The slab's address.
+    addr: DevicePtr,
+    /// The large arena's node that is the slab.
+    node: NodeId,
+}
+
+/// A block's [`Block::handle`]: its node, with bit 32 set when it lies in a slab arena (the
+/// arena kind, so that a free finds the arena without recomputing where the block went).
+fn block_handle(node: NodeId, arena: PoolKind) -> u64 {
+    u64::from(node) | u64::from(arena == PoolKind::Small) << 32
+}
+
+/// The node and the arena kind a [`block_handle`] names.
+fn handle_parts(handle: u64) -> (NodeId, PoolKind) {
+    let arena = if handle >> 32 & 1 == 1 {
+        PoolKind::Small
+    } else {
+        PoolKind::Large
+    };
+    (handle as NodeId, arena)
 }
 
 /// An idle chunk that can be moved under a block that needs pages.
@@ -175,8 +202,8 @@ fn too_large(requested: u64, up: &Upstream<'_>) -> Exhausted {
 
 /// The arena kind that holds a block of `size` bytes (rounded) accounted to `pool`: with VMM,
 /// small-pool blocks above [`SLAB_MAX_REQUEST`] live in the large arena.
-fn arena_pool(pool: PoolKind, size: u64, up: &Upstream<'_>) -> PoolKind {
-    if up.granularity().is_some() && size > SLAB_MAX_REQUEST {
+fn arena_pool(pool: PoolKind, size: u64, vmm: bool) -> PoolKind {
+    if vmm && size > SLAB_MAX_REQUEST {
         PoolKind::Large
     } else {
         pool
@@ -230,7 +257,6 @@ impl Arena {
             stream,
             pool,
             index,
-            live: AddressMap::default(),
             backing,
         })
     }
@@ -267,7 +293,7 @@ impl Arena {
 
     /// Whether the arena holds neither blocks nor device memory.
     fn is_empty(&self) -> bool {
-        self.live.is_empty()
+        self.index.used_nodes().next().is_none()
             && match &self.backing {
                 Backing::Paged { pages, .. } => pages.mapped_bytes() == 0,
                 Backing::Segments(segments) => segments.is_empty(),
@@ -368,7 +394,7 @@ impl Arena {
         match &self.backing {
             Backing::Paged { pages, .. } => {
                 // One segment per run of mapped pages, with the blocks clipped to it.
-                let mut ids: Vec<NodeId> = self.live.values().copied().collect();
+                let mut ids: Vec<NodeId> = self.index.used_nodes().collect();
                 ids.extend(self.index.free_nodes());
                 ids.sort_unstable_by_key(|&id| self.index.offset(id));
                 let nodes: Vec<BlockView> = ids
@@ -469,55 +495,42 @@ impl GpumemPolicy {
     }
 
     /// Places `size` bytes in the slab arena `a`, taking a new slab from the stream's large
-    /// arena when no slab has room.
+    /// arena when no slab has room; returns the block's node.
     fn place_in_slab(
         &mut self,
         a: usize,
         size: u64,
         up: &mut Upstream<'_>,
-    ) -> Result<DevicePtr, Exhausted> {
-        let node = match self.arenas[a].index.allocate(size) {
-            Some(node) => node,
-            None => {
-                let large = self.arena(self.arenas[a].stream, PoolKind::Large, up)?;
-                let slab = self.place_paged(large, SLAB, up)?;
-                let arena = &mut self.arenas[a];
-                let Some(first) = arena.index.add_span(slab, SLAB) else {
-                    self.free_slab(large, slab);
-                    return Err(too_large(size, up));
-                };
-                if let Backing::Slabs(slabs) = &mut arena.backing {
-                    slabs.insert(first, slab);
-                }
-                // The new span is filed at the head of its class, so the search finds it.
-                arena
-                    .index
-                    .allocate(size)
-                    .ok_or_else(|| too_large(size, up))?
-            }
-        };
-        let arena = &mut self.arenas[a];
-        let addr = arena.index.offset(node);
-        arena.live.insert(addr, node);
-        Ok(addr)
-    }
-
-    /// Gives the slab at `slab` back to the large arena `large` it was taken from.
-    fn free_slab(&mut self, large: usize, slab: DevicePtr) {
-        let arena = &mut self.arenas[large];
-        if let Some(node) = arena.live.remove(&slab) {
-            arena.index.free(node);
+    ) -> Result<NodeId, Exhausted> {
+        if let Some(node) = self.arenas[a].index.allocate(size) {
+            return Ok(node);
         }
+        let large = self.arena(self.arenas[a].stream, PoolKind::Large, up)?;
+        let loan = self.place_paged(large, SLAB, up)?;
+        let addr = self.arenas[large].index.offset(loan);
+        let arena = &mut self.arenas[a];
+        let Some(first) = arena.index.add_span(addr, SLAB) else {
+            self.arenas[large].index.free(loan);
+            return Err(too_large(size, up));
+        };
+        if let Backing::Slabs(slabs) = &mut arena.backing {
+            slabs.insert(first, SlabLoan { addr, node: loan });
+        }
+        // The new span is filed at the head of its class, so the search finds it.
+        arena
+            .index
+            .allocate(size)
+            .ok_or_else(|| too_large(size, up))
     }
 
     /// Places `size` bytes in the paged arena `a`, mapping the pages it touches that are not
-    /// mapped yet.
+    /// mapped yet; returns the block's node.
     fn place_paged(
         &mut self,
         a: usize,
         size: u64,
         up: &mut Upstream<'_>,
-    ) -> Result<DevicePtr, Exhausted> {
+    ) -> Result<NodeId, Exhausted> {
         let arena = &mut self.arenas[a];
         let Some(node) = arena.index.allocate(size).or_else(|| {
             arena
@@ -537,8 +550,7 @@ impl GpumemPolicy {
                 }
             }
         }
-        self.arenas[a].live.insert(addr, node);
-        Ok(addr)
+        Ok(node)
     }
 
     /// Maps the unmapped pages among `touched` (first, end) of arena `a`, for a block whose
@@ -680,21 +692,18 @@ impl GpumemPolicy {
         Ok(())
     }
 
-    /// Places `size` bytes in the segment arena `a`, allocating a segment when none has room.
+    /// Places `size` bytes in the segment arena `a`, allocating a segment when none has room;
+    /// returns the block's node.
     fn place_in_segment(
         &mut self,
         a: usize,
         size: u64,
         up: &mut Upstream<'_>,
-    ) -> Result<DevicePtr, Exhausted> {
-        let node = match self.arenas[a].index.allocate(size) {
-            Some(node) => node,
-            None => self.grow_segments(a, size, up)?,
-        };
-        let arena = &mut self.arenas[a];
-        let addr = arena.index.offset(node);
-        arena.live.insert(addr, node);
-        Ok(addr)
+    ) -> Result<NodeId, Exhausted> {
+        match self.arenas[a].index.allocate(size) {
+            Some(node) => Ok(node),
+            None => self.grow_segments(a, size, up),
+        }
     }
 
     /// Adds a segment to arena `a` for a `size`-byte request and allocates from it.
@@ -760,30 +769,33 @@ impl Policy for GpumemPolicy {
             .size
             .checked_next_multiple_of(ROUNDING)
             .ok_or_else(|| too_large(req.size, up))?;
-        let a = self.arena(req.stream, arena_pool(pool, size, up), up)?;
-        let addr = match self.arenas[a].backing {
+        let vmm = *self.vmm.get_or_insert_with(|| up.granularity().is_some());
+        let kind = arena_pool(pool, size, vmm);
+        let a = self.arena(req.stream, kind, up)?;
+        let node = match self.arenas[a].backing {
             Backing::Paged { .. } => self.place_paged(a, size, up)?,
             Backing::Segments(_) => self.place_in_segment(a, size, up)?,
             Backing::Slabs(_) => self.place_in_slab(a, size, up)?,
         };
         Ok(Block {
-            addr,
+            addr: self.arenas[a].index.offset(node),
             size,
             requested: req.size,
             stream: req.stream,
             pool,
+            handle: block_handle(node, kind),
         })
     }
 
-    fn free(&mut self, block: Block, up: &mut Upstream<'_>) {
-        let pool = arena_pool(block.pool, block.size, up);
-        let Some(a) = self.find_arena(block.stream, pool) else {
+    fn free(&mut self, block: Block, _up: &mut Upstream<'_>) {
+        let (node, kind) = handle_parts(block.handle);
+        let Some(a) = self.find_arena(block.stream, kind) else {
             return;
         };
         let arena = &mut self.arenas[a];
-        let Some(node) = arena.live.remove(&block.addr) else {
+        if !arena.index.is_used_at(node, block.addr) {
             return;
-        };
+        }
         let merged = arena.index.free(node);
         let Backing::Slabs(slabs) = &mut arena.backing else {
             return;
@@ -792,13 +804,12 @@ impl Policy for GpumemPolicy {
         if arena.index.size(merged) != SLAB {
             return;
         }
-        let Some(&slab) = slabs.get(&merged) else {
+        let Some(loan) = slabs.remove(&merged) else {
             return;
         };
-        slabs.remove(&merged);
         arena.index.remove_span(merged);
         if let Some(large) = self.find_arena(block.stream, PoolKind::Large) {
-            self.free_slab(large, slab);
+            self.arenas[large].index.free(loan.node);
         }
     }
 
@@ -829,8 +840,8 @@ impl Policy for GpumemPolicy {
         let mut slab_blocks: HashMap<DevicePtr, Vec<BlockView>> = HashMap::new();
         for arena in &self.arenas {
             if let Backing::Slabs(slabs) = &arena.backing {
-                for (&first, &slab) in slabs {
-                    slab_blocks.insert(slab, arena.span_blocks(first).collect());
+                for (&first, loan) in slabs {
+                    slab_blocks.insert(loan.addr, arena.span_blocks(first).collect());
                 }
             }
         }

@@ -40,11 +40,22 @@ pub(crate) const BINS: usize = TOP_CLASSES * SUB_CLASSES;
 /// Nodes of the request's own class examined for a best fit before moving up a class.
 const OWN_CLASS_SCAN: usize = 2;
 
+/// What a slab slot holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// A free range, filed in its class.
+    Free,
+    /// A range handed out.
+    Used,
+    /// Nothing: the slot waits in `spare` for reuse.
+    Spare,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Node {
     offset: u64,
     size: u64,
-    free: bool,
+    state: State,
     /// Neighbours in the free list of the node's class (free nodes only).
     class_prev: NodeId,
     class_next: NodeId,
@@ -116,9 +127,9 @@ impl Tlsf {
     /// Removes a span that is entirely free (its first node covers it all).
     pub(crate) fn remove_span(&mut self, first: NodeId) {
         let node = self.nodes[first as usize];
-        debug_assert!(node.free && node.addr_prev == NIL && node.addr_next == NIL);
+        debug_assert!(node.state == State::Free && node.addr_prev == NIL && node.addr_next == NIL);
         self.unfile(first);
-        self.spare.push(first);
+        self.recycle(first);
     }
 
     /// Hands out `size` bytes (non-zero) from the best-fitting free node; `None` when no free
@@ -145,22 +156,22 @@ impl Tlsf {
                 self.file(rest);
             }
         }
-        self.nodes[chosen as usize].free = false;
+        self.nodes[chosen as usize].state = State::Used;
         Some(chosen)
     }
 
     /// Takes back a handed-out node and merges it with free neighbours; returns the free node
     /// that now covers it.
     pub(crate) fn free(&mut self, id: NodeId) -> NodeId {
-        debug_assert!(!self.nodes[id as usize].free);
+        debug_assert!(self.nodes[id as usize].state == State::Used);
         let mut id = id;
         let next = self.nodes[id as usize].addr_next;
-        if next != NIL && self.nodes[next as usize].free {
+        if next != NIL && self.is_free(next) {
             self.unfile(next);
             self.absorb(id, next);
         }
         let prev = self.nodes[id as usize].addr_prev;
-        if prev != NIL && self.nodes[prev as usize].free {
+        if prev != NIL && self.is_free(prev) {
             self.unfile(prev);
             self.absorb(prev, id);
             id = prev;
@@ -174,7 +185,7 @@ impl Tlsf {
     /// separate spans). `false`, with nothing changed, only if the slab is full.
     pub(crate) fn carve(&mut self, id: NodeId, offset: u64, size: u64) -> bool {
         let node = self.nodes[id as usize];
-        debug_assert!(node.free && node.offset <= offset);
+        debug_assert!(node.state == State::Free && node.offset <= offset);
         debug_assert!(offset + size <= node.offset + node.size);
         let right_size = node.offset + node.size - (offset + size);
         let right = if right_size > 0 {
@@ -198,7 +209,7 @@ impl Tlsf {
             if node.addr_prev != NIL {
                 self.nodes[node.addr_prev as usize].addr_next = NIL;
             }
-            self.spare.push(id);
+            self.recycle(id);
         }
         if right != NIL {
             self.file(right);
@@ -211,11 +222,10 @@ impl Tlsf {
     /// free. Scans the whole slab: for the rare case of an exhausted address space. `false`
     /// only if the slab is full.
     pub(crate) fn restore(&mut self, offset: u64, size: u64) -> bool {
-        let spare: std::collections::HashSet<NodeId> = self.spare.iter().copied().collect();
         let (mut before, mut after) = (NIL, NIL);
         for (i, node) in self.nodes.iter().enumerate() {
             let i = i as NodeId;
-            if spare.contains(&i) {
+            if node.state == State::Spare {
                 continue;
             }
             if node.offset + node.size == offset && node.addr_next == NIL {
@@ -235,7 +245,7 @@ impl Tlsf {
             self.nodes[after as usize].addr_prev = id;
         }
         // Handed out for a moment, then freed: the free path merges and files it.
-        self.nodes[id as usize].free = false;
+        self.nodes[id as usize].state = State::Used;
         self.free(id);
         true
     }
@@ -252,7 +262,20 @@ impl Tlsf {
 
     /// Whether a node is free (cached) rather than handed out.
     pub(crate) fn is_free(&self, id: NodeId) -> bool {
-        self.nodes[id as usize].free
+        self.nodes[id as usize].state == State::Free
+    }
+
+    /// Whether `id` is a handed-out node starting at `offset`: a check on a node id that
+    /// came back from outside (a block's handle).
+    pub(crate) fn is_used_at(&self, id: NodeId, offset: u64) -> bool {
+        self.nodes
+            .get(id as usize)
+            .is_some_and(|n| n.state == State::Used && n.offset == offset)
+    }
+
+    /// Every handed-out node, in slab order (not a hot path: reclaim, status and snapshots).
+    pub(crate) fn used_nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        (0..self.nodes.len() as NodeId).filter(|&id| self.nodes[id as usize].state == State::Used)
     }
 
     /// The node after `id` in address order within its span.
@@ -319,7 +342,7 @@ impl Tlsf {
         let node = Node {
             offset,
             size,
-            free: true,
+            state: State::Free,
             class_prev: NIL,
             class_next: NIL,
             addr_prev,
@@ -345,7 +368,13 @@ impl Tlsf {
         if r.addr_next != NIL {
             self.nodes[r.addr_next as usize].addr_prev = left;
         }
-        self.spare.push(right);
+        self.recycle(right);
+    }
+
+    /// Returns a slot to the slab for reuse.
+    fn recycle(&mut self, id: NodeId) {
+        self.nodes[id as usize].state = State::Spare;
+        self.spare.push(id);
     }
 
     /// Marks a node free and puts it at the head of its class.
@@ -353,7 +382,7 @@ impl Tlsf {
         let class = class_of(self.nodes[id as usize].size);
         let head = self.heads[class];
         let node = &mut self.nodes[id as usize];
-        node.free = true;
+        node.state = State::Free;
         node.class_prev = NIL;
         node.class_next = head;
         if head != NIL {
@@ -407,12 +436,14 @@ mod tests {
                     let node = self.nodes[n as usize];
                     assert_eq!(node.offset, at, "nodes tile the span");
                     assert!(node.size > 0);
-                    assert!(!(prev_free && node.free), "free neighbours are merged");
-                    assert_eq!(node.free, free_listed.contains(&n));
-                    if node.free {
+                    assert_ne!(node.state, State::Spare, "spans link no spare slot");
+                    let free = self.is_free(n);
+                    assert!(!(prev_free && free), "free neighbours are merged");
+                    assert_eq!(free, free_listed.contains(&n));
+                    if free {
                         free_bytes += node.size;
                     }
-                    prev_free = node.free;
+                    prev_free = free;
                     at += node.size;
                     id = self.next_in_span(n);
                 }
@@ -596,6 +627,14 @@ mod tests {
             }
             if step % 997 == 0 {
                 t.check(&[(span, 4096, 1 << 24)]);
+                let mut used: Vec<NodeId> = t.used_nodes().collect();
+                used.sort_unstable();
+                let mut expected = live.clone();
+                expected.sort_unstable();
+                assert_eq!(used, expected, "the handed-out nodes are the live ones");
+                assert!(live.iter().all(|&id| t.is_used_at(id, t.offset(id))));
+                assert!(!t.is_used_at(span, 4095));
+                assert!(!t.is_used_at(NodeId::MAX - 1, 0));
             }
         }
         for id in live.drain(..) {

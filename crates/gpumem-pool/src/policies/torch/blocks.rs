@@ -97,6 +97,12 @@ impl Slab {
         self.vacant.push(idx);
     }
 
+    /// Block `idx`, if the slot holds one (for indices that come back from outside, such as a
+    /// block's handle).
+    pub fn get_mut(&mut self, idx: usize) -> Option<&mut Node> {
+        self.nodes.get_mut(idx).filter(|n| n.live)
+    }
+
     /// Every live block with its index, in slot order.
     pub fn iter(&self) -> impl Iterator<Item = (usize, &Node)> {
         self.nodes.iter().enumerate().filter(|(_, n)| n.live)
@@ -178,5 +184,3 @@ impl BlockPool {
         largest
     }
 }
-
-pub(super) type AddressMap = gpumem_device::AddressMap<usize>;

@@ -26,7 +26,7 @@ mod rounding;
 
 use gpumem_device::{DeviceError, StreamId};
 
-use self::blocks::{AddressMap, BlockPool, Node, Slab, NIL};
+use self::blocks::{BlockPool, Node, Slab, NIL};
 use self::expandable::ExpandableSegment;
 use self::rounding::{allocation_size, round_size, MIN_BLOCK_SIZE, SMALL_SIZE};
 use super::torch_settings::TorchSettings;
@@ -44,7 +44,6 @@ pub struct TorchPolicy {
     blocks: Slab,
     small: BlockPool,
     large: BlockPool,
-    allocated: AddressMap,
     /// Expandable segments by index; `None` once released.
     segments: Vec<Option<ExpandableSegment>>,
 }
@@ -57,7 +56,6 @@ impl TorchPolicy {
             blocks: Slab::default(),
             small: BlockPool::new(),
             large: BlockPool::new(),
-            allocated: AddressMap::default(),
             segments: Vec::new(),
         }
     }
@@ -225,8 +223,8 @@ impl TorchPolicy {
             requested: req.size,
             stream: node.stream,
             pool: node.pool,
+            handle: handed_out as u64,
         };
-        self.allocated.insert(block.addr, handed_out);
         if block.size >= self.settings.max_split_size {
             up.stats.oversize_allocations.increase(1);
         }
@@ -557,10 +555,14 @@ impl Policy for TorchPolicy {
     }
 
     fn free(&mut self, block: Block, up: &mut Upstream<'_>) {
-        let Some(idx) = self.allocated.remove(&block.addr) else {
+        let idx = usize::try_from(block.handle).unwrap_or(NIL);
+        let Some(node) = self
+            .blocks
+            .get_mut(idx)
+            .filter(|n| n.allocated && n.addr == block.addr)
+        else {
             return;
         };
-        let node = &mut self.blocks[idx];
         node.allocated = false;
         if node.size >= self.settings.max_split_size {
             up.stats.oversize_allocations.decrease(1);
