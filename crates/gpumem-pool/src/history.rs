@@ -47,40 +47,18 @@ impl History {
     /// Records an event if recording is on.
     #[inline]
     pub fn record(&mut self, action: Action, addr: DevicePtr, size: u64, stream: StreamId) {
-        self.push(action, addr, size, stream, None);
+        // The test is here, inlined into every caller, so that a pool with recording off
+        // pays one branch and no call.
+        if let Some(ring) = &mut self.ring {
+            ring.push(action, addr, size, stream, None);
+        }
     }
 
     /// Records an out-of-memory failure of a `size`-byte request while the device had
     /// `device_free` bytes free.
     pub fn record_oom(&mut self, size: u64, stream: StreamId, device_free: u64) {
-        self.push(Action::Oom, 0, size, stream, Some(device_free));
-    }
-
-    fn push(
-        &mut self,
-        action: Action,
-        addr: DevicePtr,
-        size: u64,
-        stream: StreamId,
-        device_free: Option<u64>,
-    ) {
         if let Some(ring) = &mut self.ring {
-            if ring.entries.len() == ring.capacity {
-                ring.entries.pop_front();
-                ring.dropped += 1;
-            }
-            let time_us = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_micros() as u64)
-                .unwrap_or(0);
-            ring.entries.push_back(TraceEntry {
-                action,
-                addr,
-                size,
-                stream: stream.0,
-                time_us,
-                device_free,
-            });
+            ring.push(Action::Oom, 0, size, stream, Some(device_free));
         }
     }
 
@@ -92,6 +70,35 @@ impl History {
     /// How many entries the ring has dropped to stay within its capacity.
     pub fn dropped(&self) -> u64 {
         self.ring.as_ref().map_or(0, |r| r.dropped)
+    }
+}
+
+impl Ring {
+    /// Appends an entry, dropping the oldest when full.
+    fn push(
+        &mut self,
+        action: Action,
+        addr: DevicePtr,
+        size: u64,
+        stream: StreamId,
+        device_free: Option<u64>,
+    ) {
+        if self.entries.len() == self.capacity {
+            self.entries.pop_front();
+            self.dropped += 1;
+        }
+        let time_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        self.entries.push_back(TraceEntry {
+            action,
+            addr,
+            size,
+            stream: stream.0,
+            time_us,
+            device_free,
+        });
     }
 }
 

@@ -65,14 +65,49 @@ struct Inner {
     policy: Box<dyn Policy>,
     stats: MemoryStats,
     history: History,
+    /// Handed-out blocks by address: the one table every allocation and free updates.
     live: AddressMap<LiveBlock>,
+    /// Streams other than the allocation stream that used a live block (`record_stream`),
+    /// for the blocks marked `shared`: kept apart so that live entries stay small.
+    stream_uses: AddressMap<Vec<StreamId>>,
     pending: Vec<PendingFree>,
 }
 
+/// A handed-out [`Block`] without its address (the table's key), and whether other streams
+/// used it.
+#[derive(Clone, Copy)]
 struct LiveBlock {
-    block: Block,
-    /// Streams other than the allocation stream that used the block (`record_stream`).
-    stream_uses: Vec<StreamId>,
+    size: u64,
+    requested: u64,
+    handle: u64,
+    stream: StreamId,
+    pool: PoolKind,
+    /// Whether `stream_uses` holds streams for it.
+    shared: bool,
+}
+
+impl LiveBlock {
+    fn new(block: &Block) -> LiveBlock {
+        LiveBlock {
+            size: block.size,
+            requested: block.requested,
+            handle: block.handle,
+            stream: block.stream,
+            pool: block.pool,
+            shared: false,
+        }
+    }
+
+    fn block(&self, addr: DevicePtr) -> Block {
+        Block {
+            addr,
+            size: self.size,
+            requested: self.requested,
+            stream: self.stream,
+            pool: self.pool,
+            handle: self.handle,
+        }
+    }
 }
 
 /// A freed block whose use on other streams may not be over yet.
@@ -105,6 +140,7 @@ impl Pool {
                 stats,
                 history,
                 live: AddressMap::default(),
+                stream_uses: AddressMap::default(),
                 pending: Vec::new(),
             }),
             device,
@@ -138,7 +174,9 @@ impl Pool {
         }
         let mut guard = self.lock();
         let inner = &mut *guard;
-        self.process_events(inner, false)?;
+        if !inner.pending.is_empty() {
+            self.process_events(inner, false)?;
+        }
         let request = AllocRequest { size, stream };
         let first = self.with_policy(inner, |policy, up| policy.allocate(request, up));
         let block = match first {
@@ -170,13 +208,7 @@ impl Pool {
         inner
             .history
             .record(Action::Alloc, block.addr, block.requested, stream);
-        inner.live.insert(
-            block.addr,
-            LiveBlock {
-                block,
-                stream_uses: Vec::new(),
-            },
-        );
+        inner.live.insert(block.addr, LiveBlock::new(&block));
         Ok(Allocation {
             ptr: block.addr,
             size,
@@ -196,7 +228,7 @@ impl Pool {
             .live
             .remove(&ptr)
             .ok_or(PoolError::UnknownPointer { ptr, what: "free" })?;
-        let block = live.block;
+        let block = live.block(ptr);
         let s = &mut inner.stats;
         s.allocation.decrease(block.pool, 1);
         s.allocated_bytes.decrease(block.pool, block.size);
@@ -207,13 +239,27 @@ impl Pool {
             block.requested,
             block.stream,
         );
-        if live.stream_uses.is_empty() {
+        let stream_uses = match live.shared {
+            true => inner.stream_uses.remove(&ptr).unwrap_or_default(),
+            false => Vec::new(),
+        };
+        if stream_uses.is_empty() {
             self.return_block(inner, block);
             return Ok(());
         }
-        let mut events = Vec::with_capacity(live.stream_uses.len());
-        for stream in live.stream_uses {
-            events.push(self.device.record_event(stream)?);
+        let mut events = Vec::with_capacity(stream_uses.len());
+        for stream in stream_uses {
+            match self.device.record_event(stream) {
+                Ok(event) => events.push(event),
+                Err(e) => {
+                    // The block is not lost: it waits on the events recorded so far, after
+                    // the whole device has been waited for (which covers the other streams).
+                    let synced = self.device.synchronize();
+                    inner.pending.push(PendingFree { block, events });
+                    synced?;
+                    return Err(e.into());
+                }
+            }
         }
         inner.pending.push(PendingFree { block, events });
         Ok(())
@@ -222,13 +268,19 @@ impl Pool {
     /// Marks `ptr` as used on `stream` as well as its allocation stream, so that a later free
     /// waits for that stream's work before the block is reused (`Tensor.record_stream`).
     pub fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), PoolError> {
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let live = inner.live.get_mut(&ptr).ok_or(PoolError::UnknownPointer {
             ptr,
             what: "record_stream",
         })?;
-        if stream != live.block.stream && !live.stream_uses.contains(&stream) {
-            live.stream_uses.push(stream);
+        if stream == live.stream {
+            return Ok(());
+        }
+        live.shared = true;
+        let uses = inner.stream_uses.entry(ptr).or_default();
+        if !uses.contains(&stream) {
+            uses.push(stream);
         }
         Ok(())
     }
@@ -315,7 +367,7 @@ impl Pool {
                         let (state, requested_size) =
                             match (inner.live.get(&b.address), pending.get(&b.address)) {
                                 (Some(live), _) if b.in_use => {
-                                    (BlockState::ActiveAllocated, live.block.requested)
+                                    (BlockState::ActiveAllocated, live.requested)
                                 }
                                 (None, Some(p)) if b.in_use => {
                                     (BlockState::ActivePendingFree, p.requested)
