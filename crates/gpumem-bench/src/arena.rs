@@ -2,11 +2,11 @@
 //! each gpumem policy through a [`Pool`] on the address-only simulated device, and each policy
 //! alone through its [`Upstream`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use buddy_system_allocator::FrameAllocator;
 use gpumem_device::sim::{SimConfig, SimDevice};
-use gpumem_device::StreamId;
+use gpumem_device::{AddressMap, StreamId};
 use gpumem_pool::{
     AllocRequest, Block, History, MemoryStats, Policy, PolicyKind, Pool, PoolConfig, Upstream,
 };
@@ -55,6 +55,10 @@ pub trait Arena {
 pub enum Allocator {
     /// `offset-allocator` 0.2 (TLSF-like, O(1)), the reference for per-op cost.
     OffsetAllocator,
+    /// `offset-allocator` behind the frame a device pool needs: a mutex (callers share it
+    /// across threads) and a table from address to allocation (callers free by pointer, as
+    /// `cudaFree` and PyTorch's pluggable allocator do). The reference for `pool/<policy>`.
+    FramedOffsetAllocator,
     /// `range-alloc` 0.1 (best fit by linear scan, O(free ranges)).
     RangeAlloc,
     /// `buddy_system_allocator` 0.13 `FrameAllocator` (binary buddy, power-of-two rounding).
@@ -71,6 +75,7 @@ impl Allocator {
     pub fn all() -> Vec<Allocator> {
         let mut v = vec![
             Allocator::OffsetAllocator,
+            Allocator::FramedOffsetAllocator,
             Allocator::RangeAlloc,
             Allocator::Buddy,
         ];
@@ -88,6 +93,7 @@ impl Allocator {
     pub fn name(self) -> String {
         match self {
             Allocator::OffsetAllocator => "offset-allocator".into(),
+            Allocator::FramedOffsetAllocator => "offset-allocator+frame".into(),
             Allocator::RangeAlloc => "range-alloc".into(),
             Allocator::Buddy => "buddy_system_allocator".into(),
             Allocator::Pool(p) => format!("pool/{p}"),
@@ -159,6 +165,57 @@ impl Arena for OffsetArena {
     fn span(&self, (a, u): Self::Handle) -> (u64, u64) {
         let start = a.offset as u64 * UNIT;
         (start, start + u as u64 * UNIT)
+    }
+}
+
+/// [`OffsetArena`] behind a mutex and an address table, freed by address: what a pool's
+/// frame adds to any placement structure, so that `pool/<policy>` rows have a peer doing the
+/// same job.
+pub struct FramedOffsetArena {
+    inner: Mutex<FramedOffset>,
+}
+
+struct FramedOffset {
+    arena: OffsetArena,
+    live: AddressMap<(Allocation<u32>, u32)>,
+}
+
+impl FramedOffsetArena {
+    /// An arena sized for `w`, as [`OffsetArena::new`].
+    pub fn new(w: &Workload) -> Self {
+        FramedOffsetArena {
+            inner: Mutex::new(FramedOffset {
+                arena: OffsetArena::new(w),
+                live: AddressMap::default(),
+            }),
+        }
+    }
+}
+
+impl Arena for FramedOffsetArena {
+    type Handle = (u64, u64);
+
+    #[inline]
+    fn alloc(&mut self, size: u64) -> Option<Self::Handle> {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let state = &mut *guard;
+        let handle = state.arena.alloc(size)?;
+        let (start, _) = state.arena.span(handle);
+        state.live.insert(start, handle);
+        Some((start, size))
+    }
+
+    #[inline]
+    fn free(&mut self, (ptr, _): Self::Handle) {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let state = &mut *guard;
+        if let Some(handle) = state.live.remove(&ptr) {
+            state.arena.free(handle);
+        }
+    }
+
+    fn span(&self, (ptr, size): Self::Handle) -> (u64, u64) {
+        (ptr, ptr + units(size) * UNIT)
     }
 }
 
@@ -385,6 +442,7 @@ pub trait WithArena {
 pub fn with_arena<V: WithArena>(allocator: Allocator, w: &Workload, visitor: V) -> V::Output {
     match allocator {
         Allocator::OffsetAllocator => visitor.run(&|| OffsetArena::new(w)),
+        Allocator::FramedOffsetAllocator => visitor.run(&|| FramedOffsetArena::new(w)),
         Allocator::RangeAlloc => visitor.run(&|| RangeArena::new(w)),
         Allocator::Buddy => visitor.run(&|| BuddyArena::new(w)),
         Allocator::Pool(p) => visitor.run(&|| PoolArena::new(p)),

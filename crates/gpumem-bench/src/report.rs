@@ -66,13 +66,6 @@ pub struct OpsTable {
 }
 
 impl OpsTable {
-    /// ns/op of offset-allocator, the reference.
-    pub fn reference_ns(&self) -> Option<f64> {
-        self.row(Allocator::OffsetAllocator)
-            .filter(|r| r.timing.complete)
-            .map(|r| r.timing.ns_per_op)
-    }
-
     /// The row of `allocator`.
     pub fn row(&self, allocator: Allocator) -> Option<&OpsRow> {
         self.rows.iter().find(|r| r.allocator == allocator)
@@ -80,8 +73,14 @@ impl OpsTable {
 
     /// Cost of `allocator` relative to offset-allocator.
     pub fn ratio(&self, allocator: Allocator) -> Option<f64> {
+        self.ratio_to(allocator, Allocator::OffsetAllocator)
+    }
+
+    /// Cost of `allocator` relative to `reference` (which must have finished its timing).
+    pub fn ratio_to(&self, allocator: Allocator, reference: Allocator) -> Option<f64> {
         let r = self.row(allocator)?;
-        Some(r.timing.ns_per_op / self.reference_ns()?)
+        let reference = self.row(reference).filter(|r| r.timing.complete)?;
+        Some(r.timing.ns_per_op / reference.timing.ns_per_op)
     }
 }
 
@@ -330,8 +329,10 @@ pub fn replay_markdown(results: &[(String, Vec<PolicyReport>)]) -> String {
 }
 
 /// The three goals of the benchmark item, checked against the measurements: `gpumem`
-/// utilisation ≥ 97 % on every real trace, per-op cost of `pool/gpumem` within 2× of
-/// offset-allocator, replay ≥ 5 M events/s.
+/// utilisation ≥ 97 % on every real trace, per-op cost within 2× of offset-allocator (the
+/// policy alone against offset-allocator; through the pool against offset-allocator behind
+/// the same frame, and, for the record, against bare offset-allocator), replay ≥ 5 M
+/// events/s.
 pub fn goals_markdown(
     ops: &[OpsTable],
     replays: &[(String, Vec<PolicyReport>)],
@@ -355,17 +356,28 @@ pub fn goals_markdown(
             );
         }
     }
-    for allocator in [
-        Allocator::Pool(PolicyKind::Gpumem),
-        Allocator::Policy(PolicyKind::Gpumem),
+    for (allocator, reference) in [
+        (
+            Allocator::Policy(PolicyKind::Gpumem),
+            Allocator::OffsetAllocator,
+        ),
+        (
+            Allocator::Pool(PolicyKind::Gpumem),
+            Allocator::FramedOffsetAllocator,
+        ),
+        (
+            Allocator::Pool(PolicyKind::Gpumem),
+            Allocator::OffsetAllocator,
+        ),
     ] {
         for t in ops {
-            if let Some(x) = t.ratio(allocator) {
+            if let Some(x) = t.ratio_to(allocator, reference) {
                 let complete = t.row(allocator).is_some_and(|r| r.timing.complete);
                 let _ = writeln!(
                     s,
-                    "| `{}` per-op cost ≤ 2× offset-allocator | `{}` | {x:.2}× | {} |",
+                    "| `{}` per-op cost ≤ 2× {} | `{}` | {x:.2}× | {} |",
                     allocator.name(),
+                    reference.name(),
                     t.name,
                     mark(complete && x <= 2.0)
                 );
