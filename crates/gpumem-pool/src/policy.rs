@@ -105,8 +105,14 @@ pub trait Policy: Send {
 
     /// Serves a request from the cache or by obtaining device memory through `up`. A policy may
     /// release some of its own cache and retry the device (PyTorch frees oversize blocks, say)
-    /// but must not empty the whole cache: the pool does that as its last resort.
-    fn allocate(&mut self, req: AllocRequest, up: &mut Upstream<'_>) -> Result<Block, Exhausted>;
+    /// but must not empty the whole cache: the pool does that as its last resort. (The failure
+    /// is boxed so that the result is no larger than a [`Block`]: it is returned on every
+    /// allocation, and failures are rare.)
+    fn allocate(
+        &mut self,
+        req: AllocRequest,
+        up: &mut Upstream<'_>,
+    ) -> Result<Block, Box<Exhausted>>;
 
     /// Takes back a block returned by [`Policy::allocate`] whose use is over on every stream,
     /// as it was returned (its `handle` included).

@@ -195,7 +195,7 @@ impl Pool {
                 });
                 match retry {
                     Ok(block) => block,
-                    Err(failure) => return Err(self.out_of_memory(inner, request, failure)),
+                    Err(failure) => return Err(self.out_of_memory(inner, request, *failure)),
                 }
             }
         };

@@ -29,7 +29,11 @@ impl Policy for PassthroughPolicy {
         "none"
     }
 
-    fn allocate(&mut self, req: AllocRequest, up: &mut Upstream<'_>) -> Result<Block, Exhausted> {
+    fn allocate(
+        &mut self,
+        req: AllocRequest,
+        up: &mut Upstream<'_>,
+    ) -> Result<Block, Box<Exhausted>> {
         let size = req.size.div_ceil(ALIGNMENT) * ALIGNMENT;
         let pool = PoolKind::for_request(req.size);
         let addr = up

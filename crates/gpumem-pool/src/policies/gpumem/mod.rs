@@ -763,7 +763,11 @@ impl Policy for GpumemPolicy {
         "gpumem"
     }
 
-    fn allocate(&mut self, req: AllocRequest, up: &mut Upstream<'_>) -> Result<Block, Exhausted> {
+    fn allocate(
+        &mut self,
+        req: AllocRequest,
+        up: &mut Upstream<'_>,
+    ) -> Result<Block, Box<Exhausted>> {
         let pool = PoolKind::for_request(req.size);
         let size = req
             .size

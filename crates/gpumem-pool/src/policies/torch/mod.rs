@@ -533,17 +533,21 @@ impl Policy for TorchPolicy {
         }
     }
 
-    fn allocate(&mut self, req: AllocRequest, up: &mut Upstream<'_>) -> Result<Block, Exhausted> {
+    fn allocate(
+        &mut self,
+        req: AllocRequest,
+        up: &mut Upstream<'_>,
+    ) -> Result<Block, Box<Exhausted>> {
         let sizes =
             round_size(req.size, &self.settings.roundup_power2_divisions).and_then(|size| {
                 allocation_size(size, self.settings.large_segment_size)
                     .map(|alloc_size| (size, alloc_size))
             });
         let Some((size, alloc_size)) = sizes else {
-            return Err(Exhausted {
+            return Err(Box::new(Exhausted {
                 attempted: req.size,
                 cause: out_of_memory(req.size, up),
-            });
+            }));
         };
         let kind = PoolKind::for_request(size);
         let gc_on = self.gc_limit(up).is_some();
