@@ -2,9 +2,7 @@
 //! one device free — the reference point that shows what a cache saves, and the mode for
 //! memory checkers that must see every allocation.
 
-use std::collections::BTreeMap;
-
-use gpumem_device::DevicePtr;
+use gpumem_device::AddressMap;
 
 use crate::policy::{
     AllocRequest, Block, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView, Upstream,
@@ -15,7 +13,7 @@ use crate::stats::PoolKind;
 /// granularity.
 #[derive(Debug, Default)]
 pub struct PassthroughPolicy {
-    live: BTreeMap<DevicePtr, Block>,
+    live: AddressMap<Block>,
     /// Handles are allocation numbers, so that a stale block is told from the live one that
     /// now has its address.
     allocations: u64,
@@ -69,8 +67,10 @@ impl Policy for PassthroughPolicy {
     }
 
     fn segments(&self) -> Vec<SegmentView> {
-        self.live
-            .values()
+        let mut blocks: Vec<&Block> = self.live.values().collect();
+        blocks.sort_unstable_by_key(|b| b.addr);
+        blocks
+            .into_iter()
             .map(|b| SegmentView {
                 address: b.addr,
                 total_size: b.size,

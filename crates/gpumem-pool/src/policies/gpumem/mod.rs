@@ -28,8 +28,6 @@
 //!   small, 20 MiB for 1–10 MiB requests, else the request rounded to 2 MiB); fully free
 //!   segments are given back on reclaim.
 
-#[cfg(test)]
-mod op_cost;
 mod pages;
 mod tlsf;
 
