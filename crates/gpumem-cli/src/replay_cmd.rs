@@ -37,6 +37,10 @@ pub struct ReplayArgs {
     /// (PYTORCH_ALLOC_CONF syntax, e.g. max_split_size_mb:128).
     #[arg(long, value_name = "CONF")]
     pytorch_alloc_conf: Option<String>,
+    /// Also find, per policy, the smallest device (in 2 MiB steps) on which the trace runs:
+    /// a few more replays each.
+    #[arg(long)]
+    smallest_capacity: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -113,6 +117,7 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
         } else {
             0
         },
+        smallest_capacity: args.smallest_capacity,
     };
     let bar = progress_bar(trace.events.len() as u64);
     let mut on_progress = |p: Progress| {
@@ -190,8 +195,15 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
         Bytes(summary.peak_live_bytes)
     );
     let capacity_header = capacity.map_or("fits".to_string(), |c| format!("fits {}", Bytes(c)));
+    // The smallest device is a column only when it was searched for.
+    let searched = reports.iter().any(|r| r.smallest_capacity_bytes.is_some());
+    let smallest = |r: &PolicyReport| match (searched, r.smallest_capacity_bytes) {
+        (false, _) => String::new(),
+        (true, Some(b)) => format!(" {:>15}", Bytes(b).to_string()),
+        (true, None) => format!(" {:>15}", "not found"),
+    };
     println!(
-        "{:<11} {:>13} {:>14} {:>11} {:>13} {:>17} {:>12}  {}",
+        "{:<11} {:>13} {:>14} {:>11} {:>13} {:>17} {:>12}{}  {}",
         "policy",
         "peak alloc",
         "peak reserved",
@@ -199,6 +211,11 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
         "device calls",
         "steady calls/step",
         "Mevents/s",
+        if searched {
+            format!(" {:>15}", "smallest device")
+        } else {
+            String::new()
+        },
         capacity_header
     );
     for r in reports {
@@ -216,7 +233,7 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
             ),
         };
         println!(
-            "{:<11} {:>13} {:>14} {:>10.1}% {:>13} {:>17} {:>12.2}  {}",
+            "{:<11} {:>13} {:>14} {:>10.1}% {:>13} {:>17} {:>12.2}{}  {}",
             r.policy,
             Bytes(r.peak_allocated_bytes).to_string(),
             Bytes(r.peak_reserved_bytes).to_string(),
@@ -224,6 +241,7 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
             r.device_calls,
             per_step,
             r.events_per_second / 1e6,
+            smallest(r),
             fits
         );
     }

@@ -71,6 +71,29 @@ fn an_oom_names_the_event_and_step() {
 }
 
 #[test]
+fn smallest_capacity_is_reported_when_asked() {
+    let trace = testdata("small-gpt2-2l-infer-b1-s32.jsonl.gz");
+    let out = json_of(&gpumem(&[
+        "replay",
+        &trace,
+        "--json",
+        "--smallest-capacity",
+    ]));
+    for p in out["policies"].as_array().unwrap() {
+        let smallest = p["smallest_capacity_bytes"].as_u64().expect("a capacity");
+        assert!(
+            smallest >= p["peak_allocated_bytes"].as_u64().unwrap(),
+            "{p}"
+        );
+        assert_eq!(smallest % (2 << 20), 0, "{p}");
+    }
+    let table = gpumem(&["replay", &trace, "--smallest-capacity"]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("smallest device"));
+    let out = json_of(&gpumem(&["replay", &trace, "--json", "--policy", "gpumem"]));
+    assert!(out["policies"][0]["smallest_capacity_bytes"].is_null());
+}
+
+#[test]
 fn the_three_formats_of_one_trace_agree() {
     let peaks: Vec<u64> = [
         "small-gpt2-2l-infer-b1-s32.jsonl.gz",

@@ -1,8 +1,8 @@
 //! Replays allocation traces through gpumem pool policies on an address-only simulated device,
 //! so that an 80 GiB training trace replays on a laptop, and reports per policy what it would
 //! have needed: peak allocated and reserved bytes, utilisation, device calls (in all and per
-//! step in steady state), and whether and where it would run out of memory on a device of a
-//! given capacity.
+//! step in steady state), whether and where it would run out of memory on a device of a
+//! given capacity, and the smallest device on which it runs.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,6 +17,9 @@ use serde::Serialize;
 /// Device size for runs that must not be limited by capacity: 1 PiB of address space.
 const UNLIMITED_CAPACITY: u64 = 1 << 50;
 
+/// The step of [`smallest_capacity`]'s search: the 2 MiB page that device memory comes in.
+pub const CAPACITY_RESOLUTION: u64 = 2 << 20;
+
 /// How often (in events) progress is reported.
 const PROGRESS_EVERY: usize = 1 << 16;
 
@@ -29,6 +32,9 @@ pub struct ReplayOptions {
     pub torch: TorchSettings,
     /// Events of pool history to record (for a snapshot); 0 records none.
     pub history_capacity: usize,
+    /// Also search the smallest device capacity on which the trace runs
+    /// ([`smallest_capacity`]): a few more replays per policy.
+    pub smallest_capacity: bool,
 }
 
 /// Where a replay ran out of memory.
@@ -77,6 +83,9 @@ pub struct PolicyReport {
     pub num_alloc_retries: u64,
     /// `None` when the trace fits the capacity (or none was given), else where it failed.
     pub oom: Option<OomReport>,
+    /// The smallest device capacity, in steps of [`CAPACITY_RESOLUTION`], on which the trace
+    /// runs through this policy (reclaiming as it must), when it was asked for.
+    pub smallest_capacity_bytes: Option<u64>,
     /// Events replayed.
     pub events: usize,
     /// Replay speed, events per second of wall time.
@@ -146,6 +155,11 @@ pub fn replay(
     let unlimited = run(trace, policy, UNLIMITED_CAPACITY, options, progress)?;
     let steady = steady_state_calls(trace, policy, options)?;
     let mut report = unlimited.report(policy, trace, steady);
+    let smallest = match options.smallest_capacity {
+        true => smallest_capacity(trace, policy, options, &report, progress)?,
+        false => None,
+    };
+    report.smallest_capacity_bytes = smallest;
     let capacity = match options.capacity {
         Some(c) if report.peak_reserved_bytes > c => c,
         _ => {
@@ -168,11 +182,63 @@ pub fn replay(
     if report.oom.is_none() {
         // Reclaiming made it fit: the capacity-bound run is what would happen on that device.
         report = limited.report(policy, trace, steady);
+        report.smallest_capacity_bytes = smallest;
     }
     Ok(Replay {
         report,
         pool: limited.pool,
     })
+}
+
+/// The smallest device capacity, a multiple of [`CAPACITY_RESOLUTION`], on which `trace` runs
+/// through `policy` without running out of memory, given the report of its run on an unlimited
+/// device: a bisection between the peak allocated bytes (below which nothing fits) and the
+/// peak reserved bytes (which fit), replaying on a device of each capacity tried. A policy
+/// that reclaims and stitches under pressure needs less than its unlimited peak. The search
+/// assumes that more memory never hurts; it returns a capacity that fits and one step below
+/// which the replay ran out of memory. `None` only if the trace does not fit even at twice
+/// the unlimited peak (a policy that behaves worse under pressure than without it).
+pub fn smallest_capacity(
+    trace: &Trace,
+    policy: PolicyKind,
+    options: &ReplayOptions,
+    unlimited: &PolicyReport,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Option<u64>, ReplayError> {
+    let quiet = ReplayOptions {
+        capacity: None,
+        history_capacity: 0,
+        smallest_capacity: false,
+        ..options.clone()
+    };
+    let mut fits = |capacity: u64| -> Result<bool, ReplayError> {
+        Ok(run(trace, policy, capacity, &quiet, progress)?
+            .oom
+            .is_none())
+    };
+    if unlimited.peak_allocated_bytes == 0 {
+        return Ok(Some(0));
+    }
+    let step = CAPACITY_RESOLUTION;
+    // The largest multiple of the step below the peak allocated bytes cannot fit.
+    let mut lo = unlimited.peak_allocated_bytes.saturating_sub(1) / step * step;
+    let mut hi = unlimited.peak_reserved_bytes.max(1).next_multiple_of(step);
+    while !fits(hi)? {
+        lo = hi;
+        hi += hi.div_ceil(4).next_multiple_of(step);
+        if hi > 2 * unlimited.peak_reserved_bytes.max(step) {
+            return Ok(None);
+        }
+    }
+    while hi - lo > step {
+        let mid = lo + (hi - lo) / step / 2 * step;
+        if fits(mid)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some(hi))
 }
 
 /// Replays `trace` through each of `policies`, in order.
@@ -413,6 +479,7 @@ impl Run {
                 .count() as u64,
             num_alloc_retries: s.num_alloc_retries,
             oom: None,
+            smallest_capacity_bytes: None,
             events: self.events,
             events_per_second: self.events as f64 / self.seconds.max(1e-9),
         }
