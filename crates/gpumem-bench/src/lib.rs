@@ -9,8 +9,8 @@
 //!   address-only simulated device, and for each policy alone (through its `Upstream`, without
 //!   the pool frame).
 //! - [`run`]: the hot loop ([`run::apply`]), a profiling pass ([`run::profile`]: failures,
-//!   footprint, utilisation, fragmentation, overlap check) and a budgeted best-of-k timing
-//!   ([`run::time_body`]).
+//!   footprint, utilisation, fragmentation, overlap check) and arenas prepared for timing in
+//!   turns ([`run::prepare`]).
 //! - [`report`]: the Markdown tables `bench-report` prints and `docs/benchmarks.md` holds.
 //!
 //! The criterion benchmarks (`cargo bench -p gpumem-bench`) live in `benches/`; the results

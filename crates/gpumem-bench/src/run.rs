@@ -219,7 +219,7 @@ pub fn prepare<'w, A: Arena + 'static>(
     }))
 }
 
-/// The result of [`time_body`].
+/// How one allocator's timing went (see [`crate::report::measure_ops`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Timing {
     /// Nanoseconds per body operation, best of the passes (or over the operations done when
@@ -235,57 +235,3 @@ pub struct Timing {
 /// Operations between two looks at the clock in a budgeted run.
 const CHUNK: usize = 4096;
 
-/// Times the body on one arena from `make`: applies the setup (untimed), then replays the body
-/// up to `max_passes` times (stopping once `min_total` has been spent) and keeps the fastest
-/// pass. If `budget` runs out first (setup included), stops and reports what it has.
-pub fn time_body<A: Arena>(
-    make: &dyn Fn() -> A,
-    w: &Workload,
-    max_passes: u32,
-    min_total: Duration,
-    budget: Duration,
-) -> Timing {
-    let started = Instant::now();
-    let mut arena = make();
-    let mut slots: Slots<A::Handle> = slots(w);
-    for chunk in w.setup.chunks(CHUNK) {
-        apply(&mut arena, chunk, &mut slots);
-        if started.elapsed() > budget {
-            return Timing {
-                ns_per_op: f64::NAN,
-                passes: 0,
-                complete: false,
-            };
-        }
-    }
-    let mut best = f64::INFINITY;
-    let mut passes = 0;
-    let timed_from = Instant::now();
-    while passes < max_passes && (passes == 0 || timed_from.elapsed() < min_total) {
-        let t = Instant::now();
-        if passes == 0 {
-            // The first pass is budgeted chunk by chunk.
-            let mut done = 0usize;
-            for chunk in w.body.chunks(CHUNK) {
-                black_box(apply(&mut arena, chunk, &mut slots));
-                done += chunk.len();
-                if started.elapsed() > budget && done < w.body.len() {
-                    return Timing {
-                        ns_per_op: t.elapsed().as_nanos() as f64 / done as f64,
-                        passes: 0,
-                        complete: false,
-                    };
-                }
-            }
-        } else {
-            black_box(apply(&mut arena, &w.body, &mut slots));
-        }
-        best = best.min(t.elapsed().as_nanos() as f64 / w.body.len().max(1) as f64);
-        passes += 1;
-    }
-    Timing {
-        ns_per_op: best,
-        passes,
-        complete: true,
-    }
-}

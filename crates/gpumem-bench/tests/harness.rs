@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use gpumem_bench::report::{measure_ops, measure_replay, ops_markdown, OpsOptions};
-use gpumem_bench::run::{profile, time_body};
+use gpumem_bench::run::{prepare, profile};
 use gpumem_bench::workload::synthetic_mix;
 use gpumem_bench::{
     from_trace, synthetic_training_trace, with_arena, Allocator, Arena, Op, WithArena, Workload,
@@ -28,8 +28,11 @@ impl WithArena for Check<'_> {
         // The arena is reusable: a second profiling pass on it still checks out.
         let again = profile(&mut arena, w, true, None).expect("no budget");
         assert_eq!((again.failures, again.overlaps), (0, 0));
-        let t = time_body(make, w, 2, Duration::ZERO, Duration::from_secs(60));
-        assert!(t.complete && t.ns_per_op > 0.0, "{t:?}");
+        let mut prepared = prepare(make, w, Duration::from_secs(60)).expect("setup in budget");
+        for _ in 0..2 {
+            let ns = prepared.pass(None).expect("no deadline");
+            assert!(ns > 0.0, "{ns}");
+        }
     }
 }
 
