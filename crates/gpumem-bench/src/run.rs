@@ -234,4 +234,3 @@ pub struct Timing {
 
 /// Operations between two looks at the clock in a budgeted run.
 const CHUNK: usize = 4096;
-

@@ -239,9 +239,10 @@ impl Pool {
             block.requested,
             block.stream,
         );
-        let stream_uses = match live.shared {
-            true => inner.stream_uses.remove(&ptr).unwrap_or_default(),
-            false => Vec::new(),
+        let stream_uses = if live.shared {
+            inner.stream_uses.remove(&ptr).unwrap_or_default()
+        } else {
+            Vec::new()
         };
         if stream_uses.is_empty() {
             self.return_block(inner, block);
