@@ -16,6 +16,8 @@
 //! The criterion benchmarks (`cargo bench -p gpumem-bench`) live in `benches/`; the results
 //! table comes from `cargo run --release -p gpumem-bench --bin bench-report`.
 
+#![deny(unsafe_code)]
+
 pub mod arena;
 pub mod report;
 pub mod run;

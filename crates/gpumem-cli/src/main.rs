@@ -1,5 +1,7 @@
 //! `gpumem`: a thin command line over the gpumem libraries. It parses, calls, prints.
 
+#![deny(unsafe_code)]
+
 mod plan_cmd;
 mod replay_cmd;
 

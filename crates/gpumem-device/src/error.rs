@@ -45,3 +45,12 @@ pub enum DeviceError {
     #[error("driver error: {0}")]
     Driver(String),
 }
+
+impl DeviceError {
+    /// Whether the device refused for lack of memory (worth freeing cached memory and
+    /// retrying) rather than for a fault. The one place that decides it: every backend maps its
+    /// own out-of-memory codes to [`DeviceError::OutOfMemory`].
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, DeviceError::OutOfMemory { .. })
+    }
+}

@@ -9,6 +9,8 @@
 //! by side: [`sim`] (host-backed or address-only, always available) and, behind features, real
 //! GPUs.
 
+#![deny(unsafe_code)]
+
 pub mod address_map;
 mod error;
 pub mod sim;

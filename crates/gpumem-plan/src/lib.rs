@@ -5,6 +5,7 @@
 //! Face `config.json`), a [`Workload`], and [`Overheads`] give an [`Estimate`] whose peak is found
 //! by replaying one step phase by phase. [`fit()`] and [`advise`] search over the estimator.
 
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod advice;

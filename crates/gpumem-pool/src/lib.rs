@@ -12,6 +12,8 @@
 //!   [`Pool::status`] prints a `pool_status`-like summary with fragmentation; history can be
 //!   recorded and written as a PyTorch memory snapshot ([`Pool::snapshot`]).
 
+#![deny(unsafe_code)]
+
 mod config;
 mod history;
 mod oom;
@@ -26,9 +28,9 @@ pub use gpumem_trace::snapshot::{Action, TraceEntry};
 pub use history::History;
 pub use oom::{Advice, OomError};
 pub use policy::{
-    AllocRequest, Block, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView, Upstream,
-    UpstreamError,
+    AllocRequest, Block, BlockHandle, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView,
+    Upstream, UpstreamError,
 };
 pub use pool::{Allocation, Pool, PoolError, PoolStatus};
 pub use size::{parse_limit, Bytes, Limit, SizeParseError, ACCEPTED_SIZE_FORMS};
-pub use stats::{MemoryStats, PoolKind, Stat, StatArray, SMALL_REQUEST_MAX};
+pub use stats::{MemoryStats, SizeClass, Stat, StatArray, SMALL_REQUEST_MAX};

@@ -11,7 +11,7 @@
 use gpumem_device::{Device, DeviceError, DevicePtr, PhysicalHandle, StreamId};
 
 use crate::history::History;
-use crate::stats::{MemoryStats, PoolKind};
+use crate::stats::{MemoryStats, SizeClass};
 use gpumem_trace::snapshot::Action;
 
 /// A request as the pool hands it to a policy.
@@ -34,12 +34,29 @@ pub struct Block {
     pub requested: u64,
     /// Stream it was allocated on.
     pub stream: StreamId,
-    /// Pool it is accounted to in statistics.
-    pub pool: PoolKind,
+    /// The size class it is accounted to in statistics.
+    pub size_class: SizeClass,
     /// The policy's own reference to the block (an index node, a slab slot), opaque to the
     /// pool and handed back to [`Policy::free`]: with it a policy finds the block without an
     /// address lookup of its own, so each operation pays for one address table, the pool's.
-    pub handle: u64,
+    pub handle: BlockHandle,
+}
+
+/// A policy's own name for a block it handed out (an index node, a slab slot, an allocation
+/// number): opaque to the pool, which stores it beside the block and gives it back on free.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockHandle(u64);
+
+impl BlockHandle {
+    /// Wraps a policy's raw reference.
+    pub const fn new(raw: u64) -> Self {
+        BlockHandle(raw)
+    }
+
+    /// The raw reference the policy stored.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
 }
 
 /// How much cached memory [`Policy::release_cached`] should give back.
@@ -72,8 +89,8 @@ pub struct SegmentView {
     pub total_size: u64,
     /// Stream the segment serves.
     pub stream: StreamId,
-    /// Pool it is accounted to.
-    pub pool: PoolKind,
+    /// The size class it is accounted to.
+    pub size_class: SizeClass,
     /// Whether it is a growable (VMM) segment.
     pub is_expandable: bool,
     /// The blocks that tile the segment, in address order.
@@ -146,6 +163,17 @@ pub enum UpstreamError {
     Device(#[from] DeviceError),
 }
 
+impl UpstreamError {
+    /// Whether this refusal means "no memory now" (the limit, or the device out of memory),
+    /// so that freeing idle memory and retrying may help, rather than a device fault.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            UpstreamError::OverLimit { .. } => true,
+            UpstreamError::Device(e) => e.is_out_of_memory(),
+        }
+    }
+}
+
 /// The device as a policy reaches it: each call checks the hard limit, updates segment and
 /// reserved-bytes statistics and device-call counts, and records history.
 pub struct Upstream<'a> {
@@ -193,6 +221,17 @@ impl<'a> Upstream<'a> {
         self.stats.reserved_bytes.all.current
     }
 
+    /// The device's out-of-memory refusal of `requested` bytes, with its free and total memory
+    /// now: for requests a policy finds impossible before it asks the device.
+    pub fn out_of_memory(&self, requested: u64) -> UpstreamError {
+        let info = self.device.mem_info().unwrap_or_default();
+        UpstreamError::Device(DeviceError::OutOfMemory {
+            requested,
+            free: info.free,
+            total: info.total,
+        })
+    }
+
     fn check_limit(&self, requested: u64) -> Result<(), UpstreamError> {
         match self.hard_limit {
             Some(limit) if self.reserved() + requested > limit => Err(UpstreamError::OverLimit {
@@ -208,7 +247,7 @@ impl<'a> Upstream<'a> {
     pub fn malloc_segment(
         &mut self,
         size: u64,
-        pool: PoolKind,
+        pool: SizeClass,
         stream: StreamId,
     ) -> Result<DevicePtr, UpstreamError> {
         self.check_limit(size)?;
@@ -225,7 +264,7 @@ impl<'a> Upstream<'a> {
         &mut self,
         ptr: DevicePtr,
         size: u64,
-        pool: PoolKind,
+        pool: SizeClass,
         stream: StreamId,
     ) -> Result<(), UpstreamError> {
         self.device.free(ptr)?;
@@ -252,7 +291,7 @@ impl<'a> Upstream<'a> {
         &mut self,
         ptr: DevicePtr,
         size: u64,
-        pool: PoolKind,
+        pool: SizeClass,
         stream: StreamId,
     ) -> Result<PhysicalHandle, UpstreamError> {
         self.check_limit(size)?;
@@ -295,7 +334,7 @@ impl<'a> Upstream<'a> {
         ptr: DevicePtr,
         size: u64,
         handle: PhysicalHandle,
-        pool: PoolKind,
+        pool: SizeClass,
         stream: StreamId,
     ) -> Result<(), UpstreamError> {
         self.vmm()?.unmap(ptr, size)?;
@@ -313,7 +352,7 @@ impl<'a> Upstream<'a> {
         ptr: DevicePtr,
         chunk: u64,
         count: u64,
-        pool: PoolKind,
+        pool: SizeClass,
         stream: StreamId,
     ) -> Result<Vec<PhysicalHandle>, UpstreamError> {
         let total = chunk.checked_mul(count).ok_or_else(|| {
@@ -356,7 +395,7 @@ impl<'a> Upstream<'a> {
         ptr: DevicePtr,
         chunk: u64,
         handles: &[PhysicalHandle],
-        pool: PoolKind,
+        pool: SizeClass,
         stream: StreamId,
     ) -> usize {
         let Ok(vmm) = self.vmm() else {
@@ -386,7 +425,7 @@ impl<'a> Upstream<'a> {
         &mut self,
         handle: PhysicalHandle,
         size: u64,
-        pool: PoolKind,
+        pool: SizeClass,
     ) -> Result<(), UpstreamError> {
         self.vmm()?.release_physical(handle)?;
         self.stats.num_device_free += 1;

@@ -11,10 +11,10 @@ use crate::history::History;
 use crate::oom::OomError;
 use crate::policies;
 use crate::policy::{
-    AllocRequest, Block, Policy, ReleaseTarget, SegmentView, Upstream, UpstreamError,
+    AllocRequest, Block, BlockHandle, Policy, ReleaseTarget, SegmentView, Upstream, UpstreamError,
 };
 use crate::size::Bytes;
-use crate::stats::{MemoryStats, PoolKind};
+use crate::stats::{MemoryStats, SizeClass};
 use gpumem_trace::snapshot::{
     Action, Block as SnapshotBlock, BlockState, Segment, SegmentType, SettingValue, Snapshot,
     TraceEntry,
@@ -79,9 +79,9 @@ struct Inner {
 struct LiveBlock {
     size: u64,
     requested: u64,
-    handle: u64,
+    handle: BlockHandle,
     stream: StreamId,
-    pool: PoolKind,
+    pool: SizeClass,
     /// Whether `stream_uses` holds streams for it.
     shared: bool,
 }
@@ -93,7 +93,7 @@ impl LiveBlock {
             requested: block.requested,
             handle: block.handle,
             stream: block.stream,
-            pool: block.pool,
+            pool: block.size_class,
             shared: false,
         }
     }
@@ -104,7 +104,7 @@ impl LiveBlock {
             size: self.size,
             requested: self.requested,
             stream: self.stream,
-            pool: self.pool,
+            size_class: self.pool,
             handle: self.handle,
         }
     }
@@ -183,7 +183,7 @@ impl Pool {
             Ok(block) => block,
             Err(first_failure) => {
                 if let UpstreamError::Device(e) = &first_failure.cause {
-                    if !matches!(e, DeviceError::OutOfMemory { .. }) {
+                    if !e.is_out_of_memory() {
                         return Err(PoolError::Device(e.clone()));
                     }
                 }
@@ -200,11 +200,12 @@ impl Pool {
             }
         };
         let s = &mut inner.stats;
-        s.allocation.increase(block.pool, 1);
-        s.allocated_bytes.increase(block.pool, block.size);
-        s.requested_bytes.increase(block.pool, block.requested);
-        s.active.increase(block.pool, 1);
-        s.active_bytes.increase(block.pool, block.size);
+        s.allocation.increase(block.size_class, 1);
+        s.allocated_bytes.increase(block.size_class, block.size);
+        s.requested_bytes
+            .increase(block.size_class, block.requested);
+        s.active.increase(block.size_class, 1);
+        s.active_bytes.increase(block.size_class, block.size);
         inner
             .history
             .record(Action::Alloc, block.addr, block.requested, stream);
@@ -230,9 +231,10 @@ impl Pool {
             .ok_or(PoolError::UnknownPointer { ptr, what: "free" })?;
         let block = live.block(ptr);
         let s = &mut inner.stats;
-        s.allocation.decrease(block.pool, 1);
-        s.allocated_bytes.decrease(block.pool, block.size);
-        s.requested_bytes.decrease(block.pool, block.requested);
+        s.allocation.decrease(block.size_class, 1);
+        s.allocated_bytes.decrease(block.size_class, block.size);
+        s.requested_bytes
+            .decrease(block.size_class, block.requested);
         inner.history.record(
             Action::FreeRequested,
             block.addr,
@@ -394,9 +396,9 @@ impl Pool {
                     active_size: sum(&|b| b.state != BlockState::Inactive),
                     requested_size: blocks.iter().map(|b| b.requested_size).sum(),
                     stream: view.stream.0,
-                    segment_type: match view.pool {
-                        PoolKind::Small => SegmentType::Small,
-                        PoolKind::Large => SegmentType::Large,
+                    segment_type: match view.size_class {
+                        SizeClass::Small => SegmentType::Small,
+                        SizeClass::Large => SegmentType::Large,
                     },
                     segment_pool_id: (0, 0),
                     is_expandable: view.is_expandable,
@@ -460,8 +462,11 @@ impl Pool {
 
     /// Returns a block whose use is over to the policy.
     fn return_block(&self, inner: &mut Inner, block: Block) {
-        inner.stats.active.decrease(block.pool, 1);
-        inner.stats.active_bytes.decrease(block.pool, block.size);
+        inner.stats.active.decrease(block.size_class, 1);
+        inner
+            .stats
+            .active_bytes
+            .decrease(block.size_class, block.size);
         inner.history.record(
             Action::FreeCompleted,
             block.addr,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 /// Which of PyTorch's two block pools a block or segment belongs to: requests of at most 1 MiB
 /// are "small", larger ones "large". Policies without that split report everything as large.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum PoolKind {
+pub enum SizeClass {
     /// Requests ≤ 1 MiB.
     Small,
     /// Requests > 1 MiB.
@@ -16,21 +16,21 @@ pub enum PoolKind {
 /// Requests up to this size count as small-pool requests (PyTorch's `kSmallSize`).
 pub const SMALL_REQUEST_MAX: u64 = 1 << 20;
 
-impl PoolKind {
+impl SizeClass {
     /// The pool PyTorch would account a request of `size` bytes to.
-    pub fn for_request(size: u64) -> PoolKind {
+    pub fn for_request(size: u64) -> SizeClass {
         if size <= SMALL_REQUEST_MAX {
-            PoolKind::Small
+            SizeClass::Small
         } else {
-            PoolKind::Large
+            SizeClass::Large
         }
     }
 
     /// The key PyTorch uses for this pool.
     pub fn key(self) -> &'static str {
         match self {
-            PoolKind::Small => "small_pool",
-            PoolKind::Large => "large_pool",
+            SizeClass::Small => "small_pool",
+            SizeClass::Large => "large_pool",
         }
     }
 }
@@ -87,29 +87,29 @@ pub struct StatArray {
 
 impl StatArray {
     /// Adds `n` to `all` and to `pool`.
-    pub fn increase(&mut self, pool: PoolKind, n: u64) {
+    pub fn increase(&mut self, pool: SizeClass, n: u64) {
         self.all.increase(n);
         self.pool_mut(pool).increase(n);
     }
 
     /// Subtracts `n` from `all` and from `pool`.
-    pub fn decrease(&mut self, pool: PoolKind, n: u64) {
+    pub fn decrease(&mut self, pool: SizeClass, n: u64) {
         self.all.decrease(n);
         self.pool_mut(pool).decrease(n);
     }
 
     /// The statistic of one pool.
-    pub fn pool(&self, pool: PoolKind) -> &Stat {
+    pub fn pool(&self, pool: SizeClass) -> &Stat {
         match pool {
-            PoolKind::Small => &self.small_pool,
-            PoolKind::Large => &self.large_pool,
+            SizeClass::Small => &self.small_pool,
+            SizeClass::Large => &self.large_pool,
         }
     }
 
-    fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
+    fn pool_mut(&mut self, pool: SizeClass) -> &mut Stat {
         match pool {
-            PoolKind::Small => &mut self.small_pool,
-            PoolKind::Large => &mut self.large_pool,
+            SizeClass::Small => &mut self.small_pool,
+            SizeClass::Large => &mut self.large_pool,
         }
     }
 
@@ -256,9 +256,9 @@ mod tests {
     #[test]
     fn update_rules_follow_pytorch() {
         let mut s = MemoryStats::default();
-        s.allocated_bytes.increase(PoolKind::Large, 100);
-        s.allocated_bytes.increase(PoolKind::Small, 10);
-        s.allocated_bytes.decrease(PoolKind::Large, 100);
+        s.allocated_bytes.increase(SizeClass::Large, 100);
+        s.allocated_bytes.increase(SizeClass::Small, 10);
+        s.allocated_bytes.decrease(SizeClass::Large, 100);
         let m = s.to_map();
         assert_eq!(m["allocated_bytes.all.current"], 10);
         assert_eq!(m["allocated_bytes.all.peak"], 110);

@@ -56,7 +56,7 @@ fn check_memory_stat_consistency(pool: &Pool) {
     let mut expected = std::collections::BTreeMap::<String, u64>::new();
     let mut add = |key: String, n: u64| *expected.entry(key).or_default() += n;
     for segment in pool.segments() {
-        let pool_str = segment.pool.key();
+        let pool_str = segment.size_class.key();
         if !segment.is_expandable {
             add("segment.all.current".into(), 1);
             add(format!("segment.{pool_str}.current"), 1);

@@ -4,6 +4,8 @@
 //! step in steady state), whether and where it would run out of memory on a device of a
 //! given capacity, and the smallest device on which it runs.
 
+#![deny(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -13,6 +13,8 @@
 //!   --no-ops | --no-replay
 //! ```
 
+#![deny(unsafe_code)]
+
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -5,9 +5,10 @@
 use gpumem_device::AddressMap;
 
 use crate::policy::{
-    AllocRequest, Block, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView, Upstream,
+    AllocRequest, Block, BlockHandle, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView,
+    Upstream,
 };
-use crate::stats::PoolKind;
+use crate::stats::SizeClass;
 
 /// Device allocations straight through, sized to 512-byte multiples like cudaMalloc's own
 /// granularity.
@@ -33,7 +34,7 @@ impl Policy for PassthroughPolicy {
         up: &mut Upstream<'_>,
     ) -> Result<Block, Box<Exhausted>> {
         let size = req.size.div_ceil(ALIGNMENT) * ALIGNMENT;
-        let pool = PoolKind::for_request(req.size);
+        let pool = SizeClass::for_request(req.size);
         let addr = up
             .malloc_segment(size, pool, req.stream)
             .map_err(|cause| Exhausted {
@@ -45,8 +46,8 @@ impl Policy for PassthroughPolicy {
             size,
             requested: req.size,
             stream: req.stream,
-            pool,
-            handle: self.allocations,
+            size_class: pool,
+            handle: BlockHandle::new(self.allocations),
         };
         self.allocations += 1;
         self.live.insert(addr, block);
@@ -58,7 +59,7 @@ impl Policy for PassthroughPolicy {
             self.live.remove(&block.addr);
             // The pool only hands back blocks this policy gave out, so the device knows the
             // address; a device failure here would be a backend bug with nothing to undo.
-            let _ = up.free_segment(block.addr, block.size, block.pool, block.stream);
+            let _ = up.free_segment(block.addr, block.size, block.size_class, block.stream);
         }
     }
 
@@ -75,7 +76,7 @@ impl Policy for PassthroughPolicy {
                 address: b.addr,
                 total_size: b.size,
                 stream: b.stream,
-                pool: b.pool,
+                size_class: b.size_class,
                 is_expandable: false,
                 blocks: vec![BlockView {
                     address: b.addr,

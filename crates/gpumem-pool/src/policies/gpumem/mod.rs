@@ -35,15 +35,15 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
 use gpumem_device::address_map::AddressHasher;
-use gpumem_device::{DeviceError, DevicePtr, StreamId};
+use gpumem_device::{DevicePtr, StreamId};
 
 use self::pages::{Chunk, PageMap, MAX_CHUNK_PAGES};
 use self::tlsf::{NodeId, Tlsf};
 use crate::policy::{
-    AllocRequest, Block, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView, Upstream,
-    UpstreamError,
+    AllocRequest, Block, BlockHandle, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView,
+    Upstream, UpstreamError,
 };
-use crate::stats::PoolKind;
+use crate::stats::SizeClass;
 
 /// Every block is a multiple of this (cudaMalloc's own alignment): the only rounding.
 const ROUNDING: u64 = 512;
@@ -94,7 +94,7 @@ impl GpumemPolicy {
 #[derive(Debug)]
 struct Arena {
     stream: StreamId,
-    pool: PoolKind,
+    pool: SizeClass,
     /// Free and handed-out ranges; a block's handle names its node (see [`block_handle`]).
     index: Tlsf,
     backing: Backing,
@@ -132,18 +132,19 @@ struct SlabLoan {
 
 /// A block's [`Block::handle`]: its node, with bit 32 set when it lies in a slab arena (the
 /// arena kind, so that a free finds the arena without recomputing where the block went).
-fn block_handle(node: NodeId, arena: PoolKind) -> u64 {
-    u64::from(node) | u64::from(arena == PoolKind::Small) << 32
+fn block_handle(node: NodeId, arena: SizeClass) -> BlockHandle {
+    BlockHandle::new(u64::from(node) | u64::from(arena == SizeClass::Small) << 32)
 }
 
 /// The node and the arena kind a [`block_handle`] names.
-fn handle_parts(handle: u64) -> (NodeId, PoolKind) {
-    let arena = if handle >> 32 & 1 == 1 {
-        PoolKind::Small
+fn handle_parts(handle: BlockHandle) -> (NodeId, SizeClass) {
+    let raw = handle.get();
+    let arena = if raw >> 32 & 1 == 1 {
+        SizeClass::Small
     } else {
-        PoolKind::Large
+        SizeClass::Large
     };
-    (handle as NodeId, arena)
+    (raw as NodeId, arena)
 }
 
 /// An idle chunk that can be moved under a block that needs pages.
@@ -167,15 +168,6 @@ struct Segment {
     first: NodeId,
 }
 
-/// Whether an upstream error means "no memory now" (worth freeing idle memory and retrying)
-/// rather than a device fault.
-fn is_pressure(cause: &UpstreamError) -> bool {
-    matches!(
-        cause,
-        UpstreamError::OverLimit { .. } | UpstreamError::Device(DeviceError::OutOfMemory { .. })
-    )
-}
-
 /// Bytes the device and the hard limit would still grant.
 fn headroom(up: &Upstream<'_>) -> u64 {
     let device_free = up.device().mem_info().map_or(0, |info| info.free);
@@ -187,42 +179,37 @@ fn headroom(up: &Upstream<'_>) -> u64 {
 
 /// The failure for a request no arena could ever hold.
 fn too_large(requested: u64, up: &Upstream<'_>) -> Exhausted {
-    let info = up.device().mem_info().unwrap_or_default();
     Exhausted {
         attempted: requested,
-        cause: UpstreamError::Device(DeviceError::OutOfMemory {
-            requested,
-            free: info.free,
-            total: info.total,
-        }),
+        cause: up.out_of_memory(requested),
     }
 }
 
 /// The arena kind that holds a block of `size` bytes (rounded) accounted to `pool`: with VMM,
 /// small-pool blocks above [`SLAB_MAX_REQUEST`] live in the large arena.
-fn arena_pool(pool: PoolKind, size: u64, vmm: bool) -> PoolKind {
+fn arena_pool(pool: SizeClass, size: u64, vmm: bool) -> SizeClass {
     if vmm && size > SLAB_MAX_REQUEST {
-        PoolKind::Large
+        SizeClass::Large
     } else {
         pool
     }
 }
 
 /// The segment that serves a `size`-byte request of `pool` when no segment has room.
-fn segment_size(pool: PoolKind, size: u64) -> Option<u64> {
+fn segment_size(pool: SizeClass, size: u64) -> Option<u64> {
     match pool {
-        PoolKind::Small => Some(SMALL_SEGMENT),
-        PoolKind::Large if size < LARGE_REQUEST => Some(MID_SEGMENT),
-        PoolKind::Large => size.checked_next_multiple_of(SEGMENT_ROUNDING),
+        SizeClass::Small => Some(SMALL_SEGMENT),
+        SizeClass::Large if size < LARGE_REQUEST => Some(MID_SEGMENT),
+        SizeClass::Large => size.checked_next_multiple_of(SEGMENT_ROUNDING),
     }
 }
 
 impl Arena {
     /// A new arena: an address reservation when the device has VMM, else segments on demand.
-    fn new(stream: StreamId, pool: PoolKind, up: &mut Upstream<'_>) -> Result<Arena, Exhausted> {
+    fn new(stream: StreamId, pool: SizeClass, up: &mut Upstream<'_>) -> Result<Arena, Exhausted> {
         let mut index = Tlsf::default();
         let backing = match up.granularity() {
-            Some(_) if pool == PoolKind::Small => Backing::Slabs(HashMap::default()),
+            Some(_) if pool == SizeClass::Small => Backing::Slabs(HashMap::default()),
             Some(page) => {
                 // Address space is cheap: four times the device, so that however the
                 // ranges fragment, physical memory runs out before addresses do.
@@ -385,7 +372,7 @@ impl Arena {
             address,
             total_size,
             stream: self.stream,
-            pool: self.pool,
+            size_class: self.pool,
             is_expandable,
             blocks,
         };
@@ -475,7 +462,7 @@ impl GpumemPolicy {
     fn arena(
         &mut self,
         stream: StreamId,
-        pool: PoolKind,
+        pool: SizeClass,
         up: &mut Upstream<'_>,
     ) -> Result<usize, Exhausted> {
         if let Some(i) = self.find_arena(stream, pool) {
@@ -486,7 +473,7 @@ impl GpumemPolicy {
     }
 
     /// The arena of `stream` and `pool`, if it exists.
-    fn find_arena(&self, stream: StreamId, pool: PoolKind) -> Option<usize> {
+    fn find_arena(&self, stream: StreamId, pool: SizeClass) -> Option<usize> {
         self.arenas
             .iter()
             .position(|a| a.stream == stream && a.pool == pool)
@@ -503,7 +490,7 @@ impl GpumemPolicy {
         if let Some(node) = self.arenas[a].index.allocate(size) {
             return Ok(node);
         }
-        let large = self.arena(self.arenas[a].stream, PoolKind::Large, up)?;
+        let large = self.arena(self.arenas[a].stream, SizeClass::Large, up)?;
         let loan = self.place_paged(large, SLAB, up)?;
         let addr = self.arenas[large].index.offset(loan);
         let arena = &mut self.arenas[a];
@@ -608,7 +595,7 @@ impl GpumemPolicy {
             if try_fresh && n > 0 {
                 match self.arenas[a].map_fresh(p, n, up) {
                     Ok(()) => p += n,
-                    Err(cause) if is_pressure(&cause) => {
+                    Err(cause) if cause.is_out_of_memory() => {
                         // A second refusal: the headroom estimate is wrong, stop asking.
                         try_fresh = pressure.is_none();
                         pressure = Some(cause);
@@ -633,7 +620,7 @@ impl GpumemPolicy {
     }
 
     /// Idle chunks of every paged arena of `pool`, smallest first.
-    fn idle_chunks_of(&self, pool: PoolKind) -> Vec<Donor> {
+    fn idle_chunks_of(&self, pool: SizeClass) -> Vec<Donor> {
         let mut idle: Vec<Donor> = self
             .arenas
             .iter()
@@ -719,7 +706,7 @@ impl GpumemPolicy {
         };
         let ptr = match up.malloc_segment(seg, pool, stream) {
             Ok(ptr) => ptr,
-            Err(cause) if is_pressure(&cause) && self.release_idle(seg, up) > 0 => {
+            Err(cause) if cause.is_out_of_memory() && self.release_idle(seg, up) > 0 => {
                 up.malloc_segment(seg, pool, stream).map_err(exhausted)?
             }
             Err(cause) => return Err(exhausted(cause)),
@@ -766,7 +753,7 @@ impl Policy for GpumemPolicy {
         req: AllocRequest,
         up: &mut Upstream<'_>,
     ) -> Result<Block, Box<Exhausted>> {
-        let pool = PoolKind::for_request(req.size);
+        let pool = SizeClass::for_request(req.size);
         let size = req
             .size
             .checked_next_multiple_of(ROUNDING)
@@ -784,7 +771,7 @@ impl Policy for GpumemPolicy {
             size,
             requested: req.size,
             stream: req.stream,
-            pool,
+            size_class: pool,
             handle: block_handle(node, kind),
         })
     }
@@ -810,7 +797,7 @@ impl Policy for GpumemPolicy {
             return;
         };
         arena.index.remove_span(merged);
-        if let Some(large) = self.find_arena(block.stream, PoolKind::Large) {
+        if let Some(large) = self.find_arena(block.stream, SizeClass::Large) {
             self.arenas[large].index.free(loan.node);
         }
     }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use gpumem_device::{DeviceError, DevicePtr, PhysicalHandle, StreamId};
 
 use crate::policy::{Upstream, UpstreamError};
-use crate::stats::PoolKind;
+use crate::stats::SizeClass;
 
 /// The largest chunk created at once, in pages: 4 MiB at 2 MiB granularity. Larger chunks
 /// save device calls when growing; smaller ones can be moved or freed as soon as that much of
@@ -152,7 +152,7 @@ impl PageMap {
         p: u64,
         pages: u64,
         up: &mut Upstream<'_>,
-        pool: PoolKind,
+        pool: SizeClass,
         stream: StreamId,
     ) -> Result<(), UpstreamError> {
         let handle = up.map_new(self.address(p), pages * self.page, pool, stream)?;
@@ -187,7 +187,7 @@ impl PageMap {
         &mut self,
         p: u64,
         up: &mut Upstream<'_>,
-        pool: PoolKind,
+        pool: SizeClass,
         stream: StreamId,
     ) -> Result<u64, UpstreamError> {
         let chunk = self.chunk(p)?;

@@ -6,7 +6,7 @@ use std::ops::{Index, IndexMut};
 
 use gpumem_device::{DevicePtr, StreamId};
 
-use crate::stats::PoolKind;
+use crate::stats::SizeClass;
 
 /// "No block": the end of a segment's block list, or a block outside expandable segments.
 pub(super) const NIL: usize = usize::MAX;
@@ -22,7 +22,7 @@ pub(super) struct Node {
     /// The stream whose free set the block belongs to.
     pub stream: StreamId,
     /// Small or large pool.
-    pub pool: PoolKind,
+    pub pool: SizeClass,
     /// The block before this one in its segment, or [`NIL`].
     pub prev: usize,
     /// The block after this one in its segment, or [`NIL`].
@@ -41,7 +41,7 @@ pub(super) struct Node {
 
 impl Node {
     /// A new unallocated block alone in its segment.
-    pub fn new(addr: DevicePtr, size: u64, stream: StreamId, pool: PoolKind) -> Node {
+    pub fn new(addr: DevicePtr, size: u64, stream: StreamId, pool: SizeClass) -> Node {
         Node {
             addr,
             size,

@@ -9,9 +9,9 @@ use gpumem_device::{DeviceError, DevicePtr, PhysicalHandle, StreamId};
 
 use super::blocks::{Node, NIL};
 use super::rounding::SMALL_BUFFER;
-use super::{out_of_memory, TorchPolicy};
+use super::TorchPolicy;
 use crate::policy::{Upstream, UpstreamError};
-use crate::stats::PoolKind;
+use crate::stats::SizeClass;
 
 /// One reserved address range and the chunks mapped into it.
 #[derive(Debug)]
@@ -50,7 +50,7 @@ impl ExpandableSegment {
 
 impl TorchPolicy {
     /// The chunk size of `kind`'s expandable segments, rounded up to the VMM granularity.
-    fn chunk_size(&self, kind: PoolKind, up: &Upstream<'_>) -> Result<u64, UpstreamError> {
+    fn chunk_size(&self, kind: SizeClass, up: &Upstream<'_>) -> Result<u64, UpstreamError> {
         let granularity = up.granularity().ok_or_else(|| {
             UpstreamError::Device(DeviceError::Unsupported {
                 backend: up.device().name(),
@@ -58,12 +58,12 @@ impl TorchPolicy {
             })
         })?;
         let wanted = match kind {
-            PoolKind::Small => SMALL_BUFFER,
-            PoolKind::Large => self.settings.large_segment_size,
+            SizeClass::Small => SMALL_BUFFER,
+            SizeClass::Large => self.settings.large_segment_size,
         };
         wanted
             .checked_next_multiple_of(granularity.max(1))
-            .ok_or_else(|| out_of_memory(wanted, up))
+            .ok_or_else(|| up.out_of_memory(wanted))
     }
 
     /// The size block `idx` can grow to: itself plus the unmapped range after it.
@@ -91,7 +91,7 @@ impl TorchPolicy {
     /// before an unmapped range, if any), or a new segment's unmapped range.
     fn find_expandable_block(
         &mut self,
-        kind: PoolKind,
+        kind: SizeClass,
         stream: StreamId,
         size: u64,
         up: &mut Upstream<'_>,
@@ -119,7 +119,7 @@ impl TorchPolicy {
         let len = capacity
             .checked_mul(chunk)
             .filter(|&len| len >= size)
-            .ok_or_else(|| out_of_memory(size, up))?;
+            .ok_or_else(|| up.out_of_memory(size))?;
         let base = up.reserve_address(len)?;
         let segment = ExpandableSegment {
             base,
@@ -207,7 +207,7 @@ impl TorchPolicy {
     /// free set.
     pub(super) fn try_allocate_expandable_block(
         &mut self,
-        kind: PoolKind,
+        kind: SizeClass,
         stream: StreamId,
         size: u64,
         up: &mut Upstream<'_>,
@@ -221,7 +221,7 @@ impl TorchPolicy {
         while self.blocks[candidate].size < size {
             let next = self.blocks[candidate].next;
             if next == NIL || self.blocks[next].mapped || self.blocks[next].allocated {
-                return Err(out_of_memory(size, up));
+                return Err(up.out_of_memory(size));
             }
             let missing = size - self.blocks[candidate].size;
             let wanted = missing.min(self.blocks[next].size);

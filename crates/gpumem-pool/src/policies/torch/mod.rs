@@ -24,17 +24,17 @@ mod blocks;
 mod expandable;
 mod rounding;
 
-use gpumem_device::{DeviceError, StreamId};
+use gpumem_device::StreamId;
 
 use self::blocks::{BlockPool, Node, Slab, NIL};
 use self::expandable::ExpandableSegment;
 use self::rounding::{allocation_size, round_size, MIN_BLOCK_SIZE, SMALL_SIZE};
 use super::torch_settings::TorchSettings;
 use crate::policy::{
-    AllocRequest, Block, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView, Upstream,
-    UpstreamError,
+    AllocRequest, Block, BlockHandle, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView,
+    Upstream, UpstreamError,
 };
-use crate::stats::PoolKind;
+use crate::stats::SizeClass;
 
 /// PyTorch's caching allocator policy, with or without expandable segments (the `torch` and
 /// `expandable` pool policies).
@@ -61,18 +61,18 @@ impl TorchPolicy {
     }
 
     /// The block pool of `kind`.
-    fn pool(&self, kind: PoolKind) -> &BlockPool {
+    fn pool(&self, kind: SizeClass) -> &BlockPool {
         match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
+            SizeClass::Small => &self.small,
+            SizeClass::Large => &self.large,
         }
     }
 
     /// The block pool of `kind`, to change.
-    fn pool_mut(&mut self, kind: PoolKind) -> &mut BlockPool {
+    fn pool_mut(&mut self, kind: SizeClass) -> &mut BlockPool {
         match kind {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
+            SizeClass::Small => &mut self.small,
+            SizeClass::Large => &mut self.large,
         }
     }
 
@@ -123,7 +123,7 @@ impl TorchPolicy {
     /// oversize rules, taken out of the free set.
     fn get_free_block(
         &mut self,
-        kind: PoolKind,
+        kind: SizeClass,
         stream: StreamId,
         size: u64,
         gc_on: bool,
@@ -166,7 +166,7 @@ impl TorchPolicy {
     fn should_split(&self, idx: usize, size: u64) -> bool {
         let block = &self.blocks[idx];
         let remaining = block.size - size;
-        if block.pool == PoolKind::Small || self.settings.expandable_segments {
+        if block.pool == SizeClass::Small || self.settings.expandable_segments {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.settings.max_split_size && remaining > SMALL_SIZE
@@ -222,8 +222,8 @@ impl TorchPolicy {
             size: node.size,
             requested: req.size,
             stream: node.stream,
-            pool: node.pool,
-            handle: handed_out as u64,
+            size_class: node.pool,
+            handle: BlockHandle::new(handed_out as u64),
         };
         if block.size >= self.settings.max_split_size {
             up.stats.oversize_allocations.increase(1);
@@ -291,7 +291,7 @@ impl TorchPolicy {
     /// expandable segments a mapped block of at least `size` bytes. The block is not cached.
     fn alloc_block(
         &mut self,
-        kind: PoolKind,
+        kind: SizeClass,
         stream: StreamId,
         size: u64,
         alloc_size: u64,
@@ -352,7 +352,7 @@ impl TorchPolicy {
     /// oversize blocks until their sizes add up to it. Returns whether that succeeded.
     fn release_available_cached_blocks(
         &mut self,
-        kind: PoolKind,
+        kind: SizeClass,
         stream: StreamId,
         size: u64,
         up: &mut Upstream<'_>,
@@ -443,7 +443,7 @@ impl TorchPolicy {
     /// then freeing oversize cached blocks and the device again.
     fn grow(
         &mut self,
-        kind: PoolKind,
+        kind: SizeClass,
         stream: StreamId,
         size: u64,
         alloc_size: u64,
@@ -458,7 +458,7 @@ impl TorchPolicy {
         };
         match self.alloc_block(kind, stream, size, alloc_size, up) {
             Ok(idx) => Ok(idx),
-            Err(cause) if !is_out_of_memory(&cause) => Err(exhausted(cause)),
+            Err(cause) if !cause.is_out_of_memory() => Err(exhausted(cause)),
             Err(cause) => {
                 if !self.release_available_cached_blocks(kind, stream, size, up) {
                     return Err(exhausted(cause));
@@ -476,7 +476,7 @@ impl TorchPolicy {
             address: first.addr,
             total_size: 0,
             stream: first.stream,
-            pool: first.pool,
+            size_class: first.pool,
             is_expandable: first.is_expandable(),
             blocks: Vec::new(),
         };
@@ -496,32 +496,12 @@ impl TorchPolicy {
 }
 
 /// Adds a signed change to a statistic.
-fn apply_change(stat: &mut crate::stats::StatArray, pool: PoolKind, change: i64) {
+fn apply_change(stat: &mut crate::stats::StatArray, pool: SizeClass, change: i64) {
     if change > 0 {
         stat.increase(pool, change.unsigned_abs());
     } else if change < 0 {
         stat.decrease(pool, change.unsigned_abs());
     }
-}
-
-/// The device is out of memory for `requested` bytes: for requests found impossible before
-/// the device is asked.
-fn out_of_memory(requested: u64, up: &Upstream<'_>) -> UpstreamError {
-    let info = up.device().mem_info().unwrap_or_default();
-    UpstreamError::Device(DeviceError::OutOfMemory {
-        requested,
-        free: info.free,
-        total: info.total,
-    })
-}
-
-/// Whether a device-side failure means "no memory" (worth freeing cache and retrying) rather
-/// than a broken device.
-fn is_out_of_memory(cause: &UpstreamError) -> bool {
-    matches!(
-        cause,
-        UpstreamError::OverLimit { .. } | UpstreamError::Device(DeviceError::OutOfMemory { .. })
-    )
 }
 
 impl Policy for TorchPolicy {
@@ -546,10 +526,10 @@ impl Policy for TorchPolicy {
         let Some((size, alloc_size)) = sizes else {
             return Err(Box::new(Exhausted {
                 attempted: req.size,
-                cause: out_of_memory(req.size, up),
+                cause: up.out_of_memory(req.size),
             }));
         };
-        let kind = PoolKind::for_request(size);
+        let kind = SizeClass::for_request(size);
         let gc_on = self.gc_limit(up).is_some();
         let idx = match self.get_free_block(kind, req.stream, size, gc_on) {
             Some(idx) => idx,
@@ -559,7 +539,7 @@ impl Policy for TorchPolicy {
     }
 
     fn free(&mut self, block: Block, up: &mut Upstream<'_>) {
-        let idx = usize::try_from(block.handle).unwrap_or(NIL);
+        let idx = usize::try_from(block.handle.get()).unwrap_or(NIL);
         let Some(node) = self
             .blocks
             .get_mut(idx)
