@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use gpumem_testkit::Rng;
 use gpumem_trace::{Event, Trace, TraceMeta};
 
 /// One operation of a normalised workload.
@@ -184,44 +185,6 @@ pub fn from_trace(trace: &Trace) -> Workload {
     };
     let description = format!("trace `{name}` ({} events)", trace.events.len());
     Workload::new(&name, &description, Vec::new(), body)
-}
-
-/// A small deterministic generator (SplitMix64), so that workloads are the same on every
-/// machine without a dependency.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator from a seed.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() as u128 * n as u128) >> 64) as u64
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Log-uniform in `[lo, hi)`, rounded up to a multiple of 4 bytes (fp32 elements).
-    pub fn log_uniform(&mut self, lo: u64, hi: u64) -> u64 {
-        let (a, b) = ((lo as f64).ln(), (hi as f64).ln());
-        let x = (a + self.unit() * (b - a)).exp() as u64;
-        (x.clamp(lo, hi - 1).div_ceil(4) * 4).max(4)
-    }
 }
 
 /// The sizes a synthetic mix draws from, uniformly: a training-like palette of 80 tensor

@@ -134,7 +134,7 @@ fn snapshot_is_written_for_one_policy() {
         "{}",
         String::from_utf8_lossy(&status.stderr)
     );
-    let snapshot = gpumem_trace::Snapshot::read(std::fs::File::open(&path).unwrap()).unwrap();
+    let snapshot = gpumem_trace::snapshot::read(std::fs::File::open(&path).unwrap()).unwrap();
     let trace_events = &snapshot.device_traces[0];
     assert!(trace_events
         .iter()

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpumem_device::{DevicePtr, StreamId};
-use gpumem_trace::snapshot::{Action, TraceEntry};
+use gpumem_snapshot::{Action, TraceEntry};
 
 /// The recorder: off, or a ring buffer of at most `capacity` entries that drops the oldest.
 /// Public so that a policy can be driven without a pool (benchmarks of placement alone build

@@ -24,7 +24,7 @@ mod size;
 mod stats;
 
 pub use config::{ConfigError, PolicyKind, PoolConfig};
-pub use gpumem_trace::snapshot::{Action, TraceEntry};
+pub use gpumem_snapshot::{Action, TraceEntry};
 pub use history::History;
 pub use oom::{Advice, OomError};
 pub use policy::{

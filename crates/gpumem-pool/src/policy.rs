@@ -12,7 +12,7 @@ use gpumem_device::{Device, DeviceError, DevicePtr, PhysicalHandle, StreamId};
 
 use crate::history::History;
 use crate::stats::{MemoryStats, SizeClass};
-use gpumem_trace::snapshot::Action;
+use gpumem_snapshot::Action;
 
 /// A request as the pool hands it to a policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,8 +15,8 @@ use crate::policy::{
 };
 use crate::size::Bytes;
 use crate::stats::{MemoryStats, SizeClass};
-use gpumem_trace::snapshot::{
-    Action, Block as SnapshotBlock, BlockState, Segment, SegmentType, SettingValue, Snapshot,
+use gpumem_snapshot::{
+    Action, BlockState, SegmentType, SettingValue, Snapshot, SnapshotBlock, SnapshotSegment,
     TraceEntry,
 };
 
@@ -388,7 +388,7 @@ impl Pool {
                 let sum = |keep: &dyn Fn(&SnapshotBlock) -> bool| -> u64 {
                     blocks.iter().filter(|b| keep(b)).map(|b| b.size).sum()
                 };
-                Segment {
+                SnapshotSegment {
                     device: 0,
                     address: view.address,
                     total_size: view.total_size,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::StreamId;
 use gpumem_pool::{Action, Limit, PolicyKind, Pool, PoolConfig, PoolError};
-use gpumem_trace::snapshot::{BlockState, Snapshot};
+use gpumem_snapshot::BlockState;
 
 const MIB: u64 = 1 << 20;
 
@@ -268,7 +268,7 @@ fn snapshot_holds_segments_block_states_and_history() {
 
     let mut pickle = Vec::new();
     snapshot.write_pickle(&mut pickle).unwrap();
-    let back = Snapshot::read(pickle.as_slice()).unwrap();
+    let back = gpumem_trace::snapshot::read(pickle.as_slice()).unwrap();
     assert_eq!(back.segments, snapshot.segments);
     assert_eq!(back.device_traces, snapshot.device_traces);
 }

@@ -7,8 +7,7 @@
 //! a per-process memory fraction; here settings are fixed per pool, so a test builds one pool
 //! per settings phase, and the fraction is the pool's hard limit.
 
-mod support;
-use support::Rng;
+use gpumem_testkit::Rng;
 
 use std::sync::Arc;
 
@@ -191,7 +190,7 @@ fn memory_stats_generator(pool: &Pool) {
     tensors2.push(alloc(&[0, 0, 0]));
     step(&mut t, 0, false, false);
 
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     for i in (1..tensors2.len()).rev() {
         let j = rng.below(i as u64 + 1) as usize;
         tensors2.swap(i, j);
@@ -665,7 +664,7 @@ fn test_memory_snapshot() {
         let mut tensors: Vec<u64> = (0..1000)
             .map(|_| p.allocate(128 * FLOAT, S0).unwrap().ptr)
             .collect();
-        let mut rng = Rng(123);
+        let mut rng = Rng::new(123);
         while !tensors.is_empty() {
             let i = rng.below(tensors.len() as u64) as usize;
             p.free(tensors.swap_remove(i)).unwrap();
@@ -700,7 +699,7 @@ fn test_allocator_fuzz() {
     for policy in [PolicyKind::Torch, PolicyKind::Expandable] {
         let dev = host(2 * GIB);
         let p = pool(&dev, policy, "", None);
-        let mut rng = Rng(123);
+        let mut rng = Rng::new(123);
         let mut mem: Vec<(u64, u64, u64)> = Vec::new();
         let mut total = 0u64;
         let mut c = 0u64;

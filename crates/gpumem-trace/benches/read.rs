@@ -5,7 +5,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gpumem_trace::formats::{native, rmm};
-use gpumem_trace::{Event, Snapshot, Trace, TraceMeta};
+use gpumem_trace::{Event, Trace, TraceMeta};
 
 const EVENTS: usize = 1_000_000;
 
@@ -52,7 +52,7 @@ fn readers(c: &mut Criterion) {
     let mut rmm_bytes = Vec::new();
     rmm::write_rmm(&trace, &mut rmm_bytes).unwrap();
     let mut pickle_bytes = Vec::new();
-    Snapshot::from_trace(&trace, 0)
+    gpumem_trace::snapshot::from_trace(&trace, 0)
         .write_pickle(&mut pickle_bytes)
         .unwrap();
 
@@ -67,10 +67,9 @@ fn readers(c: &mut Criterion) {
     });
     group.bench_function("pytorch_pickle", |b| {
         b.iter(|| {
-            Snapshot::read(black_box(pickle_bytes.as_slice()))
-                .unwrap()
-                .to_trace(None)
-                .unwrap()
+            let snapshot =
+                gpumem_trace::snapshot::read(black_box(pickle_bytes.as_slice())).unwrap();
+            gpumem_trace::snapshot::to_trace(&snapshot, None).unwrap()
         })
     });
     group.finish();

@@ -1,16 +1,16 @@
 //! Allocation traces for gpumem.
 //!
 //! One in-memory trace type ([`Trace`]: a list of [`Event`]s plus [`TraceMeta`]) that the
-//! replay engine consumes, readers and writers for the formats traces come in, and the model
-//! and writer of PyTorch's memory snapshot, so that a gpumem pool's history opens in
-//! PyTorch's memory_viz.
+//! replay engine consumes, and readers and writers for the formats traces come in: our JSON
+//! lines, RMM's logging-resource CSV and PyTorch's memory snapshot ([`snapshot`], whose model
+//! and memory_viz writers are the `gpumem-snapshot` crate, re-exported there).
 //!
 //! Every reader takes any [`std::io::Read`], never panics on malformed input, and returns a
 //! [`ReadError`] that names the position (line, event index or byte offset) and what was
 //! expected there.
 //!
 //! ```
-//! use gpumem_trace::{read, write, Format, ReadOptions, Snapshot};
+//! use gpumem_trace::{read, snapshot, write, Format, ReadOptions};
 //!
 //! let text = "{\"gpumem_trace\": 1, \"name\": \"demo\"}\n\
 //!             {\"op\": \"alloc\", \"addr\": 4096, \"size\": 512}\n";
@@ -20,7 +20,7 @@
 //! let mut rmm_log = Vec::new();
 //! write(&trace, &mut rmm_log, Format::Rmm)?;
 //! let mut for_memory_viz = Vec::new();
-//! Snapshot::from_trace(&trace, 0).write_pickle(&mut for_memory_viz)?;
+//! snapshot::from_trace(&trace, 0).write_pickle(&mut for_memory_viz)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

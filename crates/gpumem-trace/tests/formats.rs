@@ -109,13 +109,13 @@ fn every_format_round_trips_through_a_gzip_file_chosen_by_extension() {
 #[test]
 fn snapshot_write_path_picks_json_or_pickle() {
     let dir = temp_dir();
-    let snapshot = gpumem_trace::Snapshot::from_trace(&small_trace(), 0);
+    let snapshot = gpumem_trace::snapshot::from_trace(&small_trace(), 0);
     for name in ["s.json", "s.pickle"] {
         let path = dir.join(name);
         snapshot.write_path(&path).unwrap();
         let first = std::fs::read(&path).unwrap()[0];
         assert_eq!(first, if name.ends_with("json") { b'{' } else { 0x80 });
-        let back = gpumem_trace::Snapshot::read(std::fs::File::open(&path).unwrap()).unwrap();
+        let back = gpumem_trace::snapshot::read(std::fs::File::open(&path).unwrap()).unwrap();
         assert_eq!(back, snapshot);
     }
 }

@@ -3,7 +3,7 @@
 //! random valid traces.
 
 use gpumem_trace::formats::{native, pytorch, rmm};
-use gpumem_trace::{read, Event, Format, ReadOptions, Snapshot, Trace, TraceMeta};
+use gpumem_trace::{read, Event, Format, ReadOptions, Trace, TraceMeta};
 use proptest::prelude::*;
 
 /// The fixtures plus a gzip-compressed native trace and a snapshot written by us.
@@ -25,11 +25,11 @@ fn seed_files() -> Vec<Vec<u8>> {
         encoder.finish().unwrap();
     }
     let mut ours = Vec::new();
-    Snapshot::from_trace(&trace, 0)
+    gpumem_trace::snapshot::from_trace(&trace, 0)
         .write_pickle(&mut ours)
         .unwrap();
     let mut ours_json = Vec::new();
-    Snapshot::from_trace(&trace, 0)
+    gpumem_trace::snapshot::from_trace(&trace, 0)
         .write_json(&mut ours_json)
         .unwrap();
     vec![
@@ -62,7 +62,7 @@ fn read_everything(bytes: &[u8]) {
     for trace in results.into_iter().flatten() {
         assert_eq!(trace.validate(), Ok(()));
     }
-    let _ = Snapshot::read(bytes);
+    let _ = gpumem_trace::snapshot::read(bytes);
 }
 
 /// One edit of a file: where (as a fraction of its length), what, and a byte.
@@ -215,7 +215,7 @@ proptest! {
 
     #[test]
     fn snapshot_round_trips_blocks(trace in valid_trace()) {
-        let snapshot = Snapshot::from_trace(&trace, 0);
+        let snapshot = gpumem_trace::snapshot::from_trace(&trace, 0);
         let mut pickle = Vec::new();
         snapshot.write_pickle(&mut pickle).unwrap();
         let mut json = Vec::new();

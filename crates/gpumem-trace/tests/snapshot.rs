@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpumem_trace::snapshot::{
-    Action, Block, BlockState, Segment, SegmentType, SettingValue, Snapshot, TraceEntry,
+    Action, BlockState, SegmentType, SettingValue, Snapshot, SnapshotBlock, SnapshotSegment,
+    TraceEntry,
 };
 use gpumem_trace::{read_path, Event, Format, ReadError, ReadOptions, Trace};
 
@@ -40,7 +41,7 @@ fn expected_events() -> Vec<Event> {
 
 fn read_fixture_snapshot(protocol: u8) -> Snapshot {
     let file = std::fs::File::open(data(&format!("snapshot_p{protocol}.pickle"))).unwrap();
-    Snapshot::read(file).unwrap()
+    gpumem_trace::snapshot::read(file).unwrap()
 }
 
 #[test]
@@ -76,7 +77,7 @@ fn snapshot_segments_blocks_and_settings_are_read() {
     assert!(legacy.is_expandable);
     assert_eq!(
         legacy.blocks,
-        vec![Block {
+        vec![SnapshotBlock {
             address: E,
             size: 20 << 20,
             requested_size: 20 << 20,
@@ -110,7 +111,7 @@ fn snapshot_segments_blocks_and_settings_are_read() {
 
 #[test]
 fn snapshot_trace_synthesises_allocations_made_before_recording() {
-    let trace = read_fixture_snapshot(2).to_trace(None).unwrap();
+    let trace = gpumem_trace::snapshot::to_trace(&read_fixture_snapshot(2), None).unwrap();
     assert_eq!(trace.events, expected_events());
     assert_eq!(trace.validate(), Ok(()));
     assert_eq!(trace.meta.extra["synthesized_allocs"], "1");
@@ -127,9 +128,12 @@ fn snapshot_trace_synthesises_allocations_made_before_recording() {
 #[test]
 fn device_choice_is_honoured() {
     let snapshot = read_fixture_snapshot(3);
-    assert!(snapshot.to_trace(Some(1)).unwrap().events.is_empty());
+    assert!(gpumem_trace::snapshot::to_trace(&snapshot, Some(1))
+        .unwrap()
+        .events
+        .is_empty());
     assert!(matches!(
-        snapshot.to_trace(Some(2)),
+        gpumem_trace::snapshot::to_trace(&snapshot, Some(2)),
         Err(ReadError::NoSuchDevice {
             requested: 2,
             available: 2
@@ -167,7 +171,7 @@ fn invalid_snapshot_events_name_device_and_index() {
     let mut snapshot = read_fixture_snapshot(4);
     let double_alloc = snapshot.device_traces[0][1].clone();
     snapshot.device_traces[0].insert(2, double_alloc);
-    let error = snapshot.to_trace(Some(0)).unwrap_err();
+    let error = gpumem_trace::snapshot::to_trace(&snapshot, Some(0)).unwrap_err();
     assert_eq!(
         error.to_string(),
         format!("snapshot device_traces[0][2]: alloc at address {B:#x}, which is already live")
@@ -200,7 +204,7 @@ fn malformed_snapshots_are_errors_that_say_where() {
         ),
     ];
     for (bytes, expected) in cases {
-        let message = Snapshot::read(bytes).unwrap_err().to_string();
+        let message = gpumem_trace::snapshot::read(bytes).unwrap_err().to_string();
         assert!(message.starts_with(expected), "{message}");
     }
 }
@@ -216,7 +220,7 @@ fn written_snapshot() -> Snapshot {
         device_free: None,
     };
     Snapshot {
-        segments: vec![Segment {
+        segments: vec![SnapshotSegment {
             device: 0,
             address: E,
             total_size: 20 << 20,
@@ -228,13 +232,13 @@ fn written_snapshot() -> Snapshot {
             segment_pool_id: (0, 0),
             is_expandable: false,
             blocks: vec![
-                Block {
+                SnapshotBlock {
                     address: E,
                     size: 12 << 20,
                     requested_size: (12 << 20) - 100,
                     state: BlockState::ActiveAllocated,
                 },
-                Block {
+                SnapshotBlock {
                     address: E + (12 << 20),
                     size: 8 << 20,
                     requested_size: 0,
@@ -279,10 +283,16 @@ fn written_pickle_and_json_read_back_equal() {
     let mut pickle = Vec::new();
     snapshot.write_pickle(&mut pickle).unwrap();
     assert_eq!(&pickle[..2], &[0x80, 3], "protocol 3");
-    assert_eq!(Snapshot::read(pickle.as_slice()).unwrap(), snapshot);
+    assert_eq!(
+        gpumem_trace::snapshot::read(pickle.as_slice()).unwrap(),
+        snapshot
+    );
     let mut json = Vec::new();
     snapshot.write_json(&mut json).unwrap();
-    assert_eq!(Snapshot::read(json.as_slice()).unwrap(), snapshot);
+    assert_eq!(
+        gpumem_trace::snapshot::read(json.as_slice()).unwrap(),
+        snapshot
+    );
 }
 
 /// Walks a pickle's opcodes, accepting only those memory_viz's JavaScript unpickler handles,
@@ -366,7 +376,7 @@ fn python_loads_the_written_snapshot() {
 #[test]
 fn trace_to_snapshot_and_back_keeps_blocks() {
     let trace = read_path(data("small.jsonl"), ReadOptions::default()).unwrap();
-    let snapshot = Snapshot::from_trace(&trace, 1);
+    let snapshot = gpumem_trace::snapshot::from_trace(&trace, 1);
     assert!(snapshot.device_traces[0].is_empty());
     let actions: Vec<Action> = snapshot.device_traces[1].iter().map(|e| e.action).collect();
     assert_eq!(
@@ -377,7 +387,7 @@ fn trace_to_snapshot_and_back_keeps_blocks() {
         snapshot.device_traces[1][3].size, 512,
         "frees carry the block size"
     );
-    let back: Trace = snapshot.to_trace(None).unwrap();
+    let back: Trace = gpumem_trace::snapshot::to_trace(&snapshot, None).unwrap();
     assert_eq!(back.events, trace.events);
     assert_eq!(back.meta.extra["device"], "1");
 }
@@ -388,7 +398,7 @@ fn blocks_allocated_before_recording_and_never_freed_come_from_segments() {
     // The trace allocates E+12MiB and frees it; the block at E (12 MiB - 100 requested) is
     // active in the segment but absent from the trace: allocated before recording.
     snapshot.device_traces[0].retain(|entry| entry.addr != E || entry.action != Action::Alloc);
-    let trace = snapshot.to_trace(None).unwrap();
+    let trace = gpumem_trace::snapshot::to_trace(&snapshot, None).unwrap();
     assert_eq!(
         trace.events[0],
         Event::Alloc {

@@ -14,7 +14,6 @@ use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
 
 use crate::error::ReadError;
-use crate::snapshot::Snapshot;
 use crate::trace::Trace;
 
 /// The gzip magic bytes.
@@ -135,7 +134,7 @@ pub fn write_path(trace: &Trace, path: impl AsRef<Path>, format: Format) -> std:
 pub fn write(trace: &Trace, writer: impl Write, format: Format) -> std::io::Result<()> {
     match format {
         Format::Auto | Format::Native => native::write_native(trace, writer),
-        Format::Pytorch => Snapshot::from_trace(trace, 0).write_pickle(writer),
+        Format::Pytorch => crate::snapshot::from_trace(trace, 0).write_pickle(writer),
         Format::Rmm => rmm::write_rmm(trace, writer),
     }
 }

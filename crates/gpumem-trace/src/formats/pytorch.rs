@@ -6,13 +6,12 @@
 use std::io::Read;
 
 use crate::error::ReadError;
-use crate::snapshot::Snapshot;
 use crate::trace::Trace;
 
 /// Reads a snapshot (pickle of any protocol, or JSON) and returns the block trace of
 /// `device` (default: the first device with a non-empty trace).
 pub fn read_pytorch(reader: impl Read, device: Option<usize>) -> Result<Trace, ReadError> {
-    Snapshot::read(reader)?.to_trace(device)
+    crate::snapshot::to_trace(&crate::snapshot::read(reader)?, device)
 }
 
 /// Whether a document starting with `head` looks like a snapshot: a pickle (protocol 2+

@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::document::{Arena, Document, Value};
-use super::{Action, Block, BlockState, Segment, SegmentType, SettingValue, Snapshot, TraceEntry};
+use super::{
+    Action, BlockState, SegmentType, SettingValue, Snapshot, SnapshotBlock, SnapshotSegment,
+    TraceEntry,
+};
 use crate::error::ReadError;
 use crate::trace::saturating_sum;
 
@@ -174,7 +177,7 @@ pub(super) fn snapshot(root: &Value) -> Result<Snapshot, ReadError> {
     })
 }
 
-fn segment(value: &Value, path: &Path<'_>) -> Result<Segment, ReadError> {
+fn segment(value: &Value, path: &Path<'_>) -> Result<SnapshotSegment, ReadError> {
     let fields = Fields::of(value, path)?;
     let address = fields.required("address", unsigned)?;
     // Legacy blocks have no address: it follows from the segment base and the sizes before.
@@ -184,7 +187,7 @@ fn segment(value: &Value, path: &Path<'_>) -> Result<Segment, ReadError> {
         next_address = block.address.wrapping_add(block.size);
         Ok(block)
     })?;
-    let sum = |keep: fn(&Block) -> bool, size: fn(&Block) -> u64| {
+    let sum = |keep: fn(&SnapshotBlock) -> bool, size: fn(&SnapshotBlock) -> u64| {
         saturating_sum(blocks.iter().filter(|block| keep(block)).map(size))
     };
     let pool_id = fields.optional("segment_pool_id", |value, path| {
@@ -198,7 +201,7 @@ fn segment(value: &Value, path: &Path<'_>) -> Result<Segment, ReadError> {
             )),
         }
     })?;
-    Ok(Segment {
+    Ok(SnapshotSegment {
         device: fields.optional("device", unsigned)?.unwrap_or(0),
         address,
         total_size: fields.required("total_size", unsigned)?,
@@ -247,7 +250,7 @@ fn segment(value: &Value, path: &Path<'_>) -> Result<Segment, ReadError> {
     })
 }
 
-fn block(value: &Value, path: &Path<'_>, implied_address: u64) -> Result<Block, ReadError> {
+fn block(value: &Value, path: &Path<'_>, implied_address: u64) -> Result<SnapshotBlock, ReadError> {
     let fields = Fields::of(value, path)?;
     let size = fields.required("size", unsigned)?;
     // Legacy blocks keep the requested size in `history[0].real_size`.
@@ -261,7 +264,7 @@ fn block(value: &Value, path: &Path<'_>, implied_address: u64) -> Result<Block, 
         Some(requested) => requested,
         None => legacy_requested()?.unwrap_or(size),
     };
-    Ok(Block {
+    Ok(SnapshotBlock {
         address: fields
             .optional("address", unsigned)?
             .unwrap_or(implied_address),

@@ -3,11 +3,10 @@
 //!
 //! utilisation = peak allocated bytes (after the policy's rounding) / peak reserved bytes;
 //! device calls per step = allocating device calls (malloc, create, map) between step markers.
-//! Run with `cargo test --release -p gpumem-pool --test gpumem_traces -- --nocapture` to see
+//! Run with `cargo test --release -p gpumem-replay --test policy_traces -- --nocapture` to see
 //! the table.
 
-mod support;
-use support::Rng;
+use gpumem_testkit::Rng;
 
 use std::path::{Path, PathBuf};
 
@@ -182,7 +181,7 @@ struct Training {
 /// temporaries, gradients re-created every step (`zero_grad(set_to_none=True)`), and Adam
 /// states created lazily in the first optimizer step.
 fn training_trace(t: &Training, seed: u64) -> Vec<Event> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut b = TraceBuilder::default();
     let h = t.hidden;
     let f32s = |n: u64| 4 * n;

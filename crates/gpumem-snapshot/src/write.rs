@@ -1,0 +1,130 @@
+//! The snapshot writers: serde serialisation in the layout memory_viz reads, and the pickle and
+//! JSON files made from it.
+
+use std::io::Write;
+
+use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
+use serde::{Serialize, Serializer};
+
+use crate::{Action, Snapshot, SnapshotBlock, SnapshotSegment, TraceEntry};
+
+impl Snapshot {
+    /// Writes the snapshot as a protocol-3 pickle that memory_viz opens.
+    pub fn write_pickle(&self, writer: impl Write) -> std::io::Result<()> {
+        let mut writer = std::io::BufWriter::new(writer);
+        serde_pickle::to_writer(&mut writer, self, serde_pickle::SerOptions::new()).map_err(
+            |error| match error {
+                serde_pickle::Error::Io(error) => error,
+                other => std::io::Error::other(other),
+            },
+        )?;
+        writer.flush()
+    }
+
+    /// Writes the snapshot as JSON of the same structure (newer memory_viz builds read it).
+    pub fn write_json(&self, writer: impl Write) -> std::io::Result<()> {
+        let mut writer = std::io::BufWriter::new(writer);
+        serde_json::to_writer(&mut writer, self)?;
+        writer.flush()
+    }
+
+    /// Writes the snapshot to a file: JSON if the name ends in `.json`, else a pickle for
+    /// memory_viz (`gpumem replay --snapshot OUT.pickle`).
+    pub fn write_path(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        let path = path.as_ref();
+        let file = std::fs::File::create(path)?;
+        if path
+            .extension()
+            .is_some_and(|extension| extension == "json")
+        {
+            self.write_json(file)
+        } else {
+            self.write_pickle(file)
+        }
+    }
+}
+
+/// An integer as Python pickles it: values that fit in an `i64` as such (serde-pickle then
+/// writes at most 8 bytes, which memory_viz's unpickler decodes into a JavaScript number; its
+/// `u64` encoding always takes 9 bytes, which the viewer turns into a BigInt that breaks its
+/// address arithmetic).
+struct PyInt(u64);
+
+impl Serialize for PyInt {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match i64::try_from(self.0) {
+            Ok(value) => serializer.serialize_i64(value),
+            Err(_) => serializer.serialize_u64(self.0),
+        }
+    }
+}
+
+/// The `frames` list memory_viz expects on segments, blocks and events; gpumem records none.
+struct NoFrames;
+
+impl Serialize for NoFrames {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_seq(Some(0))?.end()
+    }
+}
+
+impl Serialize for Snapshot {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_struct("Snapshot", 3)?;
+        map.serialize_field("segments", &self.segments)?;
+        map.serialize_field("device_traces", &self.device_traces)?;
+        map.serialize_field("allocator_settings", &self.allocator_settings)?;
+        map.end()
+    }
+}
+
+impl Serialize for SnapshotSegment {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_struct("Segment", 12)?;
+        map.serialize_field("device", &PyInt(self.device))?;
+        map.serialize_field("address", &PyInt(self.address))?;
+        map.serialize_field("total_size", &PyInt(self.total_size))?;
+        map.serialize_field("allocated_size", &PyInt(self.allocated_size))?;
+        map.serialize_field("active_size", &PyInt(self.active_size))?;
+        map.serialize_field("requested_size", &PyInt(self.requested_size))?;
+        map.serialize_field("stream", &PyInt(self.stream))?;
+        map.serialize_field("segment_type", &self.segment_type)?;
+        let (pool_high, pool_low) = self.segment_pool_id;
+        map.serialize_field("segment_pool_id", &(PyInt(pool_high), PyInt(pool_low)))?;
+        map.serialize_field("is_expandable", &self.is_expandable)?;
+        map.serialize_field("frames", &NoFrames)?;
+        map.serialize_field("blocks", &self.blocks)?;
+        map.end()
+    }
+}
+
+impl Serialize for SnapshotBlock {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_struct("Block", 5)?;
+        map.serialize_field("address", &PyInt(self.address))?;
+        map.serialize_field("size", &PyInt(self.size))?;
+        map.serialize_field("requested_size", &PyInt(self.requested_size))?;
+        map.serialize_field("state", &self.state)?;
+        map.serialize_field("frames", &NoFrames)?;
+        map.end()
+    }
+}
+
+impl Serialize for TraceEntry {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // Like PyTorch: an `oom` entry carries `device_free` in place of `addr`.
+        let mut map = serializer.serialize_map(Some(6))?;
+        map.serialize_entry("action", &self.action)?;
+        match (self.action, self.device_free) {
+            (Action::Oom, device_free) => {
+                map.serialize_entry("device_free", &PyInt(device_free.unwrap_or(0)))?
+            }
+            (_, _) => map.serialize_entry("addr", &PyInt(self.addr))?,
+        }
+        map.serialize_entry("size", &PyInt(self.size))?;
+        map.serialize_entry("stream", &PyInt(self.stream))?;
+        map.serialize_entry("time_us", &PyInt(self.time_us))?;
+        map.serialize_entry("frames", &NoFrames)?;
+        map.end()
+    }
+}
