@@ -1,15 +1,13 @@
 //! The allocators under test behind one small trait: the three Rust peers over one fixed arena,
 //! each gpumem policy through a [`Pool`] on the address-only simulated device, and each policy
-//! alone through its [`Upstream`].
+//! alone through a [`PolicyDriver`].
 
 use std::sync::{Arc, Mutex};
 
 use buddy_system_allocator::FrameAllocator;
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::{AddressMap, StreamId};
-use gpumem_pool::{
-    AllocRequest, Block, History, MemoryStats, Policy, PolicyKind, Pool, PoolConfig, Upstream,
-};
+use gpumem_pool::{AllocRequest, Block, PolicyDriver, PolicyKind, Pool, PoolConfig};
 use offset_allocator::Allocation;
 use range_alloc::RangeAllocator;
 
@@ -357,15 +355,12 @@ impl Arena for PoolArena {
     }
 }
 
-/// A gpumem policy driven directly: `Policy::allocate` / `Policy::free` through an [`Upstream`]
-/// over the address-only [`SimDevice`] (hard limit none, history off), as the pool calls them
-/// but without the pool around it. A failed allocation is not retried after a reclaim (the
-/// device is never full here).
+/// A gpumem policy driven directly through a [`PolicyDriver`] (`Policy::allocate` /
+/// `Policy::free` through its upstream layers) over the address-only [`SimDevice`] (hard limit
+/// none, history off), as the pool calls them but without the pool around it. A failed
+/// allocation is not retried after a reclaim (the device is never full here).
 pub struct PolicyArena {
-    device: SimDevice,
-    policy: Box<dyn Policy>,
-    stats: MemoryStats,
-    history: History,
+    driver: PolicyDriver,
     allocated: u64,
 }
 
@@ -376,12 +371,10 @@ impl PolicyArena {
             policy: kind,
             ..PoolConfig::default()
         };
+        let device = SimDevice::new(SimConfig::address_only(POOL_DEVICE_CAPACITY))
+            .expect("address-only simulated device");
         PolicyArena {
-            device: SimDevice::new(SimConfig::address_only(POOL_DEVICE_CAPACITY))
-                .expect("address-only simulated device"),
-            policy: gpumem_pool::policies::build(&config),
-            stats: MemoryStats::default(),
-            history: History::default(),
+            driver: PolicyDriver::new(Arc::new(device), kind.build(&config), None),
             allocated: 0,
         }
     }
@@ -392,12 +385,11 @@ impl Arena for PolicyArena {
 
     #[inline]
     fn alloc(&mut self, size: u64) -> Option<Block> {
-        let mut up = Upstream::new(&self.device, None, &mut self.stats, &mut self.history);
         let request = AllocRequest {
             size,
             stream: StreamId::DEFAULT,
         };
-        let block = self.policy.allocate(request, &mut up).ok()?;
+        let block = self.driver.allocate(request).ok()?;
         self.allocated += block.size;
         Some(block)
     }
@@ -405,8 +397,7 @@ impl Arena for PolicyArena {
     #[inline]
     fn free(&mut self, block: Block) {
         self.allocated -= block.size;
-        let mut up = Upstream::new(&self.device, None, &mut self.stats, &mut self.history);
-        self.policy.free(block, &mut up);
+        self.driver.free(block);
     }
 
     fn span(&self, block: Block) -> (u64, u64) {
@@ -414,17 +405,18 @@ impl Arena for PolicyArena {
     }
 
     fn peak_reserved(&self) -> Option<u64> {
-        Some(self.stats.reserved_bytes.all.peak)
+        Some(self.driver.stats().reserved_bytes.all.peak)
     }
 
     fn free_space(&self) -> Option<(u64, u64)> {
         Some((
-            self.stats
+            self.driver
+                .stats()
                 .reserved_bytes
                 .all
                 .current
                 .saturating_sub(self.allocated),
-            self.policy.largest_free_block(),
+            self.driver.policy().largest_free_block(),
         ))
     }
 }

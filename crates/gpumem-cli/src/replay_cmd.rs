@@ -2,11 +2,9 @@
 
 use std::path::PathBuf;
 
-use clap::ValueEnum;
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::{parse_limit, Bytes, Limit, PolicyKind};
 use gpumem_replay::{replay, PolicyReport, Progress, ReplayOptions};
-use gpumem_trace::Snapshot;
 use gpumem_trace::{read, read_path, Format, ReadOptions, Trace};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -28,8 +26,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     device: Option<usize>,
     /// Policy to replay through, or `all`.
-    #[arg(long, value_enum, default_value_t = PolicyChoice::All)]
-    policy: PolicyChoice,
+    #[arg(long, default_value = "all", value_parser = parse_policies, long_help = policy_help())]
+    policy: PolicySelection,
     /// Device capacity to check for out-of-memory, e.g. 24GiB or 80G.
     #[arg(long, value_parser = parse_capacity)]
     capacity: Option<u64>,
@@ -50,26 +48,25 @@ pub struct ReplayArgs {
     snapshot: Option<PathBuf>,
 }
 
-/// A policy name on the command line, or all of them.
-#[derive(Clone, Copy, ValueEnum)]
-enum PolicyChoice {
-    None,
-    Torch,
-    Expandable,
-    Gpumem,
-    All,
+/// The policies `--policy` names: one, or every built-in policy for `all`.
+#[derive(Clone)]
+struct PolicySelection(Vec<PolicyKind>);
+
+fn parse_policies(text: &str) -> Result<PolicySelection, String> {
+    if text.trim() == "all" {
+        return Ok(PolicySelection(PolicyKind::ALL.to_vec()));
+    }
+    text.parse()
+        .map(|kind| PolicySelection(vec![kind]))
+        .map_err(|accepted| format!("{accepted}, or all"))
 }
 
-impl PolicyChoice {
-    fn policies(self) -> Vec<PolicyKind> {
-        match self {
-            PolicyChoice::None => vec![PolicyKind::None],
-            PolicyChoice::Torch => vec![PolicyKind::Torch],
-            PolicyChoice::Expandable => vec![PolicyKind::Expandable],
-            PolicyChoice::Gpumem => vec![PolicyKind::Gpumem],
-            PolicyChoice::All => PolicyKind::ALL.to_vec(),
-        }
-    }
+/// `--policy`'s long help: every policy with what it is, from the policy table.
+fn policy_help() -> String {
+    format!(
+        "Policy to replay through, or `all` for every one.\n{}",
+        PolicyKind::help()
+    )
 }
 
 fn parse_capacity(text: &str) -> Result<u64, String> {
@@ -102,11 +99,12 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
         }
         None => TorchSettings::default(),
     };
-    let policies = args.policy.policies();
+    let policies = args.policy.0;
     if args.snapshot.is_some() && policies.len() != 1 {
-        return Err(
-            "--snapshot needs a single --policy (none, torch, expandable or gpumem)".into(),
-        );
+        return Err(format!(
+            "--snapshot needs a single --policy ({})",
+            PolicyKind::names()
+        ));
     }
     let options = ReplayOptions {
         capacity: args.capacity,
@@ -129,7 +127,11 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
         let replay =
             replay(&trace, policy, &options, &mut on_progress).map_err(|e| e.to_string())?;
         if let Some(path) = &args.snapshot {
-            write_snapshot(&replay.pool.snapshot(), path)?;
+            replay
+                .pool
+                .snapshot()
+                .write_path(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
         }
         reports.push(replay.report);
     }
@@ -140,16 +142,6 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
         print_table(&trace, args.capacity, &reports);
         Ok(())
     }
-}
-
-fn write_snapshot(snapshot: &Snapshot, path: &std::path::Path) -> Result<(), String> {
-    let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let written = if path.extension().is_some_and(|e| e == "json") {
-        snapshot.write_json(file)
-    } else {
-        snapshot.write_pickle(file)
-    };
-    written.map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn progress_bar(total: u64) -> ProgressBar {

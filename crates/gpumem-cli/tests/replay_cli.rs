@@ -155,7 +155,10 @@ fn bad_input_is_a_clear_error() {
         ),
         (vec!["replay", "--capacity", "12bananas"], "accepted"),
         (vec!["replay", "--capacity", "50%"], "absolute"),
-        (vec!["replay", "--policy", "fastest"], "possible values"),
+        (
+            vec!["replay", "--policy", "fastest"],
+            "one of none, torch, expandable, gpumem, or all",
+        ),
         (vec!["replay", "--format", "csv"], "expected one of"),
         (
             vec!["replay", "--pytorch-alloc-conf", "max_split_size_mb:5"],

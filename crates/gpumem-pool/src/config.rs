@@ -16,7 +16,8 @@ use std::str::FromStr;
 use crate::policies::torch_settings::TorchSettings;
 use crate::size::{parse_limit, Limit, ACCEPTED_SIZE_FORMS};
 
-/// The placement policy a pool runs.
+/// A built-in placement policy. Outside policies need no kind: they are passed to
+/// [`crate::Pool::with_policy`] as they are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PolicyKind {
     /// No caching: every allocation is a device allocation, every free a device free.
@@ -29,23 +30,73 @@ pub enum PolicyKind {
     Gpumem,
 }
 
-impl PolicyKind {
-    /// Every policy, in the order reports list them.
-    pub const ALL: [PolicyKind; 4] = [
+/// The one table of built-in policies, in [`PolicyKind`] declaration order: the name used in
+/// `GPUMEM_POOL` and on the command line, and what the policy is. Parsing, listing, help text
+/// and error messages all read it.
+const BUILT_IN: [(PolicyKind, &str, &str); 4] = [
+    (
         PolicyKind::None,
+        "none",
+        "no caching: every allocation and free goes to the device",
+    ),
+    (
         PolicyKind::Torch,
+        "torch",
+        "PyTorch's caching allocator, faithfully (PYTORCH_ALLOC_CONF applies)",
+    ),
+    (
         PolicyKind::Expandable,
+        "expandable",
+        "PyTorch's allocator with expandable_segments:True",
+    ),
+    (
         PolicyKind::Gpumem,
-    ];
+        "gpumem",
+        "gpumem's own policy: TLSF over per-stream VA, pages mapped on demand (default)",
+    ),
+];
+
+const _: () = {
+    // The table is indexed by `kind as usize`: its order must be the declaration order.
+    let mut i = 0;
+    while i < BUILT_IN.len() {
+        assert!(BUILT_IN[i].0 as usize == i);
+        i += 1;
+    }
+};
+
+impl PolicyKind {
+    /// Every built-in policy, in the order reports list them.
+    pub const ALL: [PolicyKind; BUILT_IN.len()] = {
+        let mut all = [PolicyKind::None; BUILT_IN.len()];
+        let mut i = 0;
+        while i < BUILT_IN.len() {
+            all[i] = BUILT_IN[i].0;
+            i += 1;
+        }
+        all
+    };
 
     /// The name used in `GPUMEM_POOL` and on the command line.
     pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyKind::None => "none",
-            PolicyKind::Torch => "torch",
-            PolicyKind::Expandable => "expandable",
-            PolicyKind::Gpumem => "gpumem",
-        }
+        BUILT_IN[self as usize].1
+    }
+
+    /// One line saying what the policy is, for help texts.
+    pub fn description(self) -> &'static str {
+        BUILT_IN[self as usize].2
+    }
+
+    /// Every name, comma-separated: what `GPUMEM_POOL` and `--policy` accept.
+    pub fn names() -> String {
+        BUILT_IN.map(|entry| entry.1).join(", ")
+    }
+
+    /// One line per policy, `name: description`, for `--help`.
+    pub fn help() -> String {
+        BUILT_IN
+            .map(|(_, name, what)| format!("{name}: {what}"))
+            .join("\n")
     }
 }
 
@@ -58,37 +109,44 @@ impl fmt::Display for PolicyKind {
 impl FromStr for PolicyKind {
     type Err = String;
 
+    /// Parses a policy name; the error lists the accepted names.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        PolicyKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s.trim())
-            .ok_or_else(|| "one of none, torch, expandable, gpumem".to_string())
+        BUILT_IN
+            .iter()
+            .find(|entry| entry.1 == s.trim())
+            .map(|entry| entry.0)
+            .ok_or_else(|| format!("one of {}", PolicyKind::names()))
     }
 }
 
-/// Everything that shapes a pool's behaviour.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PoolConfig {
-    /// The placement policy.
-    pub policy: PolicyKind,
+/// What the pool frame itself is configured with, whatever the policy: limits and history.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolOptions {
     /// Cached memory above this is released at synchronisation points.
     pub soft_limit: Option<Limit>,
     /// Reserved memory never exceeds this.
     pub hard_limit: Option<Limit>,
-    /// PyTorch allocator options, used by the `torch` and `expandable` policies.
-    pub torch: TorchSettings,
     /// Events to keep in the history ring (0: recording off).
     pub history_capacity: usize,
+}
+
+/// Everything that shapes a pool built from a built-in policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolConfig {
+    /// The placement policy.
+    pub policy: PolicyKind,
+    /// PyTorch allocator options, used by the `torch` and `expandable` policies.
+    pub torch: TorchSettings,
+    /// Limits and history.
+    pub options: PoolOptions,
 }
 
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
             policy: PolicyKind::Gpumem,
-            soft_limit: None,
-            hard_limit: None,
             torch: TorchSettings::default(),
-            history_capacity: 0,
+            options: PoolOptions::default(),
         }
     }
 }
@@ -125,10 +183,10 @@ impl PoolConfig {
                 accepted,
             })?;
         }
-        config.soft_limit = limit_var(&lookup, "GPUMEM_SOFT_LIMIT")?;
-        config.hard_limit = limit_var(&lookup, "GPUMEM_HARD_LIMIT")?;
+        config.options.soft_limit = limit_var(&lookup, "GPUMEM_SOFT_LIMIT")?;
+        config.options.hard_limit = limit_var(&lookup, "GPUMEM_HARD_LIMIT")?;
         if let Some(value) = lookup("GPUMEM_HISTORY") {
-            config.history_capacity = value.trim().parse().map_err(|_| ConfigError {
+            config.options.history_capacity = value.trim().parse().map_err(|_| ConfigError {
                 source_name: "GPUMEM_HISTORY".into(),
                 value: value.clone(),
                 problem: "not a whole number".into(),
@@ -144,10 +202,12 @@ impl PoolConfig {
                 break;
             }
         }
-        config.validate()?;
+        config.options.validate()?;
         Ok(config)
     }
+}
 
+impl PoolOptions {
     /// Checks what can be checked without knowing the device: a soft limit above a hard limit
     /// of the same kind (both absolute, or both percentages).
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -218,9 +278,9 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.policy, PolicyKind::Torch);
-        assert_eq!(c.soft_limit, Some(Limit::Fraction(0.5)));
-        assert_eq!(c.hard_limit, Some(Limit::Bytes(2 << 30)));
-        assert_eq!(c.history_capacity, 1000);
+        assert_eq!(c.options.soft_limit, Some(Limit::Fraction(0.5)));
+        assert_eq!(c.options.hard_limit, Some(Limit::Bytes(2 << 30)));
+        assert_eq!(c.options.history_capacity, 1000);
         assert_eq!(from(&[]).unwrap(), PoolConfig::default());
     }
 

@@ -1,17 +1,16 @@
 //! Optional recording of every allocator event in a bounded ring buffer, in the vocabulary of
 //! PyTorch's memory snapshots (`alloc`, `free_requested`, `free_completed`, `segment_alloc`,
-//! …), so that a pool's history is a snapshot's `device_traces` as it stands. When recording
-//! is off the cost is one branch per event.
+//! …), so that a pool's history is a snapshot's `device_traces` as it stands. The history is
+//! one observer of the pool's events ([`crate::PoolObserver`]), the one snapshots read.
 
 use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use gpumem_device::{DevicePtr, StreamId};
-use gpumem_snapshot::{Action, TraceEntry};
+use gpumem_snapshot::TraceEntry;
+
+use crate::events::{PoolEvent, PoolObserver};
 
 /// The recorder: off, or a ring buffer of at most `capacity` entries that drops the oldest.
-/// Public so that a policy can be driven without a pool (benchmarks of placement alone build
-/// their own [`crate::Upstream`] over a device, statistics and a history that is off).
 #[derive(Debug, Default)]
 pub struct History {
     ring: Option<Ring>,
@@ -44,22 +43,9 @@ impl History {
         }
     }
 
-    /// Records an event if recording is on.
-    #[inline]
-    pub fn record(&mut self, action: Action, addr: DevicePtr, size: u64, stream: StreamId) {
-        // The test is here, inlined into every caller, so that a pool with recording off
-        // pays one branch and no call.
-        if let Some(ring) = &mut self.ring {
-            ring.push(action, addr, size, stream, None);
-        }
-    }
-
-    /// Records an out-of-memory failure of a `size`-byte request while the device had
-    /// `device_free` bytes free.
-    pub fn record_oom(&mut self, size: u64, stream: StreamId, device_free: u64) {
-        if let Some(ring) = &mut self.ring {
-            ring.push(Action::Oom, 0, size, stream, Some(device_free));
-        }
+    /// Whether recording is on.
+    pub fn is_recording(&self) -> bool {
+        self.ring.is_some()
     }
 
     /// The recorded entries, oldest first.
@@ -73,16 +59,17 @@ impl History {
     }
 }
 
+impl PoolObserver for History {
+    fn on_event(&mut self, event: &PoolEvent) {
+        if let Some(ring) = &mut self.ring {
+            ring.push(event);
+        }
+    }
+}
+
 impl Ring {
-    /// Appends an entry, dropping the oldest when full.
-    fn push(
-        &mut self,
-        action: Action,
-        addr: DevicePtr,
-        size: u64,
-        stream: StreamId,
-        device_free: Option<u64>,
-    ) {
+    /// Appends an event, dropping the oldest entry when full.
+    fn push(&mut self, event: &PoolEvent) {
         if self.entries.len() == self.capacity {
             self.entries.pop_front();
             self.dropped += 1;
@@ -92,12 +79,12 @@ impl Ring {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
         self.entries.push_back(TraceEntry {
-            action,
-            addr,
-            size,
-            stream: stream.0,
+            action: event.action,
+            addr: event.addr,
+            size: event.size,
+            stream: event.stream.0,
             time_us,
-            device_free,
+            device_free: event.device_free,
         });
     }
 }
@@ -105,22 +92,34 @@ impl Ring {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpumem_device::StreamId;
+    use gpumem_snapshot::Action;
+
+    fn event(action: Action, addr: u64, size: u64) -> PoolEvent {
+        PoolEvent {
+            action,
+            addr,
+            size,
+            stream: StreamId(7),
+            device_free: (action == Action::Oom).then_some(42),
+        }
+    }
 
     #[test]
     fn off_records_nothing_and_ring_drops_oldest() {
         let mut h = History::default();
-        h.record(Action::Alloc, 1, 1, StreamId::DEFAULT);
+        h.on_event(&event(Action::Alloc, 1, 1));
         assert_eq!(h.entries().count(), 0);
         h.set_capacity(2);
         for addr in 1..=3 {
-            h.record(Action::Alloc, addr, 8, StreamId::DEFAULT);
+            h.on_event(&event(Action::Alloc, addr, 8));
         }
         let addrs: Vec<_> = h.entries().map(|e| e.addr).collect();
         assert_eq!(addrs, vec![2, 3]);
         assert_eq!(h.dropped(), 1);
         h.set_capacity(1);
         assert_eq!(h.entries().map(|e| e.addr).collect::<Vec<_>>(), vec![3]);
-        h.record_oom(100, StreamId(7), 42);
+        h.on_event(&event(Action::Oom, 0, 100));
         let oom = h.entries().next().unwrap();
         assert_eq!(
             (oom.action, oom.size, oom.stream, oom.device_free),

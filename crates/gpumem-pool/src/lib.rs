@@ -15,22 +15,30 @@
 #![deny(unsafe_code)]
 
 mod config;
+mod driver;
+mod events;
 mod history;
 mod oom;
 pub mod policies;
 mod policy;
 mod pool;
+mod registry;
 mod size;
 mod stats;
 
-pub use config::{ConfigError, PolicyKind, PoolConfig};
+pub use config::{ConfigError, PolicyKind, PoolConfig, PoolOptions};
+pub use driver::PolicyDriver;
+pub use events::{EventSink, PoolEvent, PoolObserver};
 pub use gpumem_snapshot::{Action, TraceEntry};
 pub use history::History;
-pub use oom::{Advice, OomError};
+pub use oom::{Advice, OomError, PoolFacts};
 pub use policy::{
     AllocRequest, Block, BlockHandle, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView,
     Upstream, UpstreamError,
 };
 pub use pool::{Allocation, Pool, PoolError, PoolStatus};
+pub use registry::{global_registry, DeviceRegistry};
 pub use size::{parse_limit, Bytes, Limit, SizeParseError, ACCEPTED_SIZE_FORMS};
-pub use stats::{MemoryStats, SizeClass, Stat, StatArray, SMALL_REQUEST_MAX};
+pub use stats::{
+    DeviceCalls, MemoryStats, SizeClass, Stat, StatArray, StatRecord, SMALL_REQUEST_MAX,
+};

@@ -5,8 +5,7 @@ use std::fmt;
 
 use gpumem_device::StreamId;
 
-use crate::config::PolicyKind;
-use crate::policy::UpstreamError;
+use crate::policy::{AllocRequest, Exhausted, UpstreamError};
 use crate::size::Bytes;
 
 /// One suggestion in an OOM error.
@@ -20,6 +19,28 @@ pub struct Advice {
     pub bytes: u64,
 }
 
+/// What the pool and the device held when an allocation failed: the numbers an
+/// [`OomError`] explains.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolFacts {
+    /// The name of the policy in force.
+    pub policy: &'static str,
+    /// Device name.
+    pub device: String,
+    /// Device total memory.
+    pub device_total: u64,
+    /// Device free memory when the allocation failed.
+    pub device_free: u64,
+    /// Bytes allocated from the pool.
+    pub allocated: u64,
+    /// Bytes reserved by the pool from the device.
+    pub reserved: u64,
+    /// The largest cached block.
+    pub largest_free_block: u64,
+    /// The hard limit in force, if any.
+    pub hard_limit: Option<u64>,
+}
+
 /// An allocation that failed after the pool freed its cache and retried.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OomError {
@@ -29,8 +50,8 @@ pub struct OomError {
     pub attempted: u64,
     /// Stream of the request.
     pub stream: StreamId,
-    /// The policy in force.
-    pub policy: PolicyKind,
+    /// The name of the policy in force.
+    pub policy: String,
     /// Device name.
     pub device: String,
     /// Device total memory.
@@ -64,21 +85,43 @@ impl OomError {
             .saturating_sub(self.reserved)
     }
 
+    /// The explained failure of `request`: what the policy last tried (`failure`), what the
+    /// pool and device held (`facts`), and what to try, ranked by the bytes each could make
+    /// available. `fragmentation_advice` is the policy's own suggestion for memory that is
+    /// reserved but unusable ([`crate::Policy::fragmentation_advice`]). The one place an OOM
+    /// error is put together.
+    pub fn explain(
+        request: AllocRequest,
+        failure: Exhausted,
+        facts: PoolFacts,
+        fragmentation_advice: &str,
+    ) -> OomError {
+        let error = OomError {
+            requested: request.size,
+            attempted: failure.attempted,
+            stream: request.stream,
+            policy: facts.policy.to_string(),
+            device: facts.device,
+            device_total: facts.device_total,
+            device_free: facts.device_free,
+            allocated: facts.allocated,
+            reserved: facts.reserved,
+            largest_free_block: facts.largest_free_block,
+            hard_limit: facts.hard_limit,
+            cause: failure.cause,
+            advice: Vec::new(),
+        };
+        error.with_advice(fragmentation_advice)
+    }
+
     /// Fills in [`OomError::advice`] from the numbers, ranked by bytes each could free.
-    pub(crate) fn with_advice(mut self) -> Self {
+    fn with_advice(mut self, fragmentation_advice: &str) -> Self {
         let mut advice = Vec::new();
         let shortfall = self.requested.saturating_sub(self.largest_free_block);
         let idle = self.reserved_unallocated();
         if idle > 0 {
-            let action = match self.policy {
-                PolicyKind::Torch => "try GPUMEM_POOL=gpumem (or GPUMEM_POOL=expandable)",
-                PolicyKind::Expandable => "try GPUMEM_POOL=gpumem",
-                PolicyKind::None | PolicyKind::Gpumem => {
-                    "free blocks that are no longer needed sooner; look at the snapshot (GPUMEM_HISTORY) for long-lived small blocks between large ones"
-                }
-            };
             advice.push(Advice {
-                action: action.into(),
+                action: fragmentation_advice.to_string(),
                 reason: format!(
                     "{} reserved but unallocated, largest free block {} — fragmentation",
                     Bytes(idle),

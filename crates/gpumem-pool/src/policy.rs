@@ -10,9 +10,9 @@
 
 use gpumem_device::{Device, DeviceError, DevicePtr, PhysicalHandle, StreamId};
 
-use crate::history::History;
+use crate::events::EventSink;
 use crate::stats::{MemoryStats, SizeClass};
-use gpumem_snapshot::Action;
+use gpumem_snapshot::{Action, SettingValue};
 
 /// A request as the pool hands it to a policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,8 +117,35 @@ pub struct BlockView {
 /// - `free` takes back exactly the blocks `allocate` returned, once each;
 /// - after `release_cached(All)` with no blocks in use, the policy holds no device memory.
 pub trait Policy: Send {
-    /// The policy's name (`torch`, `expandable`, `gpumem`, `none`).
+    /// The policy's name (`torch`, `expandable`, `gpumem`, `none`, or an outside policy's
+    /// own), shown in status, OOM messages, snapshots and reports.
     fn name(&self) -> &'static str;
+
+    /// The settings in force, as snapshot `allocator_settings` entries (PyTorch's key names
+    /// where PyTorch has the setting), for snapshots and status.
+    fn settings(&self) -> Vec<(String, SettingValue)> {
+        Vec::new()
+    }
+
+    /// Whether freed blocks are kept for reuse; `false` for a policy that frees every block
+    /// to the device at once (its status then says no pool is in use).
+    fn caches(&self) -> bool {
+        true
+    }
+
+    /// The size from which blocks are never split, for PyTorch's `max_split_size` statistic;
+    /// `None` when the policy has no such threshold.
+    fn max_split_size(&self) -> Option<u64> {
+        None
+    }
+
+    /// What to try when an allocation failed although enough memory was reserved but
+    /// unallocated — the fragmentation this policy leaves — for the OOM explanation.
+    fn fragmentation_advice(&self) -> String {
+        "free blocks that are no longer needed sooner; look at the snapshot (GPUMEM_HISTORY) \
+         for long-lived small blocks between large ones"
+            .to_string()
+    }
 
     /// Serves a request from the cache or by obtaining device memory through `up`. A policy may
     /// release some of its own cache and retry the device (PyTorch frees oversize blocks, say)
@@ -175,28 +202,30 @@ impl UpstreamError {
 }
 
 /// The device as a policy reaches it: each call checks the hard limit, updates segment and
-/// reserved-bytes statistics and device-call counts, and records history.
+/// reserved-bytes statistics and device-call counts, and emits the pool's segment events. Every
+/// device call a policy makes goes through here, so the counts in
+/// [`MemoryStats::device_calls`] are exact on every backend.
 pub struct Upstream<'a> {
     device: &'a dyn Device,
     hard_limit: Option<u64>,
     /// Statistics, for policies that keep policy-specific ones (inactive splits, oversize).
     pub stats: &'a mut MemoryStats,
-    history: &'a mut History,
+    events: &'a mut EventSink,
 }
 
 impl<'a> Upstream<'a> {
-    /// Layers the limit, statistics and history over `device`.
+    /// Layers the limit, statistics and event emission over `device`.
     pub fn new(
         device: &'a dyn Device,
         hard_limit: Option<u64>,
         stats: &'a mut MemoryStats,
-        history: &'a mut History,
+        events: &'a mut EventSink,
     ) -> Self {
         Upstream {
             device,
             hard_limit,
             stats,
-            history,
+            events,
         }
     }
 
@@ -251,11 +280,12 @@ impl<'a> Upstream<'a> {
         stream: StreamId,
     ) -> Result<DevicePtr, UpstreamError> {
         self.check_limit(size)?;
+        self.stats.device_calls.malloc += 1;
         let ptr = self.device.malloc(size)?;
         self.stats.num_device_alloc += 1;
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
-        self.history.record(Action::SegmentAlloc, ptr, size, stream);
+        self.events.emit(Action::SegmentAlloc, ptr, size, stream);
         Ok(ptr)
     }
 
@@ -267,22 +297,27 @@ impl<'a> Upstream<'a> {
         pool: SizeClass,
         stream: StreamId,
     ) -> Result<(), UpstreamError> {
+        self.stats.device_calls.free += 1;
         self.device.free(ptr)?;
         self.stats.num_device_free += 1;
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, size);
-        self.history.record(Action::SegmentFree, ptr, size, stream);
+        self.events.emit(Action::SegmentFree, ptr, size, stream);
         Ok(())
     }
 
     /// Reserves address space (no memory, no statistics).
     pub fn reserve_address(&mut self, size: u64) -> Result<DevicePtr, UpstreamError> {
-        Ok(self.vmm()?.reserve(size)?)
+        let vmm = self.vmm()?;
+        self.stats.device_calls.reserve += 1;
+        Ok(vmm.reserve(size)?)
     }
 
     /// Returns address space from [`Upstream::reserve_address`].
     pub fn release_address(&mut self, ptr: DevicePtr, size: u64) -> Result<(), UpstreamError> {
-        Ok(self.vmm()?.release_reservation(ptr, size)?)
+        let vmm = self.vmm()?;
+        self.stats.device_calls.release_reservation += 1;
+        Ok(vmm.release_reservation(ptr, size)?)
     }
 
     /// Creates a physical chunk of `size` bytes and maps it at `ptr`: reserved memory grows by
@@ -296,15 +331,19 @@ impl<'a> Upstream<'a> {
     ) -> Result<PhysicalHandle, UpstreamError> {
         self.check_limit(size)?;
         let vmm = self.vmm()?;
+        let calls = &mut self.stats.device_calls;
+        calls.create_physical += 1;
         let handle = vmm.create_physical(size)?;
+        calls.map += 1;
         if let Err(e) = vmm.map(ptr, handle) {
             // The chunk was never visible: give it back before reporting.
+            calls.release_physical += 1;
             let _ = vmm.release_physical(handle);
             return Err(e.into());
         }
         self.stats.num_device_alloc += 1;
         self.stats.reserved_bytes.increase(pool, size);
-        self.history.record(Action::SegmentMap, ptr, size, stream);
+        self.events.emit(Action::SegmentMap, ptr, size, stream);
         Ok(handle)
     }
 
@@ -314,7 +353,9 @@ impl<'a> Upstream<'a> {
         ptr: DevicePtr,
         handle: PhysicalHandle,
     ) -> Result<(), UpstreamError> {
-        self.vmm()?.map(ptr, handle)?;
+        let vmm = self.vmm()?;
+        self.stats.device_calls.map += 1;
+        vmm.map(ptr, handle)?;
         self.stats.num_device_alloc += 1;
         Ok(())
     }
@@ -322,7 +363,9 @@ impl<'a> Upstream<'a> {
     /// Unmaps `[ptr, ptr+size)` without releasing the chunks behind it (they may be mapped
     /// elsewhere too).
     pub fn unmap(&mut self, ptr: DevicePtr, size: u64) -> Result<(), UpstreamError> {
-        self.vmm()?.unmap(ptr, size)?;
+        let vmm = self.vmm()?;
+        self.stats.device_calls.unmap += 1;
+        vmm.unmap(ptr, size)?;
         self.stats.num_device_free += 1;
         Ok(())
     }
@@ -337,9 +380,11 @@ impl<'a> Upstream<'a> {
         pool: SizeClass,
         stream: StreamId,
     ) -> Result<(), UpstreamError> {
-        self.vmm()?.unmap(ptr, size)?;
+        let vmm = self.vmm()?;
+        self.stats.device_calls.unmap += 1;
+        vmm.unmap(ptr, size)?;
         self.release_physical(handle, size, pool)?;
-        self.history.record(Action::SegmentUnmap, ptr, size, stream);
+        self.events.emit(Action::SegmentUnmap, ptr, size, stream);
         Ok(())
     }
 
@@ -362,10 +407,14 @@ impl<'a> Upstream<'a> {
         })?;
         self.check_limit(total)?;
         let vmm = self.vmm()?;
+        let calls = &mut self.stats.device_calls;
         let mut handles = Vec::new();
         for at in (0..count).map(|i| ptr + i * chunk) {
+            calls.create_physical += 1;
             let mapped = vmm.create_physical(chunk).and_then(|handle| {
+                calls.map += 1;
                 vmm.map(at, handle).map(|()| handle).inspect_err(|_| {
+                    calls.release_physical += 1;
                     let _ = vmm.release_physical(handle);
                 })
             });
@@ -373,7 +422,9 @@ impl<'a> Upstream<'a> {
                 Ok(handle) => handles.push(handle),
                 Err(e) => {
                     for (i, &handle) in handles.iter().enumerate() {
+                        calls.unmap += 1;
                         let _ = vmm.unmap(ptr + i as u64 * chunk, chunk);
+                        calls.release_physical += 1;
                         let _ = vmm.release_physical(handle);
                     }
                     return Err(e.into());
@@ -382,7 +433,7 @@ impl<'a> Upstream<'a> {
         }
         self.stats.num_device_alloc += 1;
         self.stats.reserved_bytes.increase(pool, total);
-        self.history.record(Action::SegmentMap, ptr, total, stream);
+        self.events.emit(Action::SegmentMap, ptr, total, stream);
         Ok(handles)
     }
 
@@ -401,20 +452,23 @@ impl<'a> Upstream<'a> {
         let Ok(vmm) = self.vmm() else {
             return 0;
         };
+        let calls = &mut self.stats.device_calls;
         let released = handles
             .iter()
             .enumerate()
             .take_while(|&(i, &handle)| {
-                vmm.unmap(ptr + i as u64 * chunk, chunk).is_ok()
-                    && vmm.release_physical(handle).is_ok()
+                calls.unmap += 1;
+                vmm.unmap(ptr + i as u64 * chunk, chunk).is_ok() && {
+                    calls.release_physical += 1;
+                    vmm.release_physical(handle).is_ok()
+                }
             })
             .count();
         if released > 0 {
             let total = released as u64 * chunk;
             self.stats.num_device_free += 1;
             self.stats.reserved_bytes.decrease(pool, total);
-            self.history
-                .record(Action::SegmentUnmap, ptr, total, stream);
+            self.events.emit(Action::SegmentUnmap, ptr, total, stream);
         }
         released
     }
@@ -427,15 +481,17 @@ impl<'a> Upstream<'a> {
         size: u64,
         pool: SizeClass,
     ) -> Result<(), UpstreamError> {
-        self.vmm()?.release_physical(handle)?;
+        let vmm = self.vmm()?;
+        self.stats.device_calls.release_physical += 1;
+        vmm.release_physical(handle)?;
         self.stats.num_device_free += 1;
         self.stats.reserved_bytes.decrease(pool, size);
         Ok(())
     }
 
-    /// Records a policy-level history event (e.g. a segment created by mapping).
+    /// Emits a policy-level pool event (e.g. a segment created by mapping).
     pub fn record(&mut self, action: Action, addr: DevicePtr, size: u64, stream: StreamId) {
-        self.history.record(action, addr, size, stream);
+        self.events.emit(action, addr, size, stream);
     }
 
     fn vmm(&self) -> Result<&'a dyn gpumem_device::VirtualMemory, UpstreamError> {

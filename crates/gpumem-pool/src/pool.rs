@@ -6,12 +6,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpumem_device::{AddressMap, Device, DeviceError, DevicePtr, EventId, StreamId};
 
-use crate::config::{ConfigError, PolicyKind, PoolConfig};
-use crate::history::History;
-use crate::oom::OomError;
-use crate::policies;
+use crate::config::{ConfigError, PoolConfig, PoolOptions};
+use crate::driver::PolicyDriver;
+use crate::events::PoolObserver;
+use crate::oom::{OomError, PoolFacts};
 use crate::policy::{
-    AllocRequest, Block, BlockHandle, Policy, ReleaseTarget, SegmentView, Upstream, UpstreamError,
+    AllocRequest, Block, BlockHandle, Exhausted, Policy, ReleaseTarget, SegmentView, UpstreamError,
 };
 use crate::size::Bytes;
 use crate::stats::{MemoryStats, SizeClass};
@@ -54,7 +54,8 @@ pub enum PoolError {
 /// A caching device-memory pool. Thread-safe: share it behind an `Arc`.
 pub struct Pool {
     device: Arc<dyn Device>,
-    kind: PolicyKind,
+    /// The policy's name, asked once.
+    policy_name: &'static str,
     device_total: u64,
     soft_limit: Option<u64>,
     hard_limit: Option<u64>,
@@ -62,9 +63,8 @@ pub struct Pool {
 }
 
 struct Inner {
-    policy: Box<dyn Policy>,
-    stats: MemoryStats,
-    history: History,
+    /// The policy with its upstream layers, statistics and events.
+    driver: PolicyDriver,
     /// Handed-out blocks by address: the one table every allocation and free updates.
     live: AddressMap<LiveBlock>,
     /// Streams other than the allocation stream that used a live block (`record_stream`),
@@ -117,28 +117,35 @@ struct PendingFree {
 }
 
 impl Pool {
-    /// A pool over `device` configured by `config`.
+    /// A pool of the built-in policy `config` names, with its settings, limits and history.
     pub fn new(device: Arc<dyn Device>, config: PoolConfig) -> Result<Pool, PoolError> {
+        let policy = config.policy.build(&config);
+        Pool::with_policy(device, policy, config.options)
+    }
+
+    /// A pool running `policy` — a built-in one or any other implementation of [`Policy`] —
+    /// over `device`, with `options`' limits and history. The pool owns what is the same for
+    /// every policy (live blocks, block statistics, cross-stream frees, reclaim and retry,
+    /// limits, events, the OOM explanation); the policy owns placement.
+    pub fn with_policy(
+        device: Arc<dyn Device>,
+        policy: Box<dyn Policy>,
+        options: PoolOptions,
+    ) -> Result<Pool, PoolError> {
         let total = device.mem_info()?.total;
-        let (soft_limit, hard_limit) = config.resolve_limits(total)?;
-        let mut stats = MemoryStats {
-            max_split_size: config.torch.max_split_size,
-            ..MemoryStats::default()
-        };
-        if !matches!(config.policy, PolicyKind::Torch | PolicyKind::Expandable) {
-            stats.max_split_size = u64::MAX;
-        }
-        let mut history = History::default();
-        history.set_capacity(config.history_capacity);
+        let (soft_limit, hard_limit) = options.resolve_limits(total)?;
+        let policy_name = policy.name();
+        let mut driver = PolicyDriver::new(device.clone(), policy, hard_limit);
+        driver
+            .events_mut()
+            .set_history_capacity(options.history_capacity);
         Ok(Pool {
-            kind: config.policy,
+            policy_name,
             device_total: total,
             soft_limit,
             hard_limit,
             inner: Mutex::new(Inner {
-                policy: policies::build(&config),
-                stats,
-                history,
+                driver,
                 live: AddressMap::default(),
                 stream_uses: AddressMap::default(),
                 pending: Vec::new(),
@@ -152,9 +159,16 @@ impl Pool {
         Pool::new(device, PoolConfig::from_env()?)
     }
 
-    /// The policy in force.
-    pub fn policy(&self) -> PolicyKind {
-        self.kind
+    /// The name of the policy in force.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy_name
+    }
+
+    /// Attaches an observer that sees every pool event from now on (allocations, frees,
+    /// segment changes, OOMs). It runs under the pool's lock: keep it quick, and never call
+    /// the pool from it.
+    pub fn add_observer(&self, observer: Box<dyn PoolObserver>) {
+        self.lock().driver.events_mut().add_observer(observer);
     }
 
     /// The device under the pool.
@@ -178,7 +192,7 @@ impl Pool {
             self.process_events(inner, false)?;
         }
         let request = AllocRequest { size, stream };
-        let first = self.with_policy(inner, |policy, up| policy.allocate(request, up));
+        let first = inner.driver.allocate(request);
         let block = match first {
             Ok(block) => block,
             Err(first_failure) => {
@@ -188,7 +202,7 @@ impl Pool {
                     }
                 }
                 self.process_events(inner, true)?;
-                let retry = self.with_policy(inner, |policy, up| {
+                let retry = inner.driver.with_upstream(|policy, up| {
                     policy.release_cached(ReleaseTarget::All, up);
                     up.stats.num_alloc_retries += 1;
                     policy.allocate(request, up)
@@ -199,7 +213,7 @@ impl Pool {
                 }
             }
         };
-        let s = &mut inner.stats;
+        let s = inner.driver.stats_mut();
         s.allocation.increase(block.size_class, 1);
         s.allocated_bytes.increase(block.size_class, block.size);
         s.requested_bytes
@@ -207,8 +221,9 @@ impl Pool {
         s.active.increase(block.size_class, 1);
         s.active_bytes.increase(block.size_class, block.size);
         inner
-            .history
-            .record(Action::Alloc, block.addr, block.requested, stream);
+            .driver
+            .events_mut()
+            .emit(Action::Alloc, block.addr, block.requested, stream);
         inner.live.insert(block.addr, LiveBlock::new(&block));
         Ok(Allocation {
             ptr: block.addr,
@@ -230,12 +245,12 @@ impl Pool {
             .remove(&ptr)
             .ok_or(PoolError::UnknownPointer { ptr, what: "free" })?;
         let block = live.block(ptr);
-        let s = &mut inner.stats;
+        let s = inner.driver.stats_mut();
         s.allocation.decrease(block.size_class, 1);
         s.allocated_bytes.decrease(block.size_class, block.size);
         s.requested_bytes
             .decrease(block.size_class, block.requested);
-        inner.history.record(
+        inner.driver.events_mut().emit(
             Action::FreeRequested,
             block.addr,
             block.requested,
@@ -295,9 +310,7 @@ impl Pool {
         let mut guard = self.lock();
         let inner = &mut *guard;
         self.process_events(inner, true)?;
-        Ok(self.with_policy(inner, |policy, up| {
-            policy.release_cached(ReleaseTarget::All, up)
-        }))
+        Ok(inner.driver.release_cached(ReleaseTarget::All))
     }
 
     /// A synchronisation point: waits for the device, returns completed cross-stream frees to
@@ -308,11 +321,11 @@ impl Pool {
         let inner = &mut *guard;
         self.process_events(inner, false)?;
         if let Some(soft) = self.soft_limit {
-            let reserved = inner.stats.reserved_bytes.all.current;
+            let reserved = inner.driver.stats().reserved_bytes.all.current;
             if reserved > soft {
-                self.with_policy(inner, |policy, up| {
-                    policy.release_cached(ReleaseTarget::AtLeast(reserved - soft), up)
-                });
+                inner
+                    .driver
+                    .release_cached(ReleaseTarget::AtLeast(reserved - soft));
             }
         }
         Ok(())
@@ -320,32 +333,41 @@ impl Pool {
 
     /// A copy of the statistics (`torch.cuda.memory_stats`).
     pub fn stats(&self) -> MemoryStats {
-        self.lock().stats.clone()
+        self.lock().driver.stats().clone()
     }
 
     /// Sets every peak statistic to its current value.
     pub fn reset_peak_stats(&self) {
-        self.lock().stats.reset_peaks();
+        self.lock().driver.stats_mut().reset_peaks();
     }
 
     /// Zeroes historical totals and counters.
     pub fn reset_accumulated_stats(&self) {
-        self.lock().stats.reset_accumulated();
+        self.lock().driver.stats_mut().reset_accumulated();
     }
 
     /// The segments the pool holds, with their blocks.
     pub fn segments(&self) -> Vec<SegmentView> {
-        self.lock().policy.segments()
+        self.lock().driver.policy().segments()
     }
 
     /// Starts (capacity > 0) or stops (0) recording history for snapshots.
     pub fn set_history_capacity(&self, capacity: usize) {
-        self.lock().history.set_capacity(capacity);
+        self.lock()
+            .driver
+            .events_mut()
+            .set_history_capacity(capacity);
     }
 
     /// The recorded history, oldest first.
     pub fn history(&self) -> Vec<TraceEntry> {
-        self.lock().history.entries().cloned().collect()
+        self.lock()
+            .driver
+            .events()
+            .history()
+            .entries()
+            .cloned()
+            .collect()
     }
 
     /// The pool as a PyTorch memory snapshot: its segments with every block's state, and the
@@ -359,7 +381,8 @@ impl Pool {
             .map(|p| (p.block.addr, &p.block))
             .collect();
         let segments = inner
-            .policy
+            .driver
+            .policy()
             .segments()
             .into_iter()
             .map(|view| {
@@ -406,18 +429,15 @@ impl Pool {
                 }
             })
             .collect();
-        let mut allocator_settings = BTreeMap::new();
+        let mut allocator_settings: BTreeMap<String, SettingValue> =
+            inner.driver.policy().settings().into_iter().collect();
         allocator_settings.insert(
             "gpumem_policy".to_string(),
-            SettingValue::Str(self.kind.to_string()),
-        );
-        allocator_settings.insert(
-            "expandable_segments".to_string(),
-            SettingValue::Bool(self.kind == PolicyKind::Expandable),
+            SettingValue::Str(self.policy_name.to_string()),
         );
         Snapshot {
             segments,
-            device_traces: vec![inner.history.entries().cloned().collect()],
+            device_traces: vec![inner.driver.events().history().entries().cloned().collect()],
             allocator_settings,
         }
     }
@@ -426,13 +446,15 @@ impl Pool {
     pub fn status(&self) -> Result<PoolStatus, PoolError> {
         let info = self.device.mem_info()?;
         let inner = self.lock();
+        let stats = inner.driver.stats();
         Ok(PoolStatus {
-            policy: self.kind,
+            policy: self.policy_name,
+            caches: inner.driver.policy().caches(),
             device_used: info.total - info.free,
             device_total: info.total,
-            allocated: inner.stats.allocated_bytes.all.current,
-            reserved: inner.stats.reserved_bytes.all.current,
-            largest_free_block: inner.policy.largest_free_block(),
+            allocated: stats.allocated_bytes.all.current,
+            reserved: stats.reserved_bytes.all.current,
+            largest_free_block: inner.driver.policy().largest_free_block(),
             soft_limit: self.soft_limit,
             hard_limit: self.hard_limit,
         })
@@ -444,36 +466,18 @@ impl Pool {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` on the policy with an upstream over this pool's device, limit, statistics and
-    /// history.
-    fn with_policy<R>(
-        &self,
-        inner: &mut Inner,
-        f: impl FnOnce(&mut dyn Policy, &mut Upstream<'_>) -> R,
-    ) -> R {
-        let mut up = Upstream::new(
-            self.device.as_ref(),
-            self.hard_limit,
-            &mut inner.stats,
-            &mut inner.history,
-        );
-        f(inner.policy.as_mut(), &mut up)
-    }
-
     /// Returns a block whose use is over to the policy.
     fn return_block(&self, inner: &mut Inner, block: Block) {
-        inner.stats.active.decrease(block.size_class, 1);
-        inner
-            .stats
-            .active_bytes
-            .decrease(block.size_class, block.size);
-        inner.history.record(
+        let stats = inner.driver.stats_mut();
+        stats.active.decrease(block.size_class, 1);
+        stats.active_bytes.decrease(block.size_class, block.size);
+        inner.driver.events_mut().emit(
             Action::FreeCompleted,
             block.addr,
             block.requested,
             block.stream,
         );
-        self.with_policy(inner, |policy, up| policy.free(block, up));
+        inner.driver.free(block);
     }
 
     /// Returns pending frees whose events completed; with `wait`, waits for all of them first
@@ -483,7 +487,7 @@ impl Pool {
             return Ok(());
         }
         if wait {
-            inner.stats.num_sync_all_streams += 1;
+            inner.driver.stats_mut().num_sync_all_streams += 1;
         }
         let mut still_pending = Vec::new();
         for pending in std::mem::take(&mut inner.pending) {
@@ -509,33 +513,32 @@ impl Pool {
         Ok(())
     }
 
+    /// Records an allocation that failed after the reclaim and retry, and explains it.
     fn out_of_memory(
         &self,
         inner: &mut Inner,
         request: AllocRequest,
-        failure: crate::policy::Exhausted,
+        failure: Exhausted,
     ) -> PoolError {
-        inner.stats.num_ooms += 1;
+        inner.driver.stats_mut().num_ooms += 1;
         let info = self.device.mem_info().unwrap_or_default();
         inner
-            .history
-            .record_oom(request.size, request.stream, info.free);
-        let error = OomError {
-            requested: request.size,
-            attempted: failure.attempted,
-            stream: request.stream,
-            policy: self.kind,
+            .driver
+            .events_mut()
+            .emit_oom(request.size, request.stream, info.free);
+        let stats = inner.driver.stats();
+        let policy = inner.driver.policy();
+        let facts = PoolFacts {
+            policy: self.policy_name,
             device: self.device.name(),
             device_total: self.device_total,
             device_free: info.free,
-            allocated: inner.stats.allocated_bytes.all.current,
-            reserved: inner.stats.reserved_bytes.all.current,
-            largest_free_block: inner.policy.largest_free_block(),
+            allocated: stats.allocated_bytes.all.current,
+            reserved: stats.reserved_bytes.all.current,
+            largest_free_block: policy.largest_free_block(),
             hard_limit: self.hard_limit,
-            cause: failure.cause,
-            advice: Vec::new(),
-        }
-        .with_advice();
+        };
+        let error = OomError::explain(request, failure, facts, &policy.fragmentation_advice());
         PoolError::OutOfMemory(Box::new(error))
     }
 }
@@ -544,8 +547,10 @@ impl Pool {
 /// with a fragmentation line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolStatus {
-    /// The policy in force.
-    pub policy: PolicyKind,
+    /// The name of the policy in force.
+    pub policy: &'static str,
+    /// Whether the policy caches freed blocks.
+    pub caches: bool,
     /// Device bytes in use by anyone.
     pub device_used: u64,
     /// Device total.
@@ -582,8 +587,12 @@ impl fmt::Display for PoolStatus {
             Bytes(self.device_used),
             Bytes(self.device_total)
         )?;
-        if self.policy == PolicyKind::None {
-            writeln!(f, "No memory pool is in use (GPUMEM_POOL=none).")?;
+        if !self.caches {
+            writeln!(
+                f,
+                "No memory pool is in use (policy {} caches nothing).",
+                self.policy
+            )?;
         } else {
             writeln!(
                 f,

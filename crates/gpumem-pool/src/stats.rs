@@ -98,8 +98,8 @@ impl StatArray {
         self.pool_mut(pool).decrease(n);
     }
 
-    /// The statistic of one pool.
-    pub fn pool(&self, pool: SizeClass) -> &Stat {
+    /// The statistic of one size class.
+    pub fn get(&self, pool: SizeClass) -> &Stat {
         match pool {
             SizeClass::Small => &self.small_pool,
             SizeClass::Large => &self.large_pool,
@@ -155,6 +155,83 @@ pub struct MemoryStats {
     pub num_device_free: u64,
     /// The split threshold in force (`u64::MAX` when unlimited), as PyTorch reports it.
     pub max_split_size: u64,
+    /// Every call made to the device's memory API, by kind (gpumem's own; PyTorch counts
+    /// only [`MemoryStats::num_device_alloc`] and [`MemoryStats::num_device_free`]).
+    pub device_calls: DeviceCalls,
+}
+
+/// Calls a pool made to its device's memory API, by kind, failed calls included: counted by
+/// the layer every device call goes through ([`crate::Upstream`]), so they read the same on
+/// every backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCalls {
+    /// `malloc` (`cudaMalloc`).
+    pub malloc: u64,
+    /// `free` (`cudaFree`).
+    pub free: u64,
+    /// Address reservations (`cuMemAddressReserve`).
+    pub reserve: u64,
+    /// Reservations returned (`cuMemAddressFree`).
+    pub release_reservation: u64,
+    /// Physical chunks created (`cuMemCreate`).
+    pub create_physical: u64,
+    /// Physical chunks released (`cuMemRelease`).
+    pub release_physical: u64,
+    /// Mappings (`cuMemMap`).
+    pub map: u64,
+    /// Unmappings (`cuMemUnmap`).
+    pub unmap: u64,
+}
+
+impl DeviceCalls {
+    /// Calls that allocate or map device memory: what a pool should make rarely.
+    pub fn allocating(&self) -> u64 {
+        self.malloc + self.create_physical + self.map
+    }
+
+    /// Calls that free or unmap device memory.
+    pub fn freeing(&self) -> u64 {
+        self.free + self.release_physical + self.unmap
+    }
+
+    fn named(&self) -> [(&'static str, u64); 8] {
+        [
+            ("malloc", self.malloc),
+            ("free", self.free),
+            ("reserve", self.reserve),
+            ("release_reservation", self.release_reservation),
+            ("create_physical", self.create_physical),
+            ("release_physical", self.release_physical),
+            ("map", self.map),
+            ("unmap", self.unmap),
+        ]
+    }
+}
+
+/// One statistic as a labelled record — the form metrics exporters and loggers want — beside
+/// the dotted key PyTorch uses ([`StatRecord::key`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatRecord {
+    /// The statistic, e.g. `allocated_bytes`, `num_ooms`, `device_calls`.
+    pub name: &'static str,
+    /// `all`, `small_pool` or `large_pool` for statistics kept per size class.
+    pub size_class: Option<&'static str>,
+    /// `current`, `peak`, `allocated` or `freed` for gauges; the call kind for
+    /// `device_calls`; `None` for plain counters.
+    pub field: Option<&'static str>,
+    /// The value.
+    pub value: u64,
+}
+
+impl StatRecord {
+    /// PyTorch's flattened key, e.g. `allocated_bytes.all.peak`, `num_alloc_retries`.
+    pub fn key(&self) -> String {
+        [Some(self.name), self.size_class, self.field]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(".")
+    }
 }
 
 impl MemoryStats {
@@ -183,23 +260,35 @@ impl MemoryStats {
         self.num_sync_all_streams = 0;
         self.num_device_alloc = 0;
         self.num_device_free = 0;
+        self.device_calls = DeviceCalls::default();
     }
 
-    /// The flattened key → value map that `torch.cuda.memory_stats()` returns, e.g.
-    /// `allocated_bytes.all.peak`, `num_alloc_retries`.
-    pub fn to_map(&self) -> BTreeMap<String, u64> {
-        let mut map = BTreeMap::new();
-        for (name, array) in self.arrays() {
-            for (pool, stat) in [
-                ("all", &array.all),
-                ("small_pool", &array.small_pool),
-                ("large_pool", &array.large_pool),
+    /// Every statistic as a labelled record, in a fixed order.
+    pub fn records(&self) -> Vec<StatRecord> {
+        let mut records = Vec::with_capacity(160);
+        let mut gauge = |name, size_class, stat: &Stat| {
+            for (field, value) in [
+                ("current", stat.current),
+                ("peak", stat.peak),
+                ("allocated", stat.allocated),
+                ("freed", stat.freed),
             ] {
-                insert_stat(&mut map, &format!("{name}.{pool}"), stat);
+                records.push(StatRecord {
+                    name,
+                    size_class,
+                    field: Some(field),
+                    value,
+                });
+            }
+        };
+        for (name, array) in self.arrays() {
+            gauge(name, Some("all"), &array.all);
+            for class in [SizeClass::Small, SizeClass::Large] {
+                gauge(name, Some(class.key()), array.get(class));
             }
         }
-        insert_stat(&mut map, "oversize_allocations", &self.oversize_allocations);
-        insert_stat(&mut map, "oversize_segments", &self.oversize_segments);
+        gauge("oversize_allocations", None, &self.oversize_allocations);
+        gauge("oversize_segments", None, &self.oversize_segments);
         for (name, value) in [
             ("num_alloc_retries", self.num_alloc_retries),
             ("num_ooms", self.num_ooms),
@@ -208,9 +297,31 @@ impl MemoryStats {
             ("num_device_free", self.num_device_free),
             ("max_split_size", self.max_split_size),
         ] {
-            map.insert(name.to_string(), value);
+            records.push(StatRecord {
+                name,
+                size_class: None,
+                field: None,
+                value,
+            });
         }
-        map
+        for (kind, value) in self.device_calls.named() {
+            records.push(StatRecord {
+                name: "device_calls",
+                size_class: None,
+                field: Some(kind),
+                value,
+            });
+        }
+        records
+    }
+
+    /// The flattened key → value map that `torch.cuda.memory_stats()` returns, e.g.
+    /// `allocated_bytes.all.peak`, `num_alloc_retries` (plus gpumem's `device_calls.<kind>`).
+    pub fn to_map(&self) -> BTreeMap<String, u64> {
+        self.records()
+            .into_iter()
+            .map(|record| (record.key(), record.value))
+            .collect()
     }
 
     fn arrays(&self) -> [(&'static str, &StatArray); 9] {
@@ -240,13 +351,6 @@ impl MemoryStats {
             &mut self.requested_bytes,
         ]
     }
-}
-
-fn insert_stat(map: &mut BTreeMap<String, u64>, prefix: &str, stat: &Stat) {
-    map.insert(format!("{prefix}.current"), stat.current);
-    map.insert(format!("{prefix}.peak"), stat.peak);
-    map.insert(format!("{prefix}.allocated"), stat.allocated);
-    map.insert(format!("{prefix}.freed"), stat.freed);
 }
 
 #[cfg(test)]
@@ -293,6 +397,7 @@ mod tests {
         ] {
             assert!(m.contains_key(key), "{key}");
         }
-        assert_eq!(m.len(), 9 * 3 * 4 + 2 * 4 + 6);
+        assert_eq!(m.len(), 9 * 3 * 4 + 2 * 4 + 6 + 8);
+        assert_eq!(m["device_calls.map"], 0);
     }
 }

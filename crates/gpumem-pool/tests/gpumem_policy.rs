@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::{Device, StreamId};
-use gpumem_pool::{Limit, PolicyKind, Pool, PoolConfig, PoolError};
+use gpumem_pool::{Limit, PolicyKind, Pool, PoolConfig, PoolError, PoolOptions};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -25,7 +25,10 @@ fn gpumem(device: &Arc<SimDevice>) -> Pool {
 fn gpumem_limited(device: &Arc<SimDevice>, hard_limit: Option<u64>) -> Pool {
     let config = PoolConfig {
         policy: PolicyKind::Gpumem,
-        hard_limit: hard_limit.map(Limit::Bytes),
+        options: PoolOptions {
+            hard_limit: hard_limit.map(Limit::Bytes),
+            ..PoolOptions::default()
+        },
         ..PoolConfig::default()
     };
     Pool::new(device.clone(), config).unwrap()
@@ -45,7 +48,7 @@ fn reserved(pool: &Pool) -> u64 {
 #[test]
 fn it_is_the_default_policy() {
     let pool = Pool::new(device(SimConfig::host(64 * MIB)), PoolConfig::default()).unwrap();
-    assert_eq!(pool.policy(), PolicyKind::Gpumem);
+    assert_eq!(pool.policy_name(), PolicyKind::Gpumem.as_str());
 }
 
 #[test]
@@ -292,7 +295,10 @@ fn synchronize_above_the_soft_limit_releases_idle_pages_down_to_it() {
     let dev = device(SimConfig::host(256 * MIB));
     let config = PoolConfig {
         policy: PolicyKind::Gpumem,
-        soft_limit: Some(Limit::Bytes(20 * MIB)),
+        options: PoolOptions {
+            soft_limit: Some(Limit::Bytes(20 * MIB)),
+            ..PoolOptions::default()
+        },
         ..PoolConfig::default()
     };
     let pool = Pool::new(dev.clone(), config).unwrap();

@@ -1,87 +1,62 @@
 //! Policies find a freed block through its handle, not by address. These tests drive each
-//! policy directly (as the pool does, through an `Upstream`) and check that a handle that does
+//! policy directly (as the pool does, through a `PolicyDriver`) and check that a handle that does
 //! not name a live block — a second free, or a handle paired with another block's address —
 //! changes nothing, and that the blocks left are still the ones in use.
 
+use std::sync::Arc;
+
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::StreamId;
-use gpumem_pool::{
-    policies, AllocRequest, Block, History, MemoryStats, Policy, PolicyKind, PoolConfig,
-    ReleaseTarget, Upstream,
-};
+use gpumem_pool::{AllocRequest, Block, PolicyDriver, PolicyKind, PoolConfig, ReleaseTarget};
 
 const MIB: u64 = 1 << 20;
 
-struct Driver {
-    device: SimDevice,
-    policy: Box<dyn Policy>,
-    stats: MemoryStats,
-    history: History,
+fn driver(kind: PolicyKind, config: SimConfig) -> PolicyDriver {
+    let pool_config = PoolConfig {
+        policy: kind,
+        ..PoolConfig::default()
+    };
+    let device = Arc::new(SimDevice::new(config).unwrap());
+    PolicyDriver::new(device, kind.build(&pool_config), None)
 }
 
-impl Driver {
-    fn new(kind: PolicyKind, config: SimConfig) -> Driver {
-        let config_for = PoolConfig {
-            policy: kind,
-            ..PoolConfig::default()
-        };
-        Driver {
-            device: SimDevice::new(config).unwrap(),
-            policy: policies::build(&config_for),
-            stats: MemoryStats::default(),
-            history: History::default(),
-        }
-    }
+fn allocate(driver: &mut PolicyDriver, size: u64) -> Block {
+    let request = AllocRequest {
+        size,
+        stream: StreamId::DEFAULT,
+    };
+    driver.allocate(request).unwrap()
+}
 
-    fn allocate(&mut self, size: u64) -> Block {
-        let mut up = Upstream::new(&self.device, None, &mut self.stats, &mut self.history);
-        let request = AllocRequest {
-            size,
-            stream: StreamId::DEFAULT,
-        };
-        self.policy.allocate(request, &mut up).unwrap()
-    }
-
-    fn free(&mut self, block: Block) {
-        let mut up = Upstream::new(&self.device, None, &mut self.stats, &mut self.history);
-        self.policy.free(block, &mut up);
-    }
-
-    fn release_all(&mut self) {
-        let mut up = Upstream::new(&self.device, None, &mut self.stats, &mut self.history);
-        self.policy.release_cached(ReleaseTarget::All, &mut up);
-    }
-
-    /// The addresses of the blocks the policy shows in use, sorted.
-    fn in_use(&self) -> Vec<u64> {
-        let mut used: Vec<u64> = self
-            .policy
-            .segments()
-            .iter()
-            .flat_map(|s| s.blocks.iter())
-            .filter(|b| b.in_use)
-            .map(|b| b.address)
-            .collect();
-        used.sort_unstable();
-        used
-    }
+/// The addresses of the blocks the policy shows in use, sorted.
+fn in_use(driver: &PolicyDriver) -> Vec<u64> {
+    let mut used: Vec<u64> = driver
+        .policy()
+        .segments()
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.in_use)
+        .map(|b| b.address)
+        .collect();
+    used.sort_unstable();
+    used
 }
 
 fn check(kind: PolicyKind, config: SimConfig) {
-    let mut d = Driver::new(kind, config);
+    let mut d = driver(kind, config);
     // Tiny, small and large blocks: the gpumem policy's slab, small and large arenas.
     let blocks: Vec<Block> = [256, 4096, 300 << 10, 3 * MIB, 40 * MIB]
         .iter()
-        .flat_map(|&size| [d.allocate(size), d.allocate(size)])
+        .flat_map(|&size| [allocate(&mut d, size), allocate(&mut d, size)])
         .collect();
     let mut live: Vec<u64> = blocks.iter().map(|b| b.addr).collect();
     live.sort_unstable();
-    assert_eq!(d.in_use(), live, "{kind}: every block is in use");
+    assert_eq!(in_use(&d), live, "{kind}: every block is in use");
 
     for (i, &block) in blocks.iter().enumerate().step_by(2) {
         d.free(block);
         live.retain(|&a| a != block.addr);
-        let reserved = d.stats.reserved_bytes.all.current;
+        let reserved = d.stats().reserved_bytes.all.current;
         // Freed again: ignored.
         d.free(block);
         // Another live block's address with this (now stale) handle: ignored.
@@ -89,16 +64,17 @@ fn check(kind: PolicyKind, config: SimConfig) {
             addr: blocks[i + 1].addr,
             ..block
         });
-        assert_eq!(d.in_use(), live, "{kind}: stale handles change nothing");
-        assert_eq!(d.stats.reserved_bytes.all.current, reserved, "{kind}");
+        assert_eq!(in_use(&d), live, "{kind}: stale handles change nothing");
+        assert_eq!(d.stats().reserved_bytes.all.current, reserved, "{kind}");
     }
     for &block in blocks.iter().skip(1).step_by(2) {
         d.free(block);
     }
-    assert!(d.in_use().is_empty(), "{kind}: nothing is in use");
-    d.release_all();
+    assert!(in_use(&d).is_empty(), "{kind}: nothing is in use");
+    d.release_cached(ReleaseTarget::All);
     assert_eq!(
-        d.stats.reserved_bytes.all.current, 0,
+        d.stats().reserved_bytes.all.current,
+        0,
         "{kind}: all given back"
     );
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::StreamId;
-use gpumem_pool::{Action, Limit, PolicyKind, Pool, PoolConfig, PoolError};
+use gpumem_pool::{Action, Limit, PolicyKind, Pool, PoolConfig, PoolError, PoolOptions};
 use gpumem_snapshot::BlockState;
 
 const MIB: u64 = 1 << 20;
@@ -109,7 +109,10 @@ fn oom_frees_pending_and_cached_memory_then_explains() {
     let pool = pool_on(
         &dev,
         PoolConfig {
-            history_capacity: 100,
+            options: PoolOptions {
+                history_capacity: 100,
+                ..PoolOptions::default()
+            },
             ..config(PolicyKind::None)
         },
     );
@@ -153,7 +156,10 @@ fn hard_limit_is_never_exceeded_and_named_in_the_oom() {
     let pool = pool_on(
         &dev,
         PoolConfig {
-            hard_limit: Some(Limit::Bytes(10 * MIB)),
+            options: PoolOptions {
+                hard_limit: Some(Limit::Bytes(10 * MIB)),
+                ..PoolOptions::default()
+            },
             ..config(PolicyKind::None)
         },
     );
@@ -174,7 +180,10 @@ fn status_reads_like_pool_status_with_fragmentation() {
     let pool = pool_on(
         &dev,
         PoolConfig {
-            soft_limit: Some(Limit::Fraction(0.5)),
+            options: PoolOptions {
+                soft_limit: Some(Limit::Fraction(0.5)),
+                ..PoolOptions::default()
+            },
             ..config(PolicyKind::None)
         },
     );
@@ -231,7 +240,10 @@ fn snapshot_holds_segments_block_states_and_history() {
     let pool = pool_on(
         &dev,
         PoolConfig {
-            history_capacity: 64,
+            options: PoolOptions {
+                history_capacity: 64,
+                ..PoolOptions::default()
+            },
             ..config(PolicyKind::None)
         },
     );
@@ -284,7 +296,10 @@ fn soft_limit_releases_cache_at_synchronisation_only() {
         let pool = pool_on(
             &dev,
             PoolConfig {
-                soft_limit: Some(Limit::Bytes(64 * MIB)),
+                options: PoolOptions {
+                    soft_limit: Some(Limit::Bytes(64 * MIB)),
+                    ..PoolOptions::default()
+                },
                 ..config(policy)
             },
         );

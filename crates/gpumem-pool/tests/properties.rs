@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::{Device, StreamId};
-use gpumem_pool::{Limit, PolicyKind, Pool, PoolConfig, PoolError};
+use gpumem_pool::{Limit, PolicyKind, Pool, PoolConfig, PoolError, PoolOptions};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
@@ -46,7 +46,7 @@ fn policy_strategy() -> impl Strategy<Value = PolicyKind> {
 
 /// Checks the structural invariants of `pool` given the live allocations `live` (ptr → size).
 fn check_invariants(pool: &Pool, live: &BTreeMap<u64, u64>, hard_limit: Option<u64>) {
-    let policy = pool.policy();
+    let policy = pool.policy_name();
     // No two live allocations overlap.
     let mut end = 0u64;
     for (&ptr, &size) in live {
@@ -119,7 +119,10 @@ fn run_ops(policy: PolicyKind, ops: &[Op], hard_limit: Option<u64>) {
         device.clone(),
         PoolConfig {
             policy,
-            hard_limit: hard_limit.map(Limit::Bytes),
+            options: PoolOptions {
+                hard_limit: hard_limit.map(Limit::Bytes),
+                ..PoolOptions::default()
+            },
             ..PoolConfig::default()
         },
     )

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::StreamId;
 use gpumem_pool::policies::torch_settings::TorchSettings;
-use gpumem_pool::{Action, Limit, PolicyKind, Pool, PoolConfig, PoolError};
+use gpumem_pool::{Action, Limit, PolicyKind, Pool, PoolConfig, PoolError, PoolOptions};
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
@@ -21,8 +21,11 @@ fn expandable(device: &Arc<SimDevice>, conf: &str, hard_limit: Option<u64>) -> P
         PoolConfig {
             policy: PolicyKind::Expandable,
             torch: TorchSettings::parse(conf).unwrap(),
-            hard_limit: hard_limit.map(Limit::Bytes),
-            history_capacity: 1000,
+            options: PoolOptions {
+                hard_limit: hard_limit.map(Limit::Bytes),
+                history_capacity: 1000,
+                ..PoolOptions::default()
+            },
             ..PoolConfig::default()
         },
     )

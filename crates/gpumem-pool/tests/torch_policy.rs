@@ -6,7 +6,9 @@ use std::sync::Arc;
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::StreamId;
 use gpumem_pool::policies::torch_settings::TorchSettings;
-use gpumem_pool::{Action, Limit, PolicyKind, Pool, PoolConfig, PoolError, SegmentView};
+use gpumem_pool::{
+    Action, Limit, PolicyKind, Pool, PoolConfig, PoolError, PoolOptions, SegmentView,
+};
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
@@ -30,7 +32,10 @@ fn pool_with(
         PoolConfig {
             policy,
             torch: TorchSettings::parse(conf).unwrap(),
-            hard_limit: hard_limit.map(Limit::Bytes),
+            options: PoolOptions {
+                hard_limit: hard_limit.map(Limit::Bytes),
+                ..PoolOptions::default()
+            },
             ..PoolConfig::default()
         },
     )
@@ -323,7 +328,10 @@ fn the_soft_limit_releases_the_largest_cached_segments_first() {
         dev.clone(),
         PoolConfig {
             policy: PolicyKind::Torch,
-            soft_limit: Some(Limit::Bytes(50 * MIB)),
+            options: PoolOptions {
+                soft_limit: Some(Limit::Bytes(50 * MIB)),
+                ..PoolOptions::default()
+            },
             ..PoolConfig::default()
         },
     )

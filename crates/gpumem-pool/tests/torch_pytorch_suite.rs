@@ -14,7 +14,7 @@ use std::sync::Arc;
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::{Device, StreamId};
 use gpumem_pool::policies::torch_settings::TorchSettings;
-use gpumem_pool::{Action, Limit, PolicyKind, Pool, PoolConfig, PoolError};
+use gpumem_pool::{Action, Limit, PolicyKind, Pool, PoolConfig, PoolError, PoolOptions};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -36,8 +36,11 @@ fn pool(device: &Arc<SimDevice>, policy: PolicyKind, conf: &str, limit: Option<L
         PoolConfig {
             policy,
             torch: TorchSettings::parse(conf).unwrap(),
-            hard_limit: limit,
-            history_capacity: 1 << 16,
+            options: PoolOptions {
+                hard_limit: limit,
+                history_capacity: 1 << 16,
+                ..PoolOptions::default()
+            },
             ..PoolConfig::default()
         },
     )

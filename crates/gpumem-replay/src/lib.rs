@@ -9,10 +9,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpumem_device::sim::{SimConfig, SimCounters, SimDevice};
+use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::{AddressMap, DeviceError, StreamId};
 use gpumem_pool::policies::torch_settings::TorchSettings;
-use gpumem_pool::{MemoryStats, OomError, PolicyKind, Pool, PoolConfig, PoolError};
+use gpumem_pool::{MemoryStats, OomError, PolicyKind, Pool, PoolConfig, PoolError, PoolOptions};
 use gpumem_trace::{Event, Trace};
 use serde::Serialize;
 
@@ -268,7 +268,6 @@ fn step_at(trace: &Trace, index: usize) -> Option<u64> {
 struct Run {
     pool: Pool,
     stats: MemoryStats,
-    counters: SimCounters,
     /// Where the replay ran out of memory, if it did.
     oom: Option<FirstOom>,
     events: usize,
@@ -281,17 +280,17 @@ fn new_pool(
     capacity: u64,
     options: &ReplayOptions,
     history_capacity: usize,
-) -> Result<(Arc<SimDevice>, Pool), ReplayError> {
+) -> Result<Pool, ReplayError> {
     let device = Arc::new(SimDevice::new(SimConfig::address_only(capacity))?);
     let config = PoolConfig {
         policy,
         torch: options.torch.clone(),
-        history_capacity,
-        ..PoolConfig::default()
+        options: PoolOptions {
+            history_capacity,
+            ..PoolOptions::default()
+        },
     };
-    let pool = Pool::new(device.clone(), config)
-        .map_err(|source| ReplayError::Pool { index: 0, source })?;
-    Ok((device, pool))
+    Pool::new(device, config).map_err(|source| ReplayError::Pool { index: 0, source })
 }
 
 /// The index of the first allocation that failed with out-of-memory, and its explanation.
@@ -312,16 +311,16 @@ enum Mismatch {
 /// the first out-of-memory failure, where it stops.
 fn drive(
     pool: &Pool,
-    device: &SimDevice,
     events: &[Event],
     live: &mut AddressMap<u64>,
     mismatch: Mismatch,
     on_event: &mut dyn FnMut(usize),
 ) -> Result<(Vec<u64>, Option<FirstOom>), ReplayError> {
     let mut calls_per_step = Vec::new();
-    let mut calls_before = device.counters().allocating_calls();
+    let allocating_calls = || pool.stats().device_calls.allocating();
+    let mut calls_before = allocating_calls();
     let mut close_step = |calls_per_step: &mut Vec<u64>| {
-        let calls = device.counters().allocating_calls();
+        let calls = allocating_calls();
         calls_per_step.push(calls - calls_before);
         calls_before = calls;
     };
@@ -369,7 +368,7 @@ fn run(
     options: &ReplayOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Run, ReplayError> {
-    let (device, pool) = new_pool(policy, capacity, options, options.history_capacity)?;
+    let pool = new_pool(policy, capacity, options, options.history_capacity)?;
     let total = trace.events.len();
     let started = Instant::now();
     let mut on_event = |index: usize| {
@@ -383,7 +382,6 @@ fn run(
     };
     let (_, oom) = drive(
         &pool,
-        &device,
         &trace.events,
         &mut AddressMap::default(),
         Mismatch::Reject,
@@ -397,7 +395,6 @@ fn run(
     let seconds = started.elapsed().as_secs_f64();
     Ok(Run {
         stats: pool.stats(),
-        counters: device.counters(),
         pool,
         oom,
         events: total,
@@ -427,12 +424,11 @@ fn steady_state_calls(
     else {
         return Ok(None);
     };
-    let (device, pool) = new_pool(policy, UNLIMITED_CAPACITY, options, 0)?;
+    let pool = new_pool(policy, UNLIMITED_CAPACITY, options, 0)?;
     let mut live = AddressMap::default();
     let mut ignore = |_| {};
     drive(
         &pool,
-        &device,
         &trace.events,
         &mut live,
         Mismatch::Reject,
@@ -441,14 +437,7 @@ fn steady_state_calls(
     let mut most = 0;
     for _ in 0..STEADY_REPEATS {
         let repeated = &trace.events[second_step..];
-        let (calls, _) = drive(
-            &pool,
-            &device,
-            repeated,
-            &mut live,
-            Mismatch::Tolerate,
-            &mut ignore,
-        )?;
+        let (calls, _) = drive(&pool, repeated, &mut live, Mismatch::Tolerate, &mut ignore)?;
         // The first entry is the tail of the previous pass before the repeated range's first
         // step marker: empty, since the range starts at one.
         most = most.max(calls.into_iter().max().unwrap_or(0));
@@ -471,8 +460,8 @@ impl Run {
             } else {
                 peak_allocated as f64 / peak_reserved as f64
             },
-            device_calls: self.counters.allocating_calls() + self.counters.freeing_calls(),
-            device_alloc_calls: self.counters.allocating_calls(),
+            device_calls: s.device_calls.allocating() + s.device_calls.freeing(),
+            device_alloc_calls: s.device_calls.allocating(),
             steady_state_alloc_calls_per_step: steady,
             steps: trace
                 .events

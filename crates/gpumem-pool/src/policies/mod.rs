@@ -1,4 +1,6 @@
-//! Placement policies, one per file, chosen at run time by [`crate::PolicyKind`].
+//! The built-in placement policies, one per file, built by [`PolicyKind::build`]. A policy
+//! from outside this crate implements [`crate::Policy`] and goes to
+//! [`crate::Pool::with_policy`] directly.
 
 mod gpumem;
 mod passthrough;
@@ -10,19 +12,20 @@ pub use passthrough::PassthroughPolicy;
 pub use torch::TorchPolicy;
 
 use crate::config::{PolicyKind, PoolConfig};
+use crate::policies::torch_settings::TorchSettings;
 use crate::policy::Policy;
 
-/// The policy `config` asks for.
-pub fn build(config: &PoolConfig) -> Box<dyn Policy> {
-    match config.policy {
-        PolicyKind::None => Box::new(PassthroughPolicy::default()),
-        PolicyKind::Torch => Box::new(TorchPolicy::new(config.torch.clone())),
-        PolicyKind::Expandable => Box::new(TorchPolicy::new(
-            crate::policies::torch_settings::TorchSettings {
+impl PolicyKind {
+    /// A fresh policy of this kind with the settings of `config` that apply to it.
+    pub fn build(self, config: &PoolConfig) -> Box<dyn Policy> {
+        match self {
+            PolicyKind::None => Box::new(PassthroughPolicy::default()),
+            PolicyKind::Torch => Box::new(TorchPolicy::new(config.torch.clone())),
+            PolicyKind::Expandable => Box::new(TorchPolicy::new(TorchSettings {
                 expandable_segments: true,
                 ..config.torch.clone()
-            },
-        )),
-        PolicyKind::Gpumem => Box::new(GpumemPolicy::default()),
+            })),
+            PolicyKind::Gpumem => Box::new(GpumemPolicy::default()),
+        }
     }
 }

@@ -28,6 +28,10 @@ impl Policy for PassthroughPolicy {
         "none"
     }
 
+    fn caches(&self) -> bool {
+        false
+    }
+
     fn allocate(
         &mut self,
         req: AllocRequest,

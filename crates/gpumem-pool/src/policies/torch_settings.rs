@@ -1,6 +1,8 @@
 //! PyTorch's caching-allocator options, parsed from `PYTORCH_ALLOC_CONF` syntax
 //! (`opt:val,opt2:val2`, lists in brackets), with PyTorch's names, units (MB = MiB) and ranges.
 
+use gpumem_snapshot::SettingValue;
+
 use crate::config::ConfigError;
 
 const MIB: u64 = 1 << 20;
@@ -59,6 +61,51 @@ pinned_num_register_threads, pinned_use_background_threads, pinned_reserve_segme
 graph_capture_record_stream_reuse";
 
 impl TorchSettings {
+    /// The settings as PyTorch writes them in a snapshot's `allocator_settings`: its key names,
+    /// sizes in bytes, `roundup_power2_divisions` keyed by the interval's start in MiB; options
+    /// left at "off" or "unlimited" are omitted.
+    pub fn snapshot_settings(&self) -> Vec<(String, SettingValue)> {
+        let int = |bytes: u64| SettingValue::Int(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let mut out = vec![
+            (
+                "expandable_segments".to_string(),
+                SettingValue::Bool(self.expandable_segments),
+            ),
+            (
+                "max_non_split_rounding".to_string(),
+                int(self.max_non_split_rounding),
+            ),
+            (
+                "large_segment_size".to_string(),
+                int(self.large_segment_size),
+            ),
+        ];
+        if self.max_split_size != u64::MAX {
+            out.push(("max_split_size".to_string(), int(self.max_split_size)));
+        }
+        if let Some(threshold) = self.garbage_collection_threshold {
+            out.push((
+                "garbage_collection_threshold".to_string(),
+                SettingValue::Float(threshold),
+            ));
+        }
+        if self.roundup_power2_divisions.iter().any(|&d| d > 1) {
+            let divisions = (0..ROUNDUP_INTERVALS)
+                .map(|i| {
+                    (
+                        (1u64 << i).to_string(),
+                        int(self.roundup_power2_divisions[i]),
+                    )
+                })
+                .collect();
+            out.push((
+                "roundup_power2_divisions".to_string(),
+                SettingValue::Map(divisions),
+            ));
+        }
+        out
+    }
+
     /// Parses a `PYTORCH_ALLOC_CONF` string. Errors name the option, its value and what PyTorch
     /// accepts for it.
     pub fn parse(conf: &str) -> Result<TorchSettings, ConfigError> {

@@ -35,6 +35,7 @@ use crate::policy::{
     Upstream, UpstreamError,
 };
 use crate::stats::SizeClass;
+use gpumem_snapshot::SettingValue;
 
 /// PyTorch's caching allocator policy, with or without expandable segments (the `torch` and
 /// `expandable` pool policies).
@@ -510,6 +511,22 @@ impl Policy for TorchPolicy {
             "expandable"
         } else {
             "torch"
+        }
+    }
+
+    fn settings(&self) -> Vec<(String, SettingValue)> {
+        self.settings.snapshot_settings()
+    }
+
+    fn max_split_size(&self) -> Option<u64> {
+        Some(self.settings.max_split_size)
+    }
+
+    fn fragmentation_advice(&self) -> String {
+        if self.settings.expandable_segments {
+            "try GPUMEM_POOL=gpumem".into()
+        } else {
+            "try GPUMEM_POOL=gpumem (or GPUMEM_POOL=expandable)".into()
         }
     }
 
