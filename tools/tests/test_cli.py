@@ -106,7 +106,8 @@ def test_capture_without_torch_names_it_and_writes_nothing(
     err = capsys.readouterr().err
     assert err.startswith("gpumem-capture-trace: error: this needs the Python package 'torch', "
                           "which is not installed")
-    assert "pip install 'gpumem-devtools[torch]'" in err
+    assert ("install the [torch] extra of gpumem-devtools (in a gpumem checkout: "
+            "pip install './tools[torch]')") in err
     assert files_under(fake_repo) == ["tools/pyproject.toml"]
     assert not out.exists()
     # One trace of your own: same.

@@ -17,7 +17,8 @@ def test_require_names_the_missing_package_and_the_extra(no_torch: None) -> None
     message = str(info.value)
     assert message.startswith("this needs the Python package 'transformers', "
                               "which is not installed (Python: ")
-    assert "pip install 'gpumem-devtools[torch]'" in message
+    assert ("install the [torch] extra of gpumem-devtools (in a gpumem checkout: "
+            "pip install './tools[torch]')") in message
     assert info.value.name == "transformers"
     assert isinstance(info.value, ImportError)
 

@@ -4,8 +4,7 @@ import importlib
 import sys
 from types import ModuleType
 
-INSTALL_HINT = ("pip install 'gpumem-devtools[torch]' (from a gpumem checkout: "
-                "pip install './tools[torch]')")
+INSTALL_HINT = "in a gpumem checkout: pip install './tools[torch]'"
 
 
 class MissingDependency(ImportError):
@@ -19,7 +18,7 @@ def missing(package: str, err: ImportError) -> MissingDependency:
            else f"which fails to import: no module named '{absent}'")
     return MissingDependency(
         f"this needs the Python package '{package}', {why} (Python: {sys.executable}); "
-        f"install the PyTorch extra: {INSTALL_HINT}", name=package)
+        f"install the [torch] extra of gpumem-devtools ({INSTALL_HINT})", name=package)
 
 
 def require(module: str) -> ModuleType:
