@@ -9,7 +9,7 @@ use gpumem_trace::{read, read_path, Format, ReadOptions, Trace};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// The trace `gpumem replay` replays when given none: a real PyTorch training trace (GPT-2,
-/// 12 layers, batch 4, sequence 256, AdamW, 4 steps) captured by `tools/capture_trace.py`.
+/// 12 layers, batch 4, sequence 256, AdamW, 4 steps) captured by `gpumem-capture-trace`.
 const DEFAULT_TRACE: &[u8] =
     include_bytes!("../../../testdata/traces/gpt2-12l-train-b4-s256.jsonl.gz");
 

@@ -1,5 +1,5 @@
 //! Validation against peak allocated bytes measured on real PyTorch steps
-//! (`testdata/plan/measured.jsonl`, written by `tools/measure_peak.py`).
+//! (`testdata/plan/measured.jsonl`, written by `gpumem-measure-peak` in `tools/`).
 //! Run with `--nocapture` to print the per-case table and the error summary.
 
 use gpumem_plan::{estimate, load_config, Overheads, Settings};

@@ -29,7 +29,7 @@ fn blocks(trace: &Trace) -> Vec<Event> {
 }
 
 /// A block event with the address replaced by the allocation's ordinal: the same history
-/// at other addresses (`tools/convert_trace.py` gives every snapshot block a fresh
+/// at other addresses (`gpumem-convert-trace` gives every snapshot block a fresh
 /// device-like address) normalises to the same sequence.
 #[derive(Debug, PartialEq, Eq)]
 enum Relabelled {

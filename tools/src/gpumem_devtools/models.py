@@ -1,11 +1,20 @@
-"""Build models (random weights) from config files, their inputs and optimizers."""
+"""Build models (random weights) from config files, their inputs and optimizers (needs torch)."""
 
 import contextlib
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-import torch
-import torch.nn.functional as F
+from ._deps import missing, require
+from .configs import model_kind
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ModuleNotFoundError as _err:
+    raise missing("torch", _err) from _err
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -19,7 +28,8 @@ class Workload:
     image_size: int | None
     num_classes: int | None
 
-    def batch(self, batch, seq, device, dtype, with_labels):
+    def batch(self, batch: int, seq: int | None, device: str, dtype: torch.dtype | None,
+              with_labels: bool) -> dict[str, torch.Tensor]:
         """Inputs of one step, created on `device` (as a data loader would)."""
         if self.kind == "cnn" or self.kind == "image_cls":
             size = self.image_size
@@ -32,7 +42,7 @@ class Workload:
             return {"input_ids": ids}
         return {"input_ids": ids, "labels": ids.clone()}
 
-    def loss(self, **inputs):
+    def loss(self, **inputs: torch.Tensor) -> torch.Tensor:
         """Forward plus the standard loss (the model's own for HF, CE for CNNs)."""
         if self.kind == "cnn":
             labels = inputs.pop("labels")
@@ -40,17 +50,20 @@ class Workload:
         return self.model(**inputs).loss
 
 
-def load_config(path):
+def load_config(path: str | Path) -> dict[str, Any]:
     with open(path) as f:
         return json.load(f)
 
 
-def build(config_path, dtype="fp32", attn=None, grad_ckpt=False, device="cpu", image_size=None):
+def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
+          grad_ckpt: bool = False, device: str = "cpu",
+          image_size: int | None = None) -> Workload:
     """Instantiate the architecture of `config_path` with random weights."""
     cfg = load_config(config_path)
     torch_dtype = DTYPES[dtype]
-    if cfg["model_type"] == "resnet" and "depth" in cfg:
-        import torchvision
+    kind = model_kind(cfg)
+    if kind == "cnn":
+        torchvision = require("torchvision")
         if grad_ckpt:
             raise ValueError("gradient checkpointing is not defined for torchvision CNNs")
         model = getattr(torchvision.models, f"resnet{cfg['depth']}")(num_classes=cfg["num_classes"])
@@ -60,20 +73,16 @@ def build(config_path, dtype="fp32", attn=None, grad_ckpt=False, device="cpu", i
     if image_size is not None and image_size != cfg.get("image_size"):
         raise ValueError(f"{config_path}: built for image_size {cfg.get('image_size')}, "
                          f"not {image_size}")
-    import transformers
+    transformers = require("transformers")
     hf_cfg = transformers.AutoConfig.for_model(**cfg)
     arch = cfg["architectures"][0]
-    kwargs = {"dtype": torch_dtype}
+    kwargs: dict[str, Any] = {"dtype": torch_dtype}
     if attn is not None:
         kwargs["attn_implementation"] = attn
-    if arch.endswith("ImageClassification"):
-        kind, auto = "image_cls", transformers.AutoModelForImageClassification
-    elif arch.endswith("MaskedLM"):
-        kind, auto = "masked_lm", transformers.AutoModelForMaskedLM
-    elif cfg.get("is_encoder_decoder"):
-        kind, auto = "seq2seq", transformers.AutoModelForSeq2SeqLM
-    else:
-        kind, auto = "causal_lm", transformers.AutoModelForCausalLM
+    auto = {"image_cls": transformers.AutoModelForImageClassification,
+            "masked_lm": transformers.AutoModelForMaskedLM,
+            "seq2seq": transformers.AutoModelForSeq2SeqLM,
+            "causal_lm": transformers.AutoModelForCausalLM}[kind]
     model = auto.from_config(hf_cfg, **kwargs).to(device)
     if type(model).__name__ != arch:
         raise ValueError(f"{config_path}: built {type(model).__name__}, config names {arch}")
@@ -83,7 +92,8 @@ def build(config_path, dtype="fp32", attn=None, grad_ckpt=False, device="cpu", i
                     len(cfg["id2label"]) if "id2label" in cfg else None)
 
 
-def make_optimizer(name, impl, params):
+def make_optimizer(name: str, impl: str,
+                   params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """torch.optim optimizer `name` with implementation `impl` (foreach/fused/forloop)."""
     flags = {"foreach": {"foreach": True}, "fused": {"fused": True},
              "forloop": {"foreach": False}}[impl]
@@ -101,7 +111,7 @@ def make_optimizer(name, impl, params):
 
 
 @contextlib.contextmanager
-def gpu_like_dropout(device):
+def gpu_like_dropout(device: str) -> Iterator[None]:
     """Make CPU dropout allocate like CUDA's: a bool mask, not an input-dtype one.
 
     On CUDA `F.dropout` runs the fused `native_dropout` kernel (output + 1-byte
@@ -113,7 +123,8 @@ def gpu_like_dropout(device):
         return
     original = F.dropout
 
-    def dropout(input, p=0.5, training=True, inplace=False):
+    def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,
+                inplace: bool = False) -> torch.Tensor:
         if not training or p == 0.0:
             return input
         if p == 1.0:
@@ -146,10 +157,10 @@ _CUDA_FP32_SET_DTYPE_OPS = [
     "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "sum",
     "sum.dim_IntList",
 ]
-_cuda_policy_lib = None
+_cuda_policy_lib: Any = None
 
 
-def cuda_autocast_policy_on_cpu():
+def cuda_autocast_policy_on_cpu() -> None:
     """Make CPU autocast cast ops as CUDA autocast does (idempotent, process-wide).
 
     Registers AutocastCPU kernels for CUDA's fp32 op lists; they only run
@@ -161,22 +172,22 @@ def cuda_autocast_policy_on_cpu():
     lib = torch.library.Library("aten", "IMPL")
     exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
-    def eligible(t):
+    def eligible(t: Any) -> bool:
         return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
 
-    def fp32_kernel(op):
-        def kernel(*args, **kwargs):
+    def fp32_kernel(op: Any) -> Any:
+        def kernel(*args: Any, **kwargs: Any) -> Any:
             args, kwargs = torch.utils._pytree.tree_map(
                 lambda t: t.float() if eligible(t) else t, (args, kwargs))
             with torch._C._ExcludeDispatchKeyGuard(exclude):
                 return op(*args, **kwargs)
         return kernel
 
-    def set_dtype_kernel(op):
+    def set_dtype_kernel(op: Any) -> Any:
         names = [a.name for a in op._schema.arguments if not a.kwarg_only]
         pos = names.index("dtype") if "dtype" in names else None
 
-        def kernel(*args, **kwargs):
+        def kernel(*args: Any, **kwargs: Any) -> Any:
             if eligible(args[0]):
                 if pos is not None and pos < len(args):
                     if args[pos] is None:

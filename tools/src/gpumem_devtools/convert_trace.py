@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Write a gpumem-trace v1 file as a PyTorch memory snapshot pickle and an RMM CSV log.
 
 The outputs are fixtures for gpumem's PyTorch-snapshot and RMM readers, made
-from a trace of a real PyTorch run (tools/capture_trace.py). They have the
+from a trace of a real PyTorch run (gpumem-capture-trace). They have the
 exact structure of `torch.cuda.memory._snapshot()` / `_dump_snapshot` and of
 RMM's `logging_resource_adaptor`, but no CUDA allocator produced them:
 
@@ -16,42 +15,50 @@ RMM's `logging_resource_adaptor`, but no CUDA allocator produced them:
 * RMM CSV: `Thread,Time,Action,Pointer,Size,Stream` with allocate / free
   rows, the trace's own addresses and sizes.
 
-Usage:
-  python3 tools/convert_trace.py testdata/traces/small-gpt2-2l-infer-b1-s32.jsonl.gz \\
+Needs no PyTorch. Usage:
+  gpumem-convert-trace testdata/traces/small-gpt2-2l-infer-b1-s32.jsonl.gz \\
       --snapshot OUT.pickle [--protocol 2|3|4] --rmm OUT.csv
+(or `python -m gpumem_devtools.convert_trace ...`)
 """
 
 import argparse
 import pickle
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpumem_torch import tracefile  # noqa: E402
+from . import tracefile
+from ._cli import fail
 
+PROG = "gpumem-convert-trace"
 EPOCH_US = 1_795_000_000_000_000  # fixed start time, so outputs are reproducible
 STREAM = 0
 DEVICE_BASE = 0x7F0000000000
 
 
-def _round512(size):
+def _round512(size: int) -> int:
     return max(512, (size + 511) // 512 * 512)
 
 
-def _frames(name):
+def _frames(name: str) -> list[dict[str, Any]]:
+    # The script's path when the committed fixtures were made; kept so that they
+    # regenerate byte for byte.
     return [{"filename": "tools/capture_trace.py", "line": 0, "name": name}]
 
 
-def _entry(action, addr, size, t):
+def _entry(action: str, addr: int, size: int, t: int) -> dict[str, Any]:
     return {"action": action, "addr": addr, "size": size, "stream": STREAM,
             "time_us": EPOCH_US + t, "frames": []}
 
 
-def snapshot(events, trace_name):
+def snapshot(events: Iterable[tracefile.Event], trace_name: str) -> dict[str, Any]:
     """The `_snapshot()` dict of `events` (see module docstring)."""
-    trace, live, device_addr = [], {}, {}
+    trace: list[dict[str, Any]] = []
+    live: dict[int, int] = {}
+    device_addr: dict[int, int] = {}
     bump = DEVICE_BASE
-    for ev in events:
+    for i, ev in enumerate(events):
         op = ev["op"]
         if op == "alloc":
             addr, block = bump, _round512(ev["size"])
@@ -61,12 +68,14 @@ def snapshot(events, trace_name):
             trace.append(_entry("alloc", addr, ev["size"], len(trace)))
             live[addr] = ev["size"]
         elif op == "free":
+            if ev["addr"] not in device_addr:
+                raise ValueError(f"event {i}: free of {ev['addr']:#x}, which is not allocated")
             addr = device_addr.pop(ev["addr"])
             size = live.pop(addr)
             trace.append(_entry("free_requested", addr, size, len(trace)))
             trace.append(_entry("free_completed", addr, size, len(trace)))
             trace.append(_entry("segment_free", addr, _round512(size), len(trace)))
-    segments = []
+    segments: list[dict[str, Any]] = []
     for addr in sorted(live):
         size, block = live[addr], _round512(live[addr])
         segments.append({
@@ -84,7 +93,7 @@ def snapshot(events, trace_name):
     return {"segments": segments, "device_traces": [trace], "allocator_settings": settings}
 
 
-def rmm_csv(events, thread=140221):
+def rmm_csv(events: Iterable[tracefile.Event], thread: int = 140221) -> str:
     """RMM logging_resource_adaptor CSV of `events`, 1 us apart from 14:03:22."""
     rows = ["Thread,Time,Action,Pointer,Size,Stream"]
     t = (14 * 3600 + 3 * 60 + 22) * 1_000_000
@@ -99,20 +108,43 @@ def rmm_csv(events, thread=140221):
     return "\n".join(rows) + "\n"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("trace", type=Path, help="a gpumem-trace v1 .jsonl.gz file")
     ap.add_argument("--snapshot", type=Path, help="write the snapshot pickle here")
-    ap.add_argument("--protocol", type=int, default=4, help="pickle protocol (default 4)")
+    ap.add_argument("--protocol", type=int, default=4,
+                    choices=range(pickle.HIGHEST_PROTOCOL + 1), metavar="N",
+                    help=f"pickle protocol, 0-{pickle.HIGHEST_PROTOCOL} (default 4)")
     ap.add_argument("--rmm", type=Path, help="write the RMM CSV here")
-    args = ap.parse_args()
-    header, events = tracefile.read(args.trace)
-    if args.snapshot:
-        with open(args.snapshot, "wb") as f:
-            pickle.dump(snapshot(events, header["name"]), f, protocol=args.protocol)
-    if args.rmm:
-        args.rmm.write_text(rmm_csv(events))
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.snapshot is None and args.rmm is None:
+        ap.error("nothing to write: give --snapshot and/or --rmm")
+    try:
+        header, events = tracefile.read(args.trace)
+    except OSError as err:
+        return fail(ap.prog, f"cannot read {args.trace}: {err.strerror or err}")
+    except ValueError as err:
+        return fail(ap.prog, err)
+    try:
+        if args.snapshot:
+            data = snapshot(events, header["name"])
+            with open(args.snapshot, "wb") as f:
+                pickle.dump(data, f, protocol=args.protocol)
+        if args.rmm:
+            args.rmm.write_text(rmm_csv(events))
+    except OSError as err:
+        return fail(ap.prog, f"cannot write {err.filename}: {err.strerror or err}")
+    except KeyError as err:
+        return fail(ap.prog, f"{args.trace}: an event or the header lacks the key {err}")
+    except ValueError as err:
+        return fail(ap.prog, f"{args.trace}: {err}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,9 +7,13 @@ numbers (`write_configs`). CNNs use gpumem's small torchvision JSON.
 """
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-_GPT2 = {
+Config = dict[str, Any]
+
+_GPT2: Config = {
     "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
     "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
     "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2",
@@ -18,7 +22,7 @@ _GPT2 = {
     "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
     "summary_type": "cls_index", "summary_use_proj": True, "vocab_size": 50257,
 }
-_TINYLLAMA = {
+_TINYLLAMA: Config = {
     "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
     "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 2048,
     "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 2048,
@@ -26,7 +30,7 @@ _TINYLLAMA = {
     "num_key_value_heads": 4, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
     "rope_theta": 10000.0, "tie_word_embeddings": False, "use_cache": True, "vocab_size": 32000,
 }
-_QWEN25_05B = {
+_QWEN25_05B: Config = {
     "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
     "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
     "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
@@ -35,7 +39,7 @@ _QWEN25_05B = {
     "sliding_window": 32768, "tie_word_embeddings": True, "use_cache": True,
     "use_sliding_window": False, "vocab_size": 151936,
 }
-_BERT_BASE = {
+_BERT_BASE: Config = {
     "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1,
     "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
     "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-12,
@@ -43,7 +47,7 @@ _BERT_BASE = {
     "num_hidden_layers": 12, "pad_token_id": 0, "position_embedding_type": "absolute",
     "type_vocab_size": 2, "use_cache": True, "vocab_size": 30522,
 }
-_T5_SMALL = {
+_T5_SMALL: Config = {
     "architectures": ["T5ForConditionalGeneration"], "d_ff": 2048, "d_kv": 64, "d_model": 512,
     "decoder_start_token_id": 0, "dropout_rate": 0.1, "eos_token_id": 1,
     "feed_forward_proj": "relu", "initializer_factor": 1.0, "is_encoder_decoder": True,
@@ -51,7 +55,7 @@ _T5_SMALL = {
     "num_layers": 6, "pad_token_id": 0, "relative_attention_num_buckets": 32,
     "vocab_size": 32128,
 }
-_VIT_BASE = {
+_VIT_BASE: Config = {
     "architectures": ["ViTForImageClassification"], "attention_probs_dropout_prob": 0.0,
     "hidden_act": "gelu", "hidden_dropout_prob": 0.0, "hidden_size": 768, "image_size": 224,
     "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-12,
@@ -59,7 +63,7 @@ _VIT_BASE = {
     "num_hidden_layers": 12, "patch_size": 16, "qkv_bias": True,
     "id2label": {str(i): f"LABEL_{i}" for i in range(1000)},
 }
-_OPT_125M = {
+_OPT_125M: Config = {
     "activation_dropout": 0.0, "activation_function": "relu", "architectures": ["OPTForCausalLM"],
     "attention_dropout": 0.0, "bos_token_id": 2, "do_layer_norm_before": True, "dropout": 0.1,
     "eos_token_id": 2, "ffn_dim": 3072, "hidden_size": 768, "init_std": 0.02, "layerdrop": 0.0,
@@ -67,7 +71,7 @@ _OPT_125M = {
     "num_hidden_layers": 12, "pad_token_id": 1, "use_cache": True, "vocab_size": 50272,
     "word_embed_proj_dim": 768,
 }
-_PYTHIA_70M = {
+_PYTHIA_70M: Config = {
     "architectures": ["GPTNeoXForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 0,
     "eos_token_id": 0, "hidden_act": "gelu", "hidden_dropout": 0.0, "hidden_size": 512,
     "initializer_range": 0.02, "intermediate_size": 2048, "layer_norm_eps": 1e-05,
@@ -82,7 +86,7 @@ _PYTHIA_70M = {
 # falls back to the math kernel (materialises seq^2 scores) while GPUs run
 # flash / memory-efficient kernels, so only dropout-free attention measures
 # GPU-like memory.
-HF_CONFIGS = {
+HF_CONFIGS: dict[str, tuple[str, Config, Config]] = {
     "gpt2-2l": ("openai-community/gpt2", _GPT2,
                 {"n_layer": 2, "n_embd": 256, "n_head": 4, "attn_pdrop": 0.0}),
     "tinyllama-2l": ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", _TINYLLAMA,
@@ -120,32 +124,53 @@ HF_CONFIGS = {
                   "attention_probs_dropout_prob": 0.0}),
 }
 
-CNN_CONFIGS = {
+CNN_CONFIGS: dict[str, Config] = {
     "resnet18": {"model_type": "resnet", "depth": 18, "num_classes": 1000},
     "resnet50": {"model_type": "resnet", "depth": 50, "num_classes": 1000},
 }
 
 
-def config_dict(name):
+def all_names() -> list[str]:
+    """Every config name (HF configs, then CNNs)."""
+    return [*HF_CONFIGS, *CNN_CONFIGS]
+
+
+def config_dict(name: str) -> Config:
     """The JSON object written for config `name`."""
     if name in CNN_CONFIGS:
         return dict(CNN_CONFIGS[name])
     hub_id, real, shrink = HF_CONFIGS[name]
     changes = ", ".join(f"{k} {real.get(k)}->{v}" for k, v in shrink.items())
-    out = {"_name_or_path": hub_id, "_gpumem_shrunk": changes}
+    out: Config = {"_name_or_path": hub_id, "_gpumem_shrunk": changes}
     out.update(real)
     out.update(shrink)
     return out
 
 
-def config_path(config_dir, name):
+def model_kind(cfg: Mapping[str, Any]) -> str:
+    """How a config is built and fed (models.build): "cnn" (torchvision ResNet),
+    "image_cls", "masked_lm", "seq2seq" or "causal_lm"; KeyError if it names no
+    architecture."""
+    if cfg.get("model_type") == "resnet" and "depth" in cfg:
+        return "cnn"
+    arch = cfg["architectures"][0]
+    if arch.endswith("ImageClassification"):
+        return "image_cls"
+    if arch.endswith("MaskedLM"):
+        return "masked_lm"
+    if cfg.get("is_encoder_decoder"):
+        return "seq2seq"
+    return "causal_lm"
+
+
+def config_path(config_dir: str | Path, name: str) -> Path:
     return Path(config_dir) / f"{name}.json"
 
 
-def write_configs(config_dir, names):
+def write_configs(config_dir: str | Path, names: Iterable[str]) -> list[Path]:
     """Write the config files for `names` (idempotent); returns their paths."""
     Path(config_dir).mkdir(parents=True, exist_ok=True)
-    paths = []
+    paths: list[Path] = []
     for name in names:
         path = config_path(config_dir, name)
         path.write_text(json.dumps(config_dict(name), indent=2, sort_keys=True) + "\n")

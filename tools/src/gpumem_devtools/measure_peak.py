@@ -1,17 +1,18 @@
-#!/usr/bin/env python3
 """Measure the peak allocated bytes of real PyTorch training / inference steps.
 
 The analogue of `torch.cuda.max_memory_allocated()` over one step: every
-allocation and free is recorded (see gpumem_torch/recorder.py) from before the
+allocation and free is recorded (see gpumem_devtools/recorder.py) from before the
 model is built, so the live bytes at each event are exact; the peak is the
 maximum live bytes within the last step's window (training: step 2 of 2, so
 optimizer states exist; inference: forward 2 of 2; generate: call 2 of 2).
+Needs the [torch] extra, except for --list and --help.
 
-Usage:
-  /work/torchenv/bin/python tools/measure_peak.py --self-test
-  /work/torchenv/bin/python tools/measure_peak.py                 # whole grid
-  /work/torchenv/bin/python tools/measure_peak.py --only 'gpt2-2l-train' --list
-  /work/torchenv/bin/python tools/measure_peak.py --device cuda --out /tmp/gpu.jsonl
+Usage (inside the gpumem checkout):
+  gpumem-measure-peak --self-test
+  gpumem-measure-peak                 # whole grid
+  gpumem-measure-peak --only 'gpt2-2l-train' --list
+  gpumem-measure-peak --device cuda --out /tmp/gpu.jsonl
+(or `python -m gpumem_devtools.measure_peak ...`)
 
 Results go to testdata/plan/measured.jsonl (one JSON object per case, in grid
 order; cases already in the file are kept and skipped unless --redo).
@@ -21,25 +22,25 @@ import argparse
 import gc
 import json
 import platform
-import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-import torch
+from . import configs
+from ._cli import device, device_type, fail, positive_int, regex
+from ._deps import MissingDependency, require
+from .paths import repo_root
+from .settings import Settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpumem_torch import configs  # noqa: E402
-from gpumem_torch.recorder import recorder_for  # noqa: E402
-from gpumem_torch.workloads import Settings, run  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
+PROG = "gpumem-measure-peak"
 CONFIG_DIR = "testdata/plan/configs"
-DEFAULT_OUT = REPO / "testdata/plan/measured.jsonl"
+DEFAULT_OUT = "testdata/plan/measured.jsonl"
 STEPS = 2
 
 
-def T(batch, seq, **kw):
+def T(batch: int, seq: int | None, **kw: Any) -> Settings:
     """A training case (AdamW foreach, fp32, sdpa unless overridden)."""
     kw.setdefault("optimizer", "adamw")
     kw.setdefault("optimizer_impl", "foreach")
@@ -47,18 +48,24 @@ def T(batch, seq, **kw):
     return Settings("train", batch, seq, **kw)
 
 
-def I(batch, seq, **kw):
+def I(batch: int, seq: int | None, **kw: Any) -> Settings:  # noqa: E743
     kw.setdefault("attn", "sdpa")
     return Settings("infer", batch, seq, **kw)
 
 
-def G(batch, seq, new_tokens, **kw):
+def G(batch: int, seq: int | None, new_tokens: int, **kw: Any) -> Settings:
     kw.setdefault("attn", "sdpa")
     return Settings("generate", batch, seq, new_tokens=new_tokens, **kw)
 
 
-def _lm_grid(shapes, eager=(), ckpt=(), bf16=(), amp=(), opts=(), infer=(), generate=(),
-             generate_bf16=()):
+Shape = tuple[int, int]  # (batch, seq); for generate (batch, seq, new tokens)
+
+
+def _lm_grid(shapes: Sequence[Shape], eager: Sequence[Shape] = (), ckpt: Sequence[Shape] = (),
+             bf16: Sequence[Shape] = (), amp: Sequence[Shape] = (),
+             opts: Sequence[tuple[int, int, str, str]] = (), infer: Sequence[Shape] = (),
+             generate: Sequence[tuple[int, int, int]] = (),
+             generate_bf16: Sequence[tuple[int, int, int]] = ()) -> list[Settings]:
     cases = [T(b, s) for b, s in shapes]
     cases += [T(b, s, attn="eager") for b, s in eager]
     cases += [T(b, s, grad_ckpt=True) for b, s in ckpt]
@@ -71,12 +78,13 @@ def _lm_grid(shapes, eager=(), ckpt=(), bf16=(), amp=(), opts=(), infer=(), gene
     return cases
 
 
-def _vision(kind, image_size, batches, **variants):
+def _vision(kind: str, image_size: int, batches: Sequence[int],
+            **variants: Sequence[tuple[int, int]]) -> list[Settings]:
     """Image-model cases: default training at `batches`, then each variant
     (eager / ckpt / bf16 / amp / sgd / size / infer) at its (batch, image size)s."""
     attn = None if kind == "cnn" else "sdpa"
     cases = [T(b, None, image_size=image_size, attn=attn) for b in batches]
-    changes = {"eager": {"attn": "eager"}, "ckpt": {"grad_ckpt": True}, "bf16": {"dtype": "bf16"},
+    changes: dict[str, dict[str, Any]] = {"eager": {"attn": "eager"}, "ckpt": {"grad_ckpt": True}, "bf16": {"dtype": "bf16"},
                "amp": {"amp": "bf16"}, "sgd": {"optimizer": "sgd"}, "size": {}}
     for key, specs in variants.items():
         for b, size in specs:
@@ -87,10 +95,10 @@ def _vision(kind, image_size, batches, **variants):
     return cases
 
 
-def grid():
+def grid() -> list[tuple[str, Settings]]:
     """(config name, Settings) for every case, in file order."""
     ab = [(2, 256), (4, 512)]
-    cases = {
+    cases: dict[str, list[Settings]] = {
         "gpt2-2l": _lm_grid(
             [(1, 128), (2, 128), (4, 128), (8, 128), (1, 256), (2, 256), (4, 256), (1, 512),
              (2, 512)],
@@ -151,7 +159,7 @@ def grid():
     return [(name, s) for name, lst in cases.items() for s in lst]
 
 
-def case_id(name, s):
+def case_id(name: str, s: Settings) -> str:
     parts = [name, s.mode, f"b{s.batch}"]
     if s.seq is not None:
         parts.append(f"s{s.seq}")
@@ -171,9 +179,12 @@ def case_id(name, s):
     return "-".join(parts)
 
 
-def notes(name, s, device):
-    cpu = torch.device(device).type == "cpu"
-    out = [f"torch.profiler CPU allocation trace, {torch.get_num_threads()} threads" if cpu
+def notes(name: str, s: Settings, device: str, threads: int,
+          torchvision_version: str | None = None) -> str:
+    """The `notes` of a case's result row (`threads`: torch's CPU threads;
+    `torchvision_version` for ResNets)."""
+    cpu = device_type(device) == "cpu"
+    out = [f"torch.profiler CPU allocation trace, {threads} threads" if cpu
            else "torch.cuda.memory._record_memory_history trace",
            f"peak over {s.mode} step {STEPS} of {STEPS}"]
     if cpu:
@@ -199,36 +210,36 @@ def notes(name, s, device):
         out.append("HF generate, greedy, min_new_tokens=max_new_tokens, DynamicCache; "
                    "prefill keeps last-token logits only")
     if name.startswith("resnet"):
-        out.append("torchvision " + _torchvision_version() + ", oneDNN conv on CPU")
+        out.append(f"torchvision {torchvision_version}, oneDNN conv on CPU")
     return "; ".join(out)
 
 
-def _torchvision_version():
-    import torchvision
-    return torchvision.__version__
-
-
-def versions():
-    import transformers
+def versions() -> dict[str, str]:
+    torch = require("torch")
+    transformers = require("transformers")
     return {"torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}
 
 
-def measure(config_path, s, device):
+def measure(config_path: Path, s: Settings, device: str) -> tuple[int, str | None]:
     """(peak live bytes in the last step, phase of the peak)."""
+    from .recorder import recorder_for
+    from .workloads import run
+
     rec = recorder_for(device)
     with rec:
         run(config_path, s, rec, STEPS, device)
-    tl = rec.recording.timeline()
+    tl = rec.timeline()
     start = tl.boundary_times("step")[-1]
     end = tl.boundary_times("end")[-1]
     peak, t = tl.peak_between(start, end)
     return peak, tl.phase_at(t)
 
 
-def self_test():
+def self_test(root: Path) -> None:
     """Check the method on cases whose answer is known exactly."""
-    from gpumem_torch.recorder import CpuRecorder
+    torch = require("torch")
+    from .recorder import CpuRecorder
 
     # 1. Hand-made allocations: exact live and peak bytes, pre-window memory ignored.
     before = torch.empty(1000, dtype=torch.uint8)
@@ -242,7 +253,7 @@ def self_test():
         del before, b
         rec.boundary("end")
     del c
-    tl = rec.recording.timeline()
+    tl = rec.timeline()
     peak, _ = tl.peak_between(*tl.boundary_times("step"), *tl.boundary_times("end"))
     live = sum(size for _, _, size in tl.events)
     _check("hand-made peak", peak, 16000)
@@ -272,7 +283,7 @@ def self_test():
             opt.zero_grad(set_to_none=True)
             del x, loss
         rec.boundary("end")
-    tl = rec.recording.timeline()
+    tl = rec.timeline()
     start = tl.boundary_times("step")[-1]
     _check("linear: live at step start (W + momentum)", tl.live_before(start), 2 * w_bytes)
     peak, t = tl.peak_between(start, tl.boundary_times("end")[-1])
@@ -282,9 +293,9 @@ def self_test():
 
     # 3. A real model: at the start of step 2 the live bytes equal the storage
     # bytes of parameters, buffers and optimizer state (nothing missed).
-    cfg = configs.config_path(REPO / CONFIG_DIR, "gpt2-2l")
-    configs.write_configs(REPO / CONFIG_DIR, ["gpt2-2l"])
-    from gpumem_torch.models import build, make_optimizer
+    cfg = configs.config_path(root / CONFIG_DIR, "gpt2-2l")
+    configs.write_configs(root / CONFIG_DIR, ["gpt2-2l"])
+    from .models import build, make_optimizer
     rec = CpuRecorder()
     with rec:
         wl = build(cfg)
@@ -297,7 +308,7 @@ def self_test():
             opt.zero_grad(set_to_none=True)
             del loss
         rec.boundary("end")
-    tl = rec.recording.timeline()
+    tl = rec.timeline()
     start = tl.boundary_times("step")[-1]
     live = tl.live_before(start)
     tensors = list(wl.model.parameters()) + list(wl.model.buffers())
@@ -307,14 +318,14 @@ def self_test():
            live, sum(storages.values()))
 
     # 4. GPU-like dropout: output + a 1-byte mask, as CUDA's native_dropout.
-    from gpumem_torch.models import cuda_autocast_policy_on_cpu, gpu_like_dropout
+    from .models import cuda_autocast_policy_on_cpu, gpu_like_dropout
     x = torch.randn(1000, requires_grad=True)
     rec = CpuRecorder()
     with rec, gpu_like_dropout("cpu"):
         rec.boundary("step")
         y = torch.nn.functional.dropout(x, 0.1, training=True)
         rec.boundary("end")
-    tl = rec.recording.timeline()
+    tl = rec.timeline()
     _check("dropout: live bytes (fp32 output + bool mask)",
            sum(size for _, _, size in tl.events), 1000 * 4 + 1000)
     del y
@@ -330,9 +341,9 @@ def self_test():
 
     # 6. The CUDA path's conversion of device_traces (no GPU needed): boundaries
     # are allocs on the marker stream; a free of pre-recording memory is dropped.
-    from gpumem_torch.recorder import recording_from_cuda_trace
+    from .timeline import recording_from_cuda_trace
 
-    def entry(action, addr, size, stream=0):
+    def entry(action: str, addr: int, size: int, stream: int = 0) -> dict[str, Any]:
         return {"action": action, "addr": addr, "size": size, "stream": stream,
                 "time_us": 0, "frames": []}
     marker = 99
@@ -349,57 +360,83 @@ def self_test():
     print("self-test passed")
 
 
-def _check(what, got, want):
+def _check(what: str, got: object, want: object) -> None:
     status = "ok" if got == want else "FAIL"
     print(f"{status:4} {what}: measured {got}, expected {want}")
     if got != want:
         raise SystemExit(1)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--self-test", action="store_true", help="validate the method and exit")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--only", help="regex: run only cases whose id matches")
+    ap.add_argument("--out", type=Path, help=f"results file (default: <checkout>/{DEFAULT_OUT})")
+    ap.add_argument("--repo", type=Path,
+                    help="the gpumem checkout (default: the one holding the current directory)")
+    ap.add_argument("--only", type=regex, metavar="REGEX",
+                    help="run only cases whose id matches")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
-    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
+    ap.add_argument("--threads", type=positive_int, default=2,
+                    help="torch CPU threads (default 2)")
+    return ap
 
-    torch.set_num_threads(args.threads)
-    if args.self_test:
-        self_test()
-        return
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
     cases = [(n, s, case_id(n, s)) for n, s in grid()]
-    if args.only:
-        cases = [c for c in cases if re.search(args.only, c[2])]
-    if args.list:
-        print("\n".join(c[2] for c in cases))
+    if args.only is not None:
+        cases = [c for c in cases if args.only.search(c[2])]
+    if args.list and not args.self_test:
+        if cases:
+            print("\n".join(c[2] for c in cases))
         print(f"{len(cases)} cases", file=sys.stderr)
-        return
+        return 0
+    if not cases and not args.self_test:
+        ap.error(f"--only {args.only.pattern!r} matches no case (--list shows them)")
+    try:
+        root = repo_root(args.repo)
+    except ValueError as err:
+        ap.error(str(err))
+    try:
+        torch = require("torch")
+        torch.set_num_threads(args.threads)
+        if args.self_test:
+            self_test(root)
+            return 0
+        vers = versions()
+        _measure_cases(root, args.out or root / DEFAULT_OUT, cases, args.redo, args.device,
+                       torch.get_num_threads(), vers)
+    except MissingDependency as err:
+        return fail(ap.prog, err)
+    return 0
 
-    configs.write_configs(REPO / CONFIG_DIR, sorted({n for n, _, _ in cases}))
-    done = {}
-    if args.out.exists():
-        done = {r["id"]: r for r in map(json.loads, args.out.read_text().splitlines())}
+
+def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, str]], redo: bool,
+                   device: str, threads: int, vers: dict[str, str]) -> None:
+    configs.write_configs(root / CONFIG_DIR, sorted({n for n, _, _ in cases}))
+    done: dict[str, dict[str, Any]] = {}
+    if out.exists():
+        done = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     order = {case_id(n, s): i for i, (n, s) in enumerate(grid())}
-    vers = versions()
     for name, s, cid in cases:
-        if cid in done and not args.redo:
+        if cid in done and not redo:
             continue
         t0 = time.time()
         cfg = f"{CONFIG_DIR}/{name}.json"
-        peak, phase = measure(REPO / cfg, s, args.device)
+        peak, phase = measure(root / cfg, s, device)
+        tv = require("torchvision").__version__ if name.startswith("resnet") else None
         done[cid] = {"id": cid, "config": cfg, "settings": s.as_dict(),
                      "measured": {"peak_allocated_bytes": peak, "phase": phase},
-                     "versions": vers, "notes": notes(name, s, args.device)}
+                     "versions": vers, "notes": notes(name, s, device, threads, tv)}
         gc.collect()
         print(f"{cid}: {peak / 2**20:.1f} MiB ({phase}) in {time.time() - t0:.1f}s", flush=True)
         rows = sorted(done.values(), key=lambda r: order.get(r["id"], len(order)))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

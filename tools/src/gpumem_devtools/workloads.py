@@ -1,4 +1,4 @@
-"""Training, inference and generation loops with phase boundaries.
+"""Training, inference and generation loops with phase boundaries (needs torch).
 
 Each loop calls `rec.boundary(label)` at the start of every step ("step"),
 at every phase ("inputs", "forward", "backward", "optimizer", "zero_grad",
@@ -7,32 +7,24 @@ timeline can be cut into steps and a peak attributed to a phase.
 """
 
 import contextlib
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-import torch
+from ._deps import missing, require
+from .models import (DTYPES, Workload, build, cuda_autocast_policy_on_cpu, gpu_like_dropout,
+                     make_optimizer)
+from .recorder import Recorder
+from .settings import Settings
 
-from .models import DTYPES, build, cuda_autocast_policy_on_cpu, gpu_like_dropout, make_optimizer
+try:
+    import torch
+except ModuleNotFoundError as _err:
+    raise missing("torch", _err) from _err
 
-
-@dataclass
-class Settings:
-    mode: str  # "train" | "infer" | "generate"
-    batch: int
-    seq: int | None = None
-    image_size: int | None = None
-    new_tokens: int | None = None
-    dtype: str = "fp32"
-    amp: str | None = None
-    optimizer: str | None = None
-    optimizer_impl: str | None = None
-    grad_ckpt: bool = False
-    attn: str | None = None
-
-    def as_dict(self):
-        return dict(self.__dict__)
+__all__ = ["Settings", "run"]
 
 
-def _autocast(device, amp):
+def _autocast(device: str, amp: str | None) -> contextlib.AbstractContextManager[Any]:
     if amp is None:
         return contextlib.nullcontext()
     device_type = torch.device(device).type
@@ -41,7 +33,8 @@ def _autocast(device, amp):
     return torch.autocast(device_type, dtype=DTYPES[amp])
 
 
-def run(config_path, s, rec, steps, device="cpu", seed=0):
+def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device: str = "cpu",
+        seed: int = 0) -> None:
     """Build the model of `config_path` inside the recording and run `steps` steps."""
     torch.manual_seed(seed)
     with gpu_like_dropout(device):
@@ -57,8 +50,10 @@ def run(config_path, s, rec, steps, device="cpu", seed=0):
         rec.boundary("end")
 
 
-def _train(wl, s, rec, steps, device):
+def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) -> None:
     wl.model.train()
+    if s.optimizer is None or s.optimizer_impl is None:
+        raise ValueError("training needs an optimizer and its implementation")
     opt = make_optimizer(s.optimizer, s.optimizer_impl, wl.model.parameters())
     in_dtype = DTYPES[s.dtype]
     for _ in range(steps):
@@ -78,7 +73,7 @@ def _train(wl, s, rec, steps, device):
         del loss, inputs
 
 
-def _infer(wl, s, rec, steps, device):
+def _infer(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) -> None:
     wl.model.eval()
     extra = {"use_cache": False} if wl.kind in ("causal_lm", "seq2seq") else {}
     with torch.no_grad():
@@ -94,15 +89,17 @@ def _infer(wl, s, rec, steps, device):
             del out, inputs
 
 
-def _generate(wl, s, rec, steps, device):
-    from transformers import LogitsProcessor, LogitsProcessorList
+def _generate(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) -> None:
+    transformers = require("transformers")
+    LogitsProcessor = transformers.LogitsProcessor
+    LogitsProcessorList = transformers.LogitsProcessorList
 
-    class _DecodeMark(LogitsProcessor):
+    class _DecodeMark(LogitsProcessor):  # type: ignore[misc, valid-type]
         """Called after each forward: the first call ends the prefill."""
-        def __init__(self):
+        def __init__(self) -> None:
             self.seen = False
 
-        def __call__(self, input_ids, scores):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
             if not self.seen:
                 self.seen = True
                 rec.boundary("decode")

@@ -1,0 +1,222 @@
+"""Command-line parsing and its errors, entry points, missing PyTorch (no PyTorch needed)."""
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SMALL, TRACES, files_under
+
+import gpumem_devtools
+from gpumem_devtools import capture_trace, convert_trace, measure_peak
+
+Main = Callable[[Sequence[str] | None], int]
+COMMANDS = {"gpumem-capture-trace": "capture_trace", "gpumem-convert-trace": "convert_trace",
+            "gpumem-measure-peak": "measure_peak"}
+
+
+def _usage_error(main: Main, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The message of an argument error (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ")
+    return err.splitlines()[-1]
+
+
+# --- capture_trace -------------------------------------------------------------------------
+
+def test_capture_list_names_the_committed_traces(capsys: pytest.CaptureFixture[str]) -> None:
+    assert capture_trace.main(["--list"]) == 0
+    names = capsys.readouterr().out.split()
+    assert names == list(capture_trace.TRACES)
+    assert sorted(names) == sorted(p.name.removesuffix(".jsonl.gz")
+                                   for p in TRACES.glob("*.jsonl.gz"))
+    assert capture_trace.main(["--list", "--only", "^gpt2-12l-(infer|train-b4)"]) == 0
+    assert capsys.readouterr().out.split() == ["gpt2-12l-train-b4-s256", "gpt2-12l-infer-b8-s256"]
+
+
+CONFIG = str(TRACES / "configs" / "gpt2-2l.json")
+CNN = str(TRACES / "configs" / "resnet50.json")
+BERT = str(REPO / "testdata" / "plan" / "configs" / "bert-2l.json")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch", "0", "--config", CONFIG], "argument --batch: must be at least 1, not 0"),
+    (["--batch", "-3", "--config", CONFIG], "argument --batch: must be at least 1, not -3"),
+    (["--seq", "many", "--config", CONFIG], "argument --seq: not an integer: 'many'"),
+    (["--threads", "0"], "argument --threads: must be at least 1, not 0"),
+    (["--only", "(gpt2"], "argument --only: not a valid regular expression: '(gpt2'"),
+    (["--device", "mps"], "argument --device: expected cpu, cuda or cuda:N, not 'mps'"),
+    (["--device", "cuda:x"], "argument --device: expected cpu, cuda or cuda:N, not 'cuda:x'"),
+    (["--mode", "eval", "--config", CONFIG], "argument --mode: invalid choice: 'eval'"),
+    (["--dtype", "fp8", "--config", CONFIG], "argument --dtype: invalid choice: 'fp8'"),
+    (["--optimizer", "lion", "--config", CONFIG], "argument --optimizer: invalid choice: 'lion'"),
+    (["--only", "^nothing$"], "--only '^nothing$' matches no committed trace"),
+    (["--mode", "infer", "--seq", "8"], "--mode, --seq: only for a trace of your own"),
+    (["--grad-ckpt"], "--grad-ckpt: only for a trace of your own"),
+    (["--config", CONFIG, "--list"], "--only and --list select from the committed traces"),
+    (["--config", CONFIG], "--seq is required for"),
+    (["--config", CNN, "--seq", "8"], "--seq does not apply to"),
+    (["--config", CONFIG, "--seq", "8", "--mode", "generate"], "--mode generate needs --new-tokens"),
+    (["--config", BERT, "--seq", "8", "--mode", "generate", "--new-tokens", "4"],
+     "--mode generate needs a decoder-only LM config"),
+    (["--config", CONFIG, "--seq", "8", "--new-tokens", "4"],
+     "--new-tokens applies only to --mode generate"),
+    (["--config", CONFIG, "--seq", "8", "--optimizer", "adafactor", "--optimizer-impl", "fused"],
+     "--optimizer adafactor has no fused implementation"),
+    (["--config", CNN, "--grad-ckpt"], "--grad-ckpt is not defined for torchvision CNNs"),
+    (["--config", "absent.json", "--seq", "8"], "--config: cannot read absent.json"),
+    (["--config", f"{SMALL}.rmm.csv", "--seq", "8"], "is not JSON"),
+    (["--config", str(REPO / "Cargo.toml"), "--seq", "8"], "is not JSON"),
+])
+def test_capture_argument_errors(argv: list[str], message: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(capture_trace.main, argv, capsys)
+    assert err.startswith("gpumem-capture-trace: error: ")
+    assert message in err
+
+
+def test_capture_config_without_architecture(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"model_type": "gpt2"}))
+    err = _usage_error(capture_trace.main, ["--config", str(cfg), "--seq", "8"], capsys)
+    assert "names no architecture" in err
+
+
+def test_capture_repo_must_be_a_checkout(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(capture_trace.main, ["--repo", str(tmp_path)], capsys)
+    assert f"{tmp_path} is not a gpumem checkout" in err
+
+
+def test_capture_without_torch_names_it_and_writes_nothing(
+        no_torch: None, fake_repo: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert capture_trace.main(["--repo", str(fake_repo), "--only", "^small",
+                               "--out-dir", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("gpumem-capture-trace: error: this needs the Python package 'torch', "
+                          "which is not installed")
+    assert ("install the [torch] extra of gpumem-devtools (in a gpumem checkout: "
+            "pip install './tools[torch]')") in err
+    assert files_under(fake_repo) == ["tools/pyproject.toml"]
+    assert not out.exists()
+    # One trace of your own: same.
+    assert capture_trace.main(["--config", CONFIG, "--seq", "8", "--out-dir", str(out)]) == 1
+    assert "'torch'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# --- measure_peak --------------------------------------------------------------------------
+
+def test_measure_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert measure_peak.main(["--list"]) == 0
+    captured = capsys.readouterr()
+    ids = captured.out.split()
+    assert len(ids) == 139 == len(set(ids))
+    assert captured.err == "139 cases\n"
+    assert measure_peak.main(["--list", "--only", "^resnet50-"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.split() == ["resnet50-train-b2-img224-fp32-adamw-foreach",
+                                    "resnet50-train-b8-img128-fp32-adamw-foreach",
+                                    "resnet50-train-b8-img128-fp32-amp-bf16-adamw-foreach",
+                                    "resnet50-infer-b8-img224-fp32"]
+    assert captured.err == "4 cases\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--threads", "none"], "argument --threads: not an integer: 'none'"),
+    (["--threads", "-1"], "argument --threads: must be at least 1, not -1"),
+    (["--only", "*"], "argument --only: not a valid regular expression: '*'"),
+    (["--device", "gpu"], "argument --device: expected cpu, cuda or cuda:N, not 'gpu'"),
+    (["--only", "^gpt3"], "--only '^gpt3' matches no case"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_measure_argument_errors(argv: list[str], message: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(measure_peak.main, argv, capsys)
+    assert err.startswith("gpumem-measure-peak: error: ")
+    assert message in err
+
+
+def test_measure_without_torch_names_it_and_writes_nothing(
+        no_torch: None, fake_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--self-test"], ["--only", "^gpt2-2l-infer-b1-"]):
+        assert measure_peak.main(["--repo", str(fake_repo), *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("gpumem-measure-peak: error: this needs the Python package "
+                              "'torch', which is not installed")
+        assert files_under(fake_repo) == ["tools/pyproject.toml"]
+
+
+# --- entry points --------------------------------------------------------------------------
+
+def _env() -> dict[str, str]:
+    # Subprocesses import the package the way this process does (installed, or PYTHONPATH).
+    src = str(Path(gpumem_devtools.__file__ or "").resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [src, *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+@pytest.mark.parametrize("module", sorted(COMMANDS.values()))
+def test_python_m_runs_each_command(module: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", f"gpumem_devtools.{module}", "--help"],
+                          capture_output=True, text=True, env=_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: gpumem-{module.replace('_', '-')} ")
+
+
+def test_python_m_exit_status_of_a_bad_argument(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "gpumem_devtools.convert_trace",
+                           f"{SMALL}.jsonl.gz", "--rmm", str(tmp_path / "o.csv"),
+                           "--protocol", "x"],
+                          capture_output=True, text=True, env=_env(), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "argument --protocol: invalid int value: 'x'" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "gpumem_devtools.convert_trace",
+                           f"{SMALL}.jsonl.gz", "--rmm", str(tmp_path / "o.csv")],
+                          capture_output=True, text=True, env=_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "o.csv").read_bytes() == Path(f"{SMALL}.rmm.csv").read_bytes()
+
+
+def _installed() -> bool:
+    try:
+        importlib.metadata.distribution("gpumem-devtools")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _installed(), reason="gpumem-devtools is not installed (PYTHONPATH run)")
+def test_console_scripts_are_installed(tmp_path: Path) -> None:
+    eps = {ep.name: ep.value
+           for ep in importlib.metadata.entry_points(group="console_scripts")
+           if ep.name.startswith("gpumem-")}
+    assert eps == {name: f"gpumem_devtools.{module}:main" for name, module in COMMANDS.items()}
+    scripts = Path(sysconfig.get_path("scripts"))
+    for name in COMMANDS:
+        proc = subprocess.run([str(scripts / name), "--help"], capture_output=True, text=True,
+                              cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(f"usage: {name} ")
+    # From outside the checkout, with relative paths: convert works anywhere.
+    proc = subprocess.run([str(scripts / "gpumem-convert-trace"), f"{SMALL}.jsonl.gz",
+                           "--snapshot", "s.pickle", "--protocol", "2"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "s.pickle").read_bytes() == Path(
+        f"{SMALL}.snapshot.p2.pickle").read_bytes()
+    proc = subprocess.run([str(scripts / "gpumem-measure-peak"), "--only", "^nope"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "gpumem-measure-peak: error: --only '^nope' matches no case" in proc.stderr

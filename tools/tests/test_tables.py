@@ -1,0 +1,138 @@
+"""The config and workload tables agree with each other and with the committed testdata."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TRACES
+
+from gpumem_devtools import configs, tracefile
+from gpumem_devtools.capture_trace import CONFIG_DIR as TRACE_CONFIG_DIR
+from gpumem_devtools.capture_trace import TRACES as TRACE_TABLE
+from gpumem_devtools.measure_peak import CONFIG_DIR as PLAN_CONFIG_DIR
+from gpumem_devtools.measure_peak import case_id, grid, notes
+from gpumem_devtools.settings import (AMP_NAMES, ATTN_IMPLS, DTYPE_NAMES, MODES, OPTIMIZER_IMPLS,
+                                      OPTIMIZERS, Settings)
+
+MEASURED = REPO / "testdata" / "plan" / "measured.jsonl"
+TORCHVISION = "0.29.2+cu132"  # what the committed measurements were made with
+
+
+def _workloads() -> list[tuple[str, Settings]]:
+    return grid() + [(cfg, s) for cfg, s, _ in TRACE_TABLE.values()]
+
+
+def test_config_names() -> None:
+    assert not set(configs.HF_CONFIGS) & set(configs.CNN_CONFIGS)
+    used = {name for name, _ in _workloads()}
+    assert used <= set(configs.all_names())
+    assert set(configs.all_names()) == {name for name, _ in grid()}
+
+
+@pytest.mark.parametrize("name", configs.all_names())
+def test_config_dict(name: str) -> None:
+    cfg = configs.config_dict(name)
+    if name in configs.CNN_CONFIGS:
+        assert configs.model_kind(cfg) == "cnn"
+        return
+    hub_id, real, shrink = configs.HF_CONFIGS[name]
+    assert cfg["_name_or_path"] == hub_id
+    assert {k: cfg[k] for k in shrink} == shrink
+    assert all(cfg[k] == v for k, v in real.items() if k not in shrink)
+    assert cfg["_gpumem_shrunk"].count("->") == len(shrink)
+    kind = configs.model_kind(cfg)
+    arch = cfg["architectures"][0]
+    suffixes = {"ImageClassification": "image_cls", "MaskedLM": "masked_lm",
+                "ConditionalGeneration": "seq2seq", "CausalLM": "causal_lm",
+                "LMHeadModel": "causal_lm"}
+    assert [kind] == [k for suffix, k in suffixes.items() if arch.endswith(suffix)]
+    # GPU-like attention memory: no attention-probability dropout (see configs.py).
+    for key in ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout"):
+        assert cfg.get(key, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("config_dir, names", [
+    (PLAN_CONFIG_DIR, sorted({n for n, _ in grid()})),
+    (TRACE_CONFIG_DIR, sorted({cfg for cfg, _, _ in TRACE_TABLE.values()})),
+])
+def test_committed_config_files_are_what_write_configs_writes(
+        tmp_path: Path, config_dir: str, names: list[str]) -> None:
+    committed = REPO / config_dir
+    assert sorted(p.stem for p in committed.glob("*.json")) == names
+    written = configs.write_configs(tmp_path, names)
+    for path in written:
+        assert path.read_bytes() == (committed / path.name).read_bytes(), path.name
+
+
+@pytest.mark.parametrize("name, s", _workloads(), ids=lambda x: x if isinstance(x, str) else "")
+def test_workload_settings_are_buildable(name: str, s: Settings) -> None:
+    kind = configs.model_kind(configs.config_dict(name))
+    image = kind in ("cnn", "image_cls")
+    assert s.mode in MODES and s.dtype in DTYPE_NAMES
+    assert s.amp in (None, *AMP_NAMES)
+    assert s.batch >= 1
+    if image:
+        assert s.seq is None and s.image_size is not None
+        assert s.attn == (None if kind == "cnn" else "sdpa") or s.attn in ATTN_IMPLS
+    else:
+        assert s.seq is not None and s.seq >= 1 and s.image_size is None
+        assert s.attn in ATTN_IMPLS
+    if kind == "cnn":
+        assert s.attn is None and not s.grad_ckpt
+    if s.mode == "train":
+        assert s.optimizer in OPTIMIZERS and s.optimizer_impl in OPTIMIZER_IMPLS
+        assert (s.optimizer, s.optimizer_impl) != ("adafactor", "fused")
+    else:
+        assert s.optimizer is None and s.optimizer_impl is None
+    assert (s.new_tokens is not None) == (s.mode == "generate")
+    if s.mode == "generate":
+        assert kind == "causal_lm"
+
+
+def test_case_ids_are_unique_and_descriptive() -> None:
+    ids = [case_id(n, s) for n, s in grid()]
+    assert len(ids) == len(set(ids)) == 139
+    assert case_id("gpt2-2l", Settings("train", 2, 256, dtype="bf16", amp=None,
+                                       optimizer="adamw", optimizer_impl="fused",
+                                       grad_ckpt=True, attn="eager")) == \
+        "gpt2-2l-train-b2-s256-bf16-adamw-fused-ckpt-eager"
+    assert case_id("tinyllama-2l", Settings("generate", 4, 256, new_tokens=32, attn="sdpa")) \
+        == "tinyllama-2l-generate-b4-s256-new32-fp32-sdpa"
+    assert case_id("resnet18", Settings("train", 8, None, image_size=128, amp="bf16",
+                                        optimizer="sgd", optimizer_impl="foreach")) == \
+        "resnet18-train-b8-img128-fp32-amp-bf16-sgd-foreach"
+
+
+def test_measured_rows_are_the_grid_in_order() -> None:
+    rows = [json.loads(line) for line in MEASURED.read_text().splitlines()]
+    cases = grid()
+    assert [r["id"] for r in rows] == [case_id(n, s) for n, s in cases]
+    for row, (name, s) in zip(rows, cases):
+        assert row["config"] == f"{PLAN_CONFIG_DIR}/{name}.json"
+        assert row["settings"] == s.as_dict()
+        assert row["notes"] == notes(name, s, "cpu", 2, TORCHVISION), row["id"]
+        assert row["measured"]["peak_allocated_bytes"] > 0
+
+
+def test_notes_on_cuda() -> None:
+    s = Settings("train", 2, 256, amp="bf16", optimizer="sgd", optimizer_impl="foreach",
+                 attn="sdpa")
+    assert notes("gpt2-2l", s, "cuda:1", 8) == (
+        "torch.cuda.memory._record_memory_history trace; peak over train step 2 of 2; "
+        "zero_grad(set_to_none=True) after optimizer.step as HF Trainer; "
+        "loss: model's own loss with labels=input_ids; sgd momentum=0.9")
+
+
+@pytest.mark.parametrize("trace", sorted(TRACE_TABLE))
+def test_committed_trace_headers_match_the_trace_table(trace: str) -> None:
+    cfg, s, _steps = TRACE_TABLE[trace]
+    header, _ = tracefile.read(TRACES / f"{trace}.jsonl.gz")
+    meta = header["meta"]
+    assert header["name"] == trace
+    assert meta["config"] == f"{TRACE_CONFIG_DIR}/{cfg}.json"
+    assert meta["device"] == "cpu"
+    for key, value in s.as_dict().items():
+        if value is None:
+            assert key not in meta
+        else:
+            assert meta[key] == tracefile._text(value), key
