@@ -9,3 +9,5 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+# The Python tools (gpumem-devtools) in a virtual environment, without PyTorch.
+bash scripts/test-tools.sh -q
