@@ -12,7 +12,9 @@ use std::time::Instant;
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::{AddressMap, DeviceError, StreamId};
 use gpumem_pool::policies::torch_settings::TorchSettings;
-use gpumem_pool::{MemoryStats, OomError, PolicyKind, Pool, PoolConfig, PoolError, PoolOptions};
+use gpumem_pool::{
+    MemoryStats, OomError, Policy, PolicyKind, Pool, PoolConfig, PoolError, PoolOptions,
+};
 use gpumem_trace::{Event, Trace};
 use serde::Serialize;
 
@@ -37,6 +39,50 @@ pub struct ReplayOptions {
     /// Also search the smallest device capacity on which the trace runs
     /// ([`smallest_capacity`]): a few more replays per policy.
     pub smallest_capacity: bool,
+}
+
+/// What a replay runs: a named source of fresh policies (every replay pass needs its own).
+/// The built-in [`PolicyKind`]s are sources, built with [`ReplayOptions::torch`]; an outside
+/// policy becomes one with [`CustomPolicy`].
+pub trait PolicySource {
+    /// The name reports and progress show.
+    fn name(&self) -> &'static str;
+    /// A fresh policy, holding no memory.
+    fn make(&self, options: &ReplayOptions) -> Box<dyn Policy>;
+}
+
+impl PolicySource for PolicyKind {
+    fn name(&self) -> &'static str {
+        self.as_str()
+    }
+
+    fn make(&self, options: &ReplayOptions) -> Box<dyn Policy> {
+        let config = PoolConfig {
+            policy: *self,
+            torch: options.torch.clone(),
+            ..PoolConfig::default()
+        };
+        self.build(&config)
+    }
+}
+
+/// A policy from outside gpumem's built-ins, replayed like any other: its name and a
+/// constructor of fresh instances.
+pub struct CustomPolicy<F: Fn() -> Box<dyn Policy>> {
+    /// The name reports show.
+    pub name: &'static str,
+    /// Makes a fresh policy.
+    pub make: F,
+}
+
+impl<F: Fn() -> Box<dyn Policy>> PolicySource for CustomPolicy<F> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn make(&self, _: &ReplayOptions) -> Box<dyn Policy> {
+        (self.make)()
+    }
 }
 
 /// Where a replay ran out of memory.
@@ -105,8 +151,8 @@ pub struct Replay {
 /// Progress of a running replay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Progress {
-    /// The policy being replayed.
-    pub policy: PolicyKind,
+    /// The name of the policy being replayed.
+    pub policy: &'static str,
     /// Events done.
     pub done: usize,
     /// Events in all.
@@ -150,10 +196,11 @@ pub enum ReplayError {
 /// on a device of exactly the capacity tells whether reclaiming saves it and where it fails.
 pub fn replay(
     trace: &Trace,
-    policy: PolicyKind,
+    policy: impl PolicySource,
     options: &ReplayOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Replay, ReplayError> {
+    let policy: &dyn PolicySource = &policy;
     let unlimited = run(trace, policy, UNLIMITED_CAPACITY, options, progress)?;
     let steady = steady_state_calls(trace, policy, options)?;
     let mut report = unlimited.report(policy, trace, steady);
@@ -202,7 +249,7 @@ pub fn replay(
 /// the unlimited peak (a policy that behaves worse under pressure than without it).
 pub fn smallest_capacity(
     trace: &Trace,
-    policy: PolicyKind,
+    policy: &dyn PolicySource,
     options: &ReplayOptions,
     unlimited: &PolicyReport,
     progress: &mut dyn FnMut(Progress),
@@ -276,21 +323,18 @@ struct Run {
 
 /// A fresh pool of `policy` on an address-only device of `capacity` bytes.
 fn new_pool(
-    policy: PolicyKind,
+    policy: &dyn PolicySource,
     capacity: u64,
     options: &ReplayOptions,
     history_capacity: usize,
 ) -> Result<Pool, ReplayError> {
     let device = Arc::new(SimDevice::new(SimConfig::address_only(capacity))?);
-    let config = PoolConfig {
-        policy,
-        torch: options.torch.clone(),
-        options: PoolOptions {
-            history_capacity,
-            ..PoolOptions::default()
-        },
+    let pool_options = PoolOptions {
+        history_capacity,
+        ..PoolOptions::default()
     };
-    Pool::new(device, config).map_err(|source| ReplayError::Pool { index: 0, source })
+    Pool::with_policy(device, policy.make(options), pool_options)
+        .map_err(|source| ReplayError::Pool { index: 0, source })
 }
 
 /// The index of the first allocation that failed with out-of-memory, and its explanation.
@@ -363,7 +407,7 @@ fn drive(
 
 fn run(
     trace: &Trace,
-    policy: PolicyKind,
+    policy: &dyn PolicySource,
     capacity: u64,
     options: &ReplayOptions,
     progress: &mut dyn FnMut(Progress),
@@ -374,7 +418,7 @@ fn run(
     let mut on_event = |index: usize| {
         if index.is_multiple_of(PROGRESS_EVERY) {
             progress(Progress {
-                policy,
+                policy: policy.name(),
                 done: index,
                 total,
             });
@@ -388,7 +432,7 @@ fn run(
         &mut on_event,
     )?;
     progress(Progress {
-        policy,
+        policy: policy.name(),
         done: total,
         total,
     });
@@ -411,7 +455,7 @@ const STEADY_REPEATS: usize = 2;
 /// `None` for a trace with fewer than two steps.
 fn steady_state_calls(
     trace: &Trace,
-    policy: PolicyKind,
+    policy: &dyn PolicySource,
     options: &ReplayOptions,
 ) -> Result<Option<u64>, ReplayError> {
     let Some(second_step) = trace
@@ -446,12 +490,17 @@ fn steady_state_calls(
 }
 
 impl Run {
-    fn report(&self, policy: PolicyKind, trace: &Trace, steady: Option<u64>) -> PolicyReport {
+    fn report(
+        &self,
+        policy: &dyn PolicySource,
+        trace: &Trace,
+        steady: Option<u64>,
+    ) -> PolicyReport {
         let s = &self.stats;
         let peak_allocated = s.allocated_bytes.all.peak;
         let peak_reserved = s.reserved_bytes.all.peak;
         PolicyReport {
-            policy: policy.to_string(),
+            policy: policy.name().to_string(),
             peak_allocated_bytes: peak_allocated,
             peak_requested_bytes: s.requested_bytes.all.peak,
             peak_reserved_bytes: peak_reserved,
