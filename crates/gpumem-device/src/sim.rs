@@ -1,6 +1,6 @@
 //! A simulated GPU: the default backend, used by tests, replays and machines without a GPU.
 //!
-//! Two modes ([`Backing`]):
+//! Two modes ([`SimMemory`]):
 //! - **host-backed**: every allocation and physical chunk is host memory, so bytes really
 //!   round-trip through `copy_to_device` / `copy_to_host`, through VMM mappings too (a chunk
 //!   mapped at two addresses shows the same bytes at both);
@@ -26,7 +26,7 @@ pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
 
 /// Where a simulated device keeps its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backing {
+pub enum SimMemory {
     /// Host memory behind every allocation: copies work.
     Host,
     /// Addresses and sizes only: nothing is allocated on the host.
@@ -39,7 +39,7 @@ pub struct SimConfig {
     /// Device memory in bytes.
     pub capacity: u64,
     /// Host-backed or address-only.
-    pub backing: Backing,
+    pub memory: SimMemory,
     /// VMM chunk size, or `None` for a device without virtual-memory support.
     pub granularity: Option<u64>,
     /// Alignment of `malloc` results (cudaMalloc returns 512-byte aligned memory; real
@@ -52,7 +52,7 @@ impl SimConfig {
     pub fn host(capacity: u64) -> Self {
         SimConfig {
             capacity,
-            backing: Backing::Host,
+            memory: SimMemory::Host,
             granularity: Some(DEFAULT_GRANULARITY),
             malloc_alignment: DEFAULT_GRANULARITY,
         }
@@ -61,7 +61,7 @@ impl SimConfig {
     /// An address-only device of `capacity` bytes with 2 MiB VMM granularity.
     pub fn address_only(capacity: u64) -> Self {
         SimConfig {
-            backing: Backing::AddressOnly,
+            memory: SimMemory::AddressOnly,
             ..SimConfig::host(capacity)
         }
     }
@@ -252,7 +252,7 @@ impl SimDevice {
     }
 
     fn host_backed(&self) -> bool {
-        self.config.backing == Backing::Host
+        self.config.memory == SimMemory::Host
     }
 
     fn require_host(&self, what: &str) -> Result<(), DeviceError> {
@@ -361,9 +361,9 @@ impl SimState {
 
 impl Device for SimDevice {
     fn name(&self) -> String {
-        let mode = match self.config.backing {
-            Backing::Host => "host-backed",
-            Backing::AddressOnly => "address-only",
+        let mode = match self.config.memory {
+            SimMemory::Host => "host-backed",
+            SimMemory::AddressOnly => "address-only",
         };
         format!(
             "sim ({:.2} GiB, {mode})",
