@@ -16,7 +16,7 @@ mod error;
 pub mod sim;
 
 pub use address_map::{AddressMap, AddressSet};
-pub use error::DeviceError;
+pub use error::{BackendCode, DeviceError};
 
 /// A device address. Plain integer so that address-only simulations, traces and real pointers
 /// share one representation.

@@ -247,10 +247,6 @@ impl SimDevice {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn backend_name(&self) -> String {
-        self.name()
-    }
-
     fn host_backed(&self) -> bool {
         self.config.memory == SimMemory::Host
     }
@@ -259,21 +255,23 @@ impl SimDevice {
         if self.host_backed() {
             Ok(())
         } else {
-            Err(DeviceError::Unsupported {
-                backend: self.backend_name(),
-                what: format!("{what}: an address-only simulated device holds no bytes"),
-            })
+            Err(DeviceError::unsupported(
+                self.name(),
+                format!("{what}: an address-only simulated device holds no bytes"),
+            ))
         }
     }
 
     fn take_memory(&self, s: &mut SimState, size: u64) -> Result<(), DeviceError> {
         let free = self.config.capacity - s.used;
         if size > free {
-            return Err(DeviceError::OutOfMemory {
-                requested: size,
-                free,
-                total: self.config.capacity,
-            });
+            return Err(DeviceError::out_of_memory(
+                size,
+                Some(MemInfo {
+                    free,
+                    total: self.config.capacity,
+                }),
+            ));
         }
         s.used += size;
         Ok(())
@@ -286,10 +284,7 @@ impl SimDevice {
     fn vmm_granularity(&self) -> Result<u64, DeviceError> {
         self.config
             .granularity
-            .ok_or_else(|| DeviceError::Unsupported {
-                backend: self.backend_name(),
-                what: "virtual memory management".into(),
-            })
+            .ok_or_else(|| DeviceError::unsupported(self.name(), "virtual memory management"))
     }
 }
 
@@ -738,11 +733,13 @@ mod tests {
         let err = dev.malloc(4 * MIB).unwrap_err();
         assert_eq!(
             err,
-            DeviceError::OutOfMemory {
-                requested: 4 * MIB,
-                free: 2 * MIB,
-                total: 8 * MIB
-            }
+            DeviceError::out_of_memory(
+                4 * MIB,
+                Some(MemInfo {
+                    free: 2 * MIB,
+                    total: 8 * MIB
+                })
+            )
         );
         dev.free(a).unwrap();
         assert_eq!(dev.mem_info().unwrap().free, 8 * MIB);
