@@ -20,7 +20,9 @@
 //! - **Streams and events** default to a device that runs all work in order, as it is issued:
 //!   there is one queue, every event has completed when it is recorded, and waiting does
 //!   nothing. Each default method says exactly what it does. Callers never need to ask whether
-//!   streams exist; on such a device their code is simply correct.
+//!   streams exist; on such a device their code is simply correct. A backend with a single
+//!   queue overrides only the events (wgpu: the queue is the stream, a submission index the
+//!   event).
 //! - **Transfers**: the synchronous copies ([`Device::copy_to_device`],
 //!   [`Device::copy_to_host`], [`Device::copy_on_device`]) fail with
 //!   [`DeviceError::Unsupported`] by default. The asynchronous ones default to the synchronous

@@ -97,7 +97,7 @@ pub struct SimCounters {
     pub map: u64,
     /// Unmap calls.
     pub unmap: u64,
-    /// Events recorded.
+    /// Events recorded, by `record_event` and behind asynchronous copies.
     pub record_event: u64,
     /// Event queries.
     pub event_query: u64,
