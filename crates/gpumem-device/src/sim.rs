@@ -1,6 +1,6 @@
 //! A simulated GPU: the default backend, used by tests, replays and machines without a GPU.
 //!
-//! Two modes ([`Backing`]):
+//! Two modes ([`SimMemory`]):
 //! - **host-backed**: every allocation and physical chunk is host memory, so bytes really
 //!   round-trip through `copy_to_device` / `copy_to_host`, through VMM mappings too (a chunk
 //!   mapped at two addresses shows the same bytes at both);
@@ -12,13 +12,19 @@
 //! that ticket is done ([`SimDevice::complete_stream`], [`Device::synchronize`] or
 //! [`Device::wait_event`]). That is enough to test record-stream semantics deterministically.
 //!
+//! Copies move the bytes when they are issued. An asynchronous copy
+//! ([`Device::copy_to_device_async`] and the others) is also queued as one unit of work on its
+//! stream, with an event behind it, so its buffer comes back only once the stream's work up to
+//! the copy is completed: tests can check that nothing hands a buffer back early.
+//!
 //! Every device call is counted in [`SimCounters`], which is how replays report device calls.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use crate::{
-    Device, DeviceError, DevicePtr, EventId, MemInfo, PhysicalHandle, StreamId, VirtualMemory,
+    Device, DeviceError, DevicePtr, EventId, InFlight, MemInfo, PhysicalHandle, PinnedBuffer,
+    StreamId, VirtualMemory,
 };
 
 /// 2 MiB: the VMM granularity of current NVIDIA GPUs.
@@ -26,7 +32,7 @@ pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
 
 /// Where a simulated device keeps its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backing {
+pub enum SimMemory {
     /// Host memory behind every allocation: copies work.
     Host,
     /// Addresses and sizes only: nothing is allocated on the host.
@@ -39,7 +45,7 @@ pub struct SimConfig {
     /// Device memory in bytes.
     pub capacity: u64,
     /// Host-backed or address-only.
-    pub backing: Backing,
+    pub memory: SimMemory,
     /// VMM chunk size, or `None` for a device without virtual-memory support.
     pub granularity: Option<u64>,
     /// Alignment of `malloc` results (cudaMalloc returns 512-byte aligned memory; real
@@ -52,7 +58,7 @@ impl SimConfig {
     pub fn host(capacity: u64) -> Self {
         SimConfig {
             capacity,
-            backing: Backing::Host,
+            memory: SimMemory::Host,
             granularity: Some(DEFAULT_GRANULARITY),
             malloc_alignment: DEFAULT_GRANULARITY,
         }
@@ -61,7 +67,7 @@ impl SimConfig {
     /// An address-only device of `capacity` bytes with 2 MiB VMM granularity.
     pub fn address_only(capacity: u64) -> Self {
         SimConfig {
-            backing: Backing::AddressOnly,
+            memory: SimMemory::AddressOnly,
             ..SimConfig::host(capacity)
         }
     }
@@ -91,7 +97,7 @@ pub struct SimCounters {
     pub map: u64,
     /// Unmap calls.
     pub unmap: u64,
-    /// Events recorded.
+    /// Events recorded, by `record_event` and behind asynchronous copies.
     pub record_event: u64,
     /// Event queries.
     pub event_query: u64,
@@ -105,6 +111,14 @@ pub struct SimCounters {
     pub copy_to_host: u64,
     /// Device-to-device copies.
     pub copy_on_device: u64,
+    /// Host buffers allocated for transfers.
+    pub alloc_pinned: u64,
+    /// Asynchronous host-to-device copies.
+    pub copy_to_device_async: u64,
+    /// Asynchronous device-to-host copies.
+    pub copy_to_host_async: u64,
+    /// Asynchronous device-to-device copies.
+    pub copy_on_device_async: u64,
 }
 
 impl SimCounters {
@@ -227,9 +241,7 @@ impl SimDevice {
     /// Queues a unit of work on `stream` (a kernel, say): events recorded after it complete
     /// only once the stream's work is completed.
     pub fn enqueue_work(&self, stream: StreamId) -> Result<(), DeviceError> {
-        let mut s = self.lock();
-        let entry = s.stream_mut(stream)?;
-        entry.0 += 1;
+        self.lock().stream_mut(stream)?.0 += 1;
         Ok(())
     }
 
@@ -241,39 +253,56 @@ impl SimDevice {
         Ok(())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, SimState> {
+    fn lock(&self) -> MutexGuard<'_, SimState> {
         // A panic while holding the lock cannot leave the state half-updated in a way that
         // matters for a simulation, so a poisoned lock is taken over.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn backend_name(&self) -> String {
-        self.name()
-    }
-
     fn host_backed(&self) -> bool {
-        self.config.backing == Backing::Host
+        self.config.memory == SimMemory::Host
     }
 
     fn require_host(&self, what: &str) -> Result<(), DeviceError> {
         if self.host_backed() {
             Ok(())
         } else {
-            Err(DeviceError::Unsupported {
-                backend: self.backend_name(),
-                what: format!("{what}: an address-only simulated device holds no bytes"),
-            })
+            Err(DeviceError::unsupported(
+                self.name(),
+                format!("{what}: an address-only simulated device holds no bytes"),
+            ))
         }
+    }
+
+    /// A copy on `stream`, synchronous or asynchronous alike: counts it (`counter`), checks
+    /// that the device holds bytes and that the stream exists, and moves the bytes at once
+    /// (`move_bytes`). Returns the lock so that an asynchronous copy can enqueue its work
+    /// under it; a synchronous copy, complete by then, just drops it.
+    fn copy(
+        &self,
+        what: &str,
+        stream: StreamId,
+        counter: fn(&mut SimCounters) -> &mut u64,
+        move_bytes: impl FnOnce(&mut SimState) -> Result<(), DeviceError>,
+    ) -> Result<MutexGuard<'_, SimState>, DeviceError> {
+        let mut s = self.lock();
+        *counter(&mut s.counters) += 1;
+        self.require_host(what)?;
+        s.stream_mut(stream)?;
+        move_bytes(&mut s)?;
+        Ok(s)
     }
 
     fn take_memory(&self, s: &mut SimState, size: u64) -> Result<(), DeviceError> {
         let free = self.config.capacity - s.used;
         if size > free {
-            return Err(DeviceError::OutOfMemory {
-                requested: size,
-                free,
-                total: self.config.capacity,
-            });
+            return Err(DeviceError::out_of_memory(
+                size,
+                Some(MemInfo {
+                    free,
+                    total: self.config.capacity,
+                }),
+            ));
         }
         s.used += size;
         Ok(())
@@ -286,10 +315,7 @@ impl SimDevice {
     fn vmm_granularity(&self) -> Result<u64, DeviceError> {
         self.config
             .granularity
-            .ok_or_else(|| DeviceError::Unsupported {
-                backend: self.backend_name(),
-                what: "virtual memory management".into(),
-            })
+            .ok_or_else(|| DeviceError::unsupported(self.name(), "virtual memory management"))
     }
 }
 
@@ -303,10 +329,49 @@ impl SimState {
             })
     }
 
+    /// Records an event on `stream` at the stream's latest ticket.
+    fn record(&mut self, stream: StreamId) -> Result<EventId, DeviceError> {
+        self.counters.record_event += 1;
+        let ticket = self.stream_mut(stream)?.0;
+        let id = EventId(self.next_event);
+        self.next_event += 1;
+        self.events.insert(id, (stream, ticket));
+        Ok(id)
+    }
+
+    /// Queues an asynchronous copy as one unit of work on `stream` and records the event
+    /// that completes with it.
+    fn enqueue_copy(&mut self, stream: StreamId) -> Result<EventId, DeviceError> {
+        self.stream_mut(stream)?.0 += 1;
+        self.record(stream)
+    }
+
     fn bump_address(&mut self, size: u64, align: u64) -> DevicePtr {
         let ptr = align_up(self.next_address, align);
         self.next_address = ptr + size;
         ptr
+    }
+
+    /// Writes `src` to device memory at `dst`.
+    fn write(&mut self, dst: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
+        self.for_each_span(dst, src.len() as u64, |span, off| {
+            span.copy_from_slice(&src[off..off + span.len()])
+        })
+    }
+
+    /// Reads device memory at `src` into `dst`.
+    fn read(&mut self, dst: &mut [u8], src: DevicePtr) -> Result<(), DeviceError> {
+        self.for_each_span(src, dst.len() as u64, |span, off| {
+            dst[off..off + span.len()].copy_from_slice(span)
+        })
+    }
+
+    /// Copies `len` bytes from `src` to `dst` through a staging buffer (the ranges may
+    /// overlap or alias through mappings).
+    fn copy_within(&mut self, dst: DevicePtr, src: DevicePtr, len: u64) -> Result<(), DeviceError> {
+        let mut staging = vec![0u8; len as usize];
+        self.read(&mut staging, src)?;
+        self.write(dst, &staging)
     }
 
     /// Applies `f` to each host byte range that `[ptr, ptr+len)` covers, in address order,
@@ -361,9 +426,9 @@ impl SimState {
 
 impl Device for SimDevice {
     fn name(&self) -> String {
-        let mode = match self.config.backing {
-            Backing::Host => "host-backed",
-            Backing::AddressOnly => "address-only",
+        let mode = match self.config.memory {
+            SimMemory::Host => "host-backed",
+            SimMemory::AddressOnly => "address-only",
         };
         format!(
             "sim ({:.2} GiB, {mode})",
@@ -422,13 +487,7 @@ impl Device for SimDevice {
     }
 
     fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
-        let mut s = self.lock();
-        s.counters.record_event += 1;
-        let ticket = s.stream_mut(stream)?.0;
-        let id = EventId(s.next_event);
-        s.next_event += 1;
-        s.events.insert(id, (stream, ticket));
-        Ok(id)
+        self.lock().record(stream)
     }
 
     fn event_completed(&self, event: EventId) -> Result<bool, DeviceError> {
@@ -485,13 +544,13 @@ impl Device for SimDevice {
         src: &[u8],
         stream: StreamId,
     ) -> Result<(), DeviceError> {
-        self.require_host("copy to device")?;
-        let mut s = self.lock();
-        s.counters.copy_to_device += 1;
-        s.stream_mut(stream)?;
-        s.for_each_span(dst, src.len() as u64, |span, off| {
-            span.copy_from_slice(&src[off..off + span.len()])
-        })
+        self.copy(
+            "copy to device",
+            stream,
+            |c| &mut c.copy_to_device,
+            |s| s.write(dst, src),
+        )
+        .map(drop)
     }
 
     fn copy_to_host(
@@ -500,13 +559,13 @@ impl Device for SimDevice {
         src: DevicePtr,
         stream: StreamId,
     ) -> Result<(), DeviceError> {
-        self.require_host("copy to host")?;
-        let mut s = self.lock();
-        s.counters.copy_to_host += 1;
-        s.stream_mut(stream)?;
-        s.for_each_span(src, dst.len() as u64, |span, off| {
-            dst[off..off + span.len()].copy_from_slice(span)
-        })
+        self.copy(
+            "copy to host",
+            stream,
+            |c| &mut c.copy_to_host,
+            |s| s.read(dst, src),
+        )
+        .map(drop)
     }
 
     fn copy_on_device(
@@ -516,20 +575,68 @@ impl Device for SimDevice {
         len: u64,
         stream: StreamId,
     ) -> Result<(), DeviceError> {
-        self.require_host("copy on device")?;
-        let mut staging = vec![0u8; len as usize];
-        {
-            let mut s = self.lock();
-            s.counters.copy_on_device += 1;
-            s.stream_mut(stream)?;
-            s.for_each_span(src, len, |span, off| {
-                staging[off..off + span.len()].copy_from_slice(span)
-            })?;
-            s.for_each_span(dst, len, |span, off| {
-                span.copy_from_slice(&staging[off..off + span.len()])
-            })?;
-        }
-        Ok(())
+        self.copy(
+            "copy on device",
+            stream,
+            |c| &mut c.copy_on_device,
+            |s| s.copy_within(dst, src, len),
+        )
+        .map(drop)
+    }
+
+    fn alloc_pinned(&self, len: usize) -> Result<PinnedBuffer, DeviceError> {
+        self.lock().counters.alloc_pinned += 1;
+        Ok(PinnedBuffer::pageable(len))
+    }
+
+    fn copy_to_device_async(
+        &self,
+        dst: DevicePtr,
+        src: PinnedBuffer,
+        stream: StreamId,
+    ) -> Result<InFlight<'_, PinnedBuffer>, DeviceError> {
+        let event = self
+            .copy(
+                "copy to device",
+                stream,
+                |c| &mut c.copy_to_device_async,
+                |s| s.write(dst, &src),
+            )?
+            .enqueue_copy(stream)?;
+        Ok(InFlight::pending(self, event, src))
+    }
+
+    fn copy_to_host_async(
+        &self,
+        mut dst: PinnedBuffer,
+        src: DevicePtr,
+        stream: StreamId,
+    ) -> Result<InFlight<'_, PinnedBuffer>, DeviceError> {
+        let event = self
+            .copy(
+                "copy to host",
+                stream,
+                |c| &mut c.copy_to_host_async,
+                |s| s.read(&mut dst, src),
+            )?
+            .enqueue_copy(stream)?;
+        Ok(InFlight::pending(self, event, dst))
+    }
+
+    fn copy_on_device_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: u64,
+        stream: StreamId,
+    ) -> Result<EventId, DeviceError> {
+        self.copy(
+            "copy on device",
+            stream,
+            |c| &mut c.copy_on_device_async,
+            |s| s.copy_within(dst, src, len),
+        )?
+        .enqueue_copy(stream)
     }
 }
 
@@ -738,11 +845,13 @@ mod tests {
         let err = dev.malloc(4 * MIB).unwrap_err();
         assert_eq!(
             err,
-            DeviceError::OutOfMemory {
-                requested: 4 * MIB,
-                free: 2 * MIB,
-                total: 8 * MIB
-            }
+            DeviceError::out_of_memory(
+                4 * MIB,
+                Some(MemInfo {
+                    free: 2 * MIB,
+                    total: 8 * MIB
+                })
+            )
         );
         dev.free(a).unwrap();
         assert_eq!(dev.mem_info().unwrap().free, 8 * MIB);
@@ -857,5 +966,118 @@ mod tests {
         dev.destroy_event(e).unwrap();
         assert!(dev.event_completed(e).is_err());
         assert!(dev.record_event(StreamId(999)).is_err());
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 31 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn async_upload_gives_the_buffer_back_only_once_the_stream_ran_the_copy() {
+        let dev = host(4 * MIB);
+        let s = dev.create_stream().unwrap();
+        let ptr = dev.malloc(4096).unwrap();
+        let mut buf = dev.alloc_pinned(4096).unwrap();
+        assert!(!buf.is_page_locked());
+        buf.copy_from_slice(&pattern(4096));
+        dev.enqueue_work(s).unwrap();
+        let in_flight = dev.copy_to_device_async(ptr, buf, s).unwrap();
+        let in_flight = in_flight
+            .try_finish()
+            .unwrap()
+            .expect_err("the stream has not run the copy yet");
+        dev.complete_stream(s).unwrap();
+        let buf = in_flight.try_finish().unwrap().expect("the copy completed");
+        assert_eq!(&buf[..], &pattern(4096)[..]);
+        let mut back = vec![0u8; 4096];
+        dev.copy_to_host(&mut back, ptr, s).unwrap();
+        assert_eq!(back, pattern(4096));
+        assert!(
+            dev.lock().events.is_empty(),
+            "the copy's event is destroyed"
+        );
+        let c = dev.counters();
+        assert_eq!((c.alloc_pinned, c.copy_to_device_async), (1, 1));
+        assert_eq!((c.record_event, c.event_query, c.wait_event), (1, 2, 0));
+    }
+
+    #[test]
+    fn async_download_fills_the_buffer_and_wait_completes_the_copy() {
+        let dev = host(4 * MIB);
+        let s = dev.create_stream().unwrap();
+        let ptr = dev.malloc(4096).unwrap();
+        dev.copy_to_device(ptr, &pattern(4096), s).unwrap();
+        dev.enqueue_work(s).unwrap();
+        let in_flight = dev
+            .copy_to_host_async(dev.alloc_pinned(4096).unwrap(), ptr, s)
+            .unwrap();
+        let after = dev.record_event(s).unwrap();
+        assert!(!dev.event_completed(after).unwrap());
+        let buf = in_flight.wait().unwrap();
+        assert_eq!(&buf[..], &pattern(4096)[..]);
+        assert!(dev.event_completed(after).unwrap(), "waited up to the copy");
+        let c = dev.counters();
+        assert_eq!((c.copy_to_host_async, c.wait_event), (1, 1));
+    }
+
+    #[test]
+    fn dropping_an_in_flight_copy_waits_for_it() {
+        let dev = host(4 * MIB);
+        let s = dev.create_stream().unwrap();
+        let ptr = dev.malloc(4096).unwrap();
+        let in_flight = dev
+            .copy_to_device_async(ptr, dev.alloc_pinned(4096).unwrap(), s)
+            .unwrap();
+        drop(in_flight);
+        assert_eq!(dev.counters().wait_event, 1);
+        let after = dev.record_event(s).unwrap();
+        assert!(
+            dev.event_completed(after).unwrap(),
+            "the copy has completed"
+        );
+        assert_eq!(dev.lock().events.len(), 1, "only `after` is left");
+    }
+
+    #[test]
+    fn async_device_copy_completes_with_its_event() {
+        let dev = host(4 * MIB);
+        let s = dev.create_stream().unwrap();
+        let (a, b) = (dev.malloc(4096).unwrap(), dev.malloc(4096).unwrap());
+        dev.copy_to_device(a, &pattern(4096), s).unwrap();
+        let event = dev.copy_on_device_async(b, a, 4096, s).unwrap();
+        assert!(!dev.event_completed(event).unwrap());
+        dev.synchronize().unwrap();
+        assert!(dev.event_completed(event).unwrap());
+        dev.destroy_event(event).unwrap();
+        let mut back = vec![0u8; 4096];
+        dev.copy_to_host(&mut back, b, s).unwrap();
+        assert_eq!(back, pattern(4096));
+        assert_eq!(dev.counters().copy_on_device_async, 1);
+    }
+
+    #[test]
+    fn refused_async_copies_leave_no_work_or_event_behind() {
+        let dev = SimDevice::new(SimConfig::address_only(4 * MIB)).unwrap();
+        let ptr = dev.malloc(4096).unwrap();
+        let buf = dev.alloc_pinned(4096).unwrap();
+        assert!(matches!(
+            dev.copy_to_device_async(ptr, buf, StreamId::DEFAULT),
+            Err(DeviceError::Unsupported { .. })
+        ));
+        let dev = host(4 * MIB);
+        let ptr = dev.malloc(4096).unwrap();
+        let buf = dev.alloc_pinned(4096).unwrap();
+        assert!(matches!(
+            dev.copy_to_host_async(buf, ptr, StreamId(7)),
+            Err(DeviceError::UnknownHandle { kind: "stream", .. })
+        ));
+        let buf = dev.alloc_pinned(4096).unwrap();
+        assert!(matches!(
+            dev.copy_to_device_async(ptr + 4096, buf, StreamId::DEFAULT),
+            Err(DeviceError::InvalidAddress { .. })
+        ));
+        let s = dev.lock();
+        assert!(s.events.is_empty());
+        assert_eq!(s.streams[&StreamId::DEFAULT], (0, 0));
     }
 }

@@ -251,14 +251,13 @@ impl<'a> Upstream<'a> {
     }
 
     /// The device's out-of-memory refusal of `requested` bytes, with its free and total memory
-    /// now: for requests a policy finds impossible before it asks the device.
+    /// now when the device can say: for requests a policy finds impossible before it asks the
+    /// device.
     pub fn out_of_memory(&self, requested: u64) -> UpstreamError {
-        let info = self.device.mem_info().unwrap_or_default();
-        UpstreamError::Device(DeviceError::OutOfMemory {
+        UpstreamError::Device(DeviceError::out_of_memory(
             requested,
-            free: info.free,
-            total: info.total,
-        })
+            self.device.mem_info().ok(),
+        ))
     }
 
     fn check_limit(&self, requested: u64) -> Result<(), UpstreamError> {
