@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 mod plan_cmd;
+mod policies_cmd;
 mod replay_cmd;
 
 use clap::{Parser, Subcommand};
@@ -22,6 +23,8 @@ enum Command {
     Plan(plan_cmd::PlanArgs),
     /// Replay an allocation trace through allocator policies and compare them.
     Replay(replay_cmd::ReplayArgs),
+    /// List the built-in allocator policies and what each is.
+    Policies(policies_cmd::PoliciesArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,6 +32,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Plan(args) => plan_cmd::run(args),
         Command::Replay(args) => replay_cmd::run(args),
+        Command::Policies(args) => policies_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -122,7 +122,11 @@ fn an_observer_sees_what_the_history_records() {
         }
         let count = |action| events.iter().filter(|e| e.action == action).count();
         assert!(count(Action::Alloc) > 100, "{policy}");
-        assert_eq!(count(Action::Alloc), count(Action::FreeCompleted), "{policy}");
+        assert_eq!(
+            count(Action::Alloc),
+            count(Action::FreeCompleted),
+            "{policy}"
+        );
         assert!(count(Action::Oom) >= 1, "{policy}");
     }
 }

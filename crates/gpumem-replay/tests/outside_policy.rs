@@ -37,10 +37,7 @@ impl Policy for ExactSizeCache {
     ) -> Result<Block, Box<Exhausted>> {
         let size = req.size.next_multiple_of(512);
         let size_class = SizeClass::for_request(req.size);
-        let reused = self
-            .cached
-            .get_mut(&(req.stream, size))
-            .and_then(Vec::pop);
+        let reused = self.cached.get_mut(&(req.stream, size)).and_then(Vec::pop);
         let addr = match reused {
             Some(addr) => addr,
             None => up
@@ -138,7 +135,11 @@ fn an_outside_policy_runs_in_a_pool() {
     let calls = pool.stats().device_calls.malloc;
     let b = pool.allocate(3 * MIB, StreamId::DEFAULT).unwrap();
     assert_eq!(b.ptr, a.ptr, "the cached block is reused");
-    assert_eq!(pool.stats().device_calls.malloc, calls, "without a device call");
+    assert_eq!(
+        pool.stats().device_calls.malloc,
+        calls,
+        "without a device call"
+    );
     assert_eq!(pool.stats().allocated_bytes.all.current, 3 * MIB);
 
     // The pool's own machinery works over it: status, snapshot, OOM with reclaim.
