@@ -18,14 +18,14 @@ use gpumem_bench::run::{apply, slots};
 use gpumem_bench::workload::MIX_LIVE_COUNTS;
 use gpumem_bench::{
     default_trace_dir, from_trace, load_traces, standard_mix, synthetic_training_trace, with_arena,
-    Allocator, Arena, WithArena, Workload,
+    Allocator, Arena, Scenario, WithArena,
 };
 
 const SAMPLES: usize = 10;
 
 struct Bench<'a, 'g, 'c> {
     group: &'g mut criterion::BenchmarkGroup<'c, criterion::measurement::WallTime>,
-    w: &'a Workload,
+    w: &'a Scenario,
     allocator: Allocator,
     recorder: &'a Recorder,
 }
@@ -68,7 +68,7 @@ fn main() {
         .configure_from_args();
     let recorder = Recorder::default();
 
-    let mut workloads: Vec<Workload> = load_traces(&default_trace_dir())
+    let mut workloads: Vec<Scenario> = load_traces(&default_trace_dir())
         .iter()
         .map(from_trace)
         .collect();

@@ -11,7 +11,7 @@ use gpumem_pool::{AllocRequest, Block, PolicyDriver, PolicyKind, Pool, PoolConfi
 use offset_allocator::Allocation;
 use range_alloc::RangeAllocator;
 
-use crate::workload::Workload;
+use crate::workload::Scenario;
 
 /// Offsets of the peers are counted in units of this many bytes (cudaMalloc's granularity; and
 /// offset-allocator's offsets are u32, so 512-byte units reach 2 TiB).
@@ -118,7 +118,7 @@ impl Allocator {
 /// Size in units of the fixed arena the peers get for `w`: 4× the peak live bytes, at least
 /// 512 MiB, rounded up to a power of two (the buddy allocator's best case), at most 2³¹ units
 /// (1 TiB) so that u32 offsets and sizes never overflow.
-pub fn arena_units(w: &Workload) -> u64 {
+pub fn arena_units(w: &Scenario) -> u64 {
     let need = (w.peak_live_bytes.div_ceil(UNIT) * 4).max((512 << 20) / UNIT);
     need.next_power_of_two().min(1 << 31)
 }
@@ -135,7 +135,7 @@ pub struct OffsetArena {
 impl OffsetArena {
     /// An arena sized for `w`; `max_allocs` covers the live blocks plus the free regions
     /// between them (at most one more than the live blocks), as the crate needs.
-    pub fn new(w: &Workload) -> Self {
+    pub fn new(w: &Scenario) -> Self {
         let max_allocs = (2 * w.max_live_blocks + 1024).min(u32::MAX as usize - 2) as u32;
         OffsetArena {
             inner: offset_allocator::Allocator::with_max_allocs(arena_units(w) as u32, max_allocs),
@@ -180,7 +180,7 @@ struct FramedOffset {
 
 impl FramedOffsetArena {
     /// An arena sized for `w`, as [`OffsetArena::new`].
-    pub fn new(w: &Workload) -> Self {
+    pub fn new(w: &Scenario) -> Self {
         FramedOffsetArena {
             inner: Mutex::new(FramedOffset {
                 arena: OffsetArena::new(w),
@@ -224,7 +224,7 @@ pub struct RangeArena {
 
 impl RangeArena {
     /// An arena sized for `w`.
-    pub fn new(w: &Workload) -> Self {
+    pub fn new(w: &Scenario) -> Self {
         RangeArena {
             inner: RangeAllocator::new(0..arena_units(w)),
         }
@@ -259,7 +259,7 @@ pub struct BuddyArena {
 
 impl BuddyArena {
     /// An arena sized for `w`.
-    pub fn new(w: &Workload) -> Self {
+    pub fn new(w: &Scenario) -> Self {
         let mut inner = FrameAllocator::<33>::new();
         inner.add_frame(0, arena_units(w) as usize);
         BuddyArena { inner }
@@ -431,7 +431,7 @@ pub trait WithArena {
 }
 
 /// Calls `visitor` with a constructor of fresh arenas of `allocator`, sized for `w`.
-pub fn with_arena<V: WithArena>(allocator: Allocator, w: &Workload, visitor: V) -> V::Output {
+pub fn with_arena<V: WithArena>(allocator: Allocator, w: &Scenario, visitor: V) -> V::Output {
     match allocator {
         Allocator::OffsetAllocator => visitor.run(&|| OffsetArena::new(w)),
         Allocator::FramedOffsetAllocator => visitor.run(&|| FramedOffsetArena::new(w)),

@@ -3,7 +3,7 @@
 //! `buddy_system_allocator`, all driven by the same normalised trace; and replay throughput.
 //!
 //! - [`workload`]: a trace (or a synthetic mix at a fixed live count) becomes a flat list of
-//!   `alloc(slot, size)` / `free(slot)` operations ([`Workload`]).
+//!   `alloc(slot, size)` / `free(slot)` operations ([`Scenario`]).
 //! - [`arena`]: one small trait ([`Arena`]) implemented for each peer over a fixed arena in
 //!   512-byte units, for each gpumem policy through a [`gpumem_pool::Pool`] on the
 //!   address-only simulated device, and for each policy alone (through its `Upstream`, without
@@ -24,7 +24,7 @@ pub mod run;
 pub mod workload;
 
 pub use arena::{with_arena, Allocator, Arena, WithArena};
-pub use workload::{from_trace, standard_mix, synthetic_training_trace, Op, Workload};
+pub use workload::{from_trace, standard_mix, synthetic_training_trace, Op, Scenario};
 
 use std::path::{Path, PathBuf};
 

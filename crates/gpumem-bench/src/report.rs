@@ -10,7 +10,7 @@ use gpumem_trace::Trace;
 
 use crate::arena::{with_arena, Allocator, Arena, WithArena};
 use crate::run::{prepare, profile, Prepared, Profile, Timing};
-use crate::workload::Workload;
+use crate::workload::Scenario;
 
 /// How hard [`measure_ops`] tries.
 #[derive(Clone, Debug)]
@@ -51,9 +51,9 @@ pub struct OpsRow {
 /// Every allocator on one workload.
 #[derive(Clone, Debug)]
 pub struct OpsTable {
-    /// Workload name.
+    /// Scenario name.
     pub name: String,
-    /// Workload description.
+    /// Scenario description.
     pub description: String,
     /// Timed operations per pass.
     pub body_ops: usize,
@@ -85,7 +85,7 @@ impl OpsTable {
 }
 
 struct Prepare<'a> {
-    w: &'a Workload,
+    w: &'a Scenario,
     budget: Duration,
 }
 
@@ -98,7 +98,7 @@ impl<'a> WithArena for Prepare<'a> {
 }
 
 struct Profiling<'a> {
-    w: &'a Workload,
+    w: &'a Scenario,
     opts: &'a OpsOptions,
 }
 
@@ -124,7 +124,7 @@ impl WithArena for Profiling<'_> {
 /// `min_total` per allocator has been spent; the fastest pass counts. An allocator whose setup
 /// or first pass exceeds `budget` drops out with what it did. Profiling: one more pass over
 /// setup + body on a fresh arena per allocator (see [`profile`]).
-pub fn measure_ops(w: &Workload, allocators: &[Allocator], opts: &OpsOptions) -> OpsTable {
+pub fn measure_ops(w: &Scenario, allocators: &[Allocator], opts: &OpsOptions) -> OpsTable {
     struct Slot<'a> {
         runner: Option<Box<dyn Prepared + 'a>>,
         timing: Timing,

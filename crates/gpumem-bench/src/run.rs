@@ -1,4 +1,4 @@
-//! Driving an [`Arena`] through a [`Workload`]: the hot loop the benchmarks time, a profiling
+//! Driving an [`Arena`] through a [`Scenario`]: the hot loop the benchmarks time, a profiling
 //! pass (failures, footprint, utilisation, fragmentation, overlap check) and a best-of-k
 //! timing pass with a time budget.
 
@@ -7,13 +7,13 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use crate::arena::Arena;
-use crate::workload::{Op, Workload};
+use crate::workload::{Op, Scenario};
 
 /// The live-handle table of a run.
 pub type Slots<H> = Vec<Option<H>>;
 
 /// A fresh live-handle table for `w`.
-pub fn slots<H: Copy>(w: &Workload) -> Slots<H> {
+pub fn slots<H: Copy>(w: &Scenario) -> Slots<H> {
     vec![None; w.slots]
 }
 
@@ -66,7 +66,7 @@ pub struct Profile {
 /// Returns `None` if `budget` runs out first.
 pub fn profile<A: Arena>(
     arena: &mut A,
-    w: &Workload,
+    w: &Scenario,
     check: bool,
     budget: Option<Duration>,
 ) -> Option<Profile> {
@@ -200,7 +200,7 @@ impl<A: Arena> Prepared for PreparedArena<'_, A> {
 /// `budget`.
 pub fn prepare<'w, A: Arena + 'static>(
     make: &dyn Fn() -> A,
-    w: &'w Workload,
+    w: &'w Scenario,
     budget: Duration,
 ) -> Option<Box<dyn Prepared + 'w>> {
     let started = Instant::now();

@@ -35,7 +35,7 @@ pub enum Op {
 /// slot), so a benchmark can replay it again and again on the same allocator, as a training
 /// loop replays its step.
 #[derive(Clone, Debug)]
-pub struct Workload {
+pub struct Scenario {
     /// Short name, used in benchmark ids and tables.
     pub name: String,
     /// What the workload is, for tables.
@@ -57,9 +57,9 @@ pub struct Workload {
     pub peak_index: usize,
 }
 
-impl Workload {
+impl Scenario {
     /// Builds a workload and computes its live-set statistics.
-    pub fn new(name: &str, description: &str, setup: Vec<Op>, body: Vec<Op>) -> Workload {
+    pub fn new(name: &str, description: &str, setup: Vec<Op>, body: Vec<Op>) -> Scenario {
         let mut sizes: Vec<Option<u64>> = Vec::new();
         let (mut live, mut live_bytes) = (0usize, 0u64);
         let (mut max_live, mut peak_bytes, mut peak_index) = (0usize, 0u64, 0usize);
@@ -98,7 +98,7 @@ impl Workload {
             live_after_setup = live;
         }
         assert_eq!(live, live_after_setup, "the body must be repeatable");
-        Workload {
+        Scenario {
             name: name.to_string(),
             description: description.to_string(),
             setup,
@@ -137,7 +137,7 @@ impl Workload {
 /// (the peers know no streams), zero-byte allocations and their frees are dropped (a pool
 /// returns a null pointer for them), and blocks still live at the end are freed, last
 /// allocated first, so that the body is repeatable.
-pub fn from_trace(trace: &Trace) -> Workload {
+pub fn from_trace(trace: &Trace) -> Scenario {
     let mut live: HashMap<u64, u32> = HashMap::new();
     let mut zero: HashMap<u64, ()> = HashMap::new();
     let mut free_slots: Vec<u32> = Vec::new();
@@ -184,7 +184,7 @@ pub fn from_trace(trace: &Trace) -> Workload {
         trace.meta.name.clone()
     };
     let description = format!("trace `{name}` ({} events)", trace.events.len());
-    Workload::new(&name, &description, Vec::new(), body)
+    Scenario::new(&name, &description, Vec::new(), body)
 }
 
 /// The sizes a synthetic mix draws from, uniformly: a training-like palette of 80 tensor
@@ -205,7 +205,7 @@ pub fn training_palette(seed: u64) -> Vec<u64> {
 /// churns `warm_pairs` times (free a uniformly chosen live block, allocate a new one of a
 /// palette size in its slot); the body churns `body_pairs` more times. Live count stays at
 /// `live` throughout the body, so per-operation cost is measured at that live count.
-pub fn synthetic_mix(live: usize, warm_pairs: usize, body_pairs: usize, seed: u64) -> Workload {
+pub fn synthetic_mix(live: usize, warm_pairs: usize, body_pairs: usize, seed: u64) -> Scenario {
     assert!(live > 0 && live < u32::MAX as usize);
     let palette = training_palette(seed);
     let mut rng = Rng::new(seed);
@@ -230,7 +230,7 @@ pub fn synthetic_mix(live: usize, warm_pairs: usize, body_pairs: usize, seed: u6
     churn(warm_pairs, &mut setup, &mut rng);
     let mut body = Vec::with_capacity(2 * body_pairs);
     churn(body_pairs, &mut body, &mut rng);
-    Workload::new(
+    Scenario::new(
         &format!("mix-{}", pow10_name(live)),
         &format!(
             "synthetic mix, {} live blocks: {} setup ops (fill + {} churn pairs), {} timed ops",
@@ -245,7 +245,7 @@ pub fn synthetic_mix(live: usize, warm_pairs: usize, body_pairs: usize, seed: u6
 }
 
 /// The standard mix at `live` blocks: warm churn of min(live, 10⁵) pairs, 5·10⁴ timed pairs.
-pub fn standard_mix(live: usize) -> Workload {
+pub fn standard_mix(live: usize) -> Scenario {
     synthetic_mix(
         live,
         live.min(100_000),

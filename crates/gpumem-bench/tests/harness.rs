@@ -8,12 +8,12 @@ use gpumem_bench::report::{measure_ops, measure_replay, ops_markdown, OpsOptions
 use gpumem_bench::run::{prepare, profile};
 use gpumem_bench::workload::synthetic_mix;
 use gpumem_bench::{
-    from_trace, synthetic_training_trace, with_arena, Allocator, Arena, Op, WithArena, Workload,
+    from_trace, synthetic_training_trace, with_arena, Allocator, Arena, Op, Scenario, WithArena,
 };
 use gpumem_pool::PolicyKind;
 use gpumem_trace::{Event, Trace, TraceMeta};
 
-struct Check<'a>(&'a Workload);
+struct Check<'a>(&'a Scenario);
 
 impl WithArena for Check<'_> {
     type Output = ();
@@ -36,7 +36,7 @@ impl WithArena for Check<'_> {
     }
 }
 
-fn check_every_allocator(w: &Workload) {
+fn check_every_allocator(w: &Scenario) {
     for allocator in Allocator::all() {
         with_arena(allocator, w, Check(w));
     }

@@ -51,7 +51,7 @@ struct HeaderOut<'a> {
 /// The `op` of an event line.
 #[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-enum Op {
+enum LineOp {
     Alloc,
     Free,
     Step,
@@ -61,7 +61,7 @@ enum Op {
 /// parses much faster than an internally tagged enum, which buffers every line).
 #[derive(Deserialize, Debug, PartialEq, Eq)]
 struct EventLine {
-    op: Op,
+    op: LineOp,
     addr: Option<u64>,
     size: Option<u64>,
     stream: Option<u64>,
@@ -85,9 +85,9 @@ impl EventLine {
                 b"op" => {
                     let op_name = cursor.string()?;
                     let parsed = match op_name {
-                        b"alloc" => Op::Alloc,
-                        b"free" => Op::Free,
-                        b"step" => Op::Step,
+                        b"alloc" => LineOp::Alloc,
+                        b"free" => LineOp::Free,
+                        b"step" => LineOp::Step,
                         _ => return None,
                     };
                     if op.replace(parsed).is_some() {
@@ -316,18 +316,18 @@ fn parse_event(line: &[u8], line_number: u64, live: &mut LiveBlocks) -> Result<E
         violation,
     };
     match parsed.op {
-        Op::Alloc => {
+        LineOp::Alloc => {
             let addr = required(parsed.addr, r#"an integer "addr" on an alloc"#)?;
             let size = required(parsed.size, r#"an integer "size" on an alloc"#)?;
             live.alloc(addr, size).map_err(invalid)?;
             Ok(Event::Alloc { addr, size, stream })
         }
-        Op::Free => {
+        LineOp::Free => {
             let addr = required(parsed.addr, r#"an integer "addr" on a free"#)?;
             live.free_sized(addr, parsed.size).map_err(invalid)?;
             Ok(Event::Free { addr, stream })
         }
-        Op::Step => {
+        LineOp::Step => {
             let index = required(parsed.index, r#"an integer "index" on a step"#)?;
             Ok(Event::Step { index })
         }

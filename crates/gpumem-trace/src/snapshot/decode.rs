@@ -6,7 +6,7 @@ use std::cell::Ref;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::document::{Arena, Document, Value};
+use super::document::{ContainerArena, Document, Value};
 use super::{
     Action, BlockState, SegmentType, SettingValue, Snapshot, SnapshotBlock, SnapshotSegment,
     TraceEntry,
@@ -388,13 +388,13 @@ fn setting(
 
 /// The same document model from JSON.
 pub(super) fn from_json(value: serde_json::Value) -> Document {
-    let mut arena = Arena::default();
+    let mut arena = ContainerArena::default();
     let root = json_value(value, &mut arena);
     Document::new(root, arena)
 }
 
 /// One JSON value (serde_json bounds the nesting, and so this recursion, at 128 levels).
-fn json_value(value: serde_json::Value, arena: &mut Arena) -> Value {
+fn json_value(value: serde_json::Value, arena: &mut ContainerArena) -> Value {
     match value {
         serde_json::Value::Null => Value::None,
         serde_json::Value::Bool(flag) => Value::Bool(flag),

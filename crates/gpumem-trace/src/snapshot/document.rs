@@ -2,7 +2,7 @@
 //!
 //! Containers are shared (`Rc`): a pickle's memo refers to the same object from many places
 //! (PyTorch shares `frames`), and may even make a container contain itself. Every container
-//! is registered in an [`Arena`], which empties them all when it is dropped: that breaks
+//! is registered in an [`ContainerArena`], which empties them all when it is dropped: that breaks
 //! reference cycles (no leak) and makes dropping non-recursive (no stack overflow on deeply
 //! nested input), because each container's children are still held by the arena while it is
 //! emptied.
@@ -71,12 +71,12 @@ impl Value {
 /// Owns every container of a document and empties them all when dropped (see the module
 /// documentation).
 #[derive(Default)]
-pub(crate) struct Arena {
+pub(crate) struct ContainerArena {
     lists: Vec<List>,
     dicts: Vec<Dict>,
 }
 
-impl Arena {
+impl ContainerArena {
     /// A new list value, registered in the arena.
     pub(crate) fn list(&mut self, items: Vec<Value>) -> Value {
         let list = Rc::new(RefCell::new(items));
@@ -92,7 +92,7 @@ impl Arena {
     }
 }
 
-impl Drop for Arena {
+impl Drop for ContainerArena {
     fn drop(&mut self) {
         for list in &self.lists {
             // The items are dropped here; a container among them is still held by the arena.
@@ -109,12 +109,12 @@ pub(crate) struct Document {
     /// The top-level value.
     pub(crate) root: Value,
     /// Declared after `root`, so it is dropped after it.
-    _arena: Arena,
+    _arena: ContainerArena,
 }
 
 impl Document {
     /// A document from its root and the arena its containers were registered in.
-    pub(crate) fn new(root: Value, arena: Arena) -> Self {
+    pub(crate) fn new(root: Value, arena: ContainerArena) -> Self {
         Self {
             root,
             _arena: arena,

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use super::document::{Arena, Dict, Document, List, Value};
+use super::document::{ContainerArena, Dict, Document, List, Value};
 use crate::error::ReadError;
 
 /// Decodes a pickle; errors name the byte offset of the offending opcode.
@@ -22,7 +22,7 @@ pub(crate) fn unpickle(input: &[u8]) -> Result<Document, ReadError> {
         marks: Vec::new(),
         memo: HashMap::new(),
         strings: HashMap::new(),
-        arena: Arena::default(),
+        arena: ContainerArena::default(),
     }
     .run()
 }
@@ -37,7 +37,7 @@ struct Unpickler<'a> {
     /// every block and event; pickles not written by Python do not memoise them).
     strings: HashMap<&'a [u8], Rc<str>>,
     /// Owns every container built, so that cycles and deep nesting drop safely.
-    arena: Arena,
+    arena: ContainerArena,
 }
 
 /// Strings up to this length are shared through [`Unpickler::strings`].
