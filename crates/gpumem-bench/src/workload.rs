@@ -27,7 +27,7 @@ pub enum Op {
     },
 }
 
-/// A workload: untimed `setup` operations that bring the allocator to a state, then the timed
+/// A benchmark scenario: untimed `setup` operations that bring the allocator to a state, then the timed
 /// `body`.
 ///
 /// The body is *repeatable*: it leaves the set of live slots exactly as it found it (a trace is

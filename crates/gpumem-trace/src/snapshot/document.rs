@@ -2,7 +2,7 @@
 //!
 //! Containers are shared (`Rc`): a pickle's memo refers to the same object from many places
 //! (PyTorch shares `frames`), and may even make a container contain itself. Every container
-//! is registered in an [`ContainerArena`], which empties them all when it is dropped: that breaks
+//! is registered in a [`ContainerArena`], which empties them all when it is dropped: that breaks
 //! reference cycles (no leak) and makes dropping non-recursive (no stack overflow on deeply
 //! nested input), because each container's children are still held by the arena while it is
 //! emptied.
