@@ -419,10 +419,10 @@ impl Pool {
                     active_size: sum(&|b| b.state != BlockState::Inactive),
                     requested_size: blocks.iter().map(|b| b.requested_size).sum(),
                     stream: view.stream.0,
-                    segment_type: match view.size_class {
+                    segment_type: Some(match view.size_class {
                         SizeClass::Small => SegmentType::Small,
                         SizeClass::Large => SegmentType::Large,
-                    },
+                    }),
                     segment_pool_id: (0, 0),
                     is_expandable: view.is_expandable,
                     blocks,

@@ -48,8 +48,9 @@ pub struct SnapshotSegment {
     pub requested_size: u64,
     /// Stream the segment belongs to (the raw `cudaStream_t`; 0 = default stream).
     pub stream: u64,
-    /// Which pool the segment serves.
-    pub segment_type: SegmentType,
+    /// Which pool the segment serves; `None` when the producer did not say (PyTorch's own
+    /// `_profile_to_snapshot` writes no `segment_type`).
+    pub segment_type: Option<SegmentType>,
     /// Private pool (`MemPool`) id; `(0, 0)` for the default pool.
     pub segment_pool_id: (u64, u64),
     /// Whether this is (a mapped range of) an expandable segment.

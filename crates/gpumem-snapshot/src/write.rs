@@ -88,7 +88,11 @@ impl Serialize for SnapshotSegment {
         map.serialize_field("active_size", &PyInt(self.active_size))?;
         map.serialize_field("requested_size", &PyInt(self.requested_size))?;
         map.serialize_field("stream", &PyInt(self.stream))?;
-        map.serialize_field("segment_type", &self.segment_type)?;
+        if let Some(segment_type) = self.segment_type {
+            map.serialize_field("segment_type", &segment_type)?;
+        } else {
+            map.skip_field("segment_type")?;
+        }
         let (pool_high, pool_low) = self.segment_pool_id;
         map.serialize_field("segment_pool_id", &(PyInt(pool_high), PyInt(pool_low)))?;
         map.serialize_field("is_expandable", &self.is_expandable)?;

@@ -61,7 +61,7 @@ fn snapshot_segments_blocks_and_settings_are_read() {
     let snapshot = read_fixture_snapshot(4);
     assert_eq!(snapshot.segments.len(), 2);
     let small = &snapshot.segments[0];
-    assert_eq!(small.segment_type, SegmentType::Small);
+    assert_eq!(small.segment_type, Some(SegmentType::Small));
     assert_eq!(small.stream, S7);
     assert_eq!(
         small.blocks[1].state,
@@ -228,7 +228,7 @@ fn written_snapshot() -> Snapshot {
             active_size: 12 << 20,
             requested_size: (12 << 20) - 100,
             stream: S7,
-            segment_type: SegmentType::Large,
+            segment_type: Some(SegmentType::Large),
             segment_pool_id: (0, 0),
             is_expandable: false,
             blocks: vec![
@@ -411,4 +411,47 @@ fn blocks_allocated_before_recording_and_never_freed_come_from_segments() {
     assert_eq!(trace.meta.extra["synthesized_allocs"], "1");
     assert_eq!(trace.summary().live_bytes_at_end, (12 << 20) - 100);
     assert_eq!(trace.validate(), Ok(()));
+}
+
+/// Snapshots written by PyTorch's own code (`make_torch_snapshots.py`: PyTorch 2.15's
+/// `_profile_to_snapshot`, which memory_viz's `profile_plot` uses) read and replay as the
+/// numbers Python itself read from them say: no `segment_type`, no block addresses, stack
+/// frames and categories on every event.
+#[test]
+fn snapshots_written_by_pytorch_itself_are_read() {
+    let name = "torch2.15.0_profile_to_snapshot";
+    let expected: serde_json::Value = serde_json::from_reader(
+        std::fs::File::open(data(&format!("{name}.expected.json"))).unwrap(),
+    )
+    .unwrap();
+    for suffix in ["", "_p2"] {
+        let file = std::fs::File::open(data(&format!("{name}{suffix}.pickle"))).unwrap();
+        let snapshot = gpumem_trace::snapshot::read(file).unwrap();
+        let segments = expected["segments"].as_array().unwrap();
+        assert_eq!(snapshot.segments.len(), segments.len());
+        for (ours, theirs) in snapshot.segments.iter().zip(segments) {
+            assert_eq!(ours.address, theirs["address"].as_u64().unwrap());
+            assert_eq!(ours.total_size, theirs["total_size"].as_u64().unwrap());
+            assert_eq!(ours.blocks.len() as u64, theirs["blocks"].as_u64().unwrap());
+            assert_eq!(ours.segment_type, None, "PyTorch wrote none");
+            // Blocks without addresses tile the segment from its base.
+            let end = ours.blocks.last().map(|b| b.address + b.size).unwrap();
+            assert_eq!(end, ours.address + ours.total_size);
+        }
+        let device = expected["device"].as_u64().unwrap() as usize;
+        let trace = gpumem_trace::snapshot::to_trace(&snapshot, Some(device)).unwrap();
+        assert_eq!(trace.validate(), Ok(()));
+        assert_eq!(
+            trace.events.len() as u64,
+            expected["events"].as_u64().unwrap()
+        );
+        assert_eq!(
+            trace.summary().peak_live_bytes,
+            expected["peak_live_bytes"].as_u64().unwrap()
+        );
+        // Auto-detected as a PyTorch snapshot by the format reader too.
+        let path = data(&format!("{name}{suffix}.pickle"));
+        let read = read_path(&path, ReadOptions::default()).unwrap();
+        assert_eq!(read.events, trace.events);
+    }
 }

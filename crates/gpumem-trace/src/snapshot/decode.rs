@@ -230,7 +230,7 @@ fn segment(value: &Value, path: &Path<'_>) -> Result<SnapshotSegment, ReadError>
                 )
             }),
         stream: fields.optional("stream", unsigned)?.unwrap_or(0),
-        segment_type: fields.required("segment_type", |value, path| {
+        segment_type: fields.optional("segment_type", |value, path| {
             named(
                 value,
                 path,
