@@ -86,3 +86,35 @@ fn a_fit_that_finds_nothing_shows_the_advice_then_fails() {
     assert!(v["fit_error"].as_str().unwrap().contains("nothing fits"));
     assert!(!v["advice"].as_array().unwrap().is_empty());
 }
+
+/// Options without a default: the model, and what to do with the estimate when asked.
+const NO_DEFAULT: [&str; 5] = ["--model", "--config", "--global-batch", "--gpu", "--fit"];
+
+#[test]
+fn help_shows_every_default() {
+    let out = gpumem(&["plan", "--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = help.lines().collect();
+    let mut options = 0;
+    for (i, line) in lines.iter().enumerate() {
+        let Some(flag) = line
+            .trim()
+            .split(' ')
+            .next()
+            .filter(|f| f.starts_with("--"))
+        else {
+            continue;
+        };
+        if !line.contains('<') || NO_DEFAULT.contains(&flag) {
+            continue;
+        }
+        options += 1;
+        assert!(
+            lines[i + 1].contains("[default: "),
+            "{flag}: {}",
+            lines[i + 1]
+        );
+    }
+    assert!(options >= 19, "{help}");
+}

@@ -4,67 +4,112 @@
 use crate::error::Result;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
-    Attention, BaseQuant, Checkpointing, Layout, Lora, OptimizerImpl, Sharding, Target, Workload,
+    BaseQuant, Checkpointing, Layout, Lora, OptimizerImpl, Sharding, Target, Workload,
 };
 use serde::Deserialize;
 
 /// Settings as strings and numbers, exactly as typed on the command line or stored in
 /// `testdata/plan/measured.jsonl`. Absent values take the [`Workload`] defaults.
+///
+/// With the `clap` feature this is also the `gpumem plan` command line: every field is the flag of
+/// the same name, its doc comment is the flag's help, and each help names the default that
+/// [`Settings::to_workload`] applies.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default)]
 pub struct Settings {
-    /// `--mode`: train, infer, generate.
+    /// train, infer or generate [default: train].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub mode: Option<String>,
-    /// `--batch`: micro-batch per data-parallel rank.
+    /// Micro-batch per data-parallel rank [default: 1].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub batch: Option<u64>,
-    /// `--seq`: sequence (prompt) length.
+    /// Sequence (prompt) length [default: 512].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub seq: Option<u64>,
-    /// `--image-size`: image side for vision models.
+    /// Image side in pixels (vision models) [default: 224].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub image_size: Option<u64>,
-    /// `--new-tokens`: generated tokens.
+    /// Tokens to generate (generate mode) [default: 128].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub new_tokens: Option<u64>,
-    /// `--dtype`: weight dtype.
+    /// Weight dtype: fp32, bf16, fp16 [default: fp32].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub dtype: Option<String>,
-    /// `--amp`: autocast dtype.
+    /// Autocast dtype for mixed precision: bf16 or fp16 [default: none, no autocast].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub amp: Option<String>,
-    /// `--optimizer`.
+    /// adamw, adam, sgd, adafactor, adam8bit [default: adamw].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub optimizer: Option<String>,
-    /// `--optimizer-impl`.
+    /// foreach, fused, forloop [default: foreach on GPU, forloop on CPU].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub optimizer_impl: Option<String>,
-    /// `--grad-ckpt`: full activation checkpointing.
+    /// Full activation checkpointing.
+    #[cfg_attr(feature = "clap", arg(long))]
     pub grad_ckpt: bool,
-    /// `--grad-ckpt-selective`: recompute the attention core only.
+    /// Selective checkpointing (recompute the attention core only).
+    #[cfg_attr(feature = "clap", arg(long))]
     pub grad_ckpt_selective: bool,
-    /// `--attn`.
+    /// eager, sdpa, flash [default: sdpa].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub attn: Option<String>,
-    /// `--grad-accum`.
+    /// Micro-batches accumulated per optimizer step [default: 1].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub grad_accum: Option<u64>,
-    /// `--keep-grads`: gradients zeroed, not freed, between steps.
+    /// Gradients zeroed, not freed, between steps (zero_grad(set_to_none=False)).
+    #[cfg_attr(feature = "clap", arg(long))]
     pub keep_grads: bool,
-    /// `--gpus`.
+    /// Total GPUs [default: 1].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub gpus: Option<u64>,
-    /// `--nodes`.
+    /// Machines the GPUs are spread over [default: 1].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub nodes: Option<u64>,
-    /// `--zero`: 0–3.
+    /// ZeRO stage 0-3 [default: 0].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub zero: Option<String>,
-    /// `--fsdp`: FSDP full sharding (instead of a ZeRO stage).
+    /// FSDP full sharding.
+    #[cfg_attr(feature = "clap", arg(long))]
     pub fsdp: bool,
-    /// `--offload`: optimizer states (and ZeRO-3/FSDP parameters) on CPU.
+    /// Offload optimizer states (and ZeRO-3/FSDP parameters) to CPU.
+    #[cfg_attr(feature = "clap", arg(long))]
     pub offload: bool,
-    /// `--tp`.
+    /// Tensor-parallel size [default: 1].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub tp: Option<u64>,
-    /// `--pp`.
+    /// Pipeline-parallel size [default: 1].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub pp: Option<u64>,
-    /// `--sp`: sequence parallelism.
+    /// Sequence parallelism over the tensor-parallel group.
+    #[cfg_attr(feature = "clap", arg(long))]
     pub sp: bool,
-    /// `--lora-rank`.
+    /// LoRA adapter rank (frozen base) [default: 16 with --qlora, else no LoRA].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub lora_rank: Option<u64>,
-    /// `--qlora`: LoRA over an NF4 base.
+    /// QLoRA: LoRA over a 4-bit NF4 base.
+    #[cfg_attr(feature = "clap", arg(long))]
     pub qlora: bool,
-    /// `--lora-base-int8`: LoRA over an int8 base.
+    /// LoRA over an int8 base (validation data only; not a `gpumem plan` flag).
+    #[cfg_attr(feature = "clap", arg(skip))]
     pub lora_base_int8: bool,
-    /// `--target cpu`: reproduce PyTorch-on-CPU measurements.
+    /// `cpu` reproduces PyTorch-on-CPU measurements (validation data only; not a flag) [default: gpu].
+    #[cfg_attr(feature = "clap", arg(skip))]
     pub target: Option<String>,
+}
+
+/// Parses a count typed on the command line; a negative number gets the same reason as in the
+/// typed errors rather than clap's "invalid digit".
+#[cfg(feature = "clap")]
+fn count(text: &str) -> std::result::Result<u64, String> {
+    text.parse()
+        .map_err(|_| "must be a positive integer".to_string())
 }
 
 /// Default LoRA rank when `--qlora` is given without `--lora-rank`.
@@ -84,7 +129,8 @@ impl Settings {
     pub fn to_workload(&self) -> Result<Workload> {
         let d = Workload::default();
         let mode = pick(&self.mode, "mode", choices::MODES)?.unwrap_or(d.mode);
-        let zero = pick(&self.zero, "ZeRO stage", choices::ZERO_STAGES)?.unwrap_or(Sharding::None);
+        let zero =
+            pick(&self.zero, "ZeRO stage", choices::ZERO_STAGES)?.unwrap_or(d.layout.sharding);
         let sharding = if self.fsdp { Sharding::Fsdp } else { zero };
         let target = match self.target.as_deref() {
             None | Some("gpu") | Some("cuda") => Target::Gpu,
@@ -123,20 +169,19 @@ impl Settings {
                 choices::OPTIMIZER_IMPLS,
             )?
             .unwrap_or(match target {
-                Target::Gpu => OptimizerImpl::Foreach,
+                Target::Gpu => d.optimizer_impl,
                 Target::Cpu => OptimizerImpl::ForLoop,
             }),
-            grad_accum: self.grad_accum.unwrap_or(1),
+            grad_accum: self.grad_accum.unwrap_or(d.grad_accum),
             keep_grads: self.keep_grads,
             checkpointing,
-            attention: pick(&self.attn, "attention", choices::ATTENTIONS)?
-                .unwrap_or(Attention::Sdpa),
+            attention: pick(&self.attn, "attention", choices::ATTENTIONS)?.unwrap_or(d.attention),
             lora,
             layout: Layout {
-                gpus: self.gpus.unwrap_or(1),
-                nodes: self.nodes.unwrap_or(1),
-                tp: self.tp.unwrap_or(1),
-                pp: self.pp.unwrap_or(1),
+                gpus: self.gpus.unwrap_or(d.layout.gpus),
+                nodes: self.nodes.unwrap_or(d.layout.nodes),
+                tp: self.tp.unwrap_or(d.layout.tp),
+                pp: self.pp.unwrap_or(d.layout.pp),
                 sp: self.sp,
                 sharding,
                 offload: self.offload,
@@ -145,5 +190,78 @@ impl Settings {
         };
         workload.validate()?;
         Ok(workload)
+    }
+}
+
+#[cfg(all(test, feature = "clap"))]
+mod tests {
+    use super::*;
+    use clap::Args;
+
+    /// The name a choice table gives `value` (its first spelling).
+    fn name<T: PartialEq>(table: &[(&'static str, T)], value: T) -> &'static str {
+        table
+            .iter()
+            .find(|(_, v)| *v == value)
+            .map(|(n, _)| *n)
+            .unwrap()
+    }
+
+    /// Every flag that takes a value shows its default in `--help`, and the default shown is the
+    /// one `to_workload` applies (so the help cannot drift from `Workload::default()`).
+    #[test]
+    fn help_shows_the_defaults_to_workload_applies() {
+        let command = Settings::augment_args(clap::Command::new("plan"));
+        let help = |id: &str| {
+            command
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_help())
+                .map(|h| h.to_string())
+                .unwrap_or_default()
+        };
+        for arg in command.get_arguments() {
+            if arg.get_action().takes_values() {
+                let text = help(arg.get_id().as_str());
+                assert!(text.contains("[default: "), "--{}: {text}", arg.get_id());
+            }
+        }
+        let d = Workload::default();
+        let shown = [
+            ("mode", name(choices::MODES, d.mode).to_string()),
+            ("batch", d.batch.to_string()),
+            ("seq", d.seq.to_string()),
+            ("image_size", d.image_size.to_string()),
+            ("new_tokens", d.new_tokens.to_string()),
+            ("dtype", name(choices::DTYPES, d.dtype).to_string()),
+            (
+                "optimizer",
+                name(choices::OPTIMIZERS, d.optimizer).to_string(),
+            ),
+            (
+                "optimizer_impl",
+                name(choices::OPTIMIZER_IMPLS, d.optimizer_impl).to_string(),
+            ),
+            ("attn", name(choices::ATTENTIONS, d.attention).to_string()),
+            ("grad_accum", d.grad_accum.to_string()),
+            ("gpus", d.layout.gpus.to_string()),
+            ("nodes", d.layout.nodes.to_string()),
+            (
+                "zero",
+                name(choices::ZERO_STAGES, d.layout.sharding).to_string(),
+            ),
+            ("tp", d.layout.tp.to_string()),
+            ("pp", d.layout.pp.to_string()),
+            ("lora_rank", DEFAULT_LORA_RANK.to_string()),
+            ("amp", "none".to_string()),
+        ];
+        assert_eq!(d.amp, None);
+        for (id, value) in shown {
+            assert!(
+                help(id).contains(&format!("[default: {value}")),
+                "--{id}: {}",
+                help(id)
+            );
+        }
     }
 }
