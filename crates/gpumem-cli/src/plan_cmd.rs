@@ -3,7 +3,7 @@
 use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
 use gpumem_plan::{
     advise, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model, fit, load_config,
-    Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings, Suggestion,
+    Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings, Suggestion, Warning,
 };
 use std::path::PathBuf;
 
@@ -80,10 +80,11 @@ pub fn run(args: PlanArgs) -> Result<(), String> {
 
 fn plan(a: &PlanFlags) -> Result<(), PlanError> {
     let model = model(a)?;
-    let workload = a.settings.to_workload()?;
+    let resolved = a.settings.resolve(&model)?;
+    let workload = resolved.workload;
     let gpu = a.gpu.as_deref().map(find_gpu).transpose()?;
     let overheads = Overheads {
-        context_bytes: a.context_mib << 20,
+        context_bytes: a.context_mib.saturating_mul(1 << 20),
         ..Overheads::default()
     };
     let target = match a.fit.as_deref() {
@@ -142,9 +143,16 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         (Some(g), true) => fewest_gpus(&model, &workload, &overheads, g.memory_bytes, a.margin)?,
         _ => None,
     };
+    let warnings: Vec<Warning> = resolved
+        .warnings
+        .into_iter()
+        .chain(unused_fit_flags(a, target))
+        .chain(estimate_now.warnings.iter().cloned())
+        .collect();
     if a.json {
         let mut out = serde_json::json!({
             "model": model.name,
+            "warnings": warnings,
             "total_params": estimate_now.total_params,
             "trainable_params": estimate_now.trainable_params,
             "workload": shown,
@@ -179,6 +187,7 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
     }
     let mut text = table(
         &model,
+        &warnings,
         &estimate_now,
         gpu.as_ref(),
         fitted.as_ref(),
@@ -196,6 +205,24 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
     nothing_fits.map_or(Ok(()), Err)
 }
 
+/// `--global-batch` and `--min-gpus` given without what they act on.
+fn unused_fit_flags(a: &PlanFlags, target: Option<FitTarget>) -> Vec<Warning> {
+    let mut warnings = Vec::new();
+    if a.global_batch.is_some() && target != Some(FitTarget::Batch) {
+        warnings.push(Warning::Ignored {
+            flag: "--global-batch",
+            reason: "it sets the accumulation of --fit batch, which is not asked for".into(),
+        });
+    }
+    if a.min_gpus && a.gpu.is_none() {
+        warnings.push(Warning::Ignored {
+            flag: "--min-gpus",
+            reason: "it counts GPUs of the --gpu given, and none is".into(),
+        });
+    }
+    warnings
+}
+
 /// Writes to stdout; a closed pipe (`| head`) is not an error.
 fn emit(text: &str) {
     use std::io::Write;
@@ -205,6 +232,7 @@ fn emit(text: &str) {
 
 fn table(
     model: &ModelSpec,
+    warnings: &[Warning],
     e: &Estimate,
     gpu: Option<&gpumem_plan::Gpu>,
     fitted: Option<&Fit>,
@@ -218,6 +246,9 @@ fn table(
         "model: {}  ({} parameters, {} trainable)",
         model.name, e.total_params, e.trainable_params
     );
+    for w in warnings {
+        let _ = writeln!(t, "warning: {w}");
+    }
     if let Some(f) = fitted {
         let _ = writeln!(t, "plan at the fitted {} = {}:", f.target_name(), f.value);
     }

@@ -1,10 +1,12 @@
 //! Run settings by the names of the `gpumem plan` flags (also the keys of the validation data),
 //! and their conversion into a typed [`Workload`].
 
-use crate::error::Result;
+use crate::error::{PlanError, Result};
+use crate::model::ModelSpec;
+use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
-    BaseQuant, Checkpointing, Layout, Lora, OptimizerImpl, Sharding, Target, Workload,
+    BaseQuant, Checkpointing, Dtype, Layout, Lora, Mode, OptimizerImpl, Sharding, Target, Workload,
 };
 use serde::Deserialize;
 
@@ -39,7 +41,7 @@ pub struct Settings {
     /// Tokens to generate (generate mode) [default: 128].
     #[cfg_attr(feature = "clap", arg(long))]
     pub new_tokens: Option<u64>,
-    /// Weight dtype: fp32, bf16, fp16 [default: fp32].
+    /// Weight dtype: fp32, bf16, fp16 [default: fp32; inference: the config's torch_dtype].
     #[cfg_attr(feature = "clap", arg(long))]
     pub dtype: Option<String>,
     /// Autocast dtype for mixed precision: bf16 or fp16 [default: none, no autocast].
@@ -124,13 +126,46 @@ fn pick<T: Clone>(
     value.as_deref().map(|v| parse(kind, v, table)).transpose()
 }
 
+/// Settings resolved against the model they run on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// The workload to estimate.
+    pub workload: Workload,
+    /// Flags given that the mode or the model ignores (the estimate adds its own warnings).
+    pub warnings: Vec<Warning>,
+}
+
 impl Settings {
-    /// Converts to a validated [`Workload`]; every bad name or size is a typed error.
+    /// Converts to a validated [`Workload`] without a model (absent dtype: fp32); every bad name
+    /// or size, and ZeRO with FSDP, is a typed error.
     pub fn to_workload(&self) -> Result<Workload> {
+        self.build(None)
+    }
+
+    /// Converts for `model`: inference without `--dtype` loads the config's `torch_dtype` (as
+    /// `from_pretrained(torch_dtype="auto")` and serving stacks do; training keeps the fp32
+    /// default), and the flags that the mode or the model ignores become warnings.
+    pub fn resolve(&self, model: &ModelSpec) -> Result<Resolved> {
+        let workload = self.build(model.torch_dtype)?;
+        let warnings = self.ignored(model, workload.mode);
+        Ok(Resolved { workload, warnings })
+    }
+
+    /// The workload, with `inference_dtype` as the weight dtype of inference when none is given.
+    fn build(&self, inference_dtype: Option<Dtype>) -> Result<Workload> {
         let d = Workload::default();
         let mode = pick(&self.mode, "mode", choices::MODES)?.unwrap_or(d.mode);
         let zero =
             pick(&self.zero, "ZeRO stage", choices::ZERO_STAGES)?.unwrap_or(d.layout.sharding);
+        if self.fsdp && zero != Sharding::None {
+            return Err(PlanError::Conflict {
+                first: zero.flag(),
+                second: Sharding::Fsdp.flag(),
+                reason: "both shard the model states (DeepSpeed ZeRO or PyTorch FSDP, one per \
+                         run); keep one: --fsdp shards like --zero 3"
+                    .into(),
+            });
+        }
         let sharding = if self.fsdp { Sharding::Fsdp } else { zero };
         let target = match self.target.as_deref() {
             None | Some("gpu") | Some("cuda") => Target::Gpu,
@@ -153,13 +188,17 @@ impl Settings {
             (false, true) => Checkpointing::Selective,
             (false, false) => Checkpointing::None,
         };
+        let default_dtype = match mode {
+            Mode::Train => d.dtype,
+            Mode::Infer | Mode::Generate => inference_dtype.unwrap_or(d.dtype),
+        };
         let workload = Workload {
             mode,
             batch: self.batch.unwrap_or(d.batch),
             seq: self.seq.unwrap_or(d.seq),
             image_size: self.image_size.unwrap_or(d.image_size),
             new_tokens: self.new_tokens.unwrap_or(d.new_tokens),
-            dtype: pick(&self.dtype, "dtype", choices::DTYPES)?.unwrap_or(d.dtype),
+            dtype: pick(&self.dtype, "dtype", choices::DTYPES)?.unwrap_or(default_dtype),
             amp: pick(&self.amp, "amp dtype", choices::DTYPES)?,
             optimizer: pick(&self.optimizer, "optimizer", choices::OPTIMIZERS)?
                 .unwrap_or(d.optimizer),
@@ -190,6 +229,77 @@ impl Settings {
         };
         workload.validate()?;
         Ok(workload)
+    }
+
+    /// The flags given that `mode` or `model` ignores, each with the reason.
+    fn ignored(&self, model: &ModelSpec, mode: Mode) -> Vec<Warning> {
+        let mode_name = choices::name(choices::MODES, mode).unwrap_or("?");
+        let no_training = format!("{mode_name} mode has no backward pass and no optimizer step");
+        let no_sharding = format!(
+            "ZeRO, FSDP and offloading are planned for training; in {mode_name} mode every GPU \
+             keeps the weights (its tensor-parallel share)"
+        );
+        let inference = mode != Mode::Train;
+        let tokens = format!(
+            "{} reads tokens, not images: its input is --seq",
+            model.name
+        );
+        let images = format!(
+            "{} reads images, not tokens: its input is --image-size",
+            model.name
+        );
+        let given = [
+            (
+                "--optimizer",
+                inference && self.optimizer.is_some(),
+                &no_training,
+            ),
+            (
+                "--optimizer-impl",
+                inference && self.optimizer_impl.is_some(),
+                &no_training,
+            ),
+            ("--grad-ckpt", inference && self.grad_ckpt, &no_training),
+            (
+                "--grad-ckpt-selective",
+                inference && self.grad_ckpt_selective,
+                &no_training,
+            ),
+            (
+                "--grad-accum",
+                inference && self.grad_accum.is_some(),
+                &no_training,
+            ),
+            ("--keep-grads", inference && self.keep_grads, &no_training),
+            ("--zero", inference && self.zero.is_some(), &no_sharding),
+            ("--fsdp", inference && self.fsdp, &no_sharding),
+            ("--offload", inference && self.offload, &no_sharding),
+            (
+                "--seq",
+                !model.reads_tokens() && self.seq.is_some(),
+                &images,
+            ),
+            (
+                "--image-size",
+                model.reads_tokens() && self.image_size.is_some(),
+                &tokens,
+            ),
+        ];
+        let mut warnings: Vec<Warning> = given
+            .into_iter()
+            .filter(|(_, ignored, _)| *ignored)
+            .map(|(flag, _, reason)| Warning::Ignored {
+                flag,
+                reason: reason.clone(),
+            })
+            .collect();
+        if mode != Mode::Generate && self.new_tokens.is_some() {
+            warnings.push(Warning::Ignored {
+                flag: "--new-tokens",
+                reason: format!("only generate mode produces new tokens, not {mode_name}"),
+            });
+        }
+        warnings
     }
 }
 
