@@ -1,6 +1,7 @@
 //! `gpumem plan`: argument parsing and printing over `gpumem_plan`.
 
 use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
+use gpumem_plan::fit::MAX_GPUS;
 use gpumem_plan::{
     advise, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model, fit, load_config,
     Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings, Suggestion, Warning,
@@ -307,7 +308,10 @@ fn table(
                 let _ = writeln!(t, "fewest GPUs for this layout: {n}");
             }
             None => {
-                let _ = writeln!(t, "fewest GPUs for this layout: does not fit on up to 4096");
+                let _ = writeln!(
+                    t,
+                    "fewest GPUs for this layout: does not fit on up to {MAX_GPUS}"
+                );
             }
         }
     }
