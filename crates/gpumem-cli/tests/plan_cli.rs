@@ -1,5 +1,6 @@
-//! `gpumem plan` as a user runs it: the JSON contract, and a fit that finds nothing still
-//! shows the plan and its advice before failing.
+//! `gpumem plan` as a user runs it: the JSON contract, a fit that finds nothing still shows the
+//! plan and its advice before failing, `--help` shows every default, and arguments users get
+//! wrong are errors (fast, even for an absurd config) or warnings in the table and the JSON.
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
