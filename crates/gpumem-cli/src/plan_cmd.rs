@@ -1,8 +1,10 @@
 //! `gpumem plan`: argument parsing and printing over `gpumem_plan`.
 
+use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
+use gpumem_plan::fit::MAX_GPUS;
 use gpumem_plan::{
     advise, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model, fit, load_config,
-    Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings, Suggestion,
+    Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings, Suggestion, Warning,
 };
 use std::path::PathBuf;
 
@@ -13,7 +15,8 @@ pub struct PlanArgs {
     flags: Box<PlanFlags>,
 }
 
-/// The flags of `gpumem plan`.
+/// The flags of `gpumem plan`: the model, the run settings (defined once, in `gpumem_plan`), and
+/// what to do with the estimate.
 #[derive(clap::Args)]
 struct PlanFlags {
     /// Catalogue model name or Hugging Face id (e.g. llama-3-8b, gpt2, resnet50).
@@ -25,81 +28,11 @@ struct PlanFlags {
     /// List catalogue models and exit.
     #[arg(long)]
     list_models: bool,
-    /// train, infer or generate.
-    #[arg(long)]
-    mode: Option<String>,
-    /// Micro-batch per data-parallel rank.
-    #[arg(long, allow_negative_numbers = true)]
-    batch: Option<i64>,
-    /// Sequence (prompt) length.
-    #[arg(long, allow_negative_numbers = true)]
-    seq: Option<i64>,
-    /// Image side in pixels (vision models).
-    #[arg(long)]
-    image_size: Option<i64>,
-    /// Tokens to generate (generate mode).
-    #[arg(long)]
-    new_tokens: Option<i64>,
-    /// Weight dtype: fp32, bf16, fp16.
-    #[arg(long)]
-    dtype: Option<String>,
-    /// Autocast dtype for mixed precision: bf16 or fp16.
-    #[arg(long)]
-    amp: Option<String>,
-    /// adamw, adam, sgd, adafactor, adam8bit.
-    #[arg(long)]
-    optimizer: Option<String>,
-    /// foreach, fused, forloop.
-    #[arg(long)]
-    optimizer_impl: Option<String>,
-    /// Full activation checkpointing.
-    #[arg(long)]
-    grad_ckpt: bool,
-    /// Selective checkpointing (recompute the attention core only).
-    #[arg(long)]
-    grad_ckpt_selective: bool,
-    /// eager, sdpa, flash.
-    #[arg(long)]
-    attn: Option<String>,
-    /// Micro-batches accumulated per optimizer step.
-    #[arg(long)]
-    grad_accum: Option<i64>,
+    #[command(flatten)]
+    settings: Settings,
     /// Global batch to reach with accumulation (with --fit batch).
     #[arg(long)]
-    global_batch: Option<i64>,
-    /// Gradients zeroed, not freed, between steps (zero_grad(set_to_none=False)).
-    #[arg(long)]
-    keep_grads: bool,
-    /// Total GPUs.
-    #[arg(long)]
-    gpus: Option<i64>,
-    /// Machines the GPUs are spread over.
-    #[arg(long)]
-    nodes: Option<i64>,
-    /// ZeRO stage 0-3.
-    #[arg(long)]
-    zero: Option<String>,
-    /// FSDP full sharding.
-    #[arg(long)]
-    fsdp: bool,
-    /// Offload optimizer states (and ZeRO-3/FSDP parameters) to CPU.
-    #[arg(long)]
-    offload: bool,
-    /// Tensor-parallel size.
-    #[arg(long)]
-    tp: Option<i64>,
-    /// Pipeline-parallel size.
-    #[arg(long)]
-    pp: Option<i64>,
-    /// Sequence parallelism over the tensor-parallel group.
-    #[arg(long)]
-    sp: bool,
-    /// LoRA adapter rank (frozen base).
-    #[arg(long)]
-    lora_rank: Option<i64>,
-    /// QLoRA: LoRA over a 4-bit NF4 base.
-    #[arg(long)]
-    qlora: bool,
+    global_batch: Option<u64>,
     /// GPU name (h100, a100-40gb, rtx-4090, ...) or a size (24GB, 80GiB).
     #[arg(long)]
     gpu: Option<String>,
@@ -113,53 +46,11 @@ struct PlanFlags {
     #[arg(long)]
     min_gpus: bool,
     /// CUDA context + framework per GPU, MiB.
-    #[arg(long)]
-    context_mib: Option<u64>,
+    #[arg(long, default_value_t = DEFAULT_CONTEXT_BYTES >> 20)]
+    context_mib: u64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-}
-
-fn size(name: &str, value: Option<i64>) -> Result<Option<u64>, PlanError> {
-    value
-        .map(|v| {
-            u64::try_from(v).map_err(|_| PlanError::InvalidValue {
-                name: name.into(),
-                value: v.to_string(),
-                reason: "must be a positive integer".into(),
-            })
-        })
-        .transpose()
-}
-
-fn settings(a: &PlanFlags) -> Result<Settings, PlanError> {
-    Ok(Settings {
-        mode: a.mode.clone(),
-        batch: size("batch", a.batch)?,
-        seq: size("seq", a.seq)?,
-        image_size: size("image-size", a.image_size)?,
-        new_tokens: size("new-tokens", a.new_tokens)?,
-        dtype: a.dtype.clone(),
-        amp: a.amp.clone(),
-        optimizer: a.optimizer.clone(),
-        optimizer_impl: a.optimizer_impl.clone(),
-        grad_ckpt: a.grad_ckpt,
-        grad_ckpt_selective: a.grad_ckpt_selective,
-        attn: a.attn.clone(),
-        grad_accum: size("grad-accum", a.grad_accum)?,
-        keep_grads: a.keep_grads,
-        gpus: size("gpus", a.gpus)?,
-        nodes: size("nodes", a.nodes)?,
-        zero: a.zero.clone(),
-        fsdp: a.fsdp,
-        offload: a.offload,
-        tp: size("tp", a.tp)?,
-        pp: size("pp", a.pp)?,
-        sp: a.sp,
-        lora_rank: size("lora-rank", a.lora_rank)?,
-        qlora: a.qlora,
-        ..Settings::default()
-    })
 }
 
 fn model(a: &PlanFlags) -> Result<ModelSpec, PlanError> {
@@ -190,12 +81,11 @@ pub fn run(args: PlanArgs) -> Result<(), String> {
 
 fn plan(a: &PlanFlags) -> Result<(), PlanError> {
     let model = model(a)?;
-    let workload = settings(a)?.to_workload()?;
+    let resolved = a.settings.resolve(&model)?;
+    let workload = resolved.workload;
     let gpu = a.gpu.as_deref().map(find_gpu).transpose()?;
     let overheads = Overheads {
-        context_bytes: a
-            .context_mib
-            .map_or(Overheads::default().context_bytes, |m| m << 20),
+        context_bytes: a.context_mib.saturating_mul(1 << 20),
         ..Overheads::default()
     };
     let target = match a.fit.as_deref() {
@@ -210,7 +100,6 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
             ))
         }
     };
-    let global_batch = size("global-batch", a.global_batch)?;
     // When nothing fits, the plan as given is still shown with its advice before the error.
     let mut nothing_fits = None;
     let fitted: Option<Fit> = match (target, &gpu) {
@@ -221,7 +110,7 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
             target,
             gpu.memory_bytes,
             a.margin,
-            global_batch,
+            a.global_batch,
         ) {
             Ok(f) => Some(f),
             Err(e @ PlanError::NothingFits { .. }) => {
@@ -255,9 +144,16 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         (Some(g), true) => fewest_gpus(&model, &workload, &overheads, g.memory_bytes, a.margin)?,
         _ => None,
     };
+    let warnings: Vec<Warning> = resolved
+        .warnings
+        .into_iter()
+        .chain(unused_fit_flags(a, target))
+        .chain(estimate_now.warnings.iter().cloned())
+        .collect();
     if a.json {
         let mut out = serde_json::json!({
             "model": model.name,
+            "warnings": warnings,
             "total_params": estimate_now.total_params,
             "trainable_params": estimate_now.trainable_params,
             "workload": shown,
@@ -292,6 +188,7 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
     }
     let mut text = table(
         &model,
+        &warnings,
         &estimate_now,
         gpu.as_ref(),
         fitted.as_ref(),
@@ -309,6 +206,24 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
     nothing_fits.map_or(Ok(()), Err)
 }
 
+/// `--global-batch` and `--min-gpus` given without what they act on.
+fn unused_fit_flags(a: &PlanFlags, target: Option<FitTarget>) -> Vec<Warning> {
+    let mut warnings = Vec::new();
+    if a.global_batch.is_some() && target != Some(FitTarget::Batch) {
+        warnings.push(Warning::Ignored {
+            flag: "--global-batch",
+            reason: "it sets the accumulation of --fit batch, which is not asked for".into(),
+        });
+    }
+    if a.min_gpus && a.gpu.is_none() {
+        warnings.push(Warning::Ignored {
+            flag: "--min-gpus",
+            reason: "it counts GPUs of the --gpu given, and none is".into(),
+        });
+    }
+    warnings
+}
+
 /// Writes to stdout; a closed pipe (`| head`) is not an error.
 fn emit(text: &str) {
     use std::io::Write;
@@ -318,6 +233,7 @@ fn emit(text: &str) {
 
 fn table(
     model: &ModelSpec,
+    warnings: &[Warning],
     e: &Estimate,
     gpu: Option<&gpumem_plan::Gpu>,
     fitted: Option<&Fit>,
@@ -331,6 +247,9 @@ fn table(
         "model: {}  ({} parameters, {} trainable)",
         model.name, e.total_params, e.trainable_params
     );
+    for w in warnings {
+        let _ = writeln!(t, "warning: {w}");
+    }
     if let Some(f) = fitted {
         let _ = writeln!(t, "plan at the fitted {} = {}:", f.target_name(), f.value);
     }
@@ -389,7 +308,10 @@ fn table(
                 let _ = writeln!(t, "fewest GPUs for this layout: {n}");
             }
             None => {
-                let _ = writeln!(t, "fewest GPUs for this layout: does not fit on up to 4096");
+                let _ = writeln!(
+                    t,
+                    "fewest GPUs for this layout: does not fit on up to {MAX_GPUS}"
+                );
             }
         }
     }

@@ -1,7 +1,10 @@
-//! `gpumem plan` as a user runs it: the JSON contract, and a fit that finds nothing still
-//! shows the plan and its advice before failing.
+//! `gpumem plan` as a user runs it: the JSON contract, a fit that finds nothing still shows the
+//! plan and its advice before failing, `--help` shows every default, and arguments users get
+//! wrong are errors (fast, even for an absurd config) or warnings in the table and the JSON.
 
-use std::process::{Command, Output};
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn gpumem(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_gpumem"))
@@ -85,4 +88,125 @@ fn a_fit_that_finds_nothing_shows_the_advice_then_fails() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["fit_error"].as_str().unwrap().contains("nothing fits"));
     assert!(!v["advice"].as_array().unwrap().is_empty());
+}
+
+/// Options without a default: the model, and what to do with the estimate when asked.
+const NO_DEFAULT: [&str; 5] = ["--model", "--config", "--global-batch", "--gpu", "--fit"];
+
+#[test]
+fn help_shows_every_default() {
+    let out = gpumem(&["plan", "--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = help.lines().collect();
+    let mut options = 0;
+    for (i, line) in lines.iter().enumerate() {
+        let Some(flag) = line
+            .trim()
+            .split(' ')
+            .next()
+            .filter(|f| f.starts_with("--"))
+        else {
+            continue;
+        };
+        if !line.contains('<') || NO_DEFAULT.contains(&flag) {
+            continue;
+        }
+        options += 1;
+        assert!(
+            lines[i + 1].contains("[default: "),
+            "{flag}: {}",
+            lines[i + 1]
+        );
+    }
+    assert!(options >= 19, "{help}");
+}
+
+#[test]
+fn tensor_parallel_not_dividing_the_heads_is_an_error() {
+    let out = gpumem(&["plan", "--model", "gpt2", "--tp", "5", "--gpus", "5"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid tp = 5: must divide the 12 attention heads"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn warnings_are_printed_and_in_the_json() {
+    let args = [
+        "plan",
+        "--model",
+        "llama-3-8b",
+        "--mode",
+        "infer",
+        "--optimizer",
+        "sgd",
+        "--zero",
+        "2",
+    ];
+    let out = gpumem(&args);
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("warning: --optimizer has no effect: infer mode"),
+        "{stdout}"
+    );
+    let out = gpumem(&[&args[..], &["--json"]].concat());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let warnings = v["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(warnings.iter().all(|w| w["kind"] == "ignored"));
+    assert!(warnings[1]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("--zero"));
+    // Inference loads the checkpoint's dtype (bfloat16 for Llama 3), not fp32.
+    assert_eq!(v["workload"]["dtype"], "bf16");
+
+    let out = gpumem(&["plan", "--model", "gpt2", "--zero", "3", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["warnings"][0]["kind"], "sharding_over_one_rank");
+}
+
+#[test]
+fn an_absurd_config_fails_fast() {
+    let path = std::env::temp_dir().join(format!("gpumem-absurd-{}.json", std::process::id()));
+    std::fs::write(
+        &path,
+        r#"{"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 1000000000,
+            "num_attention_heads": 32, "vocab_size": 32000}"#,
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(["plan", "--config", path.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("gpumem plan hangs on 10^9 layers");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = std::fs::remove_file(&path);
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(status.code(), Some(2));
+    assert!(
+        stderr.contains("invalid num_hidden_layers = 1000000000: must be between 1 and 10000"),
+        "{stderr}"
+    );
 }

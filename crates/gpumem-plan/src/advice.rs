@@ -1,5 +1,6 @@
 //! Advice: concrete changes to a plan, each re-estimated, ranked by memory saved, with its cost.
 
+use crate::checks::check;
 use crate::error::Result;
 use crate::estimate::{estimate, Overheads};
 use crate::fit::{fit, FitTarget};
@@ -25,16 +26,19 @@ pub struct Suggestion {
     pub fits: Option<bool>,
 }
 
-/// A candidate change: description, cost, and the modified workload (None when not applicable).
+/// A candidate change: description, cost, and the modified workload (None when the model cannot
+/// run it).
 type Candidate = (String, &'static str, Option<Workload>);
 
 fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
     let training = w.mode == Mode::Train;
     let transformer = matches!(model.arch, Architecture::Transformer(_));
+    // A change the model cannot run (a LoRA rank above a toy model's width, accumulation past
+    // the size bound) is no advice.
     let with = |f: &dyn Fn(&mut Workload)| {
         let mut changed = w.clone();
         f(&mut changed);
-        Some(changed)
+        check(model, &changed).is_ok().then_some(changed)
     };
     let mut list: Vec<Candidate> = Vec::new();
     if w.dtype == Dtype::Fp32 && w.amp.is_none() {

@@ -47,6 +47,16 @@ pub enum PlanError {
         /// Why it is rejected and what is accepted.
         reason: String,
     },
+    /// Two settings that no real run can combine.
+    #[error("{first} cannot be combined with {second}: {reason}")]
+    Conflict {
+        /// The first setting, as a flag (`--zero 2`).
+        first: String,
+        /// The setting it conflicts with (`--fsdp`).
+        second: String,
+        /// Why, and what to keep instead.
+        reason: String,
+    },
     /// A file that cannot be read or is not the expected format.
     #[error("cannot read {path}: {reason}")]
     Unreadable {

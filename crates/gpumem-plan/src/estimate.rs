@@ -1,9 +1,11 @@
 //! The estimator: model states per GPU, then a phase-by-phase replay of live tensors through one
 //! step (forward, backward, optimizer step; or prefill and decode), reporting the peak and its phase.
 
-use crate::error::{PlanError, Result};
+use crate::checks::check;
+use crate::error::Result;
 use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
+use crate::warning::Warning;
 use crate::workload::{
     BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload,
 };
@@ -144,6 +146,8 @@ pub struct Estimate {
     pub total_params: u64,
     /// Parameters being trained (all, or the LoRA adapters).
     pub trainable_params: u64,
+    /// What the workload asks that a run would do, but probably not as meant.
+    pub warnings: Vec<Warning>,
 }
 
 /// Model-state bytes on one GPU.
@@ -161,15 +165,8 @@ struct States {
 
 /// Estimates the peak memory of `workload` on `model` for the busiest GPU.
 pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -> Result<Estimate> {
-    workload.validate()?;
+    let warnings = check(model, workload)?;
     let counts = model.params();
-    if workload.lora.is_some() && !matches!(model.arch, Architecture::Transformer(_)) {
-        return Err(PlanError::InvalidValue {
-            name: "lora-rank".into(),
-            value: model.name.clone(),
-            reason: "LoRA is modelled for transformers only".into(),
-        });
-    }
     let trainable = trainable_params(model, workload, &counts);
     let mut peaks: Vec<(Phase, Breakdown)> = match workload.mode {
         Mode::Train => {
@@ -194,8 +191,8 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
         .max_by_key(|(_, b)| b.allocated())
         .unwrap_or((Phase::Forward, Breakdown::default()));
     let allocated = breakdown.allocated();
-    breakdown.allocator = (allocated as f64 * overheads.allocator_fraction).round() as u64;
-    breakdown.framework = overheads.context_bytes;
+    breakdown.allocator = bytes(allocated as f64 * overheads.allocator_fraction);
+    breakdown.framework = overheads.context_bytes.min(MAX_BYTES);
     let phases = peaks
         .drain(..)
         .map(|(phase, b)| PhasePeak {
@@ -212,6 +209,7 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
         phases,
         total_params: counts.total(),
         trainable_params: trainable,
+        warnings,
     })
 }
 
@@ -408,8 +406,13 @@ fn kept_and_recomputed(unit: &Unit, policy: Checkpointing) -> (f64, f64) {
     }
 }
 
+/// Ceiling of every breakdown entry (2⁵⁹ bytes, 512 PiB): absurd workloads saturate here, so the
+/// sums and differences of entries never overflow.
+pub const MAX_BYTES: u64 = 1 << 59;
+
+/// Bytes of a modelled quantity, rounded and saturated at [`MAX_BYTES`].
 fn bytes(x: f64) -> u64 {
-    x.max(0.0).round() as u64
+    (x.max(0.0).round() as u64).min(MAX_BYTES)
 }
 
 fn simulate_training(
@@ -526,7 +529,7 @@ fn simulate_inference(
         ..workload.clone()
     };
     let step_units = build_units(model, &one_token, workload.batch);
-    let cached_tokens = (workload.seq + workload.new_tokens - 1) as f64;
+    let cached_tokens = workload.tokens() as f64;
     let kv_per_token: f64 = step_units.iter().map(|u| u.kv_cache).sum();
     let layer_kv = step_units.iter().map(|u| u.kv_cache).fold(0.0, f64::max) * cached_tokens;
     let mut decode = pass(&step_units, kv_per_token * (cached_tokens - 1.0));

@@ -222,7 +222,7 @@ impl<'a> TransformerGraph<'a> {
         let mut held = tokens * 8.0;
         let mut saved = 0.0;
         if let Some(p) = spec.patches {
-            let pixels = self.batch * (p.channels * self.workload.image_size.pow(2)) as f64;
+            let pixels = self.batch * p.channels as f64 * (self.workload.image_size as f64).powi(2);
             held = pixels * self.bytes.residual;
             saved = if self.bytes.autocast {
                 pixels * self.bytes.act

@@ -1,10 +1,12 @@
 //! Reading Hugging Face `config.json` files (and a small ResNet JSON) into [`ModelSpec`].
 
 use crate::error::{PlanError, Result};
+use crate::limits::{self, Bound};
 use crate::model::{
     Activation, Architecture, Head, ModelSpec, Norm, Patches, ResnetSpec, TransformerSpec,
 };
 use crate::names::nearest;
+use crate::workload::{choices, Dtype};
 use serde_json::Value;
 
 /// `model_type` values the planner understands.
@@ -42,11 +44,12 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
     }
     let arch = match model_type.as_str() {
         "resnet" => Architecture::Resnet(fields.resnet()?),
-        _ => Architecture::Transformer(fields.transformer()?),
+        _ => Architecture::Transformer(Box::new(fields.transformer()?)),
     };
     Ok(ModelSpec {
         name: name.to_string(),
         arch,
+        torch_dtype: fields.torch_dtype(),
     })
 }
 
@@ -74,12 +77,18 @@ impl Fields<'_> {
             .find_map(|key| self.json.get(*key).filter(|v| !v.is_null()))
     }
 
-    fn optional_u64(&self, field: &'static str, spellings: &[&'static str]) -> Result<Option<u64>> {
+    /// A positive integer within `bound`, under any of its spellings; None when absent.
+    fn optional_u64(
+        &self,
+        field: &'static str,
+        spellings: &[&'static str],
+        bound: Bound,
+    ) -> Result<Option<u64>> {
         match self.find(spellings) {
             None => Ok(None),
             Some(value) => match value.as_u64() {
-                Some(n) if n > 0 => Ok(Some(n)),
-                _ => Err(PlanError::InvalidValue {
+                Some(n) => bound.check(field, n).map(Some),
+                None => Err(PlanError::InvalidValue {
                     name: field.to_string(),
                     value: value.to_string(),
                     reason: "must be a positive integer".into(),
@@ -88,8 +97,14 @@ impl Fields<'_> {
         }
     }
 
-    fn required_u64(&self, field: &'static str, spellings: &[&'static str]) -> Result<u64> {
-        self.optional_u64(field, spellings)?
+    /// Like [`Fields::optional_u64`], but absence is a [`PlanError::MissingField`].
+    fn required_u64(
+        &self,
+        field: &'static str,
+        spellings: &[&'static str],
+        bound: Bound,
+    ) -> Result<u64> {
+        self.optional_u64(field, spellings, bound)?
             .ok_or_else(|| PlanError::MissingField {
                 model_type: self.model_type.clone(),
                 field,
@@ -115,14 +130,24 @@ impl Fields<'_> {
             .unwrap_or(default)
     }
 
-    fn labels(&self, default: u64) -> u64 {
-        if let Some(n) = self.json.get("num_labels").and_then(Value::as_u64) {
-            return n;
-        }
-        self.json
-            .get("id2label")
-            .and_then(Value::as_object)
-            .map_or(default, |m| m.len() as u64)
+    /// Classifier outputs: `num_labels`, else the size of `id2label`, else `default`.
+    fn labels(&self, default: u64) -> Result<u64> {
+        let labels = match self.optional_u64("num_labels", &["num_labels"], limits::VOCAB)? {
+            Some(n) => n,
+            None => self
+                .json
+                .get("id2label")
+                .and_then(Value::as_object)
+                .map_or(default, |m| m.len() as u64),
+        };
+        limits::VOCAB.check("num_labels", labels)
+    }
+
+    /// The config's `torch_dtype` (newer transformers write `dtype`); None when absent or not
+    /// one of the planner's dtypes (`"auto"`).
+    fn torch_dtype(&self) -> Option<Dtype> {
+        let name = self.find(&["torch_dtype", "dtype"])?.as_str()?;
+        choices::parse("dtype", name, choices::DTYPES).ok()
     }
 
     fn architecture_name(&self) -> &str {
@@ -155,9 +180,9 @@ impl Fields<'_> {
 
     fn resnet(&self) -> Result<ResnetSpec> {
         let num_classes = self
-            .optional_u64("num_classes", &["num_classes", "num_labels"])?
+            .optional_u64("num_classes", &["num_classes", "num_labels"], limits::VOCAB)?
             .unwrap_or(1000);
-        if let Some(depth) = self.optional_u64("depth", &["depth"])? {
+        if let Some(depth) = self.optional_u64("depth", &["depth"], limits::LAYERS)? {
             let (blocks, bottleneck) = match depth {
                 18 => ([2, 2, 2, 2], false),
                 34 => ([3, 4, 6, 3], false),
@@ -189,6 +214,10 @@ impl Fields<'_> {
             field: "depth",
             spellings: vec!["depth", "depths (4 stages)"],
         })?;
+        for stage in blocks {
+            limits::LAYERS.check("depths", stage)?;
+        }
+        limits::LAYERS.check("depths (all stages)", blocks.iter().sum())?;
         let bottleneck = self.str_or(&["layer_type"], "bottleneck") == "bottleneck";
         Ok(ResnetSpec {
             blocks,
@@ -199,26 +228,37 @@ impl Fields<'_> {
 
     fn transformer(&self) -> Result<TransformerSpec> {
         let mt = self.model_type.as_str();
-        let hidden = self.required_u64("hidden_size", &["hidden_size", "n_embd", "d_model"])?;
+        let hidden = self.required_u64(
+            "hidden_size",
+            &["hidden_size", "n_embd", "d_model"],
+            limits::WIDTH,
+        )?;
         let layers = self.required_u64(
             "num_hidden_layers",
             &["num_hidden_layers", "n_layer", "num_layers"],
+            limits::LAYERS,
         )?;
         let heads = self.required_u64(
             "num_attention_heads",
             &["num_attention_heads", "n_head", "num_heads"],
+            limits::WIDTH,
         )?;
         let vocab = if mt == "vit" {
             0
         } else {
-            self.required_u64("vocab_size", &["vocab_size"])?
+            self.required_u64("vocab_size", &["vocab_size"], limits::VOCAB)?
         };
         let kv_heads = self
-            .optional_u64("num_key_value_heads", &["num_key_value_heads"])?
+            .optional_u64(
+                "num_key_value_heads",
+                &["num_key_value_heads"],
+                limits::WIDTH,
+            )?
             .unwrap_or(heads);
         let head_dim = self
-            .optional_u64("head_dim", &["head_dim", "d_kv"])?
+            .optional_u64("head_dim", &["head_dim", "d_kv"], limits::WIDTH)?
             .unwrap_or(hidden / heads);
+        limits::WIDTH.check("head_dim", head_dim)?;
         if mt != "t5" && hidden % heads != 0 && self.find(&["head_dim"]).is_none() {
             return Err(PlanError::InvalidValue {
                 name: "hidden_size".into(),
@@ -237,11 +277,13 @@ impl Fields<'_> {
             .optional_u64(
                 "intermediate_size",
                 &["intermediate_size", "n_inner", "ffn_dim", "d_ff"],
+                limits::WIDTH,
             )?
             .unwrap_or(4 * hidden);
         let positions = self.optional_u64(
             "max_position_embeddings",
             &["max_position_embeddings", "n_positions"],
+            limits::POSITIONS,
         )?;
         let mut spec = TransformerSpec {
             model_type: mt.to_string(),
@@ -255,6 +297,7 @@ impl Fields<'_> {
             vocab,
             learned_positions: 0,
             token_types: 0,
+            max_positions: None,
             activation: Activation::Gelu,
             gated_mlp: false,
             norm: Norm::LayerNorm,
@@ -321,7 +364,11 @@ impl Fields<'_> {
                 spec.post_norm = !pre_norm;
                 spec.final_norm = pre_norm && !self.bool_or(&["_remove_final_layer_norm"], false);
                 let projection = self
-                    .optional_u64("word_embed_proj_dim", &["word_embed_proj_dim"])?
+                    .optional_u64(
+                        "word_embed_proj_dim",
+                        &["word_embed_proj_dim"],
+                        limits::WIDTH,
+                    )?
                     .unwrap_or(hidden);
                 spec.embed_projection = if projection == hidden { 0 } else { projection };
                 spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
@@ -342,11 +389,25 @@ impl Fields<'_> {
                 spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], mt == "gemma");
                 spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
                 if mt == "mixtral" {
-                    spec.experts =
-                        self.required_u64("num_local_experts", &["num_local_experts"])?;
+                    spec.experts = self.required_u64(
+                        "num_local_experts",
+                        &["num_local_experts"],
+                        limits::EXPERTS,
+                    )?;
                     spec.experts_per_token = self
-                        .optional_u64("num_experts_per_tok", &["num_experts_per_tok"])?
+                        .optional_u64(
+                            "num_experts_per_tok",
+                            &["num_experts_per_tok"],
+                            limits::EXPERTS,
+                        )?
                         .unwrap_or(2);
+                    if spec.experts_per_token > spec.experts {
+                        return Err(PlanError::InvalidValue {
+                            name: "num_experts_per_tok".into(),
+                            value: spec.experts_per_token.to_string(),
+                            reason: format!("must be at most num_local_experts = {}", spec.experts),
+                        });
+                    }
                 }
             }
             "phi" => {
@@ -364,7 +425,7 @@ impl Fields<'_> {
             "bert" | "roberta" => {
                 spec.learned_positions = need_positions()?;
                 spec.token_types = self
-                    .optional_u64("type_vocab_size", &["type_vocab_size"])?
+                    .optional_u64("type_vocab_size", &["type_vocab_size"], limits::VOCAB)?
                     .unwrap_or(2);
                 spec.post_norm = true;
                 spec.embedding_norm = true;
@@ -378,7 +439,7 @@ impl Fields<'_> {
                     Head::MaskedLm
                 } else if arch.ends_with("ForSequenceClassification") {
                     Head::SequenceClassification {
-                        labels: self.labels(2),
+                        labels: self.labels(2)?,
                     }
                 } else {
                     Head::Pooler
@@ -387,7 +448,11 @@ impl Fields<'_> {
             "t5" => {
                 spec.encoder_layers = layers;
                 spec.layers = self
-                    .optional_u64("num_decoder_layers", &["num_decoder_layers"])?
+                    .optional_u64(
+                        "num_decoder_layers",
+                        &["num_decoder_layers"],
+                        limits::LAYERS,
+                    )?
                     .unwrap_or(layers);
                 spec.norm = Norm::RmsNorm;
                 spec.norm_bias = false;
@@ -399,6 +464,7 @@ impl Fields<'_> {
                     .optional_u64(
                         "relative_attention_num_buckets",
                         &["relative_attention_num_buckets"],
+                        limits::VOCAB,
                     )?
                     .unwrap_or(32);
                 // transformers 5.x keeps T5's attention softmax in the activation dtype (measured).
@@ -415,13 +481,13 @@ impl Fields<'_> {
             "vit" => {
                 spec.patches = Some(Patches {
                     patch: self
-                        .optional_u64("patch_size", &["patch_size"])?
+                        .optional_u64("patch_size", &["patch_size"], limits::POSITIONS)?
                         .unwrap_or(16),
                     channels: self
-                        .optional_u64("num_channels", &["num_channels"])?
+                        .optional_u64("num_channels", &["num_channels"], limits::WIDTH)?
                         .unwrap_or(3),
                     image_size: self
-                        .optional_u64("image_size", &["image_size"])?
+                        .optional_u64("image_size", &["image_size"], limits::POSITIONS)?
                         .unwrap_or(224),
                 });
                 spec.activation = self.activation(&["hidden_act"], "gelu")?;
@@ -433,7 +499,7 @@ impl Fields<'_> {
                     Head::Pooler
                 } else {
                     Head::ImageClassification {
-                        classes: self.labels(2),
+                        classes: self.labels(2)?,
                     }
                 };
             }
@@ -445,6 +511,14 @@ impl Fields<'_> {
         if spec.head == Head::CausalLm && base_model {
             spec.head = Head::None;
         }
+        spec.max_positions = match mt {
+            // Relative position buckets, and positions per patch: no token limit.
+            "t5" | "vit" => None,
+            // RoBERTa's position ids start after the padding index: two rows are never reached.
+            "roberta" => positions.map(|p| p.saturating_sub(2).max(1)),
+            _ => positions,
+        };
+        limits::check_parameters(&spec)?;
         Ok(spec)
     }
 }

@@ -10,27 +10,32 @@
 
 pub mod advice;
 pub mod catalogue;
+pub mod checks;
 pub mod error;
 pub mod estimate;
 pub mod fit;
 pub mod gpu;
 mod graph;
 pub mod hf;
+pub mod limits;
 pub mod model;
 pub mod names;
 pub mod safetensors;
 pub mod settings;
+pub mod warning;
 pub mod workload;
 
 pub use advice::{advise, combine_until_fits, Suggestion};
 pub use catalogue::{find_model, load_config, model_names};
+pub use checks::check;
 pub use error::{PlanError, Result};
 pub use estimate::{estimate, Breakdown, Estimate, Overheads, Phase, PhasePeak};
 pub use fit::{fewest_gpus, fit, Fit, FitTarget};
 pub use gpu::{find_gpu, Gpu};
 pub use hf::parse_config;
 pub use model::{Architecture, ModelSpec, ParamCounts, ResnetSpec, TransformerSpec};
-pub use settings::Settings;
+pub use settings::{Resolved, Settings};
+pub use warning::Warning;
 pub use workload::{
     Attention, BaseQuant, Checkpointing, Dtype, Layout, Lora, Mode, Optimizer, OptimizerImpl,
     Sharding, Target, Workload,

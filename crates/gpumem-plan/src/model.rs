@@ -1,5 +1,6 @@
 //! Architecture descriptions (plain data) and exact parameter counts.
 
+use crate::workload::Dtype;
 use serde::Serialize;
 
 /// A model the planner can reason about.
@@ -9,14 +10,19 @@ pub struct ModelSpec {
     pub name: String,
     /// The architecture.
     pub arch: Architecture,
+    /// The config's `torch_dtype`, the dtype its weights are published in: what inference loads
+    /// by default (`Settings::resolve` makes it the default weight dtype of inference plans).
+    /// None when the config does not say.
+    pub torch_dtype: Option<Dtype>,
 }
 
 /// Transformer or convolutional network.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Architecture {
-    /// Decoder-only, encoder-only, encoder-decoder or vision transformer.
-    Transformer(TransformerSpec),
+    /// Decoder-only, encoder-only, encoder-decoder or vision transformer (boxed: it has many
+    /// more fields than a ResNet).
+    Transformer(Box<TransformerSpec>),
     /// torchvision-style ResNet.
     Resnet(ResnetSpec),
 }
@@ -109,6 +115,10 @@ pub struct TransformerSpec {
     pub learned_positions: u64,
     /// Rows of the token-type table (BERT).
     pub token_types: u64,
+    /// Tokens the positions cover (`max_position_embeddings`, less RoBERTa's padding offset): a
+    /// hard limit with a learned table (`learned_positions > 0`), the trained length with rotary
+    /// positions; None without a limit (T5's relative buckets, ViT's patch positions).
+    pub max_positions: Option<u64>,
     /// MLP activation.
     pub activation: Activation,
     /// Gated MLP (SwiGLU / GeGLU: three matrices).
@@ -216,6 +226,28 @@ impl ModelSpec {
             }
         }
         self
+    }
+
+    /// Most tokens one sequence may have: the rows of a learned position table (beyond them a
+    /// run fails). None for CNNs and for rotary or relative positions.
+    pub fn token_limit(&self) -> Option<u64> {
+        match &self.arch {
+            Architecture::Transformer(t) if t.learned_positions > 0 => t.max_positions,
+            _ => None,
+        }
+    }
+
+    /// Whether the input is a token sequence (`seq`) rather than an image (`image_size`).
+    pub fn reads_tokens(&self) -> bool {
+        matches!(&self.arch, Architecture::Transformer(t) if t.patches.is_none())
+    }
+
+    /// Blocks of the body (both stacks of an encoder-decoder): at most this many pipeline stages.
+    pub fn blocks(&self) -> u64 {
+        match &self.arch {
+            Architecture::Transformer(t) => t.layers + t.encoder_layers,
+            Architecture::Resnet(r) => r.blocks.iter().sum(),
+        }
     }
 
     /// Exact parameter counts of the model.

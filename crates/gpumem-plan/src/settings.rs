@@ -1,70 +1,117 @@
 //! Run settings by the names of the `gpumem plan` flags (also the keys of the validation data),
 //! and their conversion into a typed [`Workload`].
 
-use crate::error::Result;
+use crate::error::{PlanError, Result};
+use crate::model::ModelSpec;
+use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
-    Attention, BaseQuant, Checkpointing, Layout, Lora, OptimizerImpl, Sharding, Target, Workload,
+    BaseQuant, Checkpointing, Dtype, Layout, Lora, Mode, OptimizerImpl, Sharding, Target, Workload,
 };
 use serde::Deserialize;
 
 /// Settings as strings and numbers, exactly as typed on the command line or stored in
 /// `testdata/plan/measured.jsonl`. Absent values take the [`Workload`] defaults.
+///
+/// With the `clap` feature this is also the `gpumem plan` command line: every field is the flag of
+/// the same name, its doc comment is the flag's help, and each help names the default that
+/// [`Settings::to_workload`] applies.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default)]
 pub struct Settings {
-    /// `--mode`: train, infer, generate.
+    /// train, infer or generate [default: train].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub mode: Option<String>,
-    /// `--batch`: micro-batch per data-parallel rank.
+    /// Micro-batch per data-parallel rank [default: 1].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub batch: Option<u64>,
-    /// `--seq`: sequence (prompt) length.
+    /// Sequence (prompt) length [default: 512].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub seq: Option<u64>,
-    /// `--image-size`: image side for vision models.
+    /// Image side in pixels (vision models) [default: 224].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub image_size: Option<u64>,
-    /// `--new-tokens`: generated tokens.
+    /// Tokens to generate (generate mode) [default: 128].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub new_tokens: Option<u64>,
-    /// `--dtype`: weight dtype.
+    /// Weight dtype: fp32, bf16, fp16 [default: fp32; inference: the config's torch_dtype].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub dtype: Option<String>,
-    /// `--amp`: autocast dtype.
+    /// Autocast dtype for mixed precision: bf16 or fp16 [default: none, no autocast].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub amp: Option<String>,
-    /// `--optimizer`.
+    /// adamw, adam, sgd, adafactor, adam8bit [default: adamw].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub optimizer: Option<String>,
-    /// `--optimizer-impl`.
+    /// foreach, fused, forloop [default: foreach on GPU, forloop on CPU].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub optimizer_impl: Option<String>,
-    /// `--grad-ckpt`: full activation checkpointing.
+    /// Full activation checkpointing.
+    #[cfg_attr(feature = "clap", arg(long))]
     pub grad_ckpt: bool,
-    /// `--grad-ckpt-selective`: recompute the attention core only.
+    /// Selective checkpointing (recompute the attention core only).
+    #[cfg_attr(feature = "clap", arg(long))]
     pub grad_ckpt_selective: bool,
-    /// `--attn`.
+    /// eager, sdpa, flash [default: sdpa].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub attn: Option<String>,
-    /// `--grad-accum`.
+    /// Micro-batches accumulated per optimizer step [default: 1].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub grad_accum: Option<u64>,
-    /// `--keep-grads`: gradients zeroed, not freed, between steps.
+    /// Gradients zeroed, not freed, between steps (zero_grad(set_to_none=False)).
+    #[cfg_attr(feature = "clap", arg(long))]
     pub keep_grads: bool,
-    /// `--gpus`.
+    /// Total GPUs [default: 1].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub gpus: Option<u64>,
-    /// `--nodes`.
+    /// Machines the GPUs are spread over [default: 1].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub nodes: Option<u64>,
-    /// `--zero`: 0–3.
+    /// ZeRO stage 0-3 [default: 0].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub zero: Option<String>,
-    /// `--fsdp`: FSDP full sharding (instead of a ZeRO stage).
+    /// FSDP full sharding.
+    #[cfg_attr(feature = "clap", arg(long))]
     pub fsdp: bool,
-    /// `--offload`: optimizer states (and ZeRO-3/FSDP parameters) on CPU.
+    /// Offload optimizer states (and ZeRO-3/FSDP parameters) to CPU.
+    #[cfg_attr(feature = "clap", arg(long))]
     pub offload: bool,
-    /// `--tp`.
+    /// Tensor-parallel size [default: 1].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub tp: Option<u64>,
-    /// `--pp`.
+    /// Pipeline-parallel size [default: 1].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub pp: Option<u64>,
-    /// `--sp`: sequence parallelism.
+    /// Sequence parallelism over the tensor-parallel group.
+    #[cfg_attr(feature = "clap", arg(long))]
     pub sp: bool,
-    /// `--lora-rank`.
+    /// LoRA adapter rank (frozen base) [default: 16 with --qlora, else no LoRA].
+    #[cfg_attr(feature = "clap", arg(long))]
     pub lora_rank: Option<u64>,
-    /// `--qlora`: LoRA over an NF4 base.
+    /// QLoRA: LoRA over a 4-bit NF4 base.
+    #[cfg_attr(feature = "clap", arg(long))]
     pub qlora: bool,
-    /// `--lora-base-int8`: LoRA over an int8 base.
+    /// LoRA over an int8 base (validation data only; not a `gpumem plan` flag).
+    #[cfg_attr(feature = "clap", arg(skip))]
     pub lora_base_int8: bool,
-    /// `--target cpu`: reproduce PyTorch-on-CPU measurements.
+    /// `cpu` reproduces PyTorch-on-CPU measurements (validation data only; not a flag) [default: gpu].
+    #[cfg_attr(feature = "clap", arg(skip))]
     pub target: Option<String>,
+}
+
+/// Parses a count typed on the command line; a negative number gets the same reason as in the
+/// typed errors rather than clap's "invalid digit".
+#[cfg(feature = "clap")]
+fn count(text: &str) -> std::result::Result<u64, String> {
+    text.parse()
+        .map_err(|_| "must be a positive integer".to_string())
 }
 
 /// Default LoRA rank when `--qlora` is given without `--lora-rank`.
@@ -79,12 +126,46 @@ fn pick<T: Clone>(
     value.as_deref().map(|v| parse(kind, v, table)).transpose()
 }
 
+/// Settings resolved against the model they run on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// The workload to estimate.
+    pub workload: Workload,
+    /// Flags given that the mode or the model ignores (the estimate adds its own warnings).
+    pub warnings: Vec<Warning>,
+}
+
 impl Settings {
-    /// Converts to a validated [`Workload`]; every bad name or size is a typed error.
+    /// Converts to a validated [`Workload`] without a model (absent dtype: fp32); every bad name
+    /// or size, and ZeRO with FSDP, is a typed error.
     pub fn to_workload(&self) -> Result<Workload> {
+        self.build(None)
+    }
+
+    /// Converts for `model`: inference without `--dtype` loads the config's `torch_dtype` (as
+    /// `from_pretrained(torch_dtype="auto")` and serving stacks do; training keeps the fp32
+    /// default), and the flags that the mode or the model ignores become warnings.
+    pub fn resolve(&self, model: &ModelSpec) -> Result<Resolved> {
+        let workload = self.build(model.torch_dtype)?;
+        let warnings = self.ignored(model, workload.mode);
+        Ok(Resolved { workload, warnings })
+    }
+
+    /// The workload, with `inference_dtype` as the weight dtype of inference when none is given.
+    fn build(&self, inference_dtype: Option<Dtype>) -> Result<Workload> {
         let d = Workload::default();
         let mode = pick(&self.mode, "mode", choices::MODES)?.unwrap_or(d.mode);
-        let zero = pick(&self.zero, "ZeRO stage", choices::ZERO_STAGES)?.unwrap_or(Sharding::None);
+        let zero =
+            pick(&self.zero, "ZeRO stage", choices::ZERO_STAGES)?.unwrap_or(d.layout.sharding);
+        if self.fsdp && zero != Sharding::None {
+            return Err(PlanError::Conflict {
+                first: zero.flag(),
+                second: Sharding::Fsdp.flag(),
+                reason: "both shard the model states (DeepSpeed ZeRO or PyTorch FSDP, one per \
+                         run); keep one: --fsdp shards like --zero 3"
+                    .into(),
+            });
+        }
         let sharding = if self.fsdp { Sharding::Fsdp } else { zero };
         let target = match self.target.as_deref() {
             None | Some("gpu") | Some("cuda") => Target::Gpu,
@@ -107,13 +188,17 @@ impl Settings {
             (false, true) => Checkpointing::Selective,
             (false, false) => Checkpointing::None,
         };
+        let default_dtype = match mode {
+            Mode::Train => d.dtype,
+            Mode::Infer | Mode::Generate => inference_dtype.unwrap_or(d.dtype),
+        };
         let workload = Workload {
             mode,
             batch: self.batch.unwrap_or(d.batch),
             seq: self.seq.unwrap_or(d.seq),
             image_size: self.image_size.unwrap_or(d.image_size),
             new_tokens: self.new_tokens.unwrap_or(d.new_tokens),
-            dtype: pick(&self.dtype, "dtype", choices::DTYPES)?.unwrap_or(d.dtype),
+            dtype: pick(&self.dtype, "dtype", choices::DTYPES)?.unwrap_or(default_dtype),
             amp: pick(&self.amp, "amp dtype", choices::DTYPES)?,
             optimizer: pick(&self.optimizer, "optimizer", choices::OPTIMIZERS)?
                 .unwrap_or(d.optimizer),
@@ -123,20 +208,19 @@ impl Settings {
                 choices::OPTIMIZER_IMPLS,
             )?
             .unwrap_or(match target {
-                Target::Gpu => OptimizerImpl::Foreach,
+                Target::Gpu => d.optimizer_impl,
                 Target::Cpu => OptimizerImpl::ForLoop,
             }),
-            grad_accum: self.grad_accum.unwrap_or(1),
+            grad_accum: self.grad_accum.unwrap_or(d.grad_accum),
             keep_grads: self.keep_grads,
             checkpointing,
-            attention: pick(&self.attn, "attention", choices::ATTENTIONS)?
-                .unwrap_or(Attention::Sdpa),
+            attention: pick(&self.attn, "attention", choices::ATTENTIONS)?.unwrap_or(d.attention),
             lora,
             layout: Layout {
-                gpus: self.gpus.unwrap_or(1),
-                nodes: self.nodes.unwrap_or(1),
-                tp: self.tp.unwrap_or(1),
-                pp: self.pp.unwrap_or(1),
+                gpus: self.gpus.unwrap_or(d.layout.gpus),
+                nodes: self.nodes.unwrap_or(d.layout.nodes),
+                tp: self.tp.unwrap_or(d.layout.tp),
+                pp: self.pp.unwrap_or(d.layout.pp),
                 sp: self.sp,
                 sharding,
                 offload: self.offload,
@@ -145,5 +229,149 @@ impl Settings {
         };
         workload.validate()?;
         Ok(workload)
+    }
+
+    /// The flags given that `mode` or `model` ignores, each with the reason.
+    fn ignored(&self, model: &ModelSpec, mode: Mode) -> Vec<Warning> {
+        let mode_name = choices::name(choices::MODES, mode).unwrap_or("?");
+        let no_training = format!("{mode_name} mode has no backward pass and no optimizer step");
+        let no_sharding = format!(
+            "ZeRO, FSDP and offloading are planned for training; in {mode_name} mode every GPU \
+             keeps the weights (its tensor-parallel share)"
+        );
+        let inference = mode != Mode::Train;
+        let tokens = format!(
+            "{} reads tokens, not images: its input is --seq",
+            model.name
+        );
+        let images = format!(
+            "{} reads images, not tokens: its input is --image-size",
+            model.name
+        );
+        let given = [
+            (
+                "--optimizer",
+                inference && self.optimizer.is_some(),
+                &no_training,
+            ),
+            (
+                "--optimizer-impl",
+                inference && self.optimizer_impl.is_some(),
+                &no_training,
+            ),
+            ("--grad-ckpt", inference && self.grad_ckpt, &no_training),
+            (
+                "--grad-ckpt-selective",
+                inference && self.grad_ckpt_selective,
+                &no_training,
+            ),
+            (
+                "--grad-accum",
+                inference && self.grad_accum.is_some(),
+                &no_training,
+            ),
+            ("--keep-grads", inference && self.keep_grads, &no_training),
+            ("--zero", inference && self.zero.is_some(), &no_sharding),
+            ("--fsdp", inference && self.fsdp, &no_sharding),
+            ("--offload", inference && self.offload, &no_sharding),
+            (
+                "--seq",
+                !model.reads_tokens() && self.seq.is_some(),
+                &images,
+            ),
+            (
+                "--image-size",
+                model.reads_tokens() && self.image_size.is_some(),
+                &tokens,
+            ),
+        ];
+        let mut warnings: Vec<Warning> = given
+            .into_iter()
+            .filter(|(_, ignored, _)| *ignored)
+            .map(|(flag, _, reason)| Warning::Ignored {
+                flag,
+                reason: reason.clone(),
+            })
+            .collect();
+        if mode != Mode::Generate && self.new_tokens.is_some() {
+            warnings.push(Warning::Ignored {
+                flag: "--new-tokens",
+                reason: format!("only generate mode produces new tokens, not {mode_name}"),
+            });
+        }
+        warnings
+    }
+}
+
+#[cfg(all(test, feature = "clap"))]
+mod tests {
+    use super::*;
+    use clap::Args;
+
+    /// The name a choice table gives `value` (its first spelling).
+    fn name<T: PartialEq>(table: &[(&'static str, T)], value: T) -> &'static str {
+        table
+            .iter()
+            .find(|(_, v)| *v == value)
+            .map(|(n, _)| *n)
+            .unwrap()
+    }
+
+    /// Every flag that takes a value shows its default in `--help`, and the default shown is the
+    /// one `to_workload` applies (so the help cannot drift from `Workload::default()`).
+    #[test]
+    fn help_shows_the_defaults_to_workload_applies() {
+        let command = Settings::augment_args(clap::Command::new("plan"));
+        let help = |id: &str| {
+            command
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_help())
+                .map(|h| h.to_string())
+                .unwrap_or_default()
+        };
+        for arg in command.get_arguments() {
+            if arg.get_action().takes_values() {
+                let text = help(arg.get_id().as_str());
+                assert!(text.contains("[default: "), "--{}: {text}", arg.get_id());
+            }
+        }
+        let d = Workload::default();
+        let shown = [
+            ("mode", name(choices::MODES, d.mode).to_string()),
+            ("batch", d.batch.to_string()),
+            ("seq", d.seq.to_string()),
+            ("image_size", d.image_size.to_string()),
+            ("new_tokens", d.new_tokens.to_string()),
+            ("dtype", name(choices::DTYPES, d.dtype).to_string()),
+            (
+                "optimizer",
+                name(choices::OPTIMIZERS, d.optimizer).to_string(),
+            ),
+            (
+                "optimizer_impl",
+                name(choices::OPTIMIZER_IMPLS, d.optimizer_impl).to_string(),
+            ),
+            ("attn", name(choices::ATTENTIONS, d.attention).to_string()),
+            ("grad_accum", d.grad_accum.to_string()),
+            ("gpus", d.layout.gpus.to_string()),
+            ("nodes", d.layout.nodes.to_string()),
+            (
+                "zero",
+                name(choices::ZERO_STAGES, d.layout.sharding).to_string(),
+            ),
+            ("tp", d.layout.tp.to_string()),
+            ("pp", d.layout.pp.to_string()),
+            ("lora_rank", DEFAULT_LORA_RANK.to_string()),
+            ("amp", "none".to_string()),
+        ];
+        assert_eq!(d.amp, None);
+        for (id, value) in shown {
+            assert!(
+                help(id).contains(&format!("[default: {value}")),
+                "--{id}: {}",
+                help(id)
+            );
+        }
     }
 }

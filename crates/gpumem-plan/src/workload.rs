@@ -106,6 +106,19 @@ pub enum Sharding {
     Fsdp,
 }
 
+impl Sharding {
+    /// The flag that asks for it: `--zero N`, or `--fsdp`.
+    pub fn flag(self) -> String {
+        match self {
+            Sharding::Fsdp => "--fsdp".into(),
+            stage => format!(
+                "--zero {}",
+                choices::name(choices::ZERO_STAGES, stage).unwrap_or("?")
+            ),
+        }
+    }
+}
+
 /// Where the tensors live; the CPU target reproduces PyTorch-on-CPU validation measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -246,7 +259,17 @@ impl Workload {
         self.amp.unwrap_or(self.dtype)
     }
 
-    /// Rejects nonsense sizes and layouts with a typed error.
+    /// Positions one sequence occupies in the model: the prompt, and when generating every new
+    /// token but the last (which is never fed back).
+    pub fn tokens(&self) -> u64 {
+        match self.mode {
+            Mode::Generate => self.seq.saturating_add(self.new_tokens).saturating_sub(1),
+            Mode::Train | Mode::Infer => self.seq,
+        }
+    }
+
+    /// Rejects nonsense sizes and layouts, and flash attention in fp32, with a typed error (the
+    /// checks that need the model are in [`crate::checks::check`]).
     pub fn validate(&self) -> Result<()> {
         let sizes = [
             ("batch", self.batch),
@@ -288,6 +311,15 @@ impl Workload {
                 "fp32",
                 "autocast dtype must be bf16 or fp16".into(),
             ));
+        }
+        if self.attention == Attention::Flash && self.compute_dtype() == Dtype::Fp32 {
+            return Err(PlanError::Conflict {
+                first: "--attn flash".into(),
+                second: "fp32 compute (--dtype fp32 without --amp)".into(),
+                reason: "FlashAttention-2 computes in fp16 or bf16 only; add --amp bf16 (or \
+                         fp16), use --dtype bf16, or --attn sdpa"
+                    .into(),
+            });
         }
         Ok(())
     }
@@ -360,6 +392,11 @@ pub mod choices {
         ("2", Sharding::Zero2),
         ("3", Sharding::Zero3),
     ];
+
+    /// The first name `table` gives `value`, as typed on the command line.
+    pub fn name<T: PartialEq>(table: &[(&'static str, T)], value: T) -> Option<&'static str> {
+        table.iter().find(|(_, v)| *v == value).map(|(n, _)| *n)
+    }
 
     /// Parses a choice from `table`, with a typed error naming the accepted values.
     pub fn parse<T: Clone>(kind: &'static str, given: &str, table: &[(&str, T)]) -> Result<T> {

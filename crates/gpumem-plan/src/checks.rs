@@ -1,0 +1,134 @@
+//! A workload checked against its model. What no real run can do is an error naming the setting
+//! and what is accepted; what a run would do but probably not as meant is a [`Warning`] that
+//! travels with the estimate.
+
+use crate::error::{PlanError, Result};
+use crate::model::{Architecture, ModelSpec, TransformerSpec};
+use crate::warning::Warning;
+use crate::workload::{Dtype, Mode, Sharding, Workload};
+
+/// Checks `workload` on `model`: [`Workload::validate`], then the settings the model decides.
+/// Errors: tensor parallelism not dividing the heads, more tokens than a learned position table,
+/// LoRA on a CNN or wider than the model, more pipeline stages than blocks. Warnings: sharding
+/// over one data-parallel rank, autocast to the other 16-bit type, tokens past the trained
+/// rotary positions.
+pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
+    workload.validate()?;
+    let mut warnings = Vec::new();
+    match &model.arch {
+        Architecture::Transformer(t) => {
+            check_tensor_parallel(model, t, workload.layout.tp)?;
+            check_lora_rank(model, t, workload)?;
+            check_positions(model, t, workload, &mut warnings)?;
+        }
+        Architecture::Resnet(_) if workload.lora.is_some() => {
+            return Err(PlanError::InvalidValue {
+                name: "lora-rank".into(),
+                value: model.name.clone(),
+                reason: "LoRA is modelled for transformers only".into(),
+            });
+        }
+        Architecture::Resnet(_) => {}
+    }
+    let layout = &workload.layout;
+    if layout.pp > model.blocks() {
+        return Err(PlanError::InvalidValue {
+            name: "pp".into(),
+            value: layout.pp.to_string(),
+            reason: format!(
+                "must be at most the {} blocks of {}: each pipeline stage holds whole blocks",
+                model.blocks(),
+                model.name
+            ),
+        });
+    }
+    let sharded = layout.sharding != Sharding::None;
+    // Offloading moves the states off the GPU even on one rank (ZeRO-Offload), so it saves.
+    if workload.mode == Mode::Train && sharded && layout.dp() == 1 && !layout.offload {
+        warnings.push(Warning::ShardingOverOneRank {
+            sharding: layout.sharding,
+        });
+    }
+    if let Some(amp) = workload.amp {
+        if workload.dtype != Dtype::Fp32 && amp != workload.dtype {
+            warnings.push(Warning::MixedHalfTypes {
+                dtype: workload.dtype,
+                amp,
+            });
+        }
+    }
+    Ok(warnings)
+}
+
+/// Each tensor-parallel rank holds whole attention heads, so `tp` must divide them.
+fn check_tensor_parallel(model: &ModelSpec, t: &TransformerSpec, tp: u64) -> Result<()> {
+    if t.heads.is_multiple_of(tp) {
+        return Ok(());
+    }
+    let divisors: Vec<String> = (1..=t.heads)
+        .filter(|d| t.heads.is_multiple_of(*d))
+        .map(|d| d.to_string())
+        .collect();
+    Err(PlanError::InvalidValue {
+        name: "tp".into(),
+        value: tp.to_string(),
+        reason: format!(
+            "must divide the {} attention heads of {} (each GPU holds whole heads); accepted: {}",
+            t.heads,
+            model.name,
+            divisors.join(", ")
+        ),
+    })
+}
+
+/// A LoRA rank above the model width adds more parameters than the matrices it adapts.
+fn check_lora_rank(model: &ModelSpec, t: &TransformerSpec, workload: &Workload) -> Result<()> {
+    match workload.lora {
+        Some(lora) if lora.rank > t.hidden => Err(PlanError::InvalidValue {
+            name: "lora-rank".into(),
+            value: lora.rank.to_string(),
+            reason: format!(
+                "must be at most the hidden size {} of {}: a wider adapter has more parameters \
+                 than the matrix it adapts",
+                t.hidden, model.name
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Tokens beyond a learned position table cannot be embedded (error); beyond the trained length
+/// of rotary positions they run, with degraded quality (warning).
+fn check_positions(
+    model: &ModelSpec,
+    t: &TransformerSpec,
+    workload: &Workload,
+    warnings: &mut Vec<Warning>,
+) -> Result<()> {
+    let (Some(positions), true) = (t.max_positions, model.reads_tokens()) else {
+        return Ok(());
+    };
+    let tokens = workload.tokens();
+    if tokens <= positions {
+        return Ok(());
+    }
+    if model.token_limit().is_none() {
+        warnings.push(Warning::PastTrainedPositions { tokens, positions });
+        return Ok(());
+    }
+    let (name, limit) = match workload.mode {
+        Mode::Generate => (
+            "seq + new-tokens - 1",
+            "the prompt and every generated token but the last must fit in them",
+        ),
+        Mode::Train | Mode::Infer => ("seq", "at most that many tokens per sequence"),
+    };
+    Err(PlanError::InvalidValue {
+        name: name.into(),
+        value: tokens.to_string(),
+        reason: format!(
+            "{} has {positions} learned positions (max_position_embeddings): {limit}",
+            model.name
+        ),
+    })
+}

@@ -1,0 +1,123 @@
+//! Bounds on model dimensions. A config.json is user input: without bounds, 10⁹ layers make the
+//! estimator build 10⁹ units (an estimate is linear in layers) and 10¹⁸ hidden overflows the
+//! parameter counts. Each bound is far above any published model, and together with
+//! [`MAX_PARAMETERS`] they keep every count within `u64` and every estimate fast.
+
+use crate::error::{PlanError, Result};
+use crate::model::{Head, TransformerSpec};
+use crate::workload::MAX_SIZE;
+
+/// An upper bound on one kind of config dimension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    /// Largest accepted value.
+    pub max: u64,
+    /// What it bounds, for the error message.
+    pub what: &'static str,
+}
+
+/// Blocks per stack (≤ 10⁴; the deepest published transformers have ~200).
+pub const LAYERS: Bound = Bound {
+    max: 10_000,
+    what: "blocks per stack",
+};
+/// Widths: hidden size, MLP width, heads, head width, channels (≤ 10⁶; published: ≤ ~60 000).
+pub const WIDTH: Bound = Bound {
+    max: 1_000_000,
+    what: "widths",
+};
+/// Tables: vocabulary, labels, token types, position buckets (≤ 10⁷; published: ≤ ~260 000).
+pub const VOCAB: Bound = Bound {
+    max: 10_000_000,
+    what: "table sizes",
+};
+/// Experts per MoE layer (≤ 10⁴; published: ≤ ~400).
+pub const EXPERTS: Bound = Bound {
+    max: 10_000,
+    what: "experts per layer",
+};
+/// Positions and image sides: the workload's own bound on sequence length and image size.
+pub const POSITIONS: Bound = Bound {
+    max: MAX_SIZE,
+    what: "positions and image sides",
+};
+
+/// Most parameters a model may have (10¹⁵; the largest published models have ~2·10¹²).
+pub const MAX_PARAMETERS: u64 = 1_000_000_000_000_000;
+
+impl Bound {
+    /// `value` if it is between 1 and the bound, else a typed error naming `field` and the range.
+    pub fn check(self, field: &str, value: u64) -> Result<u64> {
+        if (1..=self.max).contains(&value) {
+            Ok(value)
+        } else {
+            Err(PlanError::InvalidValue {
+                name: field.to_string(),
+                value: value.to_string(),
+                reason: format!(
+                    "must be between 1 and {} (the planner's bound on {}, far above any real model)",
+                    self.max, self.what
+                ),
+            })
+        }
+    }
+}
+
+/// An upper bound on the parameters of `t`, in `u128` so that no product overflows (every factor
+/// is already within the bounds above): each matrix of a block is at most `w × w` for the widest
+/// dimension `w`, each table at most `rows × w`.
+fn parameter_bound(t: &TransformerSpec) -> u128 {
+    let wide = |x: u64| u128::from(x);
+    let query = wide(t.heads) * wide(t.head_dim);
+    let kv = wide(t.kv_heads) * wide(t.head_dim);
+    let w = [
+        wide(t.hidden),
+        query,
+        kv,
+        wide(t.intermediate),
+        wide(t.embed_projection),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(1);
+    // Self- and cross-attention (8 matrices), 3 MLP matrices and a router row per expert, norms.
+    let per_block = (24 + 8 * wide(t.experts)) * w * w;
+    let labels = match t.head {
+        Head::SequenceClassification { labels } => labels,
+        Head::ImageClassification { classes } => classes,
+        _ => 0,
+    };
+    let rows = wide(t.vocab)
+        + wide(t.learned_positions)
+        + wide(t.token_types)
+        + wide(t.embed_projection)
+        + wide(labels)
+        + w
+        + 8;
+    let patches = t.patches.map_or(0, |p| {
+        let per_side = wide(p.image_size / p.patch);
+        wide(p.channels) * wide(p.patch) * wide(p.patch) + per_side * per_side + 3
+    });
+    wide(t.layers + t.encoder_layers) * per_block
+        + 4 * rows * w
+        + patches * w
+        + 2 * wide(t.relative_attention_buckets) * wide(t.heads)
+}
+
+/// Rejects a transformer whose dimensions, each within its bound, multiply to more than
+/// [`MAX_PARAMETERS`] (checked on an upper bound of the count, so the exact count fits too).
+pub fn check_parameters(t: &TransformerSpec) -> Result<()> {
+    let bound = parameter_bound(t);
+    if bound > u128::from(MAX_PARAMETERS) {
+        return Err(PlanError::InvalidValue {
+            name: "model size".into(),
+            value: format!("up to {bound} parameters"),
+            reason: format!(
+                "layers × widths² × experts and vocabulary × width exceed the planner's bound of \
+                 {MAX_PARAMETERS} parameters; check num_hidden_layers, hidden_size, \
+                 intermediate_size, num_local_experts and vocab_size"
+            ),
+        });
+    }
+    Ok(())
+}

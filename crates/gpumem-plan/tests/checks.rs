@@ -1,0 +1,506 @@
+//! Arguments users get wrong: what no real run can do is a typed error naming the setting and
+//! what is accepted; what a run would do but probably not as meant is a warning in the result.
+
+use gpumem_plan::estimate::MAX_BYTES;
+use gpumem_plan::limits;
+use gpumem_plan::{
+    advise, estimate, find_model, fit, parse_config, Dtype, Estimate, FitTarget, ModelSpec,
+    Overheads, PlanError, Settings, Sharding, Warning,
+};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn model(name: &str) -> ModelSpec {
+    find_model(name).unwrap()
+}
+
+fn plan(model: &ModelSpec, settings: Settings) -> gpumem_plan::Result<Estimate> {
+    estimate(model, &settings.to_workload()?, &Overheads::default())
+}
+
+/// The setting an `InvalidValue` error names, and its message.
+fn invalid(result: gpumem_plan::Result<Estimate>) -> (String, String) {
+    let err = result.expect_err("an error");
+    match &err {
+        PlanError::InvalidValue { name, .. } => (name.clone(), err.to_string()),
+        other => panic!("expected InvalidValue, got {other:?}"),
+    }
+}
+
+#[test]
+fn tensor_parallel_must_divide_the_heads() {
+    let gpt2 = model("gpt2");
+    let (name, message) = invalid(plan(
+        &gpt2,
+        Settings {
+            tp: Some(5),
+            gpus: Some(5),
+            ..Settings::default()
+        },
+    ));
+    assert_eq!(name, "tp");
+    assert!(
+        message.contains("12 attention heads") && message.contains("accepted: 1, 2, 3, 4, 6, 12"),
+        "{message}"
+    );
+    let four = Settings {
+        tp: Some(4),
+        gpus: Some(4),
+        ..Settings::default()
+    };
+    assert!(plan(&gpt2, four).is_ok());
+}
+
+#[test]
+fn zero_with_fsdp_is_a_conflict() {
+    let err = Settings {
+        zero: Some("2".into()),
+        fsdp: true,
+        gpus: Some(4),
+        ..Settings::default()
+    }
+    .to_workload()
+    .unwrap_err();
+    let PlanError::Conflict { first, second, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!((first.as_str(), second.as_str()), ("--zero 2", "--fsdp"));
+    assert!(err.to_string().contains("keep one"), "{err}");
+    let zero_stage_0 = Settings {
+        zero: Some("0".into()),
+        fsdp: true,
+        gpus: Some(4),
+        ..Settings::default()
+    };
+    assert_eq!(
+        zero_stage_0.to_workload().unwrap().layout.sharding,
+        Sharding::Fsdp
+    );
+}
+
+#[test]
+fn flash_attention_needs_half_precision() {
+    let flash = |dtype: Option<&str>, amp: Option<&str>| Settings {
+        attn: Some("flash".into()),
+        dtype: dtype.map(Into::into),
+        amp: amp.map(Into::into),
+        ..Settings::default()
+    };
+    let err = flash(None, None).to_workload().unwrap_err();
+    assert!(
+        matches!(&err, PlanError::Conflict { first, .. } if first == "--attn flash"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("--amp bf16"), "{err}");
+    assert!(flash(None, Some("bf16")).to_workload().is_ok());
+    assert!(flash(Some("bf16"), None).to_workload().is_ok());
+    // Inference of a bf16 checkpoint computes in bf16 by default: flash is fine there.
+    let infer = Settings {
+        mode: Some("infer".into()),
+        ..flash(None, None)
+    };
+    assert!(infer.resolve(&model("llama-3-8b")).is_ok());
+}
+
+#[test]
+fn sharding_over_one_rank_warns() {
+    let gpt2 = model("gpt2");
+    let warnings = |settings: Settings| plan(&gpt2, settings).unwrap().warnings;
+    let zero2 = |gpus: u64, offload: bool| Settings {
+        zero: Some("2".into()),
+        gpus: Some(gpus),
+        offload,
+        ..Settings::default()
+    };
+    assert_eq!(
+        warnings(zero2(1, false)),
+        [Warning::ShardingOverOneRank {
+            sharding: Sharding::Zero2
+        }]
+    );
+    assert!(warnings(zero2(1, false))[0]
+        .to_string()
+        .contains("saves no memory"));
+    assert!(warnings(zero2(2, false)).is_empty());
+    // ZeRO-Offload on one GPU does save: the states leave the GPU.
+    assert!(warnings(zero2(1, true)).is_empty());
+    let fsdp_over_tp = Settings {
+        fsdp: true,
+        tp: Some(2),
+        gpus: Some(2),
+        ..Settings::default()
+    };
+    assert_eq!(
+        warnings(fsdp_over_tp),
+        [Warning::ShardingOverOneRank {
+            sharding: Sharding::Fsdp
+        }]
+    );
+}
+
+#[test]
+fn autocast_to_the_other_half_type_warns() {
+    let gpt2 = model("gpt2");
+    let warnings = |dtype: &str, amp: &str| {
+        plan(
+            &gpt2,
+            Settings {
+                dtype: Some(dtype.into()),
+                amp: Some(amp.into()),
+                ..Settings::default()
+            },
+        )
+        .unwrap()
+        .warnings
+    };
+    let mixed = warnings("bf16", "fp16");
+    assert_eq!(
+        mixed,
+        [Warning::MixedHalfTypes {
+            dtype: Dtype::Bf16,
+            amp: Dtype::Fp16
+        }]
+    );
+    assert!(
+        mixed[0].to_string().contains("use --amp bf16"),
+        "{}",
+        mixed[0]
+    );
+    assert!(warnings("bf16", "bf16").is_empty());
+    assert!(warnings("fp32", "fp16").is_empty());
+}
+
+/// The flags of the warnings in `warnings` that say a flag is ignored.
+fn ignored(warnings: &[Warning]) -> Vec<&'static str> {
+    warnings
+        .iter()
+        .filter_map(|w| match w {
+            Warning::Ignored { flag, .. } => Some(*flag),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn training_flags_in_inference_warn() {
+    let llama = model("llama-3-8b");
+    let settings = |mode: &str| Settings {
+        mode: Some(mode.into()),
+        optimizer: Some("sgd".into()),
+        optimizer_impl: Some("fused".into()),
+        grad_ckpt: true,
+        grad_accum: Some(4),
+        keep_grads: true,
+        zero: Some("3".into()),
+        gpus: Some(8),
+        offload: true,
+        ..Settings::default()
+    };
+    let resolved = settings("infer").resolve(&llama).unwrap();
+    assert_eq!(
+        ignored(&resolved.warnings),
+        [
+            "--optimizer",
+            "--optimizer-impl",
+            "--grad-ckpt",
+            "--grad-accum",
+            "--keep-grads",
+            "--zero",
+            "--offload"
+        ]
+    );
+    assert!(resolved.warnings[0].to_string().contains("infer mode"));
+    assert!(settings("train")
+        .resolve(&llama)
+        .unwrap()
+        .warnings
+        .is_empty());
+    let new_tokens = Settings {
+        new_tokens: Some(64),
+        ..Settings::default()
+    };
+    assert_eq!(
+        ignored(&new_tokens.resolve(&llama).unwrap().warnings),
+        ["--new-tokens"]
+    );
+}
+
+#[test]
+fn seq_on_a_cnn_warns() {
+    let seq = Settings {
+        seq: Some(128),
+        ..Settings::default()
+    };
+    for name in ["resnet50", "vit-base"] {
+        let warnings = seq.resolve(&model(name)).unwrap().warnings;
+        assert_eq!(ignored(&warnings), ["--seq"], "{name}");
+        assert!(warnings[0].to_string().contains("--image-size"), "{name}");
+    }
+    assert!(seq.resolve(&model("gpt2")).unwrap().warnings.is_empty());
+    let image = Settings {
+        image_size: Some(384),
+        ..Settings::default()
+    };
+    assert_eq!(
+        ignored(&image.resolve(&model("gpt2")).unwrap().warnings),
+        ["--image-size"]
+    );
+    assert!(image
+        .resolve(&model("resnet50"))
+        .unwrap()
+        .warnings
+        .is_empty());
+}
+
+fn tokens(mode: &str, seq: u64, new_tokens: u64) -> Settings {
+    Settings {
+        mode: Some(mode.into()),
+        seq: Some(seq),
+        new_tokens: Some(new_tokens),
+        dtype: Some("bf16".into()),
+        ..Settings::default()
+    }
+}
+
+#[test]
+fn tokens_beyond_learned_positions_are_errors() {
+    for (name, positions) in [
+        ("gpt2", 1024),
+        ("bert-base", 512),
+        ("roberta-base", 512),
+        ("opt-125m", 2048),
+    ] {
+        let m = model(name);
+        assert!(plan(&m, tokens("infer", positions, 1)).is_ok(), "{name}");
+        let (setting, message) = invalid(plan(&m, tokens("infer", positions + 1, 1)));
+        assert_eq!(setting, "seq", "{name}");
+        assert!(
+            message.contains(&format!("{positions} learned positions")),
+            "{message}"
+        );
+    }
+    let gpt2 = model("gpt2");
+    // The last generated token is never fed back: 1000 + 25 - 1 = 1024 positions fit.
+    assert!(plan(&gpt2, tokens("generate", 1000, 25)).is_ok());
+    let (setting, _) = invalid(plan(&gpt2, tokens("generate", 1000, 26)));
+    assert_eq!(setting, "seq + new-tokens - 1");
+}
+
+#[test]
+fn tokens_beyond_rotary_positions_warn() {
+    let llama = model("llama-3-8b");
+    let warnings = plan(&llama, tokens("train", 9000, 1)).unwrap().warnings;
+    assert_eq!(
+        warnings,
+        [Warning::PastTrainedPositions {
+            tokens: 9000,
+            positions: 8192
+        }]
+    );
+    assert!(warnings[0].to_string().contains("RoPE scaling"));
+    assert!(plan(&llama, tokens("train", 8192, 1))
+        .unwrap()
+        .warnings
+        .is_empty());
+    // T5's relative positions have no limit.
+    assert!(plan(&model("t5-small"), tokens("train", 4096, 1))
+        .unwrap()
+        .warnings
+        .is_empty());
+}
+
+#[test]
+fn inference_defaults_to_the_config_torch_dtype() {
+    let mode = |mode: &str| Settings {
+        mode: Some(mode.into()),
+        ..Settings::default()
+    };
+    let dtype =
+        |settings: Settings, model: &ModelSpec| settings.resolve(model).unwrap().workload.dtype;
+    let llama = model("llama-3-8b");
+    assert_eq!(llama.torch_dtype, Some(Dtype::Bf16));
+    assert_eq!(dtype(mode("infer"), &llama), Dtype::Bf16);
+    assert_eq!(dtype(mode("generate"), &model("llama-2-7b")), Dtype::Fp16);
+    // Training keeps fp32 unless asked; an explicit dtype always wins.
+    assert_eq!(dtype(mode("train"), &llama), Dtype::Fp32);
+    let fp32 = Settings {
+        dtype: Some("fp32".into()),
+        ..mode("infer")
+    };
+    assert_eq!(dtype(fp32, &llama), Dtype::Fp32);
+    // A config without torch_dtype, and the model-less conversion: fp32.
+    assert_eq!(dtype(mode("infer"), &model("gpt2")), Dtype::Fp32);
+    assert_eq!(mode("infer").to_workload().unwrap().dtype, Dtype::Fp32);
+    for key in ["torch_dtype", "dtype"] {
+        let config = format!(
+            r#"{{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "vocab_size": 100, "{key}": "float16"}}"#
+        );
+        let m = parse_config("x.json", &config).unwrap();
+        assert_eq!(dtype(mode("infer"), &m), Dtype::Fp16, "{key}");
+    }
+}
+
+/// Runs `f` on another thread and fails if it takes longer than `seconds` (a hang fails the test).
+fn within<T: Send + 'static>(seconds: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (send, receive) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = send.send(f());
+    });
+    receive
+        .recv_timeout(Duration::from_secs(seconds))
+        .expect("finished in time (no hang)")
+}
+
+#[test]
+fn absurd_config_dimensions_are_errors_quickly() {
+    let llama = |field: &str, value: &str| {
+        format!(
+            r#"{{"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+                 "num_attention_heads": 32, "vocab_size": 32000, "{field}": {value}}}"#
+        )
+    };
+    let cases = [
+        (llama("num_hidden_layers", "1000000000"), "num_hidden_layers", "10000"),
+        (llama("hidden_size", "1000000000000000000"), "hidden_size", "1000000"),
+        (llama("vocab_size", "100000000000"), "vocab_size", "10000000"),
+        (llama("intermediate_size", "1000000000000000"), "intermediate_size", "1000000"),
+        (llama("max_position_embeddings", "1000000000000"), "max_position_embeddings", "16777216"),
+        (
+            r#"{"model_type": "mixtral", "hidden_size": 1000000, "intermediate_size": 1000000,
+                "num_hidden_layers": 10000, "num_attention_heads": 1000, "vocab_size": 10000000,
+                "num_local_experts": 10000}"#
+                .to_string(),
+            "model size",
+            "1000000000000000 parameters",
+        ),
+        (
+            r#"{"model_type": "resnet", "depths": [3, 4, 1000000000, 3]}"#.to_string(),
+            "depths",
+            "10000",
+        ),
+        (
+            r#"{"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "vocab_size": 100, "max_position_embeddings": 512,
+                "architectures": ["BertForSequenceClassification"], "num_labels": 1000000000000}"#
+                .to_string(),
+            "num_labels",
+            "10000000",
+        ),
+    ];
+    for (config, field, bound) in cases {
+        let result = within(20, move || {
+            let m = parse_config("absurd.json", &config)?;
+            estimate(
+                &m,
+                &Settings::default().to_workload()?,
+                &Overheads::default(),
+            )
+        });
+        let (name, message) = invalid(result);
+        assert_eq!(name, field);
+        assert!(message.contains(bound), "{message}");
+    }
+    assert_eq!(limits::LAYERS.max, 10_000);
+}
+
+#[test]
+fn the_deepest_accepted_model_estimates_without_hanging() {
+    let config = r#"{"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 10000,
+                     "num_attention_heads": 8, "vocab_size": 32000}"#;
+    let m = parse_config("deep.json", config).unwrap();
+    let e = within(60, move || {
+        let w = Settings::default().to_workload().unwrap();
+        estimate(&m, &w, &Overheads::default()).unwrap()
+    });
+    assert!(e.total_params > 100_000_000_000);
+}
+
+#[test]
+fn absurd_workloads_saturate_instead_of_overflowing() {
+    let e = plan(
+        &model("llama-3-8b"),
+        Settings {
+            seq: Some(1 << 24),
+            batch: Some(1 << 24),
+            attn: Some("eager".into()),
+            ..Settings::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(e.breakdown.activations, MAX_BYTES, "{:?}", e.breakdown);
+    assert!(e.peak_total_bytes > e.peak_allocated_bytes);
+}
+
+#[test]
+fn lora_wider_than_the_model_and_more_stages_than_blocks_are_errors() {
+    let gpt2 = model("gpt2");
+    let (name, message) = invalid(plan(
+        &gpt2,
+        Settings {
+            lora_rank: Some(1000),
+            ..Settings::default()
+        },
+    ));
+    assert_eq!(name, "lora-rank");
+    assert!(message.contains("hidden size 768"), "{message}");
+    let (name, message) = invalid(plan(
+        &gpt2,
+        Settings {
+            pp: Some(13),
+            gpus: Some(13),
+            ..Settings::default()
+        },
+    ));
+    assert_eq!(name, "pp");
+    assert!(message.contains("12 blocks"), "{message}");
+}
+
+#[test]
+fn advice_leaves_out_changes_the_model_cannot_run() {
+    // Width 8: a rank-16 adapter is wider than the model, so LoRA is no advice.
+    let tiny = parse_config(
+        "tiny.json",
+        r#"{"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "vocab_size": 100}"#,
+    )
+    .unwrap();
+    let workload = Settings::default().to_workload().unwrap();
+    let advice = advise(&tiny, &workload, &Overheads::default(), None).unwrap();
+    assert!(!advice.is_empty());
+    assert!(
+        advice.iter().all(|s| !s.change.contains("lora")),
+        "{advice:?}"
+    );
+}
+
+#[test]
+fn fitting_a_sequence_stops_at_the_learned_positions() {
+    let gpt2 = model("gpt2");
+    let fitted = |mode: &str| {
+        let workload = tokens(mode, 128, 100).to_workload().unwrap();
+        let f = fit(
+            &gpt2,
+            &workload,
+            &Overheads::default(),
+            FitTarget::Seq,
+            80 << 30,
+            0.1,
+            None,
+        )
+        .unwrap();
+        f.value
+    };
+    assert_eq!(fitted("train"), 1024);
+    assert_eq!(fitted("generate"), 1024 - 99);
+}
+
+#[test]
+fn warnings_serialise_with_kind_and_message() {
+    let w = Warning::ShardingOverOneRank {
+        sharding: Sharding::Zero3,
+    };
+    let json = serde_json::to_value(&w).unwrap();
+    assert_eq!(json["kind"], "sharding_over_one_rank");
+    assert!(json["message"].as_str().unwrap().starts_with("--zero 3 "));
+}
