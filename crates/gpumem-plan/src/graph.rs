@@ -43,7 +43,7 @@ pub const ACCUMULATION_COPIES: f64 = 2.0;
 
 /// Bytes per element for the tensors of a workload.
 #[derive(Debug, Clone, Copy)]
-struct Bytes {
+struct ElementSizes {
     /// Activations computed by matmuls (the autocast dtype under AMP).
     act: f64,
     /// The residual stream and norm outputs (fp32 under autocast with fp32 weights).
@@ -52,11 +52,11 @@ struct Bytes {
     autocast: bool,
 }
 
-impl Bytes {
+impl ElementSizes {
     fn of(workload: &Workload) -> Self {
         let act = workload.compute_dtype().bytes() as f64;
         let residual = workload.dtype.bytes() as f64;
-        Bytes {
+        ElementSizes {
             act,
             residual,
             autocast: workload.amp.is_some() && residual != act,
@@ -121,7 +121,7 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
 struct TransformerGraph<'a> {
     spec: &'a TransformerSpec,
     workload: &'a Workload,
-    bytes: Bytes,
+    bytes: ElementSizes,
     split: Split,
     batch: f64,
     training: bool,
@@ -133,7 +133,7 @@ impl<'a> TransformerGraph<'a> {
         TransformerGraph {
             spec,
             workload,
-            bytes: Bytes::of(workload),
+            bytes: ElementSizes::of(workload),
             split: Split {
                 tp,
                 sequence: if workload.layout.sp { tp } else { 1.0 },

@@ -35,7 +35,7 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
             spellings: vec!["model_type"],
         })?
         .to_string();
-    let fields = Fields {
+    let fields = ConfigFields {
         json,
         model_type: model_type.clone(),
     };
@@ -65,12 +65,12 @@ fn unsupported(model_type: &str) -> PlanError {
     }
 }
 
-struct Fields<'a> {
+struct ConfigFields<'a> {
     json: &'a Value,
     model_type: String,
 }
 
-impl Fields<'_> {
+impl ConfigFields<'_> {
     fn find(&self, spellings: &[&str]) -> Option<&Value> {
         spellings
             .iter()
@@ -97,7 +97,7 @@ impl Fields<'_> {
         }
     }
 
-    /// Like [`Fields::optional_u64`], but absence is a [`PlanError::MissingField`].
+    /// Like [`ConfigFields::optional_u64`], but absence is a [`PlanError::MissingField`].
     fn required_u64(
         &self,
         field: &'static str,

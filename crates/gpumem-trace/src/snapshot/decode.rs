@@ -82,12 +82,12 @@ fn string<'v>(value: &'v Value, path: &Path<'_>) -> Result<&'v str, ReadError> {
 }
 
 /// The fields of one dict, looked up by key (the last entry for a key wins, as in Python).
-struct Fields<'v, 'p> {
+struct DictFields<'v, 'p> {
     entries: Ref<'v, Vec<(Value, Value)>>,
     path: &'p Path<'p>,
 }
 
-impl<'v, 'p> Fields<'v, 'p> {
+impl<'v, 'p> DictFields<'v, 'p> {
     fn of(value: &'v Value, path: &'p Path<'p>) -> Result<Self, ReadError> {
         Ok(Self {
             entries: dict(value, path)?,
@@ -152,7 +152,7 @@ impl<'v, 'p> Fields<'v, 'p> {
 
 /// Reads a snapshot from a decoded document.
 pub(super) fn snapshot(root: &Value) -> Result<Snapshot, ReadError> {
-    let fields = Fields::of(root, &Path::Root)?;
+    let fields = DictFields::of(root, &Path::Root)?;
     let settings = match fields.get("allocator_settings") {
         None | Some(Value::None) => BTreeMap::new(),
         Some(value) => {
@@ -178,7 +178,7 @@ pub(super) fn snapshot(root: &Value) -> Result<Snapshot, ReadError> {
 }
 
 fn segment(value: &Value, path: &Path<'_>) -> Result<SnapshotSegment, ReadError> {
-    let fields = Fields::of(value, path)?;
+    let fields = DictFields::of(value, path)?;
     let address = fields.required("address", unsigned)?;
     // Legacy blocks have no address: it follows from the segment base and the sizes before.
     let mut next_address = address;
@@ -251,12 +251,12 @@ fn segment(value: &Value, path: &Path<'_>) -> Result<SnapshotSegment, ReadError>
 }
 
 fn block(value: &Value, path: &Path<'_>, implied_address: u64) -> Result<SnapshotBlock, ReadError> {
-    let fields = Fields::of(value, path)?;
+    let fields = DictFields::of(value, path)?;
     let size = fields.required("size", unsigned)?;
     // Legacy blocks keep the requested size in `history[0].real_size`.
     let legacy_requested = || {
         let history = fields.each("history", |entry, path| {
-            Fields::of(entry, path)?.optional("real_size", unsigned)
+            DictFields::of(entry, path)?.optional("real_size", unsigned)
         })?;
         Ok::<_, ReadError>(history.into_iter().next().flatten())
     };
@@ -289,7 +289,7 @@ fn block(value: &Value, path: &Path<'_>, implied_address: u64) -> Result<Snapsho
 }
 
 fn trace_entry(value: &Value, path: &Path<'_>) -> Result<TraceEntry, ReadError> {
-    let fields = Fields::of(value, path)?;
+    let fields = DictFields::of(value, path)?;
     let action = fields.required("action", |value, path| {
         let name = string(value, path)?;
         Ok(Action::ALL
