@@ -1,6 +1,7 @@
 //! Placement policies, one per file, chosen at run time by [`crate::PolicyKind`].
 
 mod gpumem;
+mod options;
 mod passthrough;
 mod torch;
 pub mod torch_settings;
