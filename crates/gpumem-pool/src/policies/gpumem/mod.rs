@@ -133,18 +133,18 @@ struct SlabLoan {
 /// A block's [`Block::handle`]: its node, with bit 32 set when it lies in a slab arena (the
 /// arena kind, so that a free finds the arena without recomputing where the block went).
 fn block_handle(node: NodeId, arena: SizeClass) -> BlockHandle {
-    BlockHandle::new(u64::from(node) | u64::from(arena == SizeClass::Small) << 32)
+    BlockHandle::new(u64::from(node.get()) | u64::from(arena == SizeClass::Small) << 32)
 }
 
-/// The node and the arena kind a [`block_handle`] names.
-fn handle_parts(handle: BlockHandle) -> (NodeId, SizeClass) {
+/// The node and the arena kind a [`block_handle`] names (`None` for a handle no node has).
+fn handle_parts(handle: BlockHandle) -> Option<(NodeId, SizeClass)> {
     let raw = handle.get();
     let arena = if raw >> 32 & 1 == 1 {
         SizeClass::Small
     } else {
         SizeClass::Large
     };
-    (raw as NodeId, arena)
+    Some((NodeId::new(raw as u32)?, arena))
 }
 
 /// An idle chunk that can be moved under a block that needs pages.
@@ -777,7 +777,9 @@ impl Policy for GpumemPolicy {
     }
 
     fn free(&mut self, block: Block, _up: &mut Upstream<'_>) {
-        let (node, kind) = handle_parts(block.handle);
+        let Some((node, kind)) = handle_parts(block.handle) else {
+            return;
+        };
         let Some(a) = self.find_arena(block.stream, kind) else {
             return;
         };
