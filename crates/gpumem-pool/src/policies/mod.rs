@@ -3,7 +3,7 @@
 mod gpumem;
 mod options;
 mod passthrough;
-mod slot_index;
+mod slots;
 mod torch;
 pub mod torch_settings;
 

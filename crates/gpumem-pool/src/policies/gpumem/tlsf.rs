@@ -23,9 +23,7 @@
 //! sebbbi's OffsetAllocator (and its Rust port `offset-allocator`), extended to 64-bit byte
 //! offsets, several spans, and a bounded best-fit look into the request's own class.
 
-use std::ops::{Index, IndexMut};
-
-use crate::policies::slot_index::SlotIndex;
+use crate::policies::slots::{SlotIndex, SlotVec};
 
 /// Index of a node in the slab; links to no node are `None`.
 pub(crate) type NodeId = SlotIndex;
@@ -52,7 +50,7 @@ enum State {
     Spare,
 }
 
-/// A slab slot: a range of a span and its links.
+/// A slab slot: a range of a span and its links, or a spare slot.
 #[derive(Clone, Copy, Debug)]
 struct RangeNode {
     offset: u64,
@@ -93,7 +91,7 @@ fn class_lower_bound(class: usize) -> u64 {
 /// The TLSF index over address ranges.
 #[derive(Debug)]
 pub(crate) struct Tlsf {
-    nodes: Vec<RangeNode>,
+    nodes: SlotVec<RangeNode>,
     /// Slab slots free for reuse.
     spare: Vec<NodeId>,
     /// Bit `e` set when some class of exponent `e` is non-empty.
@@ -107,7 +105,15 @@ pub(crate) struct Tlsf {
 impl Default for Tlsf {
     fn default() -> Self {
         Tlsf {
-            nodes: Vec::new(),
+            nodes: SlotVec::new(RangeNode {
+                offset: 0,
+                size: 0,
+                state: State::Spare,
+                class_prev: None,
+                class_next: None,
+                addr_prev: None,
+                addr_next: None,
+            }),
             spare: Vec::new(),
             top_bitmap: 0,
             sub_bitmaps: [0; TOP_CLASSES],
@@ -228,15 +234,15 @@ impl Tlsf {
     /// only if the slab is full.
     pub(crate) fn restore(&mut self, offset: u64, size: u64) -> bool {
         let (mut before, mut after) = (None, None);
-        for (i, node) in self.nodes.iter().enumerate() {
+        for (i, node) in self.nodes.iter() {
             if node.state == State::Spare {
                 continue;
             }
             if node.offset + node.size == offset && node.addr_next.is_none() {
-                before = NodeId::from_usize(i);
+                before = Some(i);
             }
             if node.offset == offset + size && node.addr_prev.is_none() {
-                after = NodeId::from_usize(i);
+                after = Some(i);
             }
         }
         let Some(id) = self.new_node(offset, size, before, after) else {
@@ -273,7 +279,7 @@ impl Tlsf {
     /// came back from outside (a block's handle).
     pub(crate) fn is_used_at(&self, id: NodeId, offset: u64) -> bool {
         self.nodes
-            .get(id.slot())
+            .get(id)
             .is_some_and(|n| n.state == State::Used && n.offset == offset)
     }
 
@@ -281,9 +287,8 @@ impl Tlsf {
     pub(crate) fn used_nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.nodes
             .iter()
-            .enumerate()
             .filter(|(_, n)| n.state == State::Used)
-            .filter_map(|(i, _)| NodeId::from_usize(i))
+            .map(|(id, _)| id)
     }
 
     /// The node after `id` in address order within its span.
@@ -356,9 +361,7 @@ impl Tlsf {
             self.nodes[id] = node;
             return Some(id);
         }
-        let id = NodeId::from_usize(self.nodes.len())?;
-        self.nodes.push(node);
-        Some(id)
+        self.nodes.push(node)
     }
 
     /// `left` takes over its address neighbour `right`, whose slot is recycled.
@@ -413,21 +416,6 @@ impl Tlsf {
                 self.top_bitmap &= !(1 << top);
             }
         }
-    }
-}
-
-/// The slab, indexed by node.
-impl Index<NodeId> for Vec<RangeNode> {
-    type Output = RangeNode;
-
-    fn index(&self, id: NodeId) -> &RangeNode {
-        &self[id.slot()]
-    }
-}
-
-impl IndexMut<NodeId> for Vec<RangeNode> {
-    fn index_mut(&mut self, id: NodeId) -> &mut RangeNode {
-        &mut self[id.slot()]
     }
 }
 
@@ -658,6 +646,9 @@ mod tests {
         }
         t.check(&[(span, 4096, 1 << 24)]);
         assert_eq!(t.free_bytes(), 1 << 24);
-        assert!(t.nodes.len() - t.spare.len() == 1, "one node is left");
+        assert!(
+            t.nodes.iter().count() - t.spare.len() == 1,
+            "one node is left"
+        );
     }
 }
