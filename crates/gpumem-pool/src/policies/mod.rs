@@ -7,7 +7,7 @@ mod slots;
 mod torch;
 pub mod torch_settings;
 
-pub use gpumem::GpumemPolicy;
+pub use gpumem::{GpumemPolicy, GpumemSettings};
 pub use passthrough::PassthroughPolicy;
 pub use torch::TorchPolicy;
 

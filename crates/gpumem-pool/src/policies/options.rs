@@ -77,6 +77,12 @@ pub(crate) const MB: Unit = Unit {
     scale: 1 << 20,
 };
 
+/// Kibibytes, written KB as PyTorch writes mebibytes MB.
+pub(crate) const KB: Unit = Unit {
+    name: "KB",
+    scale: 1 << 10,
+};
+
 /// The value of option `key` written as a whole number of `unit` from `min` to `max` (no upper
 /// bound when `None`), times the unit's scale. The error names the option, the value, what is
 /// wrong and the accepted range.
@@ -87,27 +93,55 @@ pub(crate) fn parse_scaled(
     min: u64,
     max: Option<u64>,
 ) -> Result<u64, ConfigError> {
-    let accepted = match max {
-        Some(max) => format!("an integer from {min} to {max} ({})", unit.name),
-        None => format!("an integer ≥ {min} ({})", unit.name),
-    };
-    let err = |problem: String| ConfigError {
-        source_name: key.to_string(),
-        value: value.to_string(),
-        problem,
-        accepted: accepted.clone(),
-    };
+    let err = |problem: String| range_error(key, value, unit, min, max, problem);
     let n: u64 = value
         .parse()
         .map_err(|_| err(format!("not a whole number of {}", unit.name)))?;
-    if n < min {
+    let bytes = n
+        .checked_mul(unit.scale)
+        .ok_or_else(|| err("too large".into()))?;
+    check_scaled(key, bytes, unit, min, max)?;
+    Ok(bytes)
+}
+
+/// Checks that `bytes`, the value of option `key`, is from `min` to `max` `unit`s (no upper
+/// bound when `None`), with the error [`parse_scaled`] gives for it.
+pub(crate) fn check_scaled(
+    key: &str,
+    bytes: u64,
+    unit: Unit,
+    min: u64,
+    max: Option<u64>,
+) -> Result<(), ConfigError> {
+    let err =
+        |problem: String| range_error(key, &format_scaled(bytes, unit), unit, min, max, problem);
+    if bytes < min.saturating_mul(unit.scale) {
         return Err(err(format!("{key} must be at least {min} {}", unit.name)));
     }
-    if let Some(max) = max.filter(|&max| n > max) {
+    if let Some(max) = max.filter(|&max| bytes > max.saturating_mul(unit.scale)) {
         return Err(err(format!("{key} must be at most {max} {}", unit.name)));
     }
-    n.checked_mul(unit.scale)
-        .ok_or_else(|| err("too large".into()))
+    Ok(())
+}
+
+/// The error for option `key`'s `value`, which should be from `min` to `max` `unit`s.
+fn range_error(
+    key: &str,
+    value: &str,
+    unit: Unit,
+    min: u64,
+    max: Option<u64>,
+    problem: String,
+) -> ConfigError {
+    ConfigError {
+        source_name: key.to_string(),
+        value: value.to_string(),
+        problem,
+        accepted: match max {
+            Some(max) => format!("an integer from {min} to {max} ({})", unit.name),
+            None => format!("an integer ≥ {min} ({})", unit.name),
+        },
+    }
 }
 
 /// `bytes` written in `unit`: a whole number when it is a multiple of the unit (as every parsed
@@ -151,6 +185,12 @@ mod tests {
         }
         let e = parse_scaled("k", &u64::MAX.to_string(), MB, 0, None).unwrap_err();
         assert_eq!(e.problem, "too large");
+        let e = check_scaled("k", 5 << 19, MB, 1, Some(2)).unwrap_err();
+        assert_eq!(
+            (e.value.as_str(), e.problem.as_str()),
+            ("2.500", "k must be at most 2 MB")
+        );
+        assert_eq!(check_scaled("k", 3 << 10, KB, 3, None), Ok(()));
         assert_eq!(format_scaled(3 << 20, MB), "3");
         assert_eq!(format_scaled(3 << 19, MB), "1.500");
     }

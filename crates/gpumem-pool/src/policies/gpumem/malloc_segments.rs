@@ -5,10 +5,7 @@
 use gpumem_device::{DevicePtr, StreamId};
 
 use super::tlsf::{NodeId, Tlsf};
-use super::{
-    too_large, ArenaBacking, GpumemPolicy, StreamArena, LARGE_REQUEST, MID_SEGMENT,
-    SEGMENT_ROUNDING, SMALL_SEGMENT,
-};
+use super::{too_large, ArenaBacking, GpumemPolicy, GpumemSettings, StreamArena};
 use crate::policy::{Exhausted, SegmentView, Upstream};
 use crate::stats::SizeClass;
 
@@ -28,11 +25,11 @@ struct MallocSegment {
 }
 
 /// The segment that serves a `size`-byte request of `pool` when no segment has room.
-fn segment_size(pool: SizeClass, size: u64) -> Option<u64> {
+fn segment_size(settings: &GpumemSettings, pool: SizeClass, size: u64) -> Option<u64> {
     match pool {
-        SizeClass::Small => Some(SMALL_SEGMENT),
-        SizeClass::Large if size < LARGE_REQUEST => Some(MID_SEGMENT),
-        SizeClass::Large => size.checked_next_multiple_of(SEGMENT_ROUNDING),
+        SizeClass::Small => Some(settings.small_segment),
+        SizeClass::Large if size < settings.large_request => Some(settings.mid_segment),
+        SizeClass::Large => size.checked_next_multiple_of(settings.segment_rounding),
     }
 }
 
@@ -100,7 +97,7 @@ impl GpumemPolicy {
         up: &mut Upstream<'_>,
     ) -> Result<NodeId, Exhausted> {
         let (pool, stream) = (self.arenas[a].pool, self.arenas[a].stream);
-        let seg = segment_size(pool, size).ok_or_else(|| too_large(size, up))?;
+        let seg = segment_size(&self.settings, pool, size).ok_or_else(|| too_large(size, up))?;
         let exhausted = |cause| Exhausted {
             attempted: seg,
             cause,

@@ -31,13 +31,17 @@
 //! An arena's memory comes from one of three backings, each in its own module behind the
 //! dispatch here: [`paged`] (an address reservation with pages mapped on demand, and the
 //! stitching of idle chunks), [`malloc_segments`] (`cudaMalloc` segments, without VMM) and
-//! [`slabs`] (the small arena's slabs, lent by the large arena).
+//! [`slabs`] (the small arena's slabs, lent by the large arena). The sizes and thresholds
+//! above are the defaults of [`GpumemSettings`].
 
 mod malloc_segments;
 mod paged;
 mod pages;
+mod settings;
 mod slabs;
 mod tlsf;
+
+pub use self::settings::GpumemSettings;
 
 use std::collections::HashMap;
 
@@ -53,38 +57,16 @@ use crate::policy::{
 };
 use crate::stats::SizeClass;
 
-/// Every block is a multiple of this (cudaMalloc's own alignment): the only rounding.
+/// Every block is a multiple of this: cudaMalloc's own alignment, which callers rely on (the
+/// policy hands out 512-byte-aligned addresses, as PyTorch does), not a tuning knob — the
+/// design point is that it is the only rounding.
 const ROUNDING: u64 = 512;
-/// A block at least this large that needs fresh pages takes idle chunks of its own arena
-/// first, even without pressure (the moved chunks' old range leaves the index for good, so
-/// this happens once, not every step). Logits and their gradients — larger than any hole, and
-/// arriving while activations' pages sit idle — are what this is for; applied to smaller
-/// blocks it displaces blocks whose new places cost device calls for some steps longer
-/// (measured at 64 and 96 MiB: the synthetic checkpointing trace then never settles).
-const STITCH_ON_GROWTH_MIN: u64 = 128 << 20;
-/// Bytes of address space each arena reserves per byte of device memory.
-const VA_PER_DEVICE_BYTE: u64 = 4;
-/// With VMM: requests up to this size are packed into slabs; larger ones, small-pool requests
-/// included, are placed in the stream's large arena like any block. Tiny blocks (norm weights,
-/// scalars, index tensors) would leave sub-page holes between large blocks; requests of
-/// 64 KiB – 1 MiB (KV-cache slices, biases) fill such holes better than they fill slabs, where
-/// the space they leave is lost to the large blocks.
-const SLAB_MAX_REQUEST: u64 = 64 << 10;
-/// With VMM: the slab tiny blocks are packed into, a block of the stream's large arena.
-const SLAB: u64 = 1 << 20;
-/// Without VMM: the segment for small requests.
-const SMALL_SEGMENT: u64 = 2 << 20;
-/// Without VMM: the segment for requests of 1–10 MiB.
-const MID_SEGMENT: u64 = 20 << 20;
-/// Without VMM: requests from this size get a segment of their own size rounded to
-/// [`SEGMENT_ROUNDING`].
-const LARGE_REQUEST: u64 = 10 << 20;
-/// Without VMM: the rounding of segments for large requests.
-const SEGMENT_ROUNDING: u64 = 2 << 20;
 
 /// gpumem's policy: TLSF over per-stream address reservations with pages mapped on demand.
+/// `default()` has the default settings.
 #[derive(Debug, Default)]
 pub struct GpumemPolicy {
+    settings: GpumemSettings,
     arenas: Vec<StreamArena>,
     /// Whether the device has VMM, learnt at the first request (a policy serves one device):
     /// asked on every request, and a device query is a dynamic call.
@@ -92,9 +74,24 @@ pub struct GpumemPolicy {
 }
 
 impl GpumemPolicy {
-    /// A policy holding no memory yet.
-    pub fn new() -> Self {
-        GpumemPolicy::default()
+    /// A policy with `settings`, holding no memory yet.
+    ///
+    /// # Panics
+    /// If the settings are not valid ([`GpumemSettings::validate`]; those from
+    /// [`GpumemSettings::parse`] always are).
+    pub fn new(settings: GpumemSettings) -> Self {
+        if let Err(e) = settings.validate() {
+            panic!("invalid gpumem policy settings: {e}");
+        }
+        GpumemPolicy {
+            settings,
+            ..GpumemPolicy::default()
+        }
+    }
+
+    /// The settings the policy runs with.
+    pub fn settings(&self) -> &GpumemSettings {
+        &self.settings
     }
 }
 
@@ -145,9 +142,9 @@ fn too_large(requested: u64, up: &Upstream<'_>) -> Exhausted {
 }
 
 /// The arena kind that holds a block of `size` bytes (rounded) accounted to `pool`: with VMM,
-/// small-pool blocks above [`SLAB_MAX_REQUEST`] live in the large arena.
-fn arena_pool(pool: SizeClass, size: u64, vmm: bool) -> SizeClass {
-    if vmm && size > SLAB_MAX_REQUEST {
+/// small-pool blocks above `slab_max_request` live in the large arena.
+fn arena_pool(pool: SizeClass, size: u64, vmm: bool, slab_max_request: u64) -> SizeClass {
+    if vmm && size > slab_max_request {
         SizeClass::Large
     } else {
         pool
@@ -160,12 +157,18 @@ impl StreamArena {
     fn new(
         stream: StreamId,
         pool: SizeClass,
+        settings: &GpumemSettings,
         up: &mut Upstream<'_>,
     ) -> Result<StreamArena, Exhausted> {
         let mut index = Tlsf::default();
         let backing = match up.granularity() {
             Some(_) if pool == SizeClass::Small => ArenaBacking::Slabs(SlabLoans::default()),
-            Some(page) => ArenaBacking::Paged(PagedReservation::reserve(&mut index, page, up)?),
+            Some(page) => ArenaBacking::Paged(PagedReservation::reserve(
+                &mut index,
+                page,
+                settings.va_per_device_byte,
+                up,
+            )?),
             None => ArenaBacking::Segments(MallocSegments::default()),
         };
         Ok(StreamArena {
@@ -272,7 +275,8 @@ impl GpumemPolicy {
         if let Some(i) = self.find_arena(stream, pool) {
             return Ok(i);
         }
-        self.arenas.push(StreamArena::new(stream, pool, up)?);
+        self.arenas
+            .push(StreamArena::new(stream, pool, &self.settings, up)?);
         Ok(self.arenas.len() - 1)
     }
 
@@ -312,7 +316,7 @@ impl Policy for GpumemPolicy {
             .checked_next_multiple_of(ROUNDING)
             .ok_or_else(|| too_large(req.size, up))?;
         let vmm = *self.vmm.get_or_insert_with(|| up.granularity().is_some());
-        let kind = arena_pool(pool, size, vmm);
+        let kind = arena_pool(pool, size, vmm, self.settings.slab_max_request);
         let a = self.arena(req.stream, kind, up)?;
         let node = match self.arenas[a].backing {
             ArenaBacking::Paged(_) => self.place_paged(a, size, up)?,
@@ -380,5 +384,98 @@ impl Policy for GpumemPolicy {
             .map(StreamArena::largest_free_block)
             .max()
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpumem_device::sim::{SimConfig, SimDevice};
+
+    use super::*;
+    use crate::history::History;
+    use crate::stats::MemoryStats;
+
+    const KIB: u64 = 1 << 10;
+    const MIB: u64 = 1 << 20;
+
+    /// Allocates `sizes` on stream 0 of a fresh device with a policy of settings `conf`;
+    /// returns the blocks, the policy's segments and the device's allocating calls.
+    fn run(conf: &str, device: SimConfig, sizes: &[u64]) -> (Vec<Block>, Vec<SegmentView>, u64) {
+        let device = SimDevice::new(device).unwrap();
+        let (mut stats, mut history) = (MemoryStats::default(), History::default());
+        let mut up = Upstream::new(&device, None, &mut stats, &mut history);
+        let mut policy = GpumemPolicy::new(GpumemSettings::parse(conf).unwrap());
+        let blocks = sizes
+            .iter()
+            .map(|&size| {
+                let req = AllocRequest {
+                    size,
+                    stream: StreamId::DEFAULT,
+                };
+                policy.allocate(req, &mut up).unwrap()
+            })
+            .collect();
+        let calls = device.counters().allocating_calls();
+        (blocks, policy.segments(), calls)
+    }
+
+    /// (size, in use) of every block of `segments`.
+    fn tiling(segments: &[SegmentView]) -> Vec<(u64, bool)> {
+        let blocks = segments.iter().flat_map(|s| &s.blocks);
+        blocks.map(|b| (b.size, b.in_use)).collect()
+    }
+
+    #[test]
+    fn a_smaller_slab_limit_sends_a_32_kib_request_to_the_large_arena() {
+        let vmm = SimConfig::address_only(1 << 30);
+        let (blocks, segments, _) = run("", vmm.clone(), &[32 * KIB]);
+        assert_eq!(handle_parts(blocks[0].handle).unwrap().1, SizeClass::Small);
+        assert_eq!(
+            tiling(&segments),
+            [(32 * KIB, true), (MIB - 32 * KIB, false), (MIB, false)],
+            "by default it lies in a 1 MiB slab"
+        );
+        let (blocks, segments, _) = run("slab_max_request_kb:16", vmm, &[32 * KIB]);
+        assert_eq!(handle_parts(blocks[0].handle).unwrap().1, SizeClass::Large);
+        assert_eq!(
+            tiling(&segments),
+            [(32 * KIB, true), (2 * MIB - 32 * KIB, false)]
+        );
+    }
+
+    #[test]
+    fn the_slab_size_and_the_chunk_limit_shape_what_is_mapped() {
+        let vmm = SimConfig::address_only(1 << 30);
+        let (_, segments, _) = run("slab_size_kb:256", vmm.clone(), &[4 * KIB]);
+        assert_eq!(tiling(&segments)[1], (256 * KIB - 4 * KIB, false));
+        // A 16 MiB block is 8 pages: chunks of 2 pages by default, one chunk of 8 here.
+        let (_, _, calls) = run("", vmm.clone(), &[16 * MIB]);
+        let (_, _, fewer) = run("max_chunk_pages:8", vmm, &[16 * MIB]);
+        assert_eq!((calls - fewer) / 2, 3, "each chunk is a create and a map");
+    }
+
+    #[test]
+    fn without_vmm_the_segment_sizes_follow_the_settings() {
+        let no_vmm = SimConfig {
+            granularity: None,
+            ..SimConfig::address_only(1 << 30)
+        };
+        let sizes = [4 * KIB, 3 * MIB, 30 * MIB - KIB];
+        let (_, segments, _) = run("", no_vmm.clone(), &sizes);
+        let totals: Vec<u64> = segments.iter().map(|s| s.total_size).collect();
+        assert_eq!(totals, [2 * MIB, 20 * MIB, 30 * MIB]);
+        let conf = "small_segment_mb:4,mid_segment_mb:8,large_request_mb:4,segment_rounding_mb:8";
+        let (_, segments, _) = run(conf, no_vmm, &sizes);
+        let totals: Vec<u64> = segments.iter().map(|s| s.total_size).collect();
+        assert_eq!(totals, [4 * MIB, 8 * MIB, 32 * MIB]);
+    }
+
+    #[test]
+    #[should_panic(expected = "max_chunk_pages")]
+    fn invalid_settings_are_refused() {
+        GpumemPolicy::new(GpumemSettings {
+            max_chunk_pages: 0,
+            ..GpumemSettings::default()
+        });
     }
 }

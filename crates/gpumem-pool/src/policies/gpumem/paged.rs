@@ -7,11 +7,9 @@ use std::collections::HashMap;
 
 use gpumem_device::{DevicePtr, StreamId};
 
-use super::pages::{Chunk, PageMap, MAX_CHUNK_PAGES};
+use super::pages::{Chunk, PageMap};
 use super::tlsf::{NodeId, Tlsf};
-use super::{
-    too_large, ArenaBacking, GpumemPolicy, StreamArena, STITCH_ON_GROWTH_MIN, VA_PER_DEVICE_BYTE,
-};
+use super::{too_large, ArenaBacking, GpumemPolicy, StreamArena};
 use crate::policy::{BlockView, Exhausted, SegmentView, Upstream, UpstreamError};
 use crate::stats::SizeClass;
 
@@ -68,22 +66,21 @@ fn clip(blocks: &[BlockView], start: u64, stop: u64) -> Vec<BlockView> {
 }
 
 impl PagedReservation {
-    /// Reserves an arena's address space, pages of `page` bytes, and adds it to `index` as one
-    /// free span.
+    /// Reserves an arena's address space, `va_per_device_byte` times the device's memory in
+    /// pages of `page` bytes, and adds it to `index` as one free span.
     pub(super) fn reserve(
         index: &mut Tlsf,
         page: u64,
+        va_per_device_byte: u64,
         up: &mut Upstream<'_>,
     ) -> Result<PagedReservation, Exhausted> {
-        // Address space is cheap: four times the device, so that however the ranges
-        // fragment, physical memory runs out before addresses do.
         let total = up.device().mem_info().map_err(|e| Exhausted {
             attempted: 0,
             cause: e.into(),
         })?;
         let len = total
             .total
-            .saturating_mul(VA_PER_DEVICE_BYTE)
+            .saturating_mul(va_per_device_byte)
             .next_multiple_of(page);
         let base = up.reserve_address(len).map_err(|cause| Exhausted {
             attempted: len,
@@ -290,7 +287,7 @@ impl GpumemPolicy {
             // Stitch first: an idle chunk that fits the gap moves here — from this arena when a
             // big block grows it, from any arena of the pool under pressure.
             let list = donors.get_or_insert_with(|| self.idle_chunks_of(pool));
-            let growing_big = (end - first) * page >= STITCH_ON_GROWTH_MIN;
+            let growing_big = (end - first) * page >= self.settings.stitch_on_growth_min;
             let fits = |d: &Donor| {
                 d.chunk.pages <= gap && (pressure.is_some() || (growing_big && d.arena == a))
             };
@@ -303,7 +300,7 @@ impl GpumemPolicy {
                 continue;
             }
             let mut n = if (inner_first..inner_end).contains(&p) {
-                (gap.min(inner_end - p)).min(MAX_CHUNK_PAGES)
+                (gap.min(inner_end - p)).min(self.settings.max_chunk_pages)
             } else {
                 1
             };
@@ -330,7 +327,7 @@ impl GpumemPolicy {
                 return Err(exhausted(cause));
             }
             donors = None;
-            let n = gap.min(released).min(MAX_CHUNK_PAGES);
+            let n = gap.min(released).min(self.settings.max_chunk_pages);
             self.arenas[a].map_fresh(p, n, up).map_err(exhausted)?;
             p += n;
         }

@@ -10,7 +10,7 @@ use gpumem_device::address_map::AddressHasher;
 use gpumem_device::{DevicePtr, StreamId};
 
 use super::tlsf::NodeId;
-use super::{too_large, ArenaBacking, GpumemPolicy, SLAB};
+use super::{too_large, ArenaBacking, GpumemPolicy};
 use crate::policy::{BlockView, Exhausted, Upstream};
 use crate::stats::SizeClass;
 
@@ -48,11 +48,12 @@ impl GpumemPolicy {
         if let Some(node) = self.arenas[a].index.allocate(size) {
             return Ok(node);
         }
+        let slab = self.settings.slab_size;
         let large = self.arena(self.arenas[a].stream, SizeClass::Large, up)?;
-        let loan = self.place_paged(large, SLAB, up)?;
+        let loan = self.place_paged(large, slab, up)?;
         let addr = self.arenas[large].index.offset(loan);
         let arena = &mut self.arenas[a];
-        let Some(first) = arena.index.add_span(addr, SLAB) else {
+        let Some(first) = arena.index.add_span(addr, slab) else {
             self.arenas[large].index.free(loan);
             return Err(too_large(size, up));
         };
@@ -73,7 +74,7 @@ impl GpumemPolicy {
         let ArenaBacking::Slabs(slabs) = &mut arena.backing else {
             return;
         };
-        if arena.index.size(merged) != SLAB {
+        if arena.index.size(merged) != self.settings.slab_size {
             return;
         }
         let Some(loan) = slabs.loans.remove(&merged) else {
