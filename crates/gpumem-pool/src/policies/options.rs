@@ -64,7 +64,7 @@ pub(crate) fn parse_bool(value: &str) -> Option<bool> {
 
 /// The unit an option's whole number is written in, e.g. `MB` for 2^20 bytes.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Unit {
+pub(crate) struct OptionUnit {
     /// How the unit is written in messages (`MB`, `KB`, `pages`).
     pub(crate) name: &'static str,
     /// What one of it is worth (2^20 for `MB`; 1 for counts).
@@ -72,13 +72,13 @@ pub(crate) struct Unit {
 }
 
 /// Mebibytes, which PyTorch's options call MB.
-pub(crate) const MB: Unit = Unit {
+pub(crate) const MB: OptionUnit = OptionUnit {
     name: "MB",
     scale: 1 << 20,
 };
 
 /// Kibibytes, written KB as PyTorch writes mebibytes MB.
-pub(crate) const KB: Unit = Unit {
+pub(crate) const KB: OptionUnit = OptionUnit {
     name: "KB",
     scale: 1 << 10,
 };
@@ -89,7 +89,7 @@ pub(crate) const KB: Unit = Unit {
 pub(crate) fn parse_scaled(
     key: &str,
     value: &str,
-    unit: Unit,
+    unit: OptionUnit,
     min: u64,
     max: Option<u64>,
 ) -> Result<u64, ConfigError> {
@@ -109,7 +109,7 @@ pub(crate) fn parse_scaled(
 pub(crate) fn check_scaled(
     key: &str,
     bytes: u64,
-    unit: Unit,
+    unit: OptionUnit,
     min: u64,
     max: Option<u64>,
 ) -> Result<(), ConfigError> {
@@ -128,7 +128,7 @@ pub(crate) fn check_scaled(
 fn range_error(
     key: &str,
     value: &str,
-    unit: Unit,
+    unit: OptionUnit,
     min: u64,
     max: Option<u64>,
     problem: String,
@@ -146,7 +146,7 @@ fn range_error(
 
 /// `bytes` written in `unit`: a whole number when it is a multiple of the unit (as every parsed
 /// value is), else with three decimals.
-pub(crate) fn format_scaled(bytes: u64, unit: Unit) -> String {
+pub(crate) fn format_scaled(bytes: u64, unit: OptionUnit) -> String {
     if bytes.is_multiple_of(unit.scale) {
         (bytes / unit.scale).to_string()
     } else {

@@ -5,7 +5,7 @@
 
 use crate::config::ConfigError;
 use crate::policies::options::{
-    check_scaled, format_scaled, parse_scaled, split_options, Unit, KB, MB,
+    check_scaled, format_scaled, parse_scaled, split_options, OptionUnit, KB, MB,
 };
 
 const MIB: u64 = 1 << 20;
@@ -92,7 +92,7 @@ impl Default for GpumemSettings {
 /// One option: its key, unit, range (in units) and field.
 struct Knob {
     key: &'static str,
-    unit: Unit,
+    unit: OptionUnit,
     min: u64,
     max: Option<u64>,
     field: fn(&GpumemSettings) -> u64,
@@ -100,13 +100,13 @@ struct Knob {
 }
 
 /// A count of pages.
-const PAGES: Unit = Unit {
+const PAGES: OptionUnit = OptionUnit {
     name: "pages",
     scale: 1,
 };
 
 /// A ratio of address space to device memory.
-const PER_DEVICE_BYTE: Unit = Unit {
+const PER_DEVICE_BYTE: OptionUnit = OptionUnit {
     name: "bytes per device byte",
     scale: 1,
 };
@@ -220,7 +220,7 @@ impl GpumemSettings {
         for knob in &KNOBS {
             check_scaled(knob.key, (knob.field)(self), knob.unit, knob.min, knob.max)?;
         }
-        let at_least = |key: &str, value: u64, unit: Unit, other: &str, bound: u64| {
+        let at_least = |key: &str, value: u64, unit: OptionUnit, other: &str, bound: u64| {
             if value >= bound {
                 return Ok(());
             }
