@@ -18,10 +18,11 @@
 //! lower bound is above the request, where every node fits. The node is split exactly: the
 //! front is handed out, the rest stays free.
 //!
-//! Nodes live in a slab (`Vec`) addressed by [`NodeId`]; freed slots are recycled, so steady
-//! state allocates no heap memory. The design follows the one documented in
-//! sebbbi's OffsetAllocator (and its Rust port `offset-allocator`), extended to 64-bit byte
-//! offsets, several spans, and a bounded best-fit look into the request's own class.
+//! Nodes live in a slab ([`SlotVec`]) addressed by [`NodeId`], their links `Option<NodeId>`;
+//! freed slots are recycled, so steady state allocates no heap memory. The design follows the
+//! one documented in sebbbi's OffsetAllocator (and its Rust port `offset-allocator`), extended
+//! to 64-bit byte offsets, several spans, and a bounded best-fit look into the request's own
+//! class.
 
 use crate::policies::slots::{SlotIndex, SlotVec};
 
