@@ -374,7 +374,11 @@ impl PolicyArena {
         let device = SimDevice::new(SimConfig::address_only(POOL_DEVICE_CAPACITY))
             .expect("address-only simulated device");
         PolicyArena {
-            driver: PolicyDriver::new(Arc::new(device), kind.build(&config), None),
+            driver: PolicyDriver::new(
+                Arc::new(device),
+                kind.build(&config).expect("default settings"),
+                None,
+            ),
             allocated: 0,
         }
     }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use gpumem_pool::policies::torch_settings::TorchSettings;
+use gpumem_pool::policies::GpumemSettings;
 use gpumem_pool::{parse_limit, Bytes, Limit, PolicyKind};
 use gpumem_replay::{replay, PolicyReport, Progress, ReplayOptions};
 use gpumem_trace::{read, read_path, Format, ReadOptions, Trace};
@@ -35,6 +36,10 @@ pub struct ReplayArgs {
     /// (PYTORCH_ALLOC_CONF syntax, e.g. max_split_size_mb:128).
     #[arg(long, value_name = "CONF")]
     pytorch_alloc_conf: Option<String>,
+    /// Settings of the gpumem policy (GPUMEM_POLICY_CONF syntax, e.g.
+    /// slab_max_request_kb:32,max_chunk_pages:4).
+    #[arg(long, value_name = "CONF")]
+    gpumem_policy_conf: Option<String>,
     /// Also find, per policy, the smallest device (in 2 MiB steps) on which the trace runs:
     /// a few more replays each.
     #[arg(long)]
@@ -99,6 +104,12 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
         }
         None => TorchSettings::default(),
     };
+    let gpumem = match &args.gpumem_policy_conf {
+        Some(conf) => {
+            GpumemSettings::parse(conf).map_err(|e| format!("--gpumem-policy-conf: {e}"))?
+        }
+        None => GpumemSettings::default(),
+    };
     let policies = args.policy.0;
     if args.snapshot.is_some() && policies.len() != 1 {
         return Err(format!(
@@ -109,6 +120,7 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
     let options = ReplayOptions {
         capacity: args.capacity,
         torch,
+        gpumem,
         // Each event records at most a block event and a segment event, a free two.
         history_capacity: if args.snapshot.is_some() {
             trace.events.len() * 3 + 16

@@ -5,6 +5,7 @@
 //! - `GPUMEM_SOFT_LIMIT`: cached memory above it is released at synchronisation points;
 //! - `GPUMEM_HARD_LIMIT`: reserved memory never exceeds it; an allocation beyond it is an OOM;
 //! - `GPUMEM_HISTORY`: number of events to record for snapshots (0 or unset: off);
+//! - `GPUMEM_POLICY_CONF`: the `gpumem` policy's settings ([`GpumemSettings::parse`]);
 //! - `PYTORCH_ALLOC_CONF`, or its older name `PYTORCH_CUDA_ALLOC_CONF`: PyTorch's allocator
 //!   options, read by the `torch` and `expandable` policies.
 //!
@@ -14,6 +15,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::policies::torch_settings::TorchSettings;
+use crate::policies::GpumemSettings;
 use crate::size::{parse_limit, Limit, ACCEPTED_SIZE_FORMS};
 
 /// A built-in placement policy. Outside policies need no kind: they are passed to
@@ -137,6 +139,8 @@ pub struct PoolConfig {
     pub policy: PolicyKind,
     /// PyTorch allocator options, used by the `torch` and `expandable` policies.
     pub torch: TorchSettings,
+    /// The `gpumem` policy's settings.
+    pub gpumem: GpumemSettings,
     /// Limits and history.
     pub options: PoolOptions,
 }
@@ -146,6 +150,7 @@ impl Default for PoolConfig {
         PoolConfig {
             policy: PolicyKind::Gpumem,
             torch: TorchSettings::default(),
+            gpumem: GpumemSettings::default(),
             options: PoolOptions::default(),
         }
     }
@@ -191,6 +196,12 @@ impl PoolConfig {
                 value: value.clone(),
                 problem: "not a whole number".into(),
                 accepted: "a number of events to record, 0 for none".into(),
+            })?;
+        }
+        if let Some(value) = lookup("GPUMEM_POLICY_CONF") {
+            config.gpumem = GpumemSettings::parse(&value).map_err(|mut e| {
+                e.source_name = format!("GPUMEM_POLICY_CONF option {}", e.source_name);
+                e
             })?;
         }
         for name in ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"] {
@@ -282,6 +293,13 @@ mod tests {
         assert_eq!(c.options.hard_limit, Some(Limit::Bytes(2 << 30)));
         assert_eq!(c.options.history_capacity, 1000);
         assert_eq!(from(&[]).unwrap(), PoolConfig::default());
+        let c = from(&[(
+            "GPUMEM_POLICY_CONF",
+            "slab_max_request_kb:32,max_chunk_pages:4",
+        )])
+        .unwrap();
+        assert_eq!(c.gpumem.slab_max_request, 32 << 10);
+        assert_eq!(c.gpumem.max_chunk_pages, 4);
     }
 
     #[test]
@@ -306,5 +324,12 @@ mod tests {
 
         let e = from(&[("GPUMEM_HISTORY", "lots")]).unwrap_err();
         assert!(e.to_string().contains("GPUMEM_HISTORY"), "{e}");
+
+        let e = from(&[("GPUMEM_POLICY_CONF", "slab_max_request_kb:lots")]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("GPUMEM_POLICY_CONF option slab_max_request_kb") && text.contains("lots"),
+            "{text}"
+        );
     }
 }

@@ -119,7 +119,7 @@ struct PendingFree {
 impl Pool {
     /// A pool of the built-in policy `config` names, with its settings, limits and history.
     pub fn new(device: Arc<dyn Device>, config: PoolConfig) -> Result<Pool, PoolError> {
-        let policy = config.policy.build(&config);
+        let policy = config.policy.build(&config)?;
         Pool::with_policy(device, policy, config.options)
     }
 

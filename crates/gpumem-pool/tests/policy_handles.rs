@@ -17,7 +17,7 @@ fn driver(kind: PolicyKind, config: SimConfig) -> PolicyDriver {
         ..PoolConfig::default()
     };
     let device = Arc::new(SimDevice::new(config).unwrap());
-    PolicyDriver::new(device, kind.build(&pool_config), None)
+    PolicyDriver::new(device, kind.build(&pool_config).unwrap(), None)
 }
 
 fn allocate(driver: &mut PolicyDriver, size: u64) -> Block {

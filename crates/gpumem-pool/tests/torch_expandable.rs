@@ -26,6 +26,7 @@ fn expandable(device: &Arc<SimDevice>, conf: &str, hard_limit: Option<u64>) -> P
                 history_capacity: 1000,
                 ..PoolOptions::default()
             },
+            ..PoolConfig::default()
         },
     )
     .unwrap()

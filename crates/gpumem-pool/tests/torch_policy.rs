@@ -36,6 +36,7 @@ fn pool_with(
                 hard_limit: hard_limit.map(Limit::Bytes),
                 ..PoolOptions::default()
             },
+            ..PoolConfig::default()
         },
     )
     .unwrap()

@@ -41,6 +41,7 @@ fn pool(device: &Arc<SimDevice>, policy: PolicyKind, conf: &str, limit: Option<L
                 history_capacity: 1 << 16,
                 ..PoolOptions::default()
             },
+            ..PoolConfig::default()
         },
     )
     .unwrap()

@@ -12,8 +12,10 @@ use std::time::Instant;
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::{AddressMap, DeviceError, StreamId};
 use gpumem_pool::policies::torch_settings::TorchSettings;
+use gpumem_pool::policies::GpumemSettings;
 use gpumem_pool::{
-    MemoryStats, OomError, Policy, PolicyKind, Pool, PoolConfig, PoolError, PoolOptions,
+    ConfigError, MemoryStats, OomError, Policy, PolicyKind, Pool, PoolConfig, PoolError,
+    PoolOptions,
 };
 use gpumem_trace::{Event, Trace};
 use serde::Serialize;
@@ -34,6 +36,8 @@ pub struct ReplayOptions {
     pub capacity: Option<u64>,
     /// PyTorch allocator options for the `torch` and `expandable` policies.
     pub torch: TorchSettings,
+    /// The `gpumem` policy's settings.
+    pub gpumem: GpumemSettings,
     /// Events of pool history to record (for a snapshot); 0 records none.
     pub history_capacity: usize,
     /// Also search the smallest device capacity on which the trace runs
@@ -42,13 +46,13 @@ pub struct ReplayOptions {
 }
 
 /// What a replay runs: a named source of fresh policies (every replay pass needs its own).
-/// The built-in [`PolicyKind`]s are sources, built with [`ReplayOptions::torch`]; an outside
-/// policy becomes one with [`CustomPolicy`].
+/// The built-in [`PolicyKind`]s are sources, built with [`ReplayOptions::torch`] and
+/// [`ReplayOptions::gpumem`]; an outside policy becomes one with [`CustomPolicy`].
 pub trait PolicySource {
     /// The name reports and progress show.
     fn name(&self) -> &'static str;
-    /// A fresh policy, holding no memory.
-    fn make(&self, options: &ReplayOptions) -> Box<dyn Policy>;
+    /// A fresh policy, holding no memory, or why the settings cannot make one.
+    fn make(&self, options: &ReplayOptions) -> Result<Box<dyn Policy>, ConfigError>;
 }
 
 impl PolicySource for PolicyKind {
@@ -56,10 +60,11 @@ impl PolicySource for PolicyKind {
         self.as_str()
     }
 
-    fn make(&self, options: &ReplayOptions) -> Box<dyn Policy> {
+    fn make(&self, options: &ReplayOptions) -> Result<Box<dyn Policy>, ConfigError> {
         let config = PoolConfig {
             policy: *self,
             torch: options.torch.clone(),
+            gpumem: options.gpumem,
             ..PoolConfig::default()
         };
         self.build(&config)
@@ -80,8 +85,8 @@ impl<F: Fn() -> Box<dyn Policy>> PolicySource for CustomPolicy<F> {
         self.name
     }
 
-    fn make(&self, _: &ReplayOptions) -> Box<dyn Policy> {
-        (self.make)()
+    fn make(&self, _: &ReplayOptions) -> Result<Box<dyn Policy>, ConfigError> {
+        Ok((self.make)())
     }
 }
 
@@ -333,8 +338,11 @@ fn new_pool(
         history_capacity,
         ..PoolOptions::default()
     };
-    Pool::with_policy(device, policy.make(options), pool_options)
-        .map_err(|source| ReplayError::Pool { index: 0, source })
+    let pool_error = |source| ReplayError::Pool { index: 0, source };
+    let made = policy
+        .make(options)
+        .map_err(|e| pool_error(PoolError::Config(e)))?;
+    Pool::with_policy(device, made, pool_options).map_err(pool_error)
 }
 
 /// The index of the first allocation that failed with out-of-memory, and its explanation.

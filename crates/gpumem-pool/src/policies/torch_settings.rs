@@ -3,6 +3,7 @@
 
 use gpumem_snapshot::SettingValue;
 
+use super::options::{format_scaled, parse_bool, parse_scaled, split_options, MB};
 use crate::config::ConfigError;
 
 const MIB: u64 = 1 << 20;
@@ -53,6 +54,9 @@ const NO_PLACEMENT_EFFECT: [&str; 6] = [
     "pinned_use_background_threads",
     "graph_capture_record_stream_reuse",
 ];
+
+/// A valid settings string, quoted when one is malformed.
+const EXAMPLE: &str = "max_split_size_mb:128,expandable_segments:True";
 
 const KNOWN_KEYS: &str = "backend, max_split_size_mb, max_non_split_rounding_mb, \
 roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
@@ -110,10 +114,63 @@ impl TorchSettings {
     /// accepts for it.
     pub fn parse(conf: &str) -> Result<TorchSettings, ConfigError> {
         let mut settings = TorchSettings::default();
-        for (key, value) in split_options(conf)? {
+        for (key, value) in split_options(conf, EXAMPLE)? {
             settings.apply(&key, &value)?;
         }
         Ok(settings)
+    }
+
+    /// The settings as (option, value) pairs in `PYTORCH_ALLOC_CONF` syntax, for display:
+    /// sizes in MB, `unlimited` for no `max_split_size_mb` and `off` for no
+    /// `garbage_collection_threshold` (PyTorch's defaults, which have no written form).
+    pub fn options(&self) -> Vec<(&'static str, String)> {
+        let divisions = &self.roundup_power2_divisions;
+        let divisions = if divisions.iter().all(|&d| d == divisions[0]) {
+            divisions[0].to_string()
+        } else {
+            // One entry per interval: its lower bound in MB (1, 2, 4, …), the last one as `>`.
+            let entries: Vec<String> = divisions
+                .iter()
+                .enumerate()
+                .map(|(i, d)| match i {
+                    i if i == ROUNDUP_INTERVALS - 1 => format!(">:{d}"),
+                    i => format!("{}:{d}", 1u64 << i),
+                })
+                .collect();
+            format!("[{}]", entries.join(","))
+        };
+        vec![
+            (
+                "max_split_size_mb",
+                match self.max_split_size {
+                    u64::MAX => "unlimited".into(),
+                    bytes => format_scaled(bytes, MB),
+                },
+            ),
+            (
+                "max_non_split_rounding_mb",
+                format_scaled(self.max_non_split_rounding, MB),
+            ),
+            ("roundup_power2_divisions", divisions),
+            (
+                "garbage_collection_threshold",
+                self.garbage_collection_threshold
+                    .map_or("off".into(), |t| t.to_string()),
+            ),
+            (
+                "expandable_segments",
+                if self.expandable_segments {
+                    "True"
+                } else {
+                    "False"
+                }
+                .into(),
+            ),
+            (
+                "large_segment_size_mb",
+                format_scaled(self.large_segment_size, MB),
+            ),
+        ]
     }
 
     fn apply(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
@@ -123,19 +180,7 @@ impl TorchSettings {
             problem: problem.to_string(),
             accepted: accepted.to_string(),
         };
-        let mib_at_least_20 = |what: &str| -> Result<u64, ConfigError> {
-            let mb: u64 = value
-                .parse()
-                .map_err(|_| err("not a whole number of MB", "an integer ≥ 20 (MB)"))?;
-            if mb < 20 {
-                return Err(err(
-                    &format!("{what} must be at least 20 MB"),
-                    "an integer ≥ 20 (MB)",
-                ));
-            }
-            mb.checked_mul(MIB)
-                .ok_or_else(|| err("too large", "an integer ≥ 20 (MB)"))
-        };
+        let mib_at_least_20 = || parse_scaled(key, value, MB, 20, None);
         match key {
             "backend" => match value {
                 "native" => {}
@@ -147,12 +192,12 @@ impl TorchSettings {
                 }
                 _ => return Err(err("unknown backend", "native or cudaMallocAsync")),
             },
-            "max_split_size_mb" => self.max_split_size = mib_at_least_20("max_split_size_mb")?,
+            "max_split_size_mb" => self.max_split_size = mib_at_least_20()?,
             "max_non_split_rounding_mb" => {
-                self.max_non_split_rounding = mib_at_least_20("max_non_split_rounding_mb")?
+                self.max_non_split_rounding = mib_at_least_20()?
             }
             "large_segment_size_mb" => {
-                self.large_segment_size = mib_at_least_20("large_segment_size_mb")?
+                self.large_segment_size = mib_at_least_20()?
             }
             "garbage_collection_threshold" => {
                 let t: f64 = value
@@ -197,61 +242,6 @@ impl TorchSettings {
         }
         Ok(())
     }
-}
-
-/// A boolean as PyTorch's option parser accepts it.
-fn parse_bool(value: &str) -> Option<bool> {
-    match value {
-        "True" | "true" | "1" => Some(true),
-        "False" | "false" | "0" => Some(false),
-        _ => None,
-    }
-}
-
-/// Splits `a:1,b:[x:1,>:2]` into (key, value) pairs, keeping bracketed lists whole.
-fn split_options(conf: &str) -> Result<Vec<(String, String)>, ConfigError> {
-    let cleaned: String = conf.chars().filter(|c| !c.is_whitespace()).collect();
-    let mut options = Vec::new();
-    let mut depth = 0i32;
-    let mut start = 0;
-    let bytes = cleaned.as_bytes();
-    let mut pieces = Vec::new();
-    for (i, &b) in bytes.iter().enumerate() {
-        match b {
-            b'[' => depth += 1,
-            b']' => depth -= 1,
-            b',' if depth == 0 => {
-                pieces.push(&cleaned[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-        if depth < 0 {
-            break;
-        }
-    }
-    let malformed = |piece: &str, problem: &str| {
-        ConfigError {
-        source_name: "settings".into(),
-        value: piece.to_string(),
-        problem: problem.to_string(),
-        accepted: "option:value pairs separated by commas, e.g. max_split_size_mb:128,expandable_segments:True".into(),
-    }
-    };
-    if depth != 0 {
-        return Err(malformed(conf, "unbalanced brackets"));
-    }
-    pieces.push(&cleaned[start..]);
-    for piece in pieces.into_iter().filter(|p| !p.is_empty()) {
-        let (key, value) = piece
-            .split_once(':')
-            .ok_or_else(|| malformed(piece, "missing ':' between option and value"))?;
-        if key.is_empty() || value.is_empty() {
-            return Err(malformed(piece, "empty option or value"));
-        }
-        options.push((key.to_string(), value.to_string()));
-    }
-    Ok(options)
 }
 
 fn parse_divisions(value: &str) -> Result<[u64; ROUNDUP_INTERVALS], String> {
@@ -328,6 +318,29 @@ mod tests {
 
         let s = TorchSettings::parse("release_lock_on_cudamalloc:True,backend:native").unwrap();
         assert_eq!(s, TorchSettings::default());
+    }
+
+    #[test]
+    fn options_are_shown_in_the_syntax_they_are_parsed_from() {
+        let conf = "max_split_size_mb:128,max_non_split_rounding_mb:64,\
+            roundup_power2_divisions:[1:1,2:2,4:4,8:4,16:4,32:4,64:4,128:4,256:4,512:4,1024:4,\
+            2048:4,4096:4,8192:4,16384:4,>:8],garbage_collection_threshold:0.6,\
+            expandable_segments:True,large_segment_size_mb:40";
+        let s = TorchSettings::parse(conf).unwrap();
+        let shown: Vec<String> = s
+            .options()
+            .iter()
+            .map(|(k, v)| format!("{k}:{v}"))
+            .collect();
+        assert_eq!(shown.join(","), conf.replace(' ', ""));
+        assert_eq!(TorchSettings::parse(&shown.join(",")).unwrap(), s);
+        let shown = TorchSettings::default().options();
+        assert_eq!(shown[0], ("max_split_size_mb", "unlimited".to_string()));
+        assert_eq!(shown[2], ("roundup_power2_divisions", "0".to_string()));
+        assert_eq!(
+            shown[3],
+            ("garbage_collection_threshold", "off".to_string())
+        );
     }
 
     #[test]

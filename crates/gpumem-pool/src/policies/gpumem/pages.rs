@@ -2,8 +2,9 @@
 //! reservation are mapped, and by which physical chunk.
 //!
 //! A chunk is created for a run of consecutive pages wholly inside the block that needs them
-//! (at most [`MAX_CHUNK_PAGES`]), so growing by a large block costs a few device calls, not two
-//! per page; a page the block shares with a neighbour gets a chunk of its own. A chunk is
+//! (at most `max_chunk_pages` of [`super::GpumemSettings`]), so growing by a large block costs a
+//! few device calls, not two per page; a page the block shares with a neighbour gets a chunk of
+//! its own. A chunk is
 //! mapped whole and can be moved whole: unmapped where it lies idle and mapped under another
 //! range, which is how scattered free memory is stitched into one contiguous block under
 //! pressure. Because chunks never straddle a block boundary they were made for, freeing a
@@ -16,13 +17,6 @@ use gpumem_device::{DeviceError, DevicePtr, PhysicalHandle, StreamId};
 
 use crate::policy::{Upstream, UpstreamError};
 use crate::stats::SizeClass;
-
-/// The largest chunk created at once, in pages: 4 MiB at 2 MiB granularity. Larger chunks
-/// save device calls when growing; smaller ones can be moved or freed as soon as that much of
-/// a free range is idle, even while a block lies in the rest of it. Measured with chunks of
-/// 16 / 8 / 4 / 2 pages: the checkpointed GPT-2 trace reaches 92.1 / 95.4 / 97.1 / 98.0 %
-/// utilisation for 146 / 194 / 296 / 496 device calls in all (all of them in warm-up).
-pub(crate) const MAX_CHUNK_PAGES: u64 = 2;
 
 /// A physical chunk mapped at a run of pages.
 #[derive(Clone, Copy, Debug)]

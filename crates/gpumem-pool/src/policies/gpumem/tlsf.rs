@@ -18,16 +18,16 @@
 //! lower bound is above the request, where every node fits. The node is split exactly: the
 //! front is handed out, the rest stays free.
 //!
-//! Nodes live in a slab (`Vec`) addressed by [`NodeId`]; freed slots are recycled, so steady
-//! state allocates no heap memory. The design follows the one documented in
-//! sebbbi's OffsetAllocator (and its Rust port `offset-allocator`), extended to 64-bit byte
-//! offsets, several spans, and a bounded best-fit look into the request's own class.
+//! Nodes live in a slab ([`SlotVec`]) addressed by [`NodeId`], their links `Option<NodeId>`;
+//! freed slots are recycled, so steady state allocates no heap memory. The design follows the
+//! one documented in sebbbi's OffsetAllocator (and its Rust port `offset-allocator`), extended
+//! to 64-bit byte offsets, several spans, and a bounded best-fit look into the request's own
+//! class.
 
-/// Index of a node in the slab.
-pub(crate) type NodeId = u32;
+use crate::policies::slots::{SlotIndex, SlotVec};
 
-/// "No node" in the links.
-const NIL: NodeId = NodeId::MAX;
+/// Index of a node in the slab; links to no node are `None`.
+pub(crate) type NodeId = SlotIndex;
 
 /// Bits of the size that select the second-level class (the mantissa).
 const SUB_BITS: u32 = 4;
@@ -51,17 +51,18 @@ enum State {
     Spare,
 }
 
+/// A slab slot: a range of a span and its links, or a spare slot.
 #[derive(Clone, Copy, Debug)]
-struct Node {
+struct RangeNode {
     offset: u64,
     size: u64,
     state: State,
     /// Neighbours in the free list of the node's class (free nodes only).
-    class_prev: NodeId,
-    class_next: NodeId,
+    class_prev: Option<NodeId>,
+    class_next: Option<NodeId>,
     /// Neighbours in address order within the span.
-    addr_prev: NodeId,
-    addr_next: NodeId,
+    addr_prev: Option<NodeId>,
+    addr_next: Option<NodeId>,
 }
 
 /// The class a free range of `size` bytes is filed under: the largest class whose lower bound
@@ -91,7 +92,7 @@ fn class_lower_bound(class: usize) -> u64 {
 /// The TLSF index over address ranges.
 #[derive(Debug)]
 pub(crate) struct Tlsf {
-    nodes: Vec<Node>,
+    nodes: SlotVec<RangeNode>,
     /// Slab slots free for reuse.
     spare: Vec<NodeId>,
     /// Bit `e` set when some class of exponent `e` is non-empty.
@@ -99,17 +100,25 @@ pub(crate) struct Tlsf {
     /// Per exponent, bit `m` set when class `(e, m)` is non-empty.
     sub_bitmaps: [u16; TOP_CLASSES],
     /// First free node of each class.
-    heads: Box<[NodeId; BINS]>,
+    heads: Box<[Option<NodeId>; BINS]>,
 }
 
 impl Default for Tlsf {
     fn default() -> Self {
         Tlsf {
-            nodes: Vec::new(),
+            nodes: SlotVec::new(RangeNode {
+                offset: 0,
+                size: 0,
+                state: State::Spare,
+                class_prev: None,
+                class_next: None,
+                addr_prev: None,
+                addr_next: None,
+            }),
             spare: Vec::new(),
             top_bitmap: 0,
             sub_bitmaps: [0; TOP_CLASSES],
-            heads: Box::new([NIL; BINS]),
+            heads: Box::new([None; BINS]),
         }
     }
 }
@@ -119,15 +128,16 @@ impl Tlsf {
     /// node, which stays the span's first node for the span's life (merges keep the lower
     /// node). `None` only if the slab is full.
     pub(crate) fn add_span(&mut self, offset: u64, size: u64) -> Option<NodeId> {
-        let id = self.new_node(offset, size, NIL, NIL)?;
+        let id = self.new_node(offset, size, None, None)?;
         self.file(id);
         Some(id)
     }
 
     /// Removes a span that is entirely free (its first node covers it all).
     pub(crate) fn remove_span(&mut self, first: NodeId) {
-        let node = self.nodes[first as usize];
-        debug_assert!(node.state == State::Free && node.addr_prev == NIL && node.addr_next == NIL);
+        let node = self.nodes[first];
+        debug_assert!(node.state == State::Free && node.addr_prev.is_none());
+        debug_assert!(node.addr_next.is_none());
         self.unfile(first);
         self.recycle(first);
     }
@@ -138,40 +148,42 @@ impl Tlsf {
         let own = class_of(size);
         let chosen = match self.best_in_class(own, size) {
             Some(id) => id,
-            None => self.heads[self.first_class_at_or_above(own + 1)?],
+            // A class's bit is set only while its list has a head.
+            None => self.heads[self.first_class_at_or_above(own + 1)?]?,
         };
         self.unfile(chosen);
-        let node = self.nodes[chosen as usize];
+        let node = self.nodes[chosen];
         if node.size > size {
             // Without a slot for the rest, hand the whole node out rather than fail.
-            if let Some(rest) =
-                self.new_node(node.offset + size, node.size - size, chosen, node.addr_next)
-            {
-                if node.addr_next != NIL {
-                    self.nodes[node.addr_next as usize].addr_prev = rest;
+            if let Some(rest) = self.new_node(
+                node.offset + size,
+                node.size - size,
+                Some(chosen),
+                node.addr_next,
+            ) {
+                if let Some(next) = node.addr_next {
+                    self.nodes[next].addr_prev = Some(rest);
                 }
-                let n = &mut self.nodes[chosen as usize];
-                n.addr_next = rest;
+                let n = &mut self.nodes[chosen];
+                n.addr_next = Some(rest);
                 n.size = size;
                 self.file(rest);
             }
         }
-        self.nodes[chosen as usize].state = State::Used;
+        self.nodes[chosen].state = State::Used;
         Some(chosen)
     }
 
     /// Takes back a handed-out node and merges it with free neighbours; returns the free node
     /// that now covers it.
     pub(crate) fn free(&mut self, id: NodeId) -> NodeId {
-        debug_assert!(self.nodes[id as usize].state == State::Used);
+        debug_assert!(self.nodes[id].state == State::Used);
         let mut id = id;
-        let next = self.nodes[id as usize].addr_next;
-        if next != NIL && self.is_free(next) {
+        if let Some(next) = self.nodes[id].addr_next.filter(|&next| self.is_free(next)) {
             self.unfile(next);
             self.absorb(id, next);
         }
-        let prev = self.nodes[id as usize].addr_prev;
-        if prev != NIL && self.is_free(prev) {
+        if let Some(prev) = self.nodes[id].addr_prev.filter(|&prev| self.is_free(prev)) {
             self.unfile(prev);
             self.absorb(prev, id);
             id = prev;
@@ -184,34 +196,34 @@ impl Tlsf {
     /// what lies before and after stays free, but the two parts no longer touch (they become
     /// separate spans). `false`, with nothing changed, only if the slab is full.
     pub(crate) fn carve(&mut self, id: NodeId, offset: u64, size: u64) -> bool {
-        let node = self.nodes[id as usize];
+        let node = self.nodes[id];
         debug_assert!(node.state == State::Free && node.offset <= offset);
         debug_assert!(offset + size <= node.offset + node.size);
         let right_size = node.offset + node.size - (offset + size);
         let right = if right_size > 0 {
-            match self.new_node(offset + size, right_size, NIL, node.addr_next) {
-                Some(right) => right,
+            match self.new_node(offset + size, right_size, None, node.addr_next) {
+                Some(right) => Some(right),
                 None => return false,
             }
         } else {
-            NIL
+            None
         };
         self.unfile(id);
-        if node.addr_next != NIL {
-            self.nodes[node.addr_next as usize].addr_prev = right;
+        if let Some(next) = node.addr_next {
+            self.nodes[next].addr_prev = right;
         }
         if offset > node.offset {
-            let left = &mut self.nodes[id as usize];
+            let left = &mut self.nodes[id];
             left.size = offset - node.offset;
-            left.addr_next = NIL;
+            left.addr_next = None;
             self.file(id);
         } else {
-            if node.addr_prev != NIL {
-                self.nodes[node.addr_prev as usize].addr_next = NIL;
+            if let Some(prev) = node.addr_prev {
+                self.nodes[prev].addr_next = None;
             }
             self.recycle(id);
         }
-        if right != NIL {
+        if let Some(right) = right {
             self.file(right);
         }
         true
@@ -222,94 +234,92 @@ impl Tlsf {
     /// free. Scans the whole slab: for the rare case of an exhausted address space. `false`
     /// only if the slab is full.
     pub(crate) fn restore(&mut self, offset: u64, size: u64) -> bool {
-        let (mut before, mut after) = (NIL, NIL);
-        for (i, node) in self.nodes.iter().enumerate() {
-            let i = i as NodeId;
+        let (mut before, mut after) = (None, None);
+        for (i, node) in self.nodes.iter() {
             if node.state == State::Spare {
                 continue;
             }
-            if node.offset + node.size == offset && node.addr_next == NIL {
-                before = i;
+            if node.offset + node.size == offset && node.addr_next.is_none() {
+                before = Some(i);
             }
-            if node.offset == offset + size && node.addr_prev == NIL {
-                after = i;
+            if node.offset == offset + size && node.addr_prev.is_none() {
+                after = Some(i);
             }
         }
         let Some(id) = self.new_node(offset, size, before, after) else {
             return false;
         };
-        if before != NIL {
-            self.nodes[before as usize].addr_next = id;
+        if let Some(before) = before {
+            self.nodes[before].addr_next = Some(id);
         }
-        if after != NIL {
-            self.nodes[after as usize].addr_prev = id;
+        if let Some(after) = after {
+            self.nodes[after].addr_prev = Some(id);
         }
         // Handed out for a moment, then freed: the free path merges and files it.
-        self.nodes[id as usize].state = State::Used;
+        self.nodes[id].state = State::Used;
         self.free(id);
         true
     }
 
     /// Start of a node's range.
     pub(crate) fn offset(&self, id: NodeId) -> u64 {
-        self.nodes[id as usize].offset
+        self.nodes[id].offset
     }
 
     /// Bytes of a node's range.
     pub(crate) fn size(&self, id: NodeId) -> u64 {
-        self.nodes[id as usize].size
+        self.nodes[id].size
     }
 
     /// Whether a node is free (cached) rather than handed out.
     pub(crate) fn is_free(&self, id: NodeId) -> bool {
-        self.nodes[id as usize].state == State::Free
+        self.nodes[id].state == State::Free
     }
 
     /// Whether `id` is a handed-out node starting at `offset`: a check on a node id that
     /// came back from outside (a block's handle).
     pub(crate) fn is_used_at(&self, id: NodeId, offset: u64) -> bool {
         self.nodes
-            .get(id as usize)
+            .get(id)
             .is_some_and(|n| n.state == State::Used && n.offset == offset)
     }
 
     /// Every handed-out node, in slab order (not a hot path: reclaim, status and snapshots).
     pub(crate) fn used_nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
-        (0..self.nodes.len() as NodeId).filter(|&id| self.nodes[id as usize].state == State::Used)
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.state == State::Used)
+            .map(|(id, _)| id)
     }
 
     /// The node after `id` in address order within its span.
     pub(crate) fn next_in_span(&self, id: NodeId) -> Option<NodeId> {
-        let next = self.nodes[id as usize].addr_next;
-        (next != NIL).then_some(next)
+        self.nodes[id].addr_next
     }
 
     /// Every free node, class by class (not a hot path: reclaim, status and snapshots).
     pub(crate) fn free_nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.heads.iter().flat_map(move |&head| {
-            std::iter::successors((head != NIL).then_some(head), move |&id| {
-                let next = self.nodes[id as usize].class_next;
-                (next != NIL).then_some(next)
-            })
+            std::iter::successors(head, move |&id| self.nodes[id].class_next)
         })
     }
 
     /// The smallest of the first [`OWN_CLASS_SCAN`] nodes of `class` that holds `size` bytes.
     fn best_in_class(&self, class: usize, size: u64) -> Option<NodeId> {
         let mut best: Option<NodeId> = None;
-        let mut id = self.heads[class];
+        let mut next = self.heads[class];
         for _ in 0..OWN_CLASS_SCAN {
-            if id == NIL {
+            let Some(id) = next else {
                 break;
-            }
-            let node = &self.nodes[id as usize];
+            };
+            let node = &self.nodes[id];
             if node.size == size {
                 return Some(id);
             }
-            if node.size > size && best.is_none_or(|b| node.size < self.nodes[b as usize].size) {
+            if node.size > size && best.is_none_or(|b| node.size < self.nodes[b].size) {
                 best = Some(id);
             }
-            id = node.class_next;
+            next = node.class_next;
         }
         best
     }
@@ -336,76 +346,71 @@ impl Tlsf {
         &mut self,
         offset: u64,
         size: u64,
-        addr_prev: NodeId,
-        addr_next: NodeId,
+        addr_prev: Option<NodeId>,
+        addr_next: Option<NodeId>,
     ) -> Option<NodeId> {
-        let node = Node {
+        let node = RangeNode {
             offset,
             size,
             state: State::Free,
-            class_prev: NIL,
-            class_next: NIL,
+            class_prev: None,
+            class_next: None,
             addr_prev,
             addr_next,
         };
         if let Some(id) = self.spare.pop() {
-            self.nodes[id as usize] = node;
+            self.nodes[id] = node;
             return Some(id);
         }
-        let id = NodeId::try_from(self.nodes.len())
-            .ok()
-            .filter(|&id| id != NIL)?;
-        self.nodes.push(node);
-        Some(id)
+        self.nodes.push(node)
     }
 
     /// `left` takes over its address neighbour `right`, whose slot is recycled.
     fn absorb(&mut self, left: NodeId, right: NodeId) {
-        let r = self.nodes[right as usize];
-        let l = &mut self.nodes[left as usize];
+        let r = self.nodes[right];
+        let l = &mut self.nodes[left];
         l.size += r.size;
         l.addr_next = r.addr_next;
-        if r.addr_next != NIL {
-            self.nodes[r.addr_next as usize].addr_prev = left;
+        if let Some(next) = r.addr_next {
+            self.nodes[next].addr_prev = Some(left);
         }
         self.recycle(right);
     }
 
     /// Returns a slot to the slab for reuse.
     fn recycle(&mut self, id: NodeId) {
-        self.nodes[id as usize].state = State::Spare;
+        self.nodes[id].state = State::Spare;
         self.spare.push(id);
     }
 
     /// Marks a node free and puts it at the head of its class.
     fn file(&mut self, id: NodeId) {
-        let class = class_of(self.nodes[id as usize].size);
+        let class = class_of(self.nodes[id].size);
         let head = self.heads[class];
-        let node = &mut self.nodes[id as usize];
+        let node = &mut self.nodes[id];
         node.state = State::Free;
-        node.class_prev = NIL;
+        node.class_prev = None;
         node.class_next = head;
-        if head != NIL {
-            self.nodes[head as usize].class_prev = id;
+        if let Some(head) = head {
+            self.nodes[head].class_prev = Some(id);
         }
-        self.heads[class] = id;
+        self.heads[class] = Some(id);
         self.top_bitmap |= 1 << (class / SUB_CLASSES);
         self.sub_bitmaps[class / SUB_CLASSES] |= 1 << (class % SUB_CLASSES);
     }
 
     /// Takes a free node out of its class list.
     fn unfile(&mut self, id: NodeId) {
-        let node = self.nodes[id as usize];
+        let node = self.nodes[id];
         let class = class_of(node.size);
-        if node.class_prev != NIL {
-            self.nodes[node.class_prev as usize].class_next = node.class_next;
-        } else {
-            self.heads[class] = node.class_next;
+        match node.class_prev {
+            Some(prev) => self.nodes[prev].class_next = node.class_next,
+            None => self.heads[class] = node.class_next,
         }
-        if node.class_next != NIL {
-            self.nodes[node.class_next as usize].class_prev = node.class_prev;
+        if let Some(next) = node.class_next {
+            self.nodes[next].class_prev = node.class_prev;
         }
-        if self.heads[class] == NIL {
+        if self.heads[class].is_none() {
             let top = class / SUB_CLASSES;
             self.sub_bitmaps[top] &= !(1 << (class % SUB_CLASSES));
             if self.sub_bitmaps[top] == 0 {
@@ -433,7 +438,7 @@ mod tests {
                 let mut prev_free = false;
                 let mut id = Some(first);
                 while let Some(n) = id {
-                    let node = self.nodes[n as usize];
+                    let node = self.nodes[n];
                     assert_eq!(node.offset, at, "nodes tile the span");
                     assert!(node.size > 0);
                     assert_ne!(node.state, State::Spare, "spans link no spare slot");
@@ -453,11 +458,11 @@ mod tests {
             for (class, &head) in self.heads.iter().enumerate() {
                 let top = class / SUB_CLASSES;
                 let listed = self.sub_bitmaps[top] & (1 << (class % SUB_CLASSES)) != 0;
-                assert_eq!(listed, head != NIL, "bitmap matches class {class}");
-                let mut id = head;
-                while id != NIL {
-                    assert_eq!(class_of(self.nodes[id as usize].size), class);
-                    id = self.nodes[id as usize].class_next;
+                assert_eq!(listed, head.is_some(), "bitmap matches class {class}");
+                let mut next = head;
+                while let Some(id) = next {
+                    assert_eq!(class_of(self.nodes[id].size), class);
+                    next = self.nodes[id].class_next;
                 }
             }
             for top in 0..TOP_CLASSES {
@@ -634,7 +639,7 @@ mod tests {
                 assert_eq!(used, expected, "the handed-out nodes are the live ones");
                 assert!(live.iter().all(|&id| t.is_used_at(id, t.offset(id))));
                 assert!(!t.is_used_at(span, 4095));
-                assert!(!t.is_used_at(NodeId::MAX - 1, 0));
+                assert!(!t.is_used_at(NodeId::new(u32::MAX - 1).unwrap(), 0));
             }
         }
         for id in live.drain(..) {
@@ -642,6 +647,9 @@ mod tests {
         }
         t.check(&[(span, 4096, 1 << 24)]);
         assert_eq!(t.free_bytes(), 1 << 24);
-        assert!(t.nodes.len() - t.spare.len() == 1, "one node is left");
+        assert!(
+            t.nodes.iter().count() - t.spare.len() == 1,
+            "one node is left"
+        );
     }
 }

@@ -7,9 +7,10 @@
 
 use gpumem_device::{DeviceError, DevicePtr, PhysicalHandle, StreamId};
 
-use super::blocks::{Node, NIL};
+use super::blocks::BlockNode;
 use super::rounding::SMALL_BUFFER;
 use super::TorchPolicy;
+use crate::policies::slots::SlotIndex;
 use crate::policy::{Upstream, UpstreamError};
 use crate::stats::SizeClass;
 
@@ -67,21 +68,21 @@ impl TorchPolicy {
     }
 
     /// The size block `idx` can grow to: itself plus the unmapped range after it.
-    pub(super) fn expandable_size(&self, idx: usize) -> u64 {
+    pub(super) fn expandable_size(&self, idx: SlotIndex) -> u64 {
         let n = &self.blocks[idx];
         match n.next {
-            NIL => n.size,
-            next if !self.blocks[next].mapped => n.size + self.blocks[next].size,
+            Some(next) if !self.blocks[next].mapped => n.size + self.blocks[next].size,
             _ => n.size,
         }
     }
 
     /// Whether free and unmapped blocks from `idx` on add up to `size` bytes.
-    fn has_available_address_space(&self, mut idx: usize, size: u64) -> bool {
+    fn has_available_address_space(&self, idx: SlotIndex, size: u64) -> bool {
         let mut bytes = 0;
-        while bytes < size && idx != NIL && !self.blocks[idx].allocated {
+        let mut cursor = Some(idx);
+        while let Some(idx) = cursor.filter(|&i| bytes < size && !self.blocks[i].allocated) {
             bytes += self.blocks[idx].size;
-            idx = self.blocks[idx].next;
+            cursor = self.blocks[idx].next;
         }
         bytes >= size
     }
@@ -95,18 +96,16 @@ impl TorchPolicy {
         stream: StreamId,
         size: u64,
         up: &mut Upstream<'_>,
-    ) -> Result<usize, UpstreamError> {
+    ) -> Result<SlotIndex, UpstreamError> {
         let holes = self
             .pool(kind)
             .unmapped
-            .range((stream, 0, 0)..)
+            .range((stream, 0, SlotIndex::MIN)..)
             .take_while(|key| key.0 == stream);
         for &(_, _, hole) in holes {
-            let prev = self.blocks[hole].prev;
-            let start = if prev != NIL && !self.blocks[prev].allocated {
-                prev
-            } else {
-                hole
+            let start = match self.blocks[hole].prev {
+                Some(prev) if !self.blocks[prev].allocated => prev,
+                _ => hole,
             };
             if self.has_available_address_space(start, size) {
                 return Ok(start);
@@ -121,35 +120,37 @@ impl TorchPolicy {
             .filter(|&len| len >= size)
             .ok_or_else(|| up.out_of_memory(size))?;
         let base = up.reserve_address(len)?;
-        let segment = ExpandableSegment {
+        let segment = Some(ExpandableSegment {
             base,
             chunk,
             capacity,
             handles: Vec::new(),
-        };
-        let id = match self.segments.iter().position(Option::is_none) {
-            Some(free_slot) => {
-                self.segments[free_slot] = Some(segment);
-                free_slot
+        });
+        let free_slot = self.segments.iter().find(|(_, s)| s.is_none());
+        let id = match free_slot.map(|(id, _)| id) {
+            Some(id) => {
+                self.segments[id] = segment;
+                id
             }
-            None => {
-                self.segments.push(Some(segment));
-                self.segments.len() - 1
-            }
+            None => self
+                .segments
+                .push(segment)
+                .expect("fewer than u32::MAX segments: each reserves the device's size"),
         };
-        let idx = self.blocks.insert(Node {
+        let idx = self.blocks.insert(BlockNode {
             mapped: false,
-            expandable: id,
-            ..Node::new(base, len, stream, kind)
+            expandable: Some(id),
+            ..BlockNode::new(base, len, stream, kind)
         });
         self.insert_unmapped(idx);
         Ok(idx)
     }
 
     /// The expandable segment block `idx` lies in.
-    fn segment_of(&mut self, idx: usize) -> &mut ExpandableSegment {
-        self.segments[self.blocks[idx].expandable]
-            .as_mut()
+    fn segment_of(&mut self, idx: SlotIndex) -> &mut ExpandableSegment {
+        self.blocks[idx]
+            .expandable
+            .and_then(|id| self.segments[id].as_mut())
             .expect("a block of an expandable segment points at a live segment")
     }
 
@@ -158,7 +159,7 @@ impl TorchPolicy {
     /// stays valid); the rest of the range stays unmapped. All or nothing.
     fn map_block(
         &mut self,
-        idx: usize,
+        idx: SlotIndex,
         size: u64,
         up: &mut Upstream<'_>,
     ) -> Result<(), UpstreamError> {
@@ -182,17 +183,17 @@ impl TorchPolicy {
         self.remove_unmapped(idx);
         self.blocks[idx].mapped = true;
         if mapped < node.size {
-            let rest = self.blocks.insert(Node {
+            let rest = self.blocks.insert(BlockNode {
                 mapped: false,
                 expandable: node.expandable,
-                ..Node::new(
+                ..BlockNode::new(
                     node.addr + mapped,
                     node.size - mapped,
                     node.stream,
                     node.pool,
                 )
             });
-            self.blocks.splice(rest, idx, node.next);
+            self.blocks.splice(rest, Some(idx), node.next);
             self.insert_unmapped(rest);
             self.blocks[idx].size = mapped;
         }
@@ -211,7 +212,7 @@ impl TorchPolicy {
         stream: StreamId,
         size: u64,
         up: &mut Upstream<'_>,
-    ) -> Result<usize, UpstreamError> {
+    ) -> Result<SlotIndex, UpstreamError> {
         let mut candidate = self.find_expandable_block(kind, stream, size, up)?;
         if !self.blocks[candidate].mapped {
             let first = size.min(self.blocks[candidate].size);
@@ -219,10 +220,12 @@ impl TorchPolicy {
         }
         // Invariant: free → unmapped → …; each mapping merges the free block before it.
         while self.blocks[candidate].size < size {
-            let next = self.blocks[candidate].next;
-            if next == NIL || self.blocks[next].mapped || self.blocks[next].allocated {
+            let unmapped = self.blocks[candidate]
+                .next
+                .filter(|&next| !self.blocks[next].mapped && !self.blocks[next].allocated);
+            let Some(next) = unmapped else {
                 return Err(up.out_of_memory(size));
-            }
+            };
             let missing = size - self.blocks[candidate].size;
             let wanted = missing.min(self.blocks[next].size);
             self.map_block(next, wanted, up)?;
@@ -235,7 +238,7 @@ impl TorchPolicy {
     /// PyTorch's `unmap_block`: unmaps the chunks lying wholly inside the cached block `idx`,
     /// which becomes (merged with unmapped neighbours) an unmapped block; the mapped slivers
     /// before and after stay cached. Returns the bytes given back.
-    pub(super) fn unmap_block(&mut self, idx: usize, up: &mut Upstream<'_>) -> u64 {
+    pub(super) fn unmap_block(&mut self, idx: SlotIndex, up: &mut Upstream<'_>) -> u64 {
         let node = self.blocks[idx];
         let segment = self.segment_of(idx);
         let begin = segment.chunk_ceil(node.addr);
@@ -265,20 +268,20 @@ impl TorchPolicy {
         self.remove_free(idx);
         let before = start - node.addr;
         if before > 0 {
-            let sliver = self.blocks.insert(Node {
+            let sliver = self.blocks.insert(BlockNode {
                 expandable: node.expandable,
-                ..Node::new(node.addr, before, node.stream, node.pool)
+                ..BlockNode::new(node.addr, before, node.stream, node.pool)
             });
-            self.blocks.splice(sliver, node.prev, idx);
+            self.blocks.splice(sliver, node.prev, Some(idx));
             self.insert_free(sliver);
         }
         let after = node.size - before - unmapped;
         if after > 0 {
-            let sliver = self.blocks.insert(Node {
+            let sliver = self.blocks.insert(BlockNode {
                 expandable: node.expandable,
-                ..Node::new(start + unmapped, after, node.stream, node.pool)
+                ..BlockNode::new(start + unmapped, after, node.stream, node.pool)
             });
-            self.blocks.splice(sliver, idx, node.next);
+            self.blocks.splice(sliver, Some(idx), node.next);
             self.insert_free(sliver);
         }
         let block = &mut self.blocks[idx];
@@ -293,7 +296,7 @@ impl TorchPolicy {
 
     /// PyTorch's `release_expandable_segment`: once block `idx` is the whole, unmapped
     /// segment, returns the address space and forgets the segment.
-    pub(super) fn release_segment_if_empty(&mut self, idx: usize, up: &mut Upstream<'_>) {
+    pub(super) fn release_segment_if_empty(&mut self, idx: SlotIndex, up: &mut Upstream<'_>) {
         let node = self.blocks[idx];
         if node.mapped || node.is_split() {
             return;
@@ -304,7 +307,9 @@ impl TorchPolicy {
             return;
         }
         self.remove_unmapped(idx);
-        self.segments[node.expandable] = None;
+        if let Some(id) = node.expandable {
+            self.segments[id] = None;
+        }
         self.blocks.remove(idx);
     }
 }

@@ -26,9 +26,10 @@ mod rounding;
 
 use gpumem_device::StreamId;
 
-use self::blocks::{BlockPool, Node, Slab, NIL};
+use self::blocks::{BlockNode, BlockPool, Slab};
 use self::expandable::ExpandableSegment;
 use self::rounding::{allocation_size, round_size, MIN_BLOCK_SIZE, SMALL_SIZE};
+use super::slots::{SlotIndex, SlotVec};
 use super::torch_settings::TorchSettings;
 use crate::policy::{
     AllocRequest, Block, BlockHandle, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView,
@@ -46,7 +47,7 @@ pub struct TorchPolicy {
     small: BlockPool,
     large: BlockPool,
     /// Expandable segments by index; `None` once released.
-    segments: Vec<Option<ExpandableSegment>>,
+    segments: SlotVec<Option<ExpandableSegment>>,
 }
 
 impl TorchPolicy {
@@ -57,7 +58,7 @@ impl TorchPolicy {
             blocks: Slab::default(),
             small: BlockPool::new(),
             large: BlockPool::new(),
-            segments: Vec::new(),
+            segments: SlotVec::new(None),
         }
     }
 
@@ -78,7 +79,7 @@ impl TorchPolicy {
     }
 
     /// Caches block `idx`, stamping it with the pool's search count (`insert_into_blocks`).
-    fn insert_free(&mut self, idx: usize) {
+    fn insert_free(&mut self, idx: SlotIndex) {
         let kind = self.blocks[idx].pool;
         let searches = self.pool(kind).searches;
         let node = &mut self.blocks[idx];
@@ -88,7 +89,7 @@ impl TorchPolicy {
     }
 
     /// Takes block `idx` out of its pool's free set (before its key changes).
-    fn remove_free(&mut self, idx: usize) {
+    fn remove_free(&mut self, idx: SlotIndex) {
         let n = self.blocks[idx];
         self.pool_mut(n.pool)
             .free
@@ -96,7 +97,7 @@ impl TorchPolicy {
     }
 
     /// Records block `idx` as an unmapped range of its pool.
-    fn insert_unmapped(&mut self, idx: usize) {
+    fn insert_unmapped(&mut self, idx: SlotIndex) {
         let n = self.blocks[idx];
         self.pool_mut(n.pool)
             .unmapped
@@ -104,7 +105,7 @@ impl TorchPolicy {
     }
 
     /// Takes block `idx` out of its pool's unmapped set.
-    fn remove_unmapped(&mut self, idx: usize) {
+    fn remove_unmapped(&mut self, idx: SlotIndex) {
         let n = self.blocks[idx];
         self.pool_mut(n.pool)
             .unmapped
@@ -128,14 +129,14 @@ impl TorchPolicy {
         stream: StreamId,
         size: u64,
         gc_on: bool,
-    ) -> Option<usize> {
+    ) -> Option<SlotIndex> {
         if gc_on {
             self.pool_mut(kind).searches += 1;
         }
         let mut fits = self
             .pool(kind)
             .free
-            .range((stream, size, 0, 0)..)
+            .range((stream, size, 0, SlotIndex::MIN)..)
             .take_while(|key| key.0 == stream);
         let mut chosen = fits.next()?.3;
         if self.settings.expandable_segments {
@@ -164,7 +165,7 @@ impl TorchPolicy {
 
     /// PyTorch's `should_split`: small-pool and expandable blocks split off any remainder of
     /// at least 512 B; large blocks only below `max_split_size` and for more than 1 MiB.
-    fn should_split(&self, idx: usize, size: u64) -> bool {
+    fn should_split(&self, idx: SlotIndex, size: u64) -> bool {
         let block = &self.blocks[idx];
         let remaining = block.size - size;
         if block.pool == SizeClass::Small || self.settings.expandable_segments {
@@ -178,7 +179,7 @@ impl TorchPolicy {
     /// out of the free set), leaving the rest cached.
     fn alloc_found_block(
         &mut self,
-        idx: usize,
+        idx: SlotIndex,
         size: u64,
         req: AllocRequest,
         up: &mut Upstream<'_>,
@@ -186,11 +187,11 @@ impl TorchPolicy {
         let found = self.blocks[idx];
         let counts_inactive_split = !found.is_expandable();
         let handed_out = if self.should_split(idx, size) {
-            let front = self.blocks.insert(Node {
+            let front = self.blocks.insert(BlockNode {
                 expandable: found.expandable,
-                ..Node::new(found.addr, size, found.stream, found.pool)
+                ..BlockNode::new(found.addr, size, found.stream, found.pool)
             });
-            self.blocks.splice(front, found.prev, idx);
+            self.blocks.splice(front, found.prev, Some(idx));
             let remaining = &mut self.blocks[idx];
             remaining.addr += size;
             remaining.size -= size;
@@ -224,7 +225,7 @@ impl TorchPolicy {
             requested: req.size,
             stream: node.stream,
             size_class: node.pool,
-            handle: BlockHandle::new(handed_out as u64),
+            handle: BlockHandle::new(u64::from(handed_out.get())),
         };
         if block.size >= self.settings.max_split_size {
             up.stats.oversize_allocations.increase(1);
@@ -233,7 +234,7 @@ impl TorchPolicy {
     }
 
     /// PyTorch's `free_block`: caches block `idx` after merging it with free neighbours.
-    fn free_block(&mut self, idx: usize, up: &mut Upstream<'_>) {
+    fn free_block(&mut self, idx: SlotIndex, up: &mut Upstream<'_>) {
         let node = self.blocks[idx];
         let mut inactive_blocks: i64 = 0;
         let mut inactive_bytes: i64 = 0;
@@ -264,10 +265,10 @@ impl TorchPolicy {
 
     /// PyTorch's `try_merge_blocks`: absorbs neighbour `src` into `dst` (which must be out of
     /// every set) when `src` is free and mapped alike; returns the bytes absorbed.
-    fn try_merge_blocks(&mut self, dst: usize, src: usize) -> u64 {
-        if src == NIL {
+    fn try_merge_blocks(&mut self, dst: SlotIndex, src: Option<SlotIndex>) -> u64 {
+        let Some(src) = src else {
             return 0;
-        }
+        };
         let s = self.blocks[src];
         if s.allocated || s.mapped != self.blocks[dst].mapped {
             return 0;
@@ -277,7 +278,7 @@ impl TorchPolicy {
         } else {
             self.remove_unmapped(src);
         }
-        if self.blocks[dst].prev == src {
+        if self.blocks[dst].prev == Some(src) {
             self.blocks[dst].addr = s.addr;
             self.blocks.splice(dst, s.prev, self.blocks[dst].next);
         } else {
@@ -297,7 +298,7 @@ impl TorchPolicy {
         size: u64,
         alloc_size: u64,
         up: &mut Upstream<'_>,
-    ) -> Result<usize, UpstreamError> {
+    ) -> Result<SlotIndex, UpstreamError> {
         if self.settings.expandable_segments {
             // PyTorch checks the allowed memory against the segment size before mapping.
             if let Some(limit) = up.hard_limit() {
@@ -318,12 +319,12 @@ impl TorchPolicy {
         }
         Ok(self
             .blocks
-            .insert(Node::new(addr, alloc_size, stream, kind)))
+            .insert(BlockNode::new(addr, alloc_size, stream, kind)))
     }
 
     /// PyTorch's `release_block`: gives the unsplit cached block `idx` back to the device;
     /// returns the bytes released (0 if the device refused, the block then stays cached).
-    fn release_block(&mut self, idx: usize, up: &mut Upstream<'_>) -> u64 {
+    fn release_block(&mut self, idx: SlotIndex, up: &mut Upstream<'_>) -> u64 {
         let n = self.blocks[idx];
         if up.free_segment(n.addr, n.size, n.pool, n.stream).is_err() {
             return 0;
@@ -338,7 +339,7 @@ impl TorchPolicy {
 
     /// Gives back the cached block `idx` as far as possible: a whole unsplit segment, or the
     /// empty chunks of an expandable block (and the segment once nothing is mapped).
-    fn release_cached_block(&mut self, idx: usize, up: &mut Upstream<'_>) -> u64 {
+    fn release_cached_block(&mut self, idx: SlotIndex, up: &mut Upstream<'_>) -> u64 {
         if self.blocks[idx].is_expandable() {
             let released = self.unmap_block(idx, up);
             self.release_segment_if_empty(idx, up);
@@ -370,16 +371,16 @@ impl TorchPolicy {
         };
         let single = pool
             .free
-            .range((stream, wanted, 0, 0)..)
+            .range((stream, wanted, 0, SlotIndex::MIN)..)
             .next()
             .filter(|key| key.0 == stream)
             .filter(releasable);
         if let Some(&(_, _, _, idx)) = single {
             return self.release_block(idx, up) > 0;
         }
-        let oversize: Vec<usize> = pool
+        let oversize: Vec<SlotIndex> = pool
             .free
-            .range((stream, max_split, 0, 0)..(stream, wanted, 0, 0))
+            .range((stream, max_split, 0, SlotIndex::MIN)..(stream, wanted, 0, SlotIndex::MIN))
             .rev()
             .filter(releasable)
             .map(|key| key.3)
@@ -406,7 +407,7 @@ impl TorchPolicy {
         }
         let target = total - gc_threshold;
         let now = self.large.searches;
-        let mut freeable: Vec<(usize, u64)> = self
+        let mut freeable: Vec<(SlotIndex, u64)> = self
             .large
             .free
             .iter()
@@ -449,7 +450,7 @@ impl TorchPolicy {
         size: u64,
         alloc_size: u64,
         up: &mut Upstream<'_>,
-    ) -> Result<usize, Exhausted> {
+    ) -> Result<SlotIndex, Exhausted> {
         if let Some((limit, threshold)) = self.gc_limit(up) {
             self.garbage_collect(limit, threshold, up);
         }
@@ -471,7 +472,7 @@ impl TorchPolicy {
     }
 
     /// The blocks of a segment from `head` on, while they are mapped.
-    fn segment_view(&self, head: usize) -> SegmentView {
+    fn segment_view(&self, head: SlotIndex) -> SegmentView {
         let first = &self.blocks[head];
         let mut view = SegmentView {
             address: first.addr,
@@ -481,8 +482,8 @@ impl TorchPolicy {
             is_expandable: first.is_expandable(),
             blocks: Vec::new(),
         };
-        let mut idx = head;
-        while idx != NIL && self.blocks[idx].mapped {
+        let mut cursor = Some(head);
+        while let Some(idx) = cursor.filter(|&i| self.blocks[i].mapped) {
             let n = &self.blocks[idx];
             view.total_size += n.size;
             view.blocks.push(BlockView {
@@ -490,7 +491,7 @@ impl TorchPolicy {
                 size: n.size,
                 in_use: n.allocated,
             });
-            idx = n.next;
+            cursor = n.next;
         }
         view
     }
@@ -556,7 +557,9 @@ impl Policy for TorchPolicy {
     }
 
     fn free(&mut self, block: Block, up: &mut Upstream<'_>) {
-        let idx = usize::try_from(block.handle.get()).unwrap_or(NIL);
+        let Some(idx) = SlotIndex::new(block.handle.get()) else {
+            return;
+        };
         let Some(node) = self
             .blocks
             .get_mut(idx)
@@ -573,7 +576,7 @@ impl Policy for TorchPolicy {
 
     fn release_cached(&mut self, target: ReleaseTarget, up: &mut Upstream<'_>) -> u64 {
         // What can go back: whole unsplit segments, and the empty chunks of expandable blocks.
-        let candidates = |pool: &BlockPool| -> Vec<usize> {
+        let candidates = |pool: &BlockPool| -> Vec<SlotIndex> {
             pool.free
                 .iter()
                 .map(|key| key.3)
@@ -614,7 +617,7 @@ impl Policy for TorchPolicy {
             .filter(|(_, n)| {
                 // A cudaMalloc'd segment starts at a block without predecessor; an expandable
                 // one is shown as one segment per contiguous mapped range, as PyTorch does.
-                n.mapped && (n.prev == NIL || !self.blocks[n.prev].mapped)
+                n.mapped && n.prev.is_none_or(|prev| !self.blocks[prev].mapped)
             })
             .map(|(idx, _)| self.segment_view(idx))
             .collect();

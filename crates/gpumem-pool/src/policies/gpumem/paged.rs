@@ -1,0 +1,391 @@
+//! The backing of an arena on a device with VMM: one address reservation, tiled by the arena's
+//! index, with physical pages mapped on demand under the bytes blocks touch ([`super::pages`]).
+//! Also what only paged arenas do: stitching idle chunks under a block that needs pages (a big
+//! one, or any under pressure) and retiring the address ranges the chunks leave.
+
+use std::collections::HashMap;
+
+use gpumem_device::{DevicePtr, StreamId};
+
+use super::pages::{Chunk, PageMap};
+use super::tlsf::{NodeId, Tlsf};
+use super::{too_large, ArenaBacking, GpumemPolicy, StreamArena};
+use crate::policy::{BlockView, Exhausted, SegmentView, Upstream, UpstreamError};
+use crate::stats::SizeClass;
+
+/// An arena's address reservation and the pages mapped in it.
+#[derive(Debug)]
+pub(super) struct PagedReservation {
+    /// First address of the reservation.
+    base: DevicePtr,
+    /// Bytes reserved.
+    len: u64,
+    pages: PageMap,
+    /// Address ranges taken out of the index when their chunks moved to back a growing
+    /// block (so that nothing is placed there again and has to be mapped anew); given back
+    /// to the index if it ever runs out of address space.
+    retired: Vec<(DevicePtr, u64)>,
+}
+
+/// An idle chunk that can be moved under a block that needs pages.
+#[derive(Clone, Copy, Debug)]
+struct Donor {
+    /// Its arena.
+    arena: usize,
+    /// Its first page there.
+    page: u64,
+    chunk: Chunk,
+    /// The free node that holds it.
+    node: NodeId,
+}
+
+/// Bytes the device and the hard limit would still grant.
+fn headroom(up: &Upstream<'_>) -> u64 {
+    let device_free = up.device().mem_info().map_or(0, |info| info.free);
+    let under_limit = up
+        .hard_limit()
+        .map_or(u64::MAX, |limit| limit.saturating_sub(up.reserved()));
+    device_free.min(under_limit)
+}
+
+/// The parts of `blocks` (in address order) that lie in `[start, stop)`.
+fn clip(blocks: &[BlockView], start: u64, stop: u64) -> Vec<BlockView> {
+    let from = blocks.partition_point(|b| b.address + b.size <= start);
+    blocks[from..]
+        .iter()
+        .take_while(|b| b.address < stop)
+        .map(|b| {
+            let address = b.address.max(start);
+            BlockView {
+                address,
+                size: (b.address + b.size).min(stop) - address,
+                in_use: b.in_use,
+            }
+        })
+        .collect()
+}
+
+impl PagedReservation {
+    /// Reserves an arena's address space, `va_per_device_byte` times the device's memory in
+    /// pages of `page` bytes, and adds it to `index` as one free span.
+    pub(super) fn reserve(
+        index: &mut Tlsf,
+        page: u64,
+        va_per_device_byte: u64,
+        up: &mut Upstream<'_>,
+    ) -> Result<PagedReservation, Exhausted> {
+        let total = up.device().mem_info().map_err(|e| Exhausted {
+            attempted: 0,
+            cause: e.into(),
+        })?;
+        let len = total
+            .total
+            .saturating_mul(va_per_device_byte)
+            .next_multiple_of(page);
+        let base = up.reserve_address(len).map_err(|cause| Exhausted {
+            attempted: len,
+            cause,
+        })?;
+        if index.add_span(base, len).is_none() {
+            let _ = up.release_address(base, len);
+            return Err(too_large(len, up));
+        }
+        Ok(PagedReservation {
+            base,
+            len,
+            pages: PageMap::new(base, page),
+            retired: Vec::new(),
+        })
+    }
+
+    /// Gives the address space back (the arena must hold nothing); whether the device took it.
+    pub(super) fn release(&self, up: &mut Upstream<'_>) -> bool {
+        up.release_address(self.base, self.len).is_ok()
+    }
+
+    /// Whether no page is mapped.
+    pub(super) fn is_unmapped(&self) -> bool {
+        self.pages.mapped_bytes() == 0
+    }
+
+    /// Gives the address ranges retired by moved chunks back to `index`; whether there were
+    /// any.
+    fn restore_retired(&mut self, index: &mut Tlsf) -> bool {
+        let restored = !self.retired.is_empty();
+        for (addr, len) in self.retired.drain(..) {
+            // A full slab leaves the range out: it stays unusable, nothing else breaks.
+            let _ = index.restore(addr, len);
+        }
+        restored
+    }
+
+    /// Idle chunks (wholly inside free ranges of `index`), as (first page, chunk, the free
+    /// node holding it), lowest first.
+    fn idle_chunks(&self, index: &Tlsf) -> Vec<(u64, Chunk, NodeId)> {
+        let mut idle: Vec<(u64, Chunk, NodeId)> = index
+            .free_nodes()
+            .flat_map(|id| {
+                self.pages
+                    .chunks_inside(index.offset(id), index.size(id))
+                    .map(move |(p, c)| (p, c, id))
+            })
+            .collect();
+        idle.sort_unstable_by_key(|&(p, _, _)| p);
+        idle
+    }
+
+    /// Gives back idle chunks, highest addresses first, until `want` bytes are freed; returns
+    /// the bytes freed.
+    pub(super) fn release_idle(
+        &mut self,
+        index: &Tlsf,
+        want: u64,
+        up: &mut Upstream<'_>,
+        pool: SizeClass,
+        stream: StreamId,
+    ) -> u64 {
+        let mut released = 0;
+        for (p, _, _) in self.idle_chunks(index).into_iter().rev() {
+            if released >= want {
+                break;
+            }
+            released += self.pages.release(p, up, pool, stream).unwrap_or(0);
+        }
+        released
+    }
+
+    /// The segments of `arena` (whose backing this is): one per run of mapped pages, with the
+    /// blocks clipped to it, and `slab_blocks` (slab address → the small blocks tiling it)
+    /// shown in place of the slabs lent to small blocks.
+    pub(super) fn segment_views(
+        &self,
+        arena: &StreamArena,
+        slab_blocks: &HashMap<DevicePtr, Vec<BlockView>>,
+        views: &mut Vec<SegmentView>,
+    ) {
+        let index = &arena.index;
+        let mut ids: Vec<NodeId> = index.used_nodes().collect();
+        ids.extend(index.free_nodes());
+        ids.sort_unstable_by_key(|&id| index.offset(id));
+        let nodes: Vec<BlockView> = ids
+            .into_iter()
+            .map(|id| arena.block_view(id))
+            .flat_map(|b| match slab_blocks.get(&b.address) {
+                Some(inner) if b.in_use => inner.clone(),
+                _ => vec![b],
+            })
+            .collect();
+        for (first, end) in self.pages.mapped_runs() {
+            let (start, stop) = (self.pages.address(first), self.pages.address(end));
+            let blocks = clip(&nodes, start, stop);
+            views.push(arena.segment_view(start, stop - start, true, blocks));
+        }
+    }
+
+    /// The largest free range of `index` backed by mapped pages right now.
+    pub(super) fn largest_free_block(&self, index: &Tlsf) -> u64 {
+        let runs = self.pages.mapped_runs();
+        index
+            .free_nodes()
+            .map(|id| {
+                let (lo, hi) = (index.offset(id), index.offset(id) + index.size(id));
+                runs.iter()
+                    .map(|&(a, b)| {
+                        let (a, b) = (self.pages.address(a).max(lo), self.pages.address(b).min(hi));
+                        b.saturating_sub(a)
+                    })
+                    .max()
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+impl StreamArena {
+    /// The reservation, if this is a paged arena.
+    fn paged(&self) -> Option<&PagedReservation> {
+        match &self.backing {
+            ArenaBacking::Paged(paged) => Some(paged),
+            ArenaBacking::Segments(_) | ArenaBacking::Slabs(_) => None,
+        }
+    }
+
+    /// Maps a fresh chunk of `n` pages at page `p` of a paged arena.
+    fn map_fresh(&mut self, p: u64, n: u64, up: &mut Upstream<'_>) -> Result<(), UpstreamError> {
+        match &mut self.backing {
+            ArenaBacking::Paged(paged) => paged.pages.map_fresh(p, n, up, self.pool, self.stream),
+            ArenaBacking::Segments(_) | ArenaBacking::Slabs(_) => Ok(()),
+        }
+    }
+}
+
+impl GpumemPolicy {
+    /// Places `size` bytes in the paged arena `a`, mapping the pages it touches that are not
+    /// mapped yet; returns the block's node.
+    pub(super) fn place_paged(
+        &mut self,
+        a: usize,
+        size: u64,
+        up: &mut Upstream<'_>,
+    ) -> Result<NodeId, Exhausted> {
+        let arena = &mut self.arenas[a];
+        let index = &mut arena.index;
+        let Some(node) = index.allocate(size).or_else(|| match &mut arena.backing {
+            ArenaBacking::Paged(paged) => {
+                paged.restore_retired(index).then(|| index.allocate(size))?
+            }
+            ArenaBacking::Segments(_) | ArenaBacking::Slabs(_) => None,
+        }) else {
+            return Err(too_large(size, up));
+        };
+        let addr = arena.index.offset(node);
+        if let Some(paged) = arena.paged() {
+            let (first, end) = paged.pages.pages_touching(addr, size);
+            if !paged.pages.all_mapped(first, end) {
+                let interior = paged.pages.pages_inside(addr, size);
+                if let Err(e) = self.map_pages(a, (first, end), interior, up) {
+                    self.arenas[a].index.free(node);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(node)
+    }
+
+    /// Maps the unmapped pages among `touched` (first, end) of arena `a`, for a block whose
+    /// own pages are `interior`: idle chunks moved here (largest that fits first) when the
+    /// block is big or memory is short; fresh chunks while the device and the limit allow (one
+    /// per interior run, one per shared boundary page); else fresh memory after freeing idle
+    /// chunks elsewhere.
+    fn map_pages(
+        &mut self,
+        a: usize,
+        (first, end): (u64, u64),
+        (inner_first, inner_end): (u64, u64),
+        up: &mut Upstream<'_>,
+    ) -> Result<(), Exhausted> {
+        let pool = self.arenas[a].pool;
+        let mut pressure: Option<UpstreamError> = None;
+        let mut try_fresh = true;
+        let mut donors: Option<Vec<Donor>> = None;
+        let mut p = first;
+        while p < end {
+            let Some(pages) = self.arenas[a].paged().map(|paged| &paged.pages) else {
+                return Ok(());
+            };
+            if pages.is_mapped(p) {
+                p += 1;
+                continue;
+            }
+            let page = pages.page_size();
+            let gap = pages.unmapped_run_end(p, end) - p;
+            let exhausted = |cause| Exhausted {
+                attempted: gap * page,
+                cause,
+            };
+            // Stitch first: an idle chunk that fits the gap moves here — from this arena when a
+            // big block grows it, from any arena of the pool under pressure.
+            let list = donors.get_or_insert_with(|| self.idle_chunks_of(pool));
+            let growing_big = (end - first) * page >= self.settings.stitch_on_growth_min;
+            let fits = |d: &Donor| {
+                d.chunk.pages <= gap && (pressure.is_some() || (growing_big && d.arena == a))
+            };
+            if let Some(i) = list.iter().rposition(fits) {
+                let donor = list[i];
+                self.move_chunk(&donor, a, p, up).map_err(exhausted)?;
+                p += donor.chunk.pages;
+                // The donor's range left its index: the other donors' nodes may have changed.
+                donors = None;
+                continue;
+            }
+            let mut n = if (inner_first..inner_end).contains(&p) {
+                (gap.min(inner_end - p)).min(self.settings.max_chunk_pages)
+            } else {
+                1
+            };
+            if pressure.is_some() {
+                n = n.min(headroom(up) / page);
+            }
+            if try_fresh && n > 0 {
+                match self.arenas[a].map_fresh(p, n, up) {
+                    Ok(()) => p += n,
+                    Err(cause) if cause.is_out_of_memory() => {
+                        // A second refusal: the headroom estimate is wrong, stop asking.
+                        try_fresh = pressure.is_none();
+                        pressure = Some(cause);
+                    }
+                    Err(cause) => return Err(exhausted(cause)),
+                }
+                continue;
+            }
+            let Some(cause) = pressure.clone() else {
+                return Ok(());
+            };
+            let released = self.release_idle(gap * page, up) / page;
+            if released == 0 {
+                return Err(exhausted(cause));
+            }
+            donors = None;
+            let n = gap.min(released).min(self.settings.max_chunk_pages);
+            self.arenas[a].map_fresh(p, n, up).map_err(exhausted)?;
+            p += n;
+        }
+        Ok(())
+    }
+
+    /// Idle chunks of every paged arena of `pool`, smallest first.
+    fn idle_chunks_of(&self, pool: SizeClass) -> Vec<Donor> {
+        let mut idle: Vec<Donor> = self
+            .arenas
+            .iter()
+            .enumerate()
+            .filter(|(_, arena)| arena.pool == pool)
+            .flat_map(|(a, arena)| {
+                let chunks = arena.paged().map(|paged| paged.idle_chunks(&arena.index));
+                chunks
+                    .into_iter()
+                    .flatten()
+                    .map(move |(page, chunk, node)| Donor {
+                        arena: a,
+                        page,
+                        chunk,
+                        node,
+                    })
+            })
+            .collect();
+        idle.sort_by_key(|d| d.chunk.pages);
+        idle
+    }
+
+    /// Moves an idle chunk to page `p` of arena `a`, and takes its old address range out of
+    /// its arena's index for good, so that nothing placed there later needs mapping again.
+    fn move_chunk(
+        &mut self,
+        donor: &Donor,
+        a: usize,
+        p: u64,
+        up: &mut Upstream<'_>,
+    ) -> Result<(), UpstreamError> {
+        let arena = &mut self.arenas[donor.arena];
+        let pool = arena.pool;
+        let ArenaBacking::Paged(from) = &mut arena.backing else {
+            return Ok(());
+        };
+        let page = from.pages.page_size();
+        let chunk = from.pages.take(donor.page, up)?;
+        let range = (from.pages.address(donor.page), chunk.pages * page);
+        if arena.index.carve(donor.node, range.0, range.1) {
+            from.retired.push(range);
+        }
+        let ArenaBacking::Paged(to) = &mut self.arenas[a].backing else {
+            return Ok(());
+        };
+        if let Err(e) = to.pages.map_moved(p, chunk, up) {
+            // The chunk is mapped nowhere now: give it back so reserved stays exact.
+            let _ = up.release_physical(chunk.handle, chunk.pages * page, pool);
+            return Err(e);
+        }
+        Ok(())
+    }
+}
