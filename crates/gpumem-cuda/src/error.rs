@@ -21,8 +21,7 @@ pub const CUDA_ERROR_NO_DEVICE: i64 = 100;
 pub(crate) fn cuda_error(code: CUresult) -> DeviceError {
     let number = code as u32 as i64;
     let (name, message) = crate::ffi::describe(code);
-    let message =
-        message.unwrap_or_else(|| "(no description: the CUDA driver is not loaded)".into());
+    let message = message.unwrap_or_else(|| "(no description from the CUDA driver)".into());
     DeviceError::from_backend(
         BackendCode::new(BACKEND, number, name, message),
         number == CUDA_ERROR_OUT_OF_MEMORY,
