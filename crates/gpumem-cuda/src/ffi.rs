@@ -661,12 +661,12 @@ impl From<CUresult> for AsyncCopyError {
 fn fence_behind(fence: &Fence, stream: &Stream, event: &Arc<Event>) -> Result<(), AsyncCopyError> {
     match event.record(stream) {
         Ok(()) => {
-            lock(&fence.state).pending.push(Arc::clone(event));
+            fence.hold(event);
             Ok(())
         }
         Err(e) => {
             if stream.synchronize().is_err() && stream.ctx.synchronize().is_err() {
-                lock(&fence.state).poisoned = true;
+                fence.poison();
             }
             Err(AsyncCopyError::Driver(e))
         }
@@ -866,6 +866,9 @@ fn fence_of(
 /// The copies that may still use an allocation: the events recorded behind them.
 #[derive(Debug, Default)]
 struct Fence {
+    /// Whether `state` may hold anything: lets every access to the bytes (each `buf[i]` is
+    /// one) skip the lock once the fence is clear. Set under the lock, after the state changed.
+    busy: AtomicBool,
     state: Mutex<FenceState>,
 }
 
@@ -879,6 +882,9 @@ struct FenceState {
 impl Fence {
     /// Waits until no copy uses the allocation any more. Fails if that cannot be established.
     fn settle(&self) -> Result<(), String> {
+        if !self.busy.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let mut state = lock(&self.state);
         if state.poisoned {
             return Err("an asynchronous copy's completion could not be established".into());
@@ -889,7 +895,22 @@ impl Fence {
                 .map_err(|e| format!("waiting for an asynchronous copy failed: {e:?}"))?;
         }
         state.pending.clear();
+        self.busy.store(false, Ordering::Release);
         Ok(())
+    }
+
+    /// Adds the event behind a copy that uses the allocation.
+    fn hold(&self, event: &Arc<Event>) {
+        let mut state = lock(&self.state);
+        state.pending.push(Arc::clone(event));
+        self.busy.store(true, Ordering::Release);
+    }
+
+    /// A copy uses the allocation and its end cannot be known: never touch it again.
+    fn poison(&self) {
+        let mut state = lock(&self.state);
+        state.poisoned = true;
+        self.busy.store(true, Ordering::Release);
     }
 }
 
