@@ -4,7 +4,8 @@
 #
 # Checks (each runs its tests one at a time: they share the GPU's memory):
 #   gpumem-cuda  the CUDA backend's tests, the #[ignore]d GPU ones included
-#                (cargo test -p gpumem-cuda -- --include-ignored)
+#                (cargo test -p gpumem-cuda -- --include-ignored); the mock-driver scenarios
+#                are skipped here (they run in a child process of mock_driver.rs's own test)
 #
 # Exit status: 0 all passed; 1 something failed (or did not build); 77 no NVIDIA GPU here, so
 # nothing was run (said plainly). Arguments go to the test binaries as a name filter
@@ -18,7 +19,7 @@ say() { echo "gpu-check.sh: $*" >&2; }
 
 # The checks: "name|command". Add a line for each new check that needs a GPU.
 checks=(
-  "gpumem-cuda|cargo test -p gpumem-cuda --locked --no-fail-fast -- --include-ignored --test-threads=1"
+  "gpumem-cuda|cargo test -p gpumem-cuda --locked --no-fail-fast -- --include-ignored --test-threads=1 --skip mock_scenarios --skip mock_without_a_device"
 )
 
 gpu_list=""

@@ -38,9 +38,12 @@
 //!   (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`), `Device::vmm` is `None` and
 //!   the pool's policies fall back as they do on a simulated device without VMM.
 //!
-//! **None of the GPU paths has ever run**: no NVIDIA GPU was available where this crate was
-//! written. What runs everywhere is the no-driver path and the error mapping; the tests that
-//! need a GPU are `#[ignore]`d and `scripts/gpu-check.sh` runs them on a machine with one.
+//! **None of the GPU paths has ever run on a GPU**: no NVIDIA GPU was available where this
+//! crate was written. What runs everywhere: the no-driver path, the error mapping, and every
+//! GPU scenario against a mock driver (`tests/mock/libcuda.c`: host memory, copies done at once,
+//! VMM through memfd mappings; it checks the context is current on every call), which tests
+//! this crate's own logic but not CUDA's behaviour. The tests that need a GPU are `#[ignore]`d
+//! and `scripts/gpu-check.sh` runs them on a machine with one.
 //!
 //! # Unsafe code
 //!
