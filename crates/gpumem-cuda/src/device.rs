@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::sys::CUdevice_attribute as Attr;
+use gpumem_device::vmm_ledger::{check_granularity_multiple, VmmLedger};
 use gpumem_device::{
     Device, DeviceError, DevicePtr, EventId, InFlight, MemInfo, PhysicalHandle, PinnedBuffer,
     StreamId, VirtualMemory,
@@ -197,12 +198,11 @@ pub struct CudaDevice {
 struct State {
     /// `cuMemAlloc` allocations: start → size.
     allocations: BTreeMap<DevicePtr, u64>,
-    /// Reservations: start → size.
-    reservations: BTreeMap<DevicePtr, u64>,
+    /// Reservations and mappings.
+    vmm: VmmLedger<()>,
     /// Physical chunks not yet released, by handle.
     physical: HashMap<u64, Arc<Physical>>,
-    /// Mappings: start → size.
-    mappings: BTreeMap<DevicePtr, u64>,
+
     /// Streams made by `create_stream`, by raw handle.
     streams: HashMap<u64, Arc<Stream>>,
     /// Live events, by raw handle.
@@ -224,14 +224,7 @@ impl State {
                 return Ok(());
             }
         }
-        let mut at = ptr;
-        while at < end {
-            match self.mappings.range(..=at).next_back() {
-                Some((&start, &size)) if at < start + size => at = start + size,
-                _ => return Err(bad("not inside an allocation or mapping of this device")),
-            }
-        }
-        Ok(())
+        self.vmm.spans(ptr, len).map(|_| ())
     }
 }
 
@@ -622,35 +615,17 @@ impl VirtualMemory for CudaDevice {
     /// `cuMemAddressReserve`, aligned to the granularity.
     fn reserve(&self, size: u64) -> Result<DevicePtr, DeviceError> {
         let g = self.vmm_granularity()?;
-        if size == 0 || !size.is_multiple_of(g) {
-            return Err(DeviceError::InvalidValue(format!(
-                "reservation of {size} bytes is not a non-zero multiple of the granularity {g}"
-            )));
-        }
+        check_granularity_multiple(size, g, "reservation")?;
         let ptr = self.ctx.reserve(size, g).map_err(cuda_error)?;
-        self.lock().reservations.insert(ptr, size);
+        self.lock().vmm.add_reservation(ptr, size);
         Ok(ptr)
     }
 
     /// `cuMemAddressFree`; the reservation must be whole and have nothing mapped in it.
     fn release_reservation(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
-        {
-            let mut s = self.lock();
-            if s.reservations.get(&ptr) != Some(&size) {
-                return Err(DeviceError::InvalidAddress {
-                    ptr,
-                    what: format!("no reservation of {size} bytes starts here"),
-                });
-            }
-            if s.mappings.range(ptr..ptr + size).next().is_some() {
-                return Err(DeviceError::InvalidValue(format!(
-                    "reservation at {ptr:#x} still has mapped chunks"
-                )));
-            }
-            s.reservations.remove(&ptr);
-        }
+        self.lock().vmm.remove_reservation(ptr, size)?;
         self.ctx.release_reservation(ptr, size).map_err(|code| {
-            self.lock().reservations.insert(ptr, size);
+            self.lock().vmm.add_reservation(ptr, size);
             cuda_error(code)
         })
     }
@@ -658,11 +633,7 @@ impl VirtualMemory for CudaDevice {
     /// `cuMemCreate` of pinned device memory on this device.
     fn create_physical(&self, size: u64) -> Result<PhysicalHandle, DeviceError> {
         let g = self.vmm_granularity()?;
-        if size == 0 || !size.is_multiple_of(g) {
-            return Err(DeviceError::InvalidValue(format!(
-                "physical chunk of {size} bytes is not a non-zero multiple of the granularity {g}"
-            )));
-        }
+        check_granularity_multiple(size, g, "physical chunk")?;
         let chunk = self.ctx.create_physical(size).map_err(|code| match code {
             CUresult::CUDA_ERROR_OUT_OF_MEMORY => self.out_of_memory(code, size),
             _ => cuda_error(code),
@@ -699,62 +670,21 @@ impl VirtualMemory for CudaDevice {
                     kind: "physical handle",
                     id: handle.0,
                 })?;
-            let size = chunk.size();
-            if !ptr.is_multiple_of(g) {
-                return Err(DeviceError::InvalidAddress {
-                    ptr,
-                    what: format!("map address is not aligned to the granularity {g}"),
-                });
-            }
-            let inside = matches!(
-                s.reservations.range(..=ptr).next_back(),
-                Some((&start, &len)) if ptr + size <= start + len
-            );
-            if !inside {
-                return Err(DeviceError::InvalidAddress {
-                    ptr,
-                    what: format!("{size} bytes from here are not inside one reservation"),
-                });
-            }
-            let overlaps_before = matches!(
-                s.mappings.range(..ptr).next_back(),
-                Some((&start, &len)) if start + len > ptr
-            );
-            if overlaps_before || s.mappings.range(ptr..ptr + size).next().is_some() {
-                return Err(DeviceError::InvalidAddress {
-                    ptr,
-                    what: "range is already mapped".into(),
-                });
-            }
+            s.vmm.check_map(ptr, chunk.size(), g)?;
             chunk
         };
         self.ctx.map(ptr, &chunk).map_err(cuda_error)?;
-        self.lock().mappings.insert(ptr, chunk.size());
+        self.lock().vmm.add_mapping(ptr, chunk.size(), ());
         Ok(())
     }
 
     /// `cuMemUnmap`; the range must cover whole mappings.
     fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
-        let starts = {
-            let s = self.lock();
-            let end = ptr.saturating_add(size);
-            let starts: Vec<(DevicePtr, u64)> =
-                s.mappings.range(ptr..end).map(|(&a, &l)| (a, l)).collect();
-            let covered: u64 = starts.iter().map(|(_, l)| l).sum();
-            let contiguous = starts.first().map(|m| m.0) == Some(ptr)
-                && starts.last().map(|(a, l)| a + l) == Some(end);
-            if !contiguous || covered != size {
-                return Err(DeviceError::InvalidAddress {
-                    ptr,
-                    what: format!("{size} bytes from here do not cover whole mappings"),
-                });
-            }
-            starts
-        };
+        let starts = self.lock().vmm.covered_mappings(ptr, size)?;
         self.ctx.unmap(ptr, size).map_err(cuda_error)?;
         let mut s = self.lock();
-        for (start, _) in starts {
-            s.mappings.remove(&start);
+        for start in starts {
+            s.vmm.remove_mapping(start);
         }
         Ok(())
     }

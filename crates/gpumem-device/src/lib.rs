@@ -60,6 +60,7 @@ mod error;
 mod in_flight;
 mod pinned;
 pub mod sim;
+pub mod vmm_ledger;
 
 pub use address_map::{AddressMap, AddressSet};
 pub use error::{BackendCode, DeviceError};

@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
+use crate::vmm_ledger::{check_granularity_multiple, VmmLedger};
 use crate::{
     Device, DeviceError, DevicePtr, EventId, InFlight, MemInfo, PhysicalHandle, PinnedBuffer,
     StreamId, VirtualMemory,
@@ -148,13 +149,12 @@ struct SimState {
     next_address: u64,
     /// Live `malloc` ranges by start address.
     allocations: BTreeMap<DevicePtr, Region>,
-    /// Live reservations by start address: size.
-    reservations: BTreeMap<DevicePtr, u64>,
+    /// Reservations and mappings (a mapping keeps its chunk's handle id).
+    vmm: VmmLedger<u64>,
     /// Physical chunks by handle id.
     physical: HashMap<u64, Physical>,
     next_physical: u64,
-    /// Mappings by start address.
-    mappings: BTreeMap<DevicePtr, Mapping>,
+
     /// Per stream: (tickets queued, tickets completed).
     streams: HashMap<StreamId, (u64, u64)>,
     next_stream: u64,
@@ -175,12 +175,6 @@ struct Physical {
     released: bool,
     mapped: u32,
     bytes: Option<Vec<u8>>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Mapping {
-    size: u64,
-    handle: u64,
 }
 
 /// Base of simulated device addresses: looks like a real CUDA pointer in messages and traces.
@@ -396,22 +390,16 @@ impl SimState {
                 return Ok(());
             }
         }
+        let spans: Vec<(DevicePtr, u64, u64)> = self
+            .vmm
+            .spans(ptr, len)?
+            .into_iter()
+            .map(|(start, mapped)| (start, mapped.size, mapped.data))
+            .collect();
         let mut at = ptr;
-        while at < end {
-            let (start, mapping) = match self.mappings.range(..=at).next_back() {
-                Some((&s, &m)) if at < s + m.size => (s, m),
-                _ => {
-                    return Err(DeviceError::InvalidAddress {
-                        ptr: at,
-                        what: "not inside a live allocation or mapping".into(),
-                    })
-                }
-            };
-            let stop = end.min(start + mapping.size);
-            let chunk = self
-                .physical
-                .get_mut(&mapping.handle)
-                .expect("mapped chunk exists");
+        for (start, size, handle) in spans {
+            let stop = end.min(start + size);
+            let chunk = self.physical.get_mut(&handle).expect("mapped chunk exists");
             let bytes = chunk.bytes.as_mut().expect("host-backed chunk");
             let off = (at - start) as usize;
             f(
@@ -649,46 +637,23 @@ impl VirtualMemory for SimDevice {
         let g = self.vmm_granularity()?;
         let mut s = self.lock();
         s.counters.reserve += 1;
-        if size == 0 || !size.is_multiple_of(g) {
-            return Err(DeviceError::InvalidValue(format!(
-                "reservation of {size} bytes is not a non-zero multiple of the granularity {g}"
-            )));
-        }
+        check_granularity_multiple(size, g, "reservation")?;
         let ptr = s.bump_address(size, g);
-        s.reservations.insert(ptr, size);
+        s.vmm.add_reservation(ptr, size);
         Ok(ptr)
     }
 
     fn release_reservation(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
         let mut s = self.lock();
         s.counters.release_reservation += 1;
-        match s.reservations.get(&ptr) {
-            Some(&len) if len == size => {}
-            _ => {
-                return Err(DeviceError::InvalidAddress {
-                    ptr,
-                    what: format!("no reservation of {size} bytes starts here"),
-                })
-            }
-        }
-        if s.mappings.range(ptr..ptr + size).next().is_some() {
-            return Err(DeviceError::InvalidValue(format!(
-                "reservation at {ptr:#x} still has mapped chunks"
-            )));
-        }
-        s.reservations.remove(&ptr);
-        Ok(())
+        s.vmm.remove_reservation(ptr, size)
     }
 
     fn create_physical(&self, size: u64) -> Result<PhysicalHandle, DeviceError> {
         let g = self.vmm_granularity()?;
         let mut s = self.lock();
         s.counters.create_physical += 1;
-        if size == 0 || !size.is_multiple_of(g) {
-            return Err(DeviceError::InvalidValue(format!(
-                "physical chunk of {size} bytes is not a non-zero multiple of the granularity {g}"
-            )));
-        }
+        check_granularity_multiple(size, g, "physical chunk")?;
         if let Err(e) = self.take_memory(&mut s, size) {
             s.counters.create_physical_failed += 1;
             return Err(e);
@@ -742,39 +707,8 @@ impl VirtualMemory for SimDevice {
                 })
             }
         };
-        if !ptr.is_multiple_of(g) {
-            return Err(DeviceError::InvalidAddress {
-                ptr,
-                what: format!("map address is not aligned to the granularity {g}"),
-            });
-        }
-        let inside = matches!(
-            s.reservations.range(..=ptr).next_back(),
-            Some((&start, &len)) if ptr + size <= start + len
-        );
-        if !inside {
-            return Err(DeviceError::InvalidAddress {
-                ptr,
-                what: format!("{size} bytes from here are not inside one reservation"),
-            });
-        }
-        let overlaps_before = matches!(
-            s.mappings.range(..ptr).next_back(),
-            Some((&start, m)) if start + m.size > ptr
-        );
-        if overlaps_before || s.mappings.range(ptr..ptr + size).next().is_some() {
-            return Err(DeviceError::InvalidAddress {
-                ptr,
-                what: "range is already mapped".into(),
-            });
-        }
-        s.mappings.insert(
-            ptr,
-            Mapping {
-                size,
-                handle: handle.0,
-            },
-        );
+        s.vmm.check_map(ptr, size, g)?;
+        s.vmm.add_mapping(ptr, size, handle.0);
         s.physical.get_mut(&handle.0).expect("checked above").mapped += 1;
         Ok(())
     }
@@ -782,27 +716,13 @@ impl VirtualMemory for SimDevice {
     fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
         let mut s = self.lock();
         s.counters.unmap += 1;
-        let end = ptr.saturating_add(size);
-        let starts: Vec<DevicePtr> = s.mappings.range(ptr..end).map(|(&a, _)| a).collect();
-        let covered: u64 = starts.iter().map(|a| s.mappings[a].size).sum();
-        let contiguous = starts.first() == Some(&ptr)
-            && starts.last().map(|a| a + s.mappings[a].size) == Some(end);
-        if !contiguous || covered != size {
-            return Err(DeviceError::InvalidAddress {
-                ptr,
-                what: format!("{size} bytes from here do not cover whole mappings"),
-            });
-        }
-        for start in starts {
-            let mapping = s.mappings.remove(&start).expect("listed above");
-            let chunk = s
-                .physical
-                .get_mut(&mapping.handle)
-                .expect("mapped chunk exists");
+        for start in s.vmm.covered_mappings(ptr, size)? {
+            let handle = s.vmm.remove_mapping(start).expect("listed above").data;
+            let chunk = s.physical.get_mut(&handle).expect("mapped chunk exists");
             chunk.mapped -= 1;
             if chunk.released && chunk.mapped == 0 {
                 let freed = chunk.size;
-                s.physical.remove(&mapping.handle);
+                s.physical.remove(&handle);
                 s.used -= freed;
             }
         }
