@@ -50,22 +50,8 @@ pub struct OomError {
     pub attempted: u64,
     /// Stream of the request.
     pub stream: StreamId,
-    /// The name of the policy in force.
-    pub policy: String,
-    /// Device name.
-    pub device: String,
-    /// Device total memory.
-    pub device_total: u64,
-    /// Device free memory when the allocation failed.
-    pub device_free: u64,
-    /// Bytes allocated from this pool.
-    pub allocated: u64,
-    /// Bytes reserved by this pool from the device.
-    pub reserved: u64,
-    /// The largest cached block.
-    pub largest_free_block: u64,
-    /// The hard limit in force, if any.
-    pub hard_limit: Option<u64>,
+    /// What the pool and the device held.
+    pub pool: PoolFacts,
     /// The last refusal from the device or the limit.
     pub cause: UpstreamError,
     /// What to try, most promising first.
@@ -75,14 +61,15 @@ pub struct OomError {
 impl OomError {
     /// Reserved bytes that hold no allocation: cache and fragmentation.
     pub fn reserved_unallocated(&self) -> u64 {
-        self.reserved.saturating_sub(self.allocated)
+        self.pool.reserved.saturating_sub(self.pool.allocated)
     }
 
     /// Device memory in use outside this pool (other pools, processes, the CUDA context).
     pub fn used_elsewhere(&self) -> u64 {
-        self.device_total
-            .saturating_sub(self.device_free)
-            .saturating_sub(self.reserved)
+        self.pool
+            .device_total
+            .saturating_sub(self.pool.device_free)
+            .saturating_sub(self.pool.reserved)
     }
 
     /// The explained failure of `request`: what the policy last tried (`failure`), what the
@@ -100,14 +87,7 @@ impl OomError {
             requested: request.size,
             attempted: failure.attempted,
             stream: request.stream,
-            policy: facts.policy.to_string(),
-            device: facts.device,
-            device_total: facts.device_total,
-            device_free: facts.device_free,
-            allocated: facts.allocated,
-            reserved: facts.reserved,
-            largest_free_block: facts.largest_free_block,
-            hard_limit: facts.hard_limit,
+            pool: facts,
             cause: failure.cause,
             advice: Vec::new(),
         };
@@ -117,7 +97,7 @@ impl OomError {
     /// Fills in [`OomError::advice`] from the numbers, ranked by bytes each could free.
     fn with_advice(mut self, fragmentation_advice: &str) -> Self {
         let mut advice = Vec::new();
-        let shortfall = self.requested.saturating_sub(self.largest_free_block);
+        let shortfall = self.requested.saturating_sub(self.pool.largest_free_block);
         let idle = self.reserved_unallocated();
         if idle > 0 {
             advice.push(Advice {
@@ -125,15 +105,16 @@ impl OomError {
                 reason: format!(
                     "{} reserved but unallocated, largest free block {} — fragmentation",
                     Bytes(idle),
-                    Bytes(self.largest_free_block)
+                    Bytes(self.pool.largest_free_block)
                 ),
                 bytes: idle,
             });
         }
-        if let Some(limit) = self.hard_limit {
+        if let Some(limit) = self.pool.hard_limit {
             let beyond = self
+                .pool
                 .device_free
-                .min(self.device_total.saturating_sub(limit));
+                .min(self.pool.device_total.saturating_sub(limit));
             if beyond > 0 {
                 advice.push(Advice {
                     action: "raise GPUMEM_HARD_LIMIT".into(),
@@ -161,10 +142,10 @@ impl OomError {
             action: "reduce live memory: a smaller batch, gradient checkpointing, bf16 or an 8-bit optimizer; `gpumem plan` finds a batch that fits".into(),
             reason: format!(
                 "{} is allocated and {} more is needed",
-                Bytes(self.allocated),
+                Bytes(self.pool.allocated),
                 Bytes(shortfall.max(1))
             ),
-            bytes: self.allocated,
+            bytes: self.pool.allocated,
         });
         advice.sort_by_key(|a| std::cmp::Reverse(a.bytes));
         self.advice = advice;
@@ -179,7 +160,7 @@ impl fmt::Display for OomError {
             "out of memory: tried to allocate {} on stream {} (policy {}",
             Bytes(self.requested),
             self.stream.0,
-            self.policy
+            self.pool.policy
         )?;
         if self.attempted > self.requested {
             write!(
@@ -192,18 +173,18 @@ impl fmt::Display for OomError {
         writeln!(
             f,
             "Device {} has {} in total, of which {} is free.",
-            self.device,
-            Bytes(self.device_total),
-            Bytes(self.device_free)
+            self.pool.device,
+            Bytes(self.pool.device_total),
+            Bytes(self.pool.device_free)
         )?;
         writeln!(
             f,
             "This pool holds {} allocated and {} reserved but unallocated; the largest free block is {}.",
-            Bytes(self.allocated),
+            Bytes(self.pool.allocated),
             Bytes(self.reserved_unallocated()),
-            Bytes(self.largest_free_block)
+            Bytes(self.pool.largest_free_block)
         )?;
-        match self.hard_limit {
+        match self.pool.hard_limit {
             Some(limit) => writeln!(f, "Memory limit: hard = {}.", Bytes(limit))?,
             None => writeln!(f, "Memory limit: none.")?,
         }

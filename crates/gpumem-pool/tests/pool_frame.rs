@@ -133,9 +133,9 @@ fn oom_frees_pending_and_cached_memory_then_explains() {
         panic!("expected an OOM, got {err}")
     };
     assert_eq!(oom.requested, 16 * MIB);
-    assert_eq!(oom.device_total, 32 * MIB);
-    assert_eq!(oom.device_free, 12 * MIB);
-    assert_eq!(oom.allocated, 20 * MIB);
+    assert_eq!(oom.pool.device_total, 32 * MIB);
+    assert_eq!(oom.pool.device_free, 12 * MIB);
+    assert_eq!(oom.pool.allocated, 20 * MIB);
     let text = oom.to_string();
     for needle in [
         "tried to allocate 16.00 MiB",
@@ -168,7 +168,7 @@ fn hard_limit_is_never_exceeded_and_named_in_the_oom() {
     let PoolError::OutOfMemory(oom) = err else {
         panic!("expected an OOM")
     };
-    assert_eq!(oom.hard_limit, Some(10 * MIB));
+    assert_eq!(oom.pool.hard_limit, Some(10 * MIB));
     assert_eq!(oom.advice[0].action, "raise GPUMEM_HARD_LIMIT", "{oom}");
     assert!(oom.to_string().contains("hard = 10.00 MiB"));
     assert!(pool.stats().reserved_bytes.all.peak <= 10 * MIB);

@@ -247,9 +247,9 @@ fn oom_after_reclaim_explains_itself() {
     };
     assert_eq!(oom.requested, 40 * MIB);
     assert_eq!(oom.attempted, 40 * MIB);
-    assert_eq!(oom.allocated, 30 * MIB);
+    assert_eq!(oom.pool.allocated, 30 * MIB);
     assert_eq!(
-        oom.reserved,
+        oom.pool.reserved,
         30 * MIB,
         "the cached segment was released first"
     );

@@ -229,8 +229,8 @@ pub fn replay(
         event_index: *index,
         step: step_at(trace, *index),
         requested_bytes: oom.requested,
-        allocated_bytes: oom.allocated,
-        reserved_bytes: oom.reserved,
+        allocated_bytes: oom.pool.allocated,
+        reserved_bytes: oom.pool.reserved,
         message: oom.to_string(),
     });
     if report.oom.is_none() {

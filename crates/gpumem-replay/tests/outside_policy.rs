@@ -157,7 +157,7 @@ fn an_outside_policy_runs_in_a_pool() {
     let PoolError::OutOfMemory(oom) = err else {
         panic!("{err}")
     };
-    assert_eq!(oom.policy, "exact-size");
+    assert_eq!(oom.pool.policy, "exact-size");
     pool.free(big.ptr).unwrap();
     assert_eq!(pool.empty_cache().unwrap(), 62 * MIB);
     assert_eq!(device.used(), 0);
