@@ -6,6 +6,8 @@
 
 #![deny(unsafe_code)]
 
+pub mod selftest;
+
 use std::sync::Arc;
 use std::time::Instant;
 

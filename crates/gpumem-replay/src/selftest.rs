@@ -1,0 +1,405 @@
+//! Checks a backend end to end with real bytes: every policy's blocks hold what was written
+//! into them, through allocation, reuse and cache release, and a real trace replayed with
+//! memory behind every block never lets two live blocks share a byte.
+//!
+//! This is what `gpumem selftest` runs on a user's own device (the simulated one, CUDA or
+//! wgpu): the simulated device shows the pool's logic is right; a real device also shows that
+//! the backend's allocations, mappings and copies are.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use gpumem_device::{Device, DeviceError, DevicePtr, StreamId};
+use gpumem_pool::{Pool, PoolError};
+use gpumem_trace::{Event, Trace};
+use serde::Serialize;
+
+use crate::PolicySource;
+use crate::ReplayOptions;
+
+/// The sizes of the round-trip phase: odd and even, around the 512-byte rounding, the 1 MiB
+/// small/large boundary, 10 MiB (PyTorch's large-segment threshold) and larger.
+const ROUND_TRIP_SIZES: [u64; 12] = [
+    1,
+    3,
+    511,
+    512,
+    4097,
+    65_536,
+    300_000,
+    1 << 20,
+    (1 << 20) + 1,
+    3 << 20,
+    (10 << 20) + 7,
+    24 << 20,
+];
+
+/// One check and its outcome.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Check {
+    /// What was checked.
+    pub name: String,
+    /// Whether it held.
+    pub passed: bool,
+    /// Numbers behind it, or what went wrong.
+    pub detail: String,
+}
+
+/// What a self-test of one policy on one device found.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SelftestReport {
+    /// The device, as it names itself.
+    pub device: String,
+    /// The policy tested.
+    pub policy: String,
+    /// Every check, in the order they ran.
+    pub checks: Vec<Check>,
+    /// Bytes written and read back.
+    pub bytes_verified: u64,
+    /// Device calls the pool made that allocate or map memory.
+    pub device_alloc_calls: u64,
+    /// Device calls the pool made that free or unmap memory.
+    pub device_free_calls: u64,
+    /// Wall time in seconds.
+    pub seconds: f64,
+}
+
+impl SelftestReport {
+    /// Whether every check passed.
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|check| check.passed)
+    }
+}
+
+/// The byte at `offset` of the pattern of block `tag`: differs between blocks and along a
+/// block, so a block that overlaps another or lands at the wrong offset reads wrong.
+fn pattern_byte(tag: u64, offset: u64) -> u8 {
+    let x = tag
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(offset.wrapping_mul(0xD6E8_FEB8_6659_FD93));
+    (x >> 56) as u8 ^ (offset as u8)
+}
+
+fn pattern(tag: u64, len: u64, from: u64) -> Vec<u8> {
+    (from..from + len).map(|o| pattern_byte(tag, o)).collect()
+}
+
+/// A live block under test: where, how large, and the tag of the pattern it holds.
+struct Written {
+    ptr: DevicePtr,
+    size: u64,
+    tag: u64,
+}
+
+/// The parts of a block that are written and verified: all of it up to `limit` bytes, else
+/// its first and last `limit / 2` bytes.
+fn extents(size: u64, limit: u64) -> Vec<(u64, u64)> {
+    if size <= limit {
+        vec![(0, size)]
+    } else {
+        vec![(0, limit / 2), (size - limit / 2, limit / 2)]
+    }
+}
+
+/// Writes and reads the device through one pool, counting the bytes it verified.
+struct Tester<'a> {
+    device: &'a dyn Device,
+    limit: u64,
+    bytes: u64,
+}
+
+impl Tester<'_> {
+    fn write(&self, block: &Written) -> Result<(), DeviceError> {
+        for (from, len) in extents(block.size, self.limit) {
+            let bytes = pattern(block.tag, len, from);
+            self.device
+                .copy_to_device(block.ptr + from, &bytes, StreamId::DEFAULT)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the block back; `Ok(None)` if it holds its pattern, else what differed.
+    fn verify(&mut self, block: &Written) -> Result<Option<String>, DeviceError> {
+        for (from, len) in extents(block.size, self.limit) {
+            let mut back = vec![0u8; len as usize];
+            self.device
+                .copy_to_host(&mut back, block.ptr + from, StreamId::DEFAULT)?;
+            self.bytes += len;
+            if let Some(i) =
+                (0..len).find(|&i| back[i as usize] != pattern_byte(block.tag, from + i))
+            {
+                return Ok(Some(format!(
+                    "block {:#x} ({} bytes): byte {} reads {:#04x}, {:#04x} was written",
+                    block.ptr,
+                    block.size,
+                    from + i,
+                    back[i as usize],
+                    pattern_byte(block.tag, from + i)
+                )));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Why a self-test could not run to its end (a failed check is not an error: it is in the
+/// report).
+#[derive(Debug, thiserror::Error)]
+pub enum SelftestError {
+    /// The device failed a call.
+    #[error("device error: {0}")]
+    Device(#[from] DeviceError),
+    /// The pool failed for a reason other than a check.
+    #[error("pool error: {0}")]
+    Pool(#[from] PoolError),
+}
+
+/// Runs the self-test of `policy` on `device`: round trips of blocks of many sizes (write a
+/// distinct pattern into every block, free half, allocate again so that freed memory is
+/// reused, read everything back), memory returned after the cache is emptied, then `trace`
+/// replayed with a pattern written into every block at its allocation and verified at its
+/// free. At most `bytes_per_block` bytes of each block are written (its start and end beyond
+/// that); the device needs room for the trace's peak.
+pub fn selftest(
+    device: Arc<dyn Device>,
+    policy: &dyn PolicySource,
+    trace: &Trace,
+    bytes_per_block: u64,
+) -> Result<SelftestReport, SelftestError> {
+    let started = Instant::now();
+    let made = policy
+        .make(&ReplayOptions::default())
+        .map_err(PoolError::Config)?;
+    let pool = Pool::with_policy(device.clone(), made, Default::default())?;
+    let mut tester = Tester {
+        device: device.as_ref(),
+        limit: bytes_per_block.max(2),
+        bytes: 0,
+    };
+    let mut checks = Vec::new();
+    let free_before = device.mem_info()?.free;
+    checks.push(round_trips(&pool, &mut tester)?);
+    pool.empty_cache()?;
+    let free_after = device.mem_info()?.free;
+    checks.push(Check {
+        name: "memory given back after empty_cache".into(),
+        passed: free_after >= free_before && pool.stats().reserved_bytes.all.current == 0,
+        detail: format!(
+            "device free {free_before} bytes before, {free_after} after; {} reserved",
+            pool.stats().reserved_bytes.all.current
+        ),
+    });
+    checks.push(replay_with_bytes(&pool, &mut tester, trace)?);
+    pool.empty_cache()?;
+    Ok(SelftestReport {
+        device: device.name(),
+        policy: policy.name().to_string(),
+        checks,
+        bytes_verified: tester.bytes,
+        device_alloc_calls: pool.stats().device_calls.allocating(),
+        device_free_calls: pool.stats().device_calls.freeing(),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn round_trips(pool: &Pool, tester: &mut Tester<'_>) -> Result<Check, SelftestError> {
+    let mut live = Vec::new();
+    let mut tag = 0;
+    let mut allocate = |live: &mut Vec<Written>, size: u64| -> Result<(), SelftestError> {
+        tag += 1;
+        let block = Written {
+            ptr: pool.allocate(size, StreamId::DEFAULT)?.ptr,
+            size,
+            tag,
+        };
+        tester.write(&block)?;
+        live.push(block);
+        Ok(())
+    };
+    for round in 0..3 {
+        for &size in &ROUND_TRIP_SIZES {
+            allocate(&mut live, size + round)?;
+        }
+    }
+    // Free every other block, then allocate the same sizes again: the cache serves them.
+    let mut kept = Vec::new();
+    let mut sizes = Vec::new();
+    for (i, block) in live.drain(..).enumerate() {
+        if i % 2 == 0 {
+            pool.free(block.ptr)?;
+            sizes.push(block.size);
+        } else {
+            kept.push(block);
+        }
+    }
+    for size in sizes {
+        allocate(&mut kept, size)?;
+    }
+    let blocks = kept.len();
+    let mut failure = None;
+    for block in &kept {
+        if let Some(what) = tester.verify(block)? {
+            failure.get_or_insert(what);
+        }
+    }
+    for block in kept {
+        pool.free(block.ptr)?;
+    }
+    Ok(Check {
+        name: "round trips: allocate, write, free, reuse, read back".into(),
+        passed: failure.is_none(),
+        detail: failure.unwrap_or_else(|| {
+            format!("{blocks} live blocks of 1 B to 24 MiB hold what was written")
+        }),
+    })
+}
+
+fn replay_with_bytes(
+    pool: &Pool,
+    tester: &mut Tester<'_>,
+    trace: &Trace,
+) -> Result<Check, SelftestError> {
+    let mut live: gpumem_device::AddressMap<Written> = Default::default();
+    let mut failure = None;
+    let mut allocs = 0u64;
+    for (index, event) in trace.events.iter().enumerate() {
+        match *event {
+            Event::Alloc { addr, size, stream } => {
+                let ptr = pool.allocate(size, StreamId(stream))?.ptr;
+                let block = Written {
+                    ptr,
+                    size,
+                    tag: index as u64,
+                };
+                if size > 0 {
+                    tester.write(&block)?;
+                }
+                live.insert(addr, block);
+                allocs += 1;
+            }
+            Event::Free { addr, .. } => {
+                if let Some(block) = live.remove(&addr) {
+                    if block.size > 0 {
+                        if let Some(what) = tester.verify(&block)? {
+                            failure.get_or_insert(format!("event {index}: {what}"));
+                        }
+                    }
+                    pool.free(block.ptr)?;
+                }
+            }
+            Event::Step { .. } => {}
+        }
+    }
+    for (_, block) in live.drain() {
+        if block.size > 0 {
+            if let Some(what) = tester.verify(&block)? {
+                failure.get_or_insert(what);
+            }
+        }
+        pool.free(block.ptr)?;
+    }
+    Ok(Check {
+        name: format!(
+            "trace `{}` with real bytes behind every block",
+            trace.meta.name
+        ),
+        passed: failure.is_none(),
+        detail: failure.unwrap_or_else(|| {
+            format!(
+                "{allocs} blocks, peak reserved {} bytes, every block read back intact",
+                pool.stats().reserved_bytes.all.peak
+            )
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumem_device::sim::{SimConfig, SimDevice};
+    use gpumem_pool::PolicyKind;
+
+    fn small_trace() -> Trace {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../testdata/traces/small-gpt2-2l-infer-b1-s32.jsonl.gz"
+        );
+        gpumem_trace::read_path(path, Default::default()).unwrap()
+    }
+
+    #[test]
+    fn every_policy_passes_on_the_host_backed_sim() {
+        let trace = small_trace();
+        for vmm in [true, false] {
+            for policy in PolicyKind::ALL {
+                if policy == PolicyKind::Expandable && !vmm {
+                    continue;
+                }
+                let config = SimConfig {
+                    granularity: vmm.then_some(2 << 20),
+                    ..SimConfig::host(1 << 30)
+                };
+                let device: Arc<dyn Device> = Arc::new(SimDevice::new(config).unwrap());
+                let report = selftest(device, &policy, &trace, 4096).unwrap();
+                assert!(report.passed(), "{policy} vmm {vmm}: {:#?}", report.checks);
+                assert_eq!(report.checks.len(), 3);
+                assert!(report.bytes_verified > 400_000, "{}", report.bytes_verified);
+                assert!(report.device_alloc_calls > 0);
+                assert!(report.device_free_calls > 0, "the cache was emptied");
+            }
+        }
+    }
+
+    /// A device that corrupts one byte of every large copy: the self-test must catch it.
+    struct Corrupting(SimDevice);
+
+    impl Device for Corrupting {
+        fn name(&self) -> String {
+            "corrupting sim".into()
+        }
+        fn mem_info(&self) -> Result<gpumem_device::MemInfo, DeviceError> {
+            self.0.mem_info()
+        }
+        fn malloc(&self, size: u64) -> Result<DevicePtr, DeviceError> {
+            self.0.malloc(size)
+        }
+        fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+            self.0.free(ptr)
+        }
+        fn copy_to_device(
+            &self,
+            dst: DevicePtr,
+            src: &[u8],
+            stream: StreamId,
+        ) -> Result<(), DeviceError> {
+            let mut bytes = src.to_vec();
+            if bytes.len() > 1000 {
+                bytes[999] ^= 1;
+            }
+            self.0.copy_to_device(dst, &bytes, stream)
+        }
+        fn copy_to_host(
+            &self,
+            dst: &mut [u8],
+            src: DevicePtr,
+            stream: StreamId,
+        ) -> Result<(), DeviceError> {
+            self.0.copy_to_host(dst, src, stream)
+        }
+    }
+
+    #[test]
+    fn a_backend_that_corrupts_bytes_fails_the_checks() {
+        let sim = SimDevice::new(SimConfig::host(1 << 30)).unwrap();
+        let device: Arc<dyn Device> = Arc::new(Corrupting(sim));
+        let report = selftest(device, &PolicyKind::Torch, &small_trace(), 4096).unwrap();
+        assert!(!report.passed());
+        let failed: Vec<&Check> = report.checks.iter().filter(|c| !c.passed).collect();
+        assert_eq!(failed.len(), 2, "{failed:#?}");
+        assert!(
+            failed[0].detail.contains("byte 999"),
+            "{}",
+            failed[0].detail
+        );
+    }
+}
