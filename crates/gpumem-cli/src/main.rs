@@ -2,9 +2,12 @@
 
 #![deny(unsafe_code)]
 
+mod backend;
+mod devices_cmd;
 mod plan_cmd;
 mod policies_cmd;
 mod replay_cmd;
+mod selftest_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -25,6 +28,10 @@ enum Command {
     Replay(replay_cmd::ReplayArgs),
     /// List the built-in allocator policies and what each is.
     Policies(policies_cmd::PoliciesArgs),
+    /// List every device of every backend available here.
+    Devices(devices_cmd::DevicesArgs),
+    /// Check the pool on a device with real bytes: every policy, round trips and a real trace.
+    Selftest(selftest_cmd::SelftestArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +40,8 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan_cmd::run(args),
         Command::Replay(args) => replay_cmd::run(args),
         Command::Policies(args) => policies_cmd::run(args),
+        Command::Devices(args) => devices_cmd::run(args),
+        Command::Selftest(args) => selftest_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

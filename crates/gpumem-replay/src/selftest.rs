@@ -189,6 +189,7 @@ pub fn selftest(
             pool.stats().reserved_bytes.all.current
         ),
     });
+    pool.reset_peak_stats();
     checks.push(replay_with_bytes(&pool, &mut tester, trace)?);
     pool.empty_cache()?;
     Ok(SelftestReport {

@@ -1,0 +1,95 @@
+//! The backends the CLI can open by name (`--backend sim|cuda|wgpu`), and what `gpumem
+//! devices` lists of each.
+
+use std::sync::Arc;
+
+use gpumem_device::sim::{SimConfig, SimDevice};
+use gpumem_device::Device;
+
+/// A backend named on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// The simulated device, host-backed (always available).
+    Sim,
+    /// NVIDIA GPUs through the CUDA driver.
+    Cuda,
+}
+
+/// Capacity of the simulated device the CLI opens: room for the bundled traces' peaks.
+const SIM_CAPACITY: u64 = 4 << 30;
+
+impl Backend {
+    /// Opens device `ordinal` of this backend; the error says why it is not available.
+    pub fn open(self, ordinal: usize) -> Result<Arc<dyn Device>, String> {
+        match self {
+            Backend::Sim => {
+                if ordinal != 0 {
+                    return Err(format!(
+                        "the simulated backend has one device, 0; --device {ordinal} was given"
+                    ));
+                }
+                let sim =
+                    SimDevice::new(SimConfig::host(SIM_CAPACITY)).map_err(|e| e.to_string())?;
+                Ok(Arc::new(sim))
+            }
+            Backend::Cuda => gpumem_cuda::CudaDevice::open(ordinal)
+                .map(|d| Arc::new(d) as Arc<dyn Device>)
+                .map_err(|e| format!("cuda:{ordinal}: {e}")),
+        }
+    }
+}
+
+/// One device as `gpumem devices` lists it.
+#[derive(serde::Serialize)]
+pub struct Listed {
+    /// `sim`, `cuda` or `wgpu`.
+    pub backend: &'static str,
+    /// The device's ordinal within its backend.
+    pub ordinal: usize,
+    /// One line describing it.
+    pub description: String,
+    /// Device memory in bytes.
+    pub total_bytes: u64,
+    /// Free device memory in bytes, when it could be asked.
+    pub free_bytes: Option<u64>,
+    /// The VMM granularity, or `None` without virtual memory management.
+    pub vmm_granularity: Option<u64>,
+}
+
+/// Every device of every backend here, and for each backend with none a sentence saying why.
+pub fn list() -> (Vec<Listed>, Vec<String>) {
+    let mut devices = Vec::new();
+    let mut absent = Vec::new();
+    if let Ok(sim) = Backend::Sim.open(0) {
+        let info = sim.mem_info().ok();
+        devices.push(Listed {
+            backend: "sim",
+            ordinal: 0,
+            description: format!("{} — always available, for tests and replays", sim.name()),
+            total_bytes: info.map_or(SIM_CAPACITY, |i| i.total),
+            free_bytes: info.map(|i| i.free),
+            vmm_granularity: sim.vmm().map(|v| v.granularity()),
+        });
+    }
+    match gpumem_cuda::devices() {
+        Ok(found) if found.is_empty() => absent.push("CUDA: the driver sees no GPU.".to_string()),
+        Ok(found) => {
+            for info in found {
+                let free = gpumem_cuda::CudaDevice::open(info.ordinal)
+                    .ok()
+                    .and_then(|d| d.mem_info().ok())
+                    .map(|m| m.free);
+                devices.push(Listed {
+                    backend: "cuda",
+                    ordinal: info.ordinal,
+                    description: info.to_string(),
+                    total_bytes: info.total_memory,
+                    free_bytes: free,
+                    vmm_granularity: info.vmm_granularity,
+                });
+            }
+        }
+        Err(e) => absent.push(format!("CUDA: no usable driver here ({e}).")),
+    }
+    (devices, absent)
+}

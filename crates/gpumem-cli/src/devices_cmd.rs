@@ -1,0 +1,49 @@
+//! `gpumem devices`: every device of every backend available here.
+
+use gpumem_pool::Bytes;
+
+use crate::backend;
+
+/// Arguments of `gpumem devices`.
+#[derive(clap::Args)]
+pub struct DevicesArgs {
+    /// Print one JSON object {devices, absent} instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `gpumem devices`.
+pub fn run(args: DevicesArgs) -> Result<(), String> {
+    let (devices, absent) = backend::list();
+    if args.json {
+        let value = serde_json::json!({ "devices": devices, "absent": absent });
+        let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
+        println!("{text}");
+        return Ok(());
+    }
+    for d in &devices {
+        let vmm = d
+            .vmm_granularity
+            .map_or("no VMM".to_string(), |g| format!("VMM {}", Bytes(g)));
+        let free = d
+            .free_bytes
+            .map_or(String::new(), |f| format!(", {} free", Bytes(f)));
+        println!(
+            "{}:{}  {}  [{}{free}, {vmm}]",
+            d.backend,
+            d.ordinal,
+            d.description,
+            Bytes(d.total_bytes)
+        );
+    }
+    for line in &absent {
+        println!("{line}");
+    }
+    if devices.iter().all(|d| d.backend == "sim") {
+        println!(
+            "No GPU is usable here: gpumem runs on the simulated device (plan, replay and \
+             selftest --backend sim work without one)."
+        );
+    }
+    Ok(())
+}

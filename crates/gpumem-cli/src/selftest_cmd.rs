@@ -1,0 +1,107 @@
+//! `gpumem selftest`: every policy checked on a device with real bytes (see
+//! `gpumem_replay::selftest`).
+
+use std::path::PathBuf;
+
+use gpumem_pool::{Bytes, PolicyKind};
+use gpumem_replay::selftest::{selftest, SelftestReport};
+use gpumem_trace::{read, read_path, ReadOptions};
+
+use crate::backend::Backend;
+
+/// The trace replayed with real bytes when none is given: a real PyTorch inference trace
+/// (GPT-2, 2 layers, 62 MiB at its peak), small enough for any device.
+const DEFAULT_TRACE: &[u8] =
+    include_bytes!("../../../testdata/traces/small-gpt2-2l-infer-b1-s32.jsonl.gz");
+
+/// Arguments of `gpumem selftest`.
+#[derive(clap::Args)]
+pub struct SelftestArgs {
+    /// The backend to test.
+    #[arg(long, value_enum, default_value_t = Backend::Sim)]
+    backend: Backend,
+    /// The device ordinal within the backend.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// The policy to test, or `all`.
+    #[arg(long, default_value = "all")]
+    policy: String,
+    /// A trace to replay with real bytes instead of the bundled one (any format `gpumem
+    /// replay` reads).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Bytes of each block written and verified (its start and end beyond that); every byte
+    /// when not given.
+    #[arg(long, value_name = "BYTES")]
+    bytes_per_block: Option<u64>,
+    /// Print one JSON array of reports instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `gpumem selftest`; fails (exit status 2) when a check fails.
+pub fn run(args: SelftestArgs) -> Result<(), String> {
+    let policies = if args.policy.trim() == "all" {
+        PolicyKind::ALL.to_vec()
+    } else {
+        vec![args
+            .policy
+            .parse::<PolicyKind>()
+            .map_err(|accepted| format!("--policy {:?}: {accepted}, or all", args.policy))?]
+    };
+    let trace = match &args.trace {
+        Some(path) => read_path(path, ReadOptions::default()),
+        None => read(DEFAULT_TRACE, ReadOptions::default()),
+    }
+    .map_err(|e| e.to_string())?;
+    let device = args.backend.open(args.device)?;
+    let has_vmm = device.vmm().is_some();
+    let mut reports: Vec<SelftestReport> = Vec::new();
+    for policy in policies {
+        if policy == PolicyKind::Expandable && !has_vmm {
+            if !args.json {
+                println!(
+                    "{policy}: skipped — {} has no virtual memory management\n",
+                    device.name()
+                );
+            }
+            continue;
+        }
+        let bytes = args.bytes_per_block.unwrap_or(u64::MAX);
+        let report = selftest(device.clone(), &policy, &trace, bytes)
+            .map_err(|e| format!("{policy}: {e}"))?;
+        if !args.json {
+            print_report(&report);
+        }
+        reports.push(report);
+    }
+    if args.json {
+        let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
+        println!("{text}");
+    }
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| r.policy.clone())
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("selftest failed for {}", failed.join(", ")))
+    }
+}
+
+fn print_report(report: &SelftestReport) {
+    println!("{} on {}:", report.policy, report.device);
+    for check in &report.checks {
+        let mark = if check.passed { "ok  " } else { "FAIL" };
+        println!("  {mark} {}: {}", check.name, check.detail);
+    }
+    println!(
+        "  {} verified, {} allocating and {} freeing device calls, {:.2} s\n",
+        Bytes(report.bytes_verified),
+        report.device_alloc_calls,
+        report.device_free_calls,
+        report.seconds
+    );
+}

@@ -1,0 +1,88 @@
+//! `gpumem devices` and `gpumem selftest`, run as a user runs them on a machine with or
+//! without a GPU.
+
+use std::process::Command;
+
+fn gpumem(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(args)
+        .output()
+        .expect("gpumem runs")
+}
+
+/// Whether a CUDA driver is loadable here, decided without gpumem: a GPU machine must then
+/// list and test its devices, a machine without must say so plainly.
+fn cuda_driver_present() -> bool {
+    [
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+        "/usr/lib/libcuda.so.1",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists())
+}
+
+#[test]
+fn devices_lists_the_sim_and_says_why_cuda_is_absent() {
+    let out = gpumem(&["devices"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.lines().any(|l| l.starts_with("sim:0 ")), "{text}");
+    if cuda_driver_present() {
+        assert!(text.contains("cuda:0"), "{text}");
+    } else {
+        assert!(text.contains("CUDA: no usable driver here"), "{text}");
+        assert!(text.contains("No GPU is usable here"), "{text}");
+    }
+    let out = gpumem(&["devices", "--json"]);
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(value["devices"][0]["backend"], "sim");
+    assert!(value["devices"][0]["total_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn selftest_passes_every_policy_on_the_sim() {
+    let out = gpumem(&["selftest", "--bytes-per-block", "4096", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reports: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let policies: Vec<&str> = reports
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["none", "torch", "expandable", "gpumem"]);
+    for report in &reports {
+        let checks = report["checks"].as_array().unwrap();
+        assert_eq!(checks.len(), 3);
+        assert!(checks.iter().all(|c| c["passed"] == true), "{report}");
+        assert!(report["bytes_verified"].as_u64().unwrap() > 0);
+    }
+    let out = gpumem(&["selftest", "--policy", "gpumem", "--bytes-per-block", "512"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("gpumem on sim"), "{text}");
+    assert_eq!(text.matches("  ok   ").count(), 3, "{text}");
+}
+
+#[test]
+fn selftest_says_what_is_wrong() {
+    let out = gpumem(&["selftest", "--policy", "fastest"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("one of none, torch, expandable, gpumem, or all"),
+        "{err}"
+    );
+    let out = gpumem(&["selftest", "--device", "3"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("one device, 0"));
+    if !cuda_driver_present() {
+        let out = gpumem(&["selftest", "--backend", "cuda"]);
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("no NVIDIA driver"), "{err}");
+    }
+}
