@@ -6,6 +6,8 @@
 #   gpumem-cuda  the CUDA backend's tests, the #[ignore]d GPU ones included
 #                (cargo test -p gpumem-cuda -- --include-ignored); the mock-driver scenarios
 #                are skipped here (they run in a child process of mock_driver.rs's own test)
+#   gpumem-cli   `gpumem selftest --backend cuda` for every policy (round trips, memory given
+#                back, a real trace with every byte checked), as devices_cli.rs's ignored test
 #
 # Exit status: 0 all passed; 1 something failed (or did not build); 77 no NVIDIA GPU here, so
 # nothing was run (said plainly). Arguments go to the test binaries as a name filter
@@ -20,6 +22,7 @@ say() { echo "gpu-check.sh: $*" >&2; }
 # The checks: "name|command". Add a line for each new check that needs a GPU.
 checks=(
   "gpumem-cuda|cargo test -p gpumem-cuda --locked --no-fail-fast -- --include-ignored --test-threads=1 --skip mock_scenarios --skip mock_without_a_device"
+  "gpumem-cli|cargo test -p gpumem-cli --locked --no-fail-fast --test devices_cli -- --include-ignored --test-threads=1 --nocapture"
 )
 
 gpu_list=""

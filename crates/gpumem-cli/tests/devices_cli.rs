@@ -86,3 +86,26 @@ fn selftest_says_what_is_wrong() {
         assert!(err.contains("no NVIDIA driver"), "{err}");
     }
 }
+
+/// On a machine with an NVIDIA GPU (scripts/gpu-check.sh runs it): every policy passes the
+/// self-test on cuda:0, every byte of the bundled trace checked.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver; scripts/gpu-check.sh runs it"]
+fn selftest_passes_every_policy_on_cuda() {
+    let out = gpumem(&["selftest", "--backend", "cuda", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reports: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(reports.len() >= 3, "{reports:?}");
+    for report in &reports {
+        println!("{report}");
+        assert!(report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["passed"] == true));
+    }
+}
