@@ -75,6 +75,7 @@ use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use gpumem_device::{
     Device, DeviceError, DevicePtr, EventId, InFlight, MemInfo, PinnedBuffer, StreamId,
@@ -101,6 +102,10 @@ pub const ESTIMATE_BUFFERS: u64 = 4;
 /// The percentage of the native memory budget at which buffer creation fails as out of memory
 /// (`wgpu::MemoryBudgetThresholds::for_resource_creation`), on backends that report a budget.
 pub const BUDGET_PERCENT: u8 = 95;
+
+/// How long a wait goes on polling for the callbacks of a finished submission that another
+/// thread is running.
+const CALLBACK_WAIT: Duration = Duration::from_secs(60);
 
 /// wgpu copies whole 4-byte words.
 const WORD: u64 = wgpu::COPY_BUFFER_ALIGNMENT;
@@ -207,7 +212,8 @@ struct Allocation {
 /// A recorded submission.
 struct Event {
     index: wgpu::SubmissionIndex,
-    /// Set by the queue once the submission has finished.
+    /// Set once the submission has finished: by the queue's work-done callback, or for a
+    /// read by the staging buffer's map callback (which comes after the submission finished).
     done: Arc<AtomicBool>,
     /// What to do once, when the device first sees the event complete (take the bytes of an
     /// asynchronous read out of its staging buffer).
@@ -221,11 +227,12 @@ struct PendingRead {
     index: wgpu::SubmissionIndex,
     /// The outcome of mapping the staging buffer, once known.
     mapped: Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>,
+    /// Set, after `mapped`, by the map callback.
+    ready: Arc<AtomicBool>,
 }
 
 impl PendingRead {
-    /// Hands the bytes to `take`; the submission must have finished (and the device been
-    /// polled since).
+    /// Hands the bytes to `take`; `ready` must be set.
     fn finish<R>(self, take: impl FnOnce(&[u8]) -> R) -> Result<R, DeviceError> {
         let mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner()).take();
         match mapped {
@@ -557,23 +564,61 @@ impl WgpuDevice {
             .map_err(|e| errors::from_poll(what, e))
     }
 
+    /// Blocks until the submission `index` has finished and `done`, which a callback of that
+    /// submission sets, is set. The callbacks of a finished submission run on the thread that
+    /// polls first, which may be another one still running them when our wait returns: then
+    /// we poll until they have run.
+    fn wait_flag(
+        &self,
+        what: &str,
+        index: wgpu::SubmissionIndex,
+        done: &AtomicBool,
+    ) -> Result<(), DeviceError> {
+        if done.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.wait_index(what, index)?;
+        let deadline = Instant::now() + CALLBACK_WAIT;
+        while !done.load(Ordering::Acquire) {
+            if Instant::now() > deadline {
+                return Err(errors::driver(
+                    codes::POLL,
+                    "CallbackTimeout",
+                    format!("{what}: a finished submission's callback did not run within {CALLBACK_WAIT:?}"),
+                ));
+            }
+            self.device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| errors::from_poll(what, e))?;
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
     /// Submits an empty batch (flushing queued buffer writes) and returns its index.
     fn submit_marker(&self, what: &str) -> Result<wgpu::SubmissionIndex, DeviceError> {
         self.scoped(what, || self.queue.submit([]))
     }
 
     /// Makes an event of the submission `index`, the latest submitted: it completes when the
-    /// queue has finished it, and then runs `on_complete` once.
-    fn event_after(
-        &self,
-        index: wgpu::SubmissionIndex,
-        on_complete: Option<Box<dyn FnOnce() -> Result<(), DeviceError> + Send>>,
-    ) -> EventId {
+    /// queue has finished it.
+    fn event_after(&self, index: wgpu::SubmissionIndex) -> EventId {
         let done = Arc::new(AtomicBool::new(false));
         let flag = done.clone();
         // Fires once the latest submission, `index` or a later one, has finished.
         self.queue
             .on_submitted_work_done(move || flag.store(true, Ordering::Release));
+        self.new_event(index, done, None)
+    }
+
+    /// Makes an event of the submission `index` that completes once `done` is set (by a
+    /// callback of that submission), and then runs `on_complete` once.
+    fn new_event(
+        &self,
+        index: wgpu::SubmissionIndex,
+        done: Arc<AtomicBool>,
+        on_complete: Option<Box<dyn FnOnce() -> Result<(), DeviceError> + Send>>,
+    ) -> EventId {
         let mut state = self.lock();
         let id = state.next_event;
         state.next_event += 1;
@@ -626,7 +671,8 @@ impl WgpuDevice {
     ) -> Result<PendingRead, DeviceError> {
         let total: u64 = ranges.iter().map(|&(_, len)| len).sum();
         let mapped = Arc::new(Mutex::new(None));
-        let slot = mapped.clone();
+        let ready = Arc::new(AtomicBool::new(false));
+        let (slot, flag) = (mapped.clone(), ready.clone());
         let (staging, index) = self.scoped("reading device memory", || {
             let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("gpumem readback"),
@@ -645,6 +691,7 @@ impl WgpuDevice {
             let index = self.queue.submit([encoder.finish()]);
             staging.map_async(wgpu::MapMode::Read, .., move |result| {
                 *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+                flag.store(true, Ordering::Release);
             });
             (staging, index)
         })?;
@@ -652,6 +699,7 @@ impl WgpuDevice {
             staging,
             index,
             mapped,
+            ready,
         })
     }
 
@@ -660,7 +708,11 @@ impl WgpuDevice {
     fn read(&self, buffer: &wgpu::Buffer, offset: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
         let (start, len) = word_cover(offset, dst.len() as u64);
         let pending = self.read_words(buffer, &[(start, len)])?;
-        self.wait_index("reading device memory", pending.index.clone())?;
+        self.wait_flag(
+            "reading device memory",
+            pending.index.clone(),
+            &pending.ready,
+        )?;
         let skip = (offset - start) as usize;
         pending.finish(|bytes| dst.copy_from_slice(&bytes[skip..skip + dst.len()]))
     }
@@ -687,7 +739,11 @@ impl WgpuDevice {
             edges.push((start + cover - WORD, WORD));
         }
         let pending = self.read_words(buffer, &edges)?;
-        self.wait_index("reading the edges of a write", pending.index.clone())?;
+        self.wait_flag(
+            "reading the edges of a write",
+            pending.index.clone(),
+            &pending.ready,
+        )?;
         pending.finish(|bytes| {
             let w = WORD as usize;
             let mut at = 0;
@@ -873,7 +929,7 @@ impl Device for WgpuDevice {
     fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
         let _ = stream;
         let index = self.submit_marker("recording an event")?;
-        Ok(self.event_after(index, None))
+        Ok(self.event_after(index))
     }
 
     /// Polls the device without blocking and tells whether the event's submission has
@@ -894,9 +950,7 @@ impl Device for WgpuDevice {
 
     fn wait_event(&self, event: EventId) -> Result<(), DeviceError> {
         let (index, done) = self.event(event)?;
-        if !done.load(Ordering::Acquire) {
-            self.wait_index("waiting for an event", index)?;
-        }
+        self.wait_flag("waiting for an event", index, &done)?;
         self.complete(event)
     }
 
@@ -991,7 +1045,7 @@ impl Device for WgpuDevice {
         let range = self.locate(dst, src.len() as u64)?;
         self.write(&range.buffer, range.offset, &src)?;
         let index = self.submit_marker("copying to the device")?;
-        let event = self.event_after(index, None);
+        let event = self.event_after(index);
         Ok(InFlight::pending(self, event, src))
     }
 
@@ -1012,7 +1066,7 @@ impl Device for WgpuDevice {
         let range = self.locate(src, len)?;
         let (start, cover) = word_cover(range.offset, len);
         let pending = self.read_words(&range.buffer, &[(start, cover)])?;
-        let index = pending.index.clone();
+        let (index, done) = (pending.index.clone(), pending.ready.clone());
         let skip = (range.offset - start) as usize;
         let (storage, arrived) = Readback::new(dst);
         let take = move || {
@@ -1020,7 +1074,7 @@ impl Device for WgpuDevice {
                 let _ = arrived.set(bytes[skip..skip + len as usize].to_vec());
             })
         };
-        let event = self.event_after(index, Some(Box::new(take)));
+        let event = self.new_event(index, done, Some(Box::new(take)));
         Ok(InFlight::pending(
             self,
             event,
@@ -1038,7 +1092,7 @@ impl Device for WgpuDevice {
         if len > 0 {
             let (s, d) = (self.locate(src, len)?, self.locate(dst, len)?);
             if let Some(index) = self.enqueue_device_copy(&d, &s)? {
-                return Ok(self.event_after(index, None));
+                return Ok(self.event_after(index));
             }
         }
         self.copy_on_device(dst, src, len, stream)?;

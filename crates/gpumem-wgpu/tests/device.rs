@@ -426,3 +426,39 @@ fn requests_beyond_the_device_are_typed_errors_that_leak_nothing() {
     assert!(shared.malloc(17 * MIB).unwrap_err().is_out_of_memory());
     assert_empty(&dev);
 }
+
+#[test]
+fn threads_share_one_device() {
+    let Some(dev) = open_with_limit(256 * MIB) else {
+        return;
+    };
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                for i in 0..16u64 {
+                    let len = 1 + ((t * 7919 + i * 104_729) % 70_000) as usize;
+                    let ptr = dev.malloc(len as u64).unwrap();
+                    let bytes = pattern(t * 100 + i, len);
+                    dev.copy_to_device(ptr, &bytes, S).unwrap();
+                    let event = dev.record_event(StreamId(t)).unwrap();
+                    let mut host = dev.alloc_pinned(len).unwrap();
+                    host.fill(0);
+                    let back = dev
+                        .copy_to_host_async(host, ptr, S)
+                        .unwrap()
+                        .wait()
+                        .unwrap();
+                    assert!(back[..] == bytes[..], "thread {t}, round {i}");
+                    dev.wait_event(event).unwrap();
+                    dev.destroy_event(event).unwrap();
+                    dev.free(ptr).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_empty(&dev);
+}
