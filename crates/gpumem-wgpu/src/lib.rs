@@ -661,9 +661,9 @@ impl WgpuDevice {
         }
     }
 
-    /// Copies the word-aligned range `[start, start + len)` of `buffer` into a new staging
-    /// buffer and submits it; the bytes come out of [`PendingRead::finish`] once the
-    /// submission has finished.
+    /// Copies the word-aligned `(start, len)` ranges of `buffer`, one after the other, into a
+    /// new staging buffer and submits the copy; the bytes come out of [`PendingRead::finish`]
+    /// once its map callback has run.
     fn read_words(
         &self,
         buffer: &wgpu::Buffer,
