@@ -47,9 +47,15 @@ if [ "$(id -u)" != 0 ]; then
   fi
 fi
 say "installing ${packages[*]} (Vulkan loader and Mesa's software driver, for the wgpu tests)"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+  && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${packages[@]}"; } >"$log" 2>&1; then
+  cat "$log" >&2
+  say "apt-get could not install ${packages[*]}"
+  exit 1
+fi
 if ! have_loader || ! have_driver; then
   say "installed ${packages[*]}, but still no Vulkan loader or driver found"
   exit 1
