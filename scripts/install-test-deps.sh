@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The system packages the test suite needs: a Vulkan loader and Mesa's software Vulkan driver
+# (lavapipe), so that the wgpu backend's tests (crates/gpumem-wgpu) find an adapter on a
+# machine without a GPU. Linux only; quiet and idempotent when they are already there.
+# Installs with apt-get (Debian/Ubuntu: mesa-vulkan-drivers, libvulkan1) as root, or with sudo
+# when it is available without a password. Elsewhere it only says what is missing: the tests
+# then skip, or fail under CI=true, with a message naming what to install.
+set -euo pipefail
+say() { echo "install-test-deps.sh: $*" >&2; }
+
+[ "$(uname -s)" = Linux ] || exit 0
+
+have_loader() {
+  ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' && return 0
+  local d
+  for d in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/lib; do
+    [ -e "$d/libvulkan.so.1" ] && return 0
+  done
+  return 1
+}
+
+have_driver() {
+  local d
+  for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
+    compgen -G "$d/*.json" >/dev/null && return 0
+  done
+  return 1
+}
+
+if have_loader && have_driver; then
+  exit 0
+fi
+
+packages=(mesa-vulkan-drivers libvulkan1)
+if ! command -v apt-get >/dev/null 2>&1; then
+  say "no Vulkan loader or driver found and apt-get is not available; install a Vulkan driver" \
+    "(e.g. Mesa's lavapipe) and the Vulkan loader for the wgpu tests"
+  exit 0
+fi
+sudo=""
+if [ "$(id -u)" != 0 ]; then
+  if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    sudo="sudo -n"
+  else
+    say "no Vulkan loader or driver found; as root: apt-get install ${packages[*]}"
+    exit 0
+  fi
+fi
+say "installing ${packages[*]} (Vulkan loader and Mesa's software driver, for the wgpu tests)"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+  && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${packages[@]}"; } >"$log" 2>&1; then
+  cat "$log" >&2
+  say "apt-get could not install ${packages[*]}"
+  exit 1
+fi
+if ! have_loader || ! have_driver; then
+  say "installed ${packages[*]}, but still no Vulkan loader or driver found"
+  exit 1
+fi
