@@ -131,6 +131,9 @@ def test_measure_list(capsys: pytest.CaptureFixture[str]) -> None:
                                     "resnet50-train-b8-img128-fp32-amp-bf16-adamw-foreach",
                                     "resnet50-infer-b8-img224-fp32"]
     assert captured.err == "4 cases\n"
+    assert measure_peak.main(["--list", "--heldout"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.split()) == 48 and captured.err == "48 cases\n"
 
 
 @pytest.mark.parametrize("argv, message", [

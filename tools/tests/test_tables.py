@@ -10,23 +10,29 @@ from gpumem_devtools import configs, tracefile
 from gpumem_devtools.capture_trace import CONFIG_DIR as TRACE_CONFIG_DIR
 from gpumem_devtools.capture_trace import TRACES as TRACE_TABLE
 from gpumem_devtools.measure_peak import CONFIG_DIR as PLAN_CONFIG_DIR
-from gpumem_devtools.measure_peak import case_id, grid, notes
+from gpumem_devtools.measure_peak import case_id, grid, heldout_grid, notes
 from gpumem_devtools.settings import (AMP_NAMES, ATTN_IMPLS, DTYPE_NAMES, MODES, OPTIMIZER_IMPLS,
                                       OPTIMIZERS, Settings)
 
 MEASURED = REPO / "testdata" / "plan" / "measured.jsonl"
+HELDOUT = REPO / "testdata" / "plan" / "measured_heldout.jsonl"
 TORCHVISION = "0.29.2+cu132"  # what the committed measurements were made with
 
 
 def _workloads() -> list[tuple[str, Settings]]:
-    return grid() + [(cfg, s) for cfg, s, _ in TRACE_TABLE.values()]
+    return grid() + heldout_grid() + [(cfg, s) for cfg, s, _ in TRACE_TABLE.values()]
+
+
+def _measured_names() -> list[str]:
+    """Configs of both measured grids."""
+    return sorted({n for n, _ in grid() + heldout_grid()})
 
 
 def test_config_names() -> None:
     assert not set(configs.HF_CONFIGS) & set(configs.CNN_CONFIGS)
     used = {name for name, _ in _workloads()}
     assert used <= set(configs.all_names())
-    assert set(configs.all_names()) == {name for name, _ in grid()}
+    assert set(configs.all_names()) == set(_measured_names())
 
 
 @pytest.mark.parametrize("name", configs.all_names())
@@ -52,7 +58,7 @@ def test_config_dict(name: str) -> None:
 
 
 @pytest.mark.parametrize("config_dir, names", [
-    (PLAN_CONFIG_DIR, sorted({n for n, _ in grid()})),
+    (PLAN_CONFIG_DIR, _measured_names()),
     (TRACE_CONFIG_DIR, sorted({cfg for cfg, _, _ in TRACE_TABLE.values()})),
 ])
 def test_committed_config_files_are_what_write_configs_writes(
@@ -87,11 +93,29 @@ def test_workload_settings_are_buildable(name: str, s: Settings) -> None:
     assert (s.new_tokens is not None) == (s.mode == "generate")
     if s.mode == "generate":
         assert kind == "causal_lm"
+        assert s.no_cache is None and not s.labels
+    if s.no_cache is not None:
+        assert kind in ("causal_lm", "seq2seq")
+    if s.labels:
+        assert s.mode == "infer" and kind in ("causal_lm", "seq2seq", "masked_lm")
 
 
 def test_case_ids_are_unique_and_descriptive() -> None:
     ids = [case_id(n, s) for n, s in grid()]
     assert len(ids) == len(set(ids)) == 139
+    heldout = [case_id(n, s) for n, s in heldout_grid()]
+    assert len(heldout) == len(set(heldout)) == 48
+    assert not set(ids) & set(heldout)
+    # Cache and labels are named where they depart from the harness's convention.
+    assert case_id("t5-small-4l", Settings("infer", 4, 256, attn="sdpa", no_cache=False,
+                                           labels=True)) == \
+        "t5-small-4l-infer-b4-s256-fp32-labels-cache-sdpa"
+    assert case_id("gpt2-2l", Settings("infer", 1, 128, attn="sdpa", no_cache=True)) == \
+        "gpt2-2l-infer-b1-s128-fp32-sdpa"
+    assert case_id("llama-8l", Settings("train", 4, 256, optimizer="adamw",
+                                        optimizer_impl="foreach", attn="sdpa",
+                                        no_cache=True)) == \
+        "llama-8l-train-b4-s256-fp32-adamw-foreach-nocache-sdpa"
     assert case_id("gpt2-2l", Settings("train", 2, 256, dtype="bf16", amp=None,
                                        optimizer="adamw", optimizer_impl="fused",
                                        grad_ckpt=True, attn="eager")) == \
@@ -103,9 +127,11 @@ def test_case_ids_are_unique_and_descriptive() -> None:
         "resnet18-train-b8-img128-fp32-amp-bf16-sgd-foreach"
 
 
-def test_measured_rows_are_the_grid_in_order() -> None:
-    rows = [json.loads(line) for line in MEASURED.read_text().splitlines()]
-    cases = grid()
+@pytest.mark.parametrize("path, cases", [(MEASURED, grid()), (HELDOUT, heldout_grid())],
+                         ids=["measured", "heldout"])
+def test_measured_rows_are_the_grid_in_order(path: Path,
+                                             cases: list[tuple[str, Settings]]) -> None:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["id"] for r in rows] == [case_id(n, s) for n, s in cases]
     for row, (name, s) in zip(rows, cases):
         assert row["config"] == f"{PLAN_CONFIG_DIR}/{name}.json"
@@ -136,3 +162,17 @@ def test_committed_trace_headers_match_the_trace_table(trace: str) -> None:
             assert key not in meta
         else:
             assert meta[key] == tracefile._text(value), key
+
+
+def test_settings_added_fields_are_written_only_when_set() -> None:
+    # Rows and trace headers written before no_cache / labels existed read as they were.
+    base = Settings("infer", 2, 64, attn="sdpa")
+    assert "no_cache" not in base.as_dict() and "labels" not in base.as_dict()
+    stated = Settings("infer", 2, 64, attn="sdpa", no_cache=False, labels=True).as_dict()
+    assert (stated["no_cache"], stated["labels"]) == (False, True)
+    # use_cache=False: given when asked, and by the harness's plain inference forward when
+    # unstated; never for a model without a cache.
+    assert base.passes_no_cache(True) and not base.passes_no_cache(False)
+    assert not Settings("infer", 2, 64, no_cache=False).passes_no_cache(True)
+    assert not Settings("train", 2, 64).passes_no_cache(True)
+    assert Settings("train", 2, 64, no_cache=True).passes_no_cache(True)

@@ -261,7 +261,11 @@ fn table(
     );
     let _ = writeln!(t, "  {:<18} {:>12}", "component", "memory");
     for (name, bytes) in e.breakdown.entries() {
-        let _ = writeln!(t, "  {:<18} {:>12}", name, gib(bytes));
+        let note = match e.kv_cache_kind {
+            Some(kind) if name == "kv_cache" => format!("  ({})", kind.note()),
+            _ => String::new(),
+        };
+        let _ = writeln!(t, "  {:<18} {:>12}{note}", name, gib(bytes));
     }
     let _ = writeln!(
         t,

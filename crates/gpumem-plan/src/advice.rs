@@ -152,6 +152,13 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
             with(&|x| x.attention = Attention::Sdpa),
         ));
     }
+    if w.mode == Mode::Infer && w.use_cache && model.has_decoder() {
+        list.push((
+            "--no-cache".into(),
+            "none unless the caller decodes from the returned past_key_values",
+            with(&|x| x.use_cache = false),
+        ));
+    }
     if !training && w.batch > 1 {
         list.push((
             format!("--batch {}", w.batch / 2),

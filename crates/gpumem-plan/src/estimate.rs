@@ -118,6 +118,27 @@ impl Breakdown {
     }
 }
 
+/// What the KV cache of an estimate is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheKind {
+    /// The cache a plain inference forward builds and returns (`use_cache`, on in Hugging Face
+    /// configs); `--no-cache` (`use_cache=False`) drops it.
+    Returned,
+    /// The cache generation prefills and decodes with.
+    Generation,
+}
+
+impl KvCacheKind {
+    /// A note for the breakdown line.
+    pub fn note(self) -> &'static str {
+        match self {
+            KvCacheKind::Returned => "returned by the forward, use_cache=True; --no-cache drops it",
+            KvCacheKind::Generation => "prompt and generated tokens",
+        }
+    }
+}
+
 /// Peak of one phase.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PhasePeak {
@@ -140,6 +161,8 @@ pub struct Estimate {
     pub peak_phase: Phase,
     /// What the peak consists of.
     pub breakdown: Breakdown,
+    /// What the breakdown's KV cache is, when it holds one.
+    pub kv_cache_kind: Option<KvCacheKind>,
     /// The peak of every phase, in step order.
     pub phases: Vec<PhasePeak>,
     /// Parameters of the whole model.
@@ -200,12 +223,18 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
             allocated_bytes: b.allocated(),
         })
         .collect();
+    let kv_cache_kind = match (workload.mode, breakdown.kv_cache) {
+        (_, 0) | (Mode::Train, _) => None,
+        (Mode::Generate, _) => Some(KvCacheKind::Generation),
+        (Mode::Infer, _) => Some(KvCacheKind::Returned),
+    };
     Ok(Estimate {
         peak_allocated_bytes: allocated,
         peak_reserved_bytes: allocated + breakdown.allocator,
         peak_total_bytes: allocated + breakdown.allocator + breakdown.framework,
         peak_phase,
         breakdown,
+        kv_cache_kind,
         phases,
         total_params: counts.total(),
         trainable_params: trainable,
@@ -501,10 +530,18 @@ fn simulate_inference(
         let mut peak = Breakdown::default();
         let mut kv = kv_base;
         let mut held = 0.0;
-        for unit in units {
+        let mut body = 0.0;
+        let last = units.len().saturating_sub(1);
+        for (index, unit) in units.iter().enumerate() {
+            // The model's body returns, releasing what it held, before its head runs.
+            let body_held = if index < last {
+                body + unit.body_held
+            } else {
+                0.0
+            };
             let live = Breakdown {
                 weights: bytes(states.weights),
-                activations: bytes(unit.inference_live),
+                activations: bytes(unit.inference_live + body_held),
                 kv_cache: bytes(kv + unit.kv_cache),
                 temporaries: bytes(held + unit.held),
                 ..Breakdown::default()
@@ -514,6 +551,7 @@ fn simulate_inference(
             }
             kv += unit.kv_cache;
             held += unit.held;
+            body += unit.body_held;
         }
         peak
     };

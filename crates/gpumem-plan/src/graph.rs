@@ -6,7 +6,7 @@
 use crate::model::{
     Activation, Architecture, ConvShape, Head, ModelSpec, Norm, ResnetSpec, TransformerSpec,
 };
-use crate::workload::{Attention, Mode, Target, Workload};
+use crate::workload::{Attention, Checkpointing, Dtype, Mode, Target, Workload};
 
 /// One step of the forward pass, in bytes for the whole micro-batch on one GPU.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -31,6 +31,9 @@ pub struct Unit {
     pub gradient_transient: f64,
     /// Peak bytes alive inside the unit in a no-grad forward (besides weights and KV cache).
     pub inference_live: f64,
+    /// Bytes a no-grad forward keeps referenced from this unit on while the model's body runs,
+    /// released when the body returns, before the head (the embedding outputs).
+    pub body_held: f64,
     /// KV-cache bytes the unit keeps in a no-grad forward.
     pub kv_cache: f64,
     /// Parameters of the unit (their gradients appear when its backward runs).
@@ -95,8 +98,57 @@ struct AttentionMemory {
     key_saved: f64,
     /// Short-lived bytes in its forward (scores before the softmax, the mask).
     forward_transient: f64,
-    /// Extra live bytes in a no-grad forward (materialised scores).
+    /// Live bytes at its peak in a no-grad forward, besides the hidden states its block holds:
+    /// projections, expanded keys and values, the scores' softmax or the kernel output, the mask.
     inference_live: f64,
+    /// Bytes a no-grad forward keeps until its block returns: eager attention's probabilities,
+    /// which every family's block holds (`hidden_states, _ = self.self_attn(...)`).
+    inference_kept: f64,
+    /// Bytes alive through all blocks of its stack in a no-grad forward: the causal mask eager
+    /// attention adds (built once by the model), T5's relative position bias (computed by the
+    /// first block, passed on to the others).
+    stack_held: f64,
+    /// KV-cache bytes it adds in a no-grad forward that keeps a cache.
+    kv_cache: f64,
+}
+
+/// Bytes per score element of eager attention's softmax, by the tensors that exist.
+#[derive(Debug, Clone, Copy)]
+struct ScoreBytes {
+    /// The scores in the activation dtype (the softmax's input).
+    input: f64,
+    /// The softmax output: fp32 where the family upcasts (`softmax(..., dtype=torch.float32)`)
+    /// or autocast runs softmax in fp32, else the activation dtype.
+    probs: f64,
+    /// The fp32 copy of a bf16 input that `softmax(x, dtype=float32)` converts first: PyTorch's
+    /// fused `half_to_float` kernel takes fp16 on CUDA only (aten/src/ATen/native/SoftMax.cpp).
+    conversion: f64,
+    /// The cast of fp32 probabilities back to the activation dtype.
+    cast: f64,
+    /// Dropout on the probabilities in training: a 1-byte mask and the output.
+    dropout: f64,
+}
+
+impl ScoreBytes {
+    /// Saved for backward: the softmax output, its cast, the dropout mask and output.
+    fn saved(&self) -> f64 {
+        self.probs + self.cast + self.dropout
+    }
+
+    /// Peak in a no-grad forward: the input stays named while the softmax makes its fp32 copy
+    /// and output, then while the output is cast (`x = softmax(x, ...).to(dtype)`).
+    fn no_grad_peak(&self) -> f64 {
+        self.input + self.probs + self.conversion.max(self.cast)
+    }
+
+    /// The probabilities the attention returns (the cast if any, else the softmax output).
+    fn returned(&self) -> f64 {
+        if self.cast > 0.0 {
+            self.cast
+        } else {
+            self.probs
+        }
+    }
 }
 
 /// Per-token and per-score byte counts of one block, before multiplying by tokens.
@@ -177,6 +229,13 @@ impl<'a> TransformerGraph<'a> {
             for _ in 0..spec.encoder_layers {
                 units.push(self.block(encoder, None));
             }
+            if !self.training {
+                // The encoder's output is returned (`encoder_last_hidden_state`), and the
+                // decoder's cross-attention reads it: held to the end of the forward.
+                if let Some(last) = units.last_mut() {
+                    last.held += self.batch * seq * self.bytes.residual * spec.hidden as f64;
+                }
+            }
             let dec = self.decoder_sequence();
             let decoder = AttentionShape {
                 queries: dec,
@@ -195,7 +254,7 @@ impl<'a> TransformerGraph<'a> {
             let shape = AttentionShape {
                 queries: seq,
                 keys: seq,
-                causal: spec.is_causal_lm(),
+                causal: spec.decoder,
             };
             for _ in 0..spec.layers {
                 units.push(self.block(shape, None));
@@ -208,9 +267,19 @@ impl<'a> TransformerGraph<'a> {
     /// Saved bytes per token of a norm (its input and, for RMSNorm, the normalised fp32 values).
     fn norm_saved(&self) -> f64 {
         let h = self.spec.hidden as f64;
+        let residual = self.bytes.residual;
         match self.spec.norm {
-            Norm::LayerNorm => self.bytes.residual * h + 8.0,
-            Norm::RmsNorm => 4.0 * h + self.bytes.residual * h + 4.0,
+            Norm::LayerNorm => residual * h + 8.0,
+            Norm::RmsNorm | Norm::RmsNormScaledInput => {
+                // `x * rsqrt(var)` (T5) saves a half-precision x beside the fp32 copy the
+                // variance reads.
+                let input = if self.spec.norm == Norm::RmsNormScaledInput && residual < 4.0 {
+                    residual * h
+                } else {
+                    0.0
+                };
+                4.0 * h + residual * h + 4.0 + input
+            }
         }
     }
 
@@ -218,8 +287,14 @@ impl<'a> TransformerGraph<'a> {
         let spec = self.spec;
         let tokens = self.batch * self.sequence();
         let h = spec.hidden as f64;
-        // Token ids (int64) are held by the caller for the whole step.
-        let mut held = tokens * 8.0;
+        // Token ids (int64), and labels in an evaluation forward, are held by the caller for the
+        // whole step.
+        let labels = if self.workload.mode == Mode::Infer && self.workload.labels {
+            tokens * 8.0
+        } else {
+            0.0
+        };
+        let mut held = tokens * 8.0 + labels;
         let mut saved = 0.0;
         if let Some(p) = spec.patches {
             let pixels = self.batch * p.channels as f64 * (self.workload.image_size as f64).powi(2);
@@ -244,10 +319,28 @@ impl<'a> TransformerGraph<'a> {
         } else {
             0.0
         };
+        // The model's forward holds its embedding outputs (`inputs_embeds`, and a position
+        // embedding's output where it is a separate tensor) until its body returns, and RoPE's
+        // cos and sin tables. Position ids default to one row (batch 1); generate passes them
+        // per sequence.
+        let position_rows = match self.workload.mode {
+            Mode::Generate => tokens,
+            Mode::Train | Mode::Infer => self.sequence(),
+        };
+        let positions = if spec.held.positions {
+            position_rows * self.bytes.residual * h
+        } else {
+            0.0
+        };
+        let rotary = 2.0 * position_rows * spec.rotary_fraction * spec.head_dim as f64;
+        let body_held = tokens * spec.held.embeddings as f64 * self.bytes.residual * h
+            + positions
+            + rotary * self.bytes.act;
         Unit {
             name: "embeddings",
             saved: saved / self.split.sequence,
             held,
+            body_held,
             forward_transient: 2.0 * tokens * self.bytes.residual * h,
             backward_transient: tokens * self.bytes.residual * h,
             gradient_transient: tied_accumulation + tokens * self.bytes.residual * h,
@@ -262,25 +355,46 @@ impl<'a> TransformerGraph<'a> {
     fn cache_copies(&self) -> bool {
         self.training
             && self.spec.use_cache
+            && self.workload.use_cache
             && self.spec.is_causal_lm()
-            && self.workload.checkpointing != crate::workload::Checkpointing::Full
+            && self.workload.checkpointing != Checkpointing::Full
     }
 
-    /// Bytes per score element saved by eager attention: softmax output, its cast, dropout.
-    fn score_saved_bytes(&self) -> f64 {
-        let act = self.bytes.act;
-        let softmax = if self.spec.softmax_fp32 || self.workload.amp.is_some() {
+    /// Does this no-grad forward keep a KV cache? Generation always (decoder-only LMs); a plain
+    /// forward of a decoder when `use_cache` is on in the config and the call (`DynamicCache`
+    /// concatenates copies of every layer's keys and values, and the output returns them).
+    fn keeps_cache(&self) -> bool {
+        match self.workload.mode {
+            Mode::Generate => self.spec.is_causal_lm(),
+            Mode::Infer => self.spec.decoder && self.spec.use_cache && self.workload.use_cache,
+            Mode::Train => false,
+        }
+    }
+
+    /// Bytes per score element of eager attention's softmax under this workload.
+    fn score_bytes(&self) -> ScoreBytes {
+        let input = self.bytes.act;
+        let probs = if self.spec.softmax_fp32 || self.workload.amp.is_some() {
             4.0
         } else {
-            act
+            input
         };
-        let cast = if softmax != act { act } else { 0.0 };
-        let dropout = if self.dropout_active(self.spec.attention_dropout) {
-            1.0 + act
-        } else {
-            0.0
-        };
-        softmax + cast + dropout
+        let upcast = probs != input;
+        ScoreBytes {
+            input,
+            probs,
+            conversion: if upcast && self.workload.compute_dtype() == Dtype::Bf16 {
+                probs
+            } else {
+                0.0
+            },
+            cast: if upcast { input } else { 0.0 },
+            dropout: if self.dropout_active(self.spec.attention_dropout) {
+                1.0 + input
+            } else {
+                0.0
+            },
+        }
     }
 
     /// Does this attention materialise the score matrix?
@@ -288,9 +402,10 @@ impl<'a> TransformerGraph<'a> {
         match self.workload.attention {
             Attention::Eager => true,
             Attention::Flash => false,
-            // T5's relative position bias has no fused kernel path in transformers.
+            // T5's relative position bias has no fused kernel path in transformers when its
+            // gradient is needed; without gradients SDPA takes it as an additive mask.
             Attention::Sdpa => {
-                self.spec.model_type == "t5"
+                (self.training && self.spec.relative_attention_buckets > 0)
                     || (self.workload.target == Target::Cpu
                         && self.dropout_active(self.spec.attention_dropout))
             }
@@ -304,6 +419,7 @@ impl<'a> TransformerGraph<'a> {
         let (q, kv) = (spec.query_width() as f64, spec.kv_width() as f64);
         let heads = spec.heads as f64 / self.split.tp;
         let scores = self.batch * heads * shape.queries * shape.keys;
+        let query_tokens = self.batch * shape.queries;
         let key_tokens = self.batch * shape.keys;
         let mut key_side = 0.0; // saved bytes per key token (cross attention reads the encoder)
         let projections_from_norm = if cross || spec.fused_qkv { 1.0 } else { 3.0 };
@@ -328,36 +444,96 @@ impl<'a> TransformerGraph<'a> {
             key_side += act * 2.0 * kv;
         }
         let repeats = spec.heads / spec.kv_heads;
-        if repeats > 1 && materialised {
+        let expanded = if repeats > 1 && materialised {
             // repeat_kv expands k and v to all heads before the matmuls.
-            key_side += act * 2.0 * q;
-        }
+            act * 2.0 * q
+        } else {
+            0.0
+        };
+        key_side += expanded;
+        // T5's relative position bias (batch 1) lives through its stack: the self-attention's in
+        // the weight dtype, the decoder's cross-attention zeros in the activation dtype.
+        let stack_bias = if spec.relative_attention_buckets > 0 {
+            let bias = if cross { act } else { self.bytes.residual };
+            bias * heads * shape.queries * shape.keys
+        } else {
+            0.0
+        };
+        // A causal mask (b × q × k in the activation dtype) lives through the whole forward.
+        let mask = if shape.causal {
+            act * self.batch * shape.queries * shape.keys
+        } else {
+            0.0
+        };
+        let cached = self.keeps_cache();
+        // No-grad projections alive at the attention (this GPU's heads): a fused projection stays
+        // whole behind its q/k/v views (RoPE adds a rotated q, and k unless the cache took a
+        // copy); separate projections leave q, and k and v unless the cache holds their copies.
+        let (q_local, kv_local) = (q / self.split.tp, kv / self.split.tp);
+        let projections = if spec.fused_qkv && !cross {
+            let rotated = if spec.rotary_fraction > 0.0 {
+                q_local + if cached { 0.0 } else { kv_local }
+            } else {
+                0.0
+            };
+            query_tokens * act * (q_local + 2.0 * kv_local + rotated)
+        } else {
+            query_tokens * act * q_local
+                + if cached {
+                    0.0
+                } else {
+                    key_tokens * act * 2.0 * kv_local
+                }
+        };
         let mut core = 0.0;
         let mut transient = 0.0;
-        let mut inference = 0.0;
-        if materialised {
-            core += scores * self.score_saved_bytes();
-            // The raw scores exist next to their scaled/masked copy before the softmax; a causal
-            // mask (b × q × k in the activation dtype) lives through the whole forward.
-            transient += act * scores;
-            if shape.causal {
-                transient += act * self.batch * shape.queries * shape.keys;
-            }
-            inference += scores * (act + self.score_saved_bytes());
+        let (inference, kept, stack_mask) = if materialised {
+            let score = self.score_bytes();
+            core += scores * score.saved();
+            // The raw scores exist next to their scaled/masked copy before the softmax. (A bf16
+            // input's fp32 copy exists before the block's later saved tensors do, which the
+            // forward replay counts already.)
+            transient += scores * score.input + mask;
             // The head-merging copy is saved by the output projection.
             tally.sharded += act * q;
+            (
+                projections + expanded / self.split.tp * key_tokens + scores * score.no_grad_peak(),
+                scores * score.returned(),
+                mask,
+            )
         } else {
             // Kernel output (already in the layout the output projection reads) + fp32 log-sum-exp.
             tally.sharded += act * q + 4.0 * spec.heads as f64;
-        }
+            // Without gradients T5's bias goes to the kernel as an additive mask: a causal
+            // decoder's is combined with the mask (`torch.where`) and made contiguous.
+            let bias_mask = if stack_bias > 0.0 && shape.causal {
+                2.0 * act * heads * shape.queries * shape.keys
+            } else {
+                0.0
+            };
+            (
+                projections + query_tokens * (act * q_local + 4.0 * heads) + bias_mask,
+                0.0,
+                0.0,
+            )
+        };
         if self.dropout_active(spec.hidden_dropout) {
             tally.replicated += h;
         }
         tally.core += core;
+        // The cache holds copies of k and v per key token (the encoder's for cross-attention).
+        let kv_cache = if cached && (shape.causal || cross) {
+            act * 2.0 * kv / self.split.tp * key_tokens
+        } else {
+            0.0
+        };
         AttentionMemory {
             key_saved: key_side / self.split.tp * key_tokens,
             forward_transient: transient,
             inference_live: inference,
+            inference_kept: kept,
+            stack_held: stack_bias + stack_mask,
+            kv_cache,
         }
     }
 
@@ -429,7 +605,6 @@ impl<'a> TransformerGraph<'a> {
             .unwrap_or_default();
         let key_bytes = own.key_saved + cross.key_saved;
         let transient = own.forward_transient.max(cross.forward_transient);
-        let inference = own.inference_live.max(cross.inference_live);
         tally.sharded += self.mlp();
         if self.dropout_active(spec.hidden_dropout) {
             tally.replicated += h;
@@ -445,25 +620,33 @@ impl<'a> TransformerGraph<'a> {
             + tally.core
             + autocast_weights;
         let f = spec.intermediate as f64 * spec.experts_per_token as f64 / self.split.tp;
-        // No-grad forward: the caller's block input, the residual sum, the norm output and the
-        // sublayer output are all referenced while the sublayer runs.
-        let residuals = 4.0 * self.bytes.residual * h;
-        let mlp_live = tokens * (residuals + act * f * self.mlp_live_intermediates());
+        // No-grad forward: the hidden states the family's block code holds (block input, norm
+        // output, residual sum, attention output) beside what each sublayer computes; the
+        // probabilities eager attention returns stay held until the block returns, T5's position
+        // bias through the stack.
+        let hidden = tokens * self.bytes.residual * h;
+        let held = &spec.held;
+        // The pass counts the block's whole KV cache: the cross-attention's copies do not exist
+        // yet while the self-attention runs.
         let attention_live =
-            tokens * (residuals + act * 3.0 * spec.query_width() as f64 / self.split.tp);
-        // Generation keeps keys and values per layer (a plain forward runs without a cache). When
-        // they are views of a fused q/k/v projection (GPT-2), the cache keeps the whole projection
-        // alive until the first decode step concatenates.
-        let cached_width = if spec.fused_qkv && spec.rotary_fraction == 0.0 && shape.queries > 1.0 {
-            spec.query_width() + 2 * spec.kv_width()
-        } else {
-            2 * spec.kv_width()
-        };
-        let kv_cache = if spec.is_causal_lm() && self.workload.mode == Mode::Generate {
-            act * cached_width as f64 / self.split.tp * tokens
+            hidden * held.at_attention as f64 + own.inference_live - cross.kv_cache;
+        // Cross-attention runs beside the self-attention's residual sum as well.
+        let cross_live = if has_cross {
+            hidden * (held.at_attention + 1) as f64 + own.inference_kept + cross.inference_live
         } else {
             0.0
         };
+        // The block names each attention's probabilities `_`: the cross-attention's replace the
+        // self-attention's.
+        let kept = if has_cross {
+            cross.inference_kept
+        } else {
+            own.inference_kept
+        };
+        let mlp_live =
+            hidden * held.at_mlp as f64 + tokens * act * f * self.mlp_live_intermediates() + kept;
+        let inference_live =
+            attention_live.max(cross_live).max(mlp_live) + own.stack_held + cross.stack_held;
         let largest_intermediate = (tally.core / 2.0).max(tokens * act * f);
         let residual_gradient = 2.0 * tokens * self.bytes.residual * h;
         Unit {
@@ -476,9 +659,10 @@ impl<'a> TransformerGraph<'a> {
             // Saved tensors are released as their node runs: one intermediate's gradient at a time.
             backward_transient: largest_intermediate + residual_gradient,
             gradient_transient: residual_gradient,
-            inference_live: attention_live.max(mlp_live) + inference,
-            kv_cache,
+            inference_live,
+            kv_cache: own.kv_cache + cross.kv_cache,
             params: spec.block_params(has_cross),
+            ..Unit::default()
         }
     }
 
@@ -555,11 +739,28 @@ impl<'a> TransformerGraph<'a> {
                     } else {
                         0.0
                     };
+                    let held = logits + selection;
+                    // The final norm reads the last block's output; the head then runs on the
+                    // body's output beside the logits (with a masked-LM transform's output, or
+                    // T5's rescaled copy).
+                    let hidden = tokens * self.bytes.residual * h;
+                    let beside_logits = if transform > 0.0 || rescale > 0.0 {
+                        2.0 * hidden
+                    } else {
+                        hidden
+                    };
+                    // With labels the model computes its loss: the fp32 copy of the logits and
+                    // log_softmax's output, as in training.
+                    let loss = if self.workload.mode == Mode::Infer && self.workload.labels {
+                        fp32_copy + tokens * vocab * loss_bytes
+                    } else {
+                        0.0
+                    };
                     Unit {
                         name: "head",
                         // The logits themselves are `held` (returned to the caller).
-                        inference_live: tokens * self.bytes.residual * h * 2.0,
-                        held: logits + selection,
+                        inference_live: (2.0 * hidden - held).max(beside_logits + loss),
+                        held,
                         params,
                         ..Unit::default()
                     }

@@ -3,7 +3,8 @@
 use crate::error::{PlanError, Result};
 use crate::limits::{self, Bound};
 use crate::model::{
-    Activation, Architecture, Head, ModelSpec, Norm, Patches, ResnetSpec, TransformerSpec,
+    Activation, Architecture, Head, HeldHidden, ModelSpec, Norm, Patches, ResnetSpec,
+    TransformerSpec,
 };
 use crate::names::nearest;
 use crate::workload::{choices, Dtype};
@@ -325,6 +326,16 @@ impl ConfigFields<'_> {
             embedding_dropout: 0.0,
             head: Head::CausalLm,
             use_cache: self.bool_or(&["use_cache"], true),
+            decoder: !matches!(mt, "bert" | "roberta" | "vit"),
+            // A pre-norm block as Llama writes it (transformers 5.x): the model holds
+            // `inputs_embeds` through the body; attention reads the norm output while the caller
+            // holds the block input; the MLP runs on the norm output of the residual sum.
+            held: HeldHidden {
+                embeddings: 1,
+                positions: false,
+                at_attention: 2,
+                at_mlp: 3,
+            },
             patches: None,
         };
         let need_positions = || {
@@ -342,6 +353,10 @@ impl ConfigFields<'_> {
                 spec.attention_dropout = self.f64_or(&["attn_pdrop"], 0.1);
                 spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.1);
                 spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.1);
+                // The model holds `position_embeds` (batch 1) too; the block keeps
+                // `attn_output` named while its MLP runs.
+                spec.held.positions = true;
+                spec.held.at_mlp = 4;
             }
             "gpt_neox" => {
                 spec.fused_qkv = true;
@@ -353,6 +368,7 @@ impl ConfigFields<'_> {
                 spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], false);
                 spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
                 spec.hidden_dropout = self.f64_or(&["hidden_dropout"], 0.0);
+                spec.softmax_fp32 = true;
             }
             "opt" => {
                 // OPT's learned positions carry an offset of 2 rows.
@@ -375,6 +391,11 @@ impl ConfigFields<'_> {
                 spec.hidden_dropout = self.f64_or(&["dropout"], 0.1);
                 spec.embedding_dropout = spec.hidden_dropout;
                 spec.activation_dropout = self.f64_or(&["activation_dropout"], 0.0);
+                spec.softmax_fp32 = true;
+                // The model holds `pos_embeds` (per token) too; the block's fc1 rebinds the norm
+                // output, so its MLP runs beside the block input and the residual sum only.
+                spec.held.embeddings = 2;
+                spec.held.at_mlp = 2;
             }
             "llama" | "mistral" | "qwen2" | "mixtral" | "gemma" => {
                 spec.norm = Norm::RmsNorm;
@@ -434,6 +455,10 @@ impl ConfigFields<'_> {
                 spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.1);
                 spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.1);
                 spec.embedding_dropout = spec.hidden_dropout;
+                // Post-norm: q, k, v read the block input itself; the MLP reads the attention
+                // output (its LayerNorm) beside the block input.
+                spec.held.at_attention = 1;
+                spec.held.at_mlp = 2;
                 let arch = self.architecture_name();
                 spec.head = if arch.ends_with("ForMaskedLM") {
                     Head::MaskedLm
@@ -454,7 +479,7 @@ impl ConfigFields<'_> {
                         limits::LAYERS,
                     )?
                     .unwrap_or(layers);
-                spec.norm = Norm::RmsNorm;
+                spec.norm = Norm::RmsNormScaledInput;
                 spec.norm_bias = false;
                 (spec.qkv_bias, spec.out_bias, spec.mlp_bias) = (false, false, false);
                 let proj = self.str_or(&["feed_forward_proj"], "relu");
@@ -492,6 +517,7 @@ impl ConfigFields<'_> {
                 });
                 spec.activation = self.activation(&["hidden_act"], "gelu")?;
                 spec.qkv_bias = self.bool_or(&["qkv_bias"], true);
+                spec.softmax_fp32 = true;
                 spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.0);
                 spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.0);
                 spec.embedding_dropout = spec.hidden_dropout;

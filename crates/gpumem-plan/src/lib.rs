@@ -29,7 +29,7 @@ pub use advice::{advise, combine_until_fits, Suggestion};
 pub use catalogue::{find_model, load_config, model_names};
 pub use checks::check;
 pub use error::{PlanError, Result};
-pub use estimate::{estimate, Breakdown, Estimate, Overheads, Phase, PhasePeak};
+pub use estimate::{estimate, Breakdown, Estimate, KvCacheKind, Overheads, Phase, PhasePeak};
 pub use fit::{fewest_gpus, fit, Fit, FitTarget};
 pub use gpu::{find_gpu, Gpu};
 pub use hf::parse_config;

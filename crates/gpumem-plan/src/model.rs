@@ -49,8 +49,11 @@ pub enum Activation {
 pub enum Norm {
     /// LayerNorm (weight, and bias when `norm_bias`).
     LayerNorm,
-    /// RMSNorm written as Python ops with an fp32 upcast (Llama, T5).
+    /// RMSNorm written as Python ops that upcast the input to fp32 first (Llama).
     RmsNorm,
+    /// RMSNorm that scales the input itself by the fp32 reciprocal root (T5): the product is
+    /// promoted to fp32, so a half-precision input is saved beside its fp32 copy.
+    RmsNormScaledInput,
 }
 
 /// Which output module sits on top of the transformer body.
@@ -88,6 +91,26 @@ pub struct Patches {
     pub channels: u64,
     /// Image side the position table was built for.
     pub image_size: u64,
+}
+
+/// What a family's Hugging Face forward code keeps referenced in a no-grad forward besides the
+/// tensor each step is computing: a Python name holds its tensor until it is rebound or its
+/// function returns. Counted in hidden-state tensors (one per token, `hidden` wide).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct HeldHidden {
+    /// Embedding outputs the model's forward holds until its body returns: the token
+    /// embeddings (`inputs_embeds`), and OPT's learned-position output.
+    pub embeddings: u64,
+    /// The learned position embedding's output is held too (GPT-2): one row per position in a
+    /// plain forward (its default position ids have batch 1), one per token in generation
+    /// (which passes position ids per sequence).
+    pub positions: bool,
+    /// Hidden states alive while attention runs, besides its projections: the block input (held
+    /// by the caller's loop) and the norm output attention reads.
+    pub at_attention: u64,
+    /// Hidden states alive while the MLP runs, besides its intermediates: the block input, and as
+    /// the block's code names them the residual sum, the norm output and the attention output.
+    pub at_mlp: u64,
 }
 
 /// A transformer, described by the facts that decide its parameters and activations.
@@ -143,7 +166,10 @@ pub struct TransformerSpec {
     pub mlp_bias: bool,
     /// Fraction of each head rotated by RoPE (0 without rotary embeddings).
     pub rotary_fraction: f64,
-    /// Eager attention upcasts the softmax to fp32.
+    /// Eager attention computes the softmax in fp32 and casts back
+    /// (`softmax(scores, dtype=torch.float32).to(dtype)`, transformers 5.x: Llama, Mistral,
+    /// Qwen2, Mixtral, Gemma, Phi, GPT-NeoX, OPT, ViT); GPT-2, BERT and T5 keep the activation
+    /// dtype.
     pub softmax_fp32: bool,
     /// Output embedding shares the input embedding.
     pub tied_embeddings: bool,
@@ -171,8 +197,14 @@ pub struct TransformerSpec {
     pub embedding_dropout: f64,
     /// Output module.
     pub head: Head,
-    /// `use_cache` of the config: Hugging Face decoders then build a KV cache even in training.
+    /// `use_cache` of the config: Hugging Face decoders then build a KV cache even in training,
+    /// and return it from an inference forward.
     pub use_cache: bool,
+    /// The model has a decoder stack (causal self-attention, served by a KV cache): every
+    /// decoder-only family and the decoder of an encoder-decoder; false for encoders (BERT, ViT).
+    pub decoder: bool,
+    /// What its forward keeps referenced without gradients.
+    pub held: HeldHidden,
     /// Patching, for vision transformers.
     pub patches: Option<Patches>,
 }
@@ -240,6 +272,18 @@ impl ModelSpec {
     /// Whether the input is a token sequence (`seq`) rather than an image (`image_size`).
     pub fn reads_tokens(&self) -> bool {
         matches!(&self.arch, Architecture::Transformer(t) if t.patches.is_none())
+    }
+
+    /// Whether a forward of the model can build a KV cache (it has a decoder stack).
+    pub fn has_decoder(&self) -> bool {
+        matches!(&self.arch, Architecture::Transformer(t) if t.decoder)
+    }
+
+    /// Whether the model's head computes a language-model loss over the vocabulary when the
+    /// batch carries labels (causal, masked and encoder-decoder LM heads).
+    pub fn has_lm_loss(&self) -> bool {
+        matches!(&self.arch, Architecture::Transformer(t)
+            if matches!(t.head, Head::CausalLm | Head::Seq2SeqLm | Head::MaskedLm))
     }
 
     /// Blocks of the body (both stacks of an encoder-decoder): at most this many pipeline stages.

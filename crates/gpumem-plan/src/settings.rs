@@ -62,6 +62,15 @@ pub struct Settings {
     /// eager, sdpa, flash [default: sdpa].
     #[cfg_attr(feature = "clap", arg(long))]
     pub attn: Option<String>,
+    /// Pass use_cache=False: an inference forward of a decoder keeps no KV cache (by default
+    /// it returns the cache it builds, as model(**batch) does), and training passes keys and
+    /// values through none.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub no_cache: bool,
+    /// Inference with labels in the batch: the forward also computes the model's loss (an
+    /// evaluation step); an encoder-decoder takes its decoder inputs from the labels.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub labels: bool,
     /// Micro-batches accumulated per optimizer step [default: 1].
     #[cfg_attr(feature = "clap", arg(long))]
     pub grad_accum: Option<u64>,
@@ -226,6 +235,8 @@ impl Settings {
                 offload: self.offload,
             },
             target,
+            use_cache: !self.no_cache,
+            labels: self.labels,
         };
         workload.validate()?;
         Ok(workload)
@@ -293,6 +304,38 @@ impl Settings {
                 reason: reason.clone(),
             })
             .collect();
+        if self.no_cache {
+            let reason = if mode == Mode::Generate {
+                Some("generate decodes with its KV cache".to_string())
+            } else if !model.has_decoder() {
+                Some(format!("{} has no decoder, so no KV cache", model.name))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                warnings.push(Warning::Ignored {
+                    flag: "--no-cache",
+                    reason,
+                });
+            }
+        }
+        if self.labels {
+            let reason = match mode {
+                Mode::Train => Some("training always computes the loss".to_string()),
+                Mode::Generate => Some("generate computes no loss".to_string()),
+                Mode::Infer if !model.has_lm_loss() => Some(format!(
+                    "{} has no language-model head: the loss modelled is that over the vocabulary",
+                    model.name
+                )),
+                Mode::Infer => None,
+            };
+            if let Some(reason) = reason {
+                warnings.push(Warning::Ignored {
+                    flag: "--labels",
+                    reason,
+                });
+            }
+        }
         if mode != Mode::Generate && self.new_tokens.is_some() {
             warnings.push(Warning::Ignored {
                 flag: "--new-tokens",

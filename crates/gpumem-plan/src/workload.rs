@@ -10,7 +10,8 @@ use serde::Serialize;
 pub enum Mode {
     /// Forward, backward and optimizer step.
     Train,
-    /// One forward pass without gradients (decoder LMs also build their KV cache, as Hugging Face does).
+    /// One forward pass without gradients, as `model(**batch)` runs it in eval mode: decoders
+    /// return the KV cache they build (unless [`Workload::use_cache`] is off).
     Infer,
     /// Prefill of the prompt, then one decode step per new token with a KV cache.
     Generate,
@@ -225,6 +226,14 @@ pub struct Workload {
     pub layout: Layout,
     /// GPU or PyTorch-on-CPU.
     pub target: Target,
+    /// The forward's `use_cache` (on in Hugging Face configs unless they say otherwise): an
+    /// inference forward of a decoder returns the KV cache it builds, and training passes its
+    /// keys and values through a cache. Off with `--no-cache` (`use_cache=False`). Generation
+    /// always decodes with its cache.
+    pub use_cache: bool,
+    /// Inference with labels in the batch: the forward also computes the model's loss (an
+    /// evaluation step); an encoder-decoder takes its decoder inputs from the labels.
+    pub labels: bool,
 }
 
 impl Default for Workload {
@@ -246,6 +255,8 @@ impl Default for Workload {
             lora: None,
             layout: Layout::single(),
             target: Target::Gpu,
+            use_cache: true,
+            labels: false,
         }
     }
 }

@@ -226,6 +226,30 @@ fn training_flags_in_inference_warn() {
 }
 
 #[test]
+fn cache_and_labels_flags_warn_where_they_do_nothing() {
+    let flags = |mode: &str| Settings {
+        mode: Some(mode.into()),
+        no_cache: true,
+        labels: true,
+        ..Settings::default()
+    };
+    let warned =
+        |name: &str, mode: &str| ignored(&flags(mode).resolve(&model(name)).unwrap().warnings);
+    // A decoder's or an encoder-decoder's inference forward honours both.
+    assert!(warned("llama-3-8b", "infer").is_empty());
+    assert!(warned("t5-small", "infer").is_empty());
+    // Generation decodes with its cache and computes no loss; training always has its loss.
+    assert_eq!(warned("llama-3-8b", "generate"), ["--no-cache", "--labels"]);
+    assert_eq!(warned("llama-3-8b", "train"), ["--labels"]);
+    // An encoder has no KV cache; a pooler or classifier head no language-model loss.
+    assert_eq!(
+        warned("bert-base-uncased", "infer"),
+        ["--no-cache", "--labels"]
+    );
+    assert_eq!(warned("resnet50", "infer"), ["--no-cache", "--labels"]);
+}
+
+#[test]
 fn seq_on_a_cnn_warns() {
     let seq = Settings {
         seq: Some(128),

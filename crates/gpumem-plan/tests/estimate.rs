@@ -1,8 +1,8 @@
 //! Behaviour of the estimator, fit and advice on catalogue models.
 
 use gpumem_plan::{
-    advise, estimate, fewest_gpus, find_model, fit, Estimate, FitTarget, Overheads, Phase,
-    Settings, Workload,
+    advise, estimate, fewest_gpus, find_model, fit, Estimate, FitTarget, KvCacheKind, Overheads,
+    Phase, Settings, Workload,
 };
 
 fn plan(model: &str, settings: Settings) -> Estimate {
@@ -44,6 +44,93 @@ fn kv_cache_counts_grouped_query_heads() {
         "{kv} vs {full_cache}"
     );
     assert_eq!(e.breakdown.weights, 8_030_261_248 * 2);
+}
+
+fn infer(batch: u64, seq: u64, dtype: &str) -> Settings {
+    Settings {
+        mode: Some("infer".into()),
+        batch: Some(batch),
+        seq: Some(seq),
+        dtype: Some(dtype.into()),
+        ..Settings::default()
+    }
+}
+
+#[test]
+fn inference_counts_the_kv_cache_the_forward_returns() {
+    // Llama-2-7B in fp16: 32 layers × 2 (k, v) × 4096 × 2 bytes = 512 KiB per token.
+    let with = plan("llama-2-7b", infer(2, 2048, "fp16"));
+    let without = plan(
+        "llama-2-7b",
+        Settings {
+            no_cache: true,
+            ..infer(2, 2048, "fp16")
+        },
+    );
+    let cache = 32 * 2 * 4096 * 2 * 2 * 2048;
+    assert_eq!(with.breakdown.kv_cache, cache);
+    assert_eq!(with.kv_cache_kind, Some(KvCacheKind::Returned));
+    assert_eq!(
+        (without.breakdown.kv_cache, without.kv_cache_kind),
+        (0, None)
+    );
+    assert_eq!(
+        with.peak_allocated_bytes - without.peak_allocated_bytes,
+        cache
+    );
+    // An encoder-decoder with labels keeps its decoder's self- and cross-attention caches:
+    // T5-small, 6 decoder layers × 2 × 512 × 4 bytes per decoder and per encoder token.
+    let t5 = plan(
+        "t5-small",
+        Settings {
+            labels: true,
+            ..infer(4, 256, "fp32")
+        },
+    );
+    assert_eq!(t5.breakdown.kv_cache, 6 * 2 * 512 * 4 * (4 * 256 + 4 * 256));
+}
+
+#[test]
+fn labels_add_the_loss_over_the_vocabulary() {
+    // Llama-3-8B in bf16: the causal-LM loss copies the logits to fp32 and takes log_softmax
+    // in fp32 (8 bytes per logit); the caller holds the int64 labels.
+    let tokens = 1024;
+    let without = plan("llama-3-8b", infer(1, tokens, "bf16"));
+    let with = plan(
+        "llama-3-8b",
+        Settings {
+            labels: true,
+            ..infer(1, tokens, "bf16")
+        },
+    );
+    assert_eq!(
+        with.peak_allocated_bytes - without.peak_allocated_bytes,
+        tokens * 128_256 * 8 + tokens * 8
+    );
+}
+
+#[test]
+fn eager_softmax_in_fp32_copies_bf16_scores_but_not_fp16() {
+    // Llama's eager attention takes softmax(scores, dtype=float32) and casts back. A bf16 input
+    // is first converted to fp32 (PyTorch fuses the conversion for fp16 on CUDA only): 2 bytes
+    // more per score at the softmax, 32 heads × 4096² scores.
+    let eager = |dtype: &str, model: &str, seq| {
+        plan(
+            model,
+            Settings {
+                attn: Some("eager".into()),
+                ..infer(1, seq, dtype)
+            },
+        )
+        .peak_allocated_bytes
+    };
+    let scores = 32 * 4096 * 4096;
+    assert_eq!(
+        eager("bf16", "llama-2-7b", 4096) - eager("fp16", "llama-2-7b", 4096),
+        2 * scores
+    );
+    // GPT-2's eager softmax stays in the activation dtype: bf16 and fp16 plan the same.
+    assert_eq!(eager("bf16", "gpt2", 1024), eager("fp16", "gpt2", 1024));
 }
 
 #[test]

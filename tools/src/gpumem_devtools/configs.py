@@ -122,6 +122,34 @@ HF_CONFIGS: dict[str, tuple[str, Config, Config]] = {
     "bert-12l": ("google-bert/bert-base-uncased", _BERT_BASE,
                  {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4,
                   "attention_probs_dropout_prob": 0.0}),
+    # The held-out set (measure_peak.heldout_grid): deeper and wider than the 2-layer
+    # configs, with the vocabulary shrunk, so that per-layer memory (the KV cache a forward
+    # returns, the attention scores) weighs against the logits as in full-size models.
+    "gpt2-8l": ("openai-community/gpt2", _GPT2,
+                {"n_layer": 8, "n_embd": 512, "n_head": 8, "vocab_size": 4096,
+                 "bos_token_id": 4095, "eos_token_id": 4095, "attn_pdrop": 0.0}),
+    "llama-8l": ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", _TINYLLAMA,
+                 {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
+                  "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 4096}),
+    "qwen2.5-6l": ("Qwen/Qwen2.5-0.5B", _QWEN25_05B,
+                   {"hidden_size": 448, "intermediate_size": 1216, "num_hidden_layers": 6,
+                    "num_attention_heads": 7, "num_key_value_heads": 1, "max_window_layers": 6,
+                    "vocab_size": 8192, "bos_token_id": 8191, "eos_token_id": 8191}),
+    "opt-6l": ("facebook/opt-125m", _OPT_125M,
+               {"hidden_size": 512, "ffn_dim": 2048, "num_attention_heads": 8,
+                "num_hidden_layers": 6, "word_embed_proj_dim": 512, "vocab_size": 4096}),
+    "pythia-6l": ("EleutherAI/pythia-70m", _PYTHIA_70M,
+                  {"hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8,
+                   "num_hidden_layers": 6, "vocab_size": 4096}),
+    "t5-small-4l": ("google-t5/t5-small", _T5_SMALL,
+                    {"num_layers": 4, "num_decoder_layers": 4, "vocab_size": 4096}),
+    "bert-6l": ("google-bert/bert-base-uncased", _BERT_BASE,
+                {"hidden_size": 384, "intermediate_size": 1536, "num_attention_heads": 6,
+                 "num_hidden_layers": 6, "vocab_size": 8192,
+                 "attention_probs_dropout_prob": 0.0}),
+    "vit-4l": ("google/vit-base-patch16-224", _VIT_BASE,
+               {"hidden_size": 384, "intermediate_size": 1536, "num_attention_heads": 6,
+                "num_hidden_layers": 4}),
 }
 
 CNN_CONFIGS: dict[str, Config] = {

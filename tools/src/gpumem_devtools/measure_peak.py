@@ -15,7 +15,8 @@ Usage (inside the gpumem checkout):
 (or `python -m gpumem_devtools.measure_peak ...`)
 
 Results go to testdata/plan/measured.jsonl (one JSON object per case, in grid
-order; cases already in the file are kept and skipped unless --redo).
+order; cases already in the file are kept and skipped unless --redo); with
+--heldout, the held-out grid goes to testdata/plan/measured_heldout.jsonl.
 """
 
 import argparse
@@ -37,6 +38,7 @@ from .settings import Settings
 PROG = "gpumem-measure-peak"
 CONFIG_DIR = "testdata/plan/configs"
 DEFAULT_OUT = "testdata/plan/measured.jsonl"
+HELDOUT_OUT = "testdata/plan/measured_heldout.jsonl"
 STEPS = 2
 
 
@@ -156,6 +158,65 @@ def grid() -> list[tuple[str, Settings]]:
             [(2, 256), (4, 512)], eager=[(2, 256)], ckpt=[(4, 512)], bf16=[(4, 256)],
             infer=[(4, 256)], generate=[(2, 128, 32), (8, 256, 128)]),
     }
+    return [(name, _state_cache(name, s)) for name, lst in cases.items() for s in lst]
+
+
+def _state_cache(name: str, s: Settings) -> Settings:
+    """The grid's inference cases of models with a KV cache ran with `use_cache=False` (the
+    harness's plain forward): their settings say so, as `no_cache`."""
+    kind = configs.model_kind(configs.config_dict(name))
+    if s.mode == "infer" and s.no_cache is None and kind in ("causal_lm", "seq2seq"):
+        s.no_cache = True
+    return s
+
+
+def heldout_grid() -> list[tuple[str, Settings]]:
+    """(config name, Settings) of the held-out set (`--heldout`, measured_heldout.jsonl):
+    cases the planner was not built from. Plain inference forwards as `model(**batch)`
+    runs them in eval mode -- the config's default `use_cache` (the KV cache is returned),
+    encoder-decoders with labels -- and eager attention in half precision for inference
+    and training, over families, dtypes and shapes."""
+    cache = {"no_cache": False}
+    eager = {"attn": "eager"}
+    # fp16 cases are small: CPU matmuls in fp16 run ~50x slower than in bf16.
+    cases: dict[str, list[Settings]] = {
+        "gpt2-8l": [
+            I(4, 512, **cache), I(8, 256, dtype="bf16", **cache), I(1, 1024, dtype="fp16", **cache),
+            I(4, 256, labels=True, **cache), I(4, 512, dtype="bf16", **cache, **eager),
+            T(4, 256, dtype="bf16", **eager), T(1, 256, dtype="fp16", **eager),
+            T(4, 256, no_cache=True)],
+        "llama-8l": [
+            I(4, 512, **cache), I(8, 512, dtype="bf16", **cache), I(1, 512, dtype="fp16", **cache),
+            I(4, 512, dtype="bf16", labels=True, **cache), I(4, 512, no_cache=True),
+            I(1, 512, dtype="fp16", **cache, **eager), T(2, 512, dtype="bf16", **eager),
+            T(1, 256, dtype="fp16", **eager), T(1, 256, amp="fp16", **eager),
+            T(4, 256, dtype="bf16", grad_ckpt=True, **eager), T(4, 256, dtype="bf16", no_cache=True)],
+        "qwen2.5-6l": [
+            I(4, 512, **cache), I(8, 256, dtype="bf16", **cache),
+            I(2, 1024, dtype="bf16", **cache, **eager), T(4, 256, dtype="bf16", **eager)],
+        "opt-6l": [
+            I(4, 512, **cache), I(8, 256, dtype="bf16", **cache),
+            I(1, 512, dtype="fp16", **cache, **eager), T(4, 256, dtype="bf16", **eager),
+            T(4, 256, amp="bf16", **eager)],
+        "pythia-6l": [
+            I(4, 512, **cache), I(2, 256, dtype="fp16", **cache),
+            I(4, 512, dtype="bf16", **cache, **eager), T(2, 512, dtype="bf16", **eager),
+            T(4, 256, amp="bf16", **eager)],
+        "t5-small-4l": [
+            I(4, 256, labels=True, **cache), I(8, 256, dtype="bf16", labels=True, **cache),
+            I(4, 256, dtype="bf16", labels=True, **cache, **eager),
+            T(4, 256, dtype="bf16", **eager)],
+        "bert-6l": [I(8, 512, dtype="bf16", **eager), T(4, 512, dtype="bf16", **eager)],
+        "vit-4l": [I(16, None, image_size=224, dtype="bf16", **eager),
+                   T(8, None, image_size=224, dtype="bf16", **eager)],
+        # The 2-layer configs of the main grid: the cache is small next to the logits.
+        "gpt2-2l": [I(4, 256, dtype="bf16", **cache)],
+        "tinyllama-2l": [I(4, 256, **cache), T(4, 256, dtype="bf16", **eager)],
+        "qwen2.5-2l": [I(2, 512, dtype="bf16", **cache)],
+        "opt-2l": [I(2, 512, dtype="bf16", **cache)],
+        "pythia-2l": [I(2, 512, **cache)],
+        "t5-small-2l": [I(2, 512, labels=True, **cache)],
+    }
     return [(name, s) for name, lst in cases.items() for s in lst]
 
 
@@ -174,6 +235,12 @@ def case_id(name: str, s: Settings) -> str:
         parts.append(f"{s.optimizer}-{s.optimizer_impl}")
     if s.grad_ckpt:
         parts.append("ckpt")
+    if s.labels:
+        parts.append("labels")
+    # Named where it departs from the harness's convention (inference without a cache,
+    # training with the config's default).
+    if s.no_cache is not None and s.no_cache != (s.mode == "infer"):
+        parts.append("nocache" if s.no_cache else "cache")
     if s.attn:
         parts.append(s.attn)
     return "-".join(parts)
@@ -189,6 +256,9 @@ def notes(name: str, s: Settings, device: str, threads: int,
            f"peak over {s.mode} step {STEPS} of {STEPS}"]
     if cpu:
         out.append("dropout via native_dropout (1-byte mask, as CUDA)")
+    if cpu and "fp16" in (s.dtype, s.amp):
+        out.append("fp16 softmax(dtype=float32) as CUDA's half_to_float kernel (no fp32 "
+                   "copy of the input)")
     if s.mode == "train":
         out.append("zero_grad(set_to_none=True) after optimizer.step as HF Trainer")
         if name.startswith("resnet"):
@@ -204,8 +274,13 @@ def notes(name: str, s: Settings, device: str, threads: int,
                    "layer_norm, pow, sum, run in fp32)")
     if name.startswith("t5"):
         out.append("decoder length = seq")
-    if s.mode == "infer" and not name.startswith(("resnet", "vit", "bert")):
+    kind = configs.model_kind(configs.config_dict(name))
+    if s.passes_no_cache(kind in ("causal_lm", "seq2seq")):
         out.append("use_cache=False")
+    elif s.no_cache is False:
+        out.append("use_cache not passed (config default True): the forward returns its KV cache")
+    if s.labels:
+        out.append("labels=input_ids: the model computes its own loss")
     if s.mode == "generate":
         out.append("HF generate, greedy, min_new_tokens=max_new_tokens, DynamicCache; "
                    "prefill keeps last-token logits only")
@@ -339,7 +414,25 @@ def self_test(root: Path) -> None:
     _check("autocast dtypes of softmax, layer_norm, pow, mm", dtypes,
            ["torch.float32"] * 3 + ["torch.bfloat16"])
 
-    # 6. The CUDA path's conversion of device_traces (no GPU needed): boundaries
+    # 6. GPU-like fp32 softmax of fp16 scores: the fp32 output and one chunk's temporaries
+    # (its fp32 copy and softmax), no fp32 copy of the whole input.
+    from .models import SOFTMAX_CHUNK_ROWS, gpu_like_softmax
+    rows, cols = 4 * SOFTMAX_CHUNK_ROWS, 128
+    scores = torch.randn(rows, cols, dtype=torch.float16)
+    rec = CpuRecorder()
+    with rec, gpu_like_softmax("cpu"):
+        rec.boundary("step")
+        probs = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32)
+        rec.boundary("end")
+    tl = rec.timeline()
+    chunk = SOFTMAX_CHUNK_ROWS * cols * 4
+    _check("fp16 softmax to fp32: peak, live (output + 2 chunk temporaries, output)",
+           (tl.peak_between(*tl.boundary_times("step"), *tl.boundary_times("end"))[0],
+            sum(size for _, _, size in tl.events), str(probs.dtype)),
+           (rows * cols * 4 + 2 * chunk, rows * cols * 4, "torch.float32"))
+    del probs
+
+    # 7. The CUDA path's conversion of device_traces (no GPU needed): boundaries
     # are allocs on the marker stream; a free of pre-recording memory is dropped.
     from .timeline import recording_from_cuda_trace
 
@@ -375,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the gpumem checkout (default: the one holding the current directory)")
     ap.add_argument("--only", type=regex, metavar="REGEX",
                     help="run only cases whose id matches")
+    ap.add_argument("--heldout", action="store_true",
+                    help=f"the held-out grid instead of the main one (default --out: "
+                         f"<checkout>/{HELDOUT_OUT})")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
     ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
@@ -386,7 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    cases = [(n, s, case_id(n, s)) for n, s in grid()]
+    table = heldout_grid() if args.heldout else grid()
+    cases = [(n, s, case_id(n, s)) for n, s in table]
     if args.only is not None:
         cases = [c for c in cases if args.only.search(c[2])]
     if args.list and not args.self_test:
@@ -407,20 +504,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             self_test(root)
             return 0
         vers = versions()
-        _measure_cases(root, args.out or root / DEFAULT_OUT, cases, args.redo, args.device,
+        out = args.out or root / (HELDOUT_OUT if args.heldout else DEFAULT_OUT)
+        _measure_cases(root, out, cases, table, args.redo, args.device,
                        torch.get_num_threads(), vers)
     except MissingDependency as err:
         return fail(ap.prog, err)
     return 0
 
 
-def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, str]], redo: bool,
-                   device: str, threads: int, vers: dict[str, str]) -> None:
+def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, str]],
+                   table: Sequence[tuple[str, Settings]], redo: bool, device: str, threads: int,
+                   vers: dict[str, str]) -> None:
+    """Measure `cases` (those of `table` selected), keeping `out`'s rows in `table` order."""
     configs.write_configs(root / CONFIG_DIR, sorted({n for n, _, _ in cases}))
     done: dict[str, dict[str, Any]] = {}
     if out.exists():
         done = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
-    order = {case_id(n, s): i for i, (n, s) in enumerate(grid())}
+    order = {case_id(n, s): i for i, (n, s) in enumerate(table)}
     for name, s, cid in cases:
         if cid in done and not redo:
             continue

@@ -138,6 +138,70 @@ def gpu_like_dropout(device: str) -> Iterator[None]:
         F.dropout = original
 
 
+# Rows of the scores computed at once by the GPU-like softmax below: its only temporaries
+# (an fp32 copy of one chunk of the input, and of the gradient in backward) stay small.
+SOFTMAX_CHUNK_ROWS = 64
+
+
+class _HalfToFloatSoftmax(torch.autograd.Function):
+    """`softmax(x, dim=-1, dtype=float32)` of an fp16 `x` as CUDA's fused `half_to_float`
+    kernel allocates it: the fp32 output (and, in backward, the fp16 gradient of `x`) and no
+    fp32 copy of the whole input. Computed `SOFTMAX_CHUNK_ROWS` rows at a time."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        out = torch.empty(rows.shape, dtype=torch.float32)
+        for start in range(0, rows.shape[0], SOFTMAX_CHUNK_ROWS):
+            chunk = slice(start, start + SOFTMAX_CHUNK_ROWS)
+            out[chunk] = torch.softmax(rows[chunk].float(), dim=-1)
+        out = out.view(x.shape)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (out,) = ctx.saved_tensors
+        g_rows = grad.reshape(-1, grad.shape[-1])
+        o_rows = out.reshape(-1, out.shape[-1])
+        grad_in = torch.empty(o_rows.shape, dtype=torch.float16)
+        for start in range(0, o_rows.shape[0], SOFTMAX_CHUNK_ROWS):
+            chunk = slice(start, start + SOFTMAX_CHUNK_ROWS)
+            grad_in[chunk] = torch._softmax_backward_data(
+                g_rows[chunk], o_rows[chunk], -1, torch.float32)
+        return grad_in.view(out.shape)
+
+
+@contextlib.contextmanager
+def gpu_like_softmax(device: str) -> Iterator[None]:
+    """Make a CPU `softmax(x, dtype=float32)` of fp16 `x` allocate as on CUDA.
+
+    PyTorch's `softmax(input, dim, dtype)` (aten/src/ATen/native/SoftMax.cpp) calls the fused
+    `_softmax(input, dim, half_to_float=true)` when the input is on CUDA, fp16 and `dtype` is
+    float32; everywhere else (CPU, and bf16 on CUDA) it first converts the whole input
+    (`input_.toType(dtype)`), an extra fp32 copy. Hugging Face's eager attention calls
+    `softmax(scores, dtype=torch.float32)`; for CPU runs this routes fp16 inputs through
+    `_HalfToFloatSoftmax`, so they allocate the CUDA kernel's tensors.
+    """
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    original = F.softmax
+
+    def softmax(input: torch.Tensor, dim: int | None = None, _stacklevel: int = 3,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+        last = dim is not None and dim in (-1, input.dim() - 1)
+        if dtype == torch.float32 and input.dtype == torch.float16 and last:
+            return _HalfToFloatSoftmax.apply(input)
+        return original(input, dim, _stacklevel, dtype)
+
+    F.softmax = softmax
+    try:
+        yield
+    finally:
+        F.softmax = original
+
+
 # torch.autocast op policy of CUDA that CPU autocast lacks (PyTorch AMP docs:
 # "CUDA ops that can autocast to float32"): these run in fp32 on CUDA, while
 # CPU autocast runs them in the input's bf16/fp16, which would shrink the

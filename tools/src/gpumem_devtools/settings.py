@@ -24,6 +24,33 @@ class Settings:
     optimizer_impl: str | None = None
     grad_ckpt: bool = False
     attn: str | None = None
+    # The fields below came after the first measurements: `as_dict` writes them only when
+    # set, so the rows and trace headers written before them read as they were.
+    #
+    # `no_cache` (the `--no-cache` of `gpumem plan`): True passes `use_cache=False` to the
+    # forward of a decoder or encoder-decoder (no KV cache); False passes nothing, so the
+    # config's default applies (`use_cache=True`: a plain `model(**batch)` returns the cache).
+    # None leaves it unstated: the harness's plain inference forward then passes
+    # `use_cache=False` (how the committed infer traces were captured), training nothing.
+    no_cache: bool | None = None
+    # `labels` (infer only, `--labels`): the batch carries `labels = input_ids`, so the model
+    # computes its own loss (an evaluation step); encoder-decoders derive their decoder
+    # inputs from the labels. Without it an encoder-decoder gets `decoder_input_ids = input_ids`.
+    labels: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        if out["no_cache"] is None:
+            del out["no_cache"]
+        if not out["labels"]:
+            del out["labels"]
+        return out
+
+    def passes_no_cache(self, has_cache: bool) -> bool:
+        """Whether the forward gets `use_cache=False` (`has_cache`: a decoder or an
+        encoder-decoder, whose forward can build a KV cache)."""
+        if not has_cache:
+            return False
+        if self.no_cache is None:
+            return self.mode == "infer"
+        return self.no_cache

@@ -12,7 +12,7 @@ from typing import Any
 
 from ._deps import missing, require
 from .models import (DTYPES, Workload, build, cuda_autocast_policy_on_cpu, gpu_like_dropout,
-                     make_optimizer)
+                     gpu_like_softmax, make_optimizer)
 from .recorder import Recorder
 from .settings import Settings
 
@@ -37,7 +37,7 @@ def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device:
         seed: int = 0) -> None:
     """Build the model of `config_path` inside the recording and run `steps` steps."""
     torch.manual_seed(seed)
-    with gpu_like_dropout(device):
+    with gpu_like_dropout(device), gpu_like_softmax(device):
         wl = build(config_path, s.dtype, s.attn, s.grad_ckpt, device, s.image_size)
         if s.mode == "train":
             _train(wl, s, rec, steps, device)
@@ -56,13 +56,14 @@ def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) ->
         raise ValueError("training needs an optimizer and its implementation")
     opt = make_optimizer(s.optimizer, s.optimizer_impl, wl.model.parameters())
     in_dtype = DTYPES[s.dtype]
+    extra = _cache_argument(wl, s)
     for _ in range(steps):
         rec.boundary("step")
         rec.boundary("inputs")
         inputs = wl.batch(s.batch, s.seq, device, in_dtype, with_labels=True)
         rec.boundary("forward")
         with _autocast(device, s.amp):
-            loss = wl.loss(**inputs)
+            loss = wl.loss(**inputs, **extra)
         rec.boundary("backward")
         loss.backward()
         rec.boundary("optimizer")
@@ -73,15 +74,23 @@ def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) ->
         del loss, inputs
 
 
+def _cache_argument(wl: Workload, s: Settings) -> dict[str, Any]:
+    """`use_cache=False` when the settings ask for no KV cache (see Settings.no_cache)."""
+    has_cache = wl.kind in ("causal_lm", "seq2seq")
+    return {"use_cache": False} if s.passes_no_cache(has_cache) else {}
+
+
 def _infer(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) -> None:
     wl.model.eval()
-    extra = {"use_cache": False} if wl.kind in ("causal_lm", "seq2seq") else {}
+    extra = _cache_argument(wl, s)
+    if s.labels and wl.kind not in ("causal_lm", "seq2seq", "masked_lm"):
+        raise ValueError("labels in inference are measured for language models")
     with torch.no_grad():
         for _ in range(steps):
             rec.boundary("step")
             rec.boundary("inputs")
-            inputs = wl.batch(s.batch, s.seq, device, DTYPES[s.dtype], with_labels=False)
-            if wl.kind == "seq2seq":
+            inputs = wl.batch(s.batch, s.seq, device, DTYPES[s.dtype], with_labels=s.labels)
+            if wl.kind == "seq2seq" and not s.labels:
                 inputs["decoder_input_ids"] = inputs["input_ids"]
             rec.boundary("forward")
             with _autocast(device, s.amp):
@@ -107,6 +116,8 @@ def _generate(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str)
 
     if wl.kind != "causal_lm":
         raise ValueError("generate is measured for decoder-only LMs")
+    if s.no_cache is not None or s.labels:
+        raise ValueError("generate is measured with its default KV cache and no labels")
     wl.model.eval()
     eos = wl.model.generation_config.eos_token_id
     with torch.no_grad():
