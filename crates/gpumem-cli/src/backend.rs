@@ -13,6 +13,8 @@ pub enum Backend {
     Sim,
     /// NVIDIA GPUs through the CUDA driver.
     Cuda,
+    /// Any GPU through wgpu (Vulkan, Metal, DX12; Mesa's lavapipe without one).
+    Wgpu,
 }
 
 /// Capacity of the simulated device the CLI opens: room for the bundled traces' peaks.
@@ -35,6 +37,15 @@ impl Backend {
             Backend::Cuda => gpumem_cuda::CudaDevice::open(ordinal)
                 .map(|d| Arc::new(d) as Arc<dyn Device>)
                 .map_err(|e| format!("cuda:{ordinal}: {e}")),
+            Backend::Wgpu => {
+                let options = gpumem_wgpu::WgpuOptions {
+                    adapter: gpumem_wgpu::AdapterChoice::Index(ordinal),
+                    ..Default::default()
+                };
+                gpumem_wgpu::WgpuDevice::open(options)
+                    .map(|d| Arc::new(d) as Arc<dyn Device>)
+                    .map_err(|e| format!("wgpu:{ordinal}: {e}"))
+            }
         }
     }
 }
@@ -54,6 +65,8 @@ pub struct Listed {
     pub free_bytes: Option<u64>,
     /// The VMM granularity, or `None` without virtual memory management.
     pub vmm_granularity: Option<u64>,
+    /// Whether it runs on the CPU (the simulated device, a software Vulkan driver).
+    pub software: bool,
 }
 
 /// Every device of every backend here, and for each backend with none a sentence saying why.
@@ -69,6 +82,7 @@ pub fn list() -> (Vec<Listed>, Vec<String>) {
             total_bytes: info.map_or(SIM_CAPACITY, |i| i.total),
             free_bytes: info.map(|i| i.free),
             vmm_granularity: sim.vmm().map(|v| v.granularity()),
+            software: true,
         });
     }
     match gpumem_cuda::devices() {
@@ -86,10 +100,38 @@ pub fn list() -> (Vec<Listed>, Vec<String>) {
                     total_bytes: info.total_memory,
                     free_bytes: free,
                     vmm_granularity: info.vmm_granularity,
+                    software: false,
                 });
             }
         }
         Err(e) => absent.push(format!("CUDA: no usable driver here ({e}).")),
+    }
+    let adapters = gpumem_wgpu::WgpuDevice::adapters();
+    if adapters.is_empty() {
+        absent.push(format!(
+            "wgpu: no adapter ({})",
+            gpumem_wgpu::NO_ADAPTER_HINT
+        ));
+    }
+    for adapter in adapters {
+        let opened = Backend::Wgpu.open(adapter.index).ok();
+        let info = opened.as_ref().and_then(|d| d.mem_info().ok());
+        devices.push(Listed {
+            backend: "wgpu",
+            ordinal: adapter.index,
+            description: format!(
+                "{} ({}, {}, {} {})",
+                adapter.name,
+                adapter.backend,
+                adapter.device_type,
+                adapter.driver,
+                adapter.driver_info
+            ),
+            total_bytes: info.map_or(0, |i| i.total),
+            free_bytes: info.map(|i| i.free),
+            vmm_granularity: None,
+            software: adapter.device_type == "cpu",
+        });
     }
     (devices, absent)
 }

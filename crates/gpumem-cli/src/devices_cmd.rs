@@ -39,10 +39,10 @@ pub fn run(args: DevicesArgs) -> Result<(), String> {
     for line in &absent {
         println!("{line}");
     }
-    if devices.iter().all(|d| d.backend == "sim") {
+    if devices.iter().all(|d| d.software) {
         println!(
-            "No GPU is usable here: gpumem runs on the simulated device (plan, replay and \
-             selftest --backend sim work without one)."
+            "No GPU is usable here: every device above runs on the CPU (plan, replay and \
+             selftest work without a GPU)."
         );
     }
     Ok(())

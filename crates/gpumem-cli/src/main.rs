@@ -35,6 +35,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    quiet_mesa_device_select();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Plan(args) => plan_cmd::run(args),
@@ -49,5 +50,16 @@ fn main() -> ExitCode {
             eprintln!("gpumem: {message}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Mesa's Vulkan device-select layer prints an error line for every instance when
+/// `XDG_RUNTIME_DIR` is unset (containers, CI, `sudo`); it only orders GPUs, so it is turned
+/// off in that case, before any thread starts, unless the user chose otherwise.
+fn quiet_mesa_device_select() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none()
+        && std::env::var_os("NODEVICE_SELECT").is_none()
+    {
+        std::env::set_var("NODEVICE_SELECT", "1");
     }
 }

@@ -109,3 +109,53 @@ fn selftest_passes_every_policy_on_cuda() {
             .all(|c| c["passed"] == true));
     }
 }
+
+/// Whether the wgpu tests must find an adapter: in CI the test command installs Mesa's
+/// lavapipe, so a missing adapter there is a failure.
+fn wgpu_required() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+#[test]
+fn selftest_passes_on_wgpu() {
+    let out = gpumem(&["devices", "--json"]);
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let has_adapter = value["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["backend"] == "wgpu");
+    if !has_adapter {
+        assert!(!wgpu_required(), "CI=true but no wgpu adapter: {value}");
+        eprintln!("no wgpu adapter here (install mesa-vulkan-drivers): wgpu self-test not run");
+        return;
+    }
+    let out = gpumem(&[
+        "selftest",
+        "--backend",
+        "wgpu",
+        "--bytes-per-block",
+        "4096",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reports: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let policies: Vec<&str> = reports
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        policies,
+        ["none", "torch", "gpumem"],
+        "expandable needs VMM"
+    );
+    for report in &reports {
+        assert!(report["device"].as_str().unwrap().starts_with("wgpu:"));
+        let checks = report["checks"].as_array().unwrap();
+        assert!(checks.iter().all(|c| c["passed"] == true), "{report}");
+    }
+}
