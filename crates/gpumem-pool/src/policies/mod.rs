@@ -9,6 +9,7 @@ pub mod torch_settings;
 
 pub use gpumem::GpumemPolicy;
 pub use passthrough::PassthroughPolicy;
+pub use torch::rounding as torch_rounding;
 pub use torch::TorchPolicy;
 
 use crate::config::{PolicyKind, PoolConfig};
