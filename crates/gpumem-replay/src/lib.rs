@@ -6,6 +6,8 @@
 
 #![deny(unsafe_code)]
 
+pub mod tune;
+
 use std::sync::Arc;
 use std::time::Instant;
 
