@@ -5,6 +5,7 @@
 mod plan_cmd;
 mod policies_cmd;
 mod replay_cmd;
+mod tune_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -23,6 +24,8 @@ enum Command {
     Plan(plan_cmd::PlanArgs),
     /// Replay an allocation trace through allocator policies and compare them.
     Replay(replay_cmd::ReplayArgs),
+    /// Search PyTorch's allocator options (PYTORCH_CUDA_ALLOC_CONF) for a trace.
+    Tune(tune_cmd::TuneArgs),
     /// List the built-in allocator policies and what each is.
     Policies(policies_cmd::PoliciesArgs),
 }
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Plan(args) => plan_cmd::run(args),
         Command::Replay(args) => replay_cmd::run(args),
+        Command::Tune(args) => tune_cmd::run(args),
         Command::Policies(args) => policies_cmd::run(args),
     };
     match result {
