@@ -67,10 +67,19 @@ const DIVISIONS: [u64; 5] = [0, 2, 4, 8, 16];
 /// The most passes of the coordinate descent.
 pub const MAX_PASSES: usize = 3;
 
-/// Events the automatic budget lets the screening replays cover: about 5 s of replay on one
-/// core at the speed `gpumem replay` reaches (≥ 5 M events/s), so that a 10⁶-event trace is
-/// tuned in under 10 s on two cores, final replays included.
-const SEARCH_EVENTS: u64 = 30_000_000;
+/// Replayed events a whole tuning may spend under the automatic budget, screening and final
+/// replays together: about 8 s of replay on one core at the speed `gpumem replay` reaches on
+/// the 10⁶-event benchmark trace (7–9 M events/s), so that such a trace is tuned in about
+/// 4–5 s on two cores, half the goal of 10 s.
+const TUNE_EVENTS: u64 = 60_000_000;
+
+/// Passes over the trace one final replay makes: the run, then the steady-state measurement
+/// (the whole trace, then its steps after the first [`STEADY_REPEATS`] more times).
+const FINAL_PASSES: u64 = 2 + STEADY_REPEATS as u64;
+
+/// Passes the smallest-device search adds to a final replay for [`Objective::Fit`] (a
+/// bisection in 2 MiB steps over the gap between peak allocated and peak reserved).
+const FIT_PASSES: u64 = 8;
 
 /// The fewest screening replays the automatic budget allows, whatever the trace's length.
 const MIN_REPLAYS: usize = 16;
@@ -163,8 +172,9 @@ pub struct TuneOptions {
     pub capacity: Option<u64>,
     /// How many settings to report, best first (at least one).
     pub top: usize,
-    /// The most settings to screen; `None`: as many as cover 3·10⁷ replayed events (at least
-    /// 16, at most 400), which keeps a 10⁶-event trace under 10 s on two cores.
+    /// The most settings to screen; `None`: as many as keep the whole tuning within 6·10⁷
+    /// replayed events (at least 16, at most 400), which keeps a 10⁶-event trace well under
+    /// 10 s on two cores.
     pub max_replays: Option<usize>,
 }
 
@@ -783,6 +793,24 @@ fn interleave(lists: &[Vec<TorchSettings>]) -> Vec<TorchSettings> {
         .collect()
 }
 
+/// The screening replays that keep a whole tuning within [`TUNE_EVENTS`] replayed events,
+/// given the final replays of `finalists` settings, PyTorch's defaults, the best without
+/// expandable segments and the gpumem policy; at least [`MIN_REPLAYS`], at most
+/// [`MAX_REPLAYS`].
+fn automatic_budget(trace: &Trace, objective: Objective, finalists: usize) -> usize {
+    let (screen_passes, final_passes) = match objective {
+        Objective::Reserved => (1, FINAL_PASSES),
+        Objective::Fit => (1, FINAL_PASSES + FIT_PASSES),
+        Objective::Calls => (FINAL_PASSES, FINAL_PASSES),
+    };
+    let events = (trace.events.len() as u64).max(1);
+    let finals = (finalists as u64 + 3) * final_passes * events;
+    let left = TUNE_EVENTS.saturating_sub(finals);
+    usize::try_from(left / (events * screen_passes))
+        .unwrap_or(MAX_REPLAYS)
+        .clamp(MIN_REPLAYS, MAX_REPLAYS)
+}
+
 /// The settings that, replayed as `gpumem replay` does, rank best on `trace` under
 /// `options`, with PyTorch's defaults and the `gpumem` policy for comparison.
 pub fn tune(
@@ -799,16 +827,15 @@ pub fn tune(
             peak_live,
         });
     }
-    let budget = options.max_replays.unwrap_or_else(|| {
-        let passes = match options.objective {
-            Objective::Calls => 2 + STEADY_REPEATS as u64,
-            Objective::Reserved | Objective::Fit => 1,
-        };
-        let events = (trace.events.len() as u64).max(1);
-        usize::try_from(SEARCH_EVENTS / (events * passes))
-            .unwrap_or(MAX_REPLAYS)
-            .clamp(MIN_REPLAYS, MAX_REPLAYS)
-    });
+    let top = options.top.max(1);
+    let finalists_wanted = match options.objective {
+        // The smallest device is only known after the final replays: one more to rank.
+        Objective::Fit => top + 1,
+        Objective::Reserved | Objective::Calls => top,
+    };
+    let budget = options
+        .max_replays
+        .unwrap_or_else(|| automatic_budget(trace, options.objective, finalists_wanted));
     let mut search = Search {
         trace,
         options,
@@ -825,12 +852,6 @@ pub fn tune(
     // The best distinct outcomes, in rank order (ties: the first tried).
     let mut order: Vec<usize> = (0..search.tried.len()).collect();
     order.sort_by_key(|&i| (search.tried[i].key, i));
-    let top = options.top.max(1);
-    let finalists_wanted = match options.objective {
-        // The smallest device is only known after the final replays: a few more to rank.
-        Objective::Fit => top + 2,
-        Objective::Reserved | Objective::Calls => top,
-    };
     let mut finalists: Vec<&Screened> = Vec::new();
     for screened in order.iter().map(|&i| &search.tried[i]) {
         if finalists.len() == finalists_wanted {

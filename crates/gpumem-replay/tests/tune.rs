@@ -72,7 +72,11 @@ fn tuned_settings_replay_to_the_same_figures_on_every_committed_trace() {
         let name = path.file_name().unwrap().to_string_lossy().to_string();
         let report = tune(&trace, &TuneOptions::default(), &|_| {}).unwrap();
         assert!(!report.ranked.is_empty(), "{name}");
-        assert!(report.replays <= report.budget, "{name}: {}", report.replays);
+        assert!(
+            report.replays <= report.budget,
+            "{name}: {}",
+            report.replays
+        );
         let compared = report.best_without_expandable.iter();
         for tuned in report
             .ranked
