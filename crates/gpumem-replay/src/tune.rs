@@ -7,8 +7,10 @@
 //! splits the large requests differently; `max_non_split_rounding_mb` just above the
 //! quantiles of the gaps between those sizes; `roundup_power2_divisions` globally and, per
 //! power-of-two size range the trace uses, in its list form; `large_segment_size_mb` where
-//! segments of that size are made; `expandable_segments` on and off. Values that cannot change
-//! placement on this trace are not tried, and the report says why
+//! segments of that size are made; `expandable_segments` on and off. Only combinations PyTorch
+//! accepts are tried (`max_split_size_mb` and `max_non_split_rounding_mb` at least
+//! `large_segment_size_mb`). Values that cannot change placement on this trace are not tried,
+//! and the report says why
 //! ([`SearchSpace::notes`]). Never searched: `garbage_collection_threshold` (PyTorch collects
 //! only under `torch.cuda.set_per_process_memory_fraction`, which a replay does not model) and
 //! the options without effect on device placement (`backend`, `release_lock_on_cudamalloc`,
@@ -496,7 +498,7 @@ impl Knob {
             change(&mut s);
             canonical(s, space)
         };
-        match self {
+        let variants: Vec<TorchSettings> = match self {
             Knob::MaxSplit => std::iter::once(u64::MAX)
                 .chain(space.max_split_sizes.iter().copied())
                 .map(|v| with(&|s| s.max_split_size = v))
@@ -520,8 +522,16 @@ impl Knob {
                 .iter()
                 .map(|&v| with(&|s| s.roundup_power2_divisions[i] = v))
                 .collect(),
-        }
+        };
+        variants.into_iter().filter(pytorch_accepts).collect()
     }
+}
+
+/// Whether PyTorch accepts `settings`: it refuses a `max_split_size_mb` below
+/// `large_segment_size_mb` (and a `max_non_split_rounding_mb` below it, which [`canonical`]
+/// raises).
+fn pytorch_accepts(settings: &TorchSettings) -> bool {
+    settings.max_split_size >= settings.large_segment_size
 }
 
 /// The `large_segment_size` values tried with or without expandable segments.
@@ -534,17 +544,21 @@ fn large_segment_sizes(space: &SearchSpace, expandable: bool) -> &[u64] {
 }
 
 /// `settings` in the one form the search keeps among those that place this trace's requests
-/// alike: options that cannot act at their defaults, and the divisions table filled across
-/// the size ranges without requests from the ranges below, with 1 (off) for 0 in a list and
-/// all-off written as the default.
+/// alike: options that cannot act at their defaults, `max_non_split_rounding` at least
+/// `large_segment_size` (PyTorch's floor for it, and its default when `large_segment_size_mb`
+/// is set), and the divisions table filled across the size ranges without requests from the
+/// ranges below, with 1 (off) for 0 in a list and all-off written as the default.
 fn canonical(mut settings: TorchSettings, space: &SearchSpace) -> TorchSettings {
     let default = TorchSettings::default();
-    if settings.max_split_size == u64::MAX {
-        settings.max_non_split_rounding = default.max_non_split_rounding;
-    }
     if large_segment_sizes(space, settings.expandable_segments).is_empty() {
         settings.large_segment_size = default.large_segment_size;
     }
+    settings.max_non_split_rounding = match settings.max_split_size {
+        u64::MAX => default.max_non_split_rounding,
+        _ => settings
+            .max_non_split_rounding
+            .max(settings.large_segment_size),
+    };
     let table = &mut settings.roundup_power2_divisions;
     if let Some(&first) = space.intervals.first() {
         let mut fill = table[first];
@@ -1043,6 +1057,33 @@ mod tests {
             let conf = alloc_conf(&settings);
             assert_eq!(TorchSettings::parse(&conf).unwrap(), settings, "{conf}");
         }
+        // What the descent tries, PyTorch accepts: max_split_size_mb and
+        // max_non_split_rounding_mb at least large_segment_size_mb.
+        let start = TorchSettings {
+            max_split_size: 30 * MIB,
+            ..TorchSettings::default()
+        };
+        let mut seen = 0;
+        for knob in Knob::all(&space) {
+            for s in knob.variants(&space, &start) {
+                seen += 1;
+                assert!(
+                    s.max_split_size >= s.large_segment_size,
+                    "{}",
+                    alloc_conf(&s)
+                );
+                if s.max_split_size != u64::MAX {
+                    assert!(s.max_non_split_rounding >= s.large_segment_size);
+                }
+            }
+        }
+        let lss = Knob::LargeSegment.variants(&space, &start);
+        assert_eq!(
+            lss.len(),
+            1,
+            "only 20 MiB segments stay below a 30 MiB max_split_size"
+        );
+        assert!(seen > 10);
         assert_eq!(divisions_conf(&table), "[16:1,32:8,64:1,128:1,256:2,>:1]");
     }
 
