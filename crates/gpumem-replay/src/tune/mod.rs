@@ -10,11 +10,11 @@
 //! segments of that size are made; `expandable_segments` on and off. Only combinations PyTorch
 //! accepts are tried (`max_split_size_mb` and `max_non_split_rounding_mb` at least
 //! `large_segment_size_mb`). Values that cannot change placement on this trace are not tried,
-//! and the report says why
-//! ([`SearchSpace::notes`]). Never searched: `garbage_collection_threshold` (PyTorch collects
-//! only under `torch.cuda.set_per_process_memory_fraction`, which a replay does not model) and
-//! the options without effect on device placement (`backend`, `release_lock_on_cudamalloc`,
-//! `pinned_*`, `graph_capture_record_stream_reuse`).
+//! and the report says why ([`SearchSpace::notes`]). Never searched:
+//! `garbage_collection_threshold` (PyTorch collects only under
+//! `torch.cuda.set_per_process_memory_fraction`, which a replay does not model) and the options
+//! without effect on device placement (`backend`, `release_lock_on_cudamalloc`, `pinned_*`,
+//! `graph_capture_record_stream_reuse`).
 //!
 //! **Search**: a coordinate descent from PyTorch's defaults, once with and once without
 //! expandable segments, in lockstep: option by option, every value with the others held at the
@@ -27,13 +27,13 @@
 //! with [`crate::replay`] exactly as `gpumem replay` does, and ranked on those figures: what a
 //! result reports is what `gpumem replay --pytorch-alloc-conf` with its [`Tuned::conf`] prints.
 
+mod space;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
-
-mod space;
 
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::{Bytes, PolicyKind};
@@ -51,9 +51,9 @@ use crate::{
 pub const MAX_PASSES: usize = 3;
 
 /// Replayed events a whole tuning may spend under the automatic budget, screening and final
-/// replays together: about 8 s of replay on one core at the speed `gpumem replay` reaches on
-/// the 10⁶-event benchmark trace (7–9 M events/s), so that such a trace is tuned in about
-/// 4–5 s on two cores, half the goal of 10 s.
+/// replays together: 6–9 s of replay on one core at the speed `gpumem replay` reaches on the
+/// 10⁶-event benchmark trace (7–10 M events/s), so that such a trace is tuned in 3–4.5 s on
+/// two cores, under half the goal of 10 s (docs/benchmarks.md).
 const TUNE_EVENTS: u64 = 60_000_000;
 
 /// Passes over the trace one final replay makes: the run, then the steady-state measurement
