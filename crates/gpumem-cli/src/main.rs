@@ -8,6 +8,7 @@ mod plan_cmd;
 mod policies_cmd;
 mod replay_cmd;
 mod selftest_cmd;
+mod tune_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -26,6 +27,8 @@ enum Command {
     Plan(plan_cmd::PlanArgs),
     /// Replay an allocation trace through allocator policies and compare them.
     Replay(replay_cmd::ReplayArgs),
+    /// Search PyTorch's allocator options (PYTORCH_CUDA_ALLOC_CONF) for a trace.
+    Tune(tune_cmd::TuneArgs),
     /// List the built-in allocator policies and what each is.
     Policies(policies_cmd::PoliciesArgs),
     /// List every device of every backend available here.
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Plan(args) => plan_cmd::run(args),
         Command::Replay(args) => replay_cmd::run(args),
+        Command::Tune(args) => tune_cmd::run(args),
         Command::Policies(args) => policies_cmd::run(args),
         Command::Devices(args) => devices_cmd::run(args),
         Command::Selftest(args) => selftest_cmd::run(args),

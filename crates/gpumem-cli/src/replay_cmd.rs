@@ -74,7 +74,8 @@ fn policy_help() -> String {
     )
 }
 
-fn parse_capacity(text: &str) -> Result<u64, String> {
+/// Parses `--capacity`: an absolute size in any form `GPUMEM_HARD_LIMIT` accepts.
+pub(crate) fn parse_capacity(text: &str) -> Result<u64, String> {
     match parse_limit(text) {
         Ok(Limit::Bytes(b)) => Ok(b),
         Ok(Limit::Fraction(_)) => {
@@ -171,15 +172,8 @@ fn print_json(
     capacity: Option<u64>,
     reports: &[PolicyReport],
 ) -> Result<(), String> {
-    let summary = trace.summary();
     let value = serde_json::json!({
-        "trace": {
-            "name": trace.meta.name,
-            "source": trace.meta.source,
-            "events": summary.events,
-            "steps": summary.steps,
-            "peak_live_bytes": summary.peak_live_bytes,
-        },
+        "trace": trace_json(trace),
         "capacity_bytes": capacity,
         "policies": reports,
     });
@@ -189,15 +183,7 @@ fn print_json(
 }
 
 fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
-    let summary = trace.summary();
-    println!(
-        "Trace {} ({}): {} events, {} steps, peak live {}",
-        trace.meta.name,
-        trace.meta.source,
-        summary.events,
-        summary.steps,
-        Bytes(summary.peak_live_bytes)
-    );
+    println!("{}", trace_line(trace));
     let capacity_header = capacity.map_or("fits".to_string(), |c| format!("fits {}", Bytes(c)));
     // The smallest device is a column only when it was searched for.
     let searched = reports.iter().any(|r| r.smallest_capacity_bytes.is_some());
@@ -226,16 +212,7 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
         let per_step = r
             .steady_state_alloc_calls_per_step
             .map_or("-".to_string(), |c| c.to_string());
-        let fits = match (&r.oom, capacity) {
-            (None, None) => "-".to_string(),
-            (None, Some(_)) => "yes".to_string(),
-            (Some(o), _) => format!(
-                "OOM at event {}{} ({} requested)",
-                o.event_index,
-                o.step.map_or(String::new(), |s| format!(", step {s}")),
-                Bytes(o.requested_bytes)
-            ),
-        };
+        let fits = fits_cell(r, capacity);
         println!(
             "{:<11} {:>13} {:>14} {:>10.1}% {:>13} {:>17} {:>12.2}{}  {}",
             r.policy,
@@ -248,5 +225,45 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
             smallest(r),
             fits
         );
+    }
+}
+
+/// The trace's name, source, length and peak live bytes, as the JSON reports write them.
+pub(crate) fn trace_json(trace: &Trace) -> serde_json::Value {
+    let summary = trace.summary();
+    serde_json::json!({
+        "name": trace.meta.name,
+        "source": trace.meta.source,
+        "events": summary.events,
+        "steps": summary.steps,
+        "peak_live_bytes": summary.peak_live_bytes,
+    })
+}
+
+/// The trace's name, source, length and peak live bytes, as the tables' first line.
+pub(crate) fn trace_line(trace: &Trace) -> String {
+    let summary = trace.summary();
+    format!(
+        "Trace {} ({}): {} events, {} steps, peak live {}",
+        trace.meta.name,
+        trace.meta.source,
+        summary.events,
+        summary.steps,
+        Bytes(summary.peak_live_bytes)
+    )
+}
+
+/// Whether the replay in `r` fits `capacity`: `-` without one, `yes`, or where it ran out of
+/// memory.
+pub(crate) fn fits_cell(r: &PolicyReport, capacity: Option<u64>) -> String {
+    match (&r.oom, capacity) {
+        (None, None) => "-".to_string(),
+        (None, Some(_)) => "yes".to_string(),
+        (Some(o), _) => format!(
+            "OOM at event {}{} ({} requested)",
+            o.event_index,
+            o.step.map_or(String::new(), |s| format!(", step {s}")),
+            Bytes(o.requested_bytes)
+        ),
     }
 }

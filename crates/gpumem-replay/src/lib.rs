@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 pub mod selftest;
+pub mod tune;
 
 use std::sync::Arc;
 use std::time::Instant;

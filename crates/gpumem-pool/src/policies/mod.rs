@@ -11,6 +11,7 @@ pub mod torch_settings;
 
 pub use gpumem::{GpumemPolicy, GpumemSettings};
 pub use passthrough::PassthroughPolicy;
+pub use torch::rounding as torch_rounding;
 pub use torch::TorchPolicy;
 
 use crate::config::{ConfigError, PolicyKind, PoolConfig};

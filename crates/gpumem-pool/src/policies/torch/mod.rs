@@ -22,7 +22,7 @@
 
 mod blocks;
 mod expandable;
-mod rounding;
+pub mod rounding;
 
 use gpumem_device::StreamId;
 

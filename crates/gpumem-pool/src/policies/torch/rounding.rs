@@ -1,4 +1,6 @@
-//! Request rounding and segment sizing: PyTorch's `round_size` and `get_allocation_size`.
+//! Request rounding and segment sizing: PyTorch's `round_size` and `get_allocation_size`,
+//! public (as `gpumem_pool::policies::torch_rounding`) so that tools reasoning about the
+//! `torch` policy's options (the replay crate's tuner) use the policy's own arithmetic.
 //!
 //! Every function returns `None` when the result would not fit in 64 bits, so that an absurd
 //! request becomes an out-of-memory error instead of an overflow.
@@ -6,21 +8,21 @@
 use super::super::torch_settings::ROUNDUP_INTERVALS;
 
 /// Every block is a multiple of this (`kMinBlockSize`).
-pub(super) const MIN_BLOCK_SIZE: u64 = 512;
+pub const MIN_BLOCK_SIZE: u64 = 512;
 /// Largest request served by the small pool (`kSmallSize`); also the least remainder worth
 /// splitting off a large-pool block.
-pub(super) const SMALL_SIZE: u64 = 1 << 20;
+pub const SMALL_SIZE: u64 = 1 << 20;
 /// Segment size of the small pool (`kSmallBuffer`), and its expandable chunk size.
 pub(super) const SMALL_BUFFER: u64 = 2 << 20;
 /// Requests from here on get a segment of their own size (`kMinLargeAlloc`).
-const MIN_LARGE_ALLOC: u64 = 10 << 20;
+pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
 /// Large segments are multiples of this (`kRoundLarge`).
 const ROUND_LARGE: u64 = 2 << 20;
 
 /// The block size PyTorch hands out for a request of `size` bytes: at least 512 B and a
 /// multiple of 512 B, or the next of `d` equal steps between two powers of two when
 /// `roundup_power2_divisions` gives `d > 1` for this size and the size exceeds `512·d`.
-pub(super) fn round_size(size: u64, divisions: &[u64; ROUNDUP_INTERVALS]) -> Option<u64> {
+pub fn round_size(size: u64, divisions: &[u64; ROUNDUP_INTERVALS]) -> Option<u64> {
     if size < MIN_BLOCK_SIZE {
         return Some(MIN_BLOCK_SIZE);
     }
@@ -32,11 +34,18 @@ pub(super) fn round_size(size: u64, divisions: &[u64; ROUNDUP_INTERVALS]) -> Opt
     }
 }
 
-/// The divisions configured for the power-of-two interval `size` lies in: one entry per
-/// interval from 1 MiB to 64 GiB, smaller sizes use the first, larger ones the last.
+/// The divisions configured for the power-of-two interval `size` lies in.
 fn divisions_for(size: u64, divisions: &[u64; ROUNDUP_INTERVALS]) -> u64 {
-    let index = (size.ilog2() as usize).saturating_sub(20);
-    divisions[index.min(ROUNDUP_INTERVALS - 1)]
+    divisions[roundup_interval(size)]
+}
+
+/// The entry of the `roundup_power2_divisions` table that applies to a request of `size`
+/// bytes: one per power-of-two interval from 1 MiB to 64 GiB, smaller sizes use the first,
+/// larger ones the last.
+pub fn roundup_interval(size: u64) -> usize {
+    (size.max(1).ilog2() as usize)
+        .saturating_sub(20)
+        .min(ROUNDUP_INTERVALS - 1)
 }
 
 /// Rounds `size` up to the next of `divisions` equal steps between the powers of two around
