@@ -17,6 +17,7 @@
 //! table comes from `cargo run --release -p gpumem-bench --bin bench-report`.
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod arena;
 pub mod report;

@@ -54,6 +54,7 @@
 //! decides whether an error means "out of memory".
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod address_map;
 mod error;

@@ -35,6 +35,7 @@
 //! ```
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 mod config;
 mod driver;

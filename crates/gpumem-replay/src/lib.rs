@@ -5,6 +5,7 @@
 //! given capacity, and the smallest device on which it runs.
 
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod selftest;
 pub mod tune;
