@@ -1,14 +1,9 @@
 //! `gpumem devices` and `gpumem selftest`, run as a user runs them on a machine with or
 //! without a GPU.
 
-use std::process::Command;
+mod common;
 
-fn gpumem(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .output()
-        .expect("gpumem runs")
-}
+use common::gpumem;
 
 /// Whether a CUDA driver is loadable here, decided without gpumem: a GPU machine must then
 /// list and test its devices, a machine without must say so plainly.

@@ -2,16 +2,13 @@
 //! plan and its advice before failing, `--help` shows every default, and arguments users get
 //! wrong are errors (fast, even for an absurd config) or warnings in the table and the JSON.
 
-use std::io::Read;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-fn gpumem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .output()
-        .expect("the gpumem binary runs")
-}
+use common::gpumem;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 #[test]
 fn json_has_the_contract_keys() {

@@ -1,16 +1,11 @@
 //! `gpumem policies`, run as a user runs it: every built-in policy listed once, in text and
 //! JSON, with the default marked — the recipe "add a CLI command" of docs/architecture.md.
 
-use std::process::Command;
+mod common;
+
+use common::gpumem;
 
 use gpumem_pool::PolicyKind;
-
-fn gpumem(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .output()
-        .expect("gpumem runs")
-}
 
 #[test]
 fn lists_every_policy_with_the_default() {

@@ -1,30 +1,9 @@
 //! `gpumem replay` as a user runs it: the embedded default, the JSON contract, every trace
 //! format, snapshots, and clear errors for bad input.
 
-use std::process::{Command, Output};
+mod common;
 
-fn gpumem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .output()
-        .expect("the gpumem binary runs")
-}
-
-fn testdata(name: &str) -> String {
-    format!(
-        "{}/../../testdata/traces/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
-
-fn json_of(output: &Output) -> serde_json::Value {
-    assert!(
-        output.status.success(),
-        "gpumem failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("stdout is one JSON object")
-}
+use common::{gpumem, json_of, testdata};
 
 #[test]
 fn default_replay_compares_every_policy_in_json() {

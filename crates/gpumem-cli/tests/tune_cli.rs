@@ -2,30 +2,9 @@
 //! setting's figures equal to `gpumem replay` with its conf string, and clear errors for bad
 //! input (a trace with nothing to tune, a capacity below the peak live bytes, bad flags).
 
-use std::process::{Command, Output};
+mod common;
 
-fn gpumem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpumem"))
-        .args(args)
-        .output()
-        .expect("the gpumem binary runs")
-}
-
-fn testdata(name: &str) -> String {
-    format!(
-        "{}/../../testdata/traces/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
-
-fn json_of(output: &Output) -> serde_json::Value {
-    assert!(
-        output.status.success(),
-        "gpumem failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("stdout is one JSON object")
-}
+use common::{gpumem, json_of, testdata};
 
 const SMALL: &str = "small-gpt2-2l-infer-b1-s32.jsonl.gz";
 

@@ -1,0 +1,32 @@
+//! What the CLI tests share: running the built `gpumem` binary as a user would, the committed
+//! traces, and the JSON a successful run prints.
+
+#![allow(dead_code)] // each test file uses its own part
+
+use std::process::{Command, Output};
+
+/// Runs the built `gpumem` binary with `args`.
+pub fn gpumem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .args(args)
+        .output()
+        .expect("the gpumem binary runs")
+}
+
+/// The path of a committed trace under `testdata/traces`.
+pub fn testdata(name: &str) -> String {
+    format!(
+        "{}/../../testdata/traces/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// The JSON a run printed, after checking that it succeeded.
+pub fn json_of(output: &Output) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "gpumem failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("stdout is JSON")
+}
