@@ -114,8 +114,37 @@ impl TorchSettings {
     /// accepts for it.
     pub fn parse(conf: &str) -> Result<TorchSettings, ConfigError> {
         let mut settings = TorchSettings::default();
+        let mut rounding_given = false;
         for (key, value) in split_options(conf, EXAMPLE)? {
             settings.apply(&key, &value)?;
+            rounding_given |= key == "max_non_split_rounding_mb";
+        }
+        // As PyTorch's allocator config: the rounding follows the segment size unless given,
+        // and neither threshold may be below the segment size, whatever the order of the keys.
+        if !rounding_given {
+            settings.max_non_split_rounding = settings
+                .max_non_split_rounding
+                .max(settings.large_segment_size);
+        }
+        let segment = settings.large_segment_size;
+        for (key, bytes) in [
+            ("max_split_size_mb", settings.max_split_size),
+            ("max_non_split_rounding_mb", settings.max_non_split_rounding),
+        ] {
+            if bytes < segment {
+                return Err(ConfigError {
+                    source_name: key.to_string(),
+                    value: format_scaled(bytes, MB),
+                    problem: format!(
+                        "below large_segment_size_mb ({})",
+                        format_scaled(segment, MB)
+                    ),
+                    accepted: format!(
+                        "at least large_segment_size_mb, {} here (PyTorch refuses less)",
+                        format_scaled(segment, MB)
+                    ),
+                });
+            }
         }
         Ok(settings)
     }
@@ -197,7 +226,8 @@ impl TorchSettings {
                 self.max_non_split_rounding = mib_at_least_20()?
             }
             "large_segment_size_mb" => {
-                self.large_segment_size = mib_at_least_20()?
+                // PyTorch: "must be > 10 MB".
+                self.large_segment_size = parse_scaled(key, value, MB, 11, None)?
             }
             "garbage_collection_threshold" => {
                 let t: f64 = value
@@ -249,7 +279,7 @@ fn parse_divisions(value: &str) -> Result<[u64; ROUNDUP_INTERVALS], String> {
         let v: u64 = text
             .parse()
             .map_err(|_| format!("{text:?} is not a whole number"))?;
-        if v != 0 && !v.is_power_of_two() {
+        if !v.is_power_of_two() {
             return Err(format!("{v} is not a power of two"));
         }
         Ok(v)
@@ -272,9 +302,6 @@ fn parse_divisions(value: &str) -> Result<[u64; ROUNDUP_INTERVALS], String> {
             continue;
         }
         let mb = power_of_two(key)?;
-        if mb == 0 {
-            return Err("size key 0 is not a power of two".into());
-        }
         let index = (mb.ilog2() as usize).min(ROUNDUP_INTERVALS - 1);
         if let Some(last) = last_index {
             if index <= last {
