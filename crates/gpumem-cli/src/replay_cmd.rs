@@ -55,9 +55,10 @@ pub struct ReplayArgs {
 
 /// The policies `--policy` names: one, or every built-in policy for `all`.
 #[derive(Clone)]
-struct PolicySelection(Vec<PolicyKind>);
+pub(crate) struct PolicySelection(pub(crate) Vec<PolicyKind>);
 
-fn parse_policies(text: &str) -> Result<PolicySelection, String> {
+/// Parses `--policy`: a policy name or `all`; the error lists what is accepted.
+pub(crate) fn parse_policies(text: &str) -> Result<PolicySelection, String> {
     if text.trim() == "all" {
         return Ok(PolicySelection(PolicyKind::ALL.to_vec()));
     }
@@ -67,11 +68,8 @@ fn parse_policies(text: &str) -> Result<PolicySelection, String> {
 }
 
 /// `--policy`'s long help: every policy with what it is, from the policy table.
-fn policy_help() -> String {
-    format!(
-        "Policy to replay through, or `all` for every one.\n{}",
-        PolicyKind::help()
-    )
+pub(crate) fn policy_help() -> String {
+    format!("A policy, or `all` for every one.\n{}", PolicyKind::help())
 }
 
 /// Parses `--capacity`: an absolute size in any form `GPUMEM_HARD_LIMIT` accepts.

@@ -8,6 +8,7 @@ use gpumem_replay::selftest::{selftest, SelftestReport};
 use gpumem_trace::{read, read_path, ReadOptions};
 
 use crate::backend::Backend;
+use crate::replay_cmd::{parse_policies, policy_help, PolicySelection};
 
 /// The trace replayed with real bytes when none is given: a real PyTorch inference trace
 /// (GPT-2, 2 layers, 62 MiB at its peak), small enough for any device.
@@ -24,8 +25,8 @@ pub struct SelftestArgs {
     #[arg(long, default_value_t = 0)]
     device: usize,
     /// The policy to test, or `all`.
-    #[arg(long, default_value = "all")]
-    policy: String,
+    #[arg(long, default_value = "all", value_parser = parse_policies, long_help = policy_help())]
+    policy: PolicySelection,
     /// A trace to replay with real bytes instead of the bundled one (any format `gpumem
     /// replay` reads).
     #[arg(long)]
@@ -41,14 +42,7 @@ pub struct SelftestArgs {
 
 /// Runs `gpumem selftest`; fails (exit status 2) when a check fails.
 pub fn run(args: SelftestArgs) -> Result<(), String> {
-    let policies = if args.policy.trim() == "all" {
-        PolicyKind::ALL.to_vec()
-    } else {
-        vec![args
-            .policy
-            .parse::<PolicyKind>()
-            .map_err(|accepted| format!("--policy {:?}: {accepted}, or all", args.policy))?]
-    };
+    let policies = args.policy.0;
     let trace = match &args.trace {
         Some(path) => read_path(path, ReadOptions::default()),
         None => read(DEFAULT_TRACE, ReadOptions::default()),
@@ -56,6 +50,7 @@ pub fn run(args: SelftestArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     let device = args.backend.open(args.device)?;
     let has_vmm = device.vmm().is_some();
+    let bytes = args.bytes_per_block.unwrap_or(u64::MAX);
     let mut reports: Vec<SelftestReport> = Vec::new();
     for policy in policies {
         if policy == PolicyKind::Expandable && !has_vmm {
@@ -67,7 +62,6 @@ pub fn run(args: SelftestArgs) -> Result<(), String> {
             }
             continue;
         }
-        let bytes = args.bytes_per_block.unwrap_or(u64::MAX);
         let report = selftest(device.clone(), &policy, &trace, bytes)
             .map_err(|e| format!("{policy}: {e}"))?;
         if !args.json {

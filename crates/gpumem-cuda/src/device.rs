@@ -212,13 +212,9 @@ struct State {
 impl State {
     /// Checks that `[ptr, ptr + len)` lies in one allocation or in consecutive mappings.
     fn check_range(&self, ptr: DevicePtr, len: u64) -> Result<(), DeviceError> {
-        let bad = |what: &str| DeviceError::InvalidAddress {
-            ptr,
-            what: what.into(),
-        };
-        let end = ptr
-            .checked_add(len)
-            .ok_or_else(|| bad("range overflows the address space"))?;
+        // An overflowing range ends at the top of the address space, which no allocation
+        // reaches: `spans` then reports the overflow.
+        let end = ptr.saturating_add(len);
         if let Some((&start, &size)) = self.allocations.range(..=ptr).next_back() {
             if end <= start + size {
                 return Ok(());
@@ -324,15 +320,16 @@ impl CudaDevice {
     }
 
     fn vmm_granularity(&self) -> Result<u64, DeviceError> {
-        self.info
-            .vmm_granularity
-            .ok_or_else(|| DeviceError::Unsupported {
-                backend: self.name(),
-                what: "virtual memory management (the device or driver lacks it)".into(),
-            })
+        self.info.vmm_granularity.ok_or_else(|| {
+            DeviceError::unsupported(
+                self.name(),
+                "virtual memory management (the device or driver lacks it)",
+            )
+        })
     }
 
-    /// A driver out-of-memory error with what was asked and what was free.
+    /// The driver's error for a `requested`-byte allocation; when it is out of memory, with
+    /// what was asked and what was free.
     fn out_of_memory(&self, code: CUresult, requested: u64) -> DeviceError {
         let mut error = cuda_error(code);
         if let DeviceError::OutOfMemory {
@@ -380,10 +377,10 @@ impl Device for CudaDevice {
         if size == 0 {
             return Err(DeviceError::InvalidValue("malloc of zero bytes".into()));
         }
-        let ptr = self.ctx.malloc(size).map_err(|code| match code {
-            CUresult::CUDA_ERROR_OUT_OF_MEMORY => self.out_of_memory(code, size),
-            _ => cuda_error(code),
-        })?;
+        let ptr = self
+            .ctx
+            .malloc(size)
+            .map_err(|code| self.out_of_memory(code, size))?;
         self.lock().allocations.insert(ptr, size);
         Ok(ptr)
     }
@@ -634,10 +631,10 @@ impl VirtualMemory for CudaDevice {
     fn create_physical(&self, size: u64) -> Result<PhysicalHandle, DeviceError> {
         let g = self.vmm_granularity()?;
         check_granularity_multiple(size, g, "physical chunk")?;
-        let chunk = self.ctx.create_physical(size).map_err(|code| match code {
-            CUresult::CUDA_ERROR_OUT_OF_MEMORY => self.out_of_memory(code, size),
-            _ => cuda_error(code),
-        })?;
+        let chunk = self
+            .ctx
+            .create_physical(size)
+            .map_err(|code| self.out_of_memory(code, size))?;
         let id = chunk.id();
         self.lock().physical.insert(id, Arc::new(chunk));
         Ok(PhysicalHandle(id))

@@ -169,9 +169,9 @@ impl DeviceError {
     }
 
     /// The error a backend returns for a capability it lacks.
-    pub(crate) fn unsupported(backend: String, what: impl Into<String>) -> Self {
+    pub fn unsupported(backend: impl Into<String>, what: impl Into<String>) -> Self {
         DeviceError::Unsupported {
-            backend,
+            backend: backend.into(),
             what: what.into(),
         }
     }
@@ -225,7 +225,7 @@ mod tests {
             DeviceError::out_of_memory(4, None).to_string(),
             "device out of memory: requested 4 bytes"
         );
-        assert!(!DeviceError::unsupported("sim".into(), "copies").is_out_of_memory());
+        assert!(!DeviceError::unsupported("sim", "copies").is_out_of_memory());
         assert!(!DeviceError::InvalidValue("zero".into()).is_out_of_memory());
     }
 }

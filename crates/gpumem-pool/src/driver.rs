@@ -77,11 +77,6 @@ impl PolicyDriver {
         self.policy.as_ref()
     }
 
-    /// The device.
-    pub fn device(&self) -> &Arc<dyn Device> {
-        &self.device
-    }
-
     /// The hard limit in bytes, if any.
     pub fn hard_limit(&self) -> Option<u64> {
         self.hard_limit

@@ -58,7 +58,6 @@ pub struct Pool {
     policy_name: &'static str,
     device_total: u64,
     soft_limit: Option<u64>,
-    hard_limit: Option<u64>,
     inner: Mutex<Inner>,
 }
 
@@ -81,7 +80,7 @@ struct LiveBlock {
     requested: u64,
     handle: BlockHandle,
     stream: StreamId,
-    pool: SizeClass,
+    size_class: SizeClass,
     /// Whether `stream_uses` holds streams for it.
     shared: bool,
 }
@@ -93,7 +92,7 @@ impl LiveBlock {
             requested: block.requested,
             handle: block.handle,
             stream: block.stream,
-            pool: block.size_class,
+            size_class: block.size_class,
             shared: false,
         }
     }
@@ -104,7 +103,7 @@ impl LiveBlock {
             size: self.size,
             requested: self.requested,
             stream: self.stream,
-            size_class: self.pool,
+            size_class: self.size_class,
             handle: self.handle,
         }
     }
@@ -143,7 +142,6 @@ impl Pool {
             policy_name,
             device_total: total,
             soft_limit,
-            hard_limit,
             inner: Mutex::new(Inner {
                 driver,
                 live: AddressMap::default(),
@@ -456,7 +454,7 @@ impl Pool {
             reserved: stats.reserved_bytes.all.current,
             largest_free_block: inner.driver.policy().largest_free_block(),
             soft_limit: self.soft_limit,
-            hard_limit: self.hard_limit,
+            hard_limit: inner.driver.hard_limit(),
         })
     }
 
@@ -536,7 +534,7 @@ impl Pool {
             allocated: stats.allocated_bytes.all.current,
             reserved: stats.reserved_bytes.all.current,
             largest_free_block: policy.largest_free_block(),
-            hard_limit: self.hard_limit,
+            hard_limit: inner.driver.hard_limit(),
         };
         let error = OomError::explain(request, failure, facts, &policy.fragmentation_advice());
         PoolError::OutOfMemory(Box::new(error))

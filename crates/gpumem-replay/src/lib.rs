@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpumem_device::sim::{SimConfig, SimDevice};
-use gpumem_device::{AddressMap, DeviceError, StreamId};
+use gpumem_device::{AddressMap, Device, DeviceError, StreamId};
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::policies::GpumemSettings;
 use gpumem_pool::{
@@ -342,11 +342,19 @@ fn new_pool(
         history_capacity,
         ..PoolOptions::default()
     };
-    let pool_error = |source| ReplayError::Pool { index: 0, source };
-    let made = policy
-        .make(options)
-        .map_err(|e| pool_error(PoolError::Config(e)))?;
-    Pool::with_policy(device, made, pool_options).map_err(pool_error)
+    pool_of(device, policy, options, pool_options)
+        .map_err(|source| ReplayError::Pool { index: 0, source })
+}
+
+/// A fresh pool over `device` running a policy of `policy`, made with `options`' settings.
+fn pool_of(
+    device: Arc<dyn Device>,
+    policy: &dyn PolicySource,
+    options: &ReplayOptions,
+    pool_options: PoolOptions,
+) -> Result<Pool, PoolError> {
+    let made = policy.make(options).map_err(PoolError::Config)?;
+    Pool::with_policy(device, made, pool_options)
 }
 
 /// The index of the first allocation that failed with out-of-memory, and its explanation.

@@ -10,12 +10,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpumem_device::{Device, DeviceError, DevicePtr, StreamId};
-use gpumem_pool::{Pool, PoolError};
+use gpumem_pool::{Pool, PoolError, PoolOptions};
 use gpumem_trace::{Event, Trace};
 use serde::Serialize;
 
-use crate::PolicySource;
-use crate::ReplayOptions;
+use crate::{pool_of, PolicySource, ReplayOptions};
 
 /// The sizes of the round-trip phase: odd and even, around the 512-byte rounding, the 1 MiB
 /// small/large boundary, 10 MiB (PyTorch's large-segment threshold) and larger.
@@ -167,10 +166,12 @@ pub fn selftest(
     bytes_per_block: u64,
 ) -> Result<SelftestReport, SelftestError> {
     let started = Instant::now();
-    let made = policy
-        .make(&ReplayOptions::default())
-        .map_err(PoolError::Config)?;
-    let pool = Pool::with_policy(device.clone(), made, Default::default())?;
+    let pool = pool_of(
+        device.clone(),
+        policy,
+        &ReplayOptions::default(),
+        PoolOptions::default(),
+    )?;
     let mut tester = Tester {
         device: device.as_ref(),
         limit: bytes_per_block.max(2),
@@ -181,24 +182,25 @@ pub fn selftest(
     checks.push(round_trips(&pool, &mut tester)?);
     pool.empty_cache()?;
     let free_after = device.mem_info()?.free;
+    let reserved = pool.stats().reserved_bytes.all.current;
     checks.push(Check {
         name: "memory given back after empty_cache".into(),
-        passed: free_after >= free_before && pool.stats().reserved_bytes.all.current == 0,
+        passed: free_after >= free_before && reserved == 0,
         detail: format!(
-            "device free {free_before} bytes before, {free_after} after; {} reserved",
-            pool.stats().reserved_bytes.all.current
+            "device free {free_before} bytes before, {free_after} after; {reserved} reserved"
         ),
     });
     pool.reset_peak_stats();
     checks.push(replay_with_bytes(&pool, &mut tester, trace)?);
     pool.empty_cache()?;
+    let calls = pool.stats().device_calls;
     Ok(SelftestReport {
         device: device.name(),
         policy: policy.name().to_string(),
         checks,
         bytes_verified: tester.bytes,
-        device_alloc_calls: pool.stats().device_calls.allocating(),
-        device_free_calls: pool.stats().device_calls.freeing(),
+        device_alloc_calls: calls.allocating(),
+        device_free_calls: calls.freeing(),
         seconds: started.elapsed().as_secs_f64(),
     })
 }

@@ -286,12 +286,11 @@ fn block_on<F: Future>(future: F) -> F::Output {
 fn instance() -> Result<wgpu::Instance, DeviceError> {
     let backends = wgpu::Instance::enabled_backend_features();
     if backends.is_empty() {
-        return Err(DeviceError::Unsupported {
-            backend: BACKEND.into(),
-            what: "gpumem-wgpu enables Vulkan, Metal and DX12 only on Linux, Apple platforms \
-                   and Windows"
-                .into(),
-        });
+        return Err(DeviceError::unsupported(
+            BACKEND,
+            "gpumem-wgpu enables Vulkan, Metal and DX12 only on Linux, Apple platforms and \
+             Windows",
+        ));
     }
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends;

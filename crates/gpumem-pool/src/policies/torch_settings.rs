@@ -8,6 +8,9 @@ use crate::config::ConfigError;
 
 const MIB: u64 = 1 << 20;
 
+/// PyTorch's `max_non_split_rounding_mb` when neither it nor `large_segment_size_mb` is given.
+const DEFAULT_NON_SPLIT_ROUNDING: u64 = 20 * MIB;
+
 /// Number of power-of-two intervals in the `roundup_power2_divisions` table (1 MiB … 64 GiB).
 pub const ROUNDUP_INTERVALS: usize = 16;
 
@@ -34,7 +37,7 @@ impl Default for TorchSettings {
     fn default() -> Self {
         TorchSettings {
             max_split_size: u64::MAX,
-            max_non_split_rounding: 20 * MIB,
+            max_non_split_rounding: DEFAULT_NON_SPLIT_ROUNDING,
             roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
             garbage_collection_threshold: None,
             expandable_segments: false,
@@ -65,6 +68,11 @@ pinned_num_register_threads, pinned_use_background_threads, pinned_reserve_segme
 graph_capture_record_stream_reuse";
 
 impl TorchSettings {
+    /// The `max_non_split_rounding` PyTorch uses when it is not given: 20 MiB, or the segment
+    /// size when `large_segment_size_mb` is larger.
+    pub fn default_rounding(&self) -> u64 {
+        DEFAULT_NON_SPLIT_ROUNDING.max(self.large_segment_size)
+    }
     /// The settings as PyTorch writes them in a snapshot's `allocator_settings`: its key names,
     /// sizes in bytes, `roundup_power2_divisions` keyed by the interval's start in MiB; options
     /// left at "off" or "unlimited" are omitted.
@@ -122,9 +130,7 @@ impl TorchSettings {
         // As PyTorch's allocator config: the rounding follows the segment size unless given,
         // and neither threshold may be below the segment size, whatever the order of the keys.
         if !rounding_given {
-            settings.max_non_split_rounding = settings
-                .max_non_split_rounding
-                .max(settings.large_segment_size);
+            settings.max_non_split_rounding = settings.default_rounding();
         }
         let segment = settings.large_segment_size;
         for (key, bytes) in [

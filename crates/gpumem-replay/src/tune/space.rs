@@ -291,10 +291,8 @@ pub(super) fn canonical(mut settings: TorchSettings, space: &SearchSpace) -> Tor
         settings.large_segment_size = default.large_segment_size;
     }
     settings.max_non_split_rounding = match settings.max_split_size {
-        // Inert without a split size: PyTorch's default, which follows the segment size.
-        u64::MAX => default
-            .max_non_split_rounding
-            .max(settings.large_segment_size),
+        // Inert without a split size: PyTorch's default.
+        u64::MAX => settings.default_rounding(),
         _ => settings
             .max_non_split_rounding
             .max(settings.large_segment_size),
@@ -338,11 +336,7 @@ pub(super) fn alloc_conf(settings: &TorchSettings) -> String {
             mib(settings.max_split_size)
         ));
     }
-    // PyTorch's default rounding follows the segment size: written only when it differs.
-    let default_rounding = default
-        .max_non_split_rounding
-        .max(settings.large_segment_size);
-    if settings.max_non_split_rounding != default_rounding {
+    if settings.max_non_split_rounding != settings.default_rounding() {
         options.push(format!(
             "max_non_split_rounding_mb:{}",
             mib(settings.max_non_split_rounding)
