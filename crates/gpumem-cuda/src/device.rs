@@ -209,6 +209,33 @@ struct State {
     events: HashMap<u64, Arc<Event>>,
 }
 
+/// Handle `id` of `table` (streams, events, physical chunks), shared with the caller, or the
+/// error naming the unknown handle.
+fn shared<T>(
+    table: &HashMap<u64, Arc<T>>,
+    kind: &'static str,
+    id: u64,
+) -> Result<Arc<T>, DeviceError> {
+    table
+        .get(&id)
+        .cloned()
+        .ok_or(DeviceError::UnknownHandle { kind, id })
+}
+
+/// Takes handle `id` out of `table`: `Some` when the caller held the last reference and must
+/// destroy it now, `None` when a call on another thread still holds it (its drop destroys it
+/// when that call ends).
+fn take_last<T>(
+    table: &mut HashMap<u64, Arc<T>>,
+    kind: &'static str,
+    id: u64,
+) -> Result<Option<T>, DeviceError> {
+    let held = table
+        .remove(&id)
+        .ok_or(DeviceError::UnknownHandle { kind, id })?;
+    Ok(Arc::try_unwrap(held).ok())
+}
+
 impl State {
     /// Checks that `[ptr, ptr + len)` lies in one allocation or in consecutive mappings.
     fn check_range(&self, ptr: DevicePtr, len: u64) -> Result<(), DeviceError> {
@@ -261,16 +288,8 @@ impl CudaDevice {
     /// Destroys a stream made by [`Device::create_stream`] (`cuStreamDestroy`; work queued on
     /// it still completes). The default stream cannot be destroyed.
     pub fn destroy_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
-        let removed = self.lock().streams.remove(&stream.0);
-        let stream = removed.ok_or(DeviceError::UnknownHandle {
-            kind: "stream",
-            id: stream.0,
-        })?;
-        // If another thread is using the stream right now, it is destroyed when that call ends.
-        match Arc::try_unwrap(stream) {
-            Ok(stream) => stream.destroy().map_err(cuda_error),
-            Err(_) => Ok(()),
-        }
+        let last = take_last(&mut self.lock().streams, "stream", stream.0)?;
+        last.map_or(Ok(()), |stream| stream.destroy().map_err(cuda_error))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -283,25 +302,11 @@ impl CudaDevice {
         if stream == StreamId::DEFAULT {
             return Ok(Arc::clone(&self.legacy));
         }
-        self.lock()
-            .streams
-            .get(&stream.0)
-            .cloned()
-            .ok_or(DeviceError::UnknownHandle {
-                kind: "stream",
-                id: stream.0,
-            })
+        shared(&self.lock().streams, "stream", stream.0)
     }
 
     fn event(&self, event: EventId) -> Result<Arc<Event>, DeviceError> {
-        self.lock()
-            .events
-            .get(&event.0)
-            .cloned()
-            .ok_or(DeviceError::UnknownHandle {
-                kind: "event",
-                id: event.0,
-            })
+        shared(&self.lock().events, "event", event.0)
     }
 
     fn check_range(&self, ptr: DevicePtr, len: u64) -> Result<(), DeviceError> {
@@ -435,17 +440,10 @@ impl Device for CudaDevice {
 
     /// `cuEventDestroy`.
     fn destroy_event(&self, event: EventId) -> Result<(), DeviceError> {
-        let removed = self.lock().events.remove(&event.0);
-        let event = removed.ok_or(DeviceError::UnknownHandle {
-            kind: "event",
-            id: event.0,
-        })?;
         // Held elsewhere too (a call on another thread, a buffer's fence): destroyed when the
         // last holder lets go.
-        match Arc::try_unwrap(event) {
-            Ok(event) => event.destroy().map_err(cuda_error),
-            Err(_) => Ok(()),
-        }
+        let last = take_last(&mut self.lock().events, "event", event.0)?;
+        last.map_or(Ok(()), |event| event.destroy().map_err(cuda_error))
     }
 
     /// `cuStreamSynchronize`.
@@ -642,16 +640,9 @@ impl VirtualMemory for CudaDevice {
 
     /// `cuMemRelease`; the memory goes back once the chunk is no longer mapped.
     fn release_physical(&self, handle: PhysicalHandle) -> Result<(), DeviceError> {
-        let removed = self.lock().physical.remove(&handle.0);
-        let chunk = removed.ok_or(DeviceError::UnknownHandle {
-            kind: "physical handle",
-            id: handle.0,
-        })?;
-        match Arc::try_unwrap(chunk) {
-            Ok(chunk) => chunk.release().map_err(cuda_error),
-            // Being mapped on another thread right now: released when that call ends.
-            Err(_) => Ok(()),
-        }
+        // Being mapped on another thread right now: released when that call ends.
+        let last = take_last(&mut self.lock().physical, "physical handle", handle.0)?;
+        last.map_or(Ok(()), |chunk| chunk.release().map_err(cuda_error))
     }
 
     /// `cuMemMap` of the whole chunk, then `cuMemSetAccess` (read-write for this device).
@@ -659,14 +650,7 @@ impl VirtualMemory for CudaDevice {
         let g = self.vmm_granularity()?;
         let chunk = {
             let s = self.lock();
-            let chunk = s
-                .physical
-                .get(&handle.0)
-                .cloned()
-                .ok_or(DeviceError::UnknownHandle {
-                    kind: "physical handle",
-                    id: handle.0,
-                })?;
+            let chunk = shared(&s.physical, "physical handle", handle.0)?;
             s.vmm.check_map(ptr, chunk.size(), g)?;
             chunk
         };
