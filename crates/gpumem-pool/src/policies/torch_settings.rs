@@ -155,57 +155,38 @@ impl TorchSettings {
         Ok(settings)
     }
 
-    /// The settings as (option, value) pairs in `PYTORCH_ALLOC_CONF` syntax, for display:
-    /// sizes in MB, `unlimited` for no `max_split_size_mb` and `off` for no
-    /// `garbage_collection_threshold` (PyTorch's defaults, which have no written form).
-    pub fn options(&self) -> Vec<(&'static str, String)> {
-        let divisions = &self.roundup_power2_divisions;
-        let divisions = if divisions.iter().all(|&d| d == divisions[0]) {
-            divisions[0].to_string()
+    /// The settings in `PYTORCH_CUDA_ALLOC_CONF` syntax, `expandable_segments` first and
+    /// options at PyTorch's defaults left out: a line PyTorch's parser accepts and
+    /// [`TorchSettings::parse`] reads back to these settings (sizes are whole MiB in every
+    /// parsed setting).
+    pub fn conf(&self) -> String {
+        let default = TorchSettings::default();
+        let flag = if self.expandable_segments {
+            "True"
         } else {
-            // One entry per interval: its lower bound in MB (1, 2, 4, …), the last one as `>`.
-            let entries: Vec<String> = divisions
-                .iter()
-                .enumerate()
-                .map(|(i, d)| match i {
-                    i if i == ROUNDUP_INTERVALS - 1 => format!(">:{d}"),
-                    i => format!("{}:{d}", 1u64 << i),
-                })
-                .collect();
-            format!("[{}]", entries.join(","))
+            "False"
         };
-        vec![
-            (
-                "max_split_size_mb",
-                match self.max_split_size {
-                    u64::MAX => "unlimited".into(),
-                    bytes => format_scaled(bytes, MB),
-                },
-            ),
-            (
-                "max_non_split_rounding_mb",
-                format_scaled(self.max_non_split_rounding, MB),
-            ),
-            ("roundup_power2_divisions", divisions),
-            (
-                "garbage_collection_threshold",
-                self.garbage_collection_threshold
-                    .map_or("off".into(), |t| t.to_string()),
-            ),
-            (
-                "expandable_segments",
-                if self.expandable_segments {
-                    "True"
-                } else {
-                    "False"
-                }
-                .into(),
-            ),
-            (
-                "large_segment_size_mb",
-                format_scaled(self.large_segment_size, MB),
-            ),
-        ]
+        let mut options = vec![format!("expandable_segments:{flag}")];
+        if self.max_split_size != default.max_split_size {
+            let mb = format_scaled(self.max_split_size, MB);
+            options.push(format!("max_split_size_mb:{mb}"));
+        }
+        if self.max_non_split_rounding != self.default_rounding() {
+            let mb = format_scaled(self.max_non_split_rounding, MB);
+            options.push(format!("max_non_split_rounding_mb:{mb}"));
+        }
+        if self.large_segment_size != default.large_segment_size {
+            let mb = format_scaled(self.large_segment_size, MB);
+            options.push(format!("large_segment_size_mb:{mb}"));
+        }
+        if let Some(threshold) = self.garbage_collection_threshold {
+            options.push(format!("garbage_collection_threshold:{threshold}"));
+        }
+        if self.roundup_power2_divisions != default.roundup_power2_divisions {
+            let divisions = divisions_conf(&self.roundup_power2_divisions);
+            options.push(format!("roundup_power2_divisions:{divisions}"));
+        }
+        options.join(",")
     }
 
     fn apply(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
@@ -278,6 +259,25 @@ impl TorchSettings {
         }
         Ok(())
     }
+}
+
+/// A divisions table in PyTorch's syntax, compactly: one number when every interval has the
+/// same, else the intervals from the first change to the last, then `>` for the rest.
+fn divisions_conf(table: &[u64; ROUNDUP_INTERVALS]) -> String {
+    let first_end = table.iter().position(|&d| d != table[0]);
+    let Some(first_end) = first_end else {
+        return table[0].to_string();
+    };
+    let last = table[ROUNDUP_INTERVALS - 1];
+    let last_start = (0..ROUNDUP_INTERVALS)
+        .rev()
+        .find(|&i| table[i] != last)
+        .map_or(0, |i| i + 1);
+    let mut entries: Vec<String> = (first_end - 1..last_start)
+        .map(|i| format!("{}:{}", 1u64 << i, table[i]))
+        .collect();
+    entries.push(format!(">:{last}"));
+    format!("[{}]", entries.join(","))
 }
 
 fn parse_divisions(value: &str) -> Result<[u64; ROUNDUP_INTERVALS], String> {
@@ -354,26 +354,25 @@ mod tests {
     }
 
     #[test]
-    fn options_are_shown_in_the_syntax_they_are_parsed_from() {
+    fn settings_are_written_in_the_syntax_they_are_parsed_from() {
         let conf = "max_split_size_mb:128,max_non_split_rounding_mb:64,\
             roundup_power2_divisions:[1:1,2:2,4:4,8:4,16:4,32:4,64:4,128:4,256:4,512:4,1024:4,\
             2048:4,4096:4,8192:4,16384:4,>:8],garbage_collection_threshold:0.6,\
             expandable_segments:True,large_segment_size_mb:40";
         let s = TorchSettings::parse(conf).unwrap();
-        let shown: Vec<String> = s
-            .options()
-            .iter()
-            .map(|(k, v)| format!("{k}:{v}"))
-            .collect();
-        assert_eq!(shown.join(","), conf.replace(' ', ""));
-        assert_eq!(TorchSettings::parse(&shown.join(",")).unwrap(), s);
-        let shown = TorchSettings::default().options();
-        assert_eq!(shown[0], ("max_split_size_mb", "unlimited".to_string()));
-        assert_eq!(shown[2], ("roundup_power2_divisions", "0".to_string()));
         assert_eq!(
-            shown[3],
-            ("garbage_collection_threshold", "off".to_string())
+            s.conf(),
+            "expandable_segments:True,max_split_size_mb:128,max_non_split_rounding_mb:64,\
+             large_segment_size_mb:40,garbage_collection_threshold:0.6,\
+             roundup_power2_divisions:[1:1,2:2,4:4,8:4,16:4,32:4,64:4,128:4,256:4,512:4,\
+             1024:4,2048:4,4096:4,8192:4,16384:4,>:8]"
         );
+        assert_eq!(TorchSettings::parse(&s.conf()).unwrap(), s);
+        assert_eq!(TorchSettings::default().conf(), "expandable_segments:False");
+        let mut table = [1; ROUNDUP_INTERVALS];
+        table[5] = 8;
+        table[8] = 2;
+        assert_eq!(divisions_conf(&table), "[16:1,32:8,64:1,128:1,256:2,>:1]");
     }
 
     #[test]

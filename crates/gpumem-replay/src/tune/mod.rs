@@ -41,7 +41,7 @@ use gpumem_trace::Trace;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use self::space::{alloc_conf, canonical, Knob};
+use self::space::{canonical, Knob};
 pub use self::space::{search_space, SearchSpace};
 use crate::{
     replay, run, PolicyReport, ReplayError, ReplayOptions, STEADY_REPEATS, UNLIMITED_CAPACITY,
@@ -362,7 +362,7 @@ impl Search<'_> {
     fn try_all(&mut self, candidates: Vec<TorchSettings>) -> Result<(), ReplayError> {
         let mut fresh: Vec<(String, TorchSettings)> = Vec::new();
         for settings in candidates {
-            let conf = alloc_conf(&settings);
+            let conf = settings.conf();
             if !self.index.contains_key(&conf) && fresh.iter().all(|(c, _)| *c != conf) {
                 fresh.push((conf, settings));
             }
@@ -392,7 +392,7 @@ impl Search<'_> {
     fn best_of(&self, current: &TorchSettings, candidates: &[TorchSettings]) -> TorchSettings {
         std::iter::once(current)
             .chain(candidates)
-            .filter_map(|s| self.index.get(&alloc_conf(s)).copied())
+            .filter_map(|s| self.index.get(&s.conf()).copied())
             .min_by_key(|&i| (self.tried[i].key, i))
             .map_or_else(|| current.clone(), |i| self.tried[i].settings.clone())
     }
@@ -540,7 +540,7 @@ pub fn tune(
         .collect::<Result<Vec<_>, _>>()?;
     let gpumem = reports.pop().expect("the gpumem replay");
     let tuned = |settings: &TorchSettings, report: PolicyReport| {
-        let conf = alloc_conf(settings);
+        let conf = settings.conf();
         Tuned {
             settings: settings.clone(),
             export: format!("export PYTORCH_CUDA_ALLOC_CONF='{conf}'"),

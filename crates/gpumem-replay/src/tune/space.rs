@@ -316,70 +316,6 @@ pub(super) fn canonical(mut settings: TorchSettings, space: &SearchSpace) -> Tor
     settings
 }
 
-/// `settings` in `PYTORCH_CUDA_ALLOC_CONF` syntax, `expandable_segments` first and options at
-/// their defaults left out; [`TorchSettings::parse`] reads it back to `settings` when every
-/// size is a whole number of MiB (as every parsed or tuned setting's is).
-pub(super) fn alloc_conf(settings: &TorchSettings) -> String {
-    let default = TorchSettings::default();
-    let mib = |bytes: u64| bytes / MIB;
-    let mut options = vec![format!(
-        "expandable_segments:{}",
-        if settings.expandable_segments {
-            "True"
-        } else {
-            "False"
-        }
-    )];
-    if settings.max_split_size != default.max_split_size {
-        options.push(format!(
-            "max_split_size_mb:{}",
-            mib(settings.max_split_size)
-        ));
-    }
-    if settings.max_non_split_rounding != settings.default_rounding() {
-        options.push(format!(
-            "max_non_split_rounding_mb:{}",
-            mib(settings.max_non_split_rounding)
-        ));
-    }
-    if settings.large_segment_size != default.large_segment_size {
-        options.push(format!(
-            "large_segment_size_mb:{}",
-            mib(settings.large_segment_size)
-        ));
-    }
-    if let Some(threshold) = settings.garbage_collection_threshold {
-        options.push(format!("garbage_collection_threshold:{threshold}"));
-    }
-    if settings.roundup_power2_divisions != default.roundup_power2_divisions {
-        options.push(format!(
-            "roundup_power2_divisions:{}",
-            divisions_conf(&settings.roundup_power2_divisions)
-        ));
-    }
-    options.join(",")
-}
-
-/// A divisions table as PyTorch's option reads it: one value for a uniform table, else the
-/// list form (keys in MB; the first key's value also covers the ranges below it, `>` the
-/// ranges after the last key), listing only where values change.
-fn divisions_conf(table: &[u64; ROUNDUP_INTERVALS]) -> String {
-    let first_end = table.iter().position(|&d| d != table[0]);
-    let Some(first_end) = first_end else {
-        return table[0].to_string();
-    };
-    let last = table[ROUNDUP_INTERVALS - 1];
-    let last_start = (0..ROUNDUP_INTERVALS)
-        .rev()
-        .find(|&i| table[i] != last)
-        .map_or(0, |i| i + 1);
-    let mut entries: Vec<String> = (first_end - 1..last_start)
-        .map(|i| format!("{}:{}", 1u64 << i, table[i]))
-        .collect();
-    entries.push(format!(">:{last}"));
-    format!("[{}]", entries.join(","))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -480,7 +416,7 @@ mod tests {
             }
         }
         for settings in all {
-            let conf = alloc_conf(&settings);
+            let conf = settings.conf();
             assert_eq!(TorchSettings::parse(&conf).unwrap(), settings, "{conf}");
         }
         // What the descent tries, PyTorch accepts: max_split_size_mb and
@@ -493,11 +429,7 @@ mod tests {
         for knob in Knob::all(&space) {
             for s in knob.variants(&space, &start) {
                 seen += 1;
-                assert!(
-                    s.max_split_size >= s.large_segment_size,
-                    "{}",
-                    alloc_conf(&s)
-                );
+                assert!(s.max_split_size >= s.large_segment_size, "{}", s.conf());
                 if s.max_split_size != u64::MAX {
                     assert!(s.max_non_split_rounding >= s.large_segment_size);
                 }
@@ -510,7 +442,6 @@ mod tests {
             "only 20 MiB segments stay below a 30 MiB max_split_size"
         );
         assert!(seen > 10);
-        assert_eq!(divisions_conf(&table), "[16:1,32:8,64:1,128:1,256:2,>:1]");
     }
 
     #[test]
@@ -525,7 +456,7 @@ mod tests {
         let c = canonical(s, &space);
         assert_eq!(c.max_non_split_rounding, 20 * MIB);
         assert_eq!(
-            alloc_conf(&c),
+            c.conf(),
             "expandable_segments:False,roundup_power2_divisions:[128:1,>:4]"
         );
     }
