@@ -95,8 +95,15 @@ struct Knob {
     unit: OptionUnit,
     min: u64,
     max: Option<u64>,
-    field: fn(&GpumemSettings) -> u64,
-    field_mut: fn(&mut GpumemSettings) -> &mut u64,
+    field: fn(&mut GpumemSettings) -> &mut u64,
+}
+
+impl Knob {
+    /// The option's value in `settings`.
+    fn get(&self, settings: &GpumemSettings) -> u64 {
+        let mut copy = *settings;
+        *(self.field)(&mut copy)
+    }
 }
 
 /// A count of pages.
@@ -118,72 +125,63 @@ const KNOBS: [Knob; 9] = [
         unit: MB,
         min: 0,
         max: None,
-        field: |s| s.stitch_on_growth_min,
-        field_mut: |s| &mut s.stitch_on_growth_min,
+        field: |s| &mut s.stitch_on_growth_min,
     },
     Knob {
         key: "va_per_device_byte",
         unit: PER_DEVICE_BYTE,
         min: 1,
         max: Some(64),
-        field: |s| s.va_per_device_byte,
-        field_mut: |s| &mut s.va_per_device_byte,
+        field: |s| &mut s.va_per_device_byte,
     },
     Knob {
         key: "slab_max_request_kb",
         unit: KB,
         min: 1,
         max: Some(1024),
-        field: |s| s.slab_max_request,
-        field_mut: |s| &mut s.slab_max_request,
+        field: |s| &mut s.slab_max_request,
     },
     Knob {
         key: "slab_size_kb",
         unit: KB,
         min: 1,
         max: None,
-        field: |s| s.slab_size,
-        field_mut: |s| &mut s.slab_size,
+        field: |s| &mut s.slab_size,
     },
     Knob {
         key: "max_chunk_pages",
         unit: PAGES,
         min: 1,
         max: None,
-        field: |s| s.max_chunk_pages,
-        field_mut: |s| &mut s.max_chunk_pages,
+        field: |s| &mut s.max_chunk_pages,
     },
     Knob {
         key: "small_segment_mb",
         unit: MB,
         min: 1,
         max: None,
-        field: |s| s.small_segment,
-        field_mut: |s| &mut s.small_segment,
+        field: |s| &mut s.small_segment,
     },
     Knob {
         key: "mid_segment_mb",
         unit: MB,
         min: 1,
         max: None,
-        field: |s| s.mid_segment,
-        field_mut: |s| &mut s.mid_segment,
+        field: |s| &mut s.mid_segment,
     },
     Knob {
         key: "large_request_mb",
         unit: MB,
         min: 1,
         max: None,
-        field: |s| s.large_request,
-        field_mut: |s| &mut s.large_request,
+        field: |s| &mut s.large_request,
     },
     Knob {
         key: "segment_rounding_mb",
         unit: MB,
         min: 1,
         max: None,
-        field: |s| s.segment_rounding,
-        field_mut: |s| &mut s.segment_rounding,
+        field: |s| &mut s.segment_rounding,
     },
 ];
 
@@ -206,7 +204,7 @@ impl GpumemSettings {
                     problem: "unknown option".into(),
                     accepted: KNOBS.map(|knob| knob.key).join(", "),
                 })?;
-            *(knob.field_mut)(&mut settings) =
+            *(knob.field)(&mut settings) =
                 parse_scaled(&key, &value, knob.unit, knob.min, knob.max)?;
         }
         settings.validate()?;
@@ -218,7 +216,7 @@ impl GpumemSettings {
     /// `large_request`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         for knob in &KNOBS {
-            check_scaled(knob.key, (knob.field)(self), knob.unit, knob.min, knob.max)?;
+            check_scaled(knob.key, knob.get(self), knob.unit, knob.min, knob.max)?;
         }
         let at_least = |key: &str, value: u64, unit: OptionUnit, other: &str, bound: u64| {
             if value >= bound {
@@ -253,7 +251,7 @@ impl GpumemSettings {
     pub fn options(&self) -> Vec<(&'static str, String)> {
         KNOBS
             .iter()
-            .map(|knob| (knob.key, format_scaled((knob.field)(self), knob.unit)))
+            .map(|knob| (knob.key, format_scaled(knob.get(self), knob.unit)))
             .collect()
     }
 }
