@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::gpumem;
+use common::{gpumem, json_of};
 
 /// Whether a CUDA driver is loadable here, decided without gpumem: a GPU machine must then
 /// list and test its devices, a machine without must say so plainly.
@@ -37,22 +37,13 @@ fn devices_lists_the_sim_and_says_why_cuda_is_absent() {
 
 #[test]
 fn selftest_passes_every_policy_on_the_sim() {
-    let out = gpumem(&["selftest", "--bytes-per-block", "4096", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let reports = passing_selftest(&["selftest", "--bytes-per-block", "4096", "--json"]);
+    assert_eq!(
+        policies(&reports),
+        ["none", "torch", "expandable", "gpumem"]
     );
-    let reports: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-    let policies: Vec<&str> = reports
-        .iter()
-        .map(|r| r["policy"].as_str().unwrap())
-        .collect();
-    assert_eq!(policies, ["none", "torch", "expandable", "gpumem"]);
     for report in &reports {
-        let checks = report["checks"].as_array().unwrap();
-        assert_eq!(checks.len(), 3);
-        assert!(checks.iter().all(|c| c["passed"] == true), "{report}");
+        assert_eq!(report["checks"].as_array().unwrap().len(), 3);
         assert!(report["bytes_verified"].as_u64().unwrap() > 0);
     }
     let out = gpumem(&["selftest", "--policy", "gpumem", "--bytes-per-block", "512"]);
@@ -87,21 +78,10 @@ fn selftest_says_what_is_wrong() {
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver; scripts/gpu-check.sh runs it"]
 fn selftest_passes_every_policy_on_cuda() {
-    let out = gpumem(&["selftest", "--backend", "cuda", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let reports: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let reports = passing_selftest(&["selftest", "--backend", "cuda", "--json"]);
     assert!(reports.len() >= 3, "{reports:?}");
     for report in &reports {
         println!("{report}");
-        assert!(report["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|c| c["passed"] == true));
     }
 }
 
@@ -125,7 +105,7 @@ fn selftest_passes_on_wgpu() {
         eprintln!("no wgpu adapter here (install mesa-vulkan-drivers): wgpu self-test not run");
         return;
     }
-    let out = gpumem(&[
+    let reports = passing_selftest(&[
         "selftest",
         "--backend",
         "wgpu",
@@ -133,24 +113,31 @@ fn selftest_passes_on_wgpu() {
         "4096",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let reports: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-    let policies: Vec<&str> = reports
-        .iter()
-        .map(|r| r["policy"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        policies,
+        policies(&reports),
         ["none", "torch", "gpumem"],
         "expandable needs VMM"
     );
     for report in &reports {
         assert!(report["device"].as_str().unwrap().starts_with("wgpu:"));
+    }
+}
+
+/// The reports of a `gpumem selftest --json` run with `args`, after checking that it
+/// succeeded and that every check of every report passed.
+fn passing_selftest(args: &[&str]) -> Vec<serde_json::Value> {
+    let reports = json_of(&gpumem(args)).as_array().unwrap().clone();
+    for report in &reports {
         let checks = report["checks"].as_array().unwrap();
         assert!(checks.iter().all(|c| c["passed"] == true), "{report}");
     }
+    reports
+}
+
+/// The policy of each report, in order.
+fn policies(reports: &[serde_json::Value]) -> Vec<&str> {
+    reports
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect()
 }
