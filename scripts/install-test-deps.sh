@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The system packages the test suite needs: a Vulkan loader and Mesa's software Vulkan driver
 # (lavapipe), so that the wgpu backend's tests (crates/gpumem-wgpu) find an adapter on a
-# machine without a GPU. Linux only; quiet and idempotent when they are already there.
-# Installs with apt-get (Debian/Ubuntu: mesa-vulkan-drivers, libvulkan1) as root, or with sudo
-# when it is available without a password. Elsewhere it only says what is missing: the tests
+# machine without a GPU; and a headless Chromium, in which the HTML report's test
+# (crates/gpumem-report) renders the page. Linux only; quiet and idempotent when they are
+# already there. Installs with apt-get (Debian/Ubuntu: mesa-vulkan-drivers, libvulkan1,
+# chromium) as root, or with sudo when it is available without a password. Elsewhere it only says what is missing: the tests
 # then skip, or fail under CI=true, with a message naming what to install.
 set -euo pipefail
 say() { echo "install-test-deps.sh: $*" >&2; }
@@ -27,14 +28,23 @@ have_driver() {
   return 1
 }
 
-if have_loader && have_driver; then
+have_chromium() {
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1
+}
+
+packages=()
+if ! have_loader || ! have_driver; then
+  packages+=(mesa-vulkan-drivers libvulkan1)
+fi
+if ! have_chromium; then
+  packages+=(chromium)
+fi
+if [ ${#packages[@]} = 0 ]; then
   exit 0
 fi
-
-packages=(mesa-vulkan-drivers libvulkan1)
 if ! command -v apt-get >/dev/null 2>&1; then
-  say "no Vulkan loader or driver found and apt-get is not available; install a Vulkan driver" \
-    "(e.g. Mesa's lavapipe) and the Vulkan loader for the wgpu tests"
+  say "missing ${packages[*]} and apt-get is not available; install a Vulkan driver" \
+    "(e.g. Mesa's lavapipe) and the Vulkan loader for the wgpu tests, Chromium for the report test"
   exit 0
 fi
 sudo=""
@@ -42,11 +52,12 @@ if [ "$(id -u)" != 0 ]; then
   if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
     sudo="sudo -n"
   else
-    say "no Vulkan loader or driver found; as root: apt-get install ${packages[*]}"
+    say "missing test packages; as root: apt-get install ${packages[*]}"
     exit 0
   fi
 fi
-say "installing ${packages[*]} (Vulkan loader and Mesa's software driver, for the wgpu tests)"
+say "installing ${packages[*]} (Vulkan loader and Mesa's software driver for the wgpu tests," \
+  "Chromium for the report test)"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
@@ -58,5 +69,9 @@ if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
 fi
 if ! have_loader || ! have_driver; then
   say "installed ${packages[*]}, but still no Vulkan loader or driver found"
+  exit 1
+fi
+if ! have_chromium; then
+  say "installed ${packages[*]}, but still no chromium found"
   exit 1
 fi

@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod selftest;
+pub mod timeline;
 pub mod tune;
 
 use std::sync::Arc;
@@ -370,9 +371,10 @@ enum Mismatch {
     Tolerate,
 }
 
-/// Replays `events` into `pool`, mapping trace addresses to pool pointers in `live`. Returns
-/// the allocating device calls of each step (steps end at `Step` markers and at the end) and
-/// the first out-of-memory failure, where it stops.
+/// Replays `events` into `pool`, mapping trace addresses to pool pointers in `live`, calling
+/// `on_event` with each event's index once the event is applied. Returns the allocating device
+/// calls of each step (steps end at `Step` markers and at the end) and the first out-of-memory
+/// failure, where it stops.
 fn drive(
     pool: &Pool,
     events: &[Event],
@@ -389,7 +391,6 @@ fn drive(
         calls_before = calls;
     };
     for (index, event) in events.iter().enumerate() {
-        on_event(index);
         match *event {
             Event::Alloc { addr, size, stream } => {
                 if let Some(previous) = live.remove(&addr) {
@@ -420,6 +421,7 @@ fn drive(
             },
             Event::Step { .. } => close_step(&mut calls_per_step),
         }
+        on_event(index);
     }
     close_step(&mut calls_per_step);
     Ok((calls_per_step, None))
