@@ -7,6 +7,7 @@ mod devices_cmd;
 mod plan_cmd;
 mod policies_cmd;
 mod replay_cmd;
+mod report_cmd;
 mod selftest_cmd;
 mod tune_cmd;
 
@@ -27,6 +28,8 @@ enum Command {
     Plan(plan_cmd::PlanArgs),
     /// Replay an allocation trace through allocator policies and compare them.
     Replay(replay_cmd::ReplayArgs),
+    /// Write an HTML report of traces replayed through the policies: charts, segment maps, OOM.
+    Report(report_cmd::ReportArgs),
     /// Search PyTorch's allocator options (PYTORCH_CUDA_ALLOC_CONF) for a trace.
     Tune(tune_cmd::TuneArgs),
     /// List the built-in allocator policies and what each is.
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Plan(args) => plan_cmd::run(args),
         Command::Replay(args) => replay_cmd::run(args),
+        Command::Report(args) => report_cmd::run(args),
         Command::Tune(args) => tune_cmd::run(args),
         Command::Policies(args) => policies_cmd::run(args),
         Command::Devices(args) => devices_cmd::run(args),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::policies::GpumemSettings;
 use gpumem_pool::{parse_limit, Bytes, Limit, PolicyKind};
-use gpumem_replay::{replay, PolicyReport, Progress, ReplayOptions};
+use gpumem_replay::{highest_rank, replay, PolicyReport, Progress, ReplayOptions};
 use gpumem_trace::{read, read_path, Format, ReadOptions, Trace};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -17,9 +17,10 @@ const DEFAULT_TRACE: &[u8] =
 /// Arguments of `gpumem replay`.
 #[derive(clap::Args)]
 pub struct ReplayArgs {
-    /// Trace file: gpumem JSON lines, a PyTorch snapshot pickle or an RMM log CSV (gzip or
-    /// not). Without one, a bundled real trace (GPT-2 training, 4 steps) is replayed.
-    trace: Option<PathBuf>,
+    /// Trace files: gpumem JSON lines, PyTorch snapshot pickles or RMM log CSVs (gzip or
+    /// not); several are the ranks of one job, replayed side by side. Without one, a bundled
+    /// real trace (GPT-2 training, 4 steps) is replayed.
+    traces: Vec<PathBuf>,
     /// Trace format: auto, native, pytorch or rmm.
     #[arg(long, default_value = "auto")]
     format: Format,
@@ -86,29 +87,57 @@ pub(crate) fn parse_capacity(text: &str) -> Result<u64, String> {
     }
 }
 
-/// Runs `gpumem replay`.
-pub fn run(args: ReplayArgs) -> Result<(), String> {
-    let read_options = ReadOptions {
-        format: args.format,
-        device: args.device,
-    };
-    let trace = match &args.trace {
-        Some(path) => read_path(path, read_options),
-        None => read(DEFAULT_TRACE, read_options),
-    }
-    .map_err(|e| e.to_string())?;
-    let torch = match &args.pytorch_alloc_conf {
+/// Reads every trace of `paths` (the ranks of a job), naming the file in an error.
+pub(crate) fn read_traces(
+    paths: &[PathBuf],
+    format: Format,
+    device: Option<usize>,
+) -> Result<Vec<Trace>, String> {
+    let read_options = ReadOptions { format, device };
+    paths
+        .iter()
+        .map(|path| read_path(path, read_options).map_err(|e| format!("{}: {e}", path.display())))
+        .collect()
+}
+
+/// The torch and gpumem policies' settings from `--pytorch-alloc-conf` and
+/// `--gpumem-policy-conf`, PyTorch's and gpumem's defaults where not given.
+pub(crate) fn policy_settings(
+    pytorch_alloc_conf: Option<&str>,
+    gpumem_policy_conf: Option<&str>,
+) -> Result<(TorchSettings, GpumemSettings), String> {
+    let torch = match pytorch_alloc_conf {
         Some(conf) => {
             TorchSettings::parse(conf).map_err(|e| format!("--pytorch-alloc-conf: {e}"))?
         }
         None => TorchSettings::default(),
     };
-    let gpumem = match &args.gpumem_policy_conf {
+    let gpumem = match gpumem_policy_conf {
         Some(conf) => {
             GpumemSettings::parse(conf).map_err(|e| format!("--gpumem-policy-conf: {e}"))?
         }
         None => GpumemSettings::default(),
     };
+    Ok((torch, gpumem))
+}
+
+/// Runs `gpumem replay`.
+pub fn run(args: ReplayArgs) -> Result<(), String> {
+    let traces = match args.traces.is_empty() {
+        true => vec![read(
+            DEFAULT_TRACE,
+            ReadOptions {
+                format: args.format,
+                device: args.device,
+            },
+        )
+        .map_err(|e| e.to_string())?],
+        false => read_traces(&args.traces, args.format, args.device)?,
+    };
+    let (torch, gpumem) = policy_settings(
+        args.pytorch_alloc_conf.as_deref(),
+        args.gpumem_policy_conf.as_deref(),
+    )?;
     let policies = args.policy.0;
     if args.snapshot.is_some() && policies.len() != 1 {
         return Err(format!(
@@ -116,43 +145,94 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
             PolicyKind::names()
         ));
     }
-    let options = ReplayOptions {
-        capacity: args.capacity,
-        torch,
-        gpumem,
-        // Each event records at most a block event and a segment event, a free two.
-        history_capacity: if args.snapshot.is_some() {
-            trace.events.len() * 3 + 16
-        } else {
-            0
-        },
-        smallest_capacity: args.smallest_capacity,
-    };
-    let bar = progress_bar(trace.events.len() as u64);
-    let mut on_progress = |p: Progress| {
-        bar.set_message(p.policy.to_string());
-        bar.set_position(p.done as u64);
-    };
-    let mut reports = Vec::with_capacity(policies.len());
-    for &policy in &policies {
-        let replay =
-            replay(&trace, policy, &options, &mut on_progress).map_err(|e| e.to_string())?;
-        if let Some(path) = &args.snapshot {
-            replay
-                .pool
-                .snapshot()
-                .write_path(path)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+    if args.snapshot.is_some() && traces.len() != 1 {
+        return Err("--snapshot needs a single trace".to_string());
+    }
+    let mut ranks = Vec::with_capacity(traces.len());
+    for trace in &traces {
+        let options = ReplayOptions {
+            capacity: args.capacity,
+            torch: torch.clone(),
+            gpumem,
+            // Each event records at most a block event and a segment event, a free two.
+            history_capacity: if args.snapshot.is_some() {
+                trace.events.len() * 3 + 16
+            } else {
+                0
+            },
+            smallest_capacity: args.smallest_capacity,
+        };
+        let bar = progress_bar(trace.events.len() as u64);
+        let mut on_progress = |p: Progress| {
+            bar.set_message(p.policy.to_string());
+            bar.set_position(p.done as u64);
+        };
+        let mut reports = Vec::with_capacity(policies.len());
+        for &policy in &policies {
+            let replay =
+                replay(trace, policy, &options, &mut on_progress).map_err(|e| e.to_string())?;
+            if let Some(path) = &args.snapshot {
+                replay
+                    .pool
+                    .snapshot()
+                    .write_path(path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            reports.push(replay.report);
         }
-        reports.push(replay.report);
+        bar.finish_and_clear();
+        ranks.push(reports);
     }
-    bar.finish_and_clear();
-    if args.json {
-        print_json(&trace, args.capacity, &reports)
-    } else {
-        print_table(&trace, args.capacity, &reports);
-        Ok(())
+    match (args.json, traces.len()) {
+        (true, 1) => print_json(&traces[0], args.capacity, &ranks[0]),
+        (true, _) => print_ranks_json(&traces, args.capacity, &ranks),
+        (false, 1) => {
+            print_table(&traces[0], args.capacity, &ranks[0]);
+            Ok(())
+        }
+        (false, _) => {
+            for (rank, (trace, reports)) in traces.iter().zip(&ranks).enumerate() {
+                println!("Rank {rank}:");
+                print_table(trace, args.capacity, reports);
+                println!();
+            }
+            let highest = highest_rank(ranks.iter().map(Vec::as_slice));
+            println!(
+                "Rank {highest} ({}) peaks highest: {} reserved.",
+                traces[highest].meta.name,
+                Bytes(peak_reserved(&ranks[highest]))
+            );
+            Ok(())
+        }
     }
+}
+
+/// The highest peak reserved bytes of any policy.
+fn peak_reserved(reports: &[PolicyReport]) -> u64 {
+    reports
+        .iter()
+        .map(|r| r.peak_reserved_bytes)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Several ranks as one JSON object: each rank's trace and policies, and the rank that peaks
+/// highest.
+fn print_ranks_json(
+    traces: &[Trace],
+    capacity: Option<u64>,
+    ranks: &[Vec<PolicyReport>],
+) -> Result<(), String> {
+    let value = serde_json::json!({
+        "capacity_bytes": capacity,
+        "ranks": traces.iter().zip(ranks).enumerate().map(|(rank, (trace, reports))| {
+            serde_json::json!({ "rank": rank, "trace": trace_json(trace), "policies": reports })
+        }).collect::<Vec<_>>(),
+        "highest_rank": highest_rank(ranks.iter().map(Vec::as_slice)),
+    });
+    let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
+    println!("{text}");
+    Ok(())
 }
 
 fn progress_bar(total: u64) -> ProgressBar {
@@ -210,7 +290,7 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
         let per_step = r
             .steady_state_alloc_calls_per_step
             .map_or("-".to_string(), |c| c.to_string());
-        let fits = fits_cell(r, capacity);
+        let fits = r.fits(capacity);
         println!(
             "{:<11} {:>13} {:>14} {:>10.1}% {:>13} {:>17} {:>12.2}{}  {}",
             r.policy,
@@ -249,19 +329,4 @@ pub(crate) fn trace_line(trace: &Trace) -> String {
         summary.steps,
         Bytes(summary.peak_live_bytes)
     )
-}
-
-/// Whether the replay in `r` fits `capacity`: `-` without one, `yes`, or where it ran out of
-/// memory.
-pub(crate) fn fits_cell(r: &PolicyReport, capacity: Option<u64>) -> String {
-    match (&r.oom, capacity) {
-        (None, None) => "-".to_string(),
-        (None, Some(_)) => "yes".to_string(),
-        (Some(o), _) => format!(
-            "OOM at event {}{} ({} requested)",
-            o.event_index,
-            o.step.map_or(String::new(), |s| format!(", step {s}")),
-            Bytes(o.requested_bytes)
-        ),
-    }
 }

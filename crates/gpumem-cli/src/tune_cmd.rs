@@ -10,7 +10,7 @@ use gpumem_replay::PolicyReport;
 use gpumem_trace::{read_path, Format, ReadOptions, Trace};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::replay_cmd::{fits_cell, parse_capacity, trace_json, trace_line};
+use crate::replay_cmd::{parse_capacity, trace_json, trace_line};
 
 /// What `--help` says about the options the search leaves alone.
 const NOT_SEARCHED: &str = "\
@@ -156,7 +156,7 @@ fn print_table(trace: &Trace, report: &TuneReport) {
             r.device_calls,
             per_step,
             fit_cells,
-            fits_cell(r, capacity)
+            r.fits(capacity)
         );
     };
     let tuned_row = |rank: &str, t: &Tuned| {

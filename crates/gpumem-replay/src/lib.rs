@@ -19,7 +19,7 @@ use gpumem_device::{AddressMap, Device, DeviceError, StreamId};
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::policies::GpumemSettings;
 use gpumem_pool::{
-    ConfigError, MemoryStats, OomError, Policy, PolicyKind, Pool, PoolConfig, PoolError,
+    Bytes, ConfigError, MemoryStats, OomError, Policy, PolicyKind, Pool, PoolConfig, PoolError,
     PoolOptions,
 };
 use gpumem_trace::{Event, Trace};
@@ -148,6 +148,23 @@ pub struct PolicyReport {
     pub events: usize,
     /// Replay speed, events per second of wall time.
     pub events_per_second: f64,
+}
+
+impl PolicyReport {
+    /// Whether the replay fits `capacity`, in words: `-` without one, `yes`, or where it ran
+    /// out of memory (event, step and the size asked for).
+    pub fn fits(&self, capacity: Option<u64>) -> String {
+        match (&self.oom, capacity) {
+            (None, None) => "-".to_string(),
+            (None, Some(_)) => "yes".to_string(),
+            (Some(o), _) => format!(
+                "OOM at event {}{} ({} requested)",
+                o.event_index,
+                o.step.map_or(String::new(), |s| format!(", step {s}")),
+                Bytes(o.requested_bytes)
+            ),
+        }
+    }
 }
 
 /// A finished replay: its report, and the pool as it was left (for snapshots and status).
@@ -311,6 +328,26 @@ pub fn replay_all(
         .iter()
         .map(|&p| replay(trace, p, options, progress).map(|r| r.report))
         .collect()
+}
+
+/// Of several ranks' replays (one list of policy reports per rank, as [`replay_all`] returns),
+/// the rank whose highest peak reserved bytes, over its policies, is the highest: the rank that
+/// decides whether a distributed job fits. The first such rank on a tie; 0 when there is none.
+pub fn highest_rank<'a>(ranks: impl IntoIterator<Item = &'a [PolicyReport]>) -> usize {
+    let peaks = ranks.into_iter().map(|reports| {
+        reports
+            .iter()
+            .map(|r| r.peak_reserved_bytes)
+            .max()
+            .unwrap_or(0)
+    });
+    let mut best = (0, 0);
+    for (rank, peak) in peaks.enumerate() {
+        if peak > best.1 {
+            best = (rank, peak);
+        }
+    }
+    best.0
 }
 
 /// The step marked last before event `index`.

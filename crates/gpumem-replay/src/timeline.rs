@@ -7,8 +7,8 @@ use gpumem_pool::SegmentView;
 use gpumem_trace::Trace;
 
 use crate::{
-    drive, new_pool, Mismatch, PolicySource, Progress, ReplayError, ReplayOptions,
-    PROGRESS_EVERY, UNLIMITED_CAPACITY,
+    drive, new_pool, Mismatch, PolicySource, Progress, ReplayError, ReplayOptions, PROGRESS_EVERY,
+    UNLIMITED_CAPACITY,
 };
 
 /// The memory of one policy's replay after each event, on a device without a limit.

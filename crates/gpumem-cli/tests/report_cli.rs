@@ -1,0 +1,424 @@
+//! `gpumem report` as a person uses it: the page rendered in headless Chromium (a screenshot
+//! whose chart areas must hold the charts' colours, the page's own render status with no
+//! script errors, and the figures on the page equal to `gpumem replay --json`), several ranks
+//! side by side, and clear errors that leave no file behind for bad input.
+//!
+//! Chromium comes from `scripts/install-test-deps.sh` (Debian package `chromium`). Without it
+//! the browser tests skip with a message, except under `CI=true`, where they fail.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{gpumem, json_of, testdata};
+
+const BERT: &str = "bert-12l-train-b8-s128.jsonl.gz";
+const SMALL: &str = "small-gpt2-2l-infer-b1-s32.jsonl.gz";
+
+/// A fresh directory for one test's files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpumem-report-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The Chromium binary, or `None` (after saying why) when it is missing outside CI.
+fn chromium() -> Option<PathBuf> {
+    let found = ["chromium", "chromium-browser"].iter().find_map(|name| {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(name))
+                .find(|p| p.is_file())
+        })
+    });
+    if found.is_none() {
+        let message = "no chromium on PATH: run scripts/install-test-deps.sh (Debian package \
+                       `chromium`) to render the report in a browser";
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{message}");
+        eprintln!("skipped: {message}");
+    }
+    found
+}
+
+/// Width and height of the browser window for both the DOM dump and the screenshot, so that
+/// the chart rectangles the page reports are where the screenshot has them.
+const WINDOW: (u32, u32) = (1280, 2400);
+
+/// Runs headless Chromium on `page` with `what` (`--dump-dom` or `--screenshot=PATH`),
+/// letting the page's scripts run first; returns stdout.
+fn browse(browser: &Path, page: &Path, what: &str, dir: &Path) -> String {
+    let profile = dir.join(format!("profile-{}", what.len()));
+    let out = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--hide-scrollbars",
+            &format!("--user-data-dir={}", profile.display()),
+            &format!("--window-size={},{}", WINDOW.0, WINDOW.1),
+            "--virtual-time-budget=5000",
+            what,
+            &format!("file://{}", page.display()),
+        ])
+        .output()
+        .expect("chromium runs");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The value of attribute `name` in the first tag of `html` that contains `marker`.
+fn attribute(html: &str, marker: &str, name: &str) -> String {
+    let at = html
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker} not on the page"));
+    let tag_end = at + html[at..].find('>').unwrap();
+    let tag_start = html[..at].rfind('<').unwrap();
+    let tag = &html[tag_start..tag_end];
+    let key = format!("{name}=\"");
+    let start = tag
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {tag}"))
+        + key.len();
+    let end = start + tag[start..].find('"').unwrap();
+    tag[start..end].replace("&quot;", "\"")
+}
+
+/// The exact values (`data-value`) of the cells of the table row that starts at `marker`,
+/// by field name.
+fn row_values(html: &str, marker: &str) -> Vec<(String, String)> {
+    let start = html
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker} not on the page"));
+    let row = &html[start..start + html[start..].find("</tr>").unwrap()];
+    row.split("data-field=\"")
+        .skip(1)
+        .map(|cell| {
+            let field = &cell[..cell.find('"').unwrap()];
+            let value_at = cell.find("data-value=\"").unwrap() + "data-value=\"".len();
+            let value = &cell[value_at..value_at + cell[value_at..].find('"').unwrap()];
+            (field.to_string(), value.to_string())
+        })
+        .collect()
+}
+
+/// The render status the page's script published: charts drawn and their rectangles.
+fn render_status(dom: &str) -> (u64, Vec<serde_json::Value>) {
+    let marker = "id=\"render-status\"";
+    assert_eq!(
+        attribute(dom, marker, "data-done"),
+        "true",
+        "the script ran"
+    );
+    assert_eq!(
+        attribute(dom, marker, "data-errors"),
+        "0",
+        "no script errors"
+    );
+    let charts: u64 = attribute(dom, marker, "data-charts").parse().unwrap();
+    let rects: Vec<serde_json::Value> =
+        serde_json::from_str(&attribute(dom, marker, "data-rects")).unwrap();
+    (charts, rects)
+}
+
+/// An RGB image decoded from a PNG file.
+struct Image {
+    width: u32,
+    height: u32,
+    rgb: Vec<[u8; 3]>,
+}
+
+fn decode(path: &Path) -> Image {
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let channels = info.color_type.samples();
+    let rgb = buf[..info.buffer_size()]
+        .chunks(channels)
+        .map(|p| [p[0], p[1], p[2]])
+        .collect();
+    Image {
+        width: info.width,
+        height: info.height,
+        rgb,
+    }
+}
+
+impl Image {
+    /// Pixels inside `rect` (page coordinates as the page reported them) within `tolerance`
+    /// of `colour` on every channel.
+    fn count(&self, rect: &serde_json::Value, colour: [u8; 3], tolerance: u8) -> usize {
+        let n = |k: &str| rect[k].as_u64().unwrap() as u32;
+        let (x0, y0) = (n("x"), n("y"));
+        let (x1, y1) = (
+            (x0 + n("w")).min(self.width),
+            (y0 + n("h")).min(self.height),
+        );
+        let mut hits = 0;
+        for y in y0..y1 {
+            for x in x0..x1 {
+                let p = self.rgb[(y * self.width + x) as usize];
+                if (0..3).all(|c| p[c].abs_diff(colour[c]) <= tolerance) {
+                    hits += 1;
+                }
+            }
+        }
+        hits
+    }
+}
+
+#[test]
+fn the_report_draws_in_a_browser_with_the_replays_figures() {
+    let Some(browser) = chromium() else {
+        return;
+    };
+    let dir = scratch("browser");
+    let page = dir.join("bert.html");
+    let trace = testdata(BERT);
+    let out = gpumem(&[
+        "report",
+        &trace,
+        "-o",
+        page.to_str().unwrap(),
+        "--capacity",
+        "800MiB",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains("src=\"http") && !html.contains("href=\"http"),
+        "the page loads nothing from the network"
+    );
+
+    let dom = browse(&browser, &page, "--dump-dom", &dir);
+    let (charts, rects) = render_status(&dom);
+    // A timeline and a fragmentation chart, and a segment map per policy (4).
+    assert_eq!(charts, 6, "{rects:?}");
+
+    // The figures on the page are those `gpumem replay --json` prints.
+    let replay = json_of(&gpumem(&[
+        "replay",
+        &trace,
+        "--capacity",
+        "800MiB",
+        "--json",
+    ]));
+    let policies = replay["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 4);
+    for p in policies {
+        let name = p["policy"].as_str().unwrap();
+        let cells = row_values(
+            &dom,
+            &format!("<tr data-rank=\"0\" data-policy=\"{name}\">"),
+        );
+        assert_eq!(cells.len(), 5, "{cells:?}");
+        for (field, value) in cells {
+            match &p[&field] {
+                serde_json::Value::Null => assert_eq!(value, "null", "{name} {field}"),
+                // Integers exactly; the utilisation to the last bit or so (serde_json reads
+                // floats to within one unit in the last place).
+                v => match v.as_u64() {
+                    Some(n) => assert_eq!(value, n.to_string(), "{name} {field}"),
+                    None => {
+                        let (page, json) = (value.parse::<f64>().unwrap(), v.as_f64().unwrap());
+                        assert!(
+                            (page - json).abs() <= 1e-12,
+                            "{name} {field}: {page} vs {json}"
+                        );
+                    }
+                },
+            }
+        }
+        if let Some(oom) = p["oom"].as_object() {
+            let marker = format!("class=\"oom\" data-policy=\"{name}\"");
+            let block = &dom[dom.find(&marker).unwrap()..];
+            let shown = attribute(block, "data-field=\"oom_event_index\"", "data-value");
+            assert_eq!(shown, oom["event_index"].to_string());
+        }
+    }
+    assert!(
+        policies.iter().any(|p| !p["oom"].is_null()),
+        "torch runs out of memory on 800 MiB, so the page shows an OOM point"
+    );
+
+    // The charts drew: their areas in a screenshot hold the colours they draw with.
+    let shot = dir.join("shot.png");
+    browse(
+        &browser,
+        &page,
+        &format!("--screenshot={}", shot.display()),
+        &dir,
+    );
+    let image = decode(&shot);
+    assert_eq!((image.width, image.height), WINDOW);
+    let chart = |kind: &str| {
+        rects
+            .iter()
+            .find(|r| r["chart"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} chart"))
+    };
+    let (torch, gpumem_teal, live_blue) =
+        ([0xd1, 0x49, 0x5b], [0x00, 0x79, 0x8c], [0x3a, 0x6e, 0xa5]);
+    for kind in ["timeline", "fragmentation"] {
+        for colour in [torch, gpumem_teal] {
+            let hits = image.count(chart(kind), colour, 30);
+            assert!(hits > 100, "{kind}: {hits} pixels of {colour:?}");
+        }
+    }
+    let segments = chart("segments");
+    let area = (segments["w"].as_u64().unwrap() * segments["h"].as_u64().unwrap()) as usize;
+    let live = image.count(segments, live_blue, 30);
+    assert!(live > area / 4, "segment map: {live} live pixels of {area}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn several_ranks_show_side_by_side_with_the_highest() {
+    let (small, bert) = (testdata(SMALL), testdata(BERT));
+    let replay = json_of(&gpumem(&[
+        "replay", &small, &bert, "--policy", "torch", "--json",
+    ]));
+    assert_eq!(replay["highest_rank"], 1);
+    assert_eq!(replay["ranks"].as_array().unwrap().len(), 2);
+    let text = gpumem(&["replay", &small, &bert, "--policy", "torch"]);
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("Rank 0:") && text.contains("Rank 1:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Rank 1 (bert-12l-train-b8-s128) peaks highest"),
+        "{text}"
+    );
+
+    let dir = scratch("ranks");
+    let page = dir.join("ranks.html");
+    let out = gpumem(&[
+        "report",
+        &small,
+        &bert,
+        "-o",
+        page.to_str().unwrap(),
+        "--policy",
+        "torch",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("2 ranks; rank 1"), "{stdout}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert_eq!(
+        attribute(&html, "data-field=\"highest_rank\"", "data-value"),
+        replay["highest_rank"].to_string()
+    );
+    for rank in [0, 1] {
+        let cells = row_values(
+            &html,
+            &format!("<tr data-rank=\"{rank}\" data-policy=\"torch\">"),
+        );
+        let expected = &replay["ranks"][rank]["policies"][0]["peak_reserved_bytes"];
+        assert!(cells.contains(&("peak_reserved_bytes".to_string(), expected.to_string())));
+    }
+    if let Some(browser) = chromium() {
+        let (charts, _) = render_status(&browse(&browser, &page, "--dump-dom", &dir));
+        // Per rank an overview, a timeline, a fragmentation chart and one segment map.
+        assert_eq!(charts, 8);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs `gpumem report` expecting a failure; returns its message, after checking that the
+/// output directory holds no file.
+fn refused(dir: &Path, args: &[&str]) -> String {
+    let out = gpumem(args);
+    assert_eq!(out.status.code(), Some(2), "{args:?} must fail");
+    let entries: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
+    assert!(entries.is_empty(), "{args:?} left {entries:?}");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn bad_input_is_refused_clearly_and_leaves_no_file() {
+    let dir = scratch("bad");
+    let out_dir = dir.join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let page = out_dir.join("r.html");
+    let page = page.to_str().unwrap();
+    let bert = testdata(BERT);
+
+    let empty = dir.join("empty.jsonl");
+    std::fs::write(
+        &empty,
+        "{\"gpumem_trace\": 1, \"name\": \"empty\"}\n{\"op\": \"step\", \"index\": 0}\n",
+    )
+    .unwrap();
+    let message = refused(&out_dir, &["report", empty.to_str().unwrap(), "-o", page]);
+    assert!(message.contains("allocates nothing"), "{message}");
+    let message = refused(&out_dir, &["tune", empty.to_str().unwrap()]);
+    assert!(message.contains("no placement to tune"), "{message}");
+
+    let message = refused(
+        &out_dir,
+        &["report", &bert, "-o", page, "--capacity", "100MiB"],
+    );
+    assert!(
+        message.contains("capacity 100.00 MiB") && message.contains("peak live bytes 761.84 MiB"),
+        "{message}"
+    );
+
+    let missing = dir.join("no-such-dir").join("r.html");
+    let message = refused(
+        &out_dir,
+        &["report", &bert, "-o", missing.to_str().unwrap()],
+    );
+    assert!(
+        message.contains("cannot write") && message.contains("no-such-dir"),
+        "{message}"
+    );
+
+    // The output path is a directory: the page is written beside it and never renamed over it.
+    let taken = out_dir.join("taken.html");
+    std::fs::create_dir(&taken).unwrap();
+    let out = gpumem(&[
+        "report",
+        &bert,
+        "-o",
+        taken.to_str().unwrap(),
+        "--policy",
+        "torch",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let message = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        message.contains("cannot write") && message.contains("taken.html"),
+        "{message}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec!["taken.html"], "no partial page beside it");
+
+    let no_trace_dir = dir.join("no-trace");
+    std::fs::create_dir(&no_trace_dir).unwrap();
+    let message = refused(&no_trace_dir, &["report", "-o", page]);
+    assert!(message.contains("<TRACES>"), "{message}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,402 @@
+//! The page: static HTML for every figure (readable without scripts, and what tests compare),
+//! the report's data as JSON, and the inline script that draws the charts from it.
+
+use std::fmt::Write;
+
+use gpumem_pool::Bytes;
+use gpumem_replay::tune::{margin_bytes, TuneReport, Tuned};
+use gpumem_replay::PolicyReport;
+use serde::Serialize;
+
+use crate::model::{RankReport, Report};
+
+const SCRIPT: &str = include_str!("page.js");
+const STYLE: &str = include_str!("page.css");
+
+/// Escapes text for HTML content and attribute values.
+pub(crate) fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A whole page: `body` and the charts' `data`, with the style and script inline, so that the
+/// file opens offline and alone.
+pub(crate) fn page(title: &str, subtitle: &str, body: &str, data: &impl Serialize) -> String {
+    // `</` cannot end the script element early once written as `<\/`, which JSON reads back
+    // as `</`.
+    let json = serde_json::to_string(data)
+        .unwrap_or_else(|_| "{}".to_string())
+        .replace("</", "<\\/");
+    format!(
+        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
+         <title>{title}</title>\n<style>\n{STYLE}</style>\n</head>\n<body>\n\
+         <header><h1>{title}</h1><p>{subtitle}</p></header>\n<main>\n{body}\
+         <div id=\"render-status\" class=\"status\" data-done=\"false\">charts not drawn (scripts off?)</div>\n\
+         </main>\n<script type=\"application/json\" id=\"report-data\">{json}</script>\n\
+         <script>\n{SCRIPT}</script>\n</body>\n</html>\n",
+        title = esc(title),
+        subtitle = esc(subtitle),
+    )
+}
+
+/// A table cell holding bytes: readable text, and the exact number in `data-value`.
+fn bytes_cell(field: &str, bytes: u64) -> String {
+    format!(
+        "<td data-field=\"{field}\" data-value=\"{bytes}\">{}</td>",
+        Bytes(bytes)
+    )
+}
+
+/// A table cell holding a number, exact in `data-value`.
+fn number_cell(field: &str, value: impl std::fmt::Display, text: &str) -> String {
+    format!("<td data-field=\"{field}\" data-value=\"{value}\">{text}</td>")
+}
+
+/// The report as one self-contained HTML page.
+pub fn render(report: &Report) -> String {
+    let mut body = String::new();
+    if report.ranks.len() > 1 {
+        ranks_section(&mut body, report);
+    }
+    for rank in &report.ranks {
+        rank_section(&mut body, rank, report);
+    }
+    let names: Vec<&str> = report.ranks.iter().map(|r| r.trace.name.as_str()).collect();
+    let title = match report.ranks.len() {
+        1 => format!("gpumem report: {}", names[0]),
+        n => format!("gpumem report: {n} ranks"),
+    };
+    let policies: Vec<&str> = report
+        .ranks
+        .first()
+        .map(|r| {
+            r.policies
+                .iter()
+                .map(|p| p.report.policy.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    let subtitle = format!(
+        "Replayed through {} on a simulated device{}. Drag on a chart to zoom, double-click to reset, hover for values.",
+        policies.join(", "),
+        report
+            .capacity_bytes
+            .map_or(String::new(), |c| format!(", checked against {}", Bytes(c)))
+    );
+    page(&title, &subtitle, &body, report)
+}
+
+fn ranks_section(out: &mut String, report: &Report) {
+    let highest = &report.ranks[report.highest_rank];
+    let _ = write!(
+        out,
+        "<section class=\"card\" id=\"ranks\"><h2>Ranks side by side</h2>\n\
+         <p class=\"note\">Rank <b data-field=\"highest_rank\" data-value=\"{}\">{}</b> ({}) peaks highest. \
+         The charts share one scale: reserved bytes per policy and the bytes live in the trace.</p>\n\
+         <table><tr><th>rank</th><th class=\"left\">trace</th><th>events</th><th>peak live</th>",
+        report.highest_rank,
+        report.highest_rank,
+        esc(&highest.trace.name)
+    );
+    for p in &highest.policies {
+        let _ = write!(out, "<th>{} peak reserved</th>", esc(&p.report.policy));
+    }
+    out.push_str("</tr>\n");
+    for rank in &report.ranks {
+        let class = match rank.rank == report.highest_rank {
+            true => " class=\"highest\"",
+            false => "",
+        };
+        let _ = write!(
+            out,
+            "<tr{class} data-rank=\"{}\"><td>{}</td><td class=\"left\">{}</td>{}{}",
+            rank.rank,
+            rank.rank,
+            esc(&rank.trace.name),
+            number_cell("events", rank.trace.events, &rank.trace.events.to_string()),
+            bytes_cell("peak_live_bytes", rank.trace.peak_live_bytes)
+        );
+        for p in &rank.policies {
+            out.push_str(&bytes_cell(
+                "peak_reserved_bytes",
+                p.report.peak_reserved_bytes,
+            ));
+        }
+        out.push_str("</tr>\n");
+    }
+    out.push_str("</table>\n<div class=\"grid\">\n");
+    for rank in &report.ranks {
+        let _ = writeln!(
+            out,
+            "<div><h4>rank {}: {}</h4><canvas data-chart=\"overview\" data-rank=\"{}\"></canvas></div>",
+            rank.rank,
+            esc(&rank.trace.name),
+            rank.rank
+        );
+    }
+    out.push_str("</div></section>\n");
+}
+
+fn rank_section(out: &mut String, rank: &RankReport, report: &Report) {
+    let r = rank.rank;
+    let heading = match report.ranks.len() {
+        1 => esc(&rank.trace.name),
+        _ => format!("Rank {r}: {}", esc(&rank.trace.name)),
+    };
+    let _ = write!(
+        out,
+        "<section class=\"card rank\" id=\"rank-{r}\" data-rank=\"{r}\"><h2>{heading}</h2>\n\
+         <p class=\"note\">{} · {} events · {} steps · peak live {} (bytes as requested)</p>\n",
+        esc(&rank.trace.source),
+        rank.trace.events,
+        rank.trace.steps,
+        Bytes(rank.trace.peak_live_bytes)
+    );
+    figures_table(out, rank, report.capacity_bytes);
+    let _ = write!(
+        out,
+        "<h3>Memory over time</h3>\n<p class=\"note\">Per event of the trace, on a device without a limit: \
+         reserved (solid) and allocated (dashed) per policy; dotted lines mark steps, crosses where a \
+         policy runs out of memory at the capacity.</p>\n\
+         <div class=\"legend\" data-legend=\"timeline\" data-rank=\"{r}\"></div>\n\
+         <canvas data-chart=\"timeline\" data-rank=\"{r}\"></canvas>\n\
+         <h3>Fragmentation over time</h3>\n<p class=\"note\">The share of reserved memory that is not \
+         allocated (cached or lost to splitting and rounding); zooms with the chart above.</p>\n\
+         <canvas data-chart=\"fragmentation\" data-rank=\"{r}\"></canvas>\n"
+    );
+    oom_section(out, rank, report.capacity_bytes);
+    let _ = write!(
+        out,
+        "<h3>Segments at the peak</h3>\n<p class=\"note\">Each policy's segments at the event where its \
+         reserved memory peaks, laid end to end in address order and wrapped into rows; a dark tick starts \
+         a segment. <span class=\"box\" style=\"background:#3a6ea5\"></span> live \
+         <span class=\"box\" style=\"background:#9fd3a5\"></span> cached \
+         <span class=\"box\" style=\"background:#efefef\"></span> hole (reserved address space not mapped)</p>\n"
+    );
+    for (i, p) in rank.policies.iter().enumerate() {
+        let live: u64 = p
+            .peak_map
+            .segments
+            .iter()
+            .flat_map(|s| &s.ranges)
+            .filter(|(_, _, state)| *state == crate::model::RangeState::Live)
+            .map(|(_, size, _)| size)
+            .sum();
+        let _ = write!(
+            out,
+            "<h4>{}: {} segments, {} live of {} at event {}</h4>\n\
+             <canvas data-chart=\"segments\" data-rank=\"{r}\" data-policy=\"{i}\"></canvas>\n",
+            esc(&p.report.policy),
+            p.peak_map.segments.len(),
+            Bytes(live),
+            Bytes(p.peak_map.segments.iter().map(|s| s.size).sum()),
+            p.peak_map.event_index
+        );
+    }
+    largest_section(out, rank);
+    if let Some(tune) = &rank.tune {
+        tune_section(out, tune);
+    }
+    out.push_str("</section>\n");
+}
+
+fn figures_table(out: &mut String, rank: &RankReport, capacity: Option<u64>) {
+    let fits = capacity.map_or("fits".to_string(), |c| format!("fits {}", Bytes(c)));
+    let _ = writeln!(
+        out,
+        "<table class=\"figures\"><tr><th>policy</th><th>peak allocated</th><th>peak reserved</th>\
+         <th>utilization</th><th>device calls</th><th>steady calls/step</th><th class=\"left\">{}</th></tr>",
+        esc(&fits)
+    );
+    for p in &rank.policies {
+        let f = &p.report;
+        let steady = f
+            .steady_state_alloc_calls_per_step
+            .map_or("-".to_string(), |c| c.to_string());
+        let _ = writeln!(
+            out,
+            "<tr data-rank=\"{}\" data-policy=\"{}\"><td>{}</td>{}{}{}{}{}<td class=\"left\">{}</td></tr>",
+            rank.rank,
+            esc(&f.policy),
+            esc(&f.policy),
+            bytes_cell("peak_allocated_bytes", f.peak_allocated_bytes),
+            bytes_cell("peak_reserved_bytes", f.peak_reserved_bytes),
+            number_cell(
+                "utilization",
+                f.utilization,
+                &format!("{:.1} %", 100.0 * f.utilization)
+            ),
+            number_cell("device_calls", f.device_calls, &f.device_calls.to_string()),
+            number_cell(
+                "steady_state_alloc_calls_per_step",
+                f.steady_state_alloc_calls_per_step
+                    .map_or("null".to_string(), |c| c.to_string()),
+                &steady
+            ),
+            esc(&f.fits(capacity))
+        );
+    }
+    out.push_str("</table>\n");
+}
+
+fn oom_section(out: &mut String, rank: &RankReport, capacity: Option<u64>) {
+    let Some(capacity) = capacity else {
+        return;
+    };
+    let _ = writeln!(out, "<h3>Out of memory at {}</h3>", Bytes(capacity));
+    for p in &rank.policies {
+        let f = &p.report;
+        match &f.oom {
+            None => {
+                let _ = writeln!(
+                    out,
+                    "<div class=\"fits\"><b>{}</b> runs the trace in {} (peak reserved {}).</div>",
+                    esc(&f.policy),
+                    Bytes(capacity),
+                    Bytes(f.peak_reserved_bytes)
+                );
+            }
+            Some(o) => {
+                let _ = writeln!(
+                    out,
+                    "<div class=\"oom\" data-policy=\"{}\"><b>{}</b> runs out of memory at event \
+                     <b data-field=\"oom_event_index\" data-value=\"{}\">{}</b>{}: the allocation of \
+                     <b>{}</b> fails with {} allocated and {} reserved.\n<pre>{}</pre></div>",
+                    esc(&f.policy),
+                    esc(&f.policy),
+                    o.event_index,
+                    o.event_index,
+                    o.step.map_or(String::new(), |s| format!(" (step {s})")),
+                    Bytes(o.requested_bytes),
+                    Bytes(o.allocated_bytes),
+                    Bytes(o.reserved_bytes),
+                    esc(&o.message)
+                );
+            }
+        }
+    }
+}
+
+fn largest_section(out: &mut String, rank: &RankReport) {
+    let largest = &rank.largest_live;
+    let _ = write!(
+        out,
+        "<h3>Largest live allocations at the peak</h3>\n<p class=\"note\">At event {} the trace holds \
+         {} in {} allocations; the sizes that hold the most:</p>\n\
+         <table class=\"largest\"><tr><th>size</th><th>count</th><th>bytes</th><th>share</th><th class=\"left\"></th></tr>\n",
+        largest.event_index,
+        Bytes(largest.live_bytes),
+        largest.live_count
+    );
+    for g in &largest.groups {
+        let share = g.bytes as f64 / largest.live_bytes.max(1) as f64;
+        let _ = writeln!(
+            out,
+            "<tr>{}{}{}<td>{:.1} %</td><td class=\"left\"><span class=\"bar\" style=\"width:{:.0}px\"></span></td></tr>",
+            bytes_cell("size", g.size),
+            number_cell("count", g.count, &g.count.to_string()),
+            bytes_cell("bytes", g.bytes),
+            100.0 * share,
+            (share * 320.0).max(1.0)
+        );
+    }
+    out.push_str("</table>\n");
+}
+
+fn tune_section(out: &mut String, tune: &TuneReport) {
+    let capacity = tune.capacity_bytes;
+    let _ = write!(
+        out,
+        "<h3>PyTorch allocator settings (gpumem tune)</h3>\n<p class=\"note\">Objective: {}. {} settings \
+         replayed in {:.2} s{}. Each row's figures are those of <code>gpumem replay --pytorch-alloc-conf</code> \
+         with its setting.</p>\n<table class=\"tune\"><tr><th>#</th><th>policy</th><th>peak reserved</th>\
+         <th>utilization</th><th>device calls</th><th>steady calls/step</th><th class=\"left\">fits</th>\
+         <th class=\"left\">setting</th></tr>\n",
+        tune.objective,
+        tune.replays,
+        tune.seconds,
+        match tune.complete {
+            true => " (search complete)",
+            false => " (stopped at the budget)",
+        }
+    );
+    let row = |out: &mut String, rank: &str, name: &str, r: &PolicyReport, setting: &str| {
+        let class = if rank == "1" { " class=\"best\"" } else { "" };
+        let steady = r
+            .steady_state_alloc_calls_per_step
+            .map_or("-".to_string(), |c| c.to_string());
+        let margin =
+            margin_bytes(capacity, r).map_or(String::new(), |m| format!(" (margin {})", signed(m)));
+        let _ = writeln!(
+            out,
+            "<tr{class}><td>{}</td><td>{}</td>{}<td>{:.1} %</td><td>{}</td><td>{}</td>\
+             <td class=\"left\">{}{}</td><td class=\"left\"><code>{}</code></td></tr>",
+            esc(rank),
+            esc(name),
+            bytes_cell("peak_reserved_bytes", r.peak_reserved_bytes),
+            100.0 * r.utilization,
+            r.device_calls,
+            steady,
+            esc(&r.fits(capacity)),
+            esc(&margin),
+            esc(setting)
+        );
+    };
+    let tuned = |out: &mut String, rank: &str, t: &Tuned| {
+        row(out, rank, t.policy().as_str(), &t.report, &t.export);
+    };
+    for (i, t) in tune.ranked.iter().enumerate() {
+        tuned(out, &(i + 1).to_string(), t);
+    }
+    if let Some(t) = &tune.best_without_expandable {
+        tuned(out, "best w/o expandable", t);
+    }
+    tuned(out, "PyTorch defaults", &tune.pytorch_default);
+    row(
+        out,
+        "gpumem policy",
+        "gpumem",
+        &tune.gpumem,
+        "GPUMEM_POOL=gpumem",
+    );
+    out.push_str("</table>\n");
+}
+
+/// Bytes with a sign.
+fn signed(bytes: i64) -> String {
+    let sign = if bytes < 0 { "-" } else { "+" };
+    format!("{sign}{}", Bytes(bytes.unsigned_abs()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_cannot_close_the_script_and_text_is_escaped() {
+        let html = page(
+            "a<b",
+            "\"q\" & 'r'",
+            "",
+            &serde_json::json!({"name": "</script><script>alert(1)</script>"}),
+        );
+        assert!(html.contains("<title>a&lt;b</title>"));
+        assert!(html.contains("&quot;q&quot; &amp; &#39;r&#39;"));
+        assert_eq!(html.matches("</script>").count(), 2, "only the page's own");
+        let start = html.find("id=\"report-data\">").unwrap() + "id=\"report-data\">".len();
+        let end = start + html[start..].find("</script>").unwrap();
+        let back: serde_json::Value = serde_json::from_str(&html[start..end]).unwrap();
+        assert_eq!(back["name"], "</script><script>alert(1)</script>");
+    }
+}

@@ -1,0 +1,530 @@
+//! What a replay report shows, computed from traces by replaying them: per rank (one trace
+//! each) and per policy the figures of `gpumem replay`, the memory over time reduced for
+//! drawing, the segment map at the peak, the out-of-memory point, the largest live allocations
+//! at the trace's peak and, when asked, the `tune` table.
+
+use std::collections::HashMap;
+
+use gpumem_pool::{PolicyKind, SegmentView};
+use gpumem_replay::timeline::{segments_after, timeline};
+use gpumem_replay::tune::{tune, TuneError, TuneOptions, TuneReport};
+use gpumem_replay::{highest_rank, replay, PolicyReport, ReplayError, ReplayOptions};
+use gpumem_trace::{Event, Trace};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::series::Series;
+
+/// Buckets per chart series: a few per pixel of a wide chart, so that zooming in a few times
+/// still draws from buckets no wider than a pixel.
+pub const DEFAULT_BUCKETS: usize = 4000;
+
+/// Size groups listed among the largest live allocations at the peak.
+const LARGEST_GROUPS: usize = 15;
+
+/// Step markers drawn at most (a long trace's steps are thinned evenly).
+const MAX_STEP_MARKS: usize = 400;
+
+/// What a report replays and shows.
+#[derive(Clone, Debug)]
+pub struct ReportOptions {
+    /// The policies to replay each trace through, in the order shown.
+    pub policies: Vec<PolicyKind>,
+    /// The replay's settings: `capacity` is the device the report checks for out-of-memory.
+    pub replay: ReplayOptions,
+    /// Also run `gpumem tune` on each trace with these options and show its table.
+    pub tune: Option<TuneOptions>,
+    /// Buckets per chart series ([`DEFAULT_BUCKETS`]).
+    pub buckets: usize,
+}
+
+/// Why a report could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// No trace was given.
+    #[error("no trace to report on")]
+    NoTraces,
+    /// No policy was given.
+    #[error("no policy to replay the traces through")]
+    NoPolicies,
+    /// A trace allocates nothing.
+    #[error("rank {rank} ({name}): the trace allocates nothing, so there is nothing to report")]
+    NothingAllocated {
+        /// The rank (position among the traces).
+        rank: usize,
+        /// The trace's name.
+        name: String,
+    },
+    /// The capacity is below what the trace holds live at once: no policy can run it.
+    #[error(
+        "rank {rank} ({name}): capacity {} ({capacity} bytes) is below the trace's peak live bytes {} ({peak_live} bytes): no allocator can run it; give a larger --capacity or none",
+        gpumem_pool::Bytes(*capacity),
+        gpumem_pool::Bytes(*peak_live)
+    )]
+    CapacityBelowPeakLive {
+        /// The rank.
+        rank: usize,
+        /// The trace's name.
+        name: String,
+        /// The capacity asked for.
+        capacity: u64,
+        /// The most bytes the trace holds live at once.
+        peak_live: u64,
+    },
+    /// A replay failed.
+    #[error("rank {rank}: {source}")]
+    Replay {
+        /// The rank.
+        rank: usize,
+        /// The replay's error.
+        source: ReplayError,
+    },
+    /// The tune search failed.
+    #[error("rank {rank}: tune: {source}")]
+    Tune {
+        /// The rank.
+        rank: usize,
+        /// The search's error.
+        source: TuneError,
+    },
+    /// The report could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The output path.
+        path: std::path::PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
+/// A report over one or more traces (ranks of one job).
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The device capacity checked, if any.
+    pub capacity_bytes: Option<u64>,
+    /// One entry per trace, in the order given.
+    pub ranks: Vec<RankReport>,
+    /// The rank whose highest peak reserved (over the policies) is the highest.
+    pub highest_rank: usize,
+}
+
+/// The trace's facts as `gpumem replay --json` writes them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TraceFacts {
+    /// The trace's name.
+    pub name: String,
+    /// Its producer.
+    pub source: String,
+    /// Events in it.
+    pub events: usize,
+    /// Steps marked in it.
+    pub steps: u64,
+    /// The most bytes it holds live at once, as requested.
+    pub peak_live_bytes: u64,
+}
+
+/// A step marker: the event index where step `step` begins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct StepMark {
+    /// The event index of the marker.
+    pub event_index: usize,
+    /// The step number the trace gives.
+    pub step: u64,
+}
+
+/// One trace's report.
+#[derive(Clone, Debug, Serialize)]
+pub struct RankReport {
+    /// The rank (position among the traces given).
+    pub rank: usize,
+    /// The trace's facts.
+    pub trace: TraceFacts,
+    /// Where steps begin (at most a few hundred, evenly thinned).
+    pub steps: Vec<StepMark>,
+    /// Bytes live in the trace (as requested) over time.
+    pub live: Series<u64>,
+    /// One entry per policy.
+    pub policies: Vec<PolicyView>,
+    /// The largest live allocations at the trace's peak.
+    pub largest_live: LargestLive,
+    /// The `tune` search's result, when asked.
+    pub tune: Option<TuneReport>,
+}
+
+/// One policy's replay of one trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyView {
+    /// The figures, exactly as `gpumem replay` reports them.
+    pub report: PolicyReport,
+    /// Allocated bytes over time (device without a limit).
+    pub allocated: Series<u64>,
+    /// Reserved bytes over time (device without a limit).
+    pub reserved: Series<u64>,
+    /// Fragmentation over time: the share of reserved bytes not allocated.
+    pub fragmentation: Series<f32>,
+    /// The segments at the event where reserved memory peaks.
+    pub peak_map: MapView,
+}
+
+/// A segment map, ready to draw.
+#[derive(Clone, Debug, Serialize)]
+pub struct MapView {
+    /// The event after which the map was taken.
+    pub event_index: usize,
+    /// Segments in address order.
+    pub segments: Vec<SegmentDraw>,
+}
+
+/// What a range of a segment holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RangeState {
+    /// A block handed out (or waiting on a stream).
+    Live,
+    /// A cached free block.
+    Cached,
+    /// Inside the segment's span but in no block (an unmapped stretch of a growable segment).
+    Hole,
+}
+
+/// One segment of a map: its address, size and the ranges that tile it.
+#[derive(Clone, Debug, Serialize)]
+pub struct SegmentDraw {
+    /// Start address.
+    pub address: u64,
+    /// Bytes from the segment's start to the end of its last range.
+    pub size: u64,
+    /// Whether it is a growable (VMM) segment.
+    pub expandable: bool,
+    /// `(offset, size, state)` of each range, in address order.
+    pub ranges: Vec<(u64, u64, RangeState)>,
+}
+
+impl SegmentDraw {
+    /// A segment's ranges: its blocks, and holes where no block covers its span.
+    pub fn of(segment: &SegmentView) -> Self {
+        let mut ranges = Vec::with_capacity(segment.blocks.len());
+        let mut offset = 0;
+        for block in &segment.blocks {
+            let start = block.address.saturating_sub(segment.address);
+            if start > offset {
+                ranges.push((offset, start - offset, RangeState::Hole));
+            }
+            let state = match block.in_use {
+                true => RangeState::Live,
+                false => RangeState::Cached,
+            };
+            ranges.push((start, block.size, state));
+            offset = start + block.size;
+        }
+        if segment.total_size > offset {
+            ranges.push((offset, segment.total_size - offset, RangeState::Hole));
+            offset = segment.total_size;
+        }
+        SegmentDraw {
+            address: segment.address,
+            size: offset,
+            expandable: segment.is_expandable,
+            ranges,
+        }
+    }
+}
+
+/// Allocations of one size live at the peak.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AllocGroup {
+    /// Bytes each allocation asked for.
+    pub size: u64,
+    /// How many are live.
+    pub count: u64,
+    /// Their bytes together.
+    pub bytes: u64,
+}
+
+/// The allocations live when the trace holds the most bytes, grouped by size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LargestLive {
+    /// The event after which the trace's live bytes peak.
+    pub event_index: usize,
+    /// Live bytes then.
+    pub live_bytes: u64,
+    /// Live allocations then.
+    pub live_count: u64,
+    /// The size groups holding the most bytes, largest first.
+    pub groups: Vec<AllocGroup>,
+}
+
+/// Replays every trace (one per rank) through every policy of `options` and gathers what the
+/// report shows. Replays run in parallel.
+pub fn build(traces: &[Trace], options: &ReportOptions) -> Result<Report, ReportError> {
+    if traces.is_empty() {
+        return Err(ReportError::NoTraces);
+    }
+    if options.policies.is_empty() {
+        return Err(ReportError::NoPolicies);
+    }
+    for (rank, trace) in traces.iter().enumerate() {
+        check(rank, trace, options.replay.capacity)?;
+    }
+    let ranks = traces
+        .par_iter()
+        .enumerate()
+        .map(|(rank, trace)| rank_report(rank, trace, options))
+        .collect::<Result<Vec<_>, _>>()?;
+    let reports: Vec<Vec<PolicyReport>> = ranks
+        .iter()
+        .map(|r| r.policies.iter().map(|p| p.report.clone()).collect())
+        .collect();
+    let highest_rank = highest_rank(reports.iter().map(Vec::as_slice));
+    Ok(Report {
+        capacity_bytes: options.replay.capacity,
+        ranks,
+        highest_rank,
+    })
+}
+
+/// Refuses a trace there is nothing to show for, or one no device of `capacity` can run.
+fn check(rank: usize, trace: &Trace, capacity: Option<u64>) -> Result<(), ReportError> {
+    let summary = trace.summary();
+    if summary.allocs == 0 {
+        return Err(ReportError::NothingAllocated {
+            rank,
+            name: trace.meta.name.clone(),
+        });
+    }
+    match capacity {
+        Some(capacity) if capacity < summary.peak_live_bytes => {
+            Err(ReportError::CapacityBelowPeakLive {
+                rank,
+                name: trace.meta.name.clone(),
+                capacity,
+                peak_live: summary.peak_live_bytes,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+fn rank_report(
+    rank: usize,
+    trace: &Trace,
+    options: &ReportOptions,
+) -> Result<RankReport, ReportError> {
+    let summary = trace.summary();
+    let policies = options
+        .policies
+        .par_iter()
+        .map(|&policy| policy_view(trace, policy, options))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| ReportError::Replay { rank, source })?;
+    let tune = match &options.tune {
+        Some(tune_options) => Some(
+            tune(trace, tune_options, &|_| {})
+                .map_err(|source| ReportError::Tune { rank, source })?,
+        ),
+        None => None,
+    };
+    let (live, largest_live) = live_bytes(trace, options.buckets);
+    Ok(RankReport {
+        rank,
+        trace: TraceFacts {
+            name: trace.meta.name.clone(),
+            source: trace.meta.source.clone(),
+            events: summary.events,
+            steps: summary.steps,
+            peak_live_bytes: summary.peak_live_bytes,
+        },
+        steps: step_marks(trace),
+        live,
+        policies,
+        largest_live,
+        tune,
+    })
+}
+
+fn policy_view(
+    trace: &Trace,
+    policy: PolicyKind,
+    options: &ReportOptions,
+) -> Result<PolicyView, ReplayError> {
+    let report = replay(trace, policy, &options.replay, &mut |_| {})?.report;
+    let line = timeline(trace, policy, &options.replay, &mut |_| {})?;
+    let peak = line.peak_index();
+    let map = segments_after(trace, policy, &options.replay, peak)?;
+    let buckets = options.buckets;
+    let fragmentation = line
+        .allocated
+        .iter()
+        .zip(&line.reserved)
+        .map(|(&a, &r)| match r {
+            0 => 0.0,
+            r => (r.saturating_sub(a)) as f32 / r as f32,
+        });
+    Ok(PolicyView {
+        report,
+        allocated: Series::downsample(&line.allocated, buckets),
+        reserved: Series::downsample(&line.reserved, buckets),
+        fragmentation: Series::from_iter(line.reserved.len(), buckets, fragmentation),
+        peak_map: MapView {
+            event_index: map.event_index,
+            segments: map.segments.iter().map(SegmentDraw::of).collect(),
+        },
+    })
+}
+
+/// Where the trace's steps begin, thinned evenly to at most [`MAX_STEP_MARKS`].
+fn step_marks(trace: &Trace) -> Vec<StepMark> {
+    let all: Vec<StepMark> = trace
+        .events
+        .iter()
+        .enumerate()
+        .filter_map(|(event_index, e)| match *e {
+            Event::Step { index } => Some(StepMark {
+                event_index,
+                step: index,
+            }),
+            _ => None,
+        })
+        .collect();
+    let every = all.len().div_ceil(MAX_STEP_MARKS).max(1);
+    all.into_iter().step_by(every).collect()
+}
+
+/// The trace's live bytes over time, and its largest live allocations at the first event
+/// where live bytes peak.
+fn live_bytes(trace: &Trace, buckets: usize) -> (Series<u64>, LargestLive) {
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut bytes = 0u64;
+    let (mut peak, mut peak_index) = (0u64, 0usize);
+    let mut values = Vec::with_capacity(trace.events.len());
+    for (index, event) in trace.events.iter().enumerate() {
+        apply(&mut live, &mut bytes, event);
+        if bytes > peak {
+            (peak, peak_index) = (bytes, index);
+        }
+        values.push(bytes);
+    }
+    // A second pass up to the peak: the live set there, without copying it at every new peak.
+    live.clear();
+    bytes = 0;
+    for event in trace.events.iter().take(peak_index + 1) {
+        apply(&mut live, &mut bytes, event);
+    }
+    let mut by_size: HashMap<u64, u64> = HashMap::new();
+    for &size in live.values() {
+        *by_size.entry(size).or_default() += 1;
+    }
+    let mut groups: Vec<AllocGroup> = by_size
+        .into_iter()
+        .map(|(size, count)| AllocGroup {
+            size,
+            count,
+            bytes: size * count,
+        })
+        .collect();
+    groups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.size.cmp(&a.size)));
+    groups.truncate(LARGEST_GROUPS);
+    let largest = LargestLive {
+        event_index: peak_index,
+        live_bytes: bytes,
+        live_count: live.len() as u64,
+        groups,
+    };
+    (Series::downsample(&values, buckets), largest)
+}
+
+/// Applies one event to a live set (the trace is valid: readers check it).
+fn apply(live: &mut HashMap<u64, u64>, bytes: &mut u64, event: &Event) {
+    match *event {
+        Event::Alloc { addr, size, .. } => {
+            *bytes += size;
+            if let Some(old) = live.insert(addr, size) {
+                *bytes -= old;
+            }
+        }
+        Event::Free { addr, .. } => {
+            if let Some(size) = live.remove(&addr) {
+                *bytes -= size;
+            }
+        }
+        Event::Step { .. } => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumem_pool::BlockView;
+    use gpumem_trace::TraceMeta;
+
+    #[test]
+    fn segment_ranges_show_holes_and_states() {
+        let segment = SegmentView {
+            address: 1000,
+            total_size: 100,
+            stream: Default::default(),
+            size_class: gpumem_pool::SizeClass::Large,
+            is_expandable: true,
+            blocks: vec![
+                BlockView {
+                    address: 1010,
+                    size: 20,
+                    in_use: true,
+                },
+                BlockView {
+                    address: 1030,
+                    size: 30,
+                    in_use: false,
+                },
+            ],
+        };
+        let draw = SegmentDraw::of(&segment);
+        assert_eq!(
+            draw.ranges,
+            vec![
+                (0, 10, RangeState::Hole),
+                (10, 20, RangeState::Live),
+                (30, 30, RangeState::Cached),
+                (60, 40, RangeState::Hole),
+            ]
+        );
+        assert_eq!(draw.size, 100);
+    }
+
+    #[test]
+    fn largest_live_groups_the_peak_by_size() {
+        let alloc = |addr, size| Event::Alloc {
+            addr,
+            size,
+            stream: 0,
+        };
+        let events = vec![
+            alloc(1, 10),
+            alloc(2, 10),
+            alloc(3, 50),
+            Event::Free { addr: 3, stream: 0 },
+            alloc(4, 5),
+            Event::Free { addr: 1, stream: 0 },
+        ];
+        let trace = Trace::new(TraceMeta::default(), events);
+        let (series, largest) = live_bytes(&trace, 100);
+        assert_eq!(series.hi, vec![10, 20, 70, 20, 25, 15]);
+        assert_eq!((largest.event_index, largest.live_bytes), (2, 70));
+        assert_eq!(largest.live_count, 3);
+        assert_eq!(
+            largest.groups,
+            vec![
+                AllocGroup {
+                    size: 50,
+                    count: 1,
+                    bytes: 50
+                },
+                AllocGroup {
+                    size: 10,
+                    count: 2,
+                    bytes: 20
+                },
+            ]
+        );
+    }
+}
