@@ -51,6 +51,10 @@ struct PlanFlags {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also write the plan as an HTML page (self-contained): allocated bytes phase by phase
+    /// against the GPU, and what the peak consists of.
+    #[arg(long, value_name = "OUT")]
+    report: Option<PathBuf>,
 }
 
 fn model(a: &PlanFlags) -> Result<ModelSpec, PlanError> {
@@ -150,6 +154,16 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         .chain(unused_fit_flags(a, target))
         .chain(estimate_now.warnings.iter().cloned())
         .collect();
+    if let Some(path) = &a.report {
+        let page = gpumem_report::render_plan(&model.name, &estimate_now, gpu_bytes);
+        gpumem_report::write_atomically(path, page.as_bytes()).map_err(|e| {
+            PlanError::InvalidValue {
+                name: "--report".into(),
+                value: path.display().to_string(),
+                reason: e.to_string(),
+            }
+        })?;
+    }
     if a.json {
         let mut out = serde_json::json!({
             "model": model.name,

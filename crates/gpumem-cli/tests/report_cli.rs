@@ -422,3 +422,50 @@ fn bad_input_is_refused_clearly_and_leaves_no_file() {
     assert!(message.contains("<TRACES>"), "{message}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_plan_report_draws_the_planned_phases() {
+    let dir = scratch("plan");
+    let page = dir.join("plan.html");
+    let args = [
+        "plan", "--model", "gpt2", "--mode", "train", "--batch", "4", "--seq", "512", "--gpu",
+        "rtx-4090",
+    ];
+    let plan = json_of(&gpumem(&[&args[..], &["--json"]].concat()));
+    let mut with_report = args.to_vec();
+    with_report.extend(["--report", page.to_str().unwrap()]);
+    let out = gpumem(&with_report);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    let shown: Vec<String> = html
+        .split("data-field=\"allocated_bytes\" data-value=\"")
+        .skip(1)
+        .map(|cell| cell[..cell.find('"').unwrap()].to_string())
+        .collect();
+    let planned: Vec<String> = plan["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["allocated_bytes"].to_string())
+        .collect();
+    assert_eq!(shown, planned);
+    if let Some(browser) = chromium() {
+        let (charts, rects) = render_status(&browse(&browser, &page, "--dump-dom", &dir));
+        assert_eq!(charts, 2, "the phases and the breakdown: {rects:?}");
+    }
+    let missing = dir.join("missing").join("plan.html");
+    with_report.pop();
+    with_report.push(missing.to_str().unwrap());
+    let out = gpumem(&with_report);
+    assert_eq!(out.status.code(), Some(2));
+    let message = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        message.contains("cannot write") && message.contains("missing"),
+        "{message}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -201,7 +201,7 @@
     var xStep = niceStep(g.x1 - g.x0, Math.max(2, Math.floor(plotW / 110)), false);
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
-    for (var x = Math.ceil(g.x0 / xStep) * xStep; x <= g.x1; x += xStep) {
+    for (var x = Math.ceil(g.x0 / xStep) * xStep; x <= g.x1 && !o.hideX; x += xStep) {
       ctx.fillText(fmtCount(x), this.xOf(x), m.t + plotH + 6);
     }
     ctx.save();
@@ -295,7 +295,8 @@
     var head = i1 - i0 > 1 ? "events " + fmtCount(i0) + "–" + fmtCount(i1 - 1) : "event " + fmtCount(i0);
     var stepLabel = "";
     (o.marks || []).forEach(function (mk) { if (mk.x <= i0) stepLabel = mk.label; });
-    var lines = ["<b>" + head + "</b>" + (stepLabel ? " · " + escapeHtml(stepLabel) : "")];
+    if (o.hideX) head = "";
+    var lines = ["<b>" + head + (head && stepLabel ? " · " : "") + escapeHtml(stepLabel) + "</b>"];
     o.series.forEach(function (s) {
       var v = range(s.data, i0, i1);
       if (!v) return;
@@ -531,7 +532,7 @@
     if (el) {
       record(el, "phases", new LineChart(el, new Group(values.length), {
         series: [{ label: "allocated", color: "#3a6ea5", data: series, width: 2.5 }],
-        marks: marks, hlines: hlines, height: 300
+        marks: marks, hlines: hlines, height: 300, hideX: true
       }));
     }
     el = document.querySelector('canvas[data-chart="breakdown"]');
