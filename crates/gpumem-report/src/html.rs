@@ -157,8 +157,11 @@ fn rank_section(out: &mut String, rank: &RankReport, report: &Report) {
     let _ = write!(
         out,
         "<section class=\"card rank\" id=\"rank-{r}\" data-rank=\"{r}\"><h2>{heading}</h2>\n\
-         <p class=\"note\">{} · {} events · {} steps · peak live {} (bytes as requested)</p>\n",
-        esc(&rank.trace.source),
+         <p class=\"note\">{}{} events · {} steps · peak live {} (bytes as requested)</p>\n",
+        match rank.trace.source.is_empty() {
+            true => String::new(),
+            false => format!("{} · ", esc(&rank.trace.source)),
+        },
         rank.trace.events,
         rank.trace.steps,
         Bytes(rank.trace.peak_live_bytes)

@@ -144,7 +144,7 @@
     this.o = options;
     this.hover = null;
     this.drag = null;
-    this.m = { l: 74, r: 14, t: 20, b: 26 };
+    this.m = { l: 74, r: 28, t: 20, b: 26 };
     group.charts.push(this);
     this.draw();
     this.listen();

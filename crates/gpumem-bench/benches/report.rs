@@ -1,0 +1,50 @@
+//! `gpumem report` on a synthetic 10⁶-event training trace through every policy: the replays
+//! that gather the page's data (`gpumem_report::build`: figures, per-event timelines reduced to
+//! min/max buckets, segment maps at the peak) and the HTML rendering (`render`), with the page's
+//! size, which is what a browser has to load.
+//!
+//! `cargo bench -p gpumem-bench --bench report`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, SamplingMode};
+use gpumem_bench::synthetic_training_trace;
+use gpumem_pool::PolicyKind;
+use gpumem_replay::ReplayOptions;
+use gpumem_report::{build, render, ReportOptions, DEFAULT_BUCKETS};
+
+fn main() {
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_secs(10))
+        .configure_from_args();
+    let traces = vec![synthetic_training_trace(1_000_000)];
+    let options = ReportOptions {
+        policies: PolicyKind::ALL.to_vec(),
+        replay: ReplayOptions::default(),
+        tune: None,
+        buckets: DEFAULT_BUCKETS,
+    };
+    let mut group = c.benchmark_group("report");
+    group.sampling_mode(SamplingMode::Flat);
+    group.bench_function("build/synthetic-1M", |b| {
+        b.iter(|| black_box(build(&traces, &options).expect("report").highest_rank))
+    });
+    let report = build(&traces, &options).expect("report");
+    let mut bytes = 0;
+    group.bench_function("render/synthetic-1M", |b| {
+        b.iter(|| {
+            bytes = render(&report).len();
+            black_box(bytes)
+        })
+    });
+    group.finish();
+    println!(
+        "report: {} events, {} policies, page {:.2} MiB",
+        traces[0].events.len(),
+        options.policies.len(),
+        bytes as f64 / (1 << 20) as f64
+    );
+}
