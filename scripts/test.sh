@@ -8,7 +8,8 @@ if command -v rustup >/dev/null 2>&1; then
 fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-# The Debian packages some tests need (Mesa's software Vulkan driver for the wgpu backend).
+# The Debian packages some tests need (Mesa's software Vulkan driver for the wgpu backend,
+# Chromium for the HTML report's browser test).
 bash scripts/install-test-deps.sh
 cargo test --workspace --locked
 # The Python tools (gpumem-devtools) in a virtual environment, without PyTorch.

@@ -185,7 +185,7 @@ fn rank_section(out: &mut String, rank: &RankReport, report: &Report) {
          reserved memory peaks, laid end to end in address order and wrapped into rows; a dark tick starts \
          a segment. <span class=\"box\" style=\"background:#3a6ea5\"></span> live \
          <span class=\"box\" style=\"background:#9fd3a5\"></span> cached \
-         <span class=\"box\" style=\"background:#efefef\"></span> hole (reserved address space not mapped)</p>\n"
+         <span class=\"box\" style=\"background:#d9d9d9\"></span> hole (reserved address space not mapped)</p>\n"
     );
     for (i, p) in rank.policies.iter().enumerate() {
         let live: u64 = p

@@ -25,7 +25,7 @@
   var COLORS = { torch: "#d1495b", expandable: "#edae49", gpumem: "#00798c", none: "#8d8d8d" };
   var EXTRA = ["#6a4c93", "#30638e", "#8ac926", "#ff595e"];
   var LIVE = "#2f2f2f";
-  var RANGE_COLORS = { live: "#3a6ea5", cached: "#9fd3a5", hole: "#efefef" };
+  var RANGE_COLORS = { live: "#3a6ea5", cached: "#9fd3a5", hole: "#d9d9d9" };
   function colorOf(name, i) { return COLORS[name] || EXTRA[i % EXTRA.length]; }
 
   function fmtBytes(b) {
