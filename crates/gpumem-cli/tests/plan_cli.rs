@@ -88,7 +88,14 @@ fn a_fit_that_finds_nothing_shows_the_advice_then_fails() {
 }
 
 /// Options without a default: the model, and what to do with the estimate when asked.
-const NO_DEFAULT: [&str; 5] = ["--model", "--config", "--global-batch", "--gpu", "--fit"];
+const NO_DEFAULT: [&str; 6] = [
+    "--model",
+    "--config",
+    "--global-batch",
+    "--gpu",
+    "--fit",
+    "--report",
+];
 
 #[test]
 fn help_shows_every_default() {

@@ -209,6 +209,28 @@ fn the_report_draws_in_a_browser_with_the_replays_figures() {
     // A timeline and a fragmentation chart, and a segment map per policy (4).
     assert_eq!(charts, 6, "{rects:?}");
 
+    // Hover, drag to zoom, wheel and double-click on the timeline, through its own handlers.
+    let exercised = browse(
+        &browser,
+        &page.with_extension("html#exercise"),
+        "--dump-dom",
+        &dir,
+    );
+    render_status(&exercised);
+    let seen: serde_json::Value = serde_json::from_str(&attribute(
+        &exercised,
+        "id=\"render-status\"",
+        "data-exercise",
+    ))
+    .unwrap();
+    assert!(
+        seen["hover"].as_str().unwrap().contains("torch reserved"),
+        "{seen}"
+    );
+    for what in ["zoom", "wheel", "reset"] {
+        assert_eq!(seen[what], true, "{what}: {seen}");
+    }
+
     // The figures on the page are those `gpumem replay --json` prints.
     let replay = json_of(&gpumem(&[
         "replay",

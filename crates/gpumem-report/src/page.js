@@ -544,10 +544,43 @@
     }
   }
 
+  // With #exercise in the address, does on the first line chart what a person does: hovers,
+  // drags to zoom, turns the wheel, double-clicks back; publishes what each did, so that a
+  // headless browser can check the interactions (they run the same handlers as real input).
+  function exercise() {
+    var chart = drawn.filter(function (d) { return d instanceof LineChart; })[0];
+    if (!chart) return { chart: false };
+    var c = chart.canvas, r = c.getBoundingClientRect(), g = chart.group;
+    function fire(type, x, target) {
+      (target || c).dispatchEvent(new MouseEvent(type, {
+        bubbles: true, cancelable: true, clientX: r.left + x, clientY: r.top + 100
+      }));
+    }
+    var seen = { chart: true };
+    fire("mousemove", chart.w / 2);
+    seen.hover = tip && tip.style.display === "block" ? tip.textContent : "";
+    fire("mousedown", chart.w * 0.4);
+    fire("mousemove", chart.w * 0.6);
+    fire("mouseup", chart.w * 0.6, window);
+    seen.zoom = g.x0 > 0 && g.x1 < g.len;
+    var span = g.x1 - g.x0;
+    c.dispatchEvent(new WheelEvent("wheel", {
+      bubbles: true, cancelable: true, clientX: r.left + chart.w / 2, clientY: r.top + 100, deltaY: -100
+    }));
+    seen.wheel = g.x1 - g.x0 < span;
+    fire("dblclick", chart.w / 2);
+    seen.reset = g.x0 === 0 && g.x1 === g.len;
+    fire("mouseleave", 0);
+    return seen;
+  }
+
   function main() {
     var data = JSON.parse(document.getElementById("report-data").textContent);
     if (data.ranks) drawReplay(data);
     if (data.plan) drawPlan(data.plan);
+    if (location.hash === "#exercise") {
+      document.getElementById("render-status").setAttribute("data-exercise", JSON.stringify(exercise()));
+    }
     publish();
     window.addEventListener("resize", function () {
       drawn.forEach(function (c) { c.draw(); });
