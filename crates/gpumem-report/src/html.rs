@@ -104,13 +104,15 @@ fn ranks_section(out: &mut String, report: &Report) {
         "<section class=\"card\" id=\"ranks\"><h2>Ranks side by side</h2>\n\
          <p class=\"note\">Rank <b data-field=\"highest_rank\" data-value=\"{}\">{}</b> ({}) peaks highest. \
          The charts share one scale: reserved bytes per policy and the bytes live in the trace.</p>\n\
-         <table><tr><th>rank</th><th class=\"left\">trace</th><th>events</th><th>peak live</th>",
+         <div class=\"scroll\"><table><tr><th rowspan=\"2\">rank</th><th class=\"left\" rowspan=\"2\">trace</th>\
+         <th rowspan=\"2\">events</th><th rowspan=\"2\">peak live</th><th colspan=\"{}\" class=\"center\">peak reserved</th></tr>\n<tr>",
         report.highest_rank,
         report.highest_rank,
-        esc(&highest.trace.name)
+        esc(&highest.trace.name),
+        highest.policies.len()
     );
     for p in &highest.policies {
-        let _ = write!(out, "<th>{} peak reserved</th>", esc(&p.report.policy));
+        let _ = write!(out, "<th>{}</th>", esc(&p.report.policy));
     }
     out.push_str("</tr>\n");
     for rank in &report.ranks {
@@ -135,7 +137,7 @@ fn ranks_section(out: &mut String, report: &Report) {
         }
         out.push_str("</tr>\n");
     }
-    out.push_str("</table>\n<div class=\"grid\">\n");
+    out.push_str("</table></div>\n<div class=\"grid\">\n");
     for rank in &report.ranks {
         let _ = writeln!(
             out,
@@ -323,9 +325,8 @@ fn tune_section(out: &mut String, tune: &TuneReport) {
         out,
         "<h3>PyTorch allocator settings (gpumem tune)</h3>\n<p class=\"note\">Objective: {}. {} settings \
          replayed in {:.2} s{}. Each row's figures are those of <code>gpumem replay --pytorch-alloc-conf</code> \
-         with its setting.</p>\n<table class=\"tune\"><tr><th>#</th><th>policy</th><th>peak reserved</th>\
-         <th>utilization</th><th>device calls</th><th>steady calls/step</th><th class=\"left\">fits</th>\
-         <th class=\"left\">setting</th></tr>\n",
+         with its setting.</p>\n<div class=\"scroll\"><table class=\"tune\"><tr><th>#</th><th>policy</th><th>peak reserved</th>\
+         <th>utilization</th><th>device calls</th><th>steady calls/step</th><th class=\"left\">fits</th></tr>\n",
         tune.objective,
         tune.replays,
         tune.seconds,
@@ -344,7 +345,7 @@ fn tune_section(out: &mut String, tune: &TuneReport) {
         let _ = writeln!(
             out,
             "<tr{class}><td>{}</td><td>{}</td>{}<td>{:.1} %</td><td>{}</td><td>{}</td>\
-             <td class=\"left\">{}{}</td><td class=\"left\"><code>{}</code></td></tr>",
+             <td class=\"left\">{}{}</td></tr>\n<tr{class}><td></td><td class=\"left setting\" colspan=\"6\"><code>{}</code></td></tr>",
             esc(rank),
             esc(name),
             bytes_cell("peak_reserved_bytes", r.peak_reserved_bytes),
@@ -373,7 +374,7 @@ fn tune_section(out: &mut String, tune: &TuneReport) {
         &tune.gpumem,
         "GPUMEM_POOL=gpumem",
     );
-    out.push_str("</table>\n");
+    out.push_str("</table></div>\n");
 }
 
 /// Bytes with a sign.

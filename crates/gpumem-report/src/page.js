@@ -301,7 +301,8 @@
       var v = range(s.data, i0, i1);
       if (!v) return;
       var f = o.percent ? fmtPercent : fmtBytes;
-      var text = v[0] === v[1] ? f(v[1]) : f(v[0]) + " – " + f(v[1]);
+      var lo = f(v[0]), hi = f(v[1]);
+      var text = lo === hi ? hi : lo + " – " + hi;
       lines.push('<span class="sw" style="background:' + s.color + '"></span>' +
         escapeHtml(s.label) + ": " + text);
     });
