@@ -1,7 +1,9 @@
 //! `gpumem report` on a synthetic 10⁶-event training trace through every policy: the replays
 //! that gather the page's data (`gpumem_report::build`: figures, per-event timelines reduced to
 //! min/max buckets, segment maps at the peak) and the HTML rendering (`render`), with the page's
-//! size, which is what a browser has to load.
+//! size, which is what a browser has to load. Beside it, in the same run, the plain replays of
+//! the same trace through the same policies (`gpumem_replay::replay_all`, what `gpumem replay`
+//! does): the report's cost is a ratio to that.
 //!
 //! `cargo bench -p gpumem-bench --bench report`.
 
@@ -11,7 +13,7 @@ use std::time::Duration;
 use criterion::{Criterion, SamplingMode};
 use gpumem_bench::synthetic_training_trace;
 use gpumem_pool::PolicyKind;
-use gpumem_replay::ReplayOptions;
+use gpumem_replay::{replay_all, ReplayOptions};
 use gpumem_report::{build, render, ReportOptions, DEFAULT_BUCKETS};
 
 fn main() {
@@ -29,6 +31,12 @@ fn main() {
     };
     let mut group = c.benchmark_group("report");
     group.sampling_mode(SamplingMode::Flat);
+    group.bench_function("replay_all/synthetic-1M", |b| {
+        b.iter(|| {
+            let reports = replay_all(&traces[0], &options.policies, &options.replay, &mut |_| {});
+            black_box(reports.expect("replay")[0].peak_reserved_bytes)
+        })
+    });
     group.bench_function("build/synthetic-1M", |b| {
         b.iter(|| black_box(build(&traces, &options).expect("report").highest_rank))
     });

@@ -584,3 +584,42 @@ impl Run {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peaking_at(peaks: &[u64]) -> Vec<PolicyReport> {
+        peaks
+            .iter()
+            .map(|&peak| PolicyReport {
+                policy: "p".into(),
+                peak_allocated_bytes: peak,
+                peak_requested_bytes: peak,
+                peak_reserved_bytes: peak,
+                utilization: 1.0,
+                device_calls: 0,
+                device_alloc_calls: 0,
+                steady_state_alloc_calls_per_step: None,
+                steps: 0,
+                num_alloc_retries: 0,
+                oom: None,
+                smallest_capacity_bytes: None,
+                events: 0,
+                events_per_second: 0.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_highest_rank_is_the_first_with_the_highest_policy_peak() {
+        let ranks = [
+            peaking_at(&[5, 9]),
+            peaking_at(&[12, 3]),
+            peaking_at(&[1, 12]),
+        ];
+        assert_eq!(highest_rank(ranks.iter().map(Vec::as_slice)), 1);
+        assert_eq!(highest_rank(ranks[..1].iter().map(Vec::as_slice)), 0);
+        assert_eq!(highest_rank(std::iter::empty()), 0);
+    }
+}

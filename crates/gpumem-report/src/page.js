@@ -4,15 +4,17 @@
 // saw and where the charts are, for the tests that render the page in a headless browser.
 (function () {
   "use strict";
-  var status = { charts: 0, errors: 0, rects: [] };
+  var started = performance.now();
+  var status = { charts: 0, errors: 0, rects: [], ms: 0 };
   function publish() {
     var el = document.getElementById("render-status");
     if (!el) return;
     el.setAttribute("data-charts", String(status.charts));
     el.setAttribute("data-errors", String(status.errors));
     el.setAttribute("data-rects", JSON.stringify(status.rects));
+    el.setAttribute("data-draw-ms", String(status.ms));
     el.setAttribute("data-done", "true");
-    el.textContent = status.charts + " charts drawn, " + status.errors + " script errors";
+    el.textContent = status.charts + " charts drawn in " + status.ms + " ms, " + status.errors + " script errors";
   }
   window.addEventListener("error", function () { status.errors++; publish(); });
   var consoleError = console.error;
@@ -579,6 +581,7 @@
     var data = JSON.parse(document.getElementById("report-data").textContent);
     if (data.ranks) drawReplay(data);
     if (data.plan) drawPlan(data.plan);
+    status.ms = Math.round(performance.now() - started);
     if (location.hash === "#exercise") {
       document.getElementById("render-status").setAttribute("data-exercise", JSON.stringify(exercise()));
     }
