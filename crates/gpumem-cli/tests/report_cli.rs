@@ -438,6 +438,22 @@ fn bad_input_is_refused_clearly_and_leaves_no_file() {
         .collect();
     assert_eq!(left, vec!["taken.html"], "no partial page beside it");
 
+    // `gpumem replay --snapshot` writes the same way: nothing partial beside the directory.
+    let out = gpumem(&[
+        "replay",
+        &bert,
+        "--policy",
+        "torch",
+        "--snapshot",
+        taken.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let left: Vec<_> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec!["taken.html"], "no partial snapshot beside it");
+
     let no_trace_dir = dir.join("no-trace");
     std::fs::create_dir(&no_trace_dir).unwrap();
     let message = refused(&no_trace_dir, &["report", "-o", page]);

@@ -1,47 +1,30 @@
 //! Writing a report so that a file at the output path is always a complete one: the page goes
-//! to a temporary file in the same directory, which is renamed over the path only once fully
-//! written; on any failure the temporary file is removed.
+//! to a temporary file in the same directory, renamed over the path only once fully written
+//! (`gpumem_snapshot::write_file_atomically`, which snapshots are written with too).
 
-use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use gpumem_snapshot::write_file_atomically;
 
 use crate::model::ReportError;
 
 /// Writes `contents` to `path` atomically: readers see the old file or the whole new one,
 /// never a part, and a failure leaves no partial file behind.
 pub fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), ReportError> {
-    let fail = |source| ReportError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let temp = temp_path(path);
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&temp)
-        .and_then(|mut file: File| {
-            file.write_all(contents)?;
-            file.sync_all()
-        });
-    if let Err(e) = written.and_then(|()| fs::rename(&temp, path)) {
-        let _ = fs::remove_file(&temp);
-        return Err(fail(e));
-    }
-    Ok(())
-}
-
-/// A hidden file beside `path`, unique to this process.
-fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map_or_else(|| "report".into(), |n| n.to_string_lossy().into_owned());
-    path.with_file_name(format!(".{name}.{}.partial", std::process::id()))
+    write_file_atomically(path, |file| file.write_all(contents)).map_err(|source| {
+        ReportError::Write {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+    use std::path::PathBuf;
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("gpumem-report-{name}-{}", std::process::id()));

@@ -18,6 +18,9 @@
 #[cfg(feature = "write")]
 mod write;
 
+#[cfg(feature = "write")]
+pub use write::write_file_atomically;
+
 use std::collections::BTreeMap;
 
 /// A memory snapshot: segments with their blocks, per-device event traces, allocator settings.

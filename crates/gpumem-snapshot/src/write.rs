@@ -1,7 +1,9 @@
 //! The snapshot writers: serde serialisation in the layout memory_viz reads, and the pickle and
 //! JSON files made from it.
 
+use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::path::Path;
 
 use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
@@ -29,19 +31,48 @@ impl Snapshot {
     }
 
     /// Writes the snapshot to a file: JSON if the name ends in `.json`, else a pickle for
-    /// memory_viz (`gpumem replay --snapshot OUT.pickle`).
+    /// memory_viz (`gpumem replay --snapshot OUT.pickle`). The file appears only complete
+    /// ([`write_file_atomically`]).
     pub fn write_path(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
         let path = path.as_ref();
-        let file = std::fs::File::create(path)?;
-        if path
-            .extension()
-            .is_some_and(|extension| extension == "json")
-        {
-            self.write_json(file)
-        } else {
-            self.write_pickle(file)
-        }
+        write_file_atomically(path, |file| {
+            if path
+                .extension()
+                .is_some_and(|extension| extension == "json")
+            {
+                self.write_json(file)
+            } else {
+                self.write_pickle(file)
+            }
+        })
     }
+}
+
+/// Writes a file so that it is never seen partly written: `write` fills a temporary file in
+/// the same directory, which is then flushed to disk and renamed over `path`; on any failure
+/// the temporary file is removed and `path` is left as it was. For outputs (snapshots,
+/// reports) that a failed run must not leave behind looking complete.
+pub fn write_file_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map_or_else(|| "output".into(), |n| n.to_string_lossy().into_owned());
+    let temp = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temp)
+        .and_then(|mut file| {
+            write(&mut file)?;
+            file.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&temp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written
 }
 
 /// An integer as Python pickles it: values that fit in an `i64` as such (serde-pickle then
