@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use gpumem_pool::{Bytes, PolicyKind};
 use gpumem_replay::tune::{
-    margin_bytes, tune, Objective, TuneOptions, TuneProgress, TuneReport, Tuned,
+    margin_bytes, signed_bytes, tune, Objective, TuneOptions, TuneProgress, TuneReport, Tuned,
 };
 use gpumem_replay::PolicyReport;
 use gpumem_trace::{read_path, Format, ReadOptions, Trace};
@@ -194,10 +194,4 @@ fn print_table(trace: &Trace, report: &TuneReport) {
     for note in &report.space.notes {
         println!("  {note}");
     }
-}
-
-/// A byte difference with its sign.
-fn signed_bytes(bytes: i64) -> String {
-    let sign = if bytes < 0 { "-" } else { "+" };
-    format!("{sign}{}", Bytes(bytes.unsigned_abs()))
 }

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use gpumem_pool::Bytes;
-use gpumem_replay::tune::{margin_bytes, TuneReport, Tuned};
+use gpumem_replay::tune::{margin_bytes, signed_bytes, TuneReport, Tuned};
 use gpumem_replay::PolicyReport;
 use serde::Serialize;
 
@@ -340,8 +340,8 @@ fn tune_section(out: &mut String, tune: &TuneReport) {
         let steady = r
             .steady_state_alloc_calls_per_step
             .map_or("-".to_string(), |c| c.to_string());
-        let margin =
-            margin_bytes(capacity, r).map_or(String::new(), |m| format!(" (margin {})", signed(m)));
+        let margin = margin_bytes(capacity, r)
+            .map_or(String::new(), |m| format!(" (margin {})", signed_bytes(m)));
         let _ = writeln!(
             out,
             "<tr{class}><td>{}</td><td>{}</td>{}<td>{:.1} %</td><td>{}</td><td>{}</td>\
@@ -375,12 +375,6 @@ fn tune_section(out: &mut String, tune: &TuneReport) {
         "GPUMEM_POOL=gpumem",
     );
     out.push_str("</table></div>\n");
-}
-
-/// Bytes with a sign.
-fn signed(bytes: i64) -> String {
-    let sign = if bytes < 0 { "-" } else { "+" };
-    format!("{sign}{}", Bytes(bytes.unsigned_abs()))
 }
 
 #[cfg(test)]

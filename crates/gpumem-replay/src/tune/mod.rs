@@ -266,6 +266,12 @@ pub fn margin_bytes(capacity: Option<u64>, report: &PolicyReport) -> Option<i64>
     Some(i64::try_from(capacity).ok()? - i64::try_from(smallest).ok()?)
 }
 
+/// A byte difference (a [`margin_bytes`], a change of peak) with its sign, e.g. `-12.00 MiB`.
+pub fn signed_bytes(bytes: i64) -> String {
+    let sign = if bytes < 0 { "-" } else { "+" };
+    format!("{sign}{}", Bytes(bytes.unsigned_abs()))
+}
+
 /// The policy that runs `settings`.
 fn policy_of(settings: &TorchSettings) -> PolicyKind {
     if settings.expandable_segments {
