@@ -141,7 +141,7 @@ fn ranks_section(out: &mut String, report: &Report) {
     for rank in &report.ranks {
         let _ = writeln!(
             out,
-            "<div><h4>rank {}: {}</h4><canvas data-chart=\"overview\" data-rank=\"{}\"></canvas></div>",
+            "<div><h4>rank {}: {}</h4><canvas data-chart=\"overview\" data-rank=\"{}\" role=\"img\" aria-label=\"reserved bytes over time per policy\"></canvas></div>",
             rank.rank,
             esc(&rank.trace.name),
             rank.rank
@@ -175,10 +175,10 @@ fn rank_section(out: &mut String, rank: &RankReport, report: &Report) {
          reserved (solid) and allocated (dashed) per policy; dotted lines mark steps, crosses where a \
          policy runs out of memory at the capacity.</p>\n\
          <div class=\"legend\" data-legend=\"timeline\" data-rank=\"{r}\"></div>\n\
-         <canvas data-chart=\"timeline\" data-rank=\"{r}\"></canvas>\n\
+         <canvas data-chart=\"timeline\" data-rank=\"{r}\" role=\"img\" aria-label=\"allocated and reserved bytes over time\"></canvas>\n\
          <h3>Fragmentation over time</h3>\n<p class=\"note\">The share of reserved memory that is not \
          allocated (cached or lost to splitting and rounding); zooms with the chart above.</p>\n\
-         <canvas data-chart=\"fragmentation\" data-rank=\"{r}\"></canvas>\n"
+         <canvas data-chart=\"fragmentation\" data-rank=\"{r}\" role=\"img\" aria-label=\"fragmentation over time\"></canvas>\n"
     );
     oom_section(out, rank, report.capacity_bytes);
     let _ = write!(
@@ -201,7 +201,7 @@ fn rank_section(out: &mut String, rank: &RankReport, report: &Report) {
         let _ = write!(
             out,
             "<h4>{}: {} segments, {} live of {} at event {}</h4>\n\
-             <canvas data-chart=\"segments\" data-rank=\"{r}\" data-policy=\"{i}\"></canvas>\n",
+             <canvas data-chart=\"segments\" data-rank=\"{r}\" data-policy=\"{i}\" role=\"img\" aria-label=\"segment map\"></canvas>\n",
             esc(&p.report.policy),
             p.peak_map.segments.len(),
             Bytes(live),

@@ -180,7 +180,7 @@
       return out;
     });
     if (!o.yMax) {
-      (o.hlines || []).forEach(function (l) { if (l.y > yMax) yMax = l.y; });
+      (o.hlines || []).concat(o.points || []).forEach(function (l) { if (l.y > yMax) yMax = l.y; });
       yMax = yMax * 1.08 || 1;
     }
     this.yMax = yMax;

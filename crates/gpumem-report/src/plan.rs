@@ -72,7 +72,7 @@ pub fn render_plan(title: &str, estimate: &Estimate, gpu_bytes: Option<u64>) -> 
         "<section class=\"card\"><h2>The planned step</h2>\n<p class=\"note\">Peak allocated \
          <b data-field=\"peak_allocated_bytes\" data-value=\"{}\">{}</b> in the {} phase; reserved {}; \
          with CUDA context and framework {}.{}</p>\n\
-         <h3>Allocated bytes per phase</h3>\n<canvas data-chart=\"phases\"></canvas>\n\
+         <h3>Allocated bytes per phase</h3>\n<canvas data-chart=\"phases\" role=\"img\" aria-label=\"allocated bytes per phase\"></canvas>\n\
          <table><tr><th>phase</th><th>peak allocated</th></tr>\n",
         estimate.peak_allocated_bytes,
         Bytes(estimate.peak_allocated_bytes),
@@ -91,7 +91,7 @@ pub fn render_plan(title: &str, estimate: &Estimate, gpu_bytes: Option<u64>) -> 
         );
     }
     body.push_str(
-        "</table>\n<h3>What the peak consists of</h3>\n<canvas data-chart=\"breakdown\"></canvas>\n\
+        "</table>\n<h3>What the peak consists of</h3>\n<canvas data-chart=\"breakdown\" role=\"img\" aria-label=\"what the peak consists of\"></canvas>\n\
          <table><tr><th>part</th><th>bytes</th></tr>\n",
     );
     for (name, bytes) in entries {
