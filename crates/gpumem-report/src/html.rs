@@ -220,7 +220,7 @@ fn figures_table(out: &mut String, rank: &RankReport, capacity: Option<u64>) {
     let fits = capacity.map_or("fits".to_string(), |c| format!("fits {}", Bytes(c)));
     let _ = writeln!(
         out,
-        "<table class=\"figures\"><tr><th>policy</th><th>peak allocated</th><th>peak reserved</th>\
+        "<div class=\"scroll\"><table class=\"figures\"><tr><th>policy</th><th>peak allocated</th><th>peak reserved</th>\
          <th>utilization</th><th>device calls</th><th>steady calls/step</th><th class=\"left\">{}</th></tr>",
         esc(&fits)
     );
@@ -252,7 +252,7 @@ fn figures_table(out: &mut String, rank: &RankReport, capacity: Option<u64>) {
             esc(&f.fits(capacity))
         );
     }
-    out.push_str("</table>\n");
+    out.push_str("</table></div>\n");
 }
 
 fn oom_section(out: &mut String, rank: &RankReport, capacity: Option<u64>) {
