@@ -305,6 +305,20 @@ fn the_report_draws_in_a_browser_with_the_replays_figures() {
     let area = (segments["w"].as_u64().unwrap() * segments["h"].as_u64().unwrap()) as usize;
     let live = image.count(segments, live_blue, 30);
     assert!(live > area / 4, "segment map: {live} live pixels of {area}");
+    // A map fills every row to the end: its last row (20 px high) is drawn all across.
+    for map in rects.iter().filter(|r| r["chart"] == "segments") {
+        let (y, h) = (map["y"].as_u64().unwrap(), map["h"].as_u64().unwrap());
+        if y + h > u64::from(WINDOW.1) {
+            continue;
+        }
+        let band = serde_json::json!({"x": map["x"], "y": y + h - 18, "w": map["w"], "h": 16});
+        let blank = image.count(&band, [255, 255, 255], 0) as u64;
+        let band_area = map["w"].as_u64().unwrap() * 16;
+        assert!(
+            blank * 100 < band_area,
+            "{map}: {blank} blank pixels in its last row"
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

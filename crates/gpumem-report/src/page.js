@@ -382,12 +382,15 @@
     ctx.clearRect(0, 0, w, p.h);
     var self = this;
     function span(start, end, fill) {
+      var last = self.rows - 1;
       while (start < end) {
-        var row = Math.min(self.rows - 1, Math.floor(start / rowBytes));
-        var rowEnd = Math.min(end, (row + 1) * rowBytes);
+        // The row holding `start`, exact despite rounding in start / rowBytes.
+        var row = Math.min(last, Math.floor(start / rowBytes));
+        while (row < last && (row + 1) * rowBytes <= start) row++;
+        while (row > 0 && row * rowBytes > start) row--;
+        var rowEnd = row === last ? end : Math.min(end, (row + 1) * rowBytes);
         var x0 = (start - row * rowBytes) / rowBytes * w, x1 = (rowEnd - row * rowBytes) / rowBytes * w;
         fill(x0, row * rowH + 1, Math.max(x1 - x0, 0.6), rowH - 2);
-        if (rowEnd <= start) break;
         start = rowEnd;
       }
     }
