@@ -137,7 +137,9 @@ fn ranks_section(out: &mut String, report: &Report) {
         }
         out.push_str("</tr>\n");
     }
-    out.push_str("</table></div>\n<div class=\"grid\">\n");
+    out.push_str(
+        "</table></div>\n<div class=\"legend\" data-legend=\"overview\"></div>\n<div class=\"grid\">\n",
+    );
     for rank in &report.ranks {
         let _ = writeln!(
             out,
@@ -178,6 +180,7 @@ fn rank_section(out: &mut String, rank: &RankReport, report: &Report) {
          <canvas data-chart=\"timeline\" data-rank=\"{r}\" role=\"img\" aria-label=\"allocated and reserved bytes over time\"></canvas>\n\
          <h3>Fragmentation over time</h3>\n<p class=\"note\">The share of reserved memory that is not \
          allocated (cached or lost to splitting and rounding); zooms with the chart above.</p>\n\
+         <div class=\"legend\" data-legend=\"fragmentation\" data-rank=\"{r}\"></div>\n\
          <canvas data-chart=\"fragmentation\" data-rank=\"{r}\" role=\"img\" aria-label=\"fragmentation over time\"></canvas>\n"
     );
     oom_section(out, rank, report.capacity_bytes);

@@ -502,14 +502,16 @@
         if (oom) points.push({ x: oom.event_index, y: oom.reserved_bytes + oom.requested_bytes, color: colorOf(p.report.policy, i) });
       });
       var marks = stepMarks(rank);
-      var el = document.querySelector('canvas[data-chart="timeline"][data-rank="' + rank.rank + '"]');
+      var lg, el = document.querySelector('canvas[data-chart="timeline"][data-rank="' + rank.rank + '"]');
       if (el) {
         record(el, "timeline", new LineChart(el, group, { series: timeline, marks: marks, hlines: hlines, points: points, height: 330 }));
-        var lg = document.querySelector('[data-legend="timeline"][data-rank="' + rank.rank + '"]');
+        lg = document.querySelector('[data-legend="timeline"][data-rank="' + rank.rank + '"]');
         if (lg) legend(lg, keys.concat(capacity ? [{ label: "capacity", color: "#b00020", dash: true }] : []));
       }
       el = document.querySelector('canvas[data-chart="fragmentation"][data-rank="' + rank.rank + '"]');
       if (el) {
+        lg = document.querySelector('[data-legend="fragmentation"][data-rank="' + rank.rank + '"]');
+        if (lg) legend(lg, fragmentation);
         record(el, "fragmentation", new LineChart(el, group, { series: fragmentation, marks: marks, percent: true, yMax: 1, height: 190 }));
       }
       el = document.querySelector('canvas[data-chart="overview"][data-rank="' + rank.rank + '"]');
@@ -517,6 +519,8 @@
         var small = rank.policies.map(function (p, i) {
           return { label: p.report.policy + " reserved", color: colorOf(p.report.policy, i), data: p.reserved, width: 1.5 };
         }).concat([{ label: "live in the trace", color: LIVE, data: rank.live, width: 1 }]);
+        lg = document.querySelector('[data-legend="overview"]');
+        if (lg && !lg.innerHTML) legend(lg, small.concat(capacity ? [{ label: "capacity", color: "#b00020", dash: true }] : []));
         record(el, "overview", new LineChart(el, new Group(rank.trace.events), { series: small, marks: marks, hlines: hlines, yMax: overviewMax, height: 200 }));
       }
       rank.policies.forEach(function (p, i) {
