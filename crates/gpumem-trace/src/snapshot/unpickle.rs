@@ -18,7 +18,7 @@
 //! naming the byte offset.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::io::{ErrorKind, Read};
 use std::rc::Rc;
@@ -27,6 +27,7 @@ use super::decode::{self, Path};
 use super::document::{ContainerArena, Document, Value};
 use super::SnapshotSink;
 use crate::error::ReadError;
+use gpumem_device::AddressMap;
 
 /// Decodes a snapshot pickle from `reader`, handing its segments and trace entries to `sink`
 /// as they are read, and returns the rest of the document (the top-level dict, whose
@@ -40,7 +41,7 @@ pub(crate) fn unpickle(
         input: Input::new(reader),
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: HashMap::new(),
+        memo: AddressMap::default(),
         memo_ids: IdSet::default(),
         strings: HashSet::new(),
         arena: ContainerArena::default(),
@@ -320,17 +321,18 @@ struct IdSet {
 }
 
 impl IdSet {
-    fn insert(&mut self, id: u64) {
+    /// Adds `id`; `false` if it was there already.
+    fn insert(&mut self, id: u64) -> bool {
         if let Some(last) = self.ranges.last_mut() {
             if last.1 == id {
                 last.1 += 1;
                 self.count += 1;
-                return;
+                return true;
             }
         }
         let at = self.ranges.partition_point(|&(_, end)| end < id);
         match self.ranges.get_mut(at) {
-            Some(range) if range.0 <= id && id < range.1 => return,
+            Some(range) if range.0 <= id && id < range.1 => return false,
             Some(range) if range.1 == id => range.1 += 1,
             Some(range) if range.0 == id + 1 => range.0 = id,
             _ => self.ranges.insert(at, (id, id + 1)),
@@ -341,6 +343,7 @@ impl IdSet {
             self.ranges[at].1 = self.ranges[at + 1].1;
             self.ranges.remove(at + 1);
         }
+        true
     }
 
     fn contains(&self, id: u64) -> bool {
@@ -353,8 +356,9 @@ struct Unpickler<'s, R> {
     input: Input<R>,
     stack: Vec<Item>,
     marks: Vec<usize>,
-    /// The memo's kept values (strings and free-form containers), by id.
-    memo: HashMap<u64, Item>,
+    /// The memo's kept values (strings and free-form containers), by id (ids are small
+    /// integers: the address hasher spreads them as well as it spreads addresses).
+    memo: AddressMap<Item>,
     /// Every id the pickle memoised, kept or not.
     memo_ids: IdSet,
     /// Short strings seen so far, shared rather than allocated again (dict keys repeat in
@@ -366,8 +370,10 @@ struct Unpickler<'s, R> {
     sink: &'s mut dyn SnapshotSink,
 }
 
-/// Strings up to this length are shared through [`Unpickler::strings`].
+/// Strings up to this length are shared through [`Unpickler::strings`]...
 const SHARED_STRING_MAX: usize = 64;
+/// ...up to this many of them (bounded: a snapshot may hold a distinct string per entry).
+const SHARED_STRINGS_MAX: usize = 1 << 16;
 
 impl<R: Read> Unpickler<'_, R> {
     fn run(&mut self) -> Result<Value, ReadError> {
@@ -647,7 +653,7 @@ impl<R: Read> Unpickler<'_, R> {
             Some(shared) => shared.clone(),
             None => {
                 let text: Rc<str> = text.into();
-                if length <= SHARED_STRING_MAX {
+                if length <= SHARED_STRING_MAX && self.strings.len() < SHARED_STRINGS_MAX {
                     self.strings.insert(text.clone());
                 }
                 text
@@ -670,14 +676,23 @@ impl<R: Read> Unpickler<'_, R> {
     /// kept; a snapshot's own containers are not (nothing refers to them again, and keeping
     /// them would keep the whole snapshot).
     fn memoize(&mut self, id: u64) -> Step<()> {
+        let unneeded = self.unneeded_value();
         let top = self.top()?;
         let kept = match top.role {
+            // CPython's empty and one-character strings are singletons, shared with any
+            // other place that holds the same text.
+            Role::Scalar
+                if unneeded
+                    && !matches!(&top.value, Value::Str(text) if text.chars().nth(1).is_none()) =>
+            {
+                None
+            }
             Role::Scalar | Role::Kept => Some(top.value.clone()),
             // A reference to the top level from inside it is free-form data.
             Role::Root => Some(top.value.clone()),
             _ => None,
         };
-        self.memo_ids.insert(id);
+        let new_id = self.memo_ids.insert(id);
         match kept {
             Some(value) => {
                 let role = match value {
@@ -686,11 +701,36 @@ impl<R: Read> Unpickler<'_, R> {
                 };
                 self.memo.insert(id, Item { value, role });
             }
-            None => {
+            None if !new_id => {
                 self.memo.remove(&id);
             }
+            None => {}
         }
         Ok(())
+    }
+
+    /// Whether the top of the stack is a value gpumem never reads under a key of a snapshot
+    /// dict it reads (an entry's `compile_context` or `user_metadata`): PyTorch writes a new
+    /// string object, and so a new memo entry, for each entry, which must not pile up.
+    fn unneeded_value(&self) -> bool {
+        let (floor, height) = (self.floor(), self.stack.len());
+        let Some(parent) = floor.checked_sub(1).map(|below| &self.stack[below]) else {
+            return false;
+        };
+        let region = height - floor;
+        if region < 2 || region % 2 != 0 {
+            return false;
+        }
+        let Value::Str(key) = &self.stack[height - 2].value else {
+            return false;
+        };
+        match parent.role {
+            Role::Entry => &**key != "action",
+            Role::Segment => &**key != "segment_type",
+            Role::Block => &**key != "state",
+            Role::HistoryEntry => true,
+            _ => false,
+        }
     }
 
     fn recall(&mut self, id: u64) -> Step<()> {
