@@ -155,9 +155,22 @@ impl<'v, 'p> DictFields<'v, 'p> {
 }
 
 /// Hands the snapshot in `root` to `sink`: its segments, the entries of each device's trace
-/// (in order), the number of devices and the allocator settings. Lists the streaming
+/// (in order), the number of devices and the allocator settings; a list at the top level is
+/// the segments alone (PyTorch 1.13). Lists the streaming
 /// unpickler already handed on ([`Value::Streamed`]) are passed over.
 pub(super) fn deliver(root: &Value, sink: &mut dyn SnapshotSink) -> Result<(), ReadError> {
+    if let Value::List(items) = root {
+        // PyTorch 1.13's `memory_snapshot()`: the segments alone, no trace.
+        let mut devices = 0;
+        for (index, item) in items.borrow().iter().enumerate() {
+            let segment = segment(item, &Path::Index(&Path::Root, index))?;
+            devices = devices.max(segment.device.saturating_add(1));
+            sink.segment(segment)?;
+        }
+        sink.devices(usize::try_from(devices).unwrap_or(usize::MAX));
+        sink.settings(BTreeMap::new());
+        return Ok(());
+    }
     let fields = DictFields::of(root, &Path::Root)?;
     let segments_path = Path::Key(&Path::Root, "segments");
     match fields.get("segments") {

@@ -827,6 +827,9 @@ impl<R: Read> Unpickler<'_, R> {
     /// Creates a container of `kind` holding `items` and pushes it.
     fn push_container(&mut self, kind: Kind, items: Vec<Item>) -> Step<()> {
         let role = self.place(kind);
+        if role == Role::Entry {
+            self.hand_on_previous_entry()?;
+        }
         let value = match role {
             Role::Skipped => Value::NotKept,
             Role::Segments | Role::DeviceTrace(_) => Value::Streamed(0),
@@ -857,38 +860,34 @@ impl<R: Read> Unpickler<'_, R> {
         }
         let list = stack.last_mut().ok_or("stack underflow")?;
         for item in items {
-            let index = match &list.value {
-                Value::List(items) => items.borrow().len(),
-                Value::Streamed(count) => *count,
-                Value::NotKept if list.role == Role::Skipped => continue,
-                other => return Err(format!("appends to {}, not a list", other.type_name()).into()),
-            };
-            let place = list
-                .role
-                .child(Slot::Index(index))
-                .ok_or("appends to a dict")?;
-            check_place(&item, place)?;
-            match (&mut list.value, list.role) {
-                (Value::Streamed(count), Role::Segments) => {
-                    let path = Path::Key(&Path::Root, "segments");
-                    let segment = decode::segment(&item.value, &Path::Index(&path, index))
-                        .map_err(Fault::Shape)?;
-                    sink.segment(segment).map_err(Fault::Shape)?;
-                    *count += 1;
-                }
-                (Value::Streamed(count), Role::DeviceTrace(device)) => {
-                    let traces = Path::Key(&Path::Root, "device_traces");
-                    let trace = Path::Index(&traces, device);
-                    let entry = decode::trace_entry(&item.value, &Path::Index(&trace, index))
-                        .map_err(Fault::Shape)?;
-                    sink.entry(device, index, entry).map_err(Fault::Shape)?;
-                    *count += 1;
-                }
-                (Value::List(items), _) => items.borrow_mut().push(item.value),
-                _ => return Err("appends to a list of an unknown kind".into()),
-            }
+            add_to_list(list, item, &mut **sink)?;
         }
         Ok(())
+    }
+
+    /// Before a new trace entry is built, hands on the entry before it if it is still on the
+    /// stack: it is complete (nothing can add to it while a sibling is above it), and a
+    /// pickler that appends a whole list at once (PyTorch's C++ pickler) would otherwise keep
+    /// every entry of a device on the stack until the end of its list.
+    fn hand_on_previous_entry(&mut self) -> Step<()> {
+        let floor = self.floor();
+        let in_trace = floor
+            .checked_sub(1)
+            .is_some_and(|below| matches!(self.stack[below].role, Role::DeviceTrace(_)));
+        let previous_is_entry = self.stack.len() > floor
+            && self.stack.last().is_some_and(|top| top.role == Role::Entry);
+        if !(in_trace && previous_is_entry) {
+            return Ok(());
+        }
+        let entry = self.stack.pop().ok_or("stack underflow")?;
+        let region = self.stack.len() - floor;
+        let Self { stack, sink, .. } = self;
+        let trace = &mut stack[floor - 1];
+        if region > 0 {
+            // Items before the entry are still waiting: keep the list's order.
+            return Err("a device trace list with items of other kinds before an entry".into());
+        }
+        add_to_list(trace, entry, &mut **sink)
     }
 
     /// Sets the key-value pairs `items` (keys and values alternating) in the dict on top of
@@ -927,6 +926,42 @@ impl<R: Read> Unpickler<'_, R> {
         }
         Ok(())
     }
+}
+
+/// Adds `item` to the list `list`: a segment or trace entry is decoded and handed to the
+/// sink, an item of a skipped list dropped, anything else stored.
+fn add_to_list(list: &mut Item, item: Item, sink: &mut dyn SnapshotSink) -> Step<()> {
+    let index = match &list.value {
+        Value::List(items) => items.borrow().len(),
+        Value::Streamed(count) => *count,
+        Value::NotKept if list.role == Role::Skipped => return Ok(()),
+        other => return Err(format!("appends to {}, not a list", other.type_name()).into()),
+    };
+    let place = list
+        .role
+        .child(Slot::Index(index))
+        .ok_or("appends to a dict")?;
+    check_place(&item, place)?;
+    match (&mut list.value, list.role) {
+        (Value::Streamed(count), Role::Segments) => {
+            let path = Path::Key(&Path::Root, "segments");
+            let segment =
+                decode::segment(&item.value, &Path::Index(&path, index)).map_err(Fault::Shape)?;
+            sink.segment(segment).map_err(Fault::Shape)?;
+            *count += 1;
+        }
+        (Value::Streamed(count), Role::DeviceTrace(device)) => {
+            let traces = Path::Key(&Path::Root, "device_traces");
+            let trace = Path::Index(&traces, device);
+            let entry = decode::trace_entry(&item.value, &Path::Index(&trace, index))
+                .map_err(Fault::Shape)?;
+            sink.entry(device, index, entry).map_err(Fault::Shape)?;
+            *count += 1;
+        }
+        (Value::List(items), _) => items.borrow_mut().push(item.value),
+        _ => return Err("appends to a list of an unknown kind".into()),
+    }
+    Ok(())
 }
 
 /// The number of items in a list value so far.
@@ -1020,7 +1055,7 @@ fn raw_unicode_unescape(text: &str) -> Step<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::Snapshot;
+    use crate::snapshot::{SettingValue, Snapshot};
 
     /// Unpickles `pickle`, returning what was kept of it.
     fn unpickle_bytes(pickle: &[u8]) -> Result<Document, ReadError> {
@@ -1132,6 +1167,52 @@ mod tests {
             panic!()
         };
         assert_eq!(&**text, "a\u{e9}b\\\\c\u{e9}");
+    }
+
+    /// Counts what it is handed.
+    #[derive(Default)]
+    struct Counting {
+        segments: usize,
+        entries: usize,
+    }
+
+    impl SnapshotSink for Counting {
+        fn segment(&mut self, _: crate::snapshot::SnapshotSegment) -> Result<(), ReadError> {
+            self.segments += 1;
+            Ok(())
+        }
+
+        fn entry(
+            &mut self,
+            _: usize,
+            _: usize,
+            _: crate::snapshot::TraceEntry,
+        ) -> Result<(), ReadError> {
+            self.entries += 1;
+            Ok(())
+        }
+
+        fn devices(&mut self, _: usize) {}
+
+        fn settings(&mut self, _: std::collections::BTreeMap<String, SettingValue>) {}
+    }
+
+    #[test]
+    fn entries_are_handed_on_before_their_list_ends() {
+        // PyTorch's C++ pickler appends a device's whole trace with one APPENDS at its end;
+        // cut just before it, every entry but the last has been handed on already.
+        let bytes = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/torch2.0_cpp.pickle"
+        ))
+        .unwrap();
+        let end_of_trace = bytes.windows(6).rposition(|w| w == b"ue](ee").unwrap() + 1;
+        let mut sink = Counting::default();
+        assert!(unpickle(&bytes[..end_of_trace], &mut sink).is_err());
+        assert_eq!((sink.segments, sink.entries), (2, 11));
+        let mut sink = Counting::default();
+        unpickle(bytes.as_slice(), &mut sink).unwrap();
+        assert_eq!((sink.segments, sink.entries), (2, 12));
     }
 
     #[test]
