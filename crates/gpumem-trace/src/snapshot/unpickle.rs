@@ -709,14 +709,19 @@ impl<R: Read> Unpickler<'_, R> {
         Ok(())
     }
 
-    /// Whether the top of the stack is a value gpumem never reads under a key of a snapshot
-    /// dict it reads (an entry's `compile_context` or `user_metadata`): PyTorch writes a new
-    /// string object, and so a new memo entry, for each entry, which must not pile up.
+    /// Whether the top of the stack is a value gpumem never reads: one in a skipped part
+    /// (PyTorch 2.0 writes new strings for every entry's `cpp_frames`), or under a key of a
+    /// snapshot dict that gpumem does not read (an entry's `compile_context` or
+    /// `user_metadata`, new strings in every entry). Memoising them would pile up an entry per
+    /// trace entry.
     fn unneeded_value(&self) -> bool {
         let (floor, height) = (self.floor(), self.stack.len());
         let Some(parent) = floor.checked_sub(1).map(|below| &self.stack[below]) else {
             return false;
         };
+        if parent.role == Role::Skipped {
+            return true;
+        }
         let region = height - floor;
         if region < 2 || region % 2 != 0 {
             return false;
