@@ -7,8 +7,8 @@
 //! empty) whose entries carry `action`, `addr`, `size`, `stream`, `time_us`, `frames`,
 //! `compile_context` and `user_metadata`, and `allocator_settings`. As in PyTorch, the frame
 //! dicts are shared objects (each is written once, then referenced by memo id), a block shares
-//! its `frames` list with its `alloc` entry, the dict keys and action names are shared strings,
-//! and `compile_context`/`user_metadata` are new strings in every entry. The writer follows
+//! its `frames` list with its `alloc` entry, the dict keys, action names and the empty string
+//! are shared strings, and `compile_context` is a new string in every entry. The writer follows
 //! Python's pickler: `FRAME`s of about 64 KiB, `MEMOIZE` after every string, dict, list and
 //! tuple, `SETITEMS`/`APPENDS` in batches of 1000, the smallest integer opcode that fits.
 //!
@@ -289,7 +289,8 @@ fn write_entries(
         pickle.key("compile_context");
         pickle.new_str("N/A");
         pickle.key("user_metadata");
-        pickle.new_str("");
+        // CPython's empty string is one object: written once, then referenced.
+        pickle.shared_str("");
         pickle.op(b"u");
         pickle.boundary();
     }

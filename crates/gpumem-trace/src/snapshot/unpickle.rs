@@ -44,6 +44,7 @@ pub(crate) fn unpickle(
         memo: AddressMap::default(),
         memo_ids: IdSet::default(),
         strings: HashSet::new(),
+        singletons: HashSet::new(),
         arena: ContainerArena::default(),
         sink,
     };
@@ -364,6 +365,8 @@ struct Unpickler<'s, R> {
     /// Short strings seen so far, shared rather than allocated again (dict keys repeat in
     /// every block and event; pickles not written by Python do not memoise them).
     strings: HashSet<Rc<str>>,
+    /// The one-character strings memoised in places gpumem does not read.
+    singletons: HashSet<Rc<str>>,
     /// Owns the containers that can be reached again, so that cycles and deep nesting drop
     /// safely.
     arena: ContainerArena,
@@ -678,18 +681,18 @@ impl<R: Read> Unpickler<'_, R> {
     fn memoize(&mut self, id: u64) -> Step<()> {
         let unneeded = self.unneeded_value();
         let top = self.top()?;
-        let kept = match top.role {
+        let (role, value) = (top.role, top.value.clone());
+        let kept = match (role, &value) {
             // CPython's empty and one-character strings are singletons, shared with any
-            // other place that holds the same text.
-            Role::Scalar
-                if unneeded
-                    && !matches!(&top.value, Value::Str(text) if text.chars().nth(1).is_none()) =>
-            {
-                None
+            // other place that holds the same text: the first of each is kept (a pickler that
+            // memoises them anew each time would otherwise pile them up too).
+            (Role::Scalar, Value::Str(text)) if unneeded && text.chars().nth(1).is_none() => {
+                self.singletons.insert(text.clone()).then_some(value)
             }
-            Role::Scalar | Role::Kept => Some(top.value.clone()),
+            (Role::Scalar, _) if unneeded => None,
+            (Role::Scalar | Role::Kept, _) => Some(value),
             // A reference to the top level from inside it is free-form data.
-            Role::Root => Some(top.value.clone()),
+            (Role::Root, _) => Some(value),
             _ => None,
         };
         let new_id = self.memo_ids.insert(id);
@@ -1218,6 +1221,54 @@ mod tests {
         let mut sink = Counting::default();
         unpickle(bytes.as_slice(), &mut sink).unwrap();
         assert_eq!((sink.segments, sink.entries), (2, 12));
+    }
+
+    #[test]
+    fn the_memo_does_not_grow_with_the_entries() {
+        // device_traces = [[{"action": "alloc", "addr": ..., "size": 1,
+        //   "compile_context": <a new "N/A">, "user_metadata": <a new "">}, ...]]
+        let text = |text: &str| [&[0x8c, text.len() as u8][..], text.as_bytes()].concat();
+        let mut pickle = [
+            &b"\x80\x04}\x94"[..],
+            &text("device_traces"),
+            b"]\x94]\x94(",
+        ]
+        .concat();
+        for index in 0..1000u32 {
+            pickle.extend_from_slice(b"}\x94(");
+            pickle.extend(text("action"));
+            pickle.extend(text("alloc"));
+            pickle.extend(text("addr"));
+            pickle.push(b'J');
+            pickle.extend((index + 1).to_le_bytes());
+            pickle.extend(text("size"));
+            pickle.extend(b"K\x01");
+            pickle.extend(text("compile_context"));
+            pickle.extend(text("N/A"));
+            pickle.push(0x94);
+            pickle.extend(text("user_metadata"));
+            pickle.extend(text(""));
+            pickle.push(0x94);
+            pickle.push(b'u');
+        }
+        pickle.extend_from_slice(b"eas.");
+        let mut sink = Counting::default();
+        let mut unpickler = Unpickler {
+            input: Input::new(pickle.as_slice()),
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: AddressMap::default(),
+            memo_ids: IdSet::default(),
+            strings: HashSet::new(),
+            singletons: HashSet::new(),
+            arena: ContainerArena::default(),
+            sink: &mut sink,
+        };
+        unpickler.run().unwrap();
+        assert_eq!(unpickler.memo_ids.count, 3 + 3 * 1000);
+        // The top level and the first "" (CPython shares it); no entry, "N/A" or later "".
+        assert_eq!(unpickler.memo.len(), 2);
+        assert_eq!(sink.entries, 1000);
     }
 
     #[test]
