@@ -11,9 +11,11 @@
 //! pickler, appends in batches of at most 1000), and the parts gpumem does not read (`frames`,
 //! unknown keys) are parsed but not built. Which part of the snapshot a new container is
 //! (its [`Role`]) follows from where it is created: the container its items go to, and the key
-//! it sits under. The memo keeps only strings and the small free-form containers; a memo
-//! reference to anything else reads as [`Value::NotKept`], which is an error only where the
-//! reader needs the value. Building is iterative, and only plain data is accepted (no
+//! it sits under. The memo keeps only strings (not those in skipped parts or under keys gpumem
+//! does not read, which PyTorch writes anew for every entry) and the small free-form
+//! containers; a memo reference to anything else reads as [`Value::NotKept`], which is an
+//! error only where the reader needs the value. So memory follows the trace being built, not
+//! the file. Building is iterative, and only plain data is accepted (no
 //! globals, no object construction), so any input ends in the sink's result or an error
 //! naming the byte offset.
 
