@@ -12,6 +12,8 @@
 //!   footprint, utilisation, fragmentation, overlap check) and arenas prepared for timing in
 //!   turns ([`run::prepare`]).
 //! - [`report`]: the Markdown tables `bench-report` prints and `docs/benchmarks.md` holds.
+//! - [`snapshot_file`]: a PyTorch memory snapshot of any size, pickled as PyTorch pickles it,
+//!   for the snapshot reader's benchmark.
 //!
 //! The criterion benchmarks (`cargo bench -p gpumem-bench`) live in `benches/`; the results
 //! table comes from `cargo run --release -p gpumem-bench --bin bench-report`.
@@ -22,6 +24,7 @@
 pub mod arena;
 pub mod report;
 pub mod run;
+pub mod snapshot_file;
 pub mod workload;
 
 pub use arena::{with_arena, Allocator, Arena, WithArena};

@@ -67,9 +67,7 @@ fn readers(c: &mut Criterion) {
     });
     group.bench_function("pytorch_pickle", |b| {
         b.iter(|| {
-            let snapshot =
-                gpumem_trace::snapshot::read(black_box(pickle_bytes.as_slice())).unwrap();
-            gpumem_trace::snapshot::to_trace(&snapshot, None).unwrap()
+            gpumem_trace::snapshot::read_trace(black_box(pickle_bytes.as_slice()), None).unwrap()
         })
     });
     group.finish();

@@ -455,3 +455,239 @@ fn snapshots_written_by_pytorch_itself_are_read() {
         assert_eq!(read.events, trace.events);
     }
 }
+
+/// Snapshots in the layouts of PyTorch's producers across versions (`make_version_snapshots.py`):
+/// each reads to the same block trace; the fields each version lacks are not required.
+#[test]
+fn snapshots_of_every_pytorch_version_read_to_the_same_trace() {
+    for name in [
+        "torch2.0_python.pickle",
+        "torch2.0_cpp.pickle",
+        "torch2.1_python.pickle",
+        "torch2.15_python.pickle",
+    ] {
+        let trace = read_path(data(name), ReadOptions::default()).unwrap();
+        assert_eq!(trace.events, expected_events(), "{name}");
+        assert_eq!(trace.meta.extra["segments"], "2", "{name}");
+        let snapshot = gpumem_trace::snapshot::read(std::fs::File::open(data(name)).unwrap())
+            .unwrap_or_else(|error| panic!("{name}: {error}"));
+        // The live block of B's segment: its address and requested size, from the block or
+        // (2.0, no address or requested size) from its history and the segment base.
+        let block = &snapshot.segments[0].blocks[0];
+        assert_eq!((block.address, block.requested_size), (D, 256), "{name}");
+        assert_eq!(snapshot.device_traces[0][5].action, Action::Oom, "{name}");
+        assert_eq!(
+            snapshot.device_traces[0][5].device_free,
+            Some(123 << 20),
+            "{name}"
+        );
+    }
+    let newest =
+        gpumem_trace::snapshot::read(std::fs::File::open(data("torch2.15_python.pickle")).unwrap())
+            .unwrap();
+    assert_eq!(
+        newest.device_traces[0][9].action,
+        Action::Unknown,
+        "annotate"
+    );
+    assert_eq!(
+        newest.allocator_settings["max_split_size"],
+        SettingValue::Int(-1)
+    );
+}
+
+/// PyTorch 1.13's `memory_snapshot()` is a list of segments with no trace: the blocks live
+/// at snapshot time become the trace.
+#[test]
+fn a_list_of_segments_reads_as_the_live_blocks() {
+    let trace = read_path(data("torch1.13_segments.pickle"), ReadOptions::default()).unwrap();
+    assert_eq!(
+        trace.events,
+        vec![
+            Event::Alloc {
+                addr: D,
+                size: 256,
+                stream: S7
+            },
+            Event::Alloc {
+                addr: E,
+                size: 20 << 20,
+                stream: 0
+            },
+        ]
+    );
+    assert_eq!(trace.meta.extra["synthesized_from_segments"], "2");
+}
+
+/// Every prefix of a snapshot (plain and gzipped) is an error naming where the input ended,
+/// never a panic and never a trace.
+#[test]
+fn a_snapshot_cut_anywhere_is_an_error_naming_the_offset() {
+    for name in [
+        "torch2.15_python.pickle",
+        "torch2.0_cpp.pickle",
+        "snapshot_p0.pickle",
+    ] {
+        let bytes = std::fs::read(data(name)).unwrap();
+        for cut in 1..bytes.len() {
+            let error = gpumem_trace::read(&bytes[..cut], ReadOptions::default()).unwrap_err();
+            let ReadError::Pickle { offset, detail } = &error else {
+                panic!("{name} cut at {cut}: {error}");
+            };
+            assert!(*offset <= cut as u64, "{name} cut at {cut}: {error}");
+            assert!(detail.contains("ends"), "{name} cut at {cut}: {error}");
+        }
+    }
+    let mut gzipped = Vec::new();
+    {
+        use std::io::Write;
+        let mut encoder =
+            flate2::write::GzEncoder::new(&mut gzipped, flate2::Compression::default());
+        encoder
+            .write_all(&std::fs::read(data("torch2.15_python.pickle")).unwrap())
+            .unwrap();
+        encoder.finish().unwrap();
+    }
+    for cut in 1..gzipped.len() {
+        assert!(
+            gpumem_trace::read(&gzipped[..cut], ReadOptions::default()).is_err(),
+            "gzip cut at {cut}"
+        );
+    }
+}
+
+/// A snapshot pickle built from `root` by serde-pickle.
+fn pickled(root: serde_pickle::Value) -> Vec<u8> {
+    serde_pickle::value_to_vec(&root, serde_pickle::SerOptions::new()).unwrap()
+}
+
+fn dict(entries: Vec<(&str, serde_pickle::Value)>) -> serde_pickle::Value {
+    serde_pickle::Value::Dict(
+        entries
+            .into_iter()
+            .map(|(key, value)| (serde_pickle::HashableValue::String(key.to_owned()), value))
+            .collect(),
+    )
+}
+
+#[test]
+fn wrong_types_in_fields_are_errors_naming_the_field() {
+    use serde_pickle::Value::{Bool, Bytes, Dict, Int, List, String as Str};
+    let good_entry = || {
+        dict(vec![
+            ("action", Str("alloc".into())),
+            ("addr", Int(4096.into())),
+            ("size", Int(512.into())),
+        ])
+    };
+    let traces = |entry| {
+        dict(vec![(
+            "device_traces",
+            List(vec![List(vec![good_entry(), entry])]),
+        )])
+    };
+    let cases = [
+        (
+            traces(dict(vec![("action", Str("alloc".into())), ("addr", Str("0x10".into()))])),
+            "snapshot device_traces[0][1].addr: expected a non-negative 64-bit integer, found a string",
+        ),
+        (
+            traces(dict(vec![("action", Int(3.into()))])),
+            "snapshot device_traces[0][1].action: expected a string, found an integer",
+        ),
+        (
+            traces(dict(vec![("addr", Int(1.into()))])),
+            "snapshot device_traces[0][1].action: expected a value (the field is required)",
+        ),
+        (
+            traces(List(vec![])),
+            "snapshot device_traces[0][1]: expected a dict, found a list",
+        ),
+        (
+            dict(vec![("device_traces", Int(5.into()))]),
+            "snapshot device_traces: expected a list, found an integer",
+        ),
+        (
+            dict(vec![(
+                "segments",
+                List(vec![dict(vec![
+                    ("address", Int(0.into())),
+                    ("total_size", Int(1024.into())),
+                    (
+                        "blocks",
+                        List(vec![dict(vec![
+                            ("size", Int(1024.into())),
+                            ("state", Str("busy".into())),
+                        ])]),
+                    ),
+                ])]),
+            )]),
+            "snapshot segments[0].blocks[0].state: expected active_allocated, active_pending_free or inactive, found \"busy\"",
+        ),
+        (
+            dict(vec![(
+                "segments",
+                List(vec![dict(vec![
+                    ("address", Int(0.into())),
+                    ("total_size", Int(1024.into())),
+                    ("is_expandable", Bytes(vec![1])),
+                ])]),
+            )]),
+            "snapshot segments[0].is_expandable: expected a bool, found bytes",
+        ),
+        (
+            dict(vec![("allocator_settings", Bool(true))]),
+            "snapshot allocator_settings: expected a dict, found a bool",
+        ),
+        (Dict(Default::default()), ""),
+    ];
+    for (root, expected) in cases {
+        let result = gpumem_trace::read(pickled(root).as_slice(), ReadOptions::default());
+        match (expected, result) {
+            ("", Ok(trace)) => assert!(trace.events.is_empty()),
+            (expected, Err(error)) => {
+                assert!(error.to_string().starts_with(expected), "{error}")
+            }
+            (expected, Ok(_)) => panic!("read, expected {expected}"),
+        }
+    }
+}
+
+#[test]
+fn unknown_opcodes_are_errors_naming_them() {
+    for (pickle, expected) in [
+        (
+            &b"\x80\x04\xff."[..],
+            "pickle byte 2: opcode 0xff: not supported",
+        ),
+        (
+            b"\x80\x04}\x94(\x8c\x01a\x94\x8c\x01b\x94u\x81.",
+            "pickle byte 14: opcode 0x81: not supported",
+        ),
+        (
+            b"\x80\x02cbuiltins\neval\n.",
+            "pickle byte 2: opcode 0x63: not supported",
+        ),
+    ] {
+        let error = gpumem_trace::snapshot::read(pickle)
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with(expected), "{error}");
+    }
+}
+
+/// Pickles whose containers are made after their items (protocol 0's MARK ... DICT, LIST)
+/// cannot be streamed, and are read whole.
+#[test]
+fn containers_made_after_their_items_are_read_whole() {
+    let pickle = b"(Vdevice_traces\n(((Vaction\nValloc\nVaddr\nI4096\nVsize\nI512\ndlld.";
+    let trace = gpumem_trace::read(&pickle[..], ReadOptions::default()).unwrap();
+    assert_eq!(
+        trace.events,
+        vec![Event::Alloc {
+            addr: 4096,
+            size: 512,
+            stream: 0
+        }]
+    );
+}

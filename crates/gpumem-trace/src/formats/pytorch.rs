@@ -1,7 +1,8 @@
 //! PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot`) as a trace source.
 //!
 //! The snapshot model and its writers live in [`crate::snapshot`]; this module turns a
-//! snapshot file into the block trace of one device (see [`Snapshot::to_trace`]).
+//! snapshot file into the block trace of one device (see [`crate::snapshot::to_trace`]),
+//! streaming (see [`crate::snapshot::read_trace`]).
 
 use std::io::Read;
 
@@ -11,7 +12,7 @@ use crate::trace::Trace;
 /// Reads a snapshot (pickle of any protocol, or JSON) and returns the block trace of
 /// `device` (default: the first device with a non-empty trace).
 pub fn read_pytorch(reader: impl Read, device: Option<usize>) -> Result<Trace, ReadError> {
-    crate::snapshot::to_trace(&crate::snapshot::read(reader)?, device)
+    crate::snapshot::read_trace(reader, device)
 }
 
 /// Whether a document starting with `head` looks like a snapshot: a pickle (protocol 2+

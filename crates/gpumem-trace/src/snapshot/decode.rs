@@ -1,4 +1,5 @@
-//! From a decoded document (pickle or JSON) to a [`Snapshot`]: a typed walk over the fields
+//! From a decoded document (JSON, or what the streaming unpickler kept) to the pieces of a
+//! [`Snapshot`](super::Snapshot) handed to a [`SnapshotSink`]: a typed walk over the fields
 //! gpumem uses. Unknown keys (and `frames`) are never visited, so their size and shape do
 //! not matter; errors name the path of the offending value (`segments[3].blocks[0].size`).
 
@@ -8,7 +9,7 @@ use std::fmt;
 
 use super::document::{ContainerArena, Document, Value};
 use super::{
-    Action, BlockState, SegmentType, SettingValue, Snapshot, SnapshotBlock, SnapshotSegment,
+    Action, BlockState, SegmentType, SettingValue, SnapshotBlock, SnapshotSegment, SnapshotSink,
     TraceEntry,
 };
 use crate::error::ReadError;
@@ -21,9 +22,12 @@ const MAX_SETTING_NODES: usize = 100_000;
 
 /// Where a value sits in the snapshot, built only when an error is reported.
 #[derive(Clone, Copy)]
-enum Path<'a> {
+pub(super) enum Path<'a> {
+    /// The top level.
     Root,
+    /// A key of the dict at the path.
     Key(&'a Path<'a>, &'a str),
+    /// An item of the list at the path.
     Index(&'a Path<'a>, usize),
 }
 
@@ -150,9 +154,52 @@ impl<'v, 'p> DictFields<'v, 'p> {
     }
 }
 
-/// Reads a snapshot from a decoded document.
-pub(super) fn snapshot(root: &Value) -> Result<Snapshot, ReadError> {
+/// Hands the snapshot in `root` to `sink`: its segments, the entries of each device's trace
+/// (in order), the number of devices and the allocator settings; a list at the top level is
+/// the segments alone (PyTorch 1.13). Lists the streaming
+/// unpickler already handed on ([`Value::Streamed`]) are passed over.
+pub(super) fn deliver(root: &Value, sink: &mut dyn SnapshotSink) -> Result<(), ReadError> {
+    if let Value::List(items) = root {
+        // PyTorch 1.13's `memory_snapshot()`: the segments alone, no trace.
+        let mut devices = 0;
+        for (index, item) in items.borrow().iter().enumerate() {
+            let segment = segment(item, &Path::Index(&Path::Root, index))?;
+            devices = devices.max(segment.device.saturating_add(1));
+            sink.segment(segment)?;
+        }
+        sink.devices(usize::try_from(devices).unwrap_or(usize::MAX));
+        sink.settings(BTreeMap::new());
+        return Ok(());
+    }
     let fields = DictFields::of(root, &Path::Root)?;
+    let segments_path = Path::Key(&Path::Root, "segments");
+    match fields.get("segments") {
+        None | Some(Value::None | Value::Streamed(_)) => {}
+        Some(value) => {
+            for (index, item) in list(value, &segments_path)?.iter().enumerate() {
+                sink.segment(segment(item, &Path::Index(&segments_path, index))?)?;
+            }
+        }
+    }
+    let traces_path = Path::Key(&Path::Root, "device_traces");
+    let devices = match fields.get("device_traces") {
+        None | Some(Value::None) => 0,
+        Some(value) => {
+            let traces = list(value, &traces_path)?;
+            for (device, trace) in traces.iter().enumerate() {
+                let trace_path = Path::Index(&traces_path, device);
+                if let Value::Streamed(_) = trace {
+                    continue;
+                }
+                for (index, entry) in list(trace, &trace_path)?.iter().enumerate() {
+                    let entry = trace_entry(entry, &Path::Index(&trace_path, index))?;
+                    sink.entry(device, index, entry)?;
+                }
+            }
+            traces.len()
+        }
+    };
+    sink.devices(devices);
     let settings = match fields.get("allocator_settings") {
         None | Some(Value::None) => BTreeMap::new(),
         Some(value) => {
@@ -164,20 +211,12 @@ pub(super) fn snapshot(root: &Value) -> Result<Snapshot, ReadError> {
             }
         }
     };
-    Ok(Snapshot {
-        segments: fields.each("segments", segment)?,
-        device_traces: fields.each("device_traces", |trace, path| {
-            list(trace, path)?
-                .iter()
-                .enumerate()
-                .map(|(index, entry)| trace_entry(entry, &Path::Index(path, index)))
-                .collect()
-        })?,
-        allocator_settings: settings,
-    })
+    sink.settings(settings);
+    Ok(())
 }
 
-fn segment(value: &Value, path: &Path<'_>) -> Result<SnapshotSegment, ReadError> {
+/// Reads one segment dict.
+pub(super) fn segment(value: &Value, path: &Path<'_>) -> Result<SnapshotSegment, ReadError> {
     let fields = DictFields::of(value, path)?;
     let address = fields.required("address", unsigned)?;
     // Legacy blocks have no address: it follows from the segment base and the sizes before.
@@ -288,7 +327,8 @@ fn block(value: &Value, path: &Path<'_>, implied_address: u64) -> Result<Snapsho
     })
 }
 
-fn trace_entry(value: &Value, path: &Path<'_>) -> Result<TraceEntry, ReadError> {
+/// Reads one trace entry dict.
+pub(super) fn trace_entry(value: &Value, path: &Path<'_>) -> Result<TraceEntry, ReadError> {
     let fields = DictFields::of(value, path)?;
     let action = fields.required("action", |value, path| {
         let name = string(value, path)?;
@@ -352,7 +392,13 @@ fn setting(
         }
         Value::Float(number) => SettingValue::Float(*number),
         Value::Str(text) => SettingValue::Str(text.to_string()),
-        Value::Bytes => return Err(shape_error(path, "a settings value", "bytes".to_owned())),
+        Value::Bytes | Value::Streamed(_) | Value::NotKept => {
+            return Err(shape_error(
+                path,
+                "a settings value",
+                value.type_name().to_owned(),
+            ))
+        }
         Value::List(items) => SettingValue::List(
             items
                 .borrow()

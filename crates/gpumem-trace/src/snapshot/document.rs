@@ -1,11 +1,15 @@
-//! The decoded form of a snapshot document (pickle or JSON) before its typed walk.
+//! The decoded form of a snapshot document (pickle or JSON), or of one piece of it, before
+//! its typed walk.
 //!
-//! Containers are shared (`Rc`): a pickle's memo refers to the same object from many places
-//! (PyTorch shares `frames`), and may even make a container contain itself. Every container
-//! is registered in a [`ContainerArena`], which empties them all when it is dropped: that breaks
-//! reference cycles (no leak) and makes dropping non-recursive (no stack overflow on deeply
-//! nested input), because each container's children are still held by the arena while it is
-//! emptied.
+//! Containers are shared (`Rc`): a pickle's memo refers to the same object from many places,
+//! and may even make a container contain itself. Every container that can be reached again
+//! (a JSON document's, a pickle's top level and free-form parts such as `allocator_settings`)
+//! is registered in a [`ContainerArena`], which empties them all when it is dropped: that
+//! breaks reference cycles (no leak) and makes dropping non-recursive (no stack overflow on
+//! deeply nested input), because each container's children are still held by the arena while
+//! it is emptied. The streaming unpickler builds segments and trace entries outside the arena
+//! (nothing refers to them again, and their nesting is bounded), so they are freed as soon as
+//! they are handed on.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -39,6 +43,12 @@ pub(crate) enum Value {
     List(List),
     /// A dict.
     Dict(Dict),
+    /// A list whose items the streaming unpickler handed on as they were read (segments, a
+    /// device's trace entries), with how many there were.
+    Streamed(usize),
+    /// A value the streaming unpickler did not keep: a container in a part of the snapshot
+    /// gpumem does not read (`frames`), or a memo reference to one.
+    NotKept,
 }
 
 impl Value {
@@ -53,6 +63,8 @@ impl Value {
             Self::Bytes => "bytes",
             Self::List(_) => "a list",
             Self::Dict(_) => "a dict",
+            Self::Streamed(_) => "a list",
+            Self::NotKept => "a value the reader did not keep (a memo reference to a skipped part)",
         }
     }
 

@@ -4,14 +4,15 @@
 //!
 //! Reading: pickle (protocols 0–5, plain data only) or JSON; unknown keys are ignored,
 //! legacy blocks without `address`/`requested_size` are completed the way memory_viz does,
-//! and both spellings of the pending-free state are accepted.
+//! and both spellings of the pending-free state are accepted. Pickles are read as a stream
+//! ([`read_trace`] holds the trace being built, never the snapshot); JSON is read whole.
 
 mod decode;
 mod document;
 mod unpickle;
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 
 pub use gpumem_snapshot::{
     Action, BlockState, SegmentType, SettingValue, Snapshot, SnapshotBlock, SnapshotSegment,
@@ -23,21 +24,87 @@ use gpumem_device::AddressSet;
 
 use crate::trace::{saturating_sum, Event, LiveBlocks, Trace, TraceMeta};
 
+/// Where a snapshot reader hands what it reads, piece by piece, in the order of the input
+/// (PyTorch writes `segments` before `device_traces`, but a sink must not rely on it).
+pub(crate) trait SnapshotSink {
+    /// One segment of `segments`.
+    fn segment(&mut self, segment: SnapshotSegment) -> Result<(), ReadError>;
+    /// Entry `index` of `device_traces[device]`; a device's entries come in order, and the
+    /// devices in order.
+    fn entry(&mut self, device: usize, index: usize, entry: TraceEntry) -> Result<(), ReadError>;
+    /// How many devices `device_traces` has (after the last entry).
+    fn devices(&mut self, count: usize);
+    /// The allocator settings (after the last entry).
+    fn settings(&mut self, settings: BTreeMap<String, SettingValue>);
+}
+
+/// Collecting everything makes the whole snapshot.
+impl SnapshotSink for Snapshot {
+    fn segment(&mut self, segment: SnapshotSegment) -> Result<(), ReadError> {
+        self.segments.push(segment);
+        Ok(())
+    }
+
+    fn entry(&mut self, device: usize, _: usize, entry: TraceEntry) -> Result<(), ReadError> {
+        if self.device_traces.len() <= device {
+            self.device_traces.resize_with(device + 1, Vec::new);
+        }
+        self.device_traces[device].push(entry);
+        Ok(())
+    }
+
+    fn devices(&mut self, count: usize) {
+        self.device_traces.resize_with(count, Vec::new);
+    }
+
+    fn settings(&mut self, settings: BTreeMap<String, SettingValue>) {
+        self.allocator_settings = settings;
+    }
+}
+
 /// Reads a snapshot written as a pickle (protocols 0–5) or as JSON (first byte `{`).
-pub fn read(mut reader: impl Read) -> Result<Snapshot, ReadError> {
-    let mut bytes = Vec::new();
-    reader.read_to_end(&mut bytes)?;
-    let document = if bytes.trim_ascii_start().starts_with(b"{") {
+pub fn read(reader: impl Read) -> Result<Snapshot, ReadError> {
+    let mut snapshot = Snapshot::default();
+    read_into(reader, &mut snapshot)?;
+    Ok(snapshot)
+}
+
+/// Reads the block trace of `device` of a snapshot (see [`to_trace`]) without holding the
+/// snapshot: a pickle's entries become events as they are read, so memory follows the
+/// trace's events, not the file's size.
+pub fn read_trace(reader: impl Read, device: Option<usize>) -> Result<Trace, ReadError> {
+    let mut builder = TraceBuilder::new(device);
+    read_into(reader, &mut builder)?;
+    builder.finish()
+}
+
+/// Reads a snapshot (pickle, or JSON if its first non-blank byte is `{`) into `sink`.
+fn read_into(reader: impl Read, sink: &mut dyn SnapshotSink) -> Result<(), ReadError> {
+    let mut reader = BufReader::new(reader);
+    let json = loop {
+        let head = reader.fill_buf()?;
+        match head.iter().position(|byte| !byte.is_ascii_whitespace()) {
+            Some(at) => break head[at] == b'{',
+            None if head.is_empty() => break false,
+            None => {
+                let blank = head.len();
+                reader.consume(blank);
+            }
+        }
+    };
+    if json {
+        let mut bytes = Vec::new();
+        reader.read_to_end(&mut bytes)?;
         let json = serde_json::from_slice(&bytes).map_err(|error| ReadError::Malformed {
             line: error.line() as u64,
             expected: "a JSON memory snapshot",
             detail: error.to_string(),
         })?;
-        decode::from_json(json)
+        decode::deliver(&decode::from_json(json).root, sink)
     } else {
-        unpickle::unpickle(&bytes)?
-    };
-    decode::snapshot(&document.root)
+        let rest = unpickle::unpickle(reader, sink)?;
+        decode::deliver(&rest.root, sink)
+    }
 }
 
 /// A snapshot holding `trace` as the event trace of `device` (`device_traces` gets
@@ -92,30 +159,146 @@ pub fn from_trace(trace: &Trace, device: usize) -> Snapshot {
 /// their number and bytes (`synthesized_allocs`, `synthesized_alloc_bytes`, of which
 /// `synthesized_from_segments`), the device, its segment count and reserved bytes.
 pub fn to_trace(snapshot: &Snapshot, device: Option<usize>) -> Result<Trace, ReadError> {
-    let device = match device {
-        Some(requested) if requested >= snapshot.device_traces.len() => {
-            return Err(ReadError::NoSuchDevice {
-                requested,
-                available: snapshot.device_traces.len(),
-            })
+    let mut builder = TraceBuilder::new(device);
+    for segment in &snapshot.segments {
+        builder.segment(segment.clone())?;
+    }
+    for (device, entries) in snapshot.device_traces.iter().enumerate() {
+        for (index, entry) in entries.iter().enumerate() {
+            builder.entry(device, index, entry.clone())?;
         }
-        Some(requested) => requested,
-        None => snapshot
-            .device_traces
-            .iter()
-            .position(|entries| !entries.is_empty())
-            .unwrap_or(0),
-    };
-    let entries = snapshot
-        .device_traces
-        .get(device)
-        .map_or(&[][..], Vec::as_slice);
+    }
+    builder.devices(snapshot.device_traces.len());
+    builder.finish()
+}
 
-    let mut live = LiveBlocks::default();
-    let mut seen = AddressSet::default();
-    let mut synthesized = Vec::new();
-    let mut events = Vec::with_capacity(entries.len());
-    for (index, entry) in entries.iter().enumerate() {
+/// What [`TraceBuilder`] keeps of a segment: enough to count it and to synthesise the
+/// allocations of its blocks that the trace never mentions.
+struct SegmentSummary {
+    device: u64,
+    total_size: u64,
+    stream: u64,
+    /// Address and requested size of each block that is not inactive.
+    active_blocks: Vec<(u64, u64)>,
+}
+
+/// Builds the block trace of one device from a snapshot's pieces as they are read (see
+/// [`to_trace`] for what it holds).
+struct TraceBuilder {
+    /// The device asked for, if one was.
+    requested: Option<usize>,
+    /// The device whose entries are taken: the one asked for, or the first with an entry.
+    chosen: Option<usize>,
+    devices: usize,
+    live: LiveBlocks,
+    seen: AddressSet,
+    /// Allocations synthesised for frees of addresses the trace never allocated.
+    synthesized: Vec<Event>,
+    events: Vec<Event>,
+    segments: Vec<SegmentSummary>,
+}
+
+impl TraceBuilder {
+    fn new(requested: Option<usize>) -> Self {
+        Self {
+            requested,
+            chosen: requested,
+            devices: 0,
+            live: LiveBlocks::default(),
+            seen: AddressSet::default(),
+            synthesized: Vec::new(),
+            events: Vec::new(),
+            segments: Vec::new(),
+        }
+    }
+
+    fn finish(mut self) -> Result<Trace, ReadError> {
+        let device = match self.requested {
+            Some(requested) if requested >= self.devices => {
+                return Err(ReadError::NoSuchDevice {
+                    requested,
+                    available: self.devices,
+                })
+            }
+            _ => self.chosen.unwrap_or(0),
+        };
+        let device_segments: Vec<&SegmentSummary> = self
+            .segments
+            .iter()
+            .filter(|segment| segment.device == device as u64)
+            .collect();
+        let synthesized_from_frees = self.synthesized.len();
+        for segment in &device_segments {
+            for &(address, requested_size) in &segment.active_blocks {
+                if self.seen.insert(address) {
+                    self.synthesized.push(Event::Alloc {
+                        addr: address,
+                        size: requested_size,
+                        stream: segment.stream,
+                    });
+                }
+            }
+        }
+        let synthesized = self.synthesized;
+        let synthesized_bytes = saturating_sum(synthesized.iter().map(|event| match event {
+            Event::Alloc { size, .. } => *size,
+            _ => 0,
+        }));
+        let extra = BTreeMap::from([
+            ("device".to_owned(), device.to_string()),
+            ("segments".to_owned(), device_segments.len().to_string()),
+            (
+                "reserved_bytes".to_owned(),
+                saturating_sum(device_segments.iter().map(|segment| segment.total_size))
+                    .to_string(),
+            ),
+            (
+                "synthesized_allocs".to_owned(),
+                synthesized.len().to_string(),
+            ),
+            (
+                "synthesized_alloc_bytes".to_owned(),
+                synthesized_bytes.to_string(),
+            ),
+            (
+                "synthesized_from_segments".to_owned(),
+                (synthesized.len() - synthesized_from_frees).to_string(),
+            ),
+        ]);
+        let mut events = self.events;
+        events.splice(0..0, synthesized);
+        Ok(Trace::new(
+            TraceMeta {
+                name: String::new(),
+                source: "pytorch-snapshot".to_owned(),
+                device_total: None,
+                extra,
+            },
+            events,
+        ))
+    }
+}
+
+impl SnapshotSink for TraceBuilder {
+    fn segment(&mut self, segment: SnapshotSegment) -> Result<(), ReadError> {
+        self.segments.push(SegmentSummary {
+            device: segment.device,
+            total_size: segment.total_size,
+            stream: segment.stream,
+            active_blocks: segment
+                .blocks
+                .iter()
+                .filter(|block| block.state != BlockState::Inactive)
+                .map(|block| (block.address, block.requested_size))
+                .collect(),
+        });
+        Ok(())
+    }
+
+    fn entry(&mut self, device: usize, index: usize, entry: TraceEntry) -> Result<(), ReadError> {
+        if *self.chosen.get_or_insert(device) != device {
+            return Ok(());
+        }
         let invalid = |violation| ReadError::InvalidSnapshotEvent {
             device,
             index,
@@ -124,73 +307,27 @@ pub fn to_trace(snapshot: &Snapshot, device: Option<usize>) -> Result<Trace, Rea
         let (addr, size, stream) = (entry.addr, entry.size, entry.stream);
         match entry.action {
             Action::Alloc => {
-                live.alloc(addr, size).map_err(invalid)?;
-                seen.insert(addr);
-                events.push(Event::Alloc { addr, size, stream });
+                self.live.alloc(addr, size).map_err(invalid)?;
+                self.seen.insert(addr);
+                self.events.push(Event::Alloc { addr, size, stream });
             }
             Action::FreeCompleted | Action::Free => {
-                if seen.insert(addr) {
+                if self.seen.insert(addr) {
                     // First sight of this address is its free: allocated before recording.
-                    synthesized.push(Event::Alloc { addr, size, stream });
+                    self.synthesized.push(Event::Alloc { addr, size, stream });
                 } else {
-                    live.free(addr).map_err(invalid)?;
+                    self.live.free(addr).map_err(invalid)?;
                 }
-                events.push(Event::Free { addr, stream });
+                self.events.push(Event::Free { addr, stream });
             }
             _ => {}
         }
+        Ok(())
     }
 
-    let device_segments: Vec<&SnapshotSegment> = snapshot
-        .segments
-        .iter()
-        .filter(|segment| segment.device == device as u64)
-        .collect();
-    let synthesized_from_frees = synthesized.len();
-    for segment in &device_segments {
-        for block in &segment.blocks {
-            if block.state != BlockState::Inactive && seen.insert(block.address) {
-                synthesized.push(Event::Alloc {
-                    addr: block.address,
-                    size: block.requested_size,
-                    stream: segment.stream,
-                });
-            }
-        }
+    fn devices(&mut self, count: usize) {
+        self.devices = count;
     }
 
-    let synthesized_bytes = saturating_sum(synthesized.iter().map(|event| match event {
-        Event::Alloc { size, .. } => *size,
-        _ => 0,
-    }));
-    let extra = BTreeMap::from([
-        ("device".to_owned(), device.to_string()),
-        ("segments".to_owned(), device_segments.len().to_string()),
-        (
-            "reserved_bytes".to_owned(),
-            saturating_sum(device_segments.iter().map(|segment| segment.total_size)).to_string(),
-        ),
-        (
-            "synthesized_allocs".to_owned(),
-            synthesized.len().to_string(),
-        ),
-        (
-            "synthesized_alloc_bytes".to_owned(),
-            synthesized_bytes.to_string(),
-        ),
-        (
-            "synthesized_from_segments".to_owned(),
-            (synthesized.len() - synthesized_from_frees).to_string(),
-        ),
-    ]);
-    synthesized.append(&mut events);
-    Ok(Trace::new(
-        TraceMeta {
-            name: String::new(),
-            source: "pytorch-snapshot".to_owned(),
-            device_total: None,
-            extra,
-        },
-        synthesized,
-    ))
+    fn settings(&mut self, _: BTreeMap<String, SettingValue>) {}
 }
