@@ -1,0 +1,1 @@
+//! Derive macros for gpumem-array (placeholder until the derive lands).
