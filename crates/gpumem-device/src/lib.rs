@@ -156,6 +156,17 @@ pub trait Device: Send + Sync {
         Ok(())
     }
 
+    /// Makes work issued to `stream` from now on wait until `event` has completed, without
+    /// blocking the host (`cuStreamWaitEvent`): how work on one stream is ordered after work
+    /// on another, e.g. compute after an upload on a copy stream.
+    ///
+    /// Default: blocks the host until `event` has completed ([`Device::wait_event`]), which
+    /// orders the work as well, with less overlap.
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), DeviceError> {
+        let _ = stream;
+        self.wait_event(event)
+    }
+
     /// Returns the event to the backend; its id must not be used again.
     ///
     /// Default: does nothing; the default events hold no resources.
