@@ -34,21 +34,28 @@
 #![warn(missing_docs)]
 
 mod access;
+mod adapt;
 mod array;
+mod batches;
 mod context;
 mod error;
 mod host;
 mod shape;
 
 pub use access::{ArrayView, ArrayViewMut, DeviceRead, DeviceWrite, Memory};
+pub use adapt::{upload, ToDevice, ToHost, Uploader};
 pub use array::DeviceArray;
+pub use batches::Batches;
 pub use context::DeviceContext;
 pub use error::ArrayError;
+/// `#[derive(ToDevice)]`: see [`ToDevice`] and the gpumem-array-derive crate.
+pub use gpumem_array_derive::ToDevice;
 pub use host::{HostArray, PinnedHostArray};
 
 /// The types and traits most code needs: `use gpumem_array::prelude::*`.
 pub mod prelude {
     pub use crate::{
-        ArrayError, DeviceArray, DeviceContext, DeviceRead, DeviceWrite, HostArray, PinnedHostArray,
+        upload, ArrayError, DeviceArray, DeviceContext, DeviceRead, DeviceWrite, HostArray,
+        PinnedHostArray, ToDevice, ToHost,
     };
 }
