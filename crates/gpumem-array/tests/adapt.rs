@@ -27,7 +27,9 @@ fn batch(seed: u32) -> Batch {
     Batch {
         tokens: HostArray::new(&[2, 3], (0..6).map(|i| i * seed).collect()).unwrap(),
         mask: HostArray::from_vec(vec![1, 0, 1]),
-        labels: seed.is_multiple_of(2).then(|| HostArray::from_vec(vec![seed as i64, -1])),
+        labels: seed
+            .is_multiple_of(2)
+            .then(|| HostArray::from_vec(vec![seed as i64, -1])),
         extra: vec![HostArray::from_vec(vec![0.5; 4]); (seed % 3) as usize],
     }
 }
