@@ -100,6 +100,28 @@ pub struct MemInfo {
     pub total: u64,
 }
 
+/// Where managed (unified) memory should be: the hint of [`Device::prefetch_managed`] and
+/// [`ManagedAdvice`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryLocation {
+    /// The device's own memory.
+    Device,
+    /// Host memory.
+    Host,
+}
+
+/// Advice about how managed memory is used (`cuMemAdvise`), so that the driver places and
+/// migrates it well. Advice never changes what a program computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ManagedAdvice {
+    /// Mostly read: the driver may keep read-only copies where it is read.
+    ReadMostly,
+    /// Keep the memory at this location where possible.
+    PreferredLocation(MemoryLocation),
+    /// This location accesses the memory: map it there to avoid faults.
+    AccessedBy(MemoryLocation),
+}
+
 /// What a memory pool needs from a GPU.
 ///
 /// Only the memory methods are required; streams, events and transfers have defaults that
@@ -241,6 +263,52 @@ pub trait Device: Send + Sync {
     /// [`PinnedBuffer::is_page_locked`] as `false`.
     fn alloc_pinned(&self, len: usize) -> Result<PinnedBuffer, DeviceError> {
         Ok(PinnedBuffer::pageable(len))
+    }
+
+    /// Allocates `size` bytes of managed (unified) memory, which the host and the device both
+    /// address and the driver migrates on demand (`cuMemAllocManaged`). Free it with
+    /// [`Device::free_managed`]; copies to and from it work as for device memory.
+    ///
+    /// Default: [`DeviceError::Unsupported`].
+    fn alloc_managed(&self, size: u64) -> Result<DevicePtr, DeviceError> {
+        let _ = size;
+        Err(DeviceError::unsupported(self.name(), "managed memory"))
+    }
+
+    /// Frees memory from [`Device::alloc_managed`].
+    ///
+    /// Default: [`DeviceError::Unsupported`].
+    fn free_managed(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let _ = ptr;
+        Err(DeviceError::unsupported(self.name(), "managed memory"))
+    }
+
+    /// Starts migrating `len` bytes of managed memory at `ptr` to `to`, on `stream`
+    /// (`cuMemPrefetchAsync`): a hint that spares the faults of on-demand migration.
+    ///
+    /// Default: [`DeviceError::Unsupported`].
+    fn prefetch_managed(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        to: MemoryLocation,
+        stream: StreamId,
+    ) -> Result<(), DeviceError> {
+        let _ = (ptr, len, to, stream);
+        Err(DeviceError::unsupported(self.name(), "managed memory"))
+    }
+
+    /// Gives `advice` about `len` bytes of managed memory at `ptr` (`cuMemAdvise`).
+    ///
+    /// Default: [`DeviceError::Unsupported`].
+    fn advise_managed(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        advice: ManagedAdvice,
+    ) -> Result<(), DeviceError> {
+        let _ = (ptr, len, advice);
+        Err(DeviceError::unsupported(self.name(), "managed memory"))
     }
 
     /// Enqueues a copy of all of `src` to device memory at `dst` on `stream` and returns at

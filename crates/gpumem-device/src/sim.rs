@@ -36,8 +36,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::vmm_ledger::{check_granularity_multiple, VmmLedger};
 use crate::{
-    Device, DeviceError, DevicePtr, EventId, InFlight, MemInfo, PhysicalHandle, PinnedBuffer,
-    StreamId, VirtualMemory,
+    Device, DeviceError, DevicePtr, EventId, InFlight, ManagedAdvice, MemInfo, MemoryLocation,
+    PhysicalHandle, PinnedBuffer, StreamId, VirtualMemory,
 };
 
 /// 2 MiB: the VMM granularity of current NVIDIA GPUs.
@@ -138,6 +138,12 @@ pub struct SimCounters {
     pub copy_on_device_async: u64,
     /// Streams made to wait for an event.
     pub stream_wait_event: u64,
+    /// Managed allocations (each also counted as a `malloc`, and its free as a `free`).
+    pub alloc_managed: u64,
+    /// Prefetches of managed memory.
+    pub prefetch_managed: u64,
+    /// Advice about managed memory.
+    pub advise_managed: u64,
 }
 
 impl SimCounters {
@@ -181,6 +187,8 @@ struct SimState {
     next_event: u64,
     /// The virtual clocks.
     time: Timeline,
+    /// Managed allocations among `allocations`, by start address.
+    managed: std::collections::BTreeSet<DevicePtr>,
 }
 
 /// Virtual clocks in nanoseconds: the host's, each stream's, and each live event's time.
@@ -402,6 +410,22 @@ impl SimState {
             })
     }
 
+    /// Checks that `[ptr, ptr + len)` lies inside one managed allocation.
+    fn check_managed(&self, ptr: DevicePtr, len: u64) -> Result<(), DeviceError> {
+        let inside = self.managed.range(..=ptr).next_back().is_some_and(|start| {
+            ptr.checked_add(len)
+                .is_some_and(|end| end <= start + self.allocations[start].size)
+        });
+        if inside {
+            Ok(())
+        } else {
+            Err(DeviceError::InvalidAddress {
+                ptr,
+                what: format!("{len} bytes that are not inside one managed allocation"),
+            })
+        }
+    }
+
     /// The host waits for the work issued to `stream` so far (on the virtual clocks).
     fn host_waits_for(&mut self, stream: StreamId) {
         let end = self.time.now(stream);
@@ -551,6 +575,54 @@ impl Device for SimDevice {
 
     fn vmm(&self) -> Option<&dyn VirtualMemory> {
         self.config.granularity.map(|_| self as &dyn VirtualMemory)
+    }
+
+    /// Managed memory is an allocation like any other here (every allocation of the
+    /// simulated device is host memory, or only an address): `malloc`, remembered as managed.
+    fn alloc_managed(&self, size: u64) -> Result<DevicePtr, DeviceError> {
+        let ptr = self.malloc(size)?;
+        let mut s = self.lock();
+        s.counters.alloc_managed += 1;
+        s.managed.insert(ptr);
+        Ok(ptr)
+    }
+
+    fn free_managed(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        if !self.lock().managed.remove(&ptr) {
+            return Err(DeviceError::InvalidAddress {
+                ptr,
+                what: "free_managed of an address that no live alloc_managed returned".into(),
+            });
+        }
+        self.free(ptr)
+    }
+
+    /// Checks the range and the stream and counts the call; there is nothing to migrate.
+    fn prefetch_managed(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        to: MemoryLocation,
+        stream: StreamId,
+    ) -> Result<(), DeviceError> {
+        let _ = to;
+        let mut s = self.lock();
+        s.counters.prefetch_managed += 1;
+        s.stream_mut(stream)?;
+        s.check_managed(ptr, len)
+    }
+
+    /// Checks the range and counts the call.
+    fn advise_managed(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        advice: ManagedAdvice,
+    ) -> Result<(), DeviceError> {
+        let _ = advice;
+        let mut s = self.lock();
+        s.counters.advise_managed += 1;
+        s.check_managed(ptr, len)
     }
 
     fn create_stream(&self) -> Result<StreamId, DeviceError> {
@@ -1135,6 +1207,44 @@ mod tests {
         none.copy_to_device(p, &[1u8; 1000], StreamId::DEFAULT)
             .unwrap();
         assert_eq!(none.elapsed_ns(), 0, "copies take no time by default");
+    }
+
+    #[test]
+    fn managed_memory_is_host_memory_with_checked_hints() {
+        let dev = host(4 * MIB);
+        let ptr = dev.alloc_managed(4096).unwrap();
+        dev.copy_to_device(ptr, &pattern(4096), StreamId::DEFAULT)
+            .unwrap();
+        let to = MemoryLocation::Device;
+        dev.prefetch_managed(ptr + 1024, 1024, to, StreamId::DEFAULT)
+            .unwrap();
+        dev.advise_managed(ptr, 4096, ManagedAdvice::ReadMostly)
+            .unwrap();
+        assert!(dev
+            .advise_managed(ptr, 4097, ManagedAdvice::ReadMostly)
+            .is_err());
+        assert!(dev.prefetch_managed(ptr, 8, to, StreamId(9)).is_err());
+        let plain = dev.malloc(4096).unwrap();
+        assert!(dev
+            .prefetch_managed(plain, 8, to, StreamId::DEFAULT)
+            .is_err());
+        assert!(dev.free_managed(plain).is_err());
+        let mut back = vec![0u8; 4096];
+        dev.copy_to_host(&mut back, ptr, StreamId::DEFAULT).unwrap();
+        assert_eq!(back, pattern(4096));
+        dev.free_managed(ptr).unwrap();
+        dev.free(plain).unwrap();
+        assert_eq!(dev.used(), 0);
+        let c = dev.counters();
+        assert_eq!(
+            (c.alloc_managed, c.prefetch_managed, c.advise_managed),
+            (1, 3, 2)
+        );
+        assert_eq!(
+            (c.malloc, c.free),
+            (2, 2),
+            "the refused free_managed freed nothing"
+        );
     }
 
     #[test]
