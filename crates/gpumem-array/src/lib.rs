@@ -8,7 +8,14 @@
 //!   [`DeviceWrite::slice_mut`], [`DeviceRead::reshaped`]), memory back to the pool on drop
 //!   (stream-ordered) or at a precise point ([`DeviceArray::free`]), and memory the pool does
 //!   not own ([`DeviceArray::wrap`]).
-//! - [`HostArray<T>`] and [`PinnedHostArray<T>`] on the host.
+//! - [`HostArray<T>`] and [`PinnedHostArray<T>`] (page-locked) on the host, and
+//!   [`UnifiedArray<T>`] in managed memory (CUDA; host memory on the simulated device).
+//! - Structure-preserving upload: [`ToDevice`] / [`ToHost`] for arrays, `Vec`, `Option`,
+//!   tuples and your own structs (`#[derive(ToDevice)]`), so a batch `{tokens, mask, labels}`
+//!   becomes the same batch of device arrays, and back.
+//! - [`DeviceContext::batches`]: a double-buffered iterator ([`Batches`]) that uploads batch
+//!   k+1 on a copy stream from pinned staging while batch k is in use, with at most two
+//!   batches on the device.
 //!
 //! Arrays are made in a [`DeviceContext`]: a pool and the stream their work is ordered on.
 //! Every failure is an [`ArrayError`] that names what was wrong.
@@ -41,6 +48,7 @@ mod context;
 mod error;
 mod host;
 mod shape;
+mod unified;
 
 pub use access::{ArrayView, ArrayViewMut, DeviceRead, DeviceWrite, Memory};
 pub use adapt::{upload, ToDevice, ToHost, Uploader};
@@ -51,11 +59,12 @@ pub use error::ArrayError;
 /// `#[derive(ToDevice)]`: see [`ToDevice`] and the gpumem-array-derive crate.
 pub use gpumem_array_derive::ToDevice;
 pub use host::{HostArray, PinnedHostArray};
+pub use unified::UnifiedArray;
 
 /// The types and traits most code needs: `use gpumem_array::prelude::*`.
 pub mod prelude {
     pub use crate::{
         upload, ArrayError, DeviceArray, DeviceContext, DeviceRead, DeviceWrite, HostArray,
-        PinnedHostArray, ToDevice, ToHost,
+        PinnedHostArray, ToDevice, ToHost, UnifiedArray,
     };
 }

@@ -303,3 +303,71 @@ fn pinned_host_arrays_upload_and_download() {
     drop(d);
     assert_nothing_leaked(&gpu, &device);
 }
+
+#[test]
+fn unified_arrays_round_trip_with_hints_and_free_their_memory() {
+    use gpumem_device::{DeviceError, ManagedAdvice, MemoryLocation};
+    let (gpu, device) = sim(64 * MIB);
+    let mut u = UnifiedArray::from_shape(&gpu, &[2, 2], &[1u64, 2, 3, 4]).unwrap();
+    u.prefetch(MemoryLocation::Device).unwrap();
+    u.advise(ManagedAdvice::PreferredLocation(MemoryLocation::Host))
+        .unwrap();
+    u.slice_mut(1..2).unwrap().copy_from_slice(&[7, 8]).unwrap();
+    assert_eq!(u.to_vec().unwrap(), [1, 2, 7, 8]);
+    let d = DeviceArray::from_slice(&gpu, &[9u64; 4]).unwrap();
+    u.copy_from(&d.reshaped(&[2, 2]).unwrap()).unwrap();
+    assert_eq!(u.to_vec().unwrap(), [9; 4]);
+    let c = device.counters();
+    assert_eq!(
+        (c.alloc_managed, c.prefetch_managed, c.advise_managed),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        UnifiedArray::from_shape(&gpu, &[3], &[1u8; 2])
+            .map(drop)
+            .unwrap_err(),
+        ArrayError::ShapeMismatch {
+            shape: vec![3],
+            elements: 3,
+            data_len: 2
+        }
+    );
+    let empty = UnifiedArray::<f32>::zeros(&gpu, &[0]).unwrap();
+    empty.prefetch(MemoryLocation::Host).unwrap();
+    drop(empty);
+    assert_eq!(
+        device.counters().alloc_managed,
+        1,
+        "an empty array allocates nothing"
+    );
+    u.free().unwrap();
+    drop(d);
+    assert_nothing_leaked(&gpu, &device);
+    // A backend without managed memory says so.
+    let plain = context_on(Arc::new(NoManaged(device.clone())), PolicyKind::Gpumem);
+    let err = UnifiedArray::<u8>::zeros(&plain, &[4])
+        .map(drop)
+        .unwrap_err();
+    assert!(
+        matches!(err, ArrayError::Device(DeviceError::Unsupported { .. })),
+        "{err}"
+    );
+}
+
+/// A device that implements only memory: no managed memory, no copies.
+struct NoManaged(Arc<SimDevice>);
+
+impl Device for NoManaged {
+    fn name(&self) -> String {
+        "memory only".into()
+    }
+    fn mem_info(&self) -> Result<gpumem_device::MemInfo, gpumem_device::DeviceError> {
+        self.0.mem_info()
+    }
+    fn malloc(&self, size: u64) -> Result<u64, gpumem_device::DeviceError> {
+        self.0.malloc(size)
+    }
+    fn free(&self, ptr: u64) -> Result<(), gpumem_device::DeviceError> {
+        self.0.free(ptr)
+    }
+}
