@@ -214,6 +214,15 @@ impl<T: Pod> ToHost for DeviceArray<T> {
     }
 }
 
+/// A borrowed value uploads as the value does (so `batches(&host_batches)` works).
+impl<X: ToDevice + ?Sized> ToDevice for &X {
+    type Device = X::Device;
+
+    fn upload_with(&self, uploader: &mut Uploader<'_, '_>) -> Result<X::Device, ArrayError> {
+        (**self).upload_with(uploader)
+    }
+}
+
 impl<X: ToDevice> ToDevice for Vec<X> {
     type Device = Vec<X::Device>;
 

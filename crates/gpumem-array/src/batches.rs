@@ -105,7 +105,12 @@ where
         // The consumer's stream waits for this batch's upload; the batch before this one was
         // consumed, so its copies are long done: reuse their buffers. Then upload the batch
         // after this one while the consumer works on this one.
-        self.staging.hand_over(uploaded, self.context.stream())?;
+        if let Err(e) = self.staging.hand_over(uploaded, self.context.stream()) {
+            // The copies first (this waits for them), then the memory they wrote.
+            drop(copies);
+            drop(batch);
+            return Err(e);
+        }
         let previous = std::mem::replace(&mut self.handed_copies, copies);
         self.staging.recycle(previous)?;
         self.next = self.prepare()?;

@@ -31,9 +31,13 @@ fn arrays_round_trip_on_the_gpu() {
         let gpu = context_on(device.clone(), policy);
         let data: Vec<f32> = (0..3 * MIB as usize).map(|i| i as f32).collect();
         let a = DeviceArray::from_shape(&gpu, &[3, MIB as usize], &data).unwrap();
-        assert_eq!(a.slice(2..3).unwrap().to_vec().unwrap(), &data[2 * MIB as usize..]);
+        assert_eq!(
+            a.slice(2..3).unwrap().to_vec().unwrap(),
+            &data[2 * MIB as usize..]
+        );
         let mut b = DeviceArray::<f32>::zeros(&gpu, &[3 * MIB as usize]).unwrap();
-        b.copy_from(&a.reshaped(&[3 * MIB as usize]).unwrap()).unwrap();
+        b.copy_from(&a.reshaped(&[3 * MIB as usize]).unwrap())
+            .unwrap();
         assert_eq!(b.to_vec().unwrap(), data);
         drop((a, b));
         assert_eq!(gpu.pool().stats().allocated_bytes.all.current, 0);
@@ -65,7 +69,10 @@ fn batches_upload_on_a_copy_stream_on_the_gpu() {
         assert_eq!(batch.mask.to_vec().unwrap(), vec![k as u8; 1000]);
     }
     let stats = gpu.pool().stats();
-    assert!(stats.allocated_bytes.all.peak <= 2 * (4 * n as u64 + 4096), "two batches at most");
+    assert!(
+        stats.allocated_bytes.all.peak <= 2 * (4 * n as u64 + 4096),
+        "two batches at most"
+    );
 }
 
 #[test]
