@@ -2,7 +2,7 @@
 //! whose fields implement it, makes the twin struct of device arrays, and implements
 //! `gpumem_array::ToHost` on the twin back to the struct.
 //!
-//! ```ignore
+//! ```text
 //! #[derive(ToDevice)]
 //! struct Batch { tokens: HostArray<u32>, mask: HostArray<u8>, labels: Option<HostArray<i64>> }
 //! // generates:
@@ -130,4 +130,55 @@ fn expand(input: &DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
 
         #to_host
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(input: DeriveInput) -> String {
+        expand(&input).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn unsupported_inputs_are_errors_that_say_what_is_accepted() {
+        let generic: DeriveInput = syn::parse_quote!(
+            struct B<T> {
+                x: T,
+            }
+        );
+        assert!(error_of(generic).contains("generic"));
+        let an_enum: DeriveInput = syn::parse_quote!(
+            enum E {
+                A,
+            }
+        );
+        assert!(error_of(an_enum).contains("structs only"));
+        let unknown: DeriveInput = syn::parse_quote!(
+            #[gpumem(colour = "red")]
+            struct B {
+                x: u8,
+            }
+        );
+        assert!(error_of(unknown).contains("accepted: device = \"Name\", upload_only"));
+    }
+
+    #[test]
+    fn the_twin_is_named_as_asked_and_to_host_can_be_left_out() {
+        let named: DeriveInput = syn::parse_quote!(
+            #[gpumem(device = "OnGpu", upload_only)]
+            pub struct B {
+                pub x: A,
+            }
+        );
+        let code = expand(&named).unwrap().to_string();
+        assert!(code.contains("pub struct OnGpu"), "{code}");
+        assert!(!code.contains("ToHost"), "{code}");
+        let plain: DeriveInput = syn::parse_quote!(
+            struct B(A, C);
+        );
+        let code = expand(&plain).unwrap().to_string();
+        assert!(code.contains("struct BOnDevice"), "{code}");
+        assert!(code.contains("ToHost for BOnDevice"), "{code}");
+    }
 }
