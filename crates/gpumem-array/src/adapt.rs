@@ -160,6 +160,19 @@ impl<'d> Staging<'d> {
         Ok(())
     }
 
+    /// Waits for `copies` and destroys the copy stream: the end of the staging.
+    pub(crate) fn finish(
+        &mut self,
+        copies: Vec<InFlight<'d, PinnedBuffer>>,
+    ) -> Result<(), ArrayError> {
+        drop(copies);
+        self.in_flight.clear();
+        if self.copy_stream == StreamId::DEFAULT {
+            return Ok(()); // a device with one queue gave its only stream
+        }
+        Ok(self.device.destroy_stream(self.copy_stream)?)
+    }
+
     fn order(&self, before: StreamId, after: StreamId) -> Result<(), ArrayError> {
         if before == after {
             return Ok(());

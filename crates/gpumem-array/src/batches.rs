@@ -158,5 +158,6 @@ where
             let _ = self.staging.discard(uploaded, copies);
             drop(batch);
         }
+        let _ = self.staging.finish(std::mem::take(&mut self.handed_copies));
     }
 }

@@ -291,13 +291,6 @@ impl CudaDevice {
         self.info.ordinal
     }
 
-    /// Destroys a stream made by [`Device::create_stream`] (`cuStreamDestroy`; work queued on
-    /// it still completes). The default stream cannot be destroyed.
-    pub fn destroy_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
-        let last = take_last(&mut self.lock().streams, "stream", stream.0)?;
-        last.map_or(Ok(()), |stream| stream.destroy().map_err(cuda_error))
-    }
-
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update of the state is a single insert or remove: a panic cannot leave it
         // half-done, so a poisoned lock is taken over.
@@ -457,6 +450,13 @@ impl Device for CudaDevice {
         let id = stream.id();
         self.lock().streams.insert(id, Arc::new(stream));
         Ok(StreamId(id))
+    }
+
+    /// `cuStreamDestroy` (work queued on the stream still completes). The default stream
+    /// cannot be destroyed.
+    fn destroy_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        let last = take_last(&mut self.lock().streams, "stream", stream.0)?;
+        last.map_or(Ok(()), |stream| stream.destroy().map_err(cuda_error))
     }
 
     /// `cuEventCreate` (no timing) + `cuEventRecord`; the id is the raw `CUevent` value.

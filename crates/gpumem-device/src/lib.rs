@@ -152,6 +152,15 @@ pub trait Device: Send + Sync {
         Ok(StreamId::DEFAULT)
     }
 
+    /// Destroys a stream made by [`Device::create_stream`]; work queued on it still
+    /// completes. The default stream cannot be destroyed.
+    ///
+    /// Default: does nothing; the default streams are all the one queue.
+    fn destroy_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        let _ = stream;
+        Ok(())
+    }
+
     /// Records an event on `stream` after the work queued so far.
     ///
     /// Default: returns `EventId(0)` for any stream. All work has finished by the time it is

@@ -290,6 +290,11 @@ impl SimDevice {
         self.lock().counters
     }
 
+    /// Events recorded and not yet destroyed: a test's check that nothing leaks events.
+    pub fn live_events(&self) -> usize {
+        self.lock().events.len()
+    }
+
     /// Physical bytes in use right now (allocations plus unreleased chunks).
     pub fn used(&self) -> u64 {
         self.lock().used
@@ -631,6 +636,27 @@ impl Device for SimDevice {
         s.next_stream += 1;
         s.streams.insert(id, (0, 0));
         Ok(id)
+    }
+
+    /// Forgets the stream. Stricter than CUDA, so that tests catch events left behind: it is
+    /// refused while an event recorded on the stream is alive.
+    fn destroy_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        if stream == StreamId::DEFAULT {
+            return Err(DeviceError::InvalidValue(
+                "the default stream cannot be destroyed".into(),
+            ));
+        }
+        let mut s = self.lock();
+        s.stream_mut(stream)?;
+        if let Some(event) = s.events.iter().find(|(_, (on, _))| *on == stream) {
+            return Err(DeviceError::InvalidValue(format!(
+                "stream {} still has a live event ({})",
+                stream.0, event.0 .0
+            )));
+        }
+        s.streams.remove(&stream);
+        s.time.streams.remove(&stream);
+        Ok(())
     }
 
     fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
@@ -1245,6 +1271,22 @@ mod tests {
             (2, 2),
             "the refused free_managed freed nothing"
         );
+    }
+
+    #[test]
+    fn a_stream_is_destroyed_once_its_events_are_gone() {
+        let dev = host(4 * MIB);
+        let s = dev.create_stream().unwrap();
+        let e = dev.record_event(s).unwrap();
+        assert!(matches!(
+            dev.destroy_stream(s),
+            Err(DeviceError::InvalidValue(_))
+        ));
+        dev.destroy_event(e).unwrap();
+        dev.destroy_stream(s).unwrap();
+        assert!(dev.record_event(s).is_err(), "the stream is gone");
+        assert!(dev.destroy_stream(s).is_err());
+        assert!(dev.destroy_stream(StreamId::DEFAULT).is_err());
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub fn assert_nothing_leaked(context: &DeviceContext, device: &SimDevice) {
     assert_eq!(device.used(), 0, "device bytes still in use");
     let c = device.counters();
     assert_eq!(c.malloc - c.malloc_failed, c.free, "mallocs without a free");
+    assert_eq!(device.live_events(), 0, "events never destroyed");
 }
 
 /// Whether the tests run in CI (`CI=true`), where a missing wgpu adapter is a failure.
@@ -71,7 +72,8 @@ pub fn wgpu() -> Option<Arc<gpumem_wgpu::WgpuDevice>> {
 }
 
 /// A simulated device that can be lost (as after a GPU reset or an Xid error): once lost,
-/// every call fails with a driver error until it is restored.
+/// every call that does work fails with a driver error until it is restored; releasing
+/// events and streams still works, so that a test can check what was left behind.
 pub struct LosableDevice {
     pub inner: Arc<SimDevice>,
     lost: AtomicBool,
@@ -122,9 +124,35 @@ impl Device for LosableDevice {
         self.check()?;
         self.inner.free(ptr)
     }
+    fn create_stream(&self) -> Result<StreamId, DeviceError> {
+        self.check()?;
+        self.inner.create_stream()
+    }
+    fn destroy_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        self.inner.destroy_stream(stream)
+    }
     fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
         self.check()?;
         self.inner.record_event(stream)
+    }
+    fn event_completed(&self, event: EventId) -> Result<bool, DeviceError> {
+        self.check()?;
+        self.inner.event_completed(event)
+    }
+    fn wait_event(&self, event: EventId) -> Result<(), DeviceError> {
+        self.check()?;
+        self.inner.wait_event(event)
+    }
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), DeviceError> {
+        self.check()?;
+        self.inner.stream_wait_event(stream, event)
+    }
+    fn destroy_event(&self, event: EventId) -> Result<(), DeviceError> {
+        self.inner.destroy_event(event)
+    }
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        self.check()?;
+        self.inner.synchronize()
     }
     fn copy_to_device(&self, dst: DevicePtr, src: &[u8], s: StreamId) -> Result<(), DeviceError> {
         self.check()?;
