@@ -136,7 +136,8 @@ pub trait DeviceWrite<T: Pod>: DeviceRead<T> {
     }
 
     /// Copies all of `src` (on the same device, with as many elements) into this memory, on
-    /// this array's stream; returns once the copy has completed.
+    /// this array's stream, after the work issued so far to `src`'s stream; returns once the
+    /// copy has completed.
     fn copy_from<S: DeviceRead<T> + ?Sized>(&mut self, src: &S) -> Result<(), ArrayError> {
         let (dst_len, src_len) = (self.len(), src.len());
         let source = src.memory();
@@ -155,6 +156,8 @@ pub trait DeviceWrite<T: Pod>: DeviceRead<T> {
         }
         let bytes = (src_len * std::mem::size_of::<T>()) as u64;
         if bytes > 0 {
+            m.context
+                .order_streams(source.context.stream(), m.context.stream())?;
             m.context
                 .device()
                 .copy_on_device(m.ptr, source.ptr, bytes, m.context.stream())?;

@@ -108,10 +108,10 @@ impl<'d> Staging<'d> {
         }
     }
 
-    /// Orders the copy stream after the work issued to `stream` so far: the memory a batch
-    /// is uploaded into may have been freed by that work.
-    pub(crate) fn begin_batch(&mut self, stream: StreamId) -> Result<(), ArrayError> {
-        self.order(stream, self.copy_stream)
+    /// Orders the copy stream after the work issued to `context`'s stream so far: the memory
+    /// a batch is uploaded into may have been freed by that work.
+    pub(crate) fn begin_batch(&mut self, context: &DeviceContext) -> Result<(), ArrayError> {
+        Ok(context.order_streams(context.stream(), self.copy_stream)?)
     }
 
     /// Records the event that completes with the copies issued since
@@ -171,14 +171,6 @@ impl<'d> Staging<'d> {
             return Ok(()); // a device with one queue gave its only stream
         }
         Ok(self.device.destroy_stream(self.copy_stream)?)
-    }
-
-    fn order(&self, before: StreamId, after: StreamId) -> Result<(), ArrayError> {
-        if before == after {
-            return Ok(());
-        }
-        let event = self.device.record_event(before)?;
-        self.hand_over(event, after)
     }
 
     fn upload(&mut self, dst: DevicePtr, bytes: &[u8]) -> Result<(), ArrayError> {

@@ -73,7 +73,7 @@ where
         let Some(host) = self.source.next() else {
             return Ok(None);
         };
-        self.staging.begin_batch(self.context.stream())?;
+        self.staging.begin_batch(self.context)?;
         let uploaded = host.upload_with(&mut Uploader::staged(self.context, &mut self.staging));
         let (event, copies) = self.staging.finish_batch()?;
         match uploaded {

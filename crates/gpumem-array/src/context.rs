@@ -52,6 +52,23 @@ impl DeviceContext {
         Arc::ptr_eq(self.pool.device(), other.pool.device())
     }
 
+    /// Makes work issued to `after` from now on wait for the work issued to `before` so far
+    /// (an event recorded on `before`; nothing when they are the same stream).
+    pub(crate) fn order_streams(
+        &self,
+        before: StreamId,
+        after: StreamId,
+    ) -> Result<(), gpumem_device::DeviceError> {
+        if before == after {
+            return Ok(());
+        }
+        let device = self.device();
+        let event = device.record_event(before)?;
+        let waited = device.stream_wait_event(after, event);
+        device.destroy_event(event)?;
+        waited
+    }
+
     /// A number that identifies the device while any array of it lives (its address).
     pub(crate) fn device_key(&self) -> usize {
         Arc::as_ptr(self.pool.device()) as *const () as usize

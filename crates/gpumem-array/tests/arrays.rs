@@ -371,3 +371,32 @@ impl Device for NoManaged {
         self.0.free(ptr)
     }
 }
+
+#[test]
+fn a_copy_between_streams_waits_for_the_source_stream() {
+    let (gpu, device) = sim(64 * MIB);
+    let (s1, s2) = (
+        device.create_stream().unwrap(),
+        device.create_stream().unwrap(),
+    );
+    let (on1, on2) = (gpu.on_stream(s1), gpu.on_stream(s2));
+    let src = DeviceArray::from_slice(&on1, &[5u8; 64]).unwrap();
+    let mut dst = DeviceArray::<u8>::zeros(&on2, &[64]).unwrap();
+    let before = device.counters().stream_wait_event;
+    dst.copy_from(&src).unwrap();
+    assert_eq!(
+        device.counters().stream_wait_event,
+        before + 1,
+        "s2 waited for s1"
+    );
+    assert_eq!(dst.to_vec().unwrap(), [5; 64]);
+    let mut same = DeviceArray::<u8>::zeros(&on1, &[64]).unwrap();
+    same.copy_from(&src).unwrap();
+    assert_eq!(
+        device.counters().stream_wait_event,
+        before + 1,
+        "one stream: no wait"
+    );
+    drop((src, dst, same));
+    assert_nothing_leaked(&gpu, &device);
+}
