@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::driver::sys::CUdevice_attribute as Attr;
 use gpumem_device::vmm_ledger::{check_granularity_multiple, VmmLedger};
 use gpumem_device::{
-    Device, DeviceError, DevicePtr, EventId, InFlight, MemInfo, PhysicalHandle, PinnedBuffer,
-    StreamId, VirtualMemory,
+    Device, DeviceError, DevicePtr, EventId, InFlight, ManagedAdvice, MemInfo, MemoryLocation,
+    PhysicalHandle, PinnedBuffer, StreamId, VirtualMemory,
 };
 
 use crate::error::{cuda_error, driver};
 use crate::ffi::{
     AsyncCopyError, CUresult, DeviceHandle, Driver, Event, Physical, PrimaryContext, Stream,
-    VMM_SYMBOLS,
+    MANAGED_SYMBOLS, VMM_SYMBOLS,
 };
 
 /// 2 MiB: what [`VirtualMemory::granularity`] reports on a device without VMM (the trait
@@ -39,7 +39,8 @@ pub struct DeviceInfo {
     /// functions exported, `cuMemGetAllocationGranularity` answered); `None` otherwise.
     pub vmm_granularity: Option<u64>,
     /// Whether the device supports managed (unified) memory, `cuMemAllocManaged`
-    /// (`CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY`).
+    /// (`CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY`, and the driver exports the managed-memory
+    /// functions).
     pub managed_memory: bool,
     /// Whether host and device share one address space (`CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING`).
     pub unified_addressing: bool,
@@ -141,7 +142,8 @@ fn query_info(
         total_memory: drv.total_memory(dev).map_err(cuda_error)?,
         compute_capability: capability,
         vmm_granularity,
-        managed_memory: attr(Attr::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)? != 0,
+        managed_memory: attr(Attr::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)? != 0
+            && drv.has_symbols(MANAGED_SYMBOLS),
         unified_addressing: attr(Attr::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? != 0,
         driver_version: split_version(drv.version().map_err(cuda_error)?),
     })
@@ -198,6 +200,8 @@ pub struct CudaDevice {
 struct State {
     /// `cuMemAlloc` allocations: start → size.
     allocations: BTreeMap<DevicePtr, u64>,
+    /// `cuMemAllocManaged` allocations: start → size.
+    managed: BTreeMap<DevicePtr, u64>,
     /// Reservations and mappings.
     vmm: VmmLedger<()>,
     /// Physical chunks not yet released, by handle.
@@ -242,9 +246,11 @@ impl State {
         // An overflowing range ends at the top of the address space, which no allocation
         // reaches: `spans` then reports the overflow.
         let end = ptr.saturating_add(len);
-        if let Some((&start, &size)) = self.allocations.range(..=ptr).next_back() {
-            if end <= start + size {
-                return Ok(());
+        for table in [&self.allocations, &self.managed] {
+            if let Some((&start, &size)) = table.range(..=ptr).next_back() {
+                if end <= start + size {
+                    return Ok(());
+                }
             }
         }
         self.vmm.spans(ptr, len).map(|_| ())
@@ -285,13 +291,6 @@ impl CudaDevice {
         self.info.ordinal
     }
 
-    /// Destroys a stream made by [`Device::create_stream`] (`cuStreamDestroy`; work queued on
-    /// it still completes). The default stream cannot be destroyed.
-    pub fn destroy_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
-        let last = take_last(&mut self.lock().streams, "stream", stream.0)?;
-        last.map_or(Ok(()), |stream| stream.destroy().map_err(cuda_error))
-    }
-
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update of the state is a single insert or remove: a panic cannot leave it
         // half-done, so a poisoned lock is taken over.
@@ -322,6 +321,39 @@ impl CudaDevice {
 
     fn new_event(&self) -> Result<Arc<Event>, DeviceError> {
         self.ctx.create_event().map(Arc::new).map_err(cuda_error)
+    }
+
+    /// Checks that managed memory is supported and `[ptr, ptr + len)` lies in one managed
+    /// allocation of this device.
+    fn check_managed(&self, ptr: DevicePtr, len: u64) -> Result<(), DeviceError> {
+        self.managed_supported()?;
+        let state = self.lock();
+        let inside = state
+            .managed
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&start, &size)| {
+                ptr.checked_add(len).is_some_and(|end| end <= start + size)
+            });
+        if inside {
+            Ok(())
+        } else {
+            Err(DeviceError::InvalidAddress {
+                ptr,
+                what: format!("{len} bytes that are not inside one managed allocation"),
+            })
+        }
+    }
+
+    fn managed_supported(&self) -> Result<(), DeviceError> {
+        if self.info.managed_memory {
+            Ok(())
+        } else {
+            Err(DeviceError::unsupported(
+                self.name(),
+                "managed memory (the device or driver lacks it)",
+            ))
+        }
     }
 
     fn vmm_granularity(&self) -> Result<u64, DeviceError> {
@@ -420,6 +452,13 @@ impl Device for CudaDevice {
         Ok(StreamId(id))
     }
 
+    /// `cuStreamDestroy` (work queued on the stream still completes). The default stream
+    /// cannot be destroyed.
+    fn destroy_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        let last = take_last(&mut self.lock().streams, "stream", stream.0)?;
+        last.map_or(Ok(()), |stream| stream.destroy().map_err(cuda_error))
+    }
+
     /// `cuEventCreate` (no timing) + `cuEventRecord`; the id is the raw `CUevent` value.
     fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
         let stream = self.stream(stream)?;
@@ -436,6 +475,80 @@ impl Device for CudaDevice {
     /// `cuEventSynchronize`.
     fn wait_event(&self, event: EventId) -> Result<(), DeviceError> {
         self.event(event)?.synchronize().map_err(cuda_error)
+    }
+
+    /// `cuStreamWaitEvent`: the host goes on.
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), DeviceError> {
+        let stream = self.stream(stream)?;
+        self.event(event)?.make_wait(&stream).map_err(cuda_error)
+    }
+
+    /// `cuMemAllocManaged` (attached globally).
+    fn alloc_managed(&self, size: u64) -> Result<DevicePtr, DeviceError> {
+        self.managed_supported()?;
+        if size == 0 {
+            return Err(DeviceError::InvalidValue(
+                "managed allocation of zero bytes".into(),
+            ));
+        }
+        let ptr = self
+            .ctx
+            .alloc_managed(size)
+            .map_err(|code| self.out_of_memory(code, size))?;
+        self.lock().managed.insert(ptr, size);
+        Ok(ptr)
+    }
+
+    /// `cuMemFree` of a managed allocation of this device.
+    fn free_managed(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let size = self
+            .lock()
+            .managed
+            .remove(&ptr)
+            .ok_or_else(|| DeviceError::InvalidAddress {
+                ptr,
+                what:
+                    "free_managed of an address that no live alloc_managed of this device returned"
+                        .into(),
+            })?;
+        self.ctx.free(ptr).map_err(|code| {
+            self.lock().managed.insert(ptr, size);
+            cuda_error(code)
+        })
+    }
+
+    /// `cuMemPrefetchAsync` to this device or the host (`CU_DEVICE_CPU`).
+    fn prefetch_managed(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        to: MemoryLocation,
+        stream: StreamId,
+    ) -> Result<(), DeviceError> {
+        self.check_managed(ptr, len)?;
+        let stream = self.stream(stream)?;
+        self.ctx
+            .prefetch_managed(ptr, len, to == MemoryLocation::Host, &stream)
+            .map_err(cuda_error)
+    }
+
+    /// `cuMemAdvise` (`SET_READ_MOSTLY`, `SET_PREFERRED_LOCATION`, `SET_ACCESSED_BY`).
+    fn advise_managed(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        advice: ManagedAdvice,
+    ) -> Result<(), DeviceError> {
+        use cudarc::driver::sys::CUmem_advise_enum as A;
+        self.check_managed(ptr, len)?;
+        let (code, location) = match advice {
+            ManagedAdvice::ReadMostly => (A::CU_MEM_ADVISE_SET_READ_MOSTLY, MemoryLocation::Device),
+            ManagedAdvice::PreferredLocation(at) => (A::CU_MEM_ADVISE_SET_PREFERRED_LOCATION, at),
+            ManagedAdvice::AccessedBy(by) => (A::CU_MEM_ADVISE_SET_ACCESSED_BY, by),
+        };
+        self.ctx
+            .advise_managed(ptr, len, code, location == MemoryLocation::Host)
+            .map_err(cuda_error)
     }
 
     /// `cuEventDestroy`.

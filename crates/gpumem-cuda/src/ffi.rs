@@ -78,6 +78,7 @@ const CORE_SYMBOLS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
+    "cuStreamWaitEvent",
     "cuEventCreate",
     "cuEventRecord",
     "cuEventQuery",
@@ -96,6 +97,26 @@ pub(crate) const VMM_SYMBOLS: &[&str] = &[
     "cuMemSetAccess",
     "cuMemUnmap",
 ];
+
+/// The managed-memory functions (the location-taking forms, CUDA 12.2 and later); a driver
+/// without them has no managed memory.
+pub(crate) const MANAGED_SYMBOLS: &[&str] = &[
+    "cuMemAllocManaged",
+    "cuMemPrefetchAsync_v2",
+    "cuMemAdvise_v2",
+];
+
+/// The host, or device `dev`, as a managed-memory location.
+fn managed_location(dev: DeviceHandle, host: bool) -> sys::CUmemLocation {
+    if host {
+        sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        }
+    } else {
+        device_location(dev)
+    }
+}
 
 /// Why the driver cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -398,6 +419,50 @@ impl PrimaryContext {
         // SAFETY: context current. cuMemFree releases device memory only: an address that is
         // not a live cuMemAlloc allocation (page-locked host memory included) is an error code.
         check(unsafe { sys::cuMemFree_v2(ptr) })
+    }
+
+    /// `cuMemAllocManaged`, attached globally (any stream may use it). Call only after
+    /// [`MANAGED_SYMBOLS`] were found.
+    pub(crate) fn alloc_managed(&self, size: u64) -> CuResult<u64> {
+        let _bound = self.bind()?;
+        let mut ptr = 0;
+        let flags = sys::CUmemAttach_flags_enum::CU_MEM_ATTACH_GLOBAL as u32;
+        // SAFETY: context current; the out-pointer is a live local. The memory is reached
+        // only through the driver's copy calls (as device memory), never dereferenced here.
+        check(unsafe { sys::cuMemAllocManaged(&mut ptr, size as usize, flags) })?;
+        Ok(ptr)
+    }
+
+    /// `cuMemPrefetchAsync` of managed memory to this device (or the host) on `stream`.
+    /// Call only after [`MANAGED_SYMBOLS`] were found.
+    pub(crate) fn prefetch_managed(
+        &self,
+        ptr: u64,
+        len: u64,
+        to_host: bool,
+        stream: &Stream,
+    ) -> CuResult<()> {
+        let _bound = self.bind()?;
+        let to = managed_location(self.dev, to_host);
+        // SAFETY: context current; `stream` is live. The driver validates the range; a
+        // migration moves pages but no host memory is read or written through Rust.
+        check(unsafe { sys::cuMemPrefetchAsync_v2(ptr, len as usize, to, 0, stream.raw) })
+    }
+
+    /// `cuMemAdvise` about managed memory, for this device (or the host). Call only after
+    /// [`MANAGED_SYMBOLS`] were found.
+    pub(crate) fn advise_managed(
+        &self,
+        ptr: u64,
+        len: u64,
+        advice: sys::CUmem_advise_enum,
+        for_host: bool,
+    ) -> CuResult<()> {
+        let _bound = self.bind()?;
+        let location = managed_location(self.dev, for_host);
+        // SAFETY: context current; advice only changes placement, the driver validates the
+        // range.
+        check(unsafe { sys::cuMemAdvise_v2(ptr, len as usize, advice, location) })
     }
 
     /// Blocks until all work in the context has finished (`cuCtxSynchronize`).
@@ -754,6 +819,14 @@ impl Event {
         self.done.store(false, Ordering::Release);
         // SAFETY: context current; event and stream are live while `self` and `stream` are.
         check(unsafe { sys::cuEventRecord(self.raw, stream.raw) })
+    }
+
+    /// Makes work queued on `stream` from now on wait for this event (`cuStreamWaitEvent`);
+    /// the host does not wait.
+    pub(crate) fn make_wait(&self, stream: &Stream) -> CuResult<()> {
+        let _bound = self.ctx.bind()?;
+        // SAFETY: context current; event and stream are live while `self` and `stream` are.
+        check(unsafe { sys::cuStreamWaitEvent(stream.raw, self.raw, 0) })
     }
 
     /// Whether the work before the event has finished (`cuEventQuery`).

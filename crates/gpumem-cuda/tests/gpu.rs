@@ -65,3 +65,76 @@ fn device_out_of_memory_makes_the_pool_reclaim_and_retry() {
 fn every_device_opens_and_describes_itself() {
     common::every_device_opens_and_describes_itself();
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver; scripts/gpu-check.sh runs them"]
+fn managed_memory_round_trips_with_prefetch_and_advice() {
+    use gpumem_device::{Device, DeviceError, ManagedAdvice, MemoryLocation, StreamId};
+    let dev = open();
+    if !dev.info().managed_memory {
+        let err = dev.alloc_managed(4096).unwrap_err();
+        assert!(matches!(err, DeviceError::Unsupported { .. }), "{err}");
+        return;
+    }
+    let len = 8 << 20;
+    let ptr = dev.alloc_managed(len).unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
+    dev.copy_to_device(ptr, &data, StreamId::DEFAULT).unwrap();
+    dev.advise_managed(ptr, len, ManagedAdvice::ReadMostly)
+        .unwrap();
+    dev.advise_managed(
+        ptr,
+        len,
+        ManagedAdvice::PreferredLocation(MemoryLocation::Device),
+    )
+    .unwrap();
+    dev.advise_managed(ptr, len, ManagedAdvice::AccessedBy(MemoryLocation::Host))
+        .unwrap();
+    let s = dev.create_stream().unwrap();
+    dev.prefetch_managed(ptr, len, MemoryLocation::Device, s)
+        .unwrap();
+    dev.prefetch_managed(ptr, len / 2, MemoryLocation::Host, s)
+        .unwrap();
+    dev.synchronize_stream(s).unwrap();
+    let mut back = vec![0u8; len as usize];
+    dev.copy_to_host(&mut back, ptr, StreamId::DEFAULT).unwrap();
+    assert_eq!(back, data);
+    assert!(dev
+        .prefetch_managed(ptr, len + 1, MemoryLocation::Device, s)
+        .is_err());
+    dev.free_managed(ptr).unwrap();
+    assert!(dev.free_managed(ptr).is_err());
+    dev.destroy_stream(s).unwrap();
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver; scripts/gpu-check.sh runs them"]
+fn a_stream_waits_for_an_event_of_another() {
+    use gpumem_device::{Device, StreamId};
+    let dev = open();
+    let len = 64usize << 20;
+    let (copy, compute) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let (a, b) = (
+        dev.malloc(len as u64).unwrap(),
+        dev.malloc(len as u64).unwrap(),
+    );
+    let mut staging = dev.alloc_pinned(len).unwrap();
+    staging.fill(0x5a);
+    let upload = dev.copy_to_device_async(a, staging, copy).unwrap();
+    let uploaded = dev.record_event(copy).unwrap();
+    dev.stream_wait_event(compute, uploaded).unwrap();
+    let copied = dev.copy_on_device_async(b, a, len as u64, compute).unwrap();
+    dev.wait_event(copied).unwrap();
+    let mut back = vec![0u8; len];
+    dev.copy_to_host(&mut back, b, StreamId::DEFAULT).unwrap();
+    assert!(
+        back.iter().all(|&x| x == 0x5a),
+        "the device copy ran after the upload"
+    );
+    drop(upload.wait().unwrap());
+    for e in [uploaded, copied] {
+        dev.destroy_event(e).unwrap();
+    }
+    dev.free(a).unwrap();
+    dev.free(b).unwrap();
+}

@@ -100,6 +100,28 @@ pub struct MemInfo {
     pub total: u64,
 }
 
+/// Where managed (unified) memory should be: the hint of [`Device::prefetch_managed`] and
+/// [`ManagedAdvice`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryLocation {
+    /// The device's own memory.
+    Device,
+    /// Host memory.
+    Host,
+}
+
+/// Advice about how managed memory is used (`cuMemAdvise`), so that the driver places and
+/// migrates it well. Advice never changes what a program computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ManagedAdvice {
+    /// Mostly read: the driver may keep read-only copies where it is read.
+    ReadMostly,
+    /// Keep the memory at this location where possible.
+    PreferredLocation(MemoryLocation),
+    /// This location accesses the memory: map it there to avoid faults.
+    AccessedBy(MemoryLocation),
+}
+
 /// What a memory pool needs from a GPU.
 ///
 /// Only the memory methods are required; streams, events and transfers have defaults that
@@ -130,6 +152,15 @@ pub trait Device: Send + Sync {
         Ok(StreamId::DEFAULT)
     }
 
+    /// Destroys a stream made by [`Device::create_stream`]; work queued on it still
+    /// completes. The default stream cannot be destroyed.
+    ///
+    /// Default: does nothing; the default streams are all the one queue.
+    fn destroy_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        let _ = stream;
+        Ok(())
+    }
+
     /// Records an event on `stream` after the work queued so far.
     ///
     /// Default: returns `EventId(0)` for any stream. All work has finished by the time it is
@@ -154,6 +185,17 @@ pub trait Device: Send + Sync {
     fn wait_event(&self, event: EventId) -> Result<(), DeviceError> {
         let _ = event;
         Ok(())
+    }
+
+    /// Makes work issued to `stream` from now on wait until `event` has completed, without
+    /// blocking the host (`cuStreamWaitEvent`): how work on one stream is ordered after work
+    /// on another, e.g. compute after an upload on a copy stream.
+    ///
+    /// Default: blocks the host until `event` has completed ([`Device::wait_event`]), which
+    /// orders the work as well, with less overlap.
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), DeviceError> {
+        let _ = stream;
+        self.wait_event(event)
     }
 
     /// Returns the event to the backend; its id must not be used again.
@@ -230,6 +272,52 @@ pub trait Device: Send + Sync {
     /// [`PinnedBuffer::is_page_locked`] as `false`.
     fn alloc_pinned(&self, len: usize) -> Result<PinnedBuffer, DeviceError> {
         Ok(PinnedBuffer::pageable(len))
+    }
+
+    /// Allocates `size` bytes of managed (unified) memory, which the host and the device both
+    /// address and the driver migrates on demand (`cuMemAllocManaged`). Free it with
+    /// [`Device::free_managed`]; copies to and from it work as for device memory.
+    ///
+    /// Default: [`DeviceError::Unsupported`].
+    fn alloc_managed(&self, size: u64) -> Result<DevicePtr, DeviceError> {
+        let _ = size;
+        Err(DeviceError::unsupported(self.name(), "managed memory"))
+    }
+
+    /// Frees memory from [`Device::alloc_managed`].
+    ///
+    /// Default: [`DeviceError::Unsupported`].
+    fn free_managed(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let _ = ptr;
+        Err(DeviceError::unsupported(self.name(), "managed memory"))
+    }
+
+    /// Starts migrating `len` bytes of managed memory at `ptr` to `to`, on `stream`
+    /// (`cuMemPrefetchAsync`): a hint that spares the faults of on-demand migration.
+    ///
+    /// Default: [`DeviceError::Unsupported`].
+    fn prefetch_managed(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        to: MemoryLocation,
+        stream: StreamId,
+    ) -> Result<(), DeviceError> {
+        let _ = (ptr, len, to, stream);
+        Err(DeviceError::unsupported(self.name(), "managed memory"))
+    }
+
+    /// Gives `advice` about `len` bytes of managed memory at `ptr` (`cuMemAdvise`).
+    ///
+    /// Default: [`DeviceError::Unsupported`].
+    fn advise_managed(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        advice: ManagedAdvice,
+    ) -> Result<(), DeviceError> {
+        let _ = (ptr, len, advice);
+        Err(DeviceError::unsupported(self.name(), "managed memory"))
     }
 
     /// Enqueues a copy of all of `src` to device memory at `dst` on `stream` and returns at

@@ -18,14 +18,26 @@
 //! the copy is completed: tests can check that nothing hands a buffer back early.
 //!
 //! Every device call is counted in [`SimCounters`], which is how replays report device calls.
+//!
+//! # Virtual time
+//!
+//! Every stream and the host also have a virtual clock in nanoseconds, so that overlap can be
+//! measured deterministically, without timing real threads. Work on a stream starts when both
+//! the stream and the host are there (the host issues it) and takes its duration: a copy
+//! takes its bytes over [`SimConfig::copy_bandwidth`] (zero time when that is `None`, the
+//! default), [`SimDevice::enqueue_timed_work`] takes the time it is given. An event carries
+//! its stream's time when recorded; [`Device::stream_wait_event`] moves a stream's clock up to
+//! it, and host waits ([`Device::wait_event`], synchronisations, synchronous copies) move the
+//! host's. [`SimDevice::elapsed_ns`] is the time when everything issued so far has finished.
+//! The clocks only measure: which events have completed is still decided by the work tickets.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::vmm_ledger::{check_granularity_multiple, VmmLedger};
 use crate::{
-    Device, DeviceError, DevicePtr, EventId, InFlight, MemInfo, PhysicalHandle, PinnedBuffer,
-    StreamId, VirtualMemory,
+    Device, DeviceError, DevicePtr, EventId, InFlight, ManagedAdvice, MemInfo, MemoryLocation,
+    PhysicalHandle, PinnedBuffer, StreamId, VirtualMemory,
 };
 
 /// 2 MiB: the VMM granularity of current NVIDIA GPUs.
@@ -52,6 +64,9 @@ pub struct SimConfig {
     /// Alignment of `malloc` results (cudaMalloc returns 512-byte aligned memory; real
     /// drivers hand out 2 MiB-aligned ranges for large requests).
     pub malloc_alignment: u64,
+    /// Host-device copy speed in bytes per second for the virtual clocks (see the
+    /// [module](self) documentation), or `None` for copies that take no time.
+    pub copy_bandwidth: Option<u64>,
 }
 
 impl SimConfig {
@@ -62,6 +77,7 @@ impl SimConfig {
             memory: SimMemory::Host,
             granularity: Some(DEFAULT_GRANULARITY),
             malloc_alignment: DEFAULT_GRANULARITY,
+            copy_bandwidth: None,
         }
     }
 
@@ -120,6 +136,14 @@ pub struct SimCounters {
     pub copy_to_host_async: u64,
     /// Asynchronous device-to-device copies.
     pub copy_on_device_async: u64,
+    /// Streams made to wait for an event.
+    pub stream_wait_event: u64,
+    /// Managed allocations (each also counted as a `malloc`, and its free as a `free`).
+    pub alloc_managed: u64,
+    /// Prefetches of managed memory.
+    pub prefetch_managed: u64,
+    /// Advice about managed memory.
+    pub advise_managed: u64,
 }
 
 impl SimCounters {
@@ -161,6 +185,45 @@ struct SimState {
     /// Live events: the stream and ticket they wait for.
     events: HashMap<EventId, (StreamId, u64)>,
     next_event: u64,
+    /// The virtual clocks.
+    time: Timeline,
+    /// Managed allocations among `allocations`, by start address.
+    managed: std::collections::BTreeSet<DevicePtr>,
+}
+
+/// Virtual clocks in nanoseconds: the host's, each stream's, and each live event's time.
+#[derive(Debug, Default)]
+struct Timeline {
+    host: u64,
+    streams: HashMap<StreamId, u64>,
+    events: HashMap<EventId, u64>,
+}
+
+impl Timeline {
+    /// Runs `duration` of work on `stream`, starting once the stream and the host are there.
+    fn run(&mut self, stream: StreamId, duration: u64) {
+        let clock = self.streams.entry(stream).or_default();
+        *clock = (*clock).max(self.host) + duration;
+    }
+
+    /// The time work issued to `stream` now would start.
+    fn now(&self, stream: StreamId) -> u64 {
+        self.streams
+            .get(&stream)
+            .copied()
+            .unwrap_or(0)
+            .max(self.host)
+    }
+
+    /// The host waits until `time`.
+    fn host_waits(&mut self, time: u64) {
+        self.host = self.host.max(time);
+    }
+
+    /// When everything issued so far has finished.
+    fn makespan(&self) -> u64 {
+        self.streams.values().copied().fold(self.host, u64::max)
+    }
 }
 
 #[derive(Debug)]
@@ -227,6 +290,11 @@ impl SimDevice {
         self.lock().counters
     }
 
+    /// Events recorded and not yet destroyed: a test's check that nothing leaks events.
+    pub fn live_events(&self) -> usize {
+        self.lock().events.len()
+    }
+
     /// Physical bytes in use right now (allocations plus unreleased chunks).
     pub fn used(&self) -> u64 {
         self.lock().used
@@ -237,6 +305,24 @@ impl SimDevice {
     pub fn enqueue_work(&self, stream: StreamId) -> Result<(), DeviceError> {
         self.lock().stream_mut(stream)?.0 += 1;
         Ok(())
+    }
+
+    /// Queues `duration_ns` of work on `stream` (a kernel of known run time): like
+    /// [`SimDevice::enqueue_work`], and it advances the stream's virtual clock.
+    pub fn enqueue_timed_work(
+        &self,
+        stream: StreamId,
+        duration_ns: u64,
+    ) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        s.stream_mut(stream)?.0 += 1;
+        s.time.run(stream, duration_ns);
+        Ok(())
+    }
+
+    /// The virtual time, in nanoseconds, at which all work issued so far has finished.
+    pub fn elapsed_ns(&self) -> u64 {
+        self.lock().time.makespan()
     }
 
     /// Completes all work queued so far on `stream`.
@@ -268,14 +354,16 @@ impl SimDevice {
         }
     }
 
-    /// A copy on `stream`, synchronous or asynchronous alike: counts it (`counter`), checks
-    /// that the device holds bytes and that the stream exists, and moves the bytes at once
-    /// (`move_bytes`). Returns the lock so that an asynchronous copy can enqueue its work
-    /// under it; a synchronous copy, complete by then, just drops it.
+    /// A copy of `bytes` on `stream`, synchronous or asynchronous alike: counts it
+    /// (`counter`), checks that the device holds bytes and that the stream exists, moves the
+    /// bytes at once (`move_bytes`) and runs the copy's time on the stream's clock. Returns the
+    /// lock so that an asynchronous copy can enqueue its work under it; a synchronous copy
+    /// makes the host wait for it ([`SimState::host_waits_for`]).
     fn copy(
         &self,
         what: &str,
         stream: StreamId,
+        bytes: u64,
         counter: fn(&mut SimCounters) -> &mut u64,
         move_bytes: impl FnOnce(&mut SimState) -> Result<(), DeviceError>,
     ) -> Result<MutexGuard<'_, SimState>, DeviceError> {
@@ -284,6 +372,10 @@ impl SimDevice {
         self.require_host(what)?;
         s.stream_mut(stream)?;
         move_bytes(&mut s)?;
+        let duration = self.config.copy_bandwidth.map_or(0, |bandwidth| {
+            (u128::from(bytes) * 1_000_000_000 / u128::from(bandwidth.max(1))) as u64
+        });
+        s.time.run(stream, duration);
         Ok(s)
     }
 
@@ -323,6 +415,28 @@ impl SimState {
             })
     }
 
+    /// Checks that `[ptr, ptr + len)` lies inside one managed allocation.
+    fn check_managed(&self, ptr: DevicePtr, len: u64) -> Result<(), DeviceError> {
+        let inside = self.managed.range(..=ptr).next_back().is_some_and(|start| {
+            ptr.checked_add(len)
+                .is_some_and(|end| end <= start + self.allocations[start].size)
+        });
+        if inside {
+            Ok(())
+        } else {
+            Err(DeviceError::InvalidAddress {
+                ptr,
+                what: format!("{len} bytes that are not inside one managed allocation"),
+            })
+        }
+    }
+
+    /// The host waits for the work issued to `stream` so far (on the virtual clocks).
+    fn host_waits_for(&mut self, stream: StreamId) {
+        let end = self.time.now(stream);
+        self.time.host_waits(end);
+    }
+
     /// Records an event on `stream` at the stream's latest ticket.
     fn record(&mut self, stream: StreamId) -> Result<EventId, DeviceError> {
         self.counters.record_event += 1;
@@ -330,6 +444,8 @@ impl SimState {
         let id = EventId(self.next_event);
         self.next_event += 1;
         self.events.insert(id, (stream, ticket));
+        let now = self.time.now(stream);
+        self.time.events.insert(id, now);
         Ok(id)
     }
 
@@ -466,12 +582,81 @@ impl Device for SimDevice {
         self.config.granularity.map(|_| self as &dyn VirtualMemory)
     }
 
+    /// Managed memory is an allocation like any other here (every allocation of the
+    /// simulated device is host memory, or only an address): `malloc`, remembered as managed.
+    fn alloc_managed(&self, size: u64) -> Result<DevicePtr, DeviceError> {
+        let ptr = self.malloc(size)?;
+        let mut s = self.lock();
+        s.counters.alloc_managed += 1;
+        s.managed.insert(ptr);
+        Ok(ptr)
+    }
+
+    fn free_managed(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        if !self.lock().managed.remove(&ptr) {
+            return Err(DeviceError::InvalidAddress {
+                ptr,
+                what: "free_managed of an address that no live alloc_managed returned".into(),
+            });
+        }
+        self.free(ptr)
+    }
+
+    /// Checks the range and the stream and counts the call; there is nothing to migrate.
+    fn prefetch_managed(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        to: MemoryLocation,
+        stream: StreamId,
+    ) -> Result<(), DeviceError> {
+        let _ = to;
+        let mut s = self.lock();
+        s.counters.prefetch_managed += 1;
+        s.stream_mut(stream)?;
+        s.check_managed(ptr, len)
+    }
+
+    /// Checks the range and counts the call.
+    fn advise_managed(
+        &self,
+        ptr: DevicePtr,
+        len: u64,
+        advice: ManagedAdvice,
+    ) -> Result<(), DeviceError> {
+        let _ = advice;
+        let mut s = self.lock();
+        s.counters.advise_managed += 1;
+        s.check_managed(ptr, len)
+    }
+
     fn create_stream(&self) -> Result<StreamId, DeviceError> {
         let mut s = self.lock();
         let id = StreamId(s.next_stream);
         s.next_stream += 1;
         s.streams.insert(id, (0, 0));
         Ok(id)
+    }
+
+    /// Forgets the stream. Stricter than CUDA, so that tests catch events left behind: it is
+    /// refused while an event recorded on the stream is alive.
+    fn destroy_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        if stream == StreamId::DEFAULT {
+            return Err(DeviceError::InvalidValue(
+                "the default stream cannot be destroyed".into(),
+            ));
+        }
+        let mut s = self.lock();
+        s.stream_mut(stream)?;
+        if let Some(event) = s.events.iter().find(|(_, (on, _))| *on == stream) {
+            return Err(DeviceError::InvalidValue(format!(
+                "stream {} still has a live event ({})",
+                stream.0, event.0 .0
+            )));
+        }
+        s.streams.remove(&stream);
+        s.time.streams.remove(&stream);
+        Ok(())
     }
 
     fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
@@ -497,6 +682,27 @@ impl Device for SimDevice {
         })?;
         let entry = s.stream_mut(stream)?;
         entry.1 = entry.1.max(ticket);
+        let time = s.time.events[&event];
+        s.time.host_waits(time);
+        Ok(())
+    }
+
+    /// Completes the awaited work in the ticket model (as the default does, so that events
+    /// behind the wait complete only with it); on the virtual clocks only `stream` waits, the
+    /// host goes on.
+    fn stream_wait_event(&self, stream: StreamId, event: EventId) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        s.counters.stream_wait_event += 1;
+        let (awaited, ticket) = *s.events.get(&event).ok_or(DeviceError::UnknownHandle {
+            kind: "event",
+            id: event.0,
+        })?;
+        s.stream_mut(stream)?;
+        let entry = s.stream_mut(awaited)?;
+        entry.1 = entry.1.max(ticket);
+        let time = s.time.events[&event];
+        let clock = s.time.streams.entry(stream).or_default();
+        *clock = (*clock).max(time);
         Ok(())
     }
 
@@ -506,6 +712,7 @@ impl Device for SimDevice {
             kind: "event",
             id: event.0,
         })?;
+        s.time.events.remove(&event);
         Ok(())
     }
 
@@ -514,6 +721,7 @@ impl Device for SimDevice {
         s.counters.synchronize += 1;
         let entry = s.stream_mut(stream)?;
         entry.1 = entry.0;
+        s.host_waits_for(stream);
         Ok(())
     }
 
@@ -523,6 +731,8 @@ impl Device for SimDevice {
         for entry in s.streams.values_mut() {
             entry.1 = entry.0;
         }
+        let end = s.time.makespan();
+        s.time.host_waits(end);
         Ok(())
     }
 
@@ -535,10 +745,11 @@ impl Device for SimDevice {
         self.copy(
             "copy to device",
             stream,
+            src.len() as u64,
             |c| &mut c.copy_to_device,
             |s| s.write(dst, src),
         )
-        .map(drop)
+        .map(|mut s| s.host_waits_for(stream))
     }
 
     fn copy_to_host(
@@ -550,10 +761,11 @@ impl Device for SimDevice {
         self.copy(
             "copy to host",
             stream,
+            dst.len() as u64,
             |c| &mut c.copy_to_host,
             |s| s.read(dst, src),
         )
-        .map(drop)
+        .map(|mut s| s.host_waits_for(stream))
     }
 
     fn copy_on_device(
@@ -566,10 +778,11 @@ impl Device for SimDevice {
         self.copy(
             "copy on device",
             stream,
+            len,
             |c| &mut c.copy_on_device,
             |s| s.copy_within(dst, src, len),
         )
-        .map(drop)
+        .map(|mut s| s.host_waits_for(stream))
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<PinnedBuffer, DeviceError> {
@@ -587,6 +800,7 @@ impl Device for SimDevice {
             .copy(
                 "copy to device",
                 stream,
+                src.len() as u64,
                 |c| &mut c.copy_to_device_async,
                 |s| s.write(dst, &src),
             )?
@@ -604,6 +818,7 @@ impl Device for SimDevice {
             .copy(
                 "copy to host",
                 stream,
+                dst.len() as u64,
                 |c| &mut c.copy_to_host_async,
                 |s| s.read(&mut dst, src),
             )?
@@ -621,6 +836,7 @@ impl Device for SimDevice {
         self.copy(
             "copy on device",
             stream,
+            len,
             |c| &mut c.copy_on_device_async,
             |s| s.copy_within(dst, src, len),
         )?
@@ -973,6 +1189,104 @@ mod tests {
         dev.copy_to_host(&mut back, b, s).unwrap();
         assert_eq!(back, pattern(4096));
         assert_eq!(dev.counters().copy_on_device_async, 1);
+    }
+
+    #[test]
+    fn virtual_clocks_overlap_streams_and_order_them_through_events() {
+        // 1 byte per nanosecond: a 1000-byte copy takes 1 µs.
+        let config = SimConfig {
+            copy_bandwidth: Some(1_000_000_000),
+            ..SimConfig::host(4 * MIB)
+        };
+        let dev = SimDevice::new(config).unwrap();
+        let (copy, compute) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+        let ptr = dev.malloc(1000).unwrap();
+        let upload = dev
+            .copy_to_device_async(ptr, dev.alloc_pinned(1000).unwrap(), copy)
+            .unwrap();
+        dev.enqueue_timed_work(compute, 700).unwrap();
+        assert_eq!(dev.elapsed_ns(), 1000, "the streams ran side by side");
+        let copied = dev.record_event(copy).unwrap();
+        dev.stream_wait_event(compute, copied).unwrap();
+        dev.enqueue_timed_work(compute, 500).unwrap();
+        assert_eq!(dev.elapsed_ns(), 1500, "compute waited for the copy");
+        drop(upload); // the host waits for the copy: until 1000
+        let mut back = vec![0u8; 1000];
+        dev.copy_to_host(&mut back, ptr, StreamId::DEFAULT).unwrap();
+        assert_eq!(dev.elapsed_ns(), 2000, "issued by the host at 1000");
+        dev.enqueue_timed_work(compute, 100).unwrap();
+        assert_eq!(
+            dev.elapsed_ns(),
+            2100,
+            "the host waited for the synchronous copy"
+        );
+        dev.synchronize().unwrap();
+        dev.copy_to_host(&mut back, ptr, StreamId::DEFAULT).unwrap();
+        assert_eq!(
+            dev.elapsed_ns(),
+            3100,
+            "after a synchronisation the host is at 2100"
+        );
+        assert_eq!(dev.counters().stream_wait_event, 1);
+        let none = host(4 * MIB);
+        let p = none.malloc(1000).unwrap();
+        none.copy_to_device(p, &[1u8; 1000], StreamId::DEFAULT)
+            .unwrap();
+        assert_eq!(none.elapsed_ns(), 0, "copies take no time by default");
+    }
+
+    #[test]
+    fn managed_memory_is_host_memory_with_checked_hints() {
+        let dev = host(4 * MIB);
+        let ptr = dev.alloc_managed(4096).unwrap();
+        dev.copy_to_device(ptr, &pattern(4096), StreamId::DEFAULT)
+            .unwrap();
+        let to = MemoryLocation::Device;
+        dev.prefetch_managed(ptr + 1024, 1024, to, StreamId::DEFAULT)
+            .unwrap();
+        dev.advise_managed(ptr, 4096, ManagedAdvice::ReadMostly)
+            .unwrap();
+        assert!(dev
+            .advise_managed(ptr, 4097, ManagedAdvice::ReadMostly)
+            .is_err());
+        assert!(dev.prefetch_managed(ptr, 8, to, StreamId(9)).is_err());
+        let plain = dev.malloc(4096).unwrap();
+        assert!(dev
+            .prefetch_managed(plain, 8, to, StreamId::DEFAULT)
+            .is_err());
+        assert!(dev.free_managed(plain).is_err());
+        let mut back = vec![0u8; 4096];
+        dev.copy_to_host(&mut back, ptr, StreamId::DEFAULT).unwrap();
+        assert_eq!(back, pattern(4096));
+        dev.free_managed(ptr).unwrap();
+        dev.free(plain).unwrap();
+        assert_eq!(dev.used(), 0);
+        let c = dev.counters();
+        assert_eq!(
+            (c.alloc_managed, c.prefetch_managed, c.advise_managed),
+            (1, 3, 2)
+        );
+        assert_eq!(
+            (c.malloc, c.free),
+            (2, 2),
+            "the refused free_managed freed nothing"
+        );
+    }
+
+    #[test]
+    fn a_stream_is_destroyed_once_its_events_are_gone() {
+        let dev = host(4 * MIB);
+        let s = dev.create_stream().unwrap();
+        let e = dev.record_event(s).unwrap();
+        assert!(matches!(
+            dev.destroy_stream(s),
+            Err(DeviceError::InvalidValue(_))
+        ));
+        dev.destroy_event(e).unwrap();
+        dev.destroy_stream(s).unwrap();
+        assert!(dev.record_event(s).is_err(), "the stream is gone");
+        assert!(dev.destroy_stream(s).is_err());
+        assert!(dev.destroy_stream(StreamId::DEFAULT).is_err());
     }
 
     #[test]

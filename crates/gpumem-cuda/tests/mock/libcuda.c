@@ -174,6 +174,7 @@ CUresult cuStreamCreate(void **s, unsigned flags) {
 }
 CUresult cuStreamDestroy_v2(void *s) { free(s); return need_ctx(); }
 CUresult cuStreamSynchronize(void *s) { (void)s; return need_ctx(); }
+CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) { (void)s; (void)e; (void)flags; return need_ctx(); }
 CUresult cuEventCreate(void **e, unsigned flags) {
   (void)flags;
   if (need_ctx()) return INVALID_CONTEXT;
