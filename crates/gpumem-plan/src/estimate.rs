@@ -568,9 +568,14 @@ fn simulate_inference(
     };
     let step_units = build_units(model, &one_token, workload.batch);
     let cached_tokens = workload.tokens() as f64;
-    let kv_per_token: f64 = step_units.iter().map(|u| u.kv_cache).sum();
+    // Each layer's cache holds every earlier token, a sliding-window layer the last window.
+    let earlier = cached_tokens - 1.0;
+    let cache_base: f64 = step_units
+        .iter()
+        .map(|u| u.kv_cache * u.kv_window.map_or(earlier, |w| w.min(earlier)))
+        .sum();
     let layer_kv = step_units.iter().map(|u| u.kv_cache).fold(0.0, f64::max) * cached_tokens;
-    let mut decode = pass(&step_units, kv_per_token * (cached_tokens - 1.0));
+    let mut decode = pass(&step_units, cache_base);
     decode.temporaries += bytes(layer_kv);
     vec![(Phase::Prefill, prefill), (Phase::Decode, decode)]
 }

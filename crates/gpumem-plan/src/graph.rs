@@ -4,7 +4,8 @@
 //! upcast of logits in the loss), so the phase simulation can replay a step.
 
 use crate::model::{
-    Activation, Architecture, ConvShape, Head, ModelSpec, Norm, ResnetSpec, TransformerSpec,
+    Activation, Architecture, ConvShape, Head, LayerKind, ModelSpec, Norm, Patches, ResnetSpec,
+    TransformerSpec,
 };
 use crate::workload::{Attention, Checkpointing, Dtype, Mode, Target, Workload};
 
@@ -36,6 +37,9 @@ pub struct Unit {
     pub body_held: f64,
     /// KV-cache bytes the unit keeps in a no-grad forward.
     pub kv_cache: f64,
+    /// Tokens per sequence the unit's cache keeps at most (a sliding-window layer keeps the
+    /// last `window − 1`); None: every token.
+    pub kv_window: Option<f64>,
     /// Parameters of the unit (their gradients appear when its backward runs).
     pub params: u64,
 }
@@ -89,6 +93,8 @@ struct AttentionShape {
     queries: f64,
     keys: f64,
     causal: bool,
+    /// Key tokens per sequence its cache keeps (sliding window), None: all.
+    cached_keys: Option<f64>,
 }
 
 /// What one attention sublayer keeps besides its per-query-token terms, in bytes.
@@ -125,6 +131,9 @@ struct ScoreBytes {
     conversion: f64,
     /// The cast of fp32 probabilities back to the activation dtype.
     cast: f64,
+    /// `tanh` soft-capping of the scores: its output, saved for backward and alive beside the
+    /// scores without gradients.
+    softcap: f64,
     /// Dropout on the probabilities in training: a 1-byte mask and the output.
     dropout: f64,
 }
@@ -132,13 +141,13 @@ struct ScoreBytes {
 impl ScoreBytes {
     /// Saved for backward: the softmax output, its cast, the dropout mask and output.
     fn saved(&self) -> f64 {
-        self.probs + self.cast + self.dropout
+        self.probs + self.cast + self.dropout + self.softcap
     }
 
     /// Peak in a no-grad forward: the input stays named while the softmax makes its fp32 copy
     /// and output, then while the output is cast (`x = softmax(x, ...).to(dtype)`).
     fn no_grad_peak(&self) -> f64 {
-        self.input + self.probs + self.conversion.max(self.cast)
+        self.input + self.softcap + self.probs + self.conversion.max(self.cast)
     }
 
     /// The probabilities the attention returns (the cast if any, else the softmax output).
@@ -165,7 +174,26 @@ struct Tally {
 /// Builds the unit sequence of a model under a workload for one micro-batch (`batch` samples).
 pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Unit> {
     match &model.arch {
-        Architecture::Transformer(spec) => TransformerGraph::new(spec, workload, batch).units(),
+        Architecture::Transformer(spec) => {
+            let mut units = Vec::new();
+            if let Some(vision) = &spec.vision {
+                // The vision tower runs on one image per sample at its own resolution, then the
+                // projector maps its patch features to image tokens of the language model.
+                let tower_size = vision
+                    .tower
+                    .patches
+                    .map_or(workload.image_size, |p| p.image_size);
+                let images = Workload {
+                    image_size: tower_size,
+                    ..workload.clone()
+                };
+                let tower = TransformerGraph::new(&vision.tower, &images, batch);
+                units.extend(tower.units());
+                units.push(tower.projector(vision.projector, vision.image_tokens, spec.hidden));
+            }
+            units.extend(TransformerGraph::new(spec, workload, batch).units());
+            units
+        }
         Architecture::Resnet(spec) => resnet_units(spec, workload, batch),
     }
 }
@@ -202,8 +230,45 @@ impl<'a> TransformerGraph<'a> {
     /// Sequence length of the (decoder or only) stack.
     fn sequence(&self) -> f64 {
         match self.spec.patches {
-            Some(p) => ((self.workload.image_size / p.patch).pow(2) + 1) as f64,
+            Some(p) => Patches {
+                image_size: self.workload.image_size,
+                ..p
+            }
+            .tokens() as f64,
             None => self.workload.seq as f64,
+        }
+    }
+
+    /// Sequence length of an encoder-decoder's encoder: Whisper's fixed frames, else the input.
+    fn encoder_sequence(&self) -> f64 {
+        match self.spec.audio {
+            Some(a) => a.frames as f64,
+            None => self.sequence(),
+        }
+    }
+
+    /// The projector of a vision-language model: two linears with a GELU between them, from
+    /// the tower's patch features to `image_tokens` tokens of width `width` per image.
+    fn projector(&self, params: u64, image_tokens: u64, width: u64) -> Unit {
+        let act = self.bytes.act;
+        let tokens = self.batch * image_tokens as f64;
+        let (v, t) = (self.spec.hidden as f64, width as f64);
+        Unit {
+            name: "projector",
+            // The selected features, the first linear's output (GELU input) and the GELU output.
+            saved: if self.training {
+                tokens * act * (v + 2.0 * t)
+            } else {
+                0.0
+            },
+            forward_transient: tokens * act * t,
+            backward_transient: 2.0 * tokens * act * t,
+            gradient_transient: tokens * act * t,
+            inference_live: tokens * act * (v + 2.0 * t),
+            // The image features are scattered into the language model's input embeddings.
+            held: 0.0,
+            params,
+            ..Unit::default()
         }
     }
 
@@ -219,15 +284,16 @@ impl<'a> TransformerGraph<'a> {
     fn units(&self) -> Vec<Unit> {
         let spec = self.spec;
         let mut units = vec![self.embeddings()];
-        let seq = self.sequence();
+        let seq = self.encoder_sequence();
         if spec.is_encoder_decoder() {
             let encoder = AttentionShape {
                 queries: seq,
                 keys: seq,
                 causal: false,
+                cached_keys: None,
             };
             for _ in 0..spec.encoder_layers {
-                units.push(self.block(encoder, None));
+                units.push(self.block(encoder, None, LayerKind::default()));
             }
             if !self.training {
                 // The encoder's output is returned (`encoder_last_hidden_state`), and the
@@ -241,23 +307,31 @@ impl<'a> TransformerGraph<'a> {
                 queries: dec,
                 keys: dec,
                 causal: true,
+                cached_keys: None,
             };
             let cross = AttentionShape {
                 queries: dec,
                 keys: seq,
                 causal: false,
+                cached_keys: None,
             };
             for _ in 0..spec.layers {
-                units.push(self.block(decoder, Some(cross)));
+                units.push(self.block(decoder, Some(cross), LayerKind::default()));
             }
         } else {
-            let shape = AttentionShape {
-                queries: seq,
-                keys: seq,
-                causal: spec.decoder,
-            };
-            for _ in 0..spec.layers {
-                units.push(self.block(shape, None));
+            for index in 0..spec.layers {
+                let layer = spec.layer_kind(index);
+                let window = spec
+                    .sliding
+                    .filter(|_| layer.sliding)
+                    .map(|s| s.window.saturating_sub(1).max(1) as f64);
+                let shape = AttentionShape {
+                    queries: seq,
+                    keys: seq,
+                    causal: spec.decoder,
+                    cached_keys: window,
+                };
+                units.push(self.block(shape, None, layer));
             }
         }
         units.push(self.head());
@@ -305,6 +379,24 @@ impl<'a> TransformerGraph<'a> {
                 0.0
             };
         }
+        // Whisper's encoder input: log-mel features over twice its frames, through two GELU
+        // convolutions (the second with stride 2).
+        let mut stem_live = 0.0;
+        if let Some(a) = spec.audio {
+            let frames = self.batch * a.frames as f64;
+            let features = 2.0 * frames * a.mel_bins as f64;
+            held += features * self.bytes.residual;
+            if self.training {
+                // The autocast copy of the features, both convolutions' outputs (GELU inputs)
+                // and the first GELU's output (the second convolution's input).
+                saved += if self.bytes.autocast {
+                    features * self.bytes.act
+                } else {
+                    0.0
+                } + 5.0 * frames * h * self.bytes.act;
+            }
+            stem_live = 4.0 * frames * h * self.bytes.act;
+        }
         if spec.embedding_norm {
             saved += tokens * self.bytes.residual * h;
         }
@@ -341,10 +433,10 @@ impl<'a> TransformerGraph<'a> {
             saved: saved / self.split.sequence,
             held,
             body_held,
-            forward_transient: 2.0 * tokens * self.bytes.residual * h,
+            forward_transient: (2.0 * tokens * self.bytes.residual * h).max(stem_live),
             backward_transient: tokens * self.bytes.residual * h,
             gradient_transient: tied_accumulation + tokens * self.bytes.residual * h,
-            inference_live: 2.0 * tokens * self.bytes.residual * h,
+            inference_live: (2.0 * tokens * self.bytes.residual * h).max(stem_live),
             params: spec.params_of_embeddings(),
             ..Unit::default()
         }
@@ -389,6 +481,11 @@ impl<'a> TransformerGraph<'a> {
                 0.0
             },
             cast: if upcast { input } else { 0.0 },
+            softcap: if self.spec.attention_softcap {
+                input
+            } else {
+                0.0
+            },
             dropout: if self.dropout_active(self.spec.attention_dropout) {
                 1.0 + input
             } else {
@@ -417,6 +514,7 @@ impl<'a> TransformerGraph<'a> {
         let spec = self.spec;
         let (act, h) = (self.bytes.act, spec.hidden as f64);
         let (q, kv) = (spec.query_width() as f64, spec.kv_width() as f64);
+        let value = spec.value_width() as f64;
         let heads = spec.heads as f64 / self.split.tp;
         let scores = self.batch * heads * shape.queries * shape.keys;
         let query_tokens = self.batch * shape.queries;
@@ -431,7 +529,21 @@ impl<'a> TransformerGraph<'a> {
         // q, k, v (rotated when RoPE is used) are saved by the attention. RoPE's products with the
         // gradient-free cos/sin tables save only the tables, so the raw projections are freed.
         tally.sharded += act * q;
-        key_side += act * 2.0 * kv;
+        key_side += act * (kv + value);
+        if spec.qk_norm {
+            // RMSNorm over each head's q and k: the fp32 input and the cast of its output.
+            tally.sharded += (4.0 + act) * (q + kv);
+        }
+        if let Some(l) = spec.latent {
+            // The low-rank path: q_a output and its RMSNorm, the kv latent (with the rotary
+            // key) and its RMSNorm, and the decompressed per-head keys and values of kv_b.
+            let (qr, kvr) = (l.query_rank as f64, l.kv_rank as f64);
+            tally.sharded += act * qr
+                + (4.0 + act) * qr
+                + act * (kvr + l.rope_dim as f64)
+                + (4.0 + act) * kvr
+                + act * (spec.heads * (l.nope_dim + l.value_dim)) as f64;
+        }
         let materialised = self.materialises_scores();
         if self.cache_copies()
             && !materialised
@@ -441,7 +553,7 @@ impl<'a> TransformerGraph<'a> {
         {
             // The KV cache concatenates copies of k and v, which the kernel saves, while the
             // query view keeps the whole fused projection alive.
-            key_side += act * 2.0 * kv;
+            key_side += act * (kv + value);
         }
         let repeats = spec.heads / spec.kv_heads;
         let expanded = if repeats > 1 && materialised {
@@ -459,11 +571,20 @@ impl<'a> TransformerGraph<'a> {
         } else {
             0.0
         };
-        // A causal mask (b × q × k in the activation dtype) lives through the whole forward.
+        // A causal mask (b × q × k in the activation dtype) lives through the whole forward; a
+        // model with sliding-window layers builds a second one for them.
+        let masks = if spec.sliding.is_some() { 2.0 } else { 1.0 };
         let mask = if shape.causal {
-            act * self.batch * shape.queries * shape.keys
+            masks * act * self.batch * shape.queries * shape.keys
         } else {
             0.0
+        };
+        // SDPA takes a boolean mask for sliding layers once the keys exceed the window.
+        let sliding_mask = match spec.sliding {
+            Some(s) if shape.causal && shape.keys > s.window as f64 => {
+                self.batch * shape.queries * shape.keys
+            }
+            _ => 0.0,
         };
         let cached = self.keeps_cache();
         // No-grad projections alive at the attention (this GPU's heads): a fused projection stays
@@ -482,7 +603,7 @@ impl<'a> TransformerGraph<'a> {
                 + if cached {
                     0.0
                 } else {
-                    key_tokens * act * 2.0 * kv_local
+                    key_tokens * act * (kv + value) / self.split.tp
                 }
         };
         let mut core = 0.0;
@@ -514,16 +635,23 @@ impl<'a> TransformerGraph<'a> {
             (
                 projections + query_tokens * (act * q_local + 4.0 * heads) + bias_mask,
                 0.0,
-                0.0,
+                sliding_mask,
             )
         };
         if self.dropout_active(spec.hidden_dropout) {
             tally.replicated += h;
         }
         tally.core += core;
-        // The cache holds copies of k and v per key token (the encoder's for cross-attention).
+        // The cache holds copies of k and v per key token (the encoder's for cross-attention),
+        // the last window of them on a sliding-window layer; latent attention caches its
+        // compressed latent and rotary key, shared by all heads.
+        let cache_width = match spec.latent {
+            Some(_) => spec.cache_width() as f64,
+            None => spec.cache_width() as f64 / self.split.tp,
+        };
+        let cached_keys = shape.cached_keys.map_or(shape.keys, |w| w.min(shape.keys));
         let kv_cache = if cached && (shape.causal || cross) {
-            act * 2.0 * kv / self.split.tp * key_tokens
+            act * cache_width * self.batch * cached_keys
         } else {
             0.0
         };
@@ -537,14 +665,17 @@ impl<'a> TransformerGraph<'a> {
         }
     }
 
-    /// Saved bytes per token of the MLP and its activation.
-    fn mlp(&self) -> f64 {
+    /// Saved bytes per token of the MLP of a block of kind `layer` (the experts each token is
+    /// routed to, and the shared ones) and its activation.
+    fn mlp(&self, layer: LayerKind) -> f64 {
         let spec = self.spec;
-        let (act, h, f) = (self.bytes.act, spec.hidden as f64, spec.intermediate as f64);
+        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let f = spec.routed_intermediate(layer) as f64;
         let consumers = if spec.gated_mlp { 2.0 } else { 1.0 };
         let mut per_expert = f * match spec.activation {
             Activation::Gelu | Activation::GeluTanh | Activation::Silu => 2.0 * act,
             Activation::Relu => act,
+            Activation::QuickGelu => 3.0 * act,
             // 0.5·x·(1 + tanh(…)) in Python ops. Plain: x, tanh(…), 0.5·x, 1 + tanh(…) and the
             // product. Autocast runs pow in fp32, which promotes the tanh branch to fp32: the fp32
             // copy of x, tanh(…), 1 + tanh(…), plus 0.5·x and the product's cast for the next linear.
@@ -561,13 +692,12 @@ impl<'a> TransformerGraph<'a> {
                 0.0
             };
         }
-        let routed = spec.experts_per_token as f64;
-        let routing = if spec.experts > 1 {
-            4.0 * spec.experts as f64 + routed * act * h
+        let routing = if layer.moe {
+            4.0 * spec.experts as f64 + spec.experts_per_token as f64 * act * h
         } else {
             0.0
         };
-        self.bytes.linear_input(h, consumers) + routed * per_expert + routing
+        self.bytes.linear_input(h, consumers) + per_expert + routing
     }
 
     /// Intermediates of width f alive at once in a no-grad MLP forward.
@@ -575,17 +705,22 @@ impl<'a> TransformerGraph<'a> {
         match (self.spec.gated_mlp, self.spec.activation) {
             (true, _) => 3.0,                           // activation(gate), up, product
             (false, Activation::GeluTanhPython) => 4.0, // x, 0.5·x, two chained temporaries
+            (false, Activation::QuickGelu) => 3.0,      // x, sigmoid(1.702·x), the product
             (false, _) => 2.0,                          // projection and activation
         }
     }
 
-    fn block(&self, shape: AttentionShape, cross: Option<AttentionShape>) -> Unit {
+    fn block(
+        &self,
+        shape: AttentionShape,
+        cross: Option<AttentionShape>,
+        layer: LayerKind,
+    ) -> Unit {
         let spec = self.spec;
         let (act, h) = (self.bytes.act, spec.hidden as f64);
         let tokens = self.batch * shape.queries;
         let mut tally = Tally::default();
-        let norms = if spec.shared_block_norm { 1.0 } else { 2.0 }
-            + if cross.is_some() { 1.0 } else { 0.0 };
+        let norms = spec.block_norms() as f64 + if cross.is_some() { 1.0 } else { 0.0 };
         if spec.post_norm {
             // The block input is saved by q/k/v; each add+norm saves the sum.
             tally.sharded += self
@@ -605,12 +740,12 @@ impl<'a> TransformerGraph<'a> {
             .unwrap_or_default();
         let key_bytes = own.key_saved + cross.key_saved;
         let transient = own.forward_transient.max(cross.forward_transient);
-        tally.sharded += self.mlp();
+        tally.sharded += self.mlp(layer);
         if self.dropout_active(spec.hidden_dropout) {
             tally.replicated += h;
         }
         let autocast_weights = if self.bytes.autocast {
-            act * spec.block_linear_params() as f64 / self.split.tp
+            act * spec.block_linear_params(layer) as f64 / self.split.tp
         } else {
             0.0
         };
@@ -619,7 +754,7 @@ impl<'a> TransformerGraph<'a> {
             + key_bytes
             + tally.core
             + autocast_weights;
-        let f = spec.intermediate as f64 * spec.experts_per_token as f64 / self.split.tp;
+        let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
         // No-grad forward: the hidden states the family's block code holds (block input, norm
         // output, residual sum, attention output) beside what each sublayer computes; the
         // probabilities eager attention returns stay held until the block returns, T5's position
@@ -661,7 +796,8 @@ impl<'a> TransformerGraph<'a> {
             gradient_transient: residual_gradient,
             inference_live,
             kv_cache: own.kv_cache + cross.kv_cache,
-            params: spec.block_params(has_cross),
+            kv_window: shape.cached_keys,
+            params: spec.block_params(has_cross, layer),
             ..Unit::default()
         }
     }
@@ -694,7 +830,7 @@ impl<'a> TransformerGraph<'a> {
                     0.0
                 };
                 // T5 rescales the decoder output before the tied LM head: a fresh tensor.
-                let rescale = if spec.head == Head::Seq2SeqLm && spec.tied_embeddings {
+                let rescale = if spec.rescaled_output {
                     self.bytes.residual * h
                 } else {
                     0.0
@@ -705,6 +841,9 @@ impl<'a> TransformerGraph<'a> {
                     tokens
                 };
                 let logits = logits_tokens * vocab * act;
+                // Soft-capped logits (`cap · tanh(logits / cap)`): the division's output, and
+                // tanh's output saved for backward.
+                let softcap = if spec.logit_softcap { logits } else { 0.0 };
                 // Causal LMs upcast logits before the loss; autocast runs cross-entropy in fp32;
                 // masked-LM and T5 heads take the loss in the activation dtype.
                 let upcast = spec.head == Head::CausalLm || self.workload.amp.is_some();
@@ -720,10 +859,13 @@ impl<'a> TransformerGraph<'a> {
                     let log_probs = tokens * vocab * loss_bytes;
                     Unit {
                         name: "head",
-                        saved: tokens * saved_per_token + log_probs + autocast_weight(lm_weights),
+                        saved: tokens * saved_per_token
+                            + log_probs
+                            + autocast_weight(lm_weights)
+                            + softcap,
                         // Only the loss leaves the model (as in the HF Trainer): logits and their fp32
                         // copy live until log_softmax has run.
-                        forward_transient: logits + fp32_copy,
+                        forward_transient: logits + fp32_copy + softcap,
                         // Gradients of nll_loss and of log_softmax, with log_softmax's output still saved.
                         backward_transient: 2.0 * tokens * vocab * loss_bytes,
                         // The logits' gradient (cast back to the logits dtype) feeds the LM head.
@@ -759,7 +901,7 @@ impl<'a> TransformerGraph<'a> {
                     Unit {
                         name: "head",
                         // The logits themselves are `held` (returned to the caller).
-                        inference_live: (2.0 * hidden - held).max(beside_logits + loss),
+                        inference_live: (2.0 * hidden - held).max(beside_logits + loss + softcap),
                         held,
                         params,
                         ..Unit::default()
@@ -767,6 +909,7 @@ impl<'a> TransformerGraph<'a> {
                 }
             }
             Head::Pooler
+            | Head::AttentionPool
             | Head::None
             | Head::SequenceClassification { .. }
             | Head::ImageClassification { .. } => {
