@@ -93,7 +93,8 @@ struct AttentionShape {
     queries: f64,
     keys: f64,
     causal: bool,
-    /// Key tokens per sequence its cache keeps (sliding window), None: all.
+    /// Key tokens per sequence a sliding-window layer attends to and keeps in its cache while
+    /// decoding; None: all.
     cached_keys: Option<f64>,
 }
 
@@ -341,18 +342,29 @@ impl<'a> TransformerGraph<'a> {
     /// Saved bytes per token of a norm (its input and, for RMSNorm, the normalised fp32 values).
     fn norm_saved(&self) -> f64 {
         let h = self.spec.hidden as f64;
-        let residual = self.bytes.residual;
+        let per_row = match self.spec.norm {
+            Norm::LayerNorm => 8.0,
+            _ => 4.0,
+        };
+        self.norm_element_bytes(self.bytes.residual) * h + per_row
+    }
+
+    /// Saved bytes per normalised element of an input of `input` bytes per element.
+    fn norm_element_bytes(&self, input: f64) -> f64 {
         match self.spec.norm {
-            Norm::LayerNorm => residual * h + 8.0,
+            Norm::LayerNorm => input,
+            // The fp32 copy the variance reads and the fp32 normalised values (scaled by
+            // `1 + weight` before the cast back).
+            Norm::RmsNormOffset => 8.0,
+            // The fp32 copy and the cast of the normalised values that the weight scales;
+            // `x * rsqrt(var)` (T5) saves a half-precision x beside the fp32 copy.
             Norm::RmsNorm | Norm::RmsNormScaledInput => {
-                // `x * rsqrt(var)` (T5) saves a half-precision x beside the fp32 copy the
-                // variance reads.
-                let input = if self.spec.norm == Norm::RmsNormScaledInput && residual < 4.0 {
-                    residual * h
+                let scaled_input = if self.spec.norm == Norm::RmsNormScaledInput && input < 4.0 {
+                    input
                 } else {
                     0.0
                 };
-                4.0 * h + residual * h + 4.0 + input
+                4.0 + input + scaled_input
             }
         }
     }
@@ -502,7 +514,8 @@ impl<'a> TransformerGraph<'a> {
             // T5's relative position bias has no fused kernel path in transformers when its
             // gradient is needed; without gradients SDPA takes it as an additive mask.
             Attention::Sdpa => {
-                (self.training && self.spec.relative_attention_buckets > 0)
+                self.spec.eager_only
+                    || (self.training && self.spec.relative_attention_buckets > 0)
                     || (self.workload.target == Target::Cpu
                         && self.dropout_active(self.spec.attention_dropout))
             }
@@ -531,8 +544,8 @@ impl<'a> TransformerGraph<'a> {
         tally.sharded += act * q;
         key_side += act * (kv + value);
         if spec.qk_norm {
-            // RMSNorm over each head's q and k: the fp32 input and the cast of its output.
-            tally.sharded += (4.0 + act) * (q + kv);
+            // The family's RMSNorm over each head's q and k.
+            tally.sharded += self.norm_element_bytes(act) * (q + kv);
         }
         if let Some(l) = spec.latent {
             // The low-rank path: q_a output and its RMSNorm, the kv latent (with the rotary
@@ -579,12 +592,20 @@ impl<'a> TransformerGraph<'a> {
         } else {
             0.0
         };
-        // SDPA takes a boolean mask for sliding layers once the keys exceed the window.
-        let sliding_mask = match spec.sliding {
+        // SDPA takes a boolean mask for sliding layers once the keys exceed the window (built
+        // once, held through the stack), which it converts to an additive mask in the
+        // activation dtype on each sliding layer (saved for backward).
+        let (sliding_mask, converted_mask) = match spec.sliding {
             Some(s) if shape.causal && shape.keys > s.window as f64 => {
-                self.batch * shape.queries * shape.keys
+                let elements = self.batch * shape.queries * shape.keys;
+                let converted = if shape.cached_keys.is_some() {
+                    act * elements
+                } else {
+                    0.0
+                };
+                (elements, converted)
             }
-            _ => 0.0,
+            _ => (0.0, 0.0),
         };
         let cached = self.keeps_cache();
         // No-grad projections alive at the attention (this GPU's heads): a fused projection stays
@@ -632,8 +653,12 @@ impl<'a> TransformerGraph<'a> {
             } else {
                 0.0
             };
+            core += converted_mask;
             (
-                projections + query_tokens * (act * q_local + 4.0 * heads) + bias_mask,
+                projections
+                    + query_tokens * (act * q_local + 4.0 * heads)
+                    + bias_mask
+                    + converted_mask,
                 0.0,
                 sliding_mask,
             )
@@ -642,16 +667,16 @@ impl<'a> TransformerGraph<'a> {
             tally.replicated += h;
         }
         tally.core += core;
-        // The cache holds copies of k and v per key token (the encoder's for cross-attention),
-        // the last window of them on a sliding-window layer; latent attention caches its
-        // compressed latent and rotary key, shared by all heads.
+        // The cache holds copies of k and v per key token (the encoder's for cross-attention);
+        // latent attention caches its compressed latent and rotary key, shared by all heads. A
+        // sliding-window layer keeps a view of its last window, so the prefill's whole copy
+        // stays alive; decoding then keeps only the window (`Unit::kv_window`).
         let cache_width = match spec.latent {
             Some(_) => spec.cache_width() as f64,
             None => spec.cache_width() as f64 / self.split.tp,
         };
-        let cached_keys = shape.cached_keys.map_or(shape.keys, |w| w.min(shape.keys));
         let kv_cache = if cached && (shape.causal || cross) {
-            act * cache_width * self.batch * cached_keys
+            act * cache_width * key_tokens
         } else {
             0.0
         };
@@ -692,17 +717,45 @@ impl<'a> TransformerGraph<'a> {
                 0.0
             };
         }
+        // Each expert gathers its tokens (`hidden_states[token_idx]`, saved by its first linear)
+        // and scales its output by the routing weight (the product saves that output); the
+        // router saves its fp32 softmax.
         let routing = if layer.moe {
-            4.0 * spec.experts as f64 + spec.experts_per_token as f64 * act * h
+            4.0 * spec.experts as f64 + 2.0 * spec.experts_per_token as f64 * act * h
         } else {
             0.0
         };
         self.bytes.linear_input(h, consumers) + per_expert + routing
     }
 
+    /// Bytes an MLP of kind `layer` has alive at its no-grad peak for `tokens` tokens, besides
+    /// the hidden states its block holds. A dense MLP: its intermediates. A mixture of experts
+    /// as transformers 5.x runs it (`grouped_mm` over the routed token copies, sorted by
+    /// expert): the router's logits and fp32 probabilities, the top-k choices and their sort,
+    /// then either the gathered copies with the gate/up output, its activation and product, or
+    /// at the end the gathered copies, the down projection's output, its weighted copy and that
+    /// reordered back; the shared experts' intermediates come after, over every token.
+    fn mlp_no_grad_live(&self, tokens: f64, layer: LayerKind) -> f64 {
+        let spec = self.spec;
+        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        if !layer.moe {
+            let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
+            return tokens * act * f * self.mlp_live_intermediates();
+        }
+        let (experts, k) = (spec.experts as f64, spec.experts_per_token as f64);
+        let f = spec.intermediate as f64 / self.split.tp;
+        let routed = tokens * k;
+        let router = tokens * experts * (act + 4.0) + routed * (4.0 + 3.0 * 8.0);
+        let experts_live = routed * act * (h + 4.0 * f).max(4.0 * h);
+        let shared = tokens * act * spec.moe.shared_intermediate as f64 / self.split.tp
+            * self.mlp_live_intermediates();
+        router + experts_live.max(tokens * act * h + shared)
+    }
+
     /// Intermediates of width f alive at once in a no-grad MLP forward.
     fn mlp_live_intermediates(&self) -> f64 {
         match (self.spec.gated_mlp, self.spec.activation) {
+            (true, _) if self.spec.fused_gate_up => 4.0, // gate|up (2f), activation, product
             (true, _) => 3.0,                           // activation(gate), up, product
             (false, Activation::GeluTanhPython) => 4.0, // x, 0.5·x, two chained temporaries
             (false, Activation::QuickGelu) => 3.0,      // x, sigmoid(1.702·x), the product
@@ -778,8 +831,7 @@ impl<'a> TransformerGraph<'a> {
         } else {
             own.inference_kept
         };
-        let mlp_live =
-            hidden * held.at_mlp as f64 + tokens * act * f * self.mlp_live_intermediates() + kept;
+        let mlp_live = hidden * held.at_mlp as f64 + self.mlp_no_grad_live(tokens, layer) + kept;
         let inference_live =
             attention_live.max(cross_live).max(mlp_live) + own.stack_held + cross.stack_held;
         let largest_intermediate = (tally.core / 2.0).max(tokens * act * f);

@@ -460,6 +460,8 @@ impl ConfigFields<'_> {
             sandwich_norms: false,
             sliding: None,
             attention_softcap: false,
+            eager_only: false,
+            fused_gate_up: false,
             logit_softcap: false,
             latent,
             moe: MoeLayout::default(),
@@ -759,6 +761,9 @@ impl ConfigFields<'_> {
     fn newer_decoder(&self, spec: &mut TransformerSpec) -> Result<()> {
         let mt = self.model_type.as_str();
         spec.qk_norm = matches!(mt, "qwen3" | "qwen3_moe" | "gemma3_text");
+        if matches!(mt, "gemma" | "gemma2" | "gemma3_text") {
+            spec.norm = Norm::RmsNormOffset;
+        }
         if matches!(mt, "gemma2" | "gemma3_text") {
             spec.sandwich_norms = true;
             let default_every = if mt == "gemma2" { 2 } else { 6 };
@@ -781,11 +786,13 @@ impl ConfigFields<'_> {
                 spec.sliding = Some(SlidingWindow { window, full_every });
             }
             spec.attention_softcap = self.find(&["attn_logit_softcapping"]).is_some();
+            spec.eager_only = mt == "gemma2";
             spec.logit_softcap = self.find(&["final_logit_softcapping"]).is_some();
         }
         if mt == "phi3" {
             // One qkv_proj and one gate_up_proj, no biases; dropouts by Phi's names.
             spec.fused_qkv = true;
+            spec.fused_gate_up = true;
             spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.0);
             spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.0);
         }

@@ -57,6 +57,9 @@ pub enum Norm {
     /// RMSNorm that scales the input itself by the fp32 reciprocal root (T5): the product is
     /// promoted to fp32, so a half-precision input is saved beside its fp32 copy.
     RmsNormScaledInput,
+    /// RMSNorm that scales by `1 + weight` in fp32 before casting back (Gemma): the fp32 copy
+    /// of the input and the fp32 normalised values are both saved, whatever the input dtype.
+    RmsNormOffset,
 }
 
 /// Which output module sits on top of the transformer body.
@@ -307,6 +310,11 @@ pub struct TransformerSpec {
     pub sliding: Option<SlidingWindow>,
     /// `tanh` soft-capping of the attention scores (Gemma 2 eager attention).
     pub attention_softcap: bool,
+    /// transformers has no SDPA path for the family (Gemma 2): `--attn sdpa` runs eager.
+    pub eager_only: bool,
+    /// Gate and up projections are one matrix (Phi-3): its output stays whole behind the two
+    /// halves while the activation and product are computed.
+    pub fused_gate_up: bool,
     /// `tanh` soft-capping of the final logits (Gemma 2).
     pub logit_softcap: bool,
     /// Multi-head latent attention (DeepSeek-V2/V3).

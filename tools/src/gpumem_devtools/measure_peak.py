@@ -39,6 +39,7 @@ PROG = "gpumem-measure-peak"
 CONFIG_DIR = "testdata/plan/configs"
 DEFAULT_OUT = "testdata/plan/measured.jsonl"
 HELDOUT_OUT = "testdata/plan/measured_heldout.jsonl"
+ARCHITECTURES_OUT = "testdata/plan/measured_architectures.jsonl"
 STEPS = 2
 
 
@@ -218,6 +219,24 @@ def heldout_grid() -> list[tuple[str, Settings]]:
         "t5-small-2l": [I(2, 512, labels=True, **cache)],
     }
     return [(name, s) for name, lst in cases.items() for s in lst]
+
+
+def architectures_grid() -> list[tuple[str, Settings]]:
+    """(config name, Settings) of the architectures set (`--architectures`,
+    measured_architectures.jsonl): the families added after the main grid -- q/k norms,
+    sandwich norms and sliding windows, latent attention, multi-query attention, mixtures of
+    experts with and without shared experts -- in plain forwards that return their KV cache,
+    eager attention in half precision, and training."""
+    cache = {"no_cache": False}
+    eager = {"attn": "eager"}
+    cases = []
+    for name in configs.ARCH_CONFIGS:
+        # transformers has no SDPA path for Gemma 2 (soft-capped scores): eager only.
+        default = eager if name.startswith("gemma2") else {}
+        cases += [(name, s) for s in (
+            I(4, 512, **cache, **default), I(4, 512, dtype="bf16", **cache, **eager),
+            T(2, 512, dtype="bf16", **default), T(2, 256, dtype="bf16", **eager))]
+    return cases
 
 
 def case_id(name: str, s: Settings) -> str:
@@ -471,6 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--heldout", action="store_true",
                     help=f"the held-out grid instead of the main one (default --out: "
                          f"<checkout>/{HELDOUT_OUT})")
+    ap.add_argument("--architectures", action="store_true",
+                    help=f"measure the architectures set (default --out: {ARCHITECTURES_OUT})")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
     ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
@@ -482,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    table = heldout_grid() if args.heldout else grid()
+    table = (architectures_grid() if args.architectures
+             else heldout_grid() if args.heldout else grid())
     cases = [(n, s, case_id(n, s)) for n, s in table]
     if args.only is not None:
         cases = [c for c in cases if args.only.search(c[2])]
@@ -504,7 +526,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             self_test(root)
             return 0
         vers = versions()
-        out = args.out or root / (HELDOUT_OUT if args.heldout else DEFAULT_OUT)
+        default_out = (ARCHITECTURES_OUT if args.architectures
+                       else HELDOUT_OUT if args.heldout else DEFAULT_OUT)
+        out = args.out or root / default_out
         _measure_cases(root, out, cases, table, args.redo, args.device,
                        torch.get_num_threads(), vers)
     except MissingDependency as err:
