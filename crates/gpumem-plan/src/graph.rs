@@ -478,6 +478,22 @@ impl<'a> TransformerGraph<'a> {
     /// Bytes per score element of eager attention's softmax under this workload.
     fn score_bytes(&self) -> ScoreBytes {
         let input = self.bytes.act;
+        // SDPA's math fallback on CPU computes in fp32: the scores and their softmax.
+        let math = self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback();
+        if math {
+            return ScoreBytes {
+                input: 4.0,
+                probs: 4.0,
+                conversion: 0.0,
+                cast: 0.0,
+                softcap: 0.0,
+                dropout: if self.dropout_active(self.spec.attention_dropout) {
+                    5.0
+                } else {
+                    0.0
+                },
+            };
+        }
         let probs = if self.spec.softmax_fp32 || self.workload.amp.is_some() {
             4.0
         } else {
@@ -506,6 +522,18 @@ impl<'a> TransformerGraph<'a> {
         }
     }
 
+    /// Does SDPA fall back to its math path (scores materialised)? PyTorch's CPU flash kernel
+    /// takes one head width for queries, keys and values, and latent attention's values are
+    /// narrower than its keys (the CPU traces show the math path's matmul and softmax); CUDA's
+    /// memory-efficient kernel takes different widths.
+    fn sdpa_math_fallback(&self) -> bool {
+        self.workload.target == Target::Cpu
+            && self
+                .spec
+                .latent
+                .is_some_and(|l| l.nope_dim + l.rope_dim != l.value_dim)
+    }
+
     /// Does this attention materialise the score matrix?
     fn materialises_scores(&self) -> bool {
         match self.workload.attention {
@@ -515,6 +543,7 @@ impl<'a> TransformerGraph<'a> {
             // gradient is needed; without gradients SDPA takes it as an additive mask.
             Attention::Sdpa => {
                 self.spec.eager_only
+                    || self.sdpa_math_fallback()
                     || (self.training && self.spec.relative_attention_buckets > 0)
                     || (self.workload.target == Target::Cpu
                         && self.dropout_active(self.spec.attention_dropout))
@@ -558,6 +587,12 @@ impl<'a> TransformerGraph<'a> {
                 + act * (spec.heads * (l.nope_dim + l.value_dim)) as f64;
         }
         let materialised = self.materialises_scores();
+        if self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback() {
+            // The math path saves its fp32 copies of the scaled queries and keys, and of the
+            // values when they are in half precision.
+            tally.sharded += 4.0 * q;
+            key_side += 4.0 * kv + if act < 4.0 { 4.0 * value } else { 0.0 };
+        }
         if self.cache_copies()
             && !materialised
             && spec.fused_qkv
@@ -612,7 +647,18 @@ impl<'a> TransformerGraph<'a> {
         // whole behind its q/k/v views (RoPE adds a rotated q, and k unless the cache took a
         // copy); separate projections leave q, and k and v unless the cache holds their copies.
         let (q_local, kv_local) = (q / self.split.tp, kv / self.split.tp);
-        let projections = if spec.fused_qkv && !cross {
+        let projections = if let Some(l) = spec.latent {
+            // Latent attention: q_b's output behind the no-rope queries and the concatenated
+            // queries; kv_b's output behind the values and the assembled per-head keys, and the
+            // shared rotary key expanded to every head (the cache holds the latent instead).
+            let per_head = |width: u64| (spec.heads * width) as f64 / self.split.tp;
+            query_tokens
+                * act
+                * (2.0 * q_local
+                    + per_head(l.nope_dim + l.value_dim)
+                    + kv_local
+                    + per_head(l.rope_dim))
+        } else if spec.fused_qkv && !cross {
             let rotated = if spec.rotary_fraction > 0.0 {
                 q_local + if cached { 0.0 } else { kv_local }
             } else {
@@ -756,10 +802,10 @@ impl<'a> TransformerGraph<'a> {
     fn mlp_live_intermediates(&self) -> f64 {
         match (self.spec.gated_mlp, self.spec.activation) {
             (true, _) if self.spec.fused_gate_up => 4.0, // gate|up (2f), activation, product
-            (true, _) => 3.0,                           // activation(gate), up, product
-            (false, Activation::GeluTanhPython) => 4.0, // x, 0.5·x, two chained temporaries
-            (false, Activation::QuickGelu) => 3.0,      // x, sigmoid(1.702·x), the product
-            (false, _) => 2.0,                          // projection and activation
+            (true, _) => 3.0,                            // activation(gate), up, product
+            (false, Activation::GeluTanhPython) => 4.0,  // x, 0.5·x, two chained temporaries
+            (false, Activation::QuickGelu) => 3.0,       // x, sigmoid(1.702·x), the product
+            (false, _) => 2.0,                           // projection and activation
         }
     }
 
