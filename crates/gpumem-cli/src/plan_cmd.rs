@@ -3,10 +3,14 @@
 use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
 use gpumem_plan::fit::MAX_GPUS;
 use gpumem_plan::{
-    advise, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model, fit, load_config,
-    Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings, Suggestion, Warning,
+    advise, allocation_sequence, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model,
+    fit, load_config, Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings,
+    Suggestion, Warning, Workload,
 };
-use std::path::PathBuf;
+use gpumem_replay::planned::{planned_trace, replay_planned};
+use gpumem_replay::PolicyReport;
+use gpumem_trace::Format;
+use std::path::{Path, PathBuf};
 
 /// Arguments of `gpumem plan` (boxed: the flags are many and the command enum stays small).
 #[derive(clap::Args)]
@@ -51,6 +55,10 @@ struct PlanFlags {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Write the planned allocation sequence (two steps) as a gpumem trace (JSON lines) that
+    /// `gpumem replay` reads.
+    #[arg(long, value_name = "FILE")]
+    trace_out: Option<PathBuf>,
 }
 
 fn model(a: &PlanFlags) -> Result<ModelSpec, PlanError> {
@@ -132,6 +140,7 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         Some(f) => (f.workload.clone(), f.estimate.clone()),
         None => (workload.clone(), estimate(&model, &workload, &overheads)?),
     };
+    let replayed = replay_plan(&model, &shown, a.trace_out.as_deref())?;
     let gpu_bytes = gpu.as_ref().map(|g| g.memory_bytes);
     let advice = advise(&model, &shown, &overheads, gpu_bytes)?;
     let combination = match gpu_bytes {
@@ -163,6 +172,11 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
             "peak_phase": estimate_now.peak_phase,
             "breakdown": estimate_now.breakdown,
             "phases": estimate_now.phases,
+            "replay": replayed.iter().map(|r| serde_json::json!({
+                "policy": r.policy,
+                "peak_allocated_bytes": r.peak_allocated_bytes,
+                "peak_reserved_bytes": r.peak_reserved_bytes,
+            })).collect::<Vec<_>>(),
             "advice": advice,
         });
         if let Some(g) = &gpu {
@@ -195,6 +209,20 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         &advice,
         a.min_gpus.then_some(min_gpus),
     );
+    let replays: Vec<String> = replayed
+        .iter()
+        .map(|r| format!("{} {}", r.policy, gib(r.peak_reserved_bytes)))
+        .collect();
+    text += &format!(
+        "reserved (planned allocations replayed): {}\n",
+        replays.join(" | ")
+    );
+    if let Some(path) = &a.trace_out {
+        text += &format!(
+            "planned allocation sequence written to {}\n",
+            path.display()
+        );
+    }
     if let Some((changes, _, peak)) = &combination {
         text += &format!(
             "plan that fits: add {}  → {}\n",
@@ -204,6 +232,31 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
     }
     emit(text.trim_end());
     nothing_fits.map_or(Ok(()), Err)
+}
+
+/// Replays the planned allocation sequence of `workload` through the torch, expandable and
+/// gpumem policies (reserved memory as each allocator would hold it), writing it to `trace_out`
+/// first when given.
+fn replay_plan(
+    model: &ModelSpec,
+    workload: &Workload,
+    trace_out: Option<&Path>,
+) -> Result<Vec<PolicyReport>, PlanError> {
+    let name = format!("gpumem plan: {}", model.name);
+    let trace = planned_trace(&name, &allocation_sequence(model, workload)?);
+    if let Some(path) = trace_out {
+        gpumem_trace::write_path(&trace, path, Format::Native).map_err(|e| {
+            PlanError::Unreadable {
+                path: path.display().to_string(),
+                reason: format!("cannot write the trace: {e}"),
+            }
+        })?;
+    }
+    replay_planned(&trace).map_err(|e| PlanError::InvalidValue {
+        name: "planned allocation sequence".into(),
+        value: model.name.clone(),
+        reason: format!("does not replay: {e}"),
+    })
 }
 
 /// `--global-batch` and `--min-gpus` given without what they act on.
