@@ -189,13 +189,19 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
         let mut gradients = Vec::new();
         for (unit, unit_saved) in units.iter().zip(saved).rev() {
             let (_, recompute) = kept_and_recomputed(unit, workload.checkpointing);
-            let starting = out.alloc(recompute + unit.backward_transient);
+            // Recomputation re-creates activation-sized tensors; the gradients of its outputs
+            // start the unit's backward.
+            let recomputed = out.pieces(recompute, shapes.activation);
+            let starting = out.alloc(unit.backward_transient);
             out.free_all(unit_saved);
+            out.free_all(recomputed);
+            // The gradient flowing on (e.g. the logits' gradient into the LM head) comes before
+            // the parameter gradients it produces.
+            let finishing = out.alloc(unit.gradient_transient);
             out.free(starting);
             if !accumulating {
                 gradients.push(out.pieces(grad(unit), shapes.tensor));
             }
-            let finishing = out.alloc(unit.gradient_transient);
             out.free(finishing);
         }
         if index == 0 {
