@@ -37,7 +37,8 @@ def count(config: dict[str, Any]) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     """Writes the counts of all catalogue models (or of `--only` names) as sorted JSON."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="gpumem-count-params",
+                                     description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help=f"default: {OUTPUT}")
     parser.add_argument("--only", nargs="*", default=None, help="catalogue names to count")
     args = parser.parse_args(argv)
