@@ -83,6 +83,9 @@ struct Shapes {
     tensor: f64,
     /// Bytes of a typical activation (one hidden state of the micro-batch).
     activation: f64,
+    /// Bytes of the largest single activation (the fp32 logits of a language model): a
+    /// transient larger than this is several tensors.
+    largest: f64,
     /// Parameters of all units.
     params: f64,
 }
@@ -92,21 +95,26 @@ impl Shapes {
         let params: f64 = units.iter().map(|u| u.params as f64).sum::<f64>().max(1.0);
         let per_param = states.weights / params;
         let act = workload.compute_dtype().bytes() as f64;
-        let (matrix, hidden) = match &model.arch {
+        let (matrix, hidden, widest) = match &model.arch {
             Architecture::Transformer(t) => {
                 let h = t.hidden as f64;
                 let tokens = (workload.batch * workload.tokens().max(1)) as f64;
-                (h * h / workload.layout.tp as f64, tokens * h * act)
+                let tp = workload.layout.tp as f64;
+                let widest = (t.vocab as f64 / tp * 4.0).max(t.intermediate as f64 * act);
+                (h * h / tp, tokens * h * act, tokens * widest)
             }
             Architecture::Resnet(r) => {
                 let largest = model.params().largest_tensor as f64;
                 let pixels = (workload.batch * workload.image_size.pow(2)) as f64;
-                (largest / 4.0, pixels * r.features() as f64 * act / 64.0)
+                let hidden = pixels * r.features() as f64 * act / 64.0;
+                (largest / 4.0, hidden, 4.0 * hidden)
             }
         };
+        let activation = hidden.max(512.0);
         Shapes {
             tensor: (matrix * per_param).max(512.0),
-            activation: hidden.max(512.0),
+            activation,
+            largest: widest.max(activation),
             params,
         }
     }
@@ -181,9 +189,9 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
         let mut held = Vec::new();
         for unit in units {
             let (keep, _) = kept_and_recomputed(unit, workload.checkpointing);
-            let transient = out.alloc(unit.forward_transient);
+            let transient = out.pieces(unit.forward_transient, shapes.largest);
             saved.push(out.pieces(keep, shapes.activation));
-            out.free(transient);
+            out.free_all(transient);
             held.push(out.alloc(unit.held));
         }
         let mut gradients = Vec::new();
@@ -192,17 +200,17 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             // Recomputation re-creates activation-sized tensors; the gradients of its outputs
             // start the unit's backward.
             let recomputed = out.pieces(recompute, shapes.activation);
-            let starting = out.alloc(unit.backward_transient);
+            let starting = out.pieces(unit.backward_transient, shapes.largest);
             out.free_all(unit_saved);
             out.free_all(recomputed);
             // The gradient flowing on (e.g. the logits' gradient into the LM head) comes before
             // the parameter gradients it produces.
-            let finishing = out.alloc(unit.gradient_transient);
-            out.free(starting);
+            let finishing = out.pieces(unit.gradient_transient, shapes.largest);
+            out.free_all(starting);
             if !accumulating {
                 gradients.push(out.pieces(grad(unit), shapes.tensor));
             }
-            out.free(finishing);
+            out.free_all(finishing);
         }
         if index == 0 {
             optimizer = units
@@ -234,9 +242,9 @@ fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes) {
             // The body returns before the head runs, releasing what it held.
             body.drain(..).for_each(|b| out.free(b));
         }
-        let live = out.alloc(unit.inference_live);
+        let live = out.pieces(unit.inference_live, shapes.largest);
         cache.push(out.pieces(unit.kv_cache, shapes.activation));
-        out.free(live);
+        out.free_all(live);
         held.push(out.alloc(unit.held));
         if index < last {
             body.push(out.alloc(unit.body_held));

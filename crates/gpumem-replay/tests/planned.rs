@@ -89,7 +89,7 @@ fn planned_reserved_against_real_traces() {
             "{name}"
         );
         assert!(
-            (-0.10..0.60).contains(&error),
+            (-0.10..0.20).contains(&error),
             "{name}: reserved off by {error}"
         );
     }
