@@ -4,10 +4,10 @@ use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
 use gpumem_plan::fit::MAX_GPUS;
 use gpumem_plan::{
     advise, allocation_sequence, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model,
-    fit, load_config, Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings,
-    Suggestion, Warning, Workload,
+    load_config, Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings, Suggestion,
+    Warning, Workload,
 };
-use gpumem_replay::planned::{planned_trace, replay_planned};
+use gpumem_replay::planned::{fit_reserved, planned_trace, replay_planned, FitError, ReservedFit};
 use gpumem_replay::PolicyReport;
 use gpumem_trace::Format;
 use std::path::{Path, PathBuf};
@@ -110,8 +110,8 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
     };
     // When nothing fits, the plan as given is still shown with its advice before the error.
     let mut nothing_fits = None;
-    let fitted: Option<Fit> = match (target, &gpu) {
-        (Some(target), Some(gpu)) => match fit(
+    let reserved_fit: Option<ReservedFit> = match (target, &gpu) {
+        (Some(target), Some(gpu)) => match fit_reserved(
             &model,
             &workload,
             &overheads,
@@ -121,11 +121,12 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
             a.global_batch,
         ) {
             Ok(f) => Some(f),
-            Err(e @ PlanError::NothingFits { .. }) => {
+            Err(FitError::Plan(e @ PlanError::NothingFits { .. })) => {
                 nothing_fits = Some(e);
                 None
             }
-            Err(e) => return Err(e),
+            Err(FitError::Plan(e)) => return Err(e),
+            Err(FitError::Replay(e)) => return Err(replay_failed(&model, e)),
         },
         (Some(_), None) => {
             return Err(PlanError::InvalidValue {
@@ -136,7 +137,8 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         }
         _ => None,
     };
-    let (shown, estimate_now) = match &fitted {
+    let fitted: Option<&Fit> = reserved_fit.as_ref().map(|f| &f.fit);
+    let (shown, estimate_now) = match fitted {
         Some(f) => (f.workload.clone(), f.estimate.clone()),
         None => (workload.clone(), estimate(&model, &workload, &overheads)?),
     };
@@ -183,9 +185,11 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
             out["gpu"] = serde_json::json!({ "name": g.name, "memory_bytes": g.memory_bytes,
                 "fits": estimate_now.peak_total_bytes <= g.memory_bytes });
         }
-        if let Some(f) = &fitted {
+        if let Some(r) = &reserved_fit {
+            let f = &r.fit;
             out["fit"] = serde_json::json!({ "target": f.target, "value": f.value, "margin": f.margin,
-                "usable_bytes": f.usable_bytes, "grad_accum": f.grad_accum, "global_batch": f.global_batch });
+                "usable_bytes": f.usable_bytes, "grad_accum": f.grad_accum, "global_batch": f.global_batch,
+                "reserved_bytes": r.reserved_bytes, "total_bytes": r.total_bytes });
         }
         if a.min_gpus {
             out["min_gpus"] = serde_json::json!(min_gpus);
@@ -205,7 +209,7 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         &warnings,
         &estimate_now,
         gpu.as_ref(),
-        fitted.as_ref(),
+        reserved_fit.as_ref(),
         &advice,
         a.min_gpus.then_some(min_gpus),
     );
@@ -252,11 +256,16 @@ fn replay_plan(
             }
         })?;
     }
-    replay_planned(&trace).map_err(|e| PlanError::InvalidValue {
+    replay_planned(&trace).map_err(|e| replay_failed(model, e))
+}
+
+/// A planned allocation sequence that did not replay (a defect of the planner), as an error.
+fn replay_failed(model: &ModelSpec, e: gpumem_replay::ReplayError) -> PlanError {
+    PlanError::InvalidValue {
         name: "planned allocation sequence".into(),
         value: model.name.clone(),
         reason: format!("does not replay: {e}"),
-    })
+    }
 }
 
 /// `--global-batch` and `--min-gpus` given without what they act on.
@@ -289,7 +298,7 @@ fn table(
     warnings: &[Warning],
     e: &Estimate,
     gpu: Option<&gpumem_plan::Gpu>,
-    fitted: Option<&Fit>,
+    fitted: Option<&ReservedFit>,
     advice: &[Suggestion],
     min_gpus: Option<Option<u64>>,
 ) -> String {
@@ -303,7 +312,7 @@ fn table(
     for w in warnings {
         let _ = writeln!(t, "warning: {w}");
     }
-    if let Some(f) = fitted {
+    if let Some(f) = fitted.map(|r| &r.fit) {
         let _ = writeln!(t, "plan at the fitted {} = {}:", f.target_name(), f.value);
     }
     let _ = writeln!(
@@ -347,14 +356,18 @@ fn table(
         };
         let _ = writeln!(t, "gpu: {} ({}): {verdict}", g.name, gib(g.memory_bytes));
     }
-    if let Some(f) = fitted {
+    if let Some(r) = fitted {
+        let f = &r.fit;
         let _ = writeln!(
             t,
-            "fit: {} = {} within {} (margin {:.0}%); grad accumulation {} → global batch {}",
+            "fit: {} = {} within {} (margin {:.0}%): reserved {} (torch replay) + context = {}; \
+             grad accumulation {} → global batch {}",
             f.target_name(),
             f.value,
             gib(f.usable_bytes),
             100.0 * f.margin,
+            gib(r.reserved_bytes),
+            gib(r.total_bytes),
             f.grad_accum,
             f.global_batch
         );

@@ -5,7 +5,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use gpumem_plan::{allocation_sequence, estimate, find_model, fit, FitTarget, Overheads, Settings};
 use gpumem_pool::PolicyKind;
-use gpumem_replay::planned::planned_trace;
+use gpumem_replay::planned::{fit_reserved, planned_trace};
 use gpumem_replay::{replay_peaks, ReplayOptions};
 use std::hint::black_box;
 
@@ -62,6 +62,21 @@ fn bench(c: &mut Criterion) {
     )
     .is_ok());
     assert!(fit(&small, &fitting, &overheads, FitTarget::Seq, gpu, 0.1, None).is_ok());
+    // What `gpumem plan --fit` does: the fit checked (and shrunk) on replayed reserved memory.
+    c.bench_function("fit on reserved/llama-3.2-3b batch on 80 GiB", |b| {
+        b.iter(|| {
+            fit_reserved(
+                black_box(&small),
+                black_box(&fitting),
+                &overheads,
+                FitTarget::Batch,
+                gpu,
+                0.1,
+                Some(512),
+            )
+            .map(|f| f.fit.value)
+        })
+    });
     c.bench_function("fit/llama-3.2-3b batch on 80 GiB", |b| {
         b.iter(|| {
             fit(

@@ -94,3 +94,49 @@ fn planned_reserved_against_real_traces() {
         );
     }
 }
+
+#[test]
+fn fit_on_reserved_memory_stays_within_the_usable_memory() {
+    use gpumem_plan::{find_model, fit, FitTarget, Overheads};
+    use gpumem_replay::planned::fit_reserved;
+    let model = find_model("gpt2").unwrap();
+    let workload = Settings {
+        mode: Some("train".into()),
+        batch: Some(8),
+        seq: Some(512),
+        ..Settings::default()
+    }
+    .resolve(&model)
+    .unwrap()
+    .workload;
+    let overheads = Overheads::default();
+    let gpu = 80 << 30;
+    let on_allocated = fit(
+        &model,
+        &workload,
+        &overheads,
+        FitTarget::Batch,
+        gpu,
+        0.1,
+        None,
+    )
+    .unwrap();
+    let on_reserved = fit_reserved(
+        &model,
+        &workload,
+        &overheads,
+        FitTarget::Batch,
+        gpu,
+        0.1,
+        None,
+    )
+    .unwrap();
+    // The allocator's rounding and caching take more than the planner's 6 %: a smaller batch.
+    assert!(on_reserved.fit.value < on_allocated.value);
+    assert!(on_reserved.total_bytes <= on_reserved.fit.usable_bytes);
+    assert_eq!(on_reserved.fit.usable_bytes, on_allocated.usable_bytes);
+    assert_eq!(
+        on_reserved.total_bytes,
+        on_reserved.reserved_bytes + overheads.context_bytes
+    );
+}
