@@ -114,7 +114,7 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     assert len(heldout) == len(set(heldout)) == 48
     assert not set(ids) & set(heldout)
     architectures = [case_id(n, s) for n, s in architectures_grid()]
-    assert len(architectures) == len(set(architectures)) == 32
+    assert len(architectures) == len(set(architectures)) == 36
     assert not (set(ids) | set(heldout)) & set(architectures)
     # Cache and labels are named where they depart from the harness's convention.
     assert case_id("t5-small-4l", Settings("infer", 4, 256, attn="sdpa", no_cache=False,

@@ -117,6 +117,9 @@ struct AttentionMemory {
     stack_held: f64,
     /// KV-cache bytes it adds in a no-grad forward that keeps a cache.
     kv_cache: f64,
+    /// Bytes alive at the start of its backward when the softmax ran in the activation dtype:
+    /// the gradients of the probabilities and of the scores, one score matrix each.
+    score_gradients: f64,
 }
 
 /// Bytes per score element of eager attention's softmax, by the tensors that exist.
@@ -675,8 +678,12 @@ impl<'a> TransformerGraph<'a> {
         };
         let mut core = 0.0;
         let mut transient = 0.0;
+        let mut score_gradients = 0.0;
         let (inference, kept, stack_mask) = if materialised {
             let score = self.score_bytes();
+            if score.probs == score.input {
+                score_gradients = 2.0 * scores * score.input;
+            }
             core += scores * score.saved();
             // The raw scores exist next to their scaled/masked copy before the softmax. (A bf16
             // input's fp32 copy exists before the block's later saved tensors do, which the
@@ -733,6 +740,7 @@ impl<'a> TransformerGraph<'a> {
             inference_kept: kept,
             stack_held: stack_bias + stack_mask,
             kv_cache,
+            score_gradients,
         }
     }
 
@@ -880,7 +888,9 @@ impl<'a> TransformerGraph<'a> {
         let mlp_live = hidden * held.at_mlp as f64 + self.mlp_no_grad_live(tokens, layer) + kept;
         let inference_live =
             attention_live.max(cross_live).max(mlp_live) + own.stack_held + cross.stack_held;
-        let largest_intermediate = (tally.core / 2.0).max(tokens * act * f);
+        let largest_intermediate = (tally.core / 2.0)
+            .max(tokens * act * f)
+            .max(own.score_gradients.max(cross.score_gradients));
         let residual_gradient = 2.0 * tokens * self.bytes.residual * h;
         Unit {
             name: "block",

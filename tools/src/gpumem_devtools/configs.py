@@ -193,6 +193,11 @@ ARCH_CONFIGS: dict[str, tuple[str, str, Config]] = {
     "mixtral-4l": ("mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.1",
                    {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
                     "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 8192}),
+    # Whisper reads 3000 log-mel frames (input_features) in its encoder, tokens in its decoder.
+    "whisper-4l": ("whisper-tiny", "openai/whisper-tiny",
+                   {"vocab_size": 8192, "is_encoder_decoder": True, "decoder_start_token_id": 1,
+                    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+                    "suppress_tokens": [], "begin_suppress_tokens": []}),
 }
 
 CNN_CONFIGS: dict[str, Config] = {

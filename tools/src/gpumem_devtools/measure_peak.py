@@ -231,6 +231,13 @@ def architectures_grid() -> list[tuple[str, Settings]]:
     eager = {"attn": "eager"}
     cases = []
     for name in configs.ARCH_CONFIGS:
+        if name.startswith("whisper"):
+            # An evaluation forward with labels (decoder inputs) and training; 30 s of audio.
+            cases += [(name, s) for s in (
+                I(4, 128, labels=True, **cache), I(4, 128, dtype="bf16", labels=True, **cache,
+                                                    **eager),
+                T(4, 128, dtype="bf16"), T(2, 128, dtype="bf16", **eager))]
+            continue
         # transformers has no SDPA path for Gemma 2 (soft-capped scores): eager only.
         default = eager if name.startswith("gemma2") else {}
         cases += [(name, s) for s in (
@@ -293,6 +300,8 @@ def notes(name: str, s: Settings, device: str, threads: int,
                    "layer_norm, pow, sum, run in fp32)")
     if name.startswith("t5"):
         out.append("decoder length = seq")
+    if name.startswith("whisper"):
+        out.append("input_features: 3000 random log-mel frames; labels (decoder length) = seq")
     kind = configs.model_kind(configs.config_dict(name))
     if s.passes_no_cache(kind in ("causal_lm", "seq2seq")):
         out.append("use_cache=False")
