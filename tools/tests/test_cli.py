@@ -17,7 +17,7 @@ from gpumem_devtools import capture_trace, convert_trace, measure_peak
 
 Main = Callable[[Sequence[str] | None], int]
 COMMANDS = {"gpumem-capture-trace": "capture_trace", "gpumem-convert-trace": "convert_trace",
-            "gpumem-measure-peak": "measure_peak"}
+            "gpumem-measure-peak": "measure_peak", "gpumem-count-params": "count_params"}
 
 
 def _usage_error(main: Main, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

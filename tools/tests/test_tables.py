@@ -10,26 +10,29 @@ from gpumem_devtools import configs, tracefile
 from gpumem_devtools.capture_trace import CONFIG_DIR as TRACE_CONFIG_DIR
 from gpumem_devtools.capture_trace import TRACES as TRACE_TABLE
 from gpumem_devtools.measure_peak import CONFIG_DIR as PLAN_CONFIG_DIR
-from gpumem_devtools.measure_peak import case_id, grid, heldout_grid, notes
+from gpumem_devtools.measure_peak import architectures_grid, case_id, grid, heldout_grid, notes
 from gpumem_devtools.settings import (AMP_NAMES, ATTN_IMPLS, DTYPE_NAMES, MODES, OPTIMIZER_IMPLS,
                                       OPTIMIZERS, Settings)
 
 MEASURED = REPO / "testdata" / "plan" / "measured.jsonl"
 HELDOUT = REPO / "testdata" / "plan" / "measured_heldout.jsonl"
+ARCHITECTURES = REPO / "testdata" / "plan" / "measured_architectures.jsonl"
 TORCHVISION = "0.29.2+cu132"  # what the committed measurements were made with
 
 
 def _workloads() -> list[tuple[str, Settings]]:
-    return grid() + heldout_grid() + [(cfg, s) for cfg, s, _ in TRACE_TABLE.values()]
+    return (grid() + heldout_grid() + architectures_grid()
+            + [(cfg, s) for cfg, s, _ in TRACE_TABLE.values()])
 
 
 def _measured_names() -> list[str]:
-    """Configs of both measured grids."""
-    return sorted({n for n, _ in grid() + heldout_grid()})
+    """Configs of the measured grids."""
+    return sorted({n for n, _ in grid() + heldout_grid() + architectures_grid()})
 
 
 def test_config_names() -> None:
     assert not set(configs.HF_CONFIGS) & set(configs.CNN_CONFIGS)
+    assert not set(configs.ARCH_CONFIGS) & (set(configs.HF_CONFIGS) | set(configs.CNN_CONFIGS))
     used = {name for name, _ in _workloads()}
     assert used <= set(configs.all_names())
     assert set(configs.all_names()) == set(_measured_names())
@@ -41,7 +44,11 @@ def test_config_dict(name: str) -> None:
     if name in configs.CNN_CONFIGS:
         assert configs.model_kind(cfg) == "cnn"
         return
-    hub_id, real, shrink = configs.HF_CONFIGS[name]
+    if name in configs.ARCH_CONFIGS:
+        catalogue_name, hub_id, shrink = configs.ARCH_CONFIGS[name]
+        real = json.loads((REPO / configs.CATALOGUE).read_text())["models"][catalogue_name]
+    else:
+        hub_id, real, shrink = configs.HF_CONFIGS[name]
     assert cfg["_name_or_path"] == hub_id
     assert {k: cfg[k] for k in shrink} == shrink
     assert all(cfg[k] == v for k, v in real.items() if k not in shrink)
@@ -106,6 +113,9 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     heldout = [case_id(n, s) for n, s in heldout_grid()]
     assert len(heldout) == len(set(heldout)) == 48
     assert not set(ids) & set(heldout)
+    architectures = [case_id(n, s) for n, s in architectures_grid()]
+    assert len(architectures) == len(set(architectures)) == 36
+    assert not (set(ids) | set(heldout)) & set(architectures)
     # Cache and labels are named where they depart from the harness's convention.
     assert case_id("t5-small-4l", Settings("infer", 4, 256, attn="sdpa", no_cache=False,
                                            labels=True)) == \
@@ -127,8 +137,9 @@ def test_case_ids_are_unique_and_descriptive() -> None:
         "resnet18-train-b8-img128-fp32-amp-bf16-sgd-foreach"
 
 
-@pytest.mark.parametrize("path, cases", [(MEASURED, grid()), (HELDOUT, heldout_grid())],
-                         ids=["measured", "heldout"])
+@pytest.mark.parametrize("path, cases", [(MEASURED, grid()), (HELDOUT, heldout_grid()),
+                                         (ARCHITECTURES, architectures_grid())],
+                         ids=["measured", "heldout", "architectures"])
 def test_measured_rows_are_the_grid_in_order(path: Path,
                                              cases: list[tuple[str, Settings]]) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]

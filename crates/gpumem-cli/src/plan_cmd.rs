@@ -3,10 +3,14 @@
 use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
 use gpumem_plan::fit::MAX_GPUS;
 use gpumem_plan::{
-    advise, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model, fit, load_config,
-    Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings, Suggestion, Warning,
+    advise, allocation_sequence, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model,
+    load_config, Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings, Suggestion,
+    Warning, Workload,
 };
-use std::path::PathBuf;
+use gpumem_replay::planned::{fit_reserved, planned_trace, replay_planned, FitError, ReservedFit};
+use gpumem_replay::PolicyReport;
+use gpumem_trace::Format;
+use std::path::{Path, PathBuf};
 
 /// Arguments of `gpumem plan` (boxed: the flags are many and the command enum stays small).
 #[derive(clap::Args)]
@@ -55,6 +59,10 @@ struct PlanFlags {
     /// against the GPU, and what the peak consists of.
     #[arg(long, value_name = "OUT")]
     report: Option<PathBuf>,
+    /// Write the planned allocation sequence (two steps) as a gpumem trace (JSON lines) that
+    /// `gpumem replay` reads.
+    #[arg(long, value_name = "FILE")]
+    trace_out: Option<PathBuf>,
 }
 
 fn model(a: &PlanFlags) -> Result<ModelSpec, PlanError> {
@@ -106,8 +114,8 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
     };
     // When nothing fits, the plan as given is still shown with its advice before the error.
     let mut nothing_fits = None;
-    let fitted: Option<Fit> = match (target, &gpu) {
-        (Some(target), Some(gpu)) => match fit(
+    let reserved_fit: Option<ReservedFit> = match (target, &gpu) {
+        (Some(target), Some(gpu)) => match fit_reserved(
             &model,
             &workload,
             &overheads,
@@ -117,11 +125,12 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
             a.global_batch,
         ) {
             Ok(f) => Some(f),
-            Err(e @ PlanError::NothingFits { .. }) => {
+            Err(FitError::Plan(e @ PlanError::NothingFits { .. })) => {
                 nothing_fits = Some(e);
                 None
             }
-            Err(e) => return Err(e),
+            Err(FitError::Plan(e)) => return Err(e),
+            Err(FitError::Replay(e)) => return Err(replay_failed(&model, e)),
         },
         (Some(_), None) => {
             return Err(PlanError::InvalidValue {
@@ -132,10 +141,12 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         }
         _ => None,
     };
-    let (shown, estimate_now) = match &fitted {
+    let fitted: Option<&Fit> = reserved_fit.as_ref().map(|f| &f.fit);
+    let (shown, estimate_now) = match fitted {
         Some(f) => (f.workload.clone(), f.estimate.clone()),
         None => (workload.clone(), estimate(&model, &workload, &overheads)?),
     };
+    let replayed = replay_plan(&model, &shown, a.trace_out.as_deref())?;
     let gpu_bytes = gpu.as_ref().map(|g| g.memory_bytes);
     let advice = advise(&model, &shown, &overheads, gpu_bytes)?;
     let combination = match gpu_bytes {
@@ -177,15 +188,22 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
             "peak_phase": estimate_now.peak_phase,
             "breakdown": estimate_now.breakdown,
             "phases": estimate_now.phases,
+            "replay": replayed.iter().map(|r| serde_json::json!({
+                "policy": r.policy,
+                "peak_allocated_bytes": r.peak_allocated_bytes,
+                "peak_reserved_bytes": r.peak_reserved_bytes,
+            })).collect::<Vec<_>>(),
             "advice": advice,
         });
         if let Some(g) = &gpu {
             out["gpu"] = serde_json::json!({ "name": g.name, "memory_bytes": g.memory_bytes,
                 "fits": estimate_now.peak_total_bytes <= g.memory_bytes });
         }
-        if let Some(f) = &fitted {
+        if let Some(r) = &reserved_fit {
+            let f = &r.fit;
             out["fit"] = serde_json::json!({ "target": f.target, "value": f.value, "margin": f.margin,
-                "usable_bytes": f.usable_bytes, "grad_accum": f.grad_accum, "global_batch": f.global_batch });
+                "usable_bytes": f.usable_bytes, "grad_accum": f.grad_accum, "global_batch": f.global_batch,
+                "reserved_bytes": r.reserved_bytes, "total_bytes": r.total_bytes });
         }
         if a.min_gpus {
             out["min_gpus"] = serde_json::json!(min_gpus);
@@ -205,10 +223,24 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         &warnings,
         &estimate_now,
         gpu.as_ref(),
-        fitted.as_ref(),
+        reserved_fit.as_ref(),
         &advice,
         a.min_gpus.then_some(min_gpus),
     );
+    let replays: Vec<String> = replayed
+        .iter()
+        .map(|r| format!("{} {}", r.policy, gib(r.peak_reserved_bytes)))
+        .collect();
+    text += &format!(
+        "reserved (planned allocations replayed): {}\n",
+        replays.join(" | ")
+    );
+    if let Some(path) = &a.trace_out {
+        text += &format!(
+            "planned allocation sequence written to {}\n",
+            path.display()
+        );
+    }
     if let Some((changes, _, peak)) = &combination {
         text += &format!(
             "plan that fits: add {}  → {}\n",
@@ -218,6 +250,36 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
     }
     emit(text.trim_end());
     nothing_fits.map_or(Ok(()), Err)
+}
+
+/// Replays the planned allocation sequence of `workload` through the torch, expandable and
+/// gpumem policies (reserved memory as each allocator would hold it), writing it to `trace_out`
+/// first when given.
+fn replay_plan(
+    model: &ModelSpec,
+    workload: &Workload,
+    trace_out: Option<&Path>,
+) -> Result<Vec<PolicyReport>, PlanError> {
+    let name = format!("gpumem plan: {}", model.name);
+    let trace = planned_trace(&name, &allocation_sequence(model, workload)?);
+    if let Some(path) = trace_out {
+        gpumem_trace::write_path(&trace, path, Format::Native).map_err(|e| {
+            PlanError::Unreadable {
+                path: path.display().to_string(),
+                reason: format!("cannot write the trace: {e}"),
+            }
+        })?;
+    }
+    replay_planned(&trace).map_err(|e| replay_failed(model, e))
+}
+
+/// A planned allocation sequence that did not replay (a defect of the planner), as an error.
+fn replay_failed(model: &ModelSpec, e: gpumem_replay::ReplayError) -> PlanError {
+    PlanError::InvalidValue {
+        name: "planned allocation sequence".into(),
+        value: model.name.clone(),
+        reason: format!("does not replay: {e}"),
+    }
 }
 
 /// `--global-batch` and `--min-gpus` given without what they act on.
@@ -250,7 +312,7 @@ fn table(
     warnings: &[Warning],
     e: &Estimate,
     gpu: Option<&gpumem_plan::Gpu>,
-    fitted: Option<&Fit>,
+    fitted: Option<&ReservedFit>,
     advice: &[Suggestion],
     min_gpus: Option<Option<u64>>,
 ) -> String {
@@ -264,7 +326,7 @@ fn table(
     for w in warnings {
         let _ = writeln!(t, "warning: {w}");
     }
-    if let Some(f) = fitted {
+    if let Some(f) = fitted.map(|r| &r.fit) {
         let _ = writeln!(t, "plan at the fitted {} = {}:", f.target_name(), f.value);
     }
     let _ = writeln!(
@@ -308,14 +370,18 @@ fn table(
         };
         let _ = writeln!(t, "gpu: {} ({}): {verdict}", g.name, gib(g.memory_bytes));
     }
-    if let Some(f) = fitted {
+    if let Some(r) = fitted {
+        let f = &r.fit;
         let _ = writeln!(
             t,
-            "fit: {} = {} within {} (margin {:.0}%); grad accumulation {} → global batch {}",
+            "fit: {} = {} within {} (margin {:.0}%): reserved {} (torch replay) + context = {}; \
+             grad accumulation {} → global batch {}",
             f.target_name(),
             f.value,
             gib(f.usable_bytes),
             100.0 * f.margin,
+            gib(r.reserved_bytes),
+            gib(r.total_bytes),
             f.grad_accum,
             f.global_batch
         );

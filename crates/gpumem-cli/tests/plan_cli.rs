@@ -88,13 +88,14 @@ fn a_fit_that_finds_nothing_shows_the_advice_then_fails() {
 }
 
 /// Options without a default: the model, and what to do with the estimate when asked.
-const NO_DEFAULT: [&str; 6] = [
+const NO_DEFAULT: [&str; 7] = [
     "--model",
     "--config",
     "--global-batch",
     "--gpu",
     "--fit",
     "--report",
+    "--trace-out",
 ];
 
 #[test]
@@ -213,4 +214,49 @@ fn an_absurd_config_fails_fast() {
         stderr.contains("invalid num_hidden_layers = 1000000000: must be between 1 and 10000"),
         "{stderr}"
     );
+}
+
+#[test]
+fn trace_out_writes_the_planned_sequence_that_replay_reads() {
+    let dir = std::env::temp_dir().join(format!("gpumem-plan-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.jsonl");
+    let path_text = path.to_str().unwrap();
+    let args = [
+        "plan", "--model", "gpt2", "--mode", "train", "--batch", "2", "--seq", "256",
+    ];
+    let out = gpumem(&[&args[..], &["--json", "--trace-out", path_text]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let replayed = plan["replay"].as_array().unwrap();
+    let policies: Vec<&str> = replayed
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["torch", "expandable", "gpumem"]);
+    for r in replayed {
+        assert!(r["peak_reserved_bytes"].as_u64() >= r["peak_allocated_bytes"].as_u64());
+    }
+    // `gpumem replay` reads the written trace and finds the same torch peaks.
+    let replay = gpumem(&["replay", path_text, "--policy", "torch", "--json"]);
+    assert!(
+        replay.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+    let torch = &report["policies"][0];
+    assert_eq!(
+        torch["peak_reserved_bytes"],
+        replayed[0]["peak_reserved_bytes"]
+    );
+    assert_eq!(
+        torch["peak_allocated_bytes"],
+        replayed[0]["peak_allocated_bytes"]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

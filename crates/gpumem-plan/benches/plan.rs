@@ -1,8 +1,12 @@
-//! Latency of one estimate and of one fit (goal: ≤ 1 ms and ≤ 20 ms).
+//! Latency of one estimate, of an estimate with the replay of its allocation sequence through
+//! PyTorch's allocator policy, and of one fit (goals: ≤ 1 ms, ≤ 20 ms, ≤ 300 ms).
 //! Run: `cargo bench -p gpumem-plan --bench plan`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gpumem_plan::{estimate, find_model, fit, FitTarget, Overheads, Settings};
+use gpumem_plan::{allocation_sequence, estimate, find_model, fit, FitTarget, Overheads, Settings};
+use gpumem_pool::PolicyKind;
+use gpumem_replay::planned::{fit_reserved, planned_trace};
+use gpumem_replay::{replay_peaks, ReplayOptions};
 use std::hint::black_box;
 
 fn settings(mode: &str) -> Settings {
@@ -27,6 +31,17 @@ fn bench(c: &mut Criterion) {
     c.bench_function("estimate/llama-3-70b generate", |b| {
         b.iter(|| estimate(black_box(&llama), black_box(&generate), &overheads))
     });
+    // What `gpumem plan` does for reserved memory: the estimate, the allocation sequence and its
+    // replay through the torch policy.
+    c.bench_function("estimate+replay/llama-3-70b train (torch)", |b| {
+        b.iter(|| {
+            let e = estimate(black_box(&llama), black_box(&train), &overheads).unwrap();
+            let events = allocation_sequence(&llama, &train).unwrap();
+            let trace = planned_trace("bench", &events);
+            let report = replay_peaks(&trace, PolicyKind::Torch, &ReplayOptions::default());
+            (e, report.map(|r| r.peak_reserved_bytes))
+        })
+    });
     // A fit that succeeds (a failing fit stops after one estimate and would flatter the timing).
     let small = find_model("llama-3.2-3b").unwrap();
     let fitting = Settings {
@@ -47,6 +62,21 @@ fn bench(c: &mut Criterion) {
     )
     .is_ok());
     assert!(fit(&small, &fitting, &overheads, FitTarget::Seq, gpu, 0.1, None).is_ok());
+    // What `gpumem plan --fit` does: the fit checked (and shrunk) on replayed reserved memory.
+    c.bench_function("fit on reserved/llama-3.2-3b batch on 80 GiB", |b| {
+        b.iter(|| {
+            fit_reserved(
+                black_box(&small),
+                black_box(&fitting),
+                &overheads,
+                FitTarget::Batch,
+                gpu,
+                0.1,
+                Some(512),
+            )
+            .map(|f| f.fit.value)
+        })
+    });
     c.bench_function("fit/llama-3.2-3b batch on 80 GiB", |b| {
         b.iter(|| {
             fit(

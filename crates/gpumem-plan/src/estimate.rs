@@ -175,15 +175,15 @@ pub struct Estimate {
 
 /// Model-state bytes on one GPU.
 #[derive(Debug, Clone, Copy, Default)]
-struct States {
-    weights: f64,
+pub(crate) struct States {
+    pub(crate) weights: f64,
     /// Gradient bytes per parameter of a unit, on this GPU.
-    grad_per_param: f64,
-    optimizer: f64,
+    pub(crate) grad_per_param: f64,
+    pub(crate) optimizer: f64,
     /// Communication buckets (DDP) or gathered layers (ZeRO-3/FSDP), alive the whole step.
-    buffers_weights: f64,
-    buffers_gradients: f64,
-    step_temporaries: f64,
+    pub(crate) buffers_weights: f64,
+    pub(crate) buffers_gradients: f64,
+    pub(crate) step_temporaries: f64,
 }
 
 /// Estimates the peak memory of `workload` on `model` for the busiest GPU.
@@ -255,7 +255,11 @@ fn merge_busiest(peaks: &mut Vec<(Phase, Breakdown)>, stage: Vec<(Phase, Breakdo
     }
 }
 
-fn trainable_params(model: &ModelSpec, workload: &Workload, counts: &ParamCounts) -> u64 {
+pub(crate) fn trainable_params(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+) -> u64 {
     match (&model.arch, workload.lora) {
         (Architecture::Transformer(spec), Some(lora)) => spec.lora_params(lora.rank),
         _ => counts.total(),
@@ -290,7 +294,7 @@ fn base_weight_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
     }
 }
 
-fn model_states(
+pub(crate) fn model_states(
     model: &ModelSpec,
     workload: &Workload,
     counts: &ParamCounts,
@@ -425,7 +429,7 @@ fn adafactor_fraction(model: &ModelSpec) -> f64 {
 }
 
 /// Saved bytes of a unit under the checkpointing policy, and what backward recomputes.
-fn kept_and_recomputed(unit: &Unit, policy: Checkpointing) -> (f64, f64) {
+pub(crate) fn kept_and_recomputed(unit: &Unit, policy: Checkpointing) -> (f64, f64) {
     match (policy, unit.checkpoint) {
         (Checkpointing::Full, Some(kept)) => (kept, unit.saved),
         (Checkpointing::Selective, Some(_)) => {
@@ -568,9 +572,14 @@ fn simulate_inference(
     };
     let step_units = build_units(model, &one_token, workload.batch);
     let cached_tokens = workload.tokens() as f64;
-    let kv_per_token: f64 = step_units.iter().map(|u| u.kv_cache).sum();
+    // Each layer's cache holds every earlier token, a sliding-window layer the last window.
+    let earlier = cached_tokens - 1.0;
+    let cache_base: f64 = step_units
+        .iter()
+        .map(|u| u.kv_cache * u.kv_window.map_or(earlier, |w| w.min(earlier)))
+        .sum();
     let layer_kv = step_units.iter().map(|u| u.kv_cache).fold(0.0, f64::max) * cached_tokens;
-    let mut decode = pass(&step_units, kv_per_token * (cached_tokens - 1.0));
+    let mut decode = pass(&step_units, cache_base);
     decode.temporaries += bytes(layer_kv);
     vec![(Phase::Prefill, prefill), (Phase::Decode, decode)]
 }

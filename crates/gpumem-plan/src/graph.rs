@@ -4,7 +4,8 @@
 //! upcast of logits in the loss), so the phase simulation can replay a step.
 
 use crate::model::{
-    Activation, Architecture, ConvShape, Head, ModelSpec, Norm, ResnetSpec, TransformerSpec,
+    Activation, Architecture, ConvShape, Head, LayerKind, ModelSpec, Norm, Patches, ResnetSpec,
+    TransformerSpec,
 };
 use crate::workload::{Attention, Checkpointing, Dtype, Mode, Target, Workload};
 
@@ -36,6 +37,9 @@ pub struct Unit {
     pub body_held: f64,
     /// KV-cache bytes the unit keeps in a no-grad forward.
     pub kv_cache: f64,
+    /// Tokens per sequence the unit's cache keeps at most (a sliding-window layer keeps the
+    /// last `window − 1`); None: every token.
+    pub kv_window: Option<f64>,
     /// Parameters of the unit (their gradients appear when its backward runs).
     pub params: u64,
 }
@@ -89,6 +93,9 @@ struct AttentionShape {
     queries: f64,
     keys: f64,
     causal: bool,
+    /// Key tokens per sequence a sliding-window layer attends to and keeps in its cache while
+    /// decoding; None: all.
+    cached_keys: Option<f64>,
 }
 
 /// What one attention sublayer keeps besides its per-query-token terms, in bytes.
@@ -110,6 +117,9 @@ struct AttentionMemory {
     stack_held: f64,
     /// KV-cache bytes it adds in a no-grad forward that keeps a cache.
     kv_cache: f64,
+    /// Bytes alive at the start of its backward when the softmax ran in the activation dtype:
+    /// the gradients of the probabilities and of the scores, one score matrix each.
+    score_gradients: f64,
 }
 
 /// Bytes per score element of eager attention's softmax, by the tensors that exist.
@@ -125,6 +135,9 @@ struct ScoreBytes {
     conversion: f64,
     /// The cast of fp32 probabilities back to the activation dtype.
     cast: f64,
+    /// `tanh` soft-capping of the scores: its output, saved for backward and alive beside the
+    /// scores without gradients.
+    softcap: f64,
     /// Dropout on the probabilities in training: a 1-byte mask and the output.
     dropout: f64,
 }
@@ -132,13 +145,13 @@ struct ScoreBytes {
 impl ScoreBytes {
     /// Saved for backward: the softmax output, its cast, the dropout mask and output.
     fn saved(&self) -> f64 {
-        self.probs + self.cast + self.dropout
+        self.probs + self.cast + self.dropout + self.softcap
     }
 
     /// Peak in a no-grad forward: the input stays named while the softmax makes its fp32 copy
     /// and output, then while the output is cast (`x = softmax(x, ...).to(dtype)`).
     fn no_grad_peak(&self) -> f64 {
-        self.input + self.probs + self.conversion.max(self.cast)
+        self.input + self.softcap + self.probs + self.conversion.max(self.cast)
     }
 
     /// The probabilities the attention returns (the cast if any, else the softmax output).
@@ -165,7 +178,26 @@ struct Tally {
 /// Builds the unit sequence of a model under a workload for one micro-batch (`batch` samples).
 pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Unit> {
     match &model.arch {
-        Architecture::Transformer(spec) => TransformerGraph::new(spec, workload, batch).units(),
+        Architecture::Transformer(spec) => {
+            let mut units = Vec::new();
+            if let Some(vision) = &spec.vision {
+                // The vision tower runs on one image per sample at its own resolution, then the
+                // projector maps its patch features to image tokens of the language model.
+                let tower_size = vision
+                    .tower
+                    .patches
+                    .map_or(workload.image_size, |p| p.image_size);
+                let images = Workload {
+                    image_size: tower_size,
+                    ..workload.clone()
+                };
+                let tower = TransformerGraph::new(&vision.tower, &images, batch);
+                units.extend(tower.units());
+                units.push(tower.projector(vision.projector, vision.image_tokens, spec.hidden));
+            }
+            units.extend(TransformerGraph::new(spec, workload, batch).units());
+            units
+        }
         Architecture::Resnet(spec) => resnet_units(spec, workload, batch),
     }
 }
@@ -202,8 +234,45 @@ impl<'a> TransformerGraph<'a> {
     /// Sequence length of the (decoder or only) stack.
     fn sequence(&self) -> f64 {
         match self.spec.patches {
-            Some(p) => ((self.workload.image_size / p.patch).pow(2) + 1) as f64,
+            Some(p) => Patches {
+                image_size: self.workload.image_size,
+                ..p
+            }
+            .tokens() as f64,
             None => self.workload.seq as f64,
+        }
+    }
+
+    /// Sequence length of an encoder-decoder's encoder: Whisper's fixed frames, else the input.
+    fn encoder_sequence(&self) -> f64 {
+        match self.spec.audio {
+            Some(a) => a.frames as f64,
+            None => self.sequence(),
+        }
+    }
+
+    /// The projector of a vision-language model: two linears with a GELU between them, from
+    /// the tower's patch features to `image_tokens` tokens of width `width` per image.
+    fn projector(&self, params: u64, image_tokens: u64, width: u64) -> Unit {
+        let act = self.bytes.act;
+        let tokens = self.batch * image_tokens as f64;
+        let (v, t) = (self.spec.hidden as f64, width as f64);
+        Unit {
+            name: "projector",
+            // The selected features, the first linear's output (GELU input) and the GELU output.
+            saved: if self.training {
+                tokens * act * (v + 2.0 * t)
+            } else {
+                0.0
+            },
+            forward_transient: tokens * act * t,
+            backward_transient: 2.0 * tokens * act * t,
+            gradient_transient: tokens * act * t,
+            inference_live: tokens * act * (v + 2.0 * t),
+            // The image features are scattered into the language model's input embeddings.
+            held: 0.0,
+            params,
+            ..Unit::default()
         }
     }
 
@@ -219,15 +288,16 @@ impl<'a> TransformerGraph<'a> {
     fn units(&self) -> Vec<Unit> {
         let spec = self.spec;
         let mut units = vec![self.embeddings()];
-        let seq = self.sequence();
+        let seq = self.encoder_sequence();
         if spec.is_encoder_decoder() {
             let encoder = AttentionShape {
                 queries: seq,
                 keys: seq,
                 causal: false,
+                cached_keys: None,
             };
             for _ in 0..spec.encoder_layers {
-                units.push(self.block(encoder, None));
+                units.push(self.block(encoder, None, LayerKind::default()));
             }
             if !self.training {
                 // The encoder's output is returned (`encoder_last_hidden_state`), and the
@@ -241,23 +311,31 @@ impl<'a> TransformerGraph<'a> {
                 queries: dec,
                 keys: dec,
                 causal: true,
+                cached_keys: None,
             };
             let cross = AttentionShape {
                 queries: dec,
                 keys: seq,
                 causal: false,
+                cached_keys: None,
             };
             for _ in 0..spec.layers {
-                units.push(self.block(decoder, Some(cross)));
+                units.push(self.block(decoder, Some(cross), LayerKind::default()));
             }
         } else {
-            let shape = AttentionShape {
-                queries: seq,
-                keys: seq,
-                causal: spec.decoder,
-            };
-            for _ in 0..spec.layers {
-                units.push(self.block(shape, None));
+            for index in 0..spec.layers {
+                let layer = spec.layer_kind(index);
+                let window = spec
+                    .sliding
+                    .filter(|_| layer.sliding)
+                    .map(|s| s.window.saturating_sub(1).max(1) as f64);
+                let shape = AttentionShape {
+                    queries: seq,
+                    keys: seq,
+                    causal: spec.decoder,
+                    cached_keys: window,
+                };
+                units.push(self.block(shape, None, layer));
             }
         }
         units.push(self.head());
@@ -267,18 +345,29 @@ impl<'a> TransformerGraph<'a> {
     /// Saved bytes per token of a norm (its input and, for RMSNorm, the normalised fp32 values).
     fn norm_saved(&self) -> f64 {
         let h = self.spec.hidden as f64;
-        let residual = self.bytes.residual;
+        let per_row = match self.spec.norm {
+            Norm::LayerNorm => 8.0,
+            _ => 4.0,
+        };
+        self.norm_element_bytes(self.bytes.residual) * h + per_row
+    }
+
+    /// Saved bytes per normalised element of an input of `input` bytes per element.
+    fn norm_element_bytes(&self, input: f64) -> f64 {
         match self.spec.norm {
-            Norm::LayerNorm => residual * h + 8.0,
+            Norm::LayerNorm => input,
+            // The fp32 copy the variance reads and the fp32 normalised values (scaled by
+            // `1 + weight` before the cast back).
+            Norm::RmsNormOffset => 8.0,
+            // The fp32 copy and the cast of the normalised values that the weight scales;
+            // `x * rsqrt(var)` (T5) saves a half-precision x beside the fp32 copy.
             Norm::RmsNorm | Norm::RmsNormScaledInput => {
-                // `x * rsqrt(var)` (T5) saves a half-precision x beside the fp32 copy the
-                // variance reads.
-                let input = if self.spec.norm == Norm::RmsNormScaledInput && residual < 4.0 {
-                    residual * h
+                let scaled_input = if self.spec.norm == Norm::RmsNormScaledInput && input < 4.0 {
+                    input
                 } else {
                     0.0
                 };
-                4.0 * h + residual * h + 4.0 + input
+                4.0 + input + scaled_input
             }
         }
     }
@@ -304,6 +393,24 @@ impl<'a> TransformerGraph<'a> {
             } else {
                 0.0
             };
+        }
+        // Whisper's encoder input: log-mel features over twice its frames, through two GELU
+        // convolutions (the second with stride 2).
+        let mut stem_live = 0.0;
+        if let Some(a) = spec.audio {
+            let frames = self.batch * a.frames as f64;
+            let features = 2.0 * frames * a.mel_bins as f64;
+            held += features * self.bytes.residual;
+            if self.training {
+                // The autocast copy of the features, both convolutions' outputs (GELU inputs)
+                // and the first GELU's output (the second convolution's input).
+                saved += if self.bytes.autocast {
+                    features * self.bytes.act
+                } else {
+                    0.0
+                } + 5.0 * frames * h * self.bytes.act;
+            }
+            stem_live = 4.0 * frames * h * self.bytes.act;
         }
         if spec.embedding_norm {
             saved += tokens * self.bytes.residual * h;
@@ -341,10 +448,10 @@ impl<'a> TransformerGraph<'a> {
             saved: saved / self.split.sequence,
             held,
             body_held,
-            forward_transient: 2.0 * tokens * self.bytes.residual * h,
+            forward_transient: (2.0 * tokens * self.bytes.residual * h).max(stem_live),
             backward_transient: tokens * self.bytes.residual * h,
             gradient_transient: tied_accumulation + tokens * self.bytes.residual * h,
-            inference_live: 2.0 * tokens * self.bytes.residual * h,
+            inference_live: (2.0 * tokens * self.bytes.residual * h).max(stem_live),
             params: spec.params_of_embeddings(),
             ..Unit::default()
         }
@@ -374,6 +481,22 @@ impl<'a> TransformerGraph<'a> {
     /// Bytes per score element of eager attention's softmax under this workload.
     fn score_bytes(&self) -> ScoreBytes {
         let input = self.bytes.act;
+        // SDPA's math fallback on CPU computes in fp32: the scores and their softmax.
+        let math = self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback();
+        if math {
+            return ScoreBytes {
+                input: 4.0,
+                probs: 4.0,
+                conversion: 0.0,
+                cast: 0.0,
+                softcap: 0.0,
+                dropout: if self.dropout_active(self.spec.attention_dropout) {
+                    5.0
+                } else {
+                    0.0
+                },
+            };
+        }
         let probs = if self.spec.softmax_fp32 || self.workload.amp.is_some() {
             4.0
         } else {
@@ -389,12 +512,29 @@ impl<'a> TransformerGraph<'a> {
                 0.0
             },
             cast: if upcast { input } else { 0.0 },
+            softcap: if self.spec.attention_softcap {
+                input
+            } else {
+                0.0
+            },
             dropout: if self.dropout_active(self.spec.attention_dropout) {
                 1.0 + input
             } else {
                 0.0
             },
         }
+    }
+
+    /// Does SDPA fall back to its math path (scores materialised)? PyTorch's CPU flash kernel
+    /// takes one head width for queries, keys and values, and latent attention's values are
+    /// narrower than its keys (the CPU traces show the math path's matmul and softmax); CUDA's
+    /// memory-efficient kernel takes different widths.
+    fn sdpa_math_fallback(&self) -> bool {
+        self.workload.target == Target::Cpu
+            && self
+                .spec
+                .latent
+                .is_some_and(|l| l.nope_dim + l.rope_dim != l.value_dim)
     }
 
     /// Does this attention materialise the score matrix?
@@ -405,7 +545,9 @@ impl<'a> TransformerGraph<'a> {
             // T5's relative position bias has no fused kernel path in transformers when its
             // gradient is needed; without gradients SDPA takes it as an additive mask.
             Attention::Sdpa => {
-                (self.training && self.spec.relative_attention_buckets > 0)
+                self.spec.eager_only
+                    || self.sdpa_math_fallback()
+                    || (self.training && self.spec.relative_attention_buckets > 0)
                     || (self.workload.target == Target::Cpu
                         && self.dropout_active(self.spec.attention_dropout))
             }
@@ -417,6 +559,7 @@ impl<'a> TransformerGraph<'a> {
         let spec = self.spec;
         let (act, h) = (self.bytes.act, spec.hidden as f64);
         let (q, kv) = (spec.query_width() as f64, spec.kv_width() as f64);
+        let value = spec.value_width() as f64;
         let heads = spec.heads as f64 / self.split.tp;
         let scores = self.batch * heads * shape.queries * shape.keys;
         let query_tokens = self.batch * shape.queries;
@@ -431,8 +574,28 @@ impl<'a> TransformerGraph<'a> {
         // q, k, v (rotated when RoPE is used) are saved by the attention. RoPE's products with the
         // gradient-free cos/sin tables save only the tables, so the raw projections are freed.
         tally.sharded += act * q;
-        key_side += act * 2.0 * kv;
+        key_side += act * (kv + value);
+        if spec.qk_norm {
+            // The family's RMSNorm over each head's q and k.
+            tally.sharded += self.norm_element_bytes(act) * (q + kv);
+        }
+        if let Some(l) = spec.latent {
+            // The low-rank path: q_a output and its RMSNorm, the kv latent (with the rotary
+            // key) and its RMSNorm, and the decompressed per-head keys and values of kv_b.
+            let (qr, kvr) = (l.query_rank as f64, l.kv_rank as f64);
+            tally.sharded += act * qr
+                + (4.0 + act) * qr
+                + act * (kvr + l.rope_dim as f64)
+                + (4.0 + act) * kvr
+                + act * (spec.heads * (l.nope_dim + l.value_dim)) as f64;
+        }
         let materialised = self.materialises_scores();
+        if self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback() {
+            // The math path saves its fp32 copies of the scaled queries and keys, and of the
+            // values when they are in half precision.
+            tally.sharded += 4.0 * q;
+            key_side += 4.0 * kv + if act < 4.0 { 4.0 * value } else { 0.0 };
+        }
         if self.cache_copies()
             && !materialised
             && spec.fused_qkv
@@ -441,7 +604,7 @@ impl<'a> TransformerGraph<'a> {
         {
             // The KV cache concatenates copies of k and v, which the kernel saves, while the
             // query view keeps the whole fused projection alive.
-            key_side += act * 2.0 * kv;
+            key_side += act * (kv + value);
         }
         let repeats = spec.heads / spec.kv_heads;
         let expanded = if repeats > 1 && materialised {
@@ -459,18 +622,46 @@ impl<'a> TransformerGraph<'a> {
         } else {
             0.0
         };
-        // A causal mask (b × q × k in the activation dtype) lives through the whole forward.
+        // A causal mask (b × q × k in the activation dtype) lives through the whole forward; a
+        // model with sliding-window layers builds a second one for them.
+        let masks = if spec.sliding.is_some() { 2.0 } else { 1.0 };
         let mask = if shape.causal {
-            act * self.batch * shape.queries * shape.keys
+            masks * act * self.batch * shape.queries * shape.keys
         } else {
             0.0
+        };
+        // SDPA takes a boolean mask for sliding layers once the keys exceed the window (built
+        // once, held through the stack), which it converts to an additive mask in the
+        // activation dtype on each sliding layer (saved for backward).
+        let (sliding_mask, converted_mask) = match spec.sliding {
+            Some(s) if shape.causal && shape.keys > s.window as f64 => {
+                let elements = self.batch * shape.queries * shape.keys;
+                let converted = if shape.cached_keys.is_some() {
+                    act * elements
+                } else {
+                    0.0
+                };
+                (elements, converted)
+            }
+            _ => (0.0, 0.0),
         };
         let cached = self.keeps_cache();
         // No-grad projections alive at the attention (this GPU's heads): a fused projection stays
         // whole behind its q/k/v views (RoPE adds a rotated q, and k unless the cache took a
         // copy); separate projections leave q, and k and v unless the cache holds their copies.
         let (q_local, kv_local) = (q / self.split.tp, kv / self.split.tp);
-        let projections = if spec.fused_qkv && !cross {
+        let projections = if let Some(l) = spec.latent {
+            // Latent attention: q_b's output behind the no-rope queries and the concatenated
+            // queries; kv_b's output behind the values and the assembled per-head keys, and the
+            // shared rotary key expanded to every head (the cache holds the latent instead).
+            let per_head = |width: u64| (spec.heads * width) as f64 / self.split.tp;
+            query_tokens
+                * act
+                * (2.0 * q_local
+                    + per_head(l.nope_dim + l.value_dim)
+                    + kv_local
+                    + per_head(l.rope_dim))
+        } else if spec.fused_qkv && !cross {
             let rotated = if spec.rotary_fraction > 0.0 {
                 q_local + if cached { 0.0 } else { kv_local }
             } else {
@@ -482,13 +673,17 @@ impl<'a> TransformerGraph<'a> {
                 + if cached {
                     0.0
                 } else {
-                    key_tokens * act * 2.0 * kv_local
+                    key_tokens * act * (kv + value) / self.split.tp
                 }
         };
         let mut core = 0.0;
         let mut transient = 0.0;
+        let mut score_gradients = 0.0;
         let (inference, kept, stack_mask) = if materialised {
             let score = self.score_bytes();
+            if score.probs == score.input {
+                score_gradients = 2.0 * scores * score.input;
+            }
             core += scores * score.saved();
             // The raw scores exist next to their scaled/masked copy before the softmax. (A bf16
             // input's fp32 copy exists before the block's later saved tensors do, which the
@@ -511,19 +706,30 @@ impl<'a> TransformerGraph<'a> {
             } else {
                 0.0
             };
+            core += converted_mask;
             (
-                projections + query_tokens * (act * q_local + 4.0 * heads) + bias_mask,
+                projections
+                    + query_tokens * (act * q_local + 4.0 * heads)
+                    + bias_mask
+                    + converted_mask,
                 0.0,
-                0.0,
+                sliding_mask,
             )
         };
         if self.dropout_active(spec.hidden_dropout) {
             tally.replicated += h;
         }
         tally.core += core;
-        // The cache holds copies of k and v per key token (the encoder's for cross-attention).
+        // The cache holds copies of k and v per key token (the encoder's for cross-attention);
+        // latent attention caches its compressed latent and rotary key, shared by all heads. A
+        // sliding-window layer keeps a view of its last window, so the prefill's whole copy
+        // stays alive; decoding then keeps only the window (`Unit::kv_window`).
+        let cache_width = match spec.latent {
+            Some(_) => spec.cache_width() as f64,
+            None => spec.cache_width() as f64 / self.split.tp,
+        };
         let kv_cache = if cached && (shape.causal || cross) {
-            act * 2.0 * kv / self.split.tp * key_tokens
+            act * cache_width * key_tokens
         } else {
             0.0
         };
@@ -534,17 +740,21 @@ impl<'a> TransformerGraph<'a> {
             inference_kept: kept,
             stack_held: stack_bias + stack_mask,
             kv_cache,
+            score_gradients,
         }
     }
 
-    /// Saved bytes per token of the MLP and its activation.
-    fn mlp(&self) -> f64 {
+    /// Saved bytes per token of the MLP of a block of kind `layer` (the experts each token is
+    /// routed to, and the shared ones) and its activation.
+    fn mlp(&self, layer: LayerKind) -> f64 {
         let spec = self.spec;
-        let (act, h, f) = (self.bytes.act, spec.hidden as f64, spec.intermediate as f64);
+        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let f = spec.routed_intermediate(layer) as f64;
         let consumers = if spec.gated_mlp { 2.0 } else { 1.0 };
         let mut per_expert = f * match spec.activation {
             Activation::Gelu | Activation::GeluTanh | Activation::Silu => 2.0 * act,
             Activation::Relu => act,
+            Activation::QuickGelu => 3.0 * act,
             // 0.5·x·(1 + tanh(…)) in Python ops. Plain: x, tanh(…), 0.5·x, 1 + tanh(…) and the
             // product. Autocast runs pow in fp32, which promotes the tanh branch to fp32: the fp32
             // copy of x, tanh(…), 1 + tanh(…), plus 0.5·x and the product's cast for the next linear.
@@ -561,31 +771,63 @@ impl<'a> TransformerGraph<'a> {
                 0.0
             };
         }
-        let routed = spec.experts_per_token as f64;
-        let routing = if spec.experts > 1 {
-            4.0 * spec.experts as f64 + routed * act * h
+        // Each expert gathers its tokens (`hidden_states[token_idx]`, saved by its first linear)
+        // and scales its output by the routing weight (the product saves that output); the
+        // router saves its fp32 softmax.
+        let routing = if layer.moe {
+            4.0 * spec.experts as f64 + 2.0 * spec.experts_per_token as f64 * act * h
         } else {
             0.0
         };
-        self.bytes.linear_input(h, consumers) + routed * per_expert + routing
+        self.bytes.linear_input(h, consumers) + per_expert + routing
+    }
+
+    /// Bytes an MLP of kind `layer` has alive at its no-grad peak for `tokens` tokens, besides
+    /// the hidden states its block holds. A dense MLP: its intermediates. A mixture of experts
+    /// as transformers 5.x runs it (`grouped_mm` over the routed token copies, sorted by
+    /// expert): the router's logits and fp32 probabilities, the top-k choices and their sort,
+    /// then either the gathered copies with the gate/up output, its activation and product, or
+    /// at the end the gathered copies, the down projection's output, its weighted copy and that
+    /// reordered back; the shared experts' intermediates come after, over every token.
+    fn mlp_no_grad_live(&self, tokens: f64, layer: LayerKind) -> f64 {
+        let spec = self.spec;
+        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        if !layer.moe {
+            let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
+            return tokens * act * f * self.mlp_live_intermediates();
+        }
+        let (experts, k) = (spec.experts as f64, spec.experts_per_token as f64);
+        let f = spec.intermediate as f64 / self.split.tp;
+        let routed = tokens * k;
+        let router = tokens * experts * (act + 4.0) + routed * (4.0 + 3.0 * 8.0);
+        let experts_live = routed * act * (h + 4.0 * f).max(4.0 * h);
+        let shared = tokens * act * spec.moe.shared_intermediate as f64 / self.split.tp
+            * self.mlp_live_intermediates();
+        router + experts_live.max(tokens * act * h + shared)
     }
 
     /// Intermediates of width f alive at once in a no-grad MLP forward.
     fn mlp_live_intermediates(&self) -> f64 {
         match (self.spec.gated_mlp, self.spec.activation) {
-            (true, _) => 3.0,                           // activation(gate), up, product
-            (false, Activation::GeluTanhPython) => 4.0, // x, 0.5·x, two chained temporaries
-            (false, _) => 2.0,                          // projection and activation
+            (true, _) if self.spec.fused_gate_up => 4.0, // gate|up (2f), activation, product
+            (true, _) => 3.0,                            // activation(gate), up, product
+            (false, Activation::GeluTanhPython) => 4.0,  // x, 0.5·x, two chained temporaries
+            (false, Activation::QuickGelu) => 3.0,       // x, sigmoid(1.702·x), the product
+            (false, _) => 2.0,                           // projection and activation
         }
     }
 
-    fn block(&self, shape: AttentionShape, cross: Option<AttentionShape>) -> Unit {
+    fn block(
+        &self,
+        shape: AttentionShape,
+        cross: Option<AttentionShape>,
+        layer: LayerKind,
+    ) -> Unit {
         let spec = self.spec;
         let (act, h) = (self.bytes.act, spec.hidden as f64);
         let tokens = self.batch * shape.queries;
         let mut tally = Tally::default();
-        let norms = if spec.shared_block_norm { 1.0 } else { 2.0 }
-            + if cross.is_some() { 1.0 } else { 0.0 };
+        let norms = spec.block_norms() as f64 + if cross.is_some() { 1.0 } else { 0.0 };
         if spec.post_norm {
             // The block input is saved by q/k/v; each add+norm saves the sum.
             tally.sharded += self
@@ -605,12 +847,12 @@ impl<'a> TransformerGraph<'a> {
             .unwrap_or_default();
         let key_bytes = own.key_saved + cross.key_saved;
         let transient = own.forward_transient.max(cross.forward_transient);
-        tally.sharded += self.mlp();
+        tally.sharded += self.mlp(layer);
         if self.dropout_active(spec.hidden_dropout) {
             tally.replicated += h;
         }
         let autocast_weights = if self.bytes.autocast {
-            act * spec.block_linear_params() as f64 / self.split.tp
+            act * spec.block_linear_params(layer) as f64 / self.split.tp
         } else {
             0.0
         };
@@ -619,7 +861,7 @@ impl<'a> TransformerGraph<'a> {
             + key_bytes
             + tally.core
             + autocast_weights;
-        let f = spec.intermediate as f64 * spec.experts_per_token as f64 / self.split.tp;
+        let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
         // No-grad forward: the hidden states the family's block code holds (block input, norm
         // output, residual sum, attention output) beside what each sublayer computes; the
         // probabilities eager attention returns stay held until the block returns, T5's position
@@ -643,11 +885,12 @@ impl<'a> TransformerGraph<'a> {
         } else {
             own.inference_kept
         };
-        let mlp_live =
-            hidden * held.at_mlp as f64 + tokens * act * f * self.mlp_live_intermediates() + kept;
+        let mlp_live = hidden * held.at_mlp as f64 + self.mlp_no_grad_live(tokens, layer) + kept;
         let inference_live =
             attention_live.max(cross_live).max(mlp_live) + own.stack_held + cross.stack_held;
-        let largest_intermediate = (tally.core / 2.0).max(tokens * act * f);
+        let largest_intermediate = (tally.core / 2.0)
+            .max(tokens * act * f)
+            .max(own.score_gradients.max(cross.score_gradients));
         let residual_gradient = 2.0 * tokens * self.bytes.residual * h;
         Unit {
             name: "block",
@@ -661,7 +904,8 @@ impl<'a> TransformerGraph<'a> {
             gradient_transient: residual_gradient,
             inference_live,
             kv_cache: own.kv_cache + cross.kv_cache,
-            params: spec.block_params(has_cross),
+            kv_window: shape.cached_keys,
+            params: spec.block_params(has_cross, layer),
             ..Unit::default()
         }
     }
@@ -694,7 +938,7 @@ impl<'a> TransformerGraph<'a> {
                     0.0
                 };
                 // T5 rescales the decoder output before the tied LM head: a fresh tensor.
-                let rescale = if spec.head == Head::Seq2SeqLm && spec.tied_embeddings {
+                let rescale = if spec.rescaled_output {
                     self.bytes.residual * h
                 } else {
                     0.0
@@ -705,6 +949,9 @@ impl<'a> TransformerGraph<'a> {
                     tokens
                 };
                 let logits = logits_tokens * vocab * act;
+                // Soft-capped logits (`cap · tanh(logits / cap)`): the division's output, and
+                // tanh's output saved for backward.
+                let softcap = if spec.logit_softcap { logits } else { 0.0 };
                 // Causal LMs upcast logits before the loss; autocast runs cross-entropy in fp32;
                 // masked-LM and T5 heads take the loss in the activation dtype.
                 let upcast = spec.head == Head::CausalLm || self.workload.amp.is_some();
@@ -720,10 +967,13 @@ impl<'a> TransformerGraph<'a> {
                     let log_probs = tokens * vocab * loss_bytes;
                     Unit {
                         name: "head",
-                        saved: tokens * saved_per_token + log_probs + autocast_weight(lm_weights),
+                        saved: tokens * saved_per_token
+                            + log_probs
+                            + autocast_weight(lm_weights)
+                            + softcap,
                         // Only the loss leaves the model (as in the HF Trainer): logits and their fp32
                         // copy live until log_softmax has run.
-                        forward_transient: logits + fp32_copy,
+                        forward_transient: logits + fp32_copy + softcap,
                         // Gradients of nll_loss and of log_softmax, with log_softmax's output still saved.
                         backward_transient: 2.0 * tokens * vocab * loss_bytes,
                         // The logits' gradient (cast back to the logits dtype) feeds the LM head.
@@ -759,7 +1009,7 @@ impl<'a> TransformerGraph<'a> {
                     Unit {
                         name: "head",
                         // The logits themselves are `held` (returned to the caller).
-                        inference_live: (2.0 * hidden - held).max(beside_logits + loss),
+                        inference_live: (2.0 * hidden - held).max(beside_logits + loss + softcap),
                         held,
                         params,
                         ..Unit::default()
@@ -767,6 +1017,7 @@ impl<'a> TransformerGraph<'a> {
                 }
             }
             Head::Pooler
+            | Head::AttentionPool
             | Head::None
             | Head::SequenceClassification { .. }
             | Head::ImageClassification { .. } => {

@@ -3,8 +3,8 @@
 use crate::error::{PlanError, Result};
 use crate::limits::{self, Bound};
 use crate::model::{
-    Activation, Architecture, Head, HeldHidden, ModelSpec, Norm, Patches, ResnetSpec,
-    TransformerSpec,
+    Activation, Architecture, AudioStem, Head, HeldHidden, LatentAttention, ModelSpec, MoeLayout,
+    Norm, Patches, ResnetSpec, SlidingWindow, TransformerSpec, VisionAdapter,
 };
 use crate::names::nearest;
 use crate::workload::{choices, Dtype};
@@ -12,8 +12,48 @@ use serde_json::Value;
 
 /// `model_type` values the planner understands.
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
-    "gpt2", "gpt_neox", "opt", "llama", "mistral", "qwen2", "mixtral", "gemma", "phi", "bert",
-    "roberta", "t5", "vit", "resnet",
+    "gpt2",
+    "gpt_bigcode",
+    "gpt_neox",
+    "opt",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "mixtral",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi",
+    "phi3",
+    "deepseek_v2",
+    "deepseek_v3",
+    "bert",
+    "roberta",
+    "t5",
+    "whisper",
+    "vit",
+    "clip",
+    "clip_vision_model",
+    "siglip",
+    "siglip_vision_model",
+    "llava",
+    "resnet",
+];
+
+/// Vision transformers: they read images, have no vocabulary and no decoder.
+const VISION_TYPES: &[&str] = &["vit", "clip_vision_model", "siglip_vision_model"];
+
+/// `LlamaConfig`'s defaults (Llama-2-7B), which LLaVA checkpoints leave out of their
+/// `text_config`.
+const LLAMA_DEFAULTS: &[(&str, u64)] = &[
+    ("hidden_size", 4096),
+    ("intermediate_size", 11008),
+    ("num_hidden_layers", 32),
+    ("num_attention_heads", 32),
+    ("max_position_embeddings", 2048),
+    ("vocab_size", 32000),
 ];
 
 /// Parses a config.json text.
@@ -43,6 +83,20 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
     if !SUPPORTED_MODEL_TYPES.contains(&model_type.as_str()) {
         return Err(unsupported(&model_type));
     }
+    match model_type.as_str() {
+        // A CLIP or SigLIP dual encoder is planned as its vision tower (what vision-language
+        // models and image-embedding jobs run).
+        "clip" | "siglip" => {
+            let mut spec = spec_from_json(
+                name,
+                &sub_config(json, "vision_config", &format!("{model_type}_vision_model"))?,
+            )?;
+            spec.torch_dtype = spec.torch_dtype.or(fields.torch_dtype());
+            return Ok(spec);
+        }
+        "llava" => return fields.llava(name),
+        _ => {}
+    }
     let arch = match model_type.as_str() {
         "resnet" => Architecture::Resnet(fields.resnet()?),
         _ => Architecture::Transformer(Box::new(fields.transformer()?)),
@@ -52,6 +106,42 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
         arch,
         torch_dtype: fields.torch_dtype(),
     })
+}
+
+/// The object `key` of a composite config, with `model_type` set to `default_type` where it
+/// has none.
+fn sub_config(json: &Value, key: &'static str, default_type: &str) -> Result<Value> {
+    let mut sub = json
+        .get(key)
+        .filter(|v| v.is_object())
+        .cloned()
+        .ok_or_else(|| PlanError::MissingField {
+            model_type: json
+                .get("model_type")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string(),
+            field: key,
+            spellings: vec![key],
+        })?;
+    if let Some(object) = sub.as_object_mut() {
+        object
+            .entry("model_type")
+            .or_insert_with(|| Value::from(default_type));
+    }
+    Ok(sub)
+}
+
+/// The transformer of a parsed sub-config, or an error naming what it should have been.
+fn transformer_of(spec: ModelSpec, key: &str, expected: &str) -> Result<TransformerSpec> {
+    match spec.arch {
+        Architecture::Transformer(t) => Ok(*t),
+        Architecture::Resnet(_) => Err(PlanError::InvalidValue {
+            name: key.to_string(),
+            value: "resnet".into(),
+            reason: format!("must describe {expected}"),
+        }),
+    }
 }
 
 /// The error for a `model_type` outside [`SUPPORTED_MODEL_TYPES`].
@@ -167,14 +257,16 @@ impl ConfigFields<'_> {
         match base {
             "gelu" => Ok(Activation::Gelu),
             "gelu_new" | "gelu_fast" => Ok(Activation::GeluTanhPython),
+            "quick_gelu" => Ok(Activation::QuickGelu),
             "gelu_pytorch_tanh" => Ok(Activation::GeluTanh),
             "relu" => Ok(Activation::Relu),
             "silu" | "swish" => Ok(Activation::Silu),
             other => Err(PlanError::InvalidValue {
                 name: "hidden_act".into(),
                 value: other.into(),
-                reason: "supported: gelu, gelu_new, gelu_fast, gelu_pytorch_tanh, relu, silu"
-                    .into(),
+                reason:
+                    "supported: gelu, gelu_new, gelu_fast, gelu_pytorch_tanh, quick_gelu, relu, silu"
+                        .into(),
             }),
         }
     }
@@ -236,15 +328,26 @@ impl ConfigFields<'_> {
         )?;
         let layers = self.required_u64(
             "num_hidden_layers",
-            &["num_hidden_layers", "n_layer", "num_layers"],
+            &[
+                "num_hidden_layers",
+                "n_layer",
+                "num_layers",
+                "decoder_layers",
+            ],
             limits::LAYERS,
         )?;
         let heads = self.required_u64(
             "num_attention_heads",
-            &["num_attention_heads", "n_head", "num_heads"],
+            &[
+                "num_attention_heads",
+                "n_head",
+                "num_heads",
+                "decoder_attention_heads",
+            ],
             limits::WIDTH,
         )?;
-        let vocab = if mt == "vit" {
+        let vision = VISION_TYPES.contains(&mt);
+        let vocab = if vision {
             0
         } else {
             self.required_u64("vocab_size", &["vocab_size"], limits::VOCAB)?
@@ -256,9 +359,13 @@ impl ConfigFields<'_> {
                 limits::WIDTH,
             )?
             .unwrap_or(heads);
-        let head_dim = self
-            .optional_u64("head_dim", &["head_dim", "d_kv"], limits::WIDTH)?
-            .unwrap_or(hidden / heads);
+        let latent = self.latent_attention()?;
+        let head_dim = match latent {
+            Some(l) => l.nope_dim + l.rope_dim,
+            None => self
+                .optional_u64("head_dim", &["head_dim", "d_kv"], limits::WIDTH)?
+                .unwrap_or(hidden / heads),
+        };
         limits::WIDTH.check("head_dim", head_dim)?;
         if mt != "t5" && hidden % heads != 0 && self.find(&["head_dim"]).is_none() {
             return Err(PlanError::InvalidValue {
@@ -277,13 +384,24 @@ impl ConfigFields<'_> {
         let intermediate = self
             .optional_u64(
                 "intermediate_size",
-                &["intermediate_size", "n_inner", "ffn_dim", "d_ff"],
+                &[
+                    "moe_intermediate_size",
+                    "intermediate_size",
+                    "n_inner",
+                    "ffn_dim",
+                    "d_ff",
+                    "decoder_ffn_dim",
+                ],
                 limits::WIDTH,
             )?
             .unwrap_or(4 * hidden);
         let positions = self.optional_u64(
             "max_position_embeddings",
-            &["max_position_embeddings", "n_positions"],
+            &[
+                "max_position_embeddings",
+                "n_positions",
+                "max_target_positions",
+            ],
             limits::POSITIONS,
         )?;
         let mut spec = TransformerSpec {
@@ -326,7 +444,7 @@ impl ConfigFields<'_> {
             embedding_dropout: 0.0,
             head: Head::CausalLm,
             use_cache: self.bool_or(&["use_cache"], true),
-            decoder: !matches!(mt, "bert" | "roberta" | "vit"),
+            decoder: !vision && !matches!(mt, "bert" | "roberta"),
             // A pre-norm block as Llama writes it (transformers 5.x): the model holds
             // `inputs_embeds` through the body; attention reads the norm output while the caller
             // holds the block input; the MLP runs on the norm output of the residual sum.
@@ -337,6 +455,19 @@ impl ConfigFields<'_> {
                 at_mlp: 3,
             },
             patches: None,
+            key_bias: true,
+            qk_norm: false,
+            sandwich_norms: false,
+            sliding: None,
+            attention_softcap: false,
+            eager_only: false,
+            fused_gate_up: false,
+            logit_softcap: false,
+            latent,
+            moe: MoeLayout::default(),
+            rescaled_output: false,
+            audio: None,
+            vision: None,
         };
         let need_positions = || {
             positions.ok_or_else(|| PlanError::MissingField {
@@ -346,10 +477,26 @@ impl ConfigFields<'_> {
             })
         };
         match mt {
-            "gpt2" => {
+            "gpt2" | "gpt_bigcode" => {
                 spec.learned_positions = need_positions()?;
                 spec.fused_qkv = true;
-                spec.activation = self.activation(&["activation_function"], "gelu_new")?;
+                let bigcode = mt == "gpt_bigcode";
+                spec.activation = self.activation(
+                    &["activation_function"],
+                    if bigcode {
+                        "gelu_pytorch_tanh"
+                    } else {
+                        "gelu_new"
+                    },
+                )?;
+                if bigcode {
+                    // Multi-query attention: one key/value head; the softmax runs in fp32
+                    // (`attention_softmax_in_fp32`, on by default).
+                    if self.bool_or(&["multi_query"], true) {
+                        spec.kv_heads = 1;
+                    }
+                    spec.softmax_fp32 = self.bool_or(&["attention_softmax_in_fp32"], true);
+                }
                 spec.attention_dropout = self.f64_or(&["attn_pdrop"], 0.1);
                 spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.1);
                 spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.1);
@@ -397,7 +544,8 @@ impl ConfigFields<'_> {
                 spec.held.embeddings = 2;
                 spec.held.at_mlp = 2;
             }
-            "llama" | "mistral" | "qwen2" | "mixtral" | "gemma" => {
+            "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "mixtral" | "gemma"
+            | "gemma2" | "gemma3_text" | "phi3" | "deepseek_v2" | "deepseek_v3" => {
                 spec.norm = Norm::RmsNorm;
                 spec.norm_bias = false;
                 spec.gated_mlp = true;
@@ -407,8 +555,10 @@ impl ConfigFields<'_> {
                 spec.mlp_bias = self.bool_or(&["mlp_bias"], false);
                 spec.rotary_fraction = self.f64_or(&["partial_rotary_factor"], 1.0);
                 spec.softmax_fp32 = true;
-                spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], mt == "gemma");
+                let gemma = matches!(mt, "gemma" | "gemma2" | "gemma3_text");
+                spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], gemma);
                 spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+                self.newer_decoder(&mut spec)?;
                 if mt == "mixtral" {
                     spec.experts = self.required_u64(
                         "num_local_experts",
@@ -502,6 +652,41 @@ impl ConfigFields<'_> {
                     spec.embedding_dropout,
                 ) = (dropout, dropout, dropout, dropout);
                 spec.head = Head::Seq2SeqLm;
+                spec.rescaled_output = spec.tied_embeddings;
+            }
+            "whisper" => self.whisper(&mut spec, need_positions()?)?,
+            "clip_vision_model" | "siglip_vision_model" => {
+                let clip = mt == "clip_vision_model";
+                spec.patches = Some(Patches {
+                    patch: self.required_u64("patch_size", &["patch_size"], limits::POSITIONS)?,
+                    channels: self
+                        .optional_u64("num_channels", &["num_channels"], limits::WIDTH)?
+                        .unwrap_or(3),
+                    image_size: self.required_u64(
+                        "image_size",
+                        &["image_size"],
+                        limits::POSITIONS,
+                    )?,
+                    class_token: clip,
+                    bias: !clip,
+                });
+                spec.activation = self.activation(
+                    &["hidden_act"],
+                    if clip {
+                        "quick_gelu"
+                    } else {
+                        "gelu_pytorch_tanh"
+                    },
+                )?;
+                spec.softmax_fp32 = true;
+                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+                // CLIP: LayerNorm before the blocks (`pre_layrnorm`); both: `post_layernorm`.
+                spec.embedding_norm = clip;
+                spec.head = if !clip && self.bool_or(&["vision_use_head"], true) {
+                    Head::AttentionPool
+                } else {
+                    Head::None
+                };
             }
             "vit" => {
                 spec.patches = Some(Patches {
@@ -514,6 +699,8 @@ impl ConfigFields<'_> {
                     image_size: self
                         .optional_u64("image_size", &["image_size"], limits::POSITIONS)?
                         .unwrap_or(224),
+                    class_token: true,
+                    bias: true,
                 });
                 spec.activation = self.activation(&["hidden_act"], "gelu")?;
                 spec.qkv_bias = self.bool_or(&["qkv_bias"], true);
@@ -539,12 +726,232 @@ impl ConfigFields<'_> {
         }
         spec.max_positions = match mt {
             // Relative position buckets, and positions per patch: no token limit.
-            "t5" | "vit" => None,
+            "t5" | "vit" | "clip_vision_model" | "siglip_vision_model" => None,
             // RoBERTa's position ids start after the padding index: two rows are never reached.
             "roberta" => positions.map(|p| p.saturating_sub(2).max(1)),
             _ => positions,
         };
+        if mt != "whisper" {
+            spec.key_bias = spec.qkv_bias;
+        }
         limits::check_parameters(&spec)?;
         Ok(spec)
+    }
+
+    /// Multi-head latent attention of a DeepSeek-V2/V3 config; None for other families.
+    fn latent_attention(&self) -> Result<Option<LatentAttention>> {
+        if !matches!(self.model_type.as_str(), "deepseek_v2" | "deepseek_v3") {
+            return Ok(None);
+        }
+        let width = |field: &'static str| self.required_u64(field, &[field], limits::WIDTH);
+        Ok(Some(LatentAttention {
+            query_rank: self
+                .optional_u64("q_lora_rank", &["q_lora_rank"], limits::WIDTH)?
+                .unwrap_or(0),
+            kv_rank: width("kv_lora_rank")?,
+            nope_dim: width("qk_nope_head_dim")?,
+            rope_dim: width("qk_rope_head_dim")?,
+            value_dim: width("v_head_dim")?,
+        }))
+    }
+
+    /// What the families after Llama add to its block: Qwen3's and Gemma 3's query/key norms,
+    /// Gemma 2/3's four norms per block, sliding windows and soft-capping, Phi-3's fused
+    /// projections, the mixtures of experts of Qwen3-MoE and DeepSeek.
+    fn newer_decoder(&self, spec: &mut TransformerSpec) -> Result<()> {
+        let mt = self.model_type.as_str();
+        spec.qk_norm = matches!(mt, "qwen3" | "qwen3_moe" | "gemma3_text");
+        if matches!(mt, "gemma" | "gemma2" | "gemma3_text") {
+            spec.norm = Norm::RmsNormOffset;
+        }
+        if matches!(mt, "gemma2" | "gemma3_text") {
+            spec.sandwich_norms = true;
+            let default_every = if mt == "gemma2" { 2 } else { 6 };
+            if let Some(window) =
+                self.optional_u64("sliding_window", &["sliding_window"], limits::POSITIONS)?
+            {
+                let full_every = match self.find(&["layer_types"]).and_then(Value::as_array) {
+                    Some(types) => types
+                        .iter()
+                        .position(|t| t.as_str() == Some("full_attention"))
+                        .map_or(0, |i| i as u64 + 1),
+                    None => self
+                        .optional_u64(
+                            "sliding_window_pattern",
+                            &["sliding_window_pattern"],
+                            limits::LAYERS,
+                        )?
+                        .unwrap_or(default_every),
+                };
+                spec.sliding = Some(SlidingWindow { window, full_every });
+            }
+            spec.attention_softcap = self.find(&["attn_logit_softcapping"]).is_some();
+            spec.eager_only = mt == "gemma2";
+            spec.logit_softcap = self.find(&["final_logit_softcapping"]).is_some();
+        }
+        if mt == "phi3" {
+            // One qkv_proj and one gate_up_proj, no biases; dropouts by Phi's names.
+            spec.fused_qkv = true;
+            spec.fused_gate_up = true;
+            spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.0);
+            spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.0);
+        }
+        let experts = |field: &'static str| self.optional_u64(field, &[field], limits::EXPERTS);
+        match mt {
+            "qwen3_moe" => {
+                spec.experts = experts("num_experts")?.unwrap_or(1);
+                spec.experts_per_token = experts("num_experts_per_tok")?.unwrap_or(1);
+                spec.moe.dense_intermediate = self
+                    .optional_u64("intermediate_size", &["intermediate_size"], limits::WIDTH)?
+                    .unwrap_or(spec.intermediate);
+                let step = self
+                    .optional_u64(
+                        "decoder_sparse_step",
+                        &["decoder_sparse_step"],
+                        limits::LAYERS,
+                    )?
+                    .unwrap_or(1);
+                let dense_listed = self
+                    .find(&["mlp_only_layers"])
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| !a.is_empty());
+                if step != 1 || dense_listed {
+                    return Err(PlanError::InvalidValue {
+                        name: "decoder_sparse_step / mlp_only_layers".into(),
+                        value: format!("{step} / non-empty"),
+                        reason: "the planner supports a mixture of experts in every block                                  (decoder_sparse_step 1, mlp_only_layers [])"
+                            .into(),
+                    });
+                }
+            }
+            "deepseek_v2" | "deepseek_v3" => {
+                spec.experts = experts("n_routed_experts")?.unwrap_or(1);
+                spec.experts_per_token = experts("num_experts_per_tok")?.unwrap_or(1);
+                let freq = experts("moe_layer_freq")?.unwrap_or(1);
+                if freq != 1 {
+                    return Err(PlanError::InvalidValue {
+                        name: "moe_layer_freq".into(),
+                        value: freq.to_string(),
+                        reason: "the planner supports 1 (every block after the dense ones)".into(),
+                    });
+                }
+                spec.moe = MoeLayout {
+                    dense_layers: self
+                        .optional_u64(
+                            "first_k_dense_replace",
+                            &["first_k_dense_replace"],
+                            limits::LAYERS,
+                        )?
+                        .unwrap_or(0),
+                    dense_intermediate: self.required_u64(
+                        "intermediate_size",
+                        &["intermediate_size"],
+                        limits::WIDTH,
+                    )?,
+                    shared_intermediate: experts("n_shared_experts")?.unwrap_or(0)
+                        * spec.intermediate,
+                };
+                // attention_bias covers q_a, kv_a and o.
+                spec.out_bias = spec.qkv_bias;
+            }
+            _ => {}
+        }
+        if spec.experts_per_token > spec.experts {
+            return Err(PlanError::InvalidValue {
+                name: "num_experts_per_tok".into(),
+                value: spec.experts_per_token.to_string(),
+                reason: format!("must be at most the {} experts", spec.experts),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whisper: an audio encoder (two convolutions over log-mel frames, sinusoidal positions
+    /// stored as a table) and a text decoder with cross-attention; k has no bias.
+    fn whisper(&self, spec: &mut TransformerSpec, positions: u64) -> Result<()> {
+        spec.layers = self.required_u64("decoder_layers", &["decoder_layers"], limits::LAYERS)?;
+        spec.encoder_layers =
+            self.required_u64("encoder_layers", &["encoder_layers"], limits::LAYERS)?;
+        for (encoder, decoder) in [
+            ("encoder_attention_heads", "decoder_attention_heads"),
+            ("encoder_ffn_dim", "decoder_ffn_dim"),
+        ] {
+            let (e, d) = (
+                self.optional_u64(encoder, &[encoder], limits::WIDTH)?,
+                self.optional_u64(decoder, &[decoder], limits::WIDTH)?,
+            );
+            if let (Some(e), Some(d)) = (e, d) {
+                if e != d {
+                    return Err(PlanError::InvalidValue {
+                        name: encoder.into(),
+                        value: e.to_string(),
+                        reason: format!(
+                            "must equal {decoder} = {d}: the planner gives both stacks one width"
+                        ),
+                    });
+                }
+            }
+        }
+        spec.learned_positions = positions;
+        spec.key_bias = false;
+        spec.activation = self.activation(&["activation_function"], "gelu")?;
+        let dropout = self.f64_or(&["dropout"], 0.0);
+        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+        spec.activation_dropout = self.f64_or(&["activation_dropout"], 0.0);
+        (spec.hidden_dropout, spec.embedding_dropout) = (dropout, dropout);
+        spec.head = Head::Seq2SeqLm;
+        spec.audio = Some(AudioStem {
+            mel_bins: self
+                .optional_u64("num_mel_bins", &["num_mel_bins"], limits::WIDTH)?
+                .unwrap_or(80),
+            frames: self
+                .optional_u64(
+                    "max_source_positions",
+                    &["max_source_positions"],
+                    limits::POSITIONS,
+                )?
+                .unwrap_or(1500),
+        });
+        Ok(())
+    }
+
+    /// LLaVA: a language model (`text_config`, Llama's defaults where left out), a vision
+    /// tower (`vision_config`) and a two-layer projector.
+    fn llava(&self, name: &str) -> Result<ModelSpec> {
+        let mut text = sub_config(self.json, "text_config", "llama")?;
+        if let Some(object) = text.as_object_mut() {
+            for (key, value) in LLAMA_DEFAULTS {
+                object.entry(*key).or_insert_with(|| Value::from(*value));
+            }
+        }
+        let language = spec_from_json(name, &text)?;
+        let vision = spec_from_json(
+            name,
+            &sub_config(self.json, "vision_config", "clip_vision_model")?,
+        )?;
+        let mut lm = transformer_of(language.clone(), "text_config", "a language model")?;
+        let tower = transformer_of(vision, "vision_config", "a vision transformer")?;
+        let patches = tower.patches.ok_or_else(|| PlanError::InvalidValue {
+            name: "vision_config".into(),
+            value: tower.model_type.clone(),
+            reason: "must describe a vision transformer (clip_vision_model, siglip_vision_model)"
+                .into(),
+        })?;
+        let bias = self.bool_or(&["multimodal_projector_bias"], true);
+        let (v, t) = (tower.hidden, lm.hidden);
+        let projector = v * t + t * t + if bias { 2 * t } else { 0 };
+        let image_tokens = self
+            .optional_u64("image_seq_length", &["image_seq_length"], limits::POSITIONS)?
+            .unwrap_or((patches.image_size / patches.patch).pow(2));
+        lm.vision = Some(Box::new(VisionAdapter {
+            tower,
+            projector,
+            image_tokens,
+        }));
+        Ok(ModelSpec {
+            name: name.to_string(),
+            arch: Architecture::Transformer(Box::new(lm)),
+            torch_dtype: self.torch_dtype().or(language.torch_dtype),
+        })
     }
 }

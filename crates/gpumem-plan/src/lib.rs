@@ -21,6 +21,7 @@ pub mod limits;
 pub mod model;
 pub mod names;
 pub mod safetensors;
+pub mod sequence;
 pub mod settings;
 pub mod warning;
 pub mod workload;
@@ -34,6 +35,7 @@ pub use fit::{fewest_gpus, fit, Fit, FitTarget};
 pub use gpu::{find_gpu, Gpu};
 pub use hf::parse_config;
 pub use model::{Architecture, ModelSpec, ParamCounts, ResnetSpec, TransformerSpec};
+pub use sequence::{allocation_sequence, PlannedEvent};
 pub use settings::{Resolved, Settings};
 pub use warning::Warning;
 pub use workload::{

@@ -64,24 +64,34 @@ impl Bound {
 }
 
 /// An upper bound on the parameters of `t`, in `u128` so that no product overflows (every factor
-/// is already within the bounds above): each matrix of a block is at most `w × w` for the widest
-/// dimension `w`, each table at most `rows × w`.
+/// is already within the bounds above): each matrix of a block is bounded by its widest
+/// dimensions, each table by `rows × w` for the widest dimension `w`.
 fn parameter_bound(t: &TransformerSpec) -> u128 {
     let wide = |x: u64| u128::from(x);
-    let query = wide(t.heads) * wide(t.head_dim);
-    let kv = wide(t.kv_heads) * wide(t.head_dim);
-    let w = [
-        wide(t.hidden),
-        query,
-        kv,
-        wide(t.intermediate),
-        wide(t.embed_projection),
+    let h = wide(t.hidden);
+    // Every attention matrix is at most (h + a)² for its widest projection a; every MLP matrix
+    // at most h × f for the widest MLP f.
+    let a = [
+        wide(t.heads) * wide(t.head_dim),
+        wide(t.kv_heads) * wide(t.head_dim),
+        wide(t.heads) * wide(t.latent.map_or(0, |l| l.nope_dim + l.value_dim + l.kv_rank)),
     ]
     .into_iter()
     .max()
     .unwrap_or(1);
-    // Self- and cross-attention (8 matrices), 3 MLP matrices and a router row per expert, norms.
-    let per_block = (24 + 8 * wide(t.experts)) * w * w;
+    let f = [
+        wide(t.intermediate),
+        wide(t.moe.dense_intermediate),
+        wide(t.moe.shared_intermediate),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(1);
+    let w = h.max(a).max(f).max(wide(t.embed_projection));
+    // Self- and cross-attention (8 matrices), 3 MLP matrices per expert plus shared and dense
+    // ones, a router row per expert, norms and biases.
+    let per_block =
+        8 * (h + a) * (h + a) + 3 * (wide(t.experts) + 2) * h * f + wide(t.experts) * h + 64 * w;
     let labels = match t.head {
         Head::SequenceClassification { labels } => labels,
         Head::ImageClassification { classes } => classes,
@@ -98,9 +108,13 @@ fn parameter_bound(t: &TransformerSpec) -> u128 {
         let per_side = wide(p.image_size / p.patch);
         wide(p.channels) * wide(p.patch) * wide(p.patch) + per_side * per_side + 3
     });
+    let audio = t
+        .audio
+        .map_or(0, |a| 3 * wide(a.mel_bins) + 3 * w + wide(a.frames) + 2);
     wide(t.layers + t.encoder_layers) * per_block
         + 4 * rows * w
-        + patches * w
+        + (patches + audio) * w
+        + 8 * w * w
         + 2 * wide(t.relative_attention_buckets) * wide(t.heads)
 }
 

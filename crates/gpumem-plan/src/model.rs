@@ -41,6 +41,9 @@ pub enum Activation {
     Relu,
     /// SiLU / swish: saves its input.
     Silu,
+    /// `x * sigmoid(1.702 x)` as Python ops (CLIP's `quick_gelu`): saves the input and the
+    /// sigmoid output.
+    QuickGelu,
 }
 
 /// Layer normalisation flavour.
@@ -54,6 +57,9 @@ pub enum Norm {
     /// RMSNorm that scales the input itself by the fp32 reciprocal root (T5): the product is
     /// promoted to fp32, so a half-precision input is saved beside its fp32 copy.
     RmsNormScaledInput,
+    /// RMSNorm that scales by `1 + weight` in fp32 before casting back (Gemma): the fp32 copy
+    /// of the input and the fp32 normalised values are both saved, whatever the input dtype.
+    RmsNormOffset,
 }
 
 /// Which output module sits on top of the transformer body.
@@ -78,8 +84,11 @@ pub enum Head {
         /// Number of classes.
         classes: u64,
     },
-    /// Encoder-decoder LM head (T5ForConditionalGeneration).
+    /// Encoder-decoder LM head (T5ForConditionalGeneration, WhisperForConditionalGeneration).
     Seq2SeqLm,
+    /// Multi-head attention pooling over the final norm output (SigLIP's vision head): a learned
+    /// probe, one `nn.MultiheadAttention`, a LayerNorm and an MLP of the block's width.
+    AttentionPool,
 }
 
 /// Image patching of a vision transformer.
@@ -91,6 +100,90 @@ pub struct Patches {
     pub channels: u64,
     /// Image side the position table was built for.
     pub image_size: u64,
+    /// A learned class token is prepended (ViT, CLIP; not SigLIP).
+    pub class_token: bool,
+    /// The patch convolution has a bias (ViT, SigLIP; not CLIP).
+    pub bias: bool,
+}
+
+impl Patches {
+    /// Tokens the encoder sees: one per patch, plus the class token.
+    pub fn tokens(&self) -> u64 {
+        (self.image_size / self.patch).pow(2) + u64::from(self.class_token)
+    }
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3): queries through an optional low-rank
+/// bottleneck; keys and values decompressed from one shared latent per token, which is what the
+/// KV cache holds (with the shared rotary key) instead of per-head keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LatentAttention {
+    /// Rank of the query bottleneck (`q_lora_rank`); 0 when queries are projected directly.
+    pub query_rank: u64,
+    /// Rank of the key/value latent (`kv_lora_rank`).
+    pub kv_rank: u64,
+    /// Per-head query/key width without rotary embedding (`qk_nope_head_dim`).
+    pub nope_dim: u64,
+    /// Per-head rotary query/key width, shared by all heads on the key side (`qk_rope_head_dim`).
+    pub rope_dim: u64,
+    /// Per-head value width (`v_head_dim`).
+    pub value_dim: u64,
+}
+
+/// Mixture-of-experts layout beyond the routed experts themselves (`experts`,
+/// `experts_per_token`, `intermediate` of [`TransformerSpec`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct MoeLayout {
+    /// The first this-many blocks have a dense MLP instead (DeepSeek's `first_k_dense_replace`).
+    pub dense_layers: u64,
+    /// MLP width of those dense blocks.
+    pub dense_intermediate: u64,
+    /// Width of the shared experts every token passes through (DeepSeek: `n_shared_experts ×
+    /// moe_intermediate_size`); 0 without.
+    pub shared_intermediate: u64,
+}
+
+/// Sliding-window attention on some layers (Gemma 2/3): those layers' KV cache keeps the last
+/// `window − 1` tokens (transformers' `DynamicSlidingWindowLayer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SlidingWindow {
+    /// Tokens each query attends to.
+    pub window: u64,
+    /// Every this-many-th layer attends to everything (Gemma 2: 2, Gemma 3: 6); 0: all layers
+    /// slide.
+    pub full_every: u64,
+}
+
+/// The audio front end of Whisper's encoder: two GELU convolutions over log-mel frames (the
+/// second with stride 2) and a position table of the encoder's frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AudioStem {
+    /// Mel bins per frame (the first convolution's input channels).
+    pub mel_bins: u64,
+    /// Encoder positions (`max_source_positions`): frames after the stride-2 convolution; the
+    /// input has twice as many.
+    pub frames: u64,
+}
+
+/// The vision side of a vision-language model (LLaVA): a vision tower whose patch features a
+/// projector maps into the language model's embedding space as image tokens.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VisionAdapter {
+    /// The vision tower (a CLIP or SigLIP vision transformer).
+    pub tower: TransformerSpec,
+    /// Parameters of the projector (LLaVA: linear, GELU, linear, with biases).
+    pub projector: u64,
+    /// Image tokens each image contributes to the language model's sequence.
+    pub image_tokens: u64,
+}
+
+/// What distinguishes one block of a stack from another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LayerKind {
+    /// Attention is limited to a sliding window.
+    pub sliding: bool,
+    /// The MLP is a mixture of experts (else dense).
+    pub moe: bool,
 }
 
 /// What a family's Hugging Face forward code keeps referenced in a no-grad forward besides the
@@ -207,6 +300,33 @@ pub struct TransformerSpec {
     pub held: HeldHidden,
     /// Patching, for vision transformers.
     pub patches: Option<Patches>,
+    /// The key projection has a bias like q and v (false for Whisper, whose k has none).
+    pub key_bias: bool,
+    /// RMSNorm over each head's queries and keys (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// Four norms per block: before and after attention and MLP (Gemma 2/3).
+    pub sandwich_norms: bool,
+    /// Sliding-window attention, when some layers use it.
+    pub sliding: Option<SlidingWindow>,
+    /// `tanh` soft-capping of the attention scores (Gemma 2 eager attention).
+    pub attention_softcap: bool,
+    /// transformers has no SDPA path for the family (Gemma 2): `--attn sdpa` runs eager.
+    pub eager_only: bool,
+    /// Gate and up projections are one matrix (Phi-3): its output stays whole behind the two
+    /// halves while the activation and product are computed.
+    pub fused_gate_up: bool,
+    /// `tanh` soft-capping of the final logits (Gemma 2).
+    pub logit_softcap: bool,
+    /// Multi-head latent attention (DeepSeek-V2/V3).
+    pub latent: Option<LatentAttention>,
+    /// Dense blocks and shared experts of a mixture of experts.
+    pub moe: MoeLayout,
+    /// The decoder output is rescaled before a tied LM head (T5).
+    pub rescaled_output: bool,
+    /// Whisper's audio front end (the encoder reads mel frames, not tokens).
+    pub audio: Option<AudioStem>,
+    /// Vision tower and projector of a vision-language model.
+    pub vision: Option<Box<VisionAdapter>>,
 }
 
 /// torchvision ResNet: a stem, four stages of blocks, global pooling and a classifier.
@@ -308,17 +428,36 @@ fn linear(inputs: u64, outputs: u64, bias: bool) -> u64 {
 }
 
 impl TransformerSpec {
-    /// Query width `heads × head_dim`.
+    /// Query width `heads × head_dim` (for latent attention, `head_dim` is the no-rope plus
+    /// rotary width).
     pub fn query_width(&self) -> u64 {
         self.heads * self.head_dim
     }
 
-    /// Key (or value) width `kv_heads × head_dim`.
+    /// Key width `kv_heads × head_dim`: one head for multi-query attention, fewer than the
+    /// query heads for grouped-query attention.
     pub fn kv_width(&self) -> u64 {
         self.kv_heads * self.head_dim
     }
 
-    /// Is this an encoder-decoder (T5)?
+    /// Value width: the key width, except for latent attention (`heads × v_head_dim`).
+    pub fn value_width(&self) -> u64 {
+        match self.latent {
+            Some(l) => self.heads * l.value_dim,
+            None => self.kv_width(),
+        }
+    }
+
+    /// Elements per token and layer a KV cache holds (keys and values together): the
+    /// compressed latent and the shared rotary key for latent attention.
+    pub fn cache_width(&self) -> u64 {
+        match self.latent {
+            Some(l) => l.kv_rank + l.rope_dim,
+            None => self.kv_width() + self.value_width(),
+        }
+    }
+
+    /// Is this an encoder-decoder (T5, Whisper)?
     pub fn is_encoder_decoder(&self) -> bool {
         self.encoder_layers > 0
     }
@@ -328,14 +467,108 @@ impl TransformerSpec {
         self.head == Head::CausalLm
     }
 
+    /// The kind of decoder block `index` (0-based): sliding window, mixture of experts.
+    pub fn layer_kind(&self, index: u64) -> LayerKind {
+        LayerKind {
+            sliding: self
+                .sliding
+                .is_some_and(|s| s.full_every == 0 || !(index + 1).is_multiple_of(s.full_every)),
+            moe: self.experts > 1 && index >= self.moe.dense_layers,
+        }
+    }
+
+    /// Decoder blocks with a mixture-of-experts MLP.
+    fn moe_layers(&self) -> u64 {
+        if self.experts > 1 {
+            self.layers - self.moe.dense_layers.min(self.layers)
+        } else {
+            0
+        }
+    }
+
     fn norm_params(&self) -> u64 {
         self.hidden * if self.norm_bias { 2 } else { 1 }
     }
 
+    /// Calls `each(inputs, outputs, copies)` for every weight matrix of one attention module.
+    fn attention_linears(&self, each: &mut impl FnMut(u64, u64, u64)) {
+        let h = self.hidden;
+        match self.latent {
+            Some(l) => {
+                if l.query_rank > 0 {
+                    each(h, l.query_rank, 1);
+                    each(l.query_rank, self.query_width(), 1);
+                } else {
+                    each(h, self.query_width(), 1);
+                }
+                each(h, l.kv_rank + l.rope_dim, 1);
+                each(l.kv_rank, self.heads * (l.nope_dim + l.value_dim), 1);
+                each(self.value_width(), h, 1);
+            }
+            None => {
+                each(h, self.query_width(), 1);
+                each(h, self.kv_width(), 2);
+                each(self.query_width(), h, 1);
+            }
+        }
+    }
+
+    /// MLP width of a dense block.
+    fn dense_intermediate(&self) -> u64 {
+        if self.moe.dense_intermediate > 0 {
+            self.moe.dense_intermediate
+        } else {
+            self.intermediate
+        }
+    }
+
+    /// MLP width one token passes through in block `layer` (its routed experts and the shared
+    /// ones), for activation memory.
+    pub fn routed_intermediate(&self, layer: LayerKind) -> u64 {
+        if layer.moe {
+            self.intermediate * self.experts_per_token + self.moe.shared_intermediate
+        } else {
+            self.dense_intermediate()
+        }
+    }
+
+    /// Calls `each(inputs, outputs, copies)` for every weight matrix of one MLP (all experts).
+    fn mlp_linears(&self, layer: LayerKind, each: &mut impl FnMut(u64, u64, u64)) {
+        let matrices = self.mlp_matrices();
+        if layer.moe {
+            each(self.hidden, self.intermediate, matrices * self.experts);
+            if self.moe.shared_intermediate > 0 {
+                each(self.hidden, self.moe.shared_intermediate, matrices);
+            }
+        } else {
+            each(self.hidden, self.dense_intermediate(), matrices);
+        }
+    }
+
     /// Parameters of one attention module (self- or cross-attention).
     pub fn attention_params(&self) -> u64 {
-        let (h, q, kv) = (self.hidden, self.query_width(), self.kv_width());
-        linear(h, q, self.qkv_bias) + 2 * linear(h, kv, self.qkv_bias) + linear(q, h, self.out_bias)
+        let mut weights = 0;
+        self.attention_linears(&mut |i, o, n| weights += i * o * n);
+        let (h, kv) = (self.hidden, self.kv_width());
+        let extras = match self.latent {
+            Some(l) => {
+                let bias = if self.qkv_bias {
+                    l.kv_rank + l.rope_dim + if l.query_rank > 0 { l.query_rank } else { 0 }
+                } else {
+                    0
+                };
+                // q_a_layernorm and kv_a_layernorm (RMSNorm, weight only).
+                bias + l.query_rank + l.kv_rank + if self.out_bias { h } else { 0 }
+            }
+            None => {
+                let bias = |on: bool, width: u64| if on { width } else { 0 };
+                bias(self.qkv_bias, self.query_width() + kv)
+                    + bias(self.key_bias, kv)
+                    + bias(self.out_bias, h)
+                    + if self.qk_norm { 2 * self.head_dim } else { 0 }
+            }
+        };
+        weights + extras
     }
 
     /// Matrices of one (expert) MLP.
@@ -347,30 +580,41 @@ impl TransformerSpec {
         }
     }
 
-    /// Parameters of one MLP (all experts and the router for MoE).
-    pub fn mlp_params(&self) -> u64 {
-        let (h, f) = (self.hidden, self.intermediate);
-        let biases = if self.mlp_bias {
-            (self.mlp_matrices() - 1) * f + h
+    /// Parameters of the MLP of a block of kind `layer` (all experts and the router for MoE).
+    pub fn mlp_params(&self, layer: LayerKind) -> u64 {
+        let mut weights = 0;
+        self.mlp_linears(layer, &mut |i, o, n| weights += i * o * n);
+        let h = self.hidden;
+        if layer.moe {
+            weights + h * self.experts
+        } else if self.mlp_bias {
+            weights + (self.mlp_matrices() - 1) * self.dense_intermediate() + h
         } else {
-            0
-        };
-        let one = self.mlp_matrices() * h * f + biases;
-        if self.experts > 1 {
-            self.experts * one + h * self.experts
-        } else {
-            one
+            weights
         }
     }
 
-    /// Parameters of one block; `cross_attention` for decoder blocks of an encoder-decoder.
-    pub fn block_params(&self, cross_attention: bool) -> u64 {
-        let norms = if self.shared_block_norm { 1 } else { 2 } + u64::from(cross_attention);
+    /// Parameters of one block of kind `layer`; `cross_attention` for decoder blocks of an
+    /// encoder-decoder.
+    pub fn block_params(&self, cross_attention: bool, layer: LayerKind) -> u64 {
+        let norms = self.block_norms() + u64::from(cross_attention);
         let attention = self.attention_params() * if cross_attention { 2 } else { 1 };
-        attention + self.mlp_params() + norms * self.norm_params()
+        attention + self.mlp_params(layer) + norms * self.norm_params()
     }
 
-    /// Parameters of the embedding tables (token, position, type, patches, projections, norm).
+    /// Norms of a block without cross-attention.
+    pub fn block_norms(&self) -> u64 {
+        if self.sandwich_norms {
+            4
+        } else if self.shared_block_norm {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Parameters of the embedding tables (token, position, type, patches, projections, norm,
+    /// Whisper's audio convolutions and encoder positions).
     pub fn params_of_embeddings(&self) -> u64 {
         let h = self.hidden;
         let mut embeddings =
@@ -382,8 +626,12 @@ impl TransformerSpec {
             embeddings += self.norm_params();
         }
         if let Some(p) = self.patches {
-            let positions = (p.image_size / p.patch).pow(2) + 1;
-            embeddings += linear(p.channels * p.patch * p.patch, h, true) + h + positions * h;
+            embeddings += linear(p.channels * p.patch * p.patch, h, p.bias)
+                + if p.class_token { h } else { 0 }
+                + p.tokens() * h;
+        }
+        if let Some(a) = self.audio {
+            embeddings += linear(3 * a.mel_bins, h, true) + linear(3 * h, h, true) + a.frames * h;
         }
         embeddings
     }
@@ -409,13 +657,24 @@ impl TransformerSpec {
                 }
                 Head::MaskedLm => linear(h, h, true) + self.norm_params() + self.vocab,
                 Head::ImageClassification { classes } => linear(h, classes, true),
+                Head::AttentionPool => {
+                    let f = self.intermediate;
+                    h + 4 * linear(h, h, true)
+                        + self.norm_params()
+                        + linear(h, f, true)
+                        + linear(f, h, true)
+                }
             }
     }
 
-    /// Weights of the linear layers of one block (what LoRA adapts and autocast copies).
-    pub fn block_linear_params(&self) -> u64 {
-        let (h, q, kv) = (self.hidden, self.query_width(), self.kv_width());
-        2 * h * q + 2 * h * kv + self.mlp_matrices() * h * self.intermediate * self.experts
+    /// Weights of the linear layers of one block of kind `layer` (what LoRA adapts and autocast
+    /// copies).
+    pub fn block_linear_params(&self, layer: LayerKind) -> u64 {
+        let mut weights = 0;
+        let mut add = |i: u64, o: u64, n: u64| weights += i * o * n;
+        self.attention_linears(&mut add);
+        self.mlp_linears(layer, &mut add);
+        weights
     }
 
     fn word_width(&self) -> u64 {
@@ -428,20 +687,81 @@ impl TransformerSpec {
 
     fn params(&self) -> ParamCounts {
         let stacks = if self.is_encoder_decoder() { 2 } else { 1 };
-        let encoder = self.encoder_layers * self.block_params(false);
-        let decoder = self.layers * self.block_params(self.is_encoder_decoder());
-        let mlp_tensor = self.hidden * self.intermediate;
-        ParamCounts {
+        let cross = self.is_encoder_decoder();
+        let (dense, moe) = (
+            LayerKind::default(),
+            LayerKind {
+                sliding: false,
+                moe: true,
+            },
+        );
+        let moe_layers = self.moe_layers();
+        let dense_layers = self.layers - moe_layers;
+        let encoder = self.encoder_layers * self.block_params(false, dense);
+        let decoder = dense_layers * self.block_params(cross, dense)
+            + moe_layers * self.block_params(cross, moe);
+        let largest_block = [
+            (dense_layers, self.block_params(cross, dense)),
+            (moe_layers, self.block_params(cross, moe)),
+            (self.encoder_layers, self.block_params(false, dense)),
+        ]
+        .into_iter()
+        .filter(|(count, _)| *count > 0)
+        .map(|(_, params)| params)
+        .max()
+        .unwrap_or(0);
+        let mut largest_tensor = (self.vocab * self.word_width())
+            .max(self.hidden * self.query_width())
+            .max(self.hidden * self.dense_intermediate());
+        let mut widest = |i: u64, o: u64, _: u64| largest_tensor = largest_tensor.max(i * o);
+        self.attention_linears(&mut widest);
+        self.mlp_linears(if moe_layers > 0 { moe } else { dense }, &mut widest);
+        let block_linear = (self.encoder_layers + dense_layers) * self.block_linear_params(dense)
+            + moe_layers * self.block_linear_params(moe);
+        let own = ParamCounts {
             embeddings: self.params_of_embeddings(),
             body: encoder + decoder + stacks * self.relative_attention_buckets * self.heads,
             head: self.params_of_head(),
-            largest_block: self.block_params(self.is_encoder_decoder()),
-            largest_tensor: (self.vocab * self.word_width())
-                .max(mlp_tensor)
-                .max(self.hidden * self.query_width()),
-            block_linear: self.block_linear_params() * (self.layers + self.encoder_layers),
+            largest_block,
+            largest_tensor,
+            block_linear,
             buffers: 0,
+        };
+        match &self.vision {
+            None => own,
+            Some(vision) => {
+                let tower = vision.tower.params();
+                ParamCounts {
+                    embeddings: own.embeddings + tower.embeddings + vision.projector,
+                    body: own.body + tower.body,
+                    head: own.head + tower.head,
+                    largest_block: own.largest_block.max(tower.largest_block),
+                    largest_tensor: own.largest_tensor.max(tower.largest_tensor),
+                    block_linear: own.block_linear + tower.block_linear,
+                    buffers: 0,
+                }
+            }
         }
+    }
+
+    /// Trainable parameters that rank-`rank` LoRA adapters add to every linear layer of every
+    /// block (of the language model; a vision tower stays frozen).
+    pub fn lora_params(&self, rank: u64) -> u64 {
+        let per_block = |layer: LayerKind| {
+            let mut sides = 0;
+            let mut add = |i: u64, o: u64, n: u64| sides += (i + o) * n;
+            self.attention_linears(&mut add);
+            self.mlp_linears(layer, &mut add);
+            sides
+        };
+        let moe_layers = self.moe_layers();
+        let dense_blocks = self.layers - moe_layers + self.encoder_layers;
+        rank * (dense_blocks * per_block(LayerKind::default())
+            + moe_layers
+                * per_block(LayerKind {
+                    sliding: false,
+                    moe: true,
+                }))
     }
 }
 
@@ -598,20 +918,5 @@ impl ResnetSpec {
             // running_mean and running_var per BatchNorm channel (num_batches_tracked is negligible).
             buffers: 2 * bn_channels,
         }
-    }
-}
-
-impl TransformerSpec {
-    /// Trainable parameters that rank-`rank` LoRA adapters add to every linear layer of every block.
-    pub fn lora_params(&self, rank: u64) -> u64 {
-        let (h, q, kv, f) = (
-            self.hidden,
-            self.query_width(),
-            self.kv_width(),
-            self.intermediate,
-        );
-        let attention = (h + q) * 2 + (h + kv) * 2;
-        let mlp = self.mlp_matrices() * (h + f) * self.experts;
-        rank * (attention + mlp) * (self.layers + self.encoder_layers)
     }
 }

@@ -78,3 +78,54 @@ fn torchvision_resnets() {
     assert_eq!(total("resnet101"), 44_549_160);
     assert_eq!(total("resnet152"), 60_192_808);
 }
+
+/// Every catalogue model against the count of the real producer: the model built by
+/// transformers 5.23 (torchvision for ResNets) from the same config on PyTorch's meta device
+/// (`gpumem-count-params`, committed as `testdata/plan/param_counts.json`).
+#[test]
+fn catalogue_matches_the_models_transformers_builds() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/plan/param_counts.json"
+    ))
+    .unwrap();
+    let counts: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let counts = counts["models"].as_object().unwrap();
+    let names = gpumem_plan::model_names();
+    assert_eq!(counts.len(), names.len(), "one count per catalogue model");
+    let wrong: Vec<String> = names
+        .iter()
+        .filter_map(|name| {
+            let expected = counts[*name]["parameters"].as_u64().unwrap();
+            let planned = total(name);
+            (planned != expected).then(|| format!("{name}: planned {planned}, built {expected}"))
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn newer_architectures() {
+    // Qwen3: q/k RMSNorm per head, 128-wide heads beside a 1024-wide model, tied.
+    assert_eq!(total("qwen3-0.6b"), 596_049_920);
+    // 128 routed experts of 3·2048·768 per block, a 2048×128 router.
+    assert_eq!(total("qwen3-30b-a3b"), 30_532_122_624);
+    // Gemma 2: four norms per block; Gemma 3: plus q/k norms.
+    assert_eq!(total("gemma-2-9b"), 9_241_705_984);
+    assert_eq!(total("gemma-3-1b"), 999_885_952);
+    assert_eq!(total("phi-4"), 14_659_507_200);
+    // DeepSeek-V3: latent attention, 3 dense blocks, 256 routed + 1 shared expert.
+    assert_eq!(total("deepseek-v3"), 671_026_404_352);
+    assert_eq!(total("deepseek-v2-lite"), 15_706_484_224);
+    // StarCoder: multi-query attention (one 128-wide key/value head).
+    assert_eq!(total("starcoder"), 15_517_456_384);
+    assert_eq!(total("mixtral-8x22b"), 140_620_634_112);
+    // Whisper: convolutions, a 1500-row encoder position table, k without bias.
+    assert_eq!(total("whisper-tiny"), 37_760_640);
+    assert_eq!(total("whisper-large-v3"), 1_543_490_560);
+    assert_eq!(total("clip-vit-large-patch14"), 303_179_776);
+    // SigLIP: no class token, attention-pooling head.
+    assert_eq!(total("siglip-so400m-patch14-384"), 428_225_600);
+    // LLaVA-1.5: CLIP ViT-L/14-336 + projector 1024→4096→4096 + Llama 2 with 32064 tokens.
+    assert_eq!(total("llava-1.5-7b"), 7_063_427_072);
+}

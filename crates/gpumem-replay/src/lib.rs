@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod planned;
 pub mod selftest;
 pub mod timeline;
 pub mod tune;
@@ -315,6 +316,18 @@ pub fn smallest_capacity(
         }
     }
     Ok(Some(hi))
+}
+
+/// Replays `trace` once through `policy` on an unlimited device: its peak allocated and
+/// reserved bytes and device calls, without the steady-state pass, capacity checks or search
+/// that [`replay`] adds (what a planner needs, at a third of the cost).
+pub fn replay_peaks(
+    trace: &Trace,
+    policy: impl PolicySource,
+    options: &ReplayOptions,
+) -> Result<PolicyReport, ReplayError> {
+    let policy: &dyn PolicySource = &policy;
+    Ok(run(trace, policy, UNLIMITED_CAPACITY, options, &mut |_| {})?.report(policy, trace, None))
 }
 
 /// Replays `trace` through each of `policies`, in order.

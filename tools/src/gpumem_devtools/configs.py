@@ -152,6 +152,54 @@ HF_CONFIGS: dict[str, tuple[str, Config, Config]] = {
                 "num_hidden_layers": 4}),
 }
 
+# The architectures set (measure_peak.architectures_grid): families added to the planner after
+# the grids above, each from the published hyperparameters in the planner's catalogue
+# (crates/gpumem-plan/data/models.json, whose parameter counts are checked against transformers)
+# shrunk the same way: (catalogue name, hub id, overrides).
+CATALOGUE = Path("crates/gpumem-plan/data/models.json")
+ARCH_CONFIGS: dict[str, tuple[str, str, Config]] = {
+    "qwen3-4l": ("qwen3-0.6b", "Qwen/Qwen3-0.6B",
+                 {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4,
+                  "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+                  "vocab_size": 8192}),
+    "qwen3moe-4l": ("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B",
+                    {"hidden_size": 512, "intermediate_size": 1536, "moe_intermediate_size": 256,
+                     "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+                     "head_dim": 64, "num_experts": 16, "num_experts_per_tok": 4,
+                     "vocab_size": 8192}),
+    "gemma2-4l": ("gemma-2-2b", "google/gemma-2-2b",
+                  {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+                   "query_pre_attn_scalar": 128, "sliding_window": 256, "vocab_size": 8192}),
+    "gemma3-6l": ("gemma-3-1b", "google/gemma-3-1b-pt",
+                  {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 6,
+                   "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 128,
+                   "query_pre_attn_scalar": 128, "sliding_window": 128, "vocab_size": 8192}),
+    "phi3-4l": ("phi-3-mini-4k", "microsoft/Phi-3-mini-4k-instruct",
+                {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 4,
+                 "num_attention_heads": 12, "num_key_value_heads": 4, "vocab_size": 8192,
+                 "pad_token_id": 8191, "bos_token_id": 1, "eos_token_id": 8191}),
+    "deepseekv3-4l": ("deepseek-v3", "deepseek-ai/DeepSeek-V3",
+                      {"hidden_size": 512, "intermediate_size": 1536, "moe_intermediate_size": 256,
+                       "num_hidden_layers": 4, "first_k_dense_replace": 1,
+                       "n_routed_experts": 16, "n_shared_experts": 1, "num_experts_per_tok": 4,
+                       "n_group": 4, "topk_group": 2, "num_attention_heads": 8,
+                       "num_key_value_heads": 8, "q_lora_rank": 192, "kv_lora_rank": 128,
+                       "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
+                       "vocab_size": 8192}),
+    "starcoder-4l": ("starcoderbase-1b", "bigcode/starcoderbase-1b",
+                     {"n_embd": 768, "n_layer": 4, "n_head": 12, "n_inner": 3072,
+                      "n_positions": 2048, "vocab_size": 8192, "attn_pdrop": 0.0}),
+    "mixtral-4l": ("mixtral-8x22b", "mistralai/Mixtral-8x22B-v0.1",
+                   {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
+                    "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 8192}),
+    # Whisper reads 3000 log-mel frames (input_features) in its encoder, tokens in its decoder.
+    "whisper-4l": ("whisper-tiny", "openai/whisper-tiny",
+                   {"vocab_size": 8192, "is_encoder_decoder": True, "decoder_start_token_id": 1,
+                    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+                    "suppress_tokens": [], "begin_suppress_tokens": []}),
+}
+
 CNN_CONFIGS: dict[str, Config] = {
     "resnet18": {"model_type": "resnet", "depth": 18, "num_classes": 1000},
     "resnet50": {"model_type": "resnet", "depth": 50, "num_classes": 1000},
@@ -159,15 +207,26 @@ CNN_CONFIGS: dict[str, Config] = {
 
 
 def all_names() -> list[str]:
-    """Every config name (HF configs, then CNNs)."""
-    return [*HF_CONFIGS, *CNN_CONFIGS]
+    """Every config name (HF configs, architectures, then CNNs)."""
+    return [*HF_CONFIGS, *ARCH_CONFIGS, *CNN_CONFIGS]
+
+
+def _catalogue_config(name: str) -> Config:
+    """Catalogue model `name` of the planner (the published hyperparameters of a checkpoint)."""
+    from .paths import repo_root
+    models = json.loads((repo_root() / CATALOGUE).read_text())["models"]
+    return dict(models[name])
 
 
 def config_dict(name: str) -> Config:
     """The JSON object written for config `name`."""
     if name in CNN_CONFIGS:
         return dict(CNN_CONFIGS[name])
-    hub_id, real, shrink = HF_CONFIGS[name]
+    if name in ARCH_CONFIGS:
+        catalogue_name, hub_id, shrink = ARCH_CONFIGS[name]
+        real = _catalogue_config(catalogue_name)
+    else:
+        hub_id, real, shrink = HF_CONFIGS[name]
     changes = ", ".join(f"{k} {real.get(k)}->{v}" for k, v in shrink.items())
     out: Config = {"_name_or_path": hub_id, "_gpumem_shrunk": changes}
     out.update(real)

@@ -39,6 +39,7 @@ PROG = "gpumem-measure-peak"
 CONFIG_DIR = "testdata/plan/configs"
 DEFAULT_OUT = "testdata/plan/measured.jsonl"
 HELDOUT_OUT = "testdata/plan/measured_heldout.jsonl"
+ARCHITECTURES_OUT = "testdata/plan/measured_architectures.jsonl"
 STEPS = 2
 
 
@@ -220,6 +221,31 @@ def heldout_grid() -> list[tuple[str, Settings]]:
     return [(name, s) for name, lst in cases.items() for s in lst]
 
 
+def architectures_grid() -> list[tuple[str, Settings]]:
+    """(config name, Settings) of the architectures set (`--architectures`,
+    measured_architectures.jsonl): the families added after the main grid -- q/k norms,
+    sandwich norms and sliding windows, latent attention, multi-query attention, mixtures of
+    experts with and without shared experts -- in plain forwards that return their KV cache,
+    eager attention in half precision, and training."""
+    cache = {"no_cache": False}
+    eager = {"attn": "eager"}
+    cases = []
+    for name in configs.ARCH_CONFIGS:
+        if name.startswith("whisper"):
+            # An evaluation forward with labels (decoder inputs) and training; 30 s of audio.
+            cases += [(name, s) for s in (
+                I(4, 128, labels=True, **cache), I(4, 128, dtype="bf16", labels=True, **cache,
+                                                    **eager),
+                T(4, 128, dtype="bf16"), T(2, 128, dtype="bf16", **eager))]
+            continue
+        # transformers has no SDPA path for Gemma 2 (soft-capped scores): eager only.
+        default = eager if name.startswith("gemma2") else {}
+        cases += [(name, s) for s in (
+            I(4, 512, **cache, **default), I(4, 512, dtype="bf16", **cache, **eager),
+            T(2, 512, dtype="bf16", **default), T(2, 256, dtype="bf16", **eager))]
+    return cases
+
+
 def case_id(name: str, s: Settings) -> str:
     parts = [name, s.mode, f"b{s.batch}"]
     if s.seq is not None:
@@ -274,6 +300,8 @@ def notes(name: str, s: Settings, device: str, threads: int,
                    "layer_norm, pow, sum, run in fp32)")
     if name.startswith("t5"):
         out.append("decoder length = seq")
+    if name.startswith("whisper"):
+        out.append("input_features: 3000 random log-mel frames; labels (decoder length) = seq")
     kind = configs.model_kind(configs.config_dict(name))
     if s.passes_no_cache(kind in ("causal_lm", "seq2seq")):
         out.append("use_cache=False")
@@ -471,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--heldout", action="store_true",
                     help=f"the held-out grid instead of the main one (default --out: "
                          f"<checkout>/{HELDOUT_OUT})")
+    ap.add_argument("--architectures", action="store_true",
+                    help=f"measure the architectures set (default --out: {ARCHITECTURES_OUT})")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
     ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
@@ -482,7 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    table = heldout_grid() if args.heldout else grid()
+    table = (architectures_grid() if args.architectures
+             else heldout_grid() if args.heldout else grid())
     cases = [(n, s, case_id(n, s)) for n, s in table]
     if args.only is not None:
         cases = [c for c in cases if args.only.search(c[2])]
@@ -504,7 +535,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             self_test(root)
             return 0
         vers = versions()
-        out = args.out or root / (HELDOUT_OUT if args.heldout else DEFAULT_OUT)
+        default_out = (ARCHITECTURES_OUT if args.architectures
+                       else HELDOUT_OUT if args.heldout else DEFAULT_OUT)
+        out = args.out or root / default_out
         _measure_cases(root, out, cases, table, args.redo, args.device,
                        torch.get_num_threads(), vers)
     except MissingDependency as err:

@@ -27,6 +27,8 @@ class Workload:
     vocab_size: int | None
     image_size: int | None
     num_classes: int | None
+    # Log-mel bins of a speech encoder (Whisper): its input is features, not token ids.
+    mel_bins: int | None = None
 
     def batch(self, batch: int, seq: int | None, device: str, dtype: torch.dtype | None,
               with_labels: bool) -> dict[str, torch.Tensor]:
@@ -37,6 +39,11 @@ class Workload:
             labels = torch.randint(0, self.num_classes, (batch,), device=device)
             key = "x" if self.kind == "cnn" else "pixel_values"
             return {key: pixels, "labels": labels} if with_labels else {key: pixels}
+        if self.mel_bins is not None:
+            # 30 s of audio: 3000 frames (the encoder's 1500 positions after its stride-2 conv).
+            features = torch.randn(batch, self.mel_bins, 3000, device=device, dtype=dtype)
+            labels = torch.randint(3, self.vocab_size, (batch, seq), device=device)
+            return {"input_features": features, "labels": labels}
         ids = torch.randint(0, self.vocab_size, (batch, seq), device=device)
         if not with_labels:
             return {"input_ids": ids}
@@ -83,13 +90,16 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
             "masked_lm": transformers.AutoModelForMaskedLM,
             "seq2seq": transformers.AutoModelForSeq2SeqLM,
             "causal_lm": transformers.AutoModelForCausalLM}[kind]
+    mel_bins = cfg.get("num_mel_bins") if cfg.get("model_type") == "whisper" else None
+    if mel_bins is not None:
+        auto = transformers.AutoModelForSpeechSeq2Seq
     model = auto.from_config(hf_cfg, **kwargs).to(device)
     if type(model).__name__ != arch:
         raise ValueError(f"{config_path}: built {type(model).__name__}, config names {arch}")
     if grad_ckpt:
         model.activation_checkpointing_enable()
     return Workload(model, kind, cfg.get("vocab_size"), cfg.get("image_size"),
-                    len(cfg["id2label"]) if "id2label" in cfg else None)
+                    len(cfg["id2label"]) if "id2label" in cfg else None, mel_bins)
 
 
 def make_optimizer(name: str, impl: str,

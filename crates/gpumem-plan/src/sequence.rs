@@ -1,0 +1,329 @@
+//! The allocation sequence a planned run makes: every modelled tensor as an allocation and a
+//! free, in the order of the phase simulation, over two steps (the second with optimizer states
+//! already allocated), so that an allocator policy can be replayed over it to predict reserved
+//! memory (block rounding, segment sizes and fragmentation), not only allocated memory.
+//!
+//! Tensors are modelled at the granularity the planner knows: a unit's weights, gradients and
+//! optimizer states as tensors of the model's typical matrix size, its saved activations as
+//! hidden-state-sized tensors, each transient as one tensor. The live bytes of the sequence
+//! follow the estimate (the `sequence_follows_the_estimate` test checks it).
+
+use crate::error::Result;
+use crate::estimate::{kept_and_recomputed, model_states, trainable_params, States};
+use crate::graph::{build_units, Unit};
+use crate::model::{Architecture, ModelSpec};
+use crate::workload::{Mode, Workload};
+use serde::Serialize;
+
+/// One event of a planned allocation sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum PlannedEvent {
+    /// A tensor of `bytes` bytes is allocated; `id` names it until its free.
+    Alloc {
+        /// Identifier, unique among live tensors.
+        id: u64,
+        /// Bytes requested.
+        bytes: u64,
+    },
+    /// The tensor `id` is freed.
+    Free {
+        /// Identifier of a live tensor.
+        id: u64,
+    },
+    /// A step (training step or forward pass) begins.
+    Step {
+        /// Step number, from 0.
+        index: u64,
+    },
+}
+
+/// Steps the sequence covers: the first allocates the optimizer states, the second is the
+/// steady state.
+pub const STEPS: u64 = 2;
+
+/// At most this many tensors per unit and kind, so that a sequence stays small for any model.
+const MAX_PIECES: f64 = 64.0;
+
+/// The allocation sequence of `workload` on `model` (the first pipeline stage for `--pp`; the
+/// whole model otherwise), on one GPU.
+pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec<PlannedEvent>> {
+    crate::check(model, workload)?;
+    let counts = model.params();
+    let trainable = trainable_params(model, workload, &counts);
+    let units = build_units(model, workload, workload.batch);
+    let states = model_states(model, workload, &counts, &units, trainable);
+    let mut out = Emitter::default();
+    let shapes = Shapes::of(model, workload, &units, &states);
+    let persistent: Vec<u64> = [states.buffers_weights, states.buffers_gradients]
+        .into_iter()
+        .filter_map(|b| out.alloc(b))
+        .collect();
+    let weights: Vec<Vec<u64>> = units
+        .iter()
+        .map(|u| out.pieces(shapes.share(u) * states.weights, shapes.tensor))
+        .collect();
+    match workload.mode {
+        Mode::Train => train(&mut out, &units, &states, workload, &shapes),
+        Mode::Infer | Mode::Generate => {
+            for index in 0..STEPS {
+                out.events.push(PlannedEvent::Step { index });
+                infer(&mut out, &units, &shapes);
+            }
+        }
+    }
+    weights.into_iter().for_each(|w| out.free_all(w));
+    out.free_all(persistent);
+    Ok(out.events)
+}
+
+/// Tensor sizes of a model under a workload.
+struct Shapes {
+    /// Bytes of a typical weight-sized tensor (one matrix of a block).
+    tensor: f64,
+    /// Bytes of a typical activation (one hidden state of the micro-batch).
+    activation: f64,
+    /// Bytes of the largest single activation (the fp32 logits of a language model): a
+    /// transient larger than this is several tensors.
+    largest: f64,
+    /// Parameters of all units.
+    params: f64,
+}
+
+impl Shapes {
+    fn of(model: &ModelSpec, workload: &Workload, units: &[Unit], states: &States) -> Self {
+        let params: f64 = units.iter().map(|u| u.params as f64).sum::<f64>().max(1.0);
+        let per_param = states.weights / params;
+        let act = workload.compute_dtype().bytes() as f64;
+        let (matrix, hidden, widest) = match &model.arch {
+            Architecture::Transformer(t) => {
+                let h = t.hidden as f64;
+                let tokens = (workload.batch * workload.tokens().max(1)) as f64;
+                let tp = workload.layout.tp as f64;
+                let widest = (t.vocab as f64 / tp * 4.0).max(t.intermediate as f64 * act);
+                (h * h / tp, tokens * h * act, tokens * widest)
+            }
+            Architecture::Resnet(r) => {
+                let largest = model.params().largest_tensor as f64;
+                let pixels = (workload.batch * workload.image_size.pow(2)) as f64;
+                let hidden = pixels * r.features() as f64 * act / 64.0;
+                (largest / 4.0, hidden, 4.0 * hidden)
+            }
+        };
+        let activation = hidden.max(512.0);
+        Shapes {
+            tensor: (matrix * per_param).max(512.0),
+            activation,
+            largest: widest.max(activation),
+            params,
+        }
+    }
+
+    /// The share of the model's parameters in `unit`.
+    fn share(&self, unit: &Unit) -> f64 {
+        unit.params as f64 / self.params
+    }
+}
+
+/// Builds the events, naming tensors by a counter.
+#[derive(Default)]
+struct Emitter {
+    events: Vec<PlannedEvent>,
+    next: u64,
+}
+
+impl Emitter {
+    /// Allocates one tensor of `bytes` (none when it rounds to 0 bytes).
+    fn alloc(&mut self, bytes: f64) -> Option<u64> {
+        let bytes = bytes.max(0.0).round() as u64;
+        if bytes == 0 {
+            return None;
+        }
+        let id = self.next;
+        self.next += 1;
+        self.events.push(PlannedEvent::Alloc { id, bytes });
+        Some(id)
+    }
+
+    /// Allocates `total` bytes as tensors of `piece` bytes (at most [`MAX_PIECES`] of them, the
+    /// remainder in the last).
+    fn pieces(&mut self, total: f64, piece: f64) -> Vec<u64> {
+        if total < 1.0 {
+            return Vec::new();
+        }
+        let count = (total / piece).ceil().clamp(1.0, MAX_PIECES);
+        let size = total / count;
+        (0..count as u64).filter_map(|_| self.alloc(size)).collect()
+    }
+
+    fn free(&mut self, id: Option<u64>) {
+        if let Some(id) = id {
+            self.events.push(PlannedEvent::Free { id });
+        }
+    }
+
+    fn free_all(&mut self, ids: Vec<u64>) {
+        self.events
+            .extend(ids.into_iter().map(|id| PlannedEvent::Free { id }));
+    }
+}
+
+/// Two training steps: forward (saved activations accumulate), backward in reverse (each
+/// unit's saved tensors freed as its gradients appear), optimizer step (states created in the
+/// first step, the implementation's temporaries), gradients freed (`set_to_none=True`) unless
+/// they accumulate.
+fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload, shapes: &Shapes) {
+    let accumulating = workload.grad_accum > 1 || workload.keep_grads;
+    let grad = |u: &Unit| u.params as f64 * states.grad_per_param;
+    let mut kept_gradients: Vec<Vec<u64>> = Vec::new();
+    if accumulating {
+        kept_gradients = units
+            .iter()
+            .map(|u| out.pieces(grad(u), shapes.tensor))
+            .collect();
+    }
+    let mut optimizer = Vec::new();
+    for index in 0..STEPS {
+        out.events.push(PlannedEvent::Step { index });
+        let mut saved = Vec::with_capacity(units.len());
+        let mut held = Vec::new();
+        for unit in units {
+            let (keep, _) = kept_and_recomputed(unit, workload.checkpointing);
+            let transient = out.pieces(unit.forward_transient, shapes.largest);
+            saved.push(out.pieces(keep, shapes.activation));
+            out.free_all(transient);
+            held.push(out.alloc(unit.held));
+        }
+        let mut gradients = Vec::new();
+        for (unit, unit_saved) in units.iter().zip(saved).rev() {
+            let (_, recompute) = kept_and_recomputed(unit, workload.checkpointing);
+            // Recomputation re-creates activation-sized tensors; the gradients of its outputs
+            // start the unit's backward.
+            let recomputed = out.pieces(recompute, shapes.activation);
+            let starting = out.pieces(unit.backward_transient, shapes.largest);
+            out.free_all(unit_saved);
+            out.free_all(recomputed);
+            // The gradient flowing on (e.g. the logits' gradient into the LM head) comes before
+            // the parameter gradients it produces.
+            let finishing = out.pieces(unit.gradient_transient, shapes.largest);
+            out.free_all(starting);
+            if !accumulating {
+                gradients.push(out.pieces(grad(unit), shapes.tensor));
+            }
+            out.free_all(finishing);
+        }
+        if index == 0 {
+            optimizer = units
+                .iter()
+                .map(|u| out.pieces(shapes.share(u) * states.optimizer, shapes.tensor))
+                .collect();
+        }
+        let temporaries: Vec<Vec<u64>> = units
+            .iter()
+            .map(|u| out.pieces(shapes.share(u) * states.step_temporaries, shapes.tensor))
+            .collect();
+        temporaries.into_iter().for_each(|t| out.free_all(t));
+        gradients.into_iter().for_each(|g| out.free_all(g));
+        held.into_iter().for_each(|h| out.free(h));
+    }
+    optimizer.into_iter().for_each(|o| out.free_all(o));
+    kept_gradients.into_iter().for_each(|g| out.free_all(g));
+}
+
+/// One no-grad forward: each unit's live tensors while it runs, the KV cache it adds, what its
+/// output keeps; all released when the pass returns.
+fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes) {
+    let mut cache = Vec::new();
+    let mut held = Vec::new();
+    let mut body = Vec::new();
+    let last = units.len().saturating_sub(1);
+    for (index, unit) in units.iter().enumerate() {
+        if index == last {
+            // The body returns before the head runs, releasing what it held.
+            body.drain(..).for_each(|b| out.free(b));
+        }
+        let live = out.pieces(unit.inference_live, shapes.largest);
+        cache.push(out.pieces(unit.kv_cache, shapes.activation));
+        out.free_all(live);
+        held.push(out.alloc(unit.held));
+        if index < last {
+            body.push(out.alloc(unit.body_held));
+        }
+    }
+    body.into_iter().for_each(|b| out.free(b));
+    held.into_iter().for_each(|h| out.free(h));
+    cache.into_iter().for_each(|c| out.free_all(c));
+}
+
+/// Highest sum of live bytes of a sequence.
+pub fn peak_live_bytes(events: &[PlannedEvent]) -> u64 {
+    let mut sizes = std::collections::HashMap::new();
+    let (mut live, mut peak) = (0u64, 0u64);
+    for event in events {
+        match *event {
+            PlannedEvent::Alloc { id, bytes } => {
+                sizes.insert(id, bytes);
+                live += bytes;
+                peak = peak.max(live);
+            }
+            PlannedEvent::Free { id } => live -= sizes.remove(&id).unwrap_or(0),
+            PlannedEvent::Step { .. } => {}
+        }
+    }
+    peak
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{estimate, find_model, Overheads, Settings};
+
+    fn planned(
+        model: &str,
+        mode: &str,
+        batch: u64,
+        seq: u64,
+        dtype: &str,
+    ) -> (ModelSpec, Workload) {
+        let model = find_model(model).unwrap();
+        let settings = Settings {
+            mode: Some(mode.into()),
+            batch: Some(batch),
+            seq: Some(seq),
+            dtype: Some(dtype.into()),
+            ..Settings::default()
+        };
+        let workload = settings.resolve(&model).unwrap().workload;
+        (model, workload)
+    }
+
+    #[test]
+    fn sequence_follows_the_estimate() {
+        let cases = [
+            ("gpt2", "train", 4, 512, "fp32"),
+            ("llama-3.2-1b", "train", 2, 1024, "bf16"),
+            ("qwen3-0.6b", "infer", 4, 2048, "bf16"),
+            ("qwen3-30b-a3b", "train", 1, 512, "bf16"),
+        ];
+        for (name, mode, batch, seq, dtype) in cases {
+            let (model, workload) = planned(name, mode, batch, seq, dtype);
+            let events = allocation_sequence(&model, &workload).unwrap();
+            let planned = estimate(&model, &workload, &Overheads::default()).unwrap();
+            let peak = peak_live_bytes(&events) as f64;
+            let allocated = planned.peak_allocated_bytes as f64;
+            let error = (peak - allocated) / allocated;
+            assert!(
+                error.abs() < 0.05,
+                "{name}: sequence peak {peak}, estimate {allocated}"
+            );
+            // Every tensor is freed, and freed once.
+            let allocs = events
+                .iter()
+                .filter(|e| matches!(e, PlannedEvent::Alloc { .. }));
+            let frees = events
+                .iter()
+                .filter(|e| matches!(e, PlannedEvent::Free { .. }));
+            assert_eq!(allocs.count(), frees.count(), "{name}");
+        }
+    }
+}
