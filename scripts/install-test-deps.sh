@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The system packages the test suite needs: a Vulkan loader and Mesa's software Vulkan driver
 # (lavapipe), so that the wgpu backend's tests (crates/gpumem-wgpu) find an adapter on a
-# machine without a GPU. Linux only; quiet and idempotent when they are already there.
-# Installs with apt-get (Debian/Ubuntu: mesa-vulkan-drivers, libvulkan1) as root, or with sudo
+# machine without a GPU; tmux and curl, with which the gpumem-watch tests drive `gpumem top`
+# and scrape `gpumem exporter`. Linux only; quiet and idempotent when they are already there.
+# Installs with apt-get (Debian/Ubuntu: mesa-vulkan-drivers, libvulkan1, tmux, curl) as root, or with sudo
 # when it is available without a password. Elsewhere it only says what is missing: the tests
 # then skip, or fail under CI=true, with a message naming what to install.
 set -euo pipefail
@@ -27,14 +28,18 @@ have_driver() {
   return 1
 }
 
-if have_loader && have_driver; then
+have_tools() {
+  command -v tmux >/dev/null 2>&1 && command -v curl >/dev/null 2>&1
+}
+
+if have_loader && have_driver && have_tools; then
   exit 0
 fi
 
-packages=(mesa-vulkan-drivers libvulkan1)
+packages=(mesa-vulkan-drivers libvulkan1 tmux curl)
 if ! command -v apt-get >/dev/null 2>&1; then
-  say "no Vulkan loader or driver found and apt-get is not available; install a Vulkan driver" \
-    "(e.g. Mesa's lavapipe) and the Vulkan loader for the wgpu tests"
+  say "missing test packages and apt-get is not available; install a Vulkan driver" \
+    "(e.g. Mesa's lavapipe), the Vulkan loader, tmux and curl for the tests"
   exit 0
 fi
 sudo=""
@@ -42,11 +47,11 @@ if [ "$(id -u)" != 0 ]; then
   if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
     sudo="sudo -n"
   else
-    say "no Vulkan loader or driver found; as root: apt-get install ${packages[*]}"
+    say "missing test packages; as root: apt-get install ${packages[*]}"
     exit 0
   fi
 fi
-say "installing ${packages[*]} (Vulkan loader and Mesa's software driver, for the wgpu tests)"
+say "installing ${packages[*]} (Vulkan for the wgpu tests, tmux and curl for the watch tests)"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
@@ -56,7 +61,7 @@ if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
   say "apt-get could not install ${packages[*]}"
   exit 1
 fi
-if ! have_loader || ! have_driver; then
-  say "installed ${packages[*]}, but still no Vulkan loader or driver found"
+if ! have_loader || ! have_driver || ! have_tools; then
+  say "installed ${packages[*]}, but still no Vulkan loader or driver, tmux or curl found"
   exit 1
 fi
