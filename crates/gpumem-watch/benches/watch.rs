@@ -30,7 +30,8 @@ fn busy_pool() -> Arc<Pool> {
     let pool = Arc::new(Pool::new(device, PoolConfig::default()).unwrap());
     for i in 0..1000u64 {
         // Never freed: live for the whole benchmark.
-        pool.allocate((i % 37 + 1) << 16, StreamId::DEFAULT).unwrap();
+        pool.allocate((i % 37 + 1) << 16, StreamId::DEFAULT)
+            .unwrap();
     }
     pool
 }
@@ -142,7 +143,9 @@ fn prometheus_client_exposition(sample: &Sample) -> String {
                 ("pid".into(), p.pid.to_string()),
                 ("Hostname".into(), sample.host.clone()),
             ];
-            process.get_or_create(&labels).set(p.memory.unwrap_or(0) as f64);
+            process
+                .get_or_create(&labels)
+                .set(p.memory.unwrap_or(0) as f64);
         }
     }
     for pool in &sample.pools {

@@ -178,7 +178,10 @@ fn other_paths_are_not_found() {
 
 #[test]
 fn every_metric_of_the_grafana_dashboard_is_exported() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/grafana-dashboard.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/grafana-dashboard.json"
+    );
     let dashboard: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let exposition = render(&synthetic::demo(60)[59]);
@@ -188,7 +191,10 @@ fn every_metric_of_the_grafana_dashboard_is_exported() {
             let expr = target["expr"].as_str().unwrap();
             for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
                 if word.starts_with("DCGM_FI_") || word.starts_with("gpumem_") {
-                    assert!(exposition.contains(&format!("# TYPE {word} ")), "{word} in {expr}");
+                    assert!(
+                        exposition.contains(&format!("# TYPE {word} ")),
+                        "{word} in {expr}"
+                    );
                     checked += 1;
                 }
             }

@@ -17,14 +17,26 @@ fn the_environment_switches_publishing_of_the_global_registry() {
 
     std::env::remove_var(PUBLISH_VAR);
     assert!(publish_from_env().unwrap().is_none(), "off by default");
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "and creates nothing");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "and creates nothing"
+    );
 
     std::env::set_var(PUBLISH_VAR, "maybe");
     let error = publish_from_env().err().unwrap();
-    assert!(error.to_string().contains("GPUMEM_PUBLISH=\"maybe\" is not accepted"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("GPUMEM_PUBLISH=\"maybe\" is not accepted"),
+        "{error}"
+    );
 
     let device = Arc::new(SimDevice::new(SimConfig::address_only(1 << 30)).unwrap());
-    global_registry().set(0, Arc::new(Pool::new(device, PoolConfig::default()).unwrap()));
+    global_registry().set(
+        0,
+        Arc::new(Pool::new(device, PoolConfig::default()).unwrap()),
+    );
     std::env::set_var(PUBLISH_VAR, "1");
     let publisher = publish_from_env().unwrap().expect("publishing is on");
     let pools = PoolEndpoints::from_env().pools().unwrap();
