@@ -235,23 +235,54 @@ fn data_starvation(index: u32, gpu: &[&GpuSample], t: &Thresholds) -> Option<Fin
     {
         return None;
     }
+    let mut evidence = vec![
+        format!(
+            "idle (< {:.0} %) in {idle_count} of {} samples, in {gaps} separate gaps",
+            t.idle_util,
+            gpu.len()
+        ),
+        format!("{busy_util:.0} % busy between the gaps: the GPU is fast, its input is not"),
+    ];
+    evidence.extend(host_work_in_gaps(gpu, &idle));
     Some(Finding {
         kind: Kind::DataStarvation,
         subject: format!("GPU {index}"),
-        evidence: vec![
-            format!(
-                "idle (< {:.0} %) in {idle_count} of {} samples, in {gaps} separate gaps",
-                t.idle_util,
-                gpu.len()
-            ),
-            format!("{busy_util:.0} % busy between the gaps: the GPU is fast, its input is not"),
-        ],
+        evidence,
         advice: vec![
             "more data-loader workers (DataLoader(num_workers=…), persistent_workers=True)".into(),
             "pinned host memory (pin_memory=True) and non_blocking copies".into(),
             "prefetch the next batch while this one computes (prefetch_factor, or gpumem's batch iterator)".into(),
         ],
     })
+}
+
+/// Whether the gaps line up with the host's work: each process's CPU use in the idle samples
+/// against the busy ones, when the samples have it.
+fn host_work_in_gaps(gpu: &[&GpuSample], idle: &[bool]) -> Vec<String> {
+    let mut pids: Vec<u32> = gpu
+        .iter()
+        .flat_map(|g| g.processes.iter().map(|p| p.pid))
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids.into_iter()
+        .filter_map(|pid| {
+            let cpu = |want_idle: bool| {
+                let values: Vec<f64> = gpu
+                    .iter()
+                    .zip(idle)
+                    .filter(|(_, &i)| i == want_idle)
+                    .filter_map(|(g, _)| g.processes.iter().find(|p| p.pid == pid)?.cpu_percent)
+                    .collect();
+                (!values.is_empty()).then(|| mean(values.into_iter()))
+            };
+            let (in_gaps, computing) = (cpu(true)?, cpu(false)?);
+            Some(format!(
+                "pid {pid} uses {in_gaps:.0} % of a CPU core in the gaps and {computing:.0} % while the GPU computes{}",
+                if in_gaps > computing { ": the gaps are the host's work" } else { "" }
+            ))
+        })
+        .collect()
 }
 
 fn pcie_bound(index: u32, gpu: &[&GpuSample], t: &Thresholds) -> Option<Finding> {

@@ -4,12 +4,16 @@ use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
+use std::collections::HashMap;
+use std::time::Instant;
 
 use crate::{GpuSample, ProcessSample, Sample, SampleSource, WatchError};
 
 /// Samples every GPU NVML sees.
 pub struct NvmlSource {
     nvml: Nvml,
+    /// Each process's CPU ticks at the previous sample, for its CPU use in between.
+    cpu_before: HashMap<u32, (u64, Instant)>,
 }
 
 impl NvmlSource {
@@ -17,7 +21,10 @@ impl NvmlSource {
     /// [`WatchError::NoDriver`], whose message says so in one sentence; never a panic.
     pub fn open() -> Result<NvmlSource, WatchError> {
         match Nvml::init() {
-            Ok(nvml) => Ok(NvmlSource { nvml }),
+            Ok(nvml) => Ok(NvmlSource {
+                nvml,
+                cpu_before: HashMap::new(),
+            }),
             Err(NvmlError::LibloadingError(e)) => Err(WatchError::NoDriver(format!(
                 "the NVIDIA driver's NVML library (libnvidia-ml.so.1) could not be loaded ({e}); \
                  to look at recorded samples use --samples FILE"
@@ -34,9 +41,26 @@ impl NvmlSource {
             .nvml
             .device_count()
             .map_err(|e| WatchError::NoDriver(format!("NVML could not count GPUs ({e})")))?;
-        let gpus = (0..count)
+        let mut gpus: Vec<GpuSample> = (0..count)
             .map(|index| self.gpu(index))
             .collect::<Result<_, _>>()?;
+        let now = Instant::now();
+        let mut cpu_now = HashMap::new();
+        for process in gpus.iter_mut().flat_map(|g| g.processes.iter_mut()) {
+            let Some(ticks) = crate::procinfo::cpu_ticks(process.pid) else {
+                continue;
+            };
+            if let Some(&(before, then)) = self.cpu_before.get(&process.pid) {
+                let seconds = now.duration_since(then).as_secs_f64();
+                if seconds > 0.0 {
+                    let used =
+                        ticks.saturating_sub(before) as f64 / crate::procinfo::TICKS_PER_SECOND;
+                    process.cpu_percent = Some(100.0 * used / seconds);
+                }
+            }
+            cpu_now.insert(process.pid, (ticks, now));
+        }
+        self.cpu_before = cpu_now;
         Ok(Sample {
             time_ms: crate::now_ms(),
             host: crate::host_name(),
@@ -81,6 +105,7 @@ impl NvmlSource {
                     },
                     user,
                     command,
+                    cpu_percent: None,
                 }
             })
             .collect();

@@ -44,3 +44,38 @@ fn user_name(uid: u32) -> String {
 pub(crate) fn my_uid() -> Option<u32> {
     std::fs::metadata("/proc/self").ok().map(|m| m.uid())
 }
+
+/// Clock ticks per second of `/proc/<pid>/stat`'s times (`USER_HZ`, 100 on Linux's
+/// mainstream architectures).
+pub(crate) const TICKS_PER_SECOND: f64 = 100.0;
+
+/// CPU time `pid` has used so far (user + system), in clock ticks.
+pub(crate) fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command (field 2) may hold spaces and parentheses: count fields after the last ')'.
+    let mut fields = stat.get(stat.rfind(')')? + 2..)?.split_whitespace();
+    // After the command: state (3), …, utime (14), stime (15).
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn this_process_has_a_name_and_counts_cpu_time() {
+        let pid = std::process::id();
+        let (user, command) = super::user_and_command(pid);
+        assert!(!user.is_empty());
+        assert!(command.contains("gpumem_watch"), "{command}");
+        let before = super::cpu_ticks(pid).unwrap();
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(100) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        assert!(x > 0);
+        assert!(super::cpu_ticks(pid).unwrap() >= before);
+        assert!(super::cpu_ticks(u32::MAX).is_none());
+    }
+}

@@ -69,7 +69,7 @@ impl GpuSample {
 }
 
 /// A process using a GPU.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessSample {
     /// Process id (host namespace).
     pub pid: u32,
@@ -82,6 +82,10 @@ pub struct ProcessSample {
     /// The command line, when it could be read.
     #[serde(default)]
     pub command: String,
+    /// Host CPU the process used since the previous sample, in percent of one core (its data
+    /// loading, Python, copies), when known.
+    #[serde(default)]
+    pub cpu_percent: Option<f64>,
 }
 
 /// One gpumem pool's statistics, as its process publishes them.

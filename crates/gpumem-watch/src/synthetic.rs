@@ -46,6 +46,7 @@ pub fn healthy_at(gpus: u32, processes: u32, t: u64) -> Sample {
                         memory: Some(per_process),
                         user: "alice".into(),
                         command: format!("python train.py --rank {index}"),
+                        cpu_percent: None,
                     })
                     .collect(),
             }
@@ -98,10 +99,14 @@ pub fn small_batch(seconds: u64) -> Vec<Sample> {
     })
 }
 
-/// Data starvation: 4 s busy (98 %), then 3 s idle (2 %), over and over.
+/// Data starvation: 4 s busy (98 %), then 3 s idle (2 %), over and over; in the gaps the
+/// process's host CPU is busy (180 % of a core: loading and augmenting), while the GPU computes
+/// it is not (30 %).
 pub fn data_starved(seconds: u64) -> Vec<Sample> {
     adjust(healthy(1, seconds), |t, s| {
-        s.gpus[0].gpu_util = if t % 7 < 4 { 98.0 } else { 2.0 };
+        let busy = t % 7 < 4;
+        s.gpus[0].gpu_util = if busy { 98.0 } else { 2.0 };
+        s.gpus[0].processes[0].cpu_percent = Some(if busy { 30.0 } else { 180.0 });
     })
 }
 

@@ -65,6 +65,10 @@ fn starvation_counts_the_gaps_and_suggests_the_loader() {
         text.contains("num_workers") && text.contains("pin_memory"),
         "{text}"
     );
+    assert!(
+        text.contains("pid 4200 uses 180 % of a CPU core in the gaps and 30 % while the GPU computes: the gaps are the host's work"),
+        "{text}"
+    );
 }
 
 #[test]
