@@ -141,7 +141,11 @@ fn serve(listener: UnixListener, pid: u32, registry: &DeviceRegistry, stop: &Ato
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(mut stream) = stream else { continue };
+        let Ok(mut stream) = stream else {
+            // Out of file descriptors, say: try again a little later rather than spin.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            continue;
+        };
         // A client that went away or a pool that cannot report costs this answer only.
         let line = match report(pid, registry) {
             Ok(report) => serde_json::to_string(&report).unwrap_or_default(),

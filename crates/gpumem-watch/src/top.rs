@@ -1,7 +1,7 @@
 //! `gpumem top`: a terminal UI of the GPUs and the gpumem pools inside them, keyboard only
 //! (works over SSH). Per GPU: memory used of total with the pools' allocated and reserved
 //! parts drawn inside it, and a utilisation sparkline; below, one row per process (pid, user,
-//! command, memory, pool policy, fragmentation) that can be sorted and selected to show its
+//! host CPU, command, memory, pool policy, fragmentation) that can be sorted and selected to show its
 //! pool status and last OOM explanation.
 //!
 //! Keys: `s` next sort column, `↑`/`↓` (or `k`/`j`) select, `Enter` show or hide the
@@ -69,6 +69,8 @@ pub struct ProcessRow {
     pub command: String,
     /// Device memory held (NVML), else the pool's reserved bytes.
     pub memory: u64,
+    /// Host CPU use, percent of one core, when known.
+    pub cpu_percent: Option<f64>,
     /// The pool, when the process publishes one for this GPU.
     pub pool: Option<PoolSample>,
 }
@@ -316,6 +318,7 @@ impl App {
             "PID",
             "USER",
             "GPU",
+            "CPU",
             "MEMORY",
             "POLICY",
             "ALLOCATED",
@@ -338,6 +341,7 @@ impl App {
                 Cell::from(r.pid.to_string()),
                 Cell::from(r.user.clone()),
                 Cell::from(r.gpu.to_string()),
+                Cell::from(r.cpu_percent.map_or("-".into(), |c| format!("{c:.0} %"))),
                 Cell::from(Bytes(r.memory).to_string()),
                 Cell::from(policy),
                 Cell::from(allocated),
@@ -350,6 +354,7 @@ impl App {
             Constraint::Length(8),
             Constraint::Length(8),
             Constraint::Length(4),
+            Constraint::Length(6),
             Constraint::Length(11),
             Constraint::Length(11),
             Constraint::Length(11),
@@ -424,6 +429,7 @@ fn process_rows(sample: &Sample) -> Vec<ProcessRow> {
                 user: p.user.clone(),
                 command: p.command.clone(),
                 memory: p.memory.unwrap_or(0),
+                cpu_percent: p.cpu_percent,
                 pool: sample
                     .pools
                     .iter()
@@ -443,6 +449,7 @@ fn process_rows(sample: &Sample) -> Vec<ProcessRow> {
                 user: String::new(),
                 command: String::new(),
                 memory: pool.reserved,
+                cpu_percent: None,
                 pool: Some(pool.clone()),
             });
         }
