@@ -82,6 +82,13 @@ fn process_order(screen: &str) -> Vec<&str> {
         .collect()
 }
 
+fn demo_path() -> String {
+    format!(
+        "{}/../../testdata/watch/demo.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
 #[test]
 fn top_shows_gpus_pools_and_processes_and_answers_keys() {
     if !tmux_available() {
@@ -189,6 +196,9 @@ fn bad_arguments_are_refused_before_the_screen_is_taken() {
     let out = common::gpumem(&["top", "--interval", "0s"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a duration"));
+    let out = common::gpumem(&["top", "--samples", &demo_path()]);
+    assert_eq!(out.status.code(), Some(2), "stdout is a pipe here");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gpumem top needs a terminal"));
     let out = common::gpumem(&["top", "--samples", "/nonexistent/rec.jsonl"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/rec.jsonl"));

@@ -464,6 +464,15 @@ pub fn run(
     note: Option<String>,
     interval: Duration,
 ) -> Result<(), WatchError> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return Err(WatchError::io(
+            "stdout",
+            std::io::Error::other(
+                "gpumem top needs a terminal; for text, use gpumem diagnose or gpumem exporter",
+            ),
+        ));
+    }
     let mut app = App::new();
     app.set_note(note.clone());
     if let Some(sample) = source.next_sample()? {
