@@ -213,7 +213,10 @@ fn unused_memory(index: u32, gpu: &[&GpuSample], t: &Thresholds) -> Option<Findi
             format!(
                 "raise the batch size: memory allows up to about ×{factor:.1} (activations grow with the batch; weights and optimizer state do not)"
             ),
-            "for the exact batch: gpumem plan --model MODEL --fit batch".into(),
+            format!(
+                "for the exact batch, with your model and sequence length: gpumem plan --model MODEL --mode train --seq SEQ --fit batch --gpu {}GiB",
+                total >> 30
+            ),
         ],
     })
 }

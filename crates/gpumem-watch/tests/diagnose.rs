@@ -49,7 +49,7 @@ fn unused_memory_says_how_much_and_points_to_the_planner() {
     );
     assert!(text.contains("×3.0"), "{text}");
     assert!(
-        text.contains("gpumem plan --model MODEL --fit batch"),
+        text.contains("gpumem plan --model MODEL --mode train --seq SEQ --fit batch --gpu 80GiB"),
         "{text}"
     );
 }
