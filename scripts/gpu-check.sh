@@ -13,6 +13,8 @@
 #   bench-arrays the arrays benchmark on CUDA (copies through arrays against raw copies,
 #                pool against cuMemAlloc/cuMemFree); a benchmark has no test rows, so a
 #                check named bench-* passes on exit status 0 and its figures are in its log
+#   gpumem-watch NVML's ignored test (every GPU seen with memory and a UUID), and
+#                `gpumem diagnose`, `exporter` and `top` on the live GPU (scripts/watch-gpu-check.sh)
 #
 # Exit status: 0 all passed; 1 something failed (or did not build); 77 no NVIDIA GPU here, so
 # nothing was run (said plainly). Arguments go to the test binaries as a name filter
@@ -30,6 +32,8 @@ checks=(
   "gpumem-cli|cargo test -p gpumem-cli --locked --no-fail-fast --test devices_cli -- --include-ignored --test-threads=1 --nocapture"
   "gpumem-array|cargo test -p gpumem-array --locked --no-fail-fast --test cuda -- --include-ignored --test-threads=1"
   "bench-arrays|cargo bench -p gpumem-bench --locked --bench arrays -- cuda --warm-up-time 1 --measurement-time 2"
+  "gpumem-watch|cargo test -p gpumem-watch --locked --no-fail-fast --lib -- --include-ignored --test-threads=1 --nocapture"
+  "watch-cli|bash scripts/watch-gpu-check.sh"
 )
 
 gpu_list=""

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The system packages the test suite needs: a Vulkan loader and Mesa's software Vulkan driver
 # (lavapipe), so that the wgpu backend's tests (crates/gpumem-wgpu) find an adapter on a
-# machine without a GPU; and a headless Chromium, in which the HTML report's test
-# (crates/gpumem-report) renders the page. Linux only; quiet and idempotent when they are
-# already there. Installs with apt-get (Debian/Ubuntu: mesa-vulkan-drivers, libvulkan1,
-# chromium) as root, or with sudo when it is available without a password. Elsewhere it only says what is missing: the tests
+# machine without a GPU; a headless Chromium, in which the HTML report's test
+# (crates/gpumem-cli/tests/report_cli.rs) renders the page; tmux and curl, with which the
+# gpumem-watch tests drive `gpumem top` and scrape `gpumem exporter`. Linux only; quiet and
+# idempotent when they are already there. Installs with apt-get (Debian/Ubuntu:
+# mesa-vulkan-drivers, libvulkan1, chromium, tmux, curl) as root, or with sudo when it is
+# available without a password. Elsewhere it only says what is missing: the tests
 # then skip, or fail under CI=true, with a message naming what to install.
 set -euo pipefail
 say() { echo "install-test-deps.sh: $*" >&2; }
@@ -39,12 +41,16 @@ fi
 if ! have_chromium; then
   packages+=(chromium)
 fi
+for tool in tmux curl; do
+  command -v "$tool" >/dev/null 2>&1 || packages+=("$tool")
+done
 if [ ${#packages[@]} = 0 ]; then
   exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
   say "missing ${packages[*]} and apt-get is not available; install a Vulkan driver" \
-    "(e.g. Mesa's lavapipe) and the Vulkan loader for the wgpu tests, Chromium for the report test"
+    "(e.g. Mesa's lavapipe) and the Vulkan loader for the wgpu tests, Chromium for the report" \
+    "test, tmux and curl for the watch tests"
   exit 0
 fi
 sudo=""
@@ -57,7 +63,7 @@ if [ "$(id -u)" != 0 ]; then
   fi
 fi
 say "installing ${packages[*]} (Vulkan loader and Mesa's software driver for the wgpu tests," \
-  "Chromium for the report test)"
+  "Chromium for the report test, tmux and curl for the watch tests)"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
@@ -67,11 +73,13 @@ if ! { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
   say "apt-get could not install ${packages[*]}"
   exit 1
 fi
-if ! have_loader || ! have_driver; then
-  say "installed ${packages[*]}, but still no Vulkan loader or driver found"
-  exit 1
-fi
-if ! have_chromium; then
-  say "installed ${packages[*]}, but still no chromium found"
+missing=()
+{ have_loader && have_driver; } || missing+=("a Vulkan loader or driver")
+have_chromium || missing+=(chromium)
+for tool in tmux curl; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+if [ ${#missing[@]} != 0 ]; then
+  say "installed ${packages[*]}, but still missing: ${missing[*]}"
   exit 1
 fi

@@ -4,12 +4,16 @@
 
 mod backend;
 mod devices_cmd;
+mod diagnose_cmd;
+mod exporter_cmd;
 mod plan_cmd;
 mod policies_cmd;
 mod replay_cmd;
 mod report_cmd;
 mod selftest_cmd;
+mod top_cmd;
 mod tune_cmd;
+mod watch_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -38,6 +42,14 @@ enum Command {
     Devices(devices_cmd::DevicesArgs),
     /// Check the pool on a device with real bytes: every policy, round trips and a real trace.
     Selftest(selftest_cmd::SelftestArgs),
+    /// Record live GPU and pool samples for top, exporter and diagnose.
+    Watch(watch_cmd::WatchArgs),
+    /// Serve Prometheus metrics: dcgm-exporter's GPU figures plus gpumem pools.
+    Exporter(exporter_cmd::ExporterArgs),
+    /// Say why a GPU is underused, with the evidence and what to do.
+    Diagnose(diagnose_cmd::DiagnoseArgs),
+    /// A terminal UI of the GPUs and the gpumem pools inside them (keyboard only).
+    Top(top_cmd::TopArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +63,10 @@ fn main() -> ExitCode {
         Command::Policies(args) => policies_cmd::run(args),
         Command::Devices(args) => devices_cmd::run(args),
         Command::Selftest(args) => selftest_cmd::run(args),
+        Command::Watch(args) => watch_cmd::run(args),
+        Command::Exporter(args) => exporter_cmd::run(args),
+        Command::Diagnose(args) => diagnose_cmd::run(args),
+        Command::Top(args) => top_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

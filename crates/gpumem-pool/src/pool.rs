@@ -70,6 +70,8 @@ struct Inner {
     /// for the blocks marked `shared`: kept apart so that live entries stay small.
     stream_uses: AddressMap<Vec<StreamId>>,
     pending: Vec<PendingFree>,
+    /// The last allocation that ran out of memory, explained (for monitors: `last_oom`).
+    last_oom: Option<Box<OomError>>,
 }
 
 /// A handed-out [`Block`] without its address (the table's key), and whether other streams
@@ -147,6 +149,7 @@ impl Pool {
                 live: AddressMap::default(),
                 stream_uses: AddressMap::default(),
                 pending: Vec::new(),
+                last_oom: None,
             }),
             device,
         })
@@ -332,6 +335,12 @@ impl Pool {
     /// A copy of the statistics (`torch.cuda.memory_stats`).
     pub fn stats(&self) -> MemoryStats {
         self.lock().driver.stats().clone()
+    }
+
+    /// The explanation of the last allocation that ran out of memory, if any did: what a
+    /// monitor shows next to the statistics after the error itself went to the caller.
+    pub fn last_oom(&self) -> Option<OomError> {
+        self.lock().last_oom.as_deref().cloned()
     }
 
     /// Sets every peak statistic to its current value.
@@ -536,8 +545,14 @@ impl Pool {
             largest_free_block: policy.largest_free_block(),
             hard_limit: inner.driver.hard_limit(),
         };
-        let error = OomError::explain(request, failure, facts, &policy.fragmentation_advice());
-        PoolError::OutOfMemory(Box::new(error))
+        let error = Box::new(OomError::explain(
+            request,
+            failure,
+            facts,
+            &policy.fragmentation_advice(),
+        ));
+        inner.last_oom = Some(error.clone());
+        PoolError::OutOfMemory(error)
     }
 }
 

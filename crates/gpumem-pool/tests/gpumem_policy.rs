@@ -246,6 +246,7 @@ fn addresses_retired_by_stitching_come_back_when_the_reservation_runs_out() {
 fn the_hard_limit_is_never_exceeded_and_an_oom_explains() {
     let dev = device(SimConfig::address_only(1 << 30));
     let pool = gpumem_limited(&dev, Some(100 * MIB));
+    assert!(pool.last_oom().is_none());
     let mut live = Vec::new();
     let err = loop {
         match pool.allocate(7 * MIB + 3, S0) {
@@ -255,6 +256,10 @@ fn the_hard_limit_is_never_exceeded_and_an_oom_explains() {
         assert!(reserved(&pool) <= 100 * MIB);
     };
     assert!(matches!(err, PoolError::OutOfMemory(_)), "{err}");
+    let kept = pool
+        .last_oom()
+        .expect("the pool keeps the last OOM for monitors");
+    assert_eq!(kept.to_string(), err.to_string());
     assert_eq!(
         live.len(),
         14,

@@ -1,0 +1,70 @@
+//! `gpumem diagnose`: which known causes of an underused GPU hold, with evidence and advice.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use gpumem_watch::diagnose::{diagnose, Thresholds};
+use gpumem_watch::parse_duration;
+
+/// What `gpumem diagnose` looks at.
+#[derive(Args)]
+pub struct DiagnoseArgs {
+    /// Only the GPUs and pools of this process.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// How long to sample the live machine (ignored with --samples).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Time between live samples.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    interval: Duration,
+    /// Diagnose a recording instead of the live machine.
+    #[arg(long)]
+    samples: Option<PathBuf>,
+}
+
+/// Runs `gpumem diagnose`.
+pub fn run(args: DiagnoseArgs) -> Result<(), String> {
+    let (mut source, note) =
+        gpumem_watch::open_source(args.samples.as_deref()).map_err(|e| e.to_string())?;
+    if let Some(note) = note {
+        eprintln!("gpumem: {note}; diagnosing gpumem pools only");
+    }
+    let live = args.samples.is_none();
+    if live {
+        eprintln!("gpumem: sampling for {:?} …", args.duration);
+    }
+    let start = Instant::now();
+    let mut samples = Vec::new();
+    while let Some(sample) = source.next_sample().map_err(|e| e.to_string())? {
+        samples.push(sample);
+        if live {
+            if start.elapsed() >= args.duration {
+                break;
+            }
+            std::thread::sleep(args.interval);
+        }
+    }
+    let findings = diagnose(&samples, args.pid, &Thresholds::default());
+    let scope = args
+        .pid
+        .map_or(String::new(), |pid| format!(" for pid {pid}"));
+    if findings.is_empty() {
+        println!(
+            "No known cause of an underused GPU holds{scope} over {} samples \
+             (checked: unused memory, data starvation, fragmentation, rank imbalance, PCIe-bound).",
+            samples.len()
+        );
+    } else {
+        println!(
+            "{} finding(s){scope} over {} samples:\n",
+            findings.len(),
+            samples.len()
+        );
+        for finding in &findings {
+            println!("{finding}");
+        }
+    }
+    Ok(())
+}

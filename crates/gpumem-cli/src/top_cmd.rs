@@ -1,0 +1,25 @@
+//! `gpumem top`: the terminal UI of GPUs and gpumem pools.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use gpumem_watch::parse_duration;
+
+/// What `gpumem top` shows.
+#[derive(Args)]
+pub struct TopArgs {
+    /// Show a recording (one sample per interval, then its last) instead of the live machine.
+    #[arg(long)]
+    samples: Option<PathBuf>,
+    /// Time between refreshes (e.g. 500ms, 1s, 2s).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    interval: Duration,
+}
+
+/// Runs `gpumem top` until the user presses q.
+pub fn run(args: TopArgs) -> Result<(), String> {
+    let (source, note) =
+        gpumem_watch::open_source(args.samples.as_deref()).map_err(|e| e.to_string())?;
+    gpumem_watch::top::run(source, note, args.interval).map_err(|e| e.to_string())
+}

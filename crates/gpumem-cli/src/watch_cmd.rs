@@ -1,0 +1,59 @@
+//! `gpumem watch record`: write live samples (NVML GPUs and published gpumem pools) to a
+//! recording that `top`, `exporter` and `diagnose` read with `--samples`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use gpumem_watch::{parse_duration, LiveSource, RecordingWriter, SampleSource};
+
+/// What `gpumem watch` does.
+#[derive(Args)]
+pub struct WatchArgs {
+    #[command(subcommand)]
+    command: WatchCommand,
+}
+
+#[derive(Subcommand)]
+enum WatchCommand {
+    /// Record live samples (GPUs from NVML, pools of processes run with GPUMEM_PUBLISH=1) as JSON lines.
+    Record(RecordArgs),
+}
+
+#[derive(Args)]
+struct RecordArgs {
+    /// The recording to write (JSON lines, one sample per line).
+    #[arg(long, short)]
+    output: PathBuf,
+    /// Time between samples (e.g. 500ms, 1s).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    interval: Duration,
+    /// How long to record (e.g. 60s, 10m).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    duration: Duration,
+}
+
+/// Runs `gpumem watch`.
+pub fn run(args: WatchArgs) -> Result<(), String> {
+    let WatchCommand::Record(args) = args.command;
+    let mut source = LiveSource::open();
+    if let Some(note) = source.no_gpu() {
+        eprintln!("gpumem: {note}; recording gpumem pools only");
+    }
+    let mut writer = RecordingWriter::create(&args.output).map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut written = 0;
+    while start.elapsed() < args.duration {
+        let tick = Instant::now();
+        if let Some(sample) = source.next_sample().map_err(|e| e.to_string())? {
+            writer.write(&sample).map_err(|e| e.to_string())?;
+            written += 1;
+        }
+        std::thread::sleep(args.interval.saturating_sub(tick.elapsed()));
+    }
+    eprintln!(
+        "gpumem: wrote {written} samples to {}",
+        args.output.display()
+    );
+    Ok(())
+}

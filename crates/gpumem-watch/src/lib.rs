@@ -1,0 +1,110 @@
+//! `gpumem watch`: what the GPUs and the gpumem pools on this machine are doing, and why a
+//! GPU is underused.
+//!
+//! - [`Sample`] is one look at the machine: per GPU ([`GpuSample`], from NVML) and per gpumem
+//!   pool ([`PoolSample`], from the pools' publishing endpoints). A [`SampleSource`] yields
+//!   them: [`NvmlSource`] (libnvidia-ml loaded at run time; no driver is an error that says
+//!   so), [`PoolEndpoints`] (every process that turned [`publish`] on), [`LiveSource`] (both)
+//!   and [`Recording`] (a JSON-lines file [`RecordingWriter`] writes), so that every view and
+//!   diagnosis runs the same on recorded samples, without a GPU.
+//! - [`exporter`]: Prometheus text exposition under dcgm-exporter's metric names and labels,
+//!   plus `gpumem_pool_*`; [`diagnose`]: which known causes of an underused GPU hold, with the
+//!   evidence and what to do; [`top`]: the terminal UI.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod diagnose;
+mod error;
+pub mod exporter;
+mod nvml;
+mod pools;
+mod procinfo;
+pub mod publish;
+mod recording;
+mod sample;
+pub mod synthetic;
+pub mod top;
+
+pub use error::WatchError;
+pub use nvml::NvmlSource;
+pub use pools::{LiveSource, PoolEndpoints};
+pub use recording::{Recording, RecordingWriter};
+pub use sample::{GpuSample, PoolSample, ProcessSample, Sample, SampleSource};
+
+/// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// This machine's host name, as the kernel has it (empty when it cannot be read).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The samples a command shows: the recording at `samples` when given, else the live
+/// machine. The second value is the plain sentence saying why no GPU is watched live, if none
+/// is (no driver): the pools are still shown.
+pub fn open_source(
+    samples: Option<&std::path::Path>,
+) -> Result<(Box<dyn SampleSource + Send>, Option<String>), WatchError> {
+    match samples {
+        Some(path) => Ok((Box::new(Recording::read(path)?), None)),
+        None => {
+            let live = LiveSource::open();
+            let note = live.no_gpu().map(str::to_string);
+            Ok((Box::new(live), note))
+        }
+    }
+}
+
+/// Reads a duration such as `500ms`, `1s`, `1.5s`, `2m` or `1h` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let seconds_per_unit = match unit.trim() {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => f64::NAN,
+    };
+    match number.parse::<f64>() {
+        Ok(n) if n > 0.0 && n.is_finite() && seconds_per_unit.is_finite() => {
+            Ok(std::time::Duration::from_secs_f64(n * seconds_per_unit))
+        }
+        _ => Err(format!(
+            "{text:?} is not a duration; use a positive number with ms, s, m or h (e.g. 500ms, 1s, 2m)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_with_units_and_refuse_the_rest() {
+        assert_eq!(
+            super::parse_duration("500ms"),
+            Ok(Duration::from_millis(500))
+        );
+        assert_eq!(super::parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(
+            super::parse_duration("1.5"),
+            Ok(Duration::from_millis(1500))
+        );
+        assert_eq!(super::parse_duration("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["", "0s", "-1s", "5 parsecs", "s"] {
+            let error = super::parse_duration(bad).unwrap_err();
+            assert!(error.contains("not a duration"), "{bad}: {error}");
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The reading side of [`crate::publish`]: ask every endpoint in a directory for its pools,
+//! and the live source that joins them with NVML's figures.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::publish::{endpoint_dir, PoolReport};
+use crate::{NvmlSource, PoolSample, Sample, SampleSource, WatchError};
+
+/// How long one endpoint may take to answer before it is skipped.
+const ANSWER_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The pools of every process publishing in one directory.
+pub struct PoolEndpoints {
+    dir: PathBuf,
+}
+
+impl PoolEndpoints {
+    /// The endpoints in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> PoolEndpoints {
+        PoolEndpoints { dir: dir.into() }
+    }
+
+    /// The endpoints in this user's directory ([`endpoint_dir`]).
+    pub fn from_env() -> PoolEndpoints {
+        PoolEndpoints::new(endpoint_dir())
+    }
+
+    /// The directory read.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Asks every endpoint for its pools. A missing directory means no publisher; a socket
+    /// nobody answers on whose process is gone is removed; one that answers badly or late is
+    /// skipped, so that one stuck process does not hide the others.
+    pub fn pools(&self) -> Result<Vec<PoolSample>, WatchError> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(WatchError::io(&self.dir, e)),
+        };
+        let mut sockets: Vec<(u32, PathBuf)> = entries
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter_map(|path| {
+                let pid = path
+                    .file_name()?
+                    .to_str()?
+                    .strip_suffix(".sock")?
+                    .parse()
+                    .ok()?;
+                Some((pid, path))
+            })
+            .collect();
+        sockets.sort();
+        let mut pools = Vec::new();
+        for (pid, path) in sockets {
+            match ask(&path) {
+                Ok(report) => pools.extend(report.pools),
+                Err(WatchError::Io { .. }) if !crate::procinfo::is_alive(pid) => {
+                    let _ = std::fs::remove_file(&path);
+                }
+                Err(_) => {}
+            }
+        }
+        Ok(pools)
+    }
+}
+
+/// One endpoint's report.
+pub fn ask(path: &Path) -> Result<PoolReport, WatchError> {
+    let io = |e| WatchError::io(path, e);
+    let stream = UnixStream::connect(path).map_err(io)?;
+    stream.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(io)?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).map_err(io)?;
+    serde_json::from_str(&line).map_err(|e| WatchError::BadReport {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+impl SampleSource for PoolEndpoints {
+    fn next_sample(&mut self) -> Result<Option<Sample>, WatchError> {
+        Ok(Some(Sample {
+            time_ms: crate::now_ms(),
+            host: crate::host_name(),
+            gpus: Vec::new(),
+            pools: self.pools()?,
+        }))
+    }
+}
+
+/// What is happening now: NVML's GPUs (when a driver is there) and the published pools.
+pub struct LiveSource {
+    nvml: Option<NvmlSource>,
+    pools: PoolEndpoints,
+    /// Why there are no GPU figures, when NVML could not be used.
+    no_gpu: Option<String>,
+}
+
+impl LiveSource {
+    /// NVML if it loads, and the pools of this user's endpoint directory. Without a driver the
+    /// source still reports pools; [`LiveSource::no_gpu`] says why GPUs are missing.
+    pub fn open() -> LiveSource {
+        let (nvml, no_gpu) = match NvmlSource::open() {
+            Ok(nvml) => (Some(nvml), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        LiveSource {
+            nvml,
+            pools: PoolEndpoints::from_env(),
+            no_gpu,
+        }
+    }
+
+    /// The plain sentence saying why no GPU is watched, if none is.
+    pub fn no_gpu(&self) -> Option<&str> {
+        self.no_gpu.as_deref()
+    }
+}
+
+impl SampleSource for LiveSource {
+    fn next_sample(&mut self) -> Result<Option<Sample>, WatchError> {
+        let mut sample = match &mut self.nvml {
+            Some(nvml) => nvml.sample()?,
+            None => Sample {
+                time_ms: crate::now_ms(),
+                host: crate::host_name(),
+                ..Sample::default()
+            },
+        };
+        sample.pools = self.pools.pools()?;
+        Ok(Some(sample))
+    }
+}

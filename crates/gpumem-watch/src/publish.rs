@@ -1,0 +1,181 @@
+//! The publishing side: a process using gpumem pools answers "how are your pools?" on a Unix
+//! socket, `<dir>/<pid>.sock`, so that `gpumem top`, `diagnose` and `exporter` find every such
+//! process by listing one directory ([`endpoint_dir`]).
+//!
+//! Off by default: nothing runs and nothing is created until [`publish_from_env`] sees
+//! `GPUMEM_PUBLISH=1` or the process calls [`Publisher::start`]. When on, one thread sleeps in
+//! `accept`; the pools pay only when someone asks (one [`gpumem_pool::Pool::status`] per pool
+//! per question), never on their allocation path. The answer is one line of JSON, a
+//! [`PoolReport`], after which the socket is closed.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use gpumem_pool::{DeviceRegistry, Pool};
+use serde::{Deserialize, Serialize};
+
+use crate::{PoolSample, WatchError};
+
+/// Turns publishing on (`1`, `true`, `on`) or leaves it off (unset, `0`, `false`, `off`).
+pub const PUBLISH_VAR: &str = "GPUMEM_PUBLISH";
+/// Overrides the directory of the endpoints (see [`endpoint_dir`]).
+pub const DIR_VAR: &str = "GPUMEM_PUBLISH_DIR";
+
+/// What one process answers: its pools.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolReport {
+    /// The answering process.
+    pub pid: u32,
+    /// One entry per device that has a pool.
+    pub pools: Vec<PoolSample>,
+}
+
+/// Where this user's endpoints live: `$GPUMEM_PUBLISH_DIR`, else `$XDG_RUNTIME_DIR/gpumem`,
+/// else `<temp>/gpumem-<uid>` — per user, so that one user's processes and tools meet and
+/// nobody else's do (the directory is made private, mode 0700).
+pub fn endpoint_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os(DIR_VAR).filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("gpumem");
+    }
+    let uid = crate::procinfo::my_uid().map_or("unknown".to_string(), |u| u.to_string());
+    std::env::temp_dir().join(format!("gpumem-{uid}"))
+}
+
+/// What a pool publishes about itself: its statistics and status, as a [`PoolSample`].
+pub fn pool_sample(pid: u32, device: usize, pool: &Pool) -> Result<PoolSample, WatchError> {
+    let status = pool.status().map_err(|e| WatchError::Pool {
+        device,
+        message: e.to_string(),
+    })?;
+    Ok(PoolSample {
+        pid,
+        device: device as u32,
+        policy: status.policy.to_string(),
+        allocated: status.allocated,
+        reserved: status.reserved,
+        largest_free_block: status.largest_free_block,
+        num_ooms: pool.stats().num_ooms,
+        soft_limit: status.soft_limit,
+        hard_limit: status.hard_limit,
+        last_oom: pool.last_oom().map(|oom| oom.to_string()),
+        status: status.to_string(),
+    })
+}
+
+/// The report of every pool in `registry`, for process `pid`.
+pub fn report(pid: u32, registry: &DeviceRegistry) -> Result<PoolReport, WatchError> {
+    let pools = registry
+        .devices()
+        .into_iter()
+        .filter_map(|device| registry.get(device).map(|pool| (device, pool)))
+        .map(|(device, pool)| pool_sample(pid, device, &pool))
+        .collect::<Result<_, _>>()?;
+    Ok(PoolReport { pid, pools })
+}
+
+/// A running endpoint. Dropping it stops the thread and removes the socket.
+pub struct Publisher {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Publisher {
+    /// Publishes the pools of `registry` (usually [`gpumem_pool::global_registry`]) at
+    /// `<dir>/<pid>.sock`, creating `dir` (mode 0700) if needed.
+    pub fn start(dir: &Path, registry: &'static DeviceRegistry) -> Result<Publisher, WatchError> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| WatchError::io(dir, e))?;
+        let pid = std::process::id();
+        let path = dir.join(format!("{pid}.sock"));
+        // A socket left by an earlier process with our pid (pids are reused) is stale.
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(|e| WatchError::io(&path, e))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| WatchError::io(&path, e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("gpumem-publish".into())
+            .spawn(move || serve(listener, pid, registry, &stopping))
+            .map_err(|e| WatchError::io(&path, e))?;
+        Ok(Publisher {
+            path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The socket this process answers on.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept call so the thread sees the flag.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Answers each connection with one report line until told to stop.
+fn serve(listener: UnixListener, pid: u32, registry: &DeviceRegistry, stop: &AtomicBool) {
+    for stream in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(mut stream) = stream else {
+            // Out of file descriptors, say: try again a little later rather than spin.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            continue;
+        };
+        // A client that went away or a pool that cannot report costs this answer only.
+        let line = match report(pid, registry) {
+            Ok(report) => serde_json::to_string(&report).unwrap_or_default(),
+            Err(e) => serde_json::json!({ "pid": pid, "error": e.to_string() }).to_string(),
+        };
+        let _ = stream.write_all(line.as_bytes());
+        let _ = stream.write_all(b"\n");
+    }
+}
+
+/// Whether `GPUMEM_PUBLISH` asks for publishing; a value we do not know is an error.
+pub fn publishing_requested(value: Option<&str>) -> Result<bool, WatchError> {
+    match value.map(str::trim) {
+        None | Some("") | Some("0") | Some("false") | Some("off") => Ok(false),
+        Some("1") | Some("true") | Some("on") => Ok(true),
+        Some(other) => Err(WatchError::BadEnv {
+            var: PUBLISH_VAR,
+            value: other.to_string(),
+            accepted: "1, true or on to publish; 0, false, off or unset not to",
+        }),
+    }
+}
+
+/// Starts publishing the process-wide registry's pools when `GPUMEM_PUBLISH` says so, in
+/// [`endpoint_dir`]; `Ok(None)` when it does not. Keep the publisher alive as long as the
+/// pools should be visible.
+pub fn publish_from_env() -> Result<Option<Publisher>, WatchError> {
+    let value = std::env::var(PUBLISH_VAR).ok();
+    if !publishing_requested(value.as_deref())? {
+        return Ok(None);
+    }
+    Publisher::start(&endpoint_dir(), gpumem_pool::global_registry()).map(Some)
+}

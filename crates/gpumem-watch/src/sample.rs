@@ -1,0 +1,148 @@
+//! What one look at a machine sees: every GPU (from NVML) and every gpumem pool (from the
+//! pools' publishing endpoints), at one instant. Views, the exporter and the diagnoses read
+//! only these types, so recorded samples drive all of them exactly as live ones do.
+
+use serde::{Deserialize, Serialize};
+
+/// One observation of the machine.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Milliseconds since the Unix epoch when the sample was taken.
+    pub time_ms: u64,
+    /// The host's name (the exporter's `Hostname` label).
+    #[serde(default)]
+    pub host: String,
+    /// Every GPU seen, by index.
+    #[serde(default)]
+    pub gpus: Vec<GpuSample>,
+    /// Every gpumem pool that answered, one per process and device.
+    #[serde(default)]
+    pub pools: Vec<PoolSample>,
+}
+
+/// One GPU's figures, as NVML reports them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    /// NVML's device index.
+    pub index: u32,
+    /// The device's UUID (`GPU-…`).
+    #[serde(default)]
+    pub uuid: String,
+    /// The model name, e.g. `NVIDIA H100 80GB HBM3`.
+    #[serde(default)]
+    pub name: String,
+    /// PCI bus id, e.g. `00000000:17:00.0`.
+    #[serde(default)]
+    pub pci_bus_id: String,
+    /// Device memory in use by anyone, bytes.
+    pub memory_used: u64,
+    /// Device memory, bytes.
+    pub memory_total: u64,
+    /// Percent of the last sample period a kernel ran (0–100).
+    #[serde(default)]
+    pub gpu_util: f64,
+    /// Percent of the last sample period device memory was read or written (0–100).
+    #[serde(default)]
+    pub memory_util: f64,
+    /// PCIe bytes per second received by the GPU (host to device).
+    #[serde(default)]
+    pub pcie_rx_bytes_per_s: u64,
+    /// PCIe bytes per second sent by the GPU (device to host).
+    #[serde(default)]
+    pub pcie_tx_bytes_per_s: u64,
+    /// What the PCIe link can carry per direction, bytes per second, when known.
+    #[serde(default)]
+    pub pcie_max_bytes_per_s: Option<u64>,
+    /// Power draw, watts.
+    #[serde(default)]
+    pub power_watts: f64,
+    /// The compute processes on this GPU.
+    #[serde(default)]
+    pub processes: Vec<ProcessSample>,
+}
+
+impl GpuSample {
+    /// Device memory not in use, bytes.
+    pub fn memory_free(&self) -> u64 {
+        self.memory_total.saturating_sub(self.memory_used)
+    }
+}
+
+/// A process using a GPU.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessSample {
+    /// Process id (host namespace).
+    pub pid: u32,
+    /// Device memory the process holds on this GPU, bytes, when the driver says.
+    #[serde(default)]
+    pub memory: Option<u64>,
+    /// The owner's user name, when it could be read.
+    #[serde(default)]
+    pub user: String,
+    /// The command line, when it could be read.
+    #[serde(default)]
+    pub command: String,
+    /// Host CPU the process used since the previous sample, in percent of one core (its data
+    /// loading, Python, copies), when known.
+    #[serde(default)]
+    pub cpu_percent: Option<f64>,
+}
+
+/// One gpumem pool's statistics, as its process publishes them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolSample {
+    /// The process the pool lives in.
+    pub pid: u32,
+    /// The device ordinal of the pool (the process's numbering, which is NVML's index unless
+    /// `CUDA_VISIBLE_DEVICES` renumbers).
+    pub device: u32,
+    /// The policy in force (`gpumem`, `torch`, `expandable`, `none`).
+    #[serde(default)]
+    pub policy: String,
+    /// Bytes handed out by the pool.
+    pub allocated: u64,
+    /// Bytes the pool holds from the device.
+    pub reserved: u64,
+    /// The largest block the pool could hand out without asking the device, bytes.
+    #[serde(default)]
+    pub largest_free_block: u64,
+    /// Out-of-memory failures so far.
+    #[serde(default)]
+    pub num_ooms: u64,
+    /// The soft limit in force, bytes.
+    #[serde(default)]
+    pub soft_limit: Option<u64>,
+    /// The hard limit in force, bytes.
+    #[serde(default)]
+    pub hard_limit: Option<u64>,
+    /// The explanation of the last out-of-memory failure, if there was one.
+    #[serde(default)]
+    pub last_oom: Option<String>,
+    /// The pool's status text (`Pool::status`), as printed by the process.
+    #[serde(default)]
+    pub status: String,
+}
+
+impl PoolSample {
+    /// Bytes reserved but not allocated: the cache, free blocks and splinters.
+    pub fn cached(&self) -> u64 {
+        self.reserved.saturating_sub(self.allocated)
+    }
+
+    /// How scattered the cached bytes are: 0 when the largest free block is all of them, near
+    /// 1 when they are splinters no large request can use. 0 with nothing cached.
+    pub fn fragmentation(&self) -> f64 {
+        let cached = self.cached();
+        if cached == 0 {
+            0.0
+        } else {
+            1.0 - self.largest_free_block.min(cached) as f64 / cached as f64
+        }
+    }
+}
+
+/// Where samples come from: NVML, the pools' endpoints, a recording, or several at once.
+pub trait SampleSource {
+    /// Takes the next sample. `Ok(None)` means the source has no more (a recording's end).
+    fn next_sample(&mut self) -> Result<Option<Sample>, crate::WatchError>;
+}

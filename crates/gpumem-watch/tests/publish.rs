@@ -1,0 +1,89 @@
+//! A process publishing its pools is found by listing the endpoint directory, and its report
+//! carries the pool's real statistics, status and last OOM.
+
+use std::sync::Arc;
+
+use gpumem_device::sim::{SimConfig, SimDevice};
+use gpumem_device::StreamId;
+use gpumem_pool::{DeviceRegistry, Limit, Pool, PoolConfig};
+use gpumem_watch::publish::{publishing_requested, Publisher};
+use gpumem_watch::{PoolEndpoints, SampleSource, WatchError};
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn published_pools_are_found_and_report_real_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry: &'static DeviceRegistry = Box::leak(Box::new(DeviceRegistry::new()));
+    let device = Arc::new(SimDevice::new(SimConfig::address_only(1 << 30)).unwrap());
+    let mut config = PoolConfig::default();
+    config.options.hard_limit = Some(Limit::Bytes(64 * MIB));
+    let pool = Arc::new(Pool::new(device, config).unwrap());
+    registry.set(3, pool.clone());
+    let kept = pool.allocate(40 * MIB, StreamId::DEFAULT).unwrap();
+    let oom = pool.allocate(40 * MIB, StreamId::DEFAULT).unwrap_err();
+
+    let endpoints = PoolEndpoints::new(dir.path());
+    assert!(
+        endpoints.pools().unwrap().is_empty(),
+        "nothing before publishing"
+    );
+    let publisher = Publisher::start(dir.path(), registry).unwrap();
+    assert!(publisher
+        .path()
+        .ends_with(format!("{}.sock", std::process::id())));
+
+    let pools = PoolEndpoints::new(dir.path())
+        .next_sample()
+        .unwrap()
+        .unwrap()
+        .pools;
+    assert_eq!(pools.len(), 1);
+    let published = &pools[0];
+    let stats = pool.stats();
+    assert_eq!(published.pid, std::process::id());
+    assert_eq!(published.device, 3);
+    assert_eq!(published.policy, "gpumem");
+    assert_eq!(published.allocated, stats.allocated_bytes.all.current);
+    assert_eq!(published.reserved, stats.reserved_bytes.all.current);
+    assert_eq!(published.num_ooms, 1);
+    assert_eq!(published.hard_limit, Some(64 * MIB));
+    assert_eq!(
+        published.last_oom.as_deref(),
+        Some(oom.to_string().as_str())
+    );
+    assert_eq!(published.status, pool.status().unwrap().to_string());
+
+    pool.free(kept.ptr).unwrap();
+    drop(publisher);
+    assert!(
+        endpoints.pools().unwrap().is_empty(),
+        "the socket goes with the publisher"
+    );
+}
+
+#[test]
+fn a_socket_left_by_a_dead_process_is_skipped_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    // A pid that cannot exist (above the kernel's pid_max limit of 2^22).
+    let stale = dir.path().join("99999999.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(PoolEndpoints::new(dir.path()).pools().unwrap().is_empty());
+    assert!(!stale.exists());
+}
+
+#[test]
+fn the_switch_accepts_plain_on_and_off_and_refuses_the_rest() {
+    for on in ["1", "true", "on"] {
+        assert!(publishing_requested(Some(on)).unwrap());
+    }
+    for off in [None, Some(""), Some("0"), Some("false"), Some("off")] {
+        assert!(!publishing_requested(off).unwrap());
+    }
+    let error = publishing_requested(Some("yes please")).unwrap_err();
+    assert!(matches!(error, WatchError::BadEnv { .. }));
+    assert!(
+        error.to_string().contains("GPUMEM_PUBLISH=\"yes please\""),
+        "{error}"
+    );
+}
