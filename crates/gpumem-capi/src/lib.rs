@@ -36,7 +36,7 @@ use std::sync::Arc;
 use gpumem_device::DevicePtr;
 use gpumem_pool::PoolError;
 
-pub use state::{CapiError, MAX_DEVICES};
+pub use state::{CapiError, GPUMEM_MAX_DEVICES};
 use state::{Change, DevicePool};
 
 /// What a gpumem C call returns: 0 for success, otherwise what went wrong
@@ -92,7 +92,7 @@ impl CapiError {
 }
 
 /// `size` for [`gpumem_free`] when the caller does not know the allocation's size: no check.
-pub const GPUMEM_ANY_SIZE: usize = usize::MAX;
+pub const GPUMEM_ANY_SIZE: usize = !0;
 
 /// Records a failure as this thread's last error (and, for an OOM, as the device's last OOM)
 /// and returns its status.

@@ -16,7 +16,7 @@ use gpumem_pool::{
 };
 
 /// The most device ordinals the library serves (ordinals 0 to 63).
-pub const MAX_DEVICES: usize = 64;
+pub const GPUMEM_MAX_DEVICES: usize = 64;
 
 /// Capacity of each simulated device when `GPUMEM_SIM_CAPACITY` is unset.
 const DEFAULT_SIM_CAPACITY: u64 = 16 << 30;
@@ -38,8 +38,8 @@ pub enum CapiError {
         /// What is wrong with it.
         problem: String,
     },
-    /// A device ordinal outside 0..MAX_DEVICES.
-    #[error("device {0} is not valid: accepted: 0 to {max}", max = MAX_DEVICES - 1)]
+    /// A device ordinal outside 0..GPUMEM_MAX_DEVICES.
+    #[error("device {0} is not valid: accepted: 0 to {max}", max = GPUMEM_MAX_DEVICES - 1)]
     DeviceOrdinal(i64),
     /// An argument that cannot be used (a null or non-UTF-8 string, an unknown policy).
     #[error("{name} {value:?} is not valid: {problem}")]
@@ -239,7 +239,7 @@ fn config_error(device: usize, e: ConfigError) -> CapiError {
 pub fn ordinal(device: i64) -> Result<usize, CapiError> {
     usize::try_from(device)
         .ok()
-        .filter(|d| *d < MAX_DEVICES)
+        .filter(|d| *d < GPUMEM_MAX_DEVICES)
         .ok_or(CapiError::DeviceOrdinal(device))
 }
 
