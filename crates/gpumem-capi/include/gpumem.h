@@ -57,8 +57,7 @@ void gpumem_torch_free(void *ptr, size_t size, int device, void *stream);
 
 // CuPy's `CFunctionAllocator` allocation function (`param` is unused; pass 0): `size` bytes
 // on `device`'s default stream. Returns NULL on failure with the reason in
-// [`gpumem_last_error`] and, for an OOM, [`gpumem_last_oom`] (Python's `gpumem.cupy.use`
-// raises CuPy's `OutOfMemoryError` with it).
+// [`gpumem_last_error`] and, for an OOM, [`gpumem_last_oom`].
 void *gpumem_cupy_malloc(void *param, size_t size, int device);
 
 // CuPy's `CFunctionAllocator` free function. NULL is ignored; an unknown pointer frees
@@ -66,7 +65,7 @@ void *gpumem_cupy_malloc(void *param, size_t size, int device);
 void gpumem_cupy_free(void *param, void *ptr, int device);
 
 // Allocates `size` bytes on `device` for use on `stream` (a `cudaStream_t`; NULL is the
-// default stream) and stores the address in `*out` (NULL for zero bytes).
+// default stream) and stores the address in `*out` (NULL for zero bytes and on failure).
 //
 // # Safety
 // `out` must be NULL or point to writable storage for one pointer.
@@ -103,6 +102,13 @@ size_t gpumem_pool_status(int device, char *buffer, size_t capacity);
 // `buffer` must be NULL with `capacity == 0`, or writable for `capacity` bytes.
 size_t gpumem_last_oom(int device, char *buffer, size_t capacity);
 
+// The name of the policy `device`'s pool runs (`gpumem`, `torch`, `expandable`, `none`), into
+// `buffer`. Returns the bytes needed with the NUL, or 0 on error.
+//
+// # Safety
+// `buffer` must be NULL with `capacity == 0`, or writable for `capacity` bytes.
+size_t gpumem_policy(int device, char *buffer, size_t capacity);
+
 // Gives `device`'s cached memory back to the device (`torch.cuda.empty_cache`); stores the
 // bytes released in `*released` when it is not NULL.
 //
@@ -113,6 +119,10 @@ enum GpumemStatus gpumem_empty_cache(int device, uint64_t *released);
 // Sets every peak statistic of `device` to its current value
 // (`torch.cuda.reset_peak_memory_stats`).
 enum GpumemStatus gpumem_reset_peak_stats(int device);
+
+// Starts (`capacity` > 0 events) or stops (0) recording `device`'s allocation history for
+// snapshots.
+enum GpumemStatus gpumem_set_history(int device, size_t capacity);
 
 // Configures every pool — those already made and those made later: the `policy` (`gpumem`,
 // `torch`, `expandable`, `none`; only while a pool has no live allocations), the soft and
@@ -135,10 +145,6 @@ enum GpumemStatus gpumem_configure(const char *policy,
 // Each string must be NULL or NUL-terminated.
 enum GpumemStatus gpumem_set_limits(int device, const char *soft_limit, const char *hard_limit);
 
-// Starts (`capacity` > 0 events) or stops (0) recording `device`'s allocation history for
-// snapshots.
-enum GpumemStatus gpumem_set_history(int device, size_t capacity);
-
 // Writes `device`'s pool as a PyTorch memory snapshot to `path`: a pickle that
 // <https://pytorch.org/memory_viz> and `pickle.load` open (JSON when the name ends in
 // `.json`), with the recorded history as its trace.
@@ -146,13 +152,6 @@ enum GpumemStatus gpumem_set_history(int device, size_t capacity);
 // # Safety
 // `path` must be a NUL-terminated string.
 enum GpumemStatus gpumem_snapshot(int device, const char *path);
-
-// The name of the policy `device`'s pool runs (`gpumem`, `torch`, `expandable`, `none`), into
-// `buffer`. Returns the bytes needed with the NUL, or 0 on error.
-//
-// # Safety
-// `buffer` must be NULL with `capacity == 0`, or writable for `capacity` bytes.
-size_t gpumem_policy(int device, char *buffer, size_t capacity);
 
 #ifdef __cplusplus
 }  // extern "C"

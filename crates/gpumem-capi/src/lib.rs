@@ -28,16 +28,15 @@
 #![allow(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod api;
 mod state;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::Arc;
 
 use gpumem_device::DevicePtr;
 use gpumem_pool::PoolError;
 
 pub use state::{CapiError, GPUMEM_MAX_DEVICES};
-use state::{Change, DevicePool};
 
 /// What a gpumem C call returns: 0 for success, otherwise what went wrong
 /// ([`gpumem_last_error`] says more).
@@ -91,19 +90,9 @@ impl CapiError {
     }
 }
 
-/// `size` for [`gpumem_free`] when the caller does not know the allocation's size: no check.
-pub const GPUMEM_ANY_SIZE: usize = !0;
-
-/// Records a failure as this thread's last error (and, for an OOM, as the device's last OOM)
-/// and returns its status.
+/// Records a failure as this thread's last error and returns its status.
 fn fail(error: &CapiError) -> GpumemStatus {
-    let text = error.to_string();
-    if let (true, CapiError::Pool { device, .. }) = (error.is_out_of_memory(), error) {
-        if let Some(entry) = state::existing(*device) {
-            entry.note_oom(&text);
-        }
-    }
-    state::set_last_error(&text);
+    state::set_last_error(&error.to_string());
     error.status()
 }
 
@@ -112,58 +101,6 @@ fn status(result: Result<(), CapiError>) -> GpumemStatus {
         Ok(()) => GpumemStatus::GpumemOk,
         Err(e) => fail(&e),
     }
-}
-
-fn pool_of(device: c_int) -> Result<(usize, Arc<DevicePool>), CapiError> {
-    let device = state::ordinal(device.into())?;
-    Ok((device, state::device_pool(device)?))
-}
-
-fn allocate(size: usize, device: c_int, stream: u64) -> Result<DevicePtr, CapiError> {
-    let (device, entry) = pool_of(device)?;
-    let stream = entry.stream(stream);
-    entry
-        .pool
-        .allocate(size as u64, stream)
-        .map(|a| a.ptr)
-        .map_err(|source| CapiError::Pool { device, source })
-}
-
-/// Frees `ptr` of `device`, checking the size when one is given: a pointer of another device's
-/// pool, or a wrong size, is an error and frees nothing.
-fn release(ptr: DevicePtr, size: Option<u64>, device: c_int) -> Result<(), CapiError> {
-    if ptr == 0 {
-        return Ok(());
-    }
-    let (device, entry) = pool_of(device)?;
-    let Some(live) = entry.pool.allocation(ptr) else {
-        let owner = state::all_pools()
-            .into_iter()
-            .find(|(d, other)| *d != device && other.pool.allocation(ptr).is_some());
-        return Err(match owner {
-            Some((owner, _)) => CapiError::WrongDevice {
-                ptr,
-                given: device,
-                owner,
-            },
-            None => CapiError::Pool {
-                device,
-                source: PoolError::UnknownPointer { ptr, what: "free" },
-            },
-        });
-    };
-    if let Some(given) = size.filter(|&s| s != live.size) {
-        return Err(CapiError::SizeMismatch {
-            device,
-            ptr,
-            allocated: live.size,
-            given,
-        });
-    }
-    entry
-        .pool
-        .free(ptr)
-        .map_err(|source| CapiError::Pool { device, source })
 }
 
 extern "C-unwind" {
@@ -183,7 +120,7 @@ pub extern "C-unwind" fn gpumem_torch_alloc(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    let error = match allocate(size, device, stream as u64) {
+    let error = match api::allocate(size as u64, device.into(), stream as u64) {
         Ok(ptr) => return ptr as *mut c_void,
         Err(error) => error,
     };
@@ -209,7 +146,7 @@ pub extern "C" fn gpumem_torch_free(
     stream: *mut c_void,
 ) {
     let _ = stream;
-    if let Err(e) = release(ptr as DevicePtr, Some(size as u64), device) {
+    if let Err(e) = api::free(ptr as DevicePtr, Some(size as u64), device.into()) {
         fail(&e);
         eprintln!("gpumem: {e}");
     }
@@ -217,8 +154,7 @@ pub extern "C" fn gpumem_torch_free(
 
 /// CuPy's `CFunctionAllocator` allocation function (`param` is unused; pass 0): `size` bytes
 /// on `device`'s default stream. Returns NULL on failure with the reason in
-/// [`gpumem_last_error`] and, for an OOM, [`gpumem_last_oom`] (Python's `gpumem.cupy.use`
-/// raises CuPy's `OutOfMemoryError` with it).
+/// [`gpumem_last_error`] and, for an OOM, [`gpumem_last_oom`].
 #[no_mangle]
 pub extern "C" fn gpumem_cupy_malloc(
     param: *mut c_void,
@@ -226,7 +162,7 @@ pub extern "C" fn gpumem_cupy_malloc(
     device: c_int,
 ) -> *mut c_void {
     let _ = param;
-    match allocate(size, device, 0) {
+    match api::allocate(size as u64, device.into(), 0) {
         Ok(ptr) => ptr as *mut c_void,
         Err(e) => {
             fail(&e);
@@ -240,13 +176,13 @@ pub extern "C" fn gpumem_cupy_malloc(
 #[no_mangle]
 pub extern "C" fn gpumem_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
     let _ = param;
-    if let Err(e) = release(ptr as DevicePtr, None, device) {
+    if let Err(e) = api::free(ptr as DevicePtr, None, device.into()) {
         fail(&e);
     }
 }
 
 /// Allocates `size` bytes on `device` for use on `stream` (a `cudaStream_t`; NULL is the
-/// default stream) and stores the address in `*out` (NULL for zero bytes).
+/// default stream) and stores the address in `*out` (NULL for zero bytes and on failure).
 ///
 /// # Safety
 /// `out` must be NULL or point to writable storage for one pointer.
@@ -260,19 +196,14 @@ pub unsafe extern "C" fn gpumem_alloc(
     if out.is_null() {
         return fail(&invalid("out", "NULL", "a pointer to store the address in"));
     }
-    match allocate(size, device, stream as u64) {
-        Ok(ptr) => {
-            // SAFETY: `out` is non-null and, by the contract, writable.
-            unsafe { *out = ptr as *mut c_void };
-            GpumemStatus::GpumemOk
-        }
-        Err(e) => {
-            // SAFETY: as above.
-            unsafe { *out = std::ptr::null_mut() };
-            fail(&e)
-        }
-    }
+    let result = api::allocate(size as u64, device.into(), stream as u64);
+    // SAFETY: `out` is non-null and, by the contract, writable.
+    unsafe { *out = *result.as_ref().unwrap_or(&0) as *mut c_void };
+    status(result.map(|_| ()))
 }
+
+/// `size` for [`gpumem_free`] when the caller does not know the allocation's size: no check.
+pub const GPUMEM_ANY_SIZE: usize = !0;
 
 /// Frees `ptr` (allocated on `device`) after checking that it was allocated with `size` bytes
 /// ([`GPUMEM_ANY_SIZE`] skips the check). NULL is a no-op; an unknown pointer, a wrong size or
@@ -280,7 +211,7 @@ pub unsafe extern "C" fn gpumem_alloc(
 #[no_mangle]
 pub extern "C" fn gpumem_free(ptr: *mut c_void, size: usize, device: c_int) -> GpumemStatus {
     let size = (size != GPUMEM_ANY_SIZE).then_some(size as u64);
-    status(release(ptr as DevicePtr, size, device))
+    status(api::free(ptr as DevicePtr, size, device.into()))
 }
 
 /// This thread's last error message ("" if none): valid until the next gpumem call on this
@@ -292,43 +223,30 @@ pub extern "C" fn gpumem_last_error() -> *const c_char {
     state::with_last_error(|text| text.as_ptr())
 }
 
-/// Copies `text` into `buffer` (at most `capacity` bytes, NUL-terminated) and returns the
-/// bytes the whole text needs with its NUL.
+/// A text result into `buffer` (at most `capacity` bytes, NUL-terminated): the bytes the
+/// whole text needs with its NUL, or 0 with the last error set.
 ///
 /// # Safety
 /// `buffer` must be NULL with `capacity == 0`, or writable for `capacity` bytes.
-unsafe fn copy_out(text: &str, buffer: *mut c_char, capacity: usize) -> usize {
+unsafe fn text_out(text: Result<String, CapiError>, buffer: *mut c_char, capacity: usize) -> usize {
+    let text = match text {
+        Ok(text) => text,
+        Err(e) => {
+            fail(&e);
+            return 0;
+        }
+    };
     let bytes = text.as_bytes();
     if !buffer.is_null() && capacity > 0 {
         let n = bytes.len().min(capacity - 1);
         // SAFETY: `buffer` is writable for `capacity` > n bytes; the source is `n` bytes of
-        // `text`; they cannot overlap (`text` is ours).
+        // `text`, which is ours, so they cannot overlap.
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer.cast::<u8>(), n);
             *buffer.add(n) = 0;
         }
     }
     bytes.len() + 1
-}
-
-/// A text about `device` into `buffer`, or 0 with the last error set.
-///
-/// # Safety
-/// As [`copy_out`].
-unsafe fn text_out(
-    device: c_int,
-    buffer: *mut c_char,
-    capacity: usize,
-    text: impl FnOnce(usize, &DevicePool) -> Result<String, CapiError>,
-) -> usize {
-    match pool_of(device).and_then(|(d, entry)| text(d, &entry)) {
-        // SAFETY: forwarded from the caller.
-        Ok(t) => unsafe { copy_out(&t, buffer, capacity) },
-        Err(e) => {
-            fail(&e);
-            0
-        }
-    }
 }
 
 /// `device`'s statistics as one JSON object with `torch.cuda.memory_stats()`'s keys
@@ -343,21 +261,13 @@ pub unsafe extern "C" fn gpumem_memory_stats(
     buffer: *mut c_char,
     capacity: usize,
 ) -> usize {
+    let json = api::memory_stats(device.into()).map(|stats| {
+        let object: serde_json::Map<String, serde_json::Value> =
+            stats.into_iter().map(|(k, v)| (k, v.into())).collect();
+        serde_json::Value::Object(object).to_string()
+    });
     // SAFETY: forwarded from the caller.
-    unsafe {
-        text_out(device, buffer, capacity, |_, entry| {
-            Ok(serde_json::Value::from(
-                entry
-                    .pool
-                    .stats()
-                    .to_map()
-                    .into_iter()
-                    .map(|(k, v)| (k, serde_json::Value::from(v)))
-                    .collect::<serde_json::Map<_, _>>(),
-            )
-            .to_string())
-        })
-    }
+    unsafe { text_out(json, buffer, capacity) }
 }
 
 /// `device`'s pool summary (`pool_status`: usage, limits, fragmentation) as text, into
@@ -372,16 +282,7 @@ pub unsafe extern "C" fn gpumem_pool_status(
     capacity: usize,
 ) -> usize {
     // SAFETY: forwarded from the caller.
-    unsafe {
-        text_out(device, buffer, capacity, |d, entry| {
-            let policy = entry.pool.policy_name();
-            entry
-                .pool
-                .status()
-                .map(|s| format!("device {d}, policy {policy}\n{s}"))
-                .map_err(|source| CapiError::Pool { device: d, source })
-        })
-    }
+    unsafe { text_out(api::pool_status(device.into()), buffer, capacity) }
 }
 
 /// The explanation of `device`'s last OOM (what was asked, held and free, what to try), or ""
@@ -395,12 +296,25 @@ pub unsafe extern "C" fn gpumem_last_oom(
     buffer: *mut c_char,
     capacity: usize,
 ) -> usize {
+    let text = api::last_oom(device.into()).map(Option::unwrap_or_default);
     // SAFETY: forwarded from the caller.
-    unsafe {
-        text_out(device, buffer, capacity, |_, entry| {
-            Ok(entry.last_oom().unwrap_or_default())
-        })
-    }
+    unsafe { text_out(text, buffer, capacity) }
+}
+
+/// The name of the policy `device`'s pool runs (`gpumem`, `torch`, `expandable`, `none`), into
+/// `buffer`. Returns the bytes needed with the NUL, or 0 on error.
+///
+/// # Safety
+/// `buffer` must be NULL with `capacity == 0`, or writable for `capacity` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn gpumem_policy(
+    device: c_int,
+    buffer: *mut c_char,
+    capacity: usize,
+) -> usize {
+    let name = api::policy(device.into()).map(str::to_string);
+    // SAFETY: forwarded from the caller.
+    unsafe { text_out(name, buffer, capacity) }
 }
 
 /// Gives `device`'s cached memory back to the device (`torch.cuda.empty_cache`); stores the
@@ -410,29 +324,26 @@ pub unsafe extern "C" fn gpumem_last_oom(
 /// `released` must be NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn gpumem_empty_cache(device: c_int, released: *mut u64) -> GpumemStatus {
-    let result = pool_of(device).and_then(|(d, entry)| {
-        entry
-            .pool
-            .empty_cache()
-            .map_err(|source| CapiError::Pool { device: d, source })
-    });
-    match result {
-        Ok(bytes) => {
-            if !released.is_null() {
-                // SAFETY: non-null and, by the contract, writable.
-                unsafe { *released = bytes };
-            }
-            GpumemStatus::GpumemOk
-        }
-        Err(e) => fail(&e),
+    let result = api::empty_cache(device.into());
+    if let (Ok(bytes), false) = (&result, released.is_null()) {
+        // SAFETY: non-null and, by the contract, writable.
+        unsafe { *released = *bytes };
     }
+    status(result.map(|_| ()))
 }
 
 /// Sets every peak statistic of `device` to its current value
 /// (`torch.cuda.reset_peak_memory_stats`).
 #[no_mangle]
 pub extern "C" fn gpumem_reset_peak_stats(device: c_int) -> GpumemStatus {
-    status(pool_of(device).map(|(_, entry)| entry.pool.reset_peak_stats()))
+    status(api::reset_peak_stats(device.into()))
+}
+
+/// Starts (`capacity` > 0 events) or stops (0) recording `device`'s allocation history for
+/// snapshots.
+#[no_mangle]
+pub extern "C" fn gpumem_set_history(device: c_int, capacity: usize) -> GpumemStatus {
+    status(api::set_history(device.into(), capacity))
 }
 
 /// Reads an optional C string argument: NULL is `None`.
@@ -465,25 +376,6 @@ fn invalid(name: &'static str, value: &str, problem: &str) -> CapiError {
     }
 }
 
-/// The limits of a change from C strings: NULL leaves a limit as it is.
-///
-/// # Safety
-/// Each string must be NULL or NUL-terminated.
-unsafe fn limits_change(soft: *const c_char, hard: *const c_char) -> Result<Change, CapiError> {
-    // SAFETY: forwarded from the caller.
-    let (soft, hard) = unsafe {
-        (
-            optional_str("soft limit", soft)?,
-            optional_str("hard limit", hard)?,
-        )
-    };
-    Ok(Change {
-        soft_limit: soft.map(|s| state::limit("soft limit", s)).transpose()?,
-        hard_limit: hard.map(|h| state::limit("hard limit", h)).transpose()?,
-        ..Change::default()
-    })
-}
-
 /// Configures every pool — those already made and those made later: the `policy` (`gpumem`,
 /// `torch`, `expandable`, `none`; only while a pool has no live allocations), the soft and
 /// hard limits (`GPUMEM_*_LIMIT` forms: `2GiB`, `80GB`, `90%`; `"none"` for no limit) and the
@@ -500,17 +392,19 @@ pub unsafe extern "C" fn gpumem_configure(
     hard_limit: *const c_char,
     history: i64,
 ) -> GpumemStatus {
-    let change = (|| {
-        // SAFETY: forwarded from the caller.
-        let mut change = unsafe { limits_change(soft_limit, hard_limit)? };
-        // SAFETY: forwarded from the caller.
-        change.policy = unsafe { optional_str("policy", policy)? }
-            .map(state::policy)
-            .transpose()?;
-        change.history = usize::try_from(history).ok();
-        Ok(change)
-    })();
-    status(change.and_then(|c| state::configure(&c, None)))
+    // SAFETY: forwarded from the caller.
+    let strings = unsafe {
+        (|| {
+            Ok::<_, CapiError>((
+                optional_str("policy", policy)?,
+                optional_str("soft limit", soft_limit)?,
+                optional_str("hard limit", hard_limit)?,
+            ))
+        })()
+    };
+    status(strings.and_then(|(policy, soft, hard)| {
+        api::configure(policy, soft, hard, usize::try_from(history).ok())
+    }))
 }
 
 /// Changes `device`'s soft and hard limits now (forms as [`gpumem_configure`]; NULL leaves a
@@ -525,18 +419,11 @@ pub unsafe extern "C" fn gpumem_set_limits(
     hard_limit: *const c_char,
 ) -> GpumemStatus {
     // SAFETY: forwarded from the caller.
-    let change = unsafe { limits_change(soft_limit, hard_limit) };
-    status(change.and_then(|c| {
-        let device = state::ordinal(device.into())?;
-        state::configure(&c, Some(device))
-    }))
-}
-
-/// Starts (`capacity` > 0 events) or stops (0) recording `device`'s allocation history for
-/// snapshots.
-#[no_mangle]
-pub extern "C" fn gpumem_set_history(device: c_int, capacity: usize) -> GpumemStatus {
-    status(pool_of(device).map(|(_, entry)| entry.pool.set_history_capacity(capacity)))
+    let strings = unsafe {
+        optional_str("soft limit", soft_limit)
+            .and_then(|soft| Ok((soft, optional_str("hard limit", hard_limit)?)))
+    };
+    status(strings.and_then(|(soft, hard)| api::set_limits(device.into(), soft, hard)))
 }
 
 /// Writes `device`'s pool as a PyTorch memory snapshot to `path`: a pickle that
@@ -551,33 +438,6 @@ pub unsafe extern "C" fn gpumem_snapshot(device: c_int, path: *const c_char) -> 
     let path = unsafe { optional_str("path", path) };
     status(path.and_then(|path| {
         let path = path.ok_or_else(|| invalid("path", "NULL", "a file name is needed"))?;
-        let (_, entry) = pool_of(device)?;
-        entry
-            .pool
-            .snapshot()
-            .write_path(path)
-            .map_err(|source| CapiError::Io {
-                path: path.to_string(),
-                source,
-            })
+        api::snapshot(device.into(), path)
     }))
-}
-
-/// The name of the policy `device`'s pool runs (`gpumem`, `torch`, `expandable`, `none`), into
-/// `buffer`. Returns the bytes needed with the NUL, or 0 on error.
-///
-/// # Safety
-/// `buffer` must be NULL with `capacity == 0`, or writable for `capacity` bytes.
-#[no_mangle]
-pub unsafe extern "C" fn gpumem_policy(
-    device: c_int,
-    buffer: *mut c_char,
-    capacity: usize,
-) -> usize {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        text_out(device, buffer, capacity, |_, entry| {
-            Ok(entry.pool.policy_name().to_string())
-        })
-    }
 }
