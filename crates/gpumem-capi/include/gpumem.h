@@ -49,6 +49,13 @@ extern "C" {
 // into a tensor; call it only from C++ that expects that (use [`gpumem_alloc`] from C).
 void *gpumem_torch_alloc(size_t size, int device, void *stream);
 
+// The allocation function for a `torch.cuda.MemPool` backed by gpumem: as
+// [`gpumem_torch_alloc`] but returning NULL on failure instead of throwing. PyTorch's caching
+// allocator calls it for a pool's segments and treats NULL as `cudaErrorMemoryAllocation`: it
+// frees its own cache, retries, and raises `torch.OutOfMemoryError`; gpumem's explanation is
+// in [`gpumem_last_oom`].
+void *gpumem_torch_pool_alloc(size_t size, int device, void *stream);
+
 // PyTorch's `CUDAPluggableAllocator` free function: `ptr`, `size`, `device` and `stream` are
 // what PyTorch recorded at allocation. NULL is ignored. It cannot fail back to PyTorch (it
 // runs in tensor destructors): misuse — an unknown pointer, a wrong size or device — frees

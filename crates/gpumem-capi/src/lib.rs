@@ -103,6 +103,17 @@ fn status(result: Result<(), CapiError>) -> GpumemStatus {
     }
 }
 
+/// An allocation for callers that take NULL as failure: the reason goes to the last error.
+fn allocate_or_null(size: usize, device: c_int, stream: u64) -> *mut c_void {
+    match api::allocate(size as u64, device.into(), stream) {
+        Ok(ptr) => ptr as *mut c_void,
+        Err(e) => {
+            fail(&e);
+            std::ptr::null_mut()
+        }
+    }
+}
+
 extern "C-unwind" {
     /// Throws the C++ exception for a failed PyTorch allocation (`src/throw.cpp`).
     fn gpumem_capi_throw(message: *const c_char, out_of_memory: c_int) -> !;
@@ -134,6 +145,20 @@ pub extern "C-unwind" fn gpumem_torch_alloc(
     unsafe { gpumem_capi_throw(message.as_ptr(), out_of_memory) }
 }
 
+/// The allocation function for a `torch.cuda.MemPool` backed by gpumem: as
+/// [`gpumem_torch_alloc`] but returning NULL on failure instead of throwing. PyTorch's caching
+/// allocator calls it for a pool's segments and treats NULL as `cudaErrorMemoryAllocation`: it
+/// frees its own cache, retries, and raises `torch.OutOfMemoryError`; gpumem's explanation is
+/// in [`gpumem_last_oom`].
+#[no_mangle]
+pub extern "C" fn gpumem_torch_pool_alloc(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    allocate_or_null(size, device, stream as u64)
+}
+
 /// PyTorch's `CUDAPluggableAllocator` free function: `ptr`, `size`, `device` and `stream` are
 /// what PyTorch recorded at allocation. NULL is ignored. It cannot fail back to PyTorch (it
 /// runs in tensor destructors): misuse — an unknown pointer, a wrong size or device — frees
@@ -162,13 +187,7 @@ pub extern "C" fn gpumem_cupy_malloc(
     device: c_int,
 ) -> *mut c_void {
     let _ = param;
-    match api::allocate(size as u64, device.into(), 0) {
-        Ok(ptr) => ptr as *mut c_void,
-        Err(e) => {
-            fail(&e);
-            std::ptr::null_mut()
-        }
-    }
+    allocate_or_null(size, device, 0)
 }
 
 /// CuPy's `CFunctionAllocator` free function. NULL is ignored; an unknown pointer frees

@@ -347,7 +347,11 @@ fn limits_change_at_run_time_and_a_lowered_hard_limit_releases_the_cache() {
     pool.set_limits(&limits(None, Some(64 * MIB))).unwrap();
     let status = pool.status().unwrap();
     assert_eq!(status.hard_limit, Some(64 * MIB));
-    assert!(status.reserved <= 64 * MIB, "cache not released: {}", status.reserved);
+    assert!(
+        status.reserved <= 64 * MIB,
+        "cache not released: {}",
+        status.reserved
+    );
     let over = pool.allocate(40 * MIB, StreamId::DEFAULT);
     assert!(matches!(over, Err(PoolError::OutOfMemory(_))), "{over:?}");
     pool.set_limits(&limits(None, None)).unwrap();

@@ -349,7 +349,11 @@ pub fn a_foreign_stream_is_used_once_adopted_and_left_to_its_owner(dev: &Arc<Cud
         "{unknown:?}"
     );
     assert_eq!(dev.adopt_stream(foreign.0), foreign);
-    assert_eq!(dev.adopt_stream(foreign.0), foreign, "adopting twice is harmless");
+    assert_eq!(
+        dev.adopt_stream(foreign.0),
+        foreign,
+        "adopting twice is harmless"
+    );
     dev.synchronize_stream(foreign).unwrap();
     let event = dev.record_event(foreign).unwrap();
     dev.wait_event(event).unwrap();
