@@ -8,6 +8,9 @@
 #                are skipped here (they run in a child process of mock_driver.rs's own test)
 #   gpumem-cli   `gpumem selftest --backend cuda` for every policy (round trips, memory given
 #                back, a real trace with every byte checked), as devices_cli.rs's ignored test
+#   gpumem-python PyTorch (GPT-2-shaped and ResNet training) and CuPy on gpumem.torch.use() /
+#                gpumem.cupy.use() against PyTorch's allocator (scripts/gpu-python.sh; needs
+#                TORCH_PYTHON or the network to install torch)
 #
 # Exit status: 0 all passed; 1 something failed (or did not build); 77 no NVIDIA GPU here, so
 # nothing was run (said plainly). Arguments go to the test binaries as a name filter
@@ -23,6 +26,7 @@ say() { echo "gpu-check.sh: $*" >&2; }
 checks=(
   "gpumem-cuda|cargo test -p gpumem-cuda --locked --no-fail-fast -- --include-ignored --test-threads=1 --skip mock_scenarios --skip mock_without_a_device"
   "gpumem-cli|cargo test -p gpumem-cli --locked --no-fail-fast --test devices_cli -- --include-ignored --test-threads=1 --nocapture"
+  "gpumem-python|bash scripts/gpu-python.sh"
 )
 
 gpu_list=""
