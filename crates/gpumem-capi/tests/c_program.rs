@@ -5,10 +5,18 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// target/<profile>, where cargo put the shared library next to this test's deps/ folder.
+/// Where cargo put the shared library for this build: beside this executable (deps/, where
+/// `cargo test` and `cargo bench` build it) or one folder up (where `cargo build` copies it).
 fn library_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+    let deps = exe.parent().unwrap().to_path_buf();
+    let up = deps.parent().unwrap().to_path_buf();
+    [deps.clone(), up]
+        .into_iter()
+        .find(|dir| {
+            dir.join("libgpumem_capi.so").exists() || dir.join("libgpumem_capi.dylib").exists()
+        })
+        .unwrap_or(deps)
 }
 
 /// Compiles `source` (tests/c/) with `compiler` (`CC`/`CXX` or `default`) against the header
