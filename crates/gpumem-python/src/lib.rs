@@ -14,9 +14,6 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-// Referenced so that the linker keeps gpumem-capi's exported C symbols in this library.
-pub use gpumem_capi::{gpumem_torch_alloc, gpumem_torch_free};
-
 create_exception!(
     gpumem,
     GpumemError,
