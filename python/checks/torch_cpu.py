@@ -6,13 +6,15 @@ runs it with a PyTorch environment; CI never downloads PyTorch).
    PyTorch is touched;
 2. without a driver, PyTorch fails every CUDA allocation before calling gpumem (cudaGetDevice);
 3. gpumem's entry point throws PyTorch's own c10::OutOfMemoryError (checked by a C++ program
-   compiled against the PyTorch installation's headers and libc10).
+   compiled against the PyTorch installation's headers and libc10);
+4. a gpumem snapshot (simulated device) is read by PyTorch's own memory_viz code.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import pickle
 import subprocess
 import sys
 import sysconfig
@@ -42,6 +44,24 @@ def main() -> int:
         print("a CUDA tensor was made (a GPU is present)")
     except RuntimeError as error:
         print(f"CUDA tensor without a driver: {type(error).__name__}: {str(error)[:100]}")
+
+    from torch.cuda import _memory_viz
+
+    from gpumem import _gpumem
+
+    _gpumem.set_history(1000, 0)
+    ptrs = [_gpumem.alloc(size) for size in (1000, 3 << 20, 25 << 20)]
+    _gpumem.free(ptrs[1], 3 << 20)
+    with tempfile.TemporaryDirectory() as scratch:
+        path = pathlib.Path(scratch) / "gpumem.pickle"
+        gt.snapshot(path)
+        with open(path, "rb") as f:
+            snapshot = pickle.load(f)
+    summary = _memory_viz.segsum(snapshot)
+    html = _memory_viz.trace_plot(snapshot)
+    assert "total_allocated: 25.0MiB" in summary, summary
+    print(f"memory_viz reads gpumem's snapshot: segsum says {summary.splitlines()[1]!r}; "
+          f"trace_plot {len(html)} bytes of HTML")
 
     torch_dir = pathlib.Path(torch.__file__).parent
     library = pathlib.Path(gt.library_path())
