@@ -11,7 +11,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-python3}"
 build_venv="$repo/target/python-build-venv"
 test_venv="$repo/target/python-test-venv"
-wheels="$repo/target/wheels"
+wheels="$repo/target/python-wheel"  # this script's own: maturin's pip builds use target/wheels
 say() { echo "test-python.sh: $*" >&2; }
 
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
@@ -24,7 +24,7 @@ if ! "$build_venv/bin/python" -m maturin --version >/dev/null 2>&1; then
   "$python" -m venv "$build_venv"
   "$build_venv/bin/python" -m pip install --disable-pip-version-check -q 'maturin>=1.7,<2'
 fi
-rm -f "$wheels"/gpumem-*.whl
+rm -rf "$wheels"
 (cd "$repo/python" && "$build_venv/bin/python" -m maturin build --profile dev --strip \
   --out "$wheels" --quiet)
 wheel="$(ls "$wheels"/gpumem-*.whl)"

@@ -15,9 +15,9 @@ if ! "$build_venv/bin/python" -m maturin --version >/dev/null 2>&1; then
   python3 -m venv "$build_venv"
   "$build_venv/bin/python" -m pip install -q 'maturin>=1.7,<2'
 fi
-rm -rf "$repo/target/wheels" "$site"
+rm -rf "$repo/target/torch-cpu-wheel" "$site"
 (cd "$repo/python" && "$build_venv/bin/python" -m maturin build --profile dev --strip \
-  --out "$repo/target/wheels" --quiet)
-"$torch_python" -m pip install -q --no-deps --target "$site" "$repo"/target/wheels/gpumem-*.whl
+  --out "$repo/target/torch-cpu-wheel" --quiet)
+"$torch_python" -m pip install -q --no-deps --target "$site" "$repo"/target/torch-cpu-wheel/gpumem-*.whl
 cd "$repo/target"
 PYTHONPATH="$site" "$torch_python" "$repo/python/checks/torch_cpu.py"

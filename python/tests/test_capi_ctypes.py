@@ -201,3 +201,12 @@ def test_the_policy_changes_only_while_nothing_is_allocated():
     finally:
         _gpumem.configure("gpumem")
     assert gt.policy(device) == "gpumem"
+
+
+def test_changing_one_limit_keeps_the_other():
+    device = 12
+    assert LIB.gpumem_set_limits(device, b"32MiB", None) == OK
+    assert LIB.gpumem_set_limits(device, None, b"1GiB") == OK
+    assert "soft = 32.00 MiB, hard = 1024.00 MiB" in gt.memory_summary(device)
+    assert LIB.gpumem_set_limits(device, b"none", b"none") == OK
+    assert "soft = none, hard = none" in gt.memory_summary(device)

@@ -12,7 +12,7 @@ use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::{Device, DevicePtr, StreamId};
 use gpumem_pool::{
     global_registry, parse_limit, ConfigError, Limit, PolicyKind, Pool, PoolConfig, PoolError,
-    ACCEPTED_SIZE_FORMS,
+    PoolOptions, ACCEPTED_SIZE_FORMS,
 };
 
 /// The most device ordinals the library serves (ordinals 0 to 63).
@@ -354,8 +354,15 @@ pub fn configure(change: &Change, only: Option<usize>) -> Result<(), CapiError> 
         Some(device) => vec![(device, device_pool(device)?)],
         None => all_pools().into_iter().collect(),
     };
-    let mut rebuild = Vec::new();
+    // Each pool keeps the limit the change leaves alone (its own, which a per-device change
+    // may have set), so its new limits start from its current ones.
+    let mut planned = Vec::new();
     for (device, entry) in &targets {
+        let pool_error = |source: PoolError| CapiError::Pool {
+            device: *device,
+            source,
+        };
+        let mut rebuild = false;
         if let Some(policy) = change.policy {
             if policy.as_str() != entry.pool.policy_name() {
                 let live = entry.pool.stats().allocation.all.current;
@@ -366,34 +373,35 @@ pub fn configure(change: &Change, only: Option<usize>) -> Result<(), CapiError> 
                         live,
                     });
                 }
-                rebuild.push(*device);
+                rebuild = true;
             }
         }
-        let total = entry
-            .pool
-            .device()
-            .mem_info()
-            .map_err(|e| CapiError::Pool {
-                device: *device,
-                source: e.into(),
-            })?
-            .total;
-        next.options
-            .resolve_limits(total)
+        let status = entry.pool.status().map_err(pool_error)?;
+        let options = PoolOptions {
+            soft_limit: change
+                .soft_limit
+                .unwrap_or(status.soft_limit.map(Limit::Bytes)),
+            hard_limit: change
+                .hard_limit
+                .unwrap_or(status.hard_limit.map(Limit::Bytes)),
+            history_capacity: next.options.history_capacity,
+        };
+        options
+            .resolve_limits(status.device_total)
             .map_err(|e| config_error(*device, e))?;
+        planned.push((*device, entry, rebuild, options));
     }
-    for (device, entry) in &targets {
-        if rebuild.contains(device) {
+    let mut rebuild = Vec::new();
+    for (device, entry, remake, options) in planned {
+        if remake {
+            rebuild.push((device, options));
             continue;
         }
         if change.soft_limit.is_some() || change.hard_limit.is_some() {
             entry
                 .pool
-                .set_limits(&next.options)
-                .map_err(|source| CapiError::Pool {
-                    device: *device,
-                    source,
-                })?;
+                .set_limits(&options)
+                .map_err(|source| CapiError::Pool { device, source })?;
         }
         if let Some(history) = change.history {
             entry.pool.set_history_capacity(history);
@@ -401,8 +409,12 @@ pub fn configure(change: &Change, only: Option<usize>) -> Result<(), CapiError> 
     }
     if !rebuild.is_empty() {
         let mut devices = POOLS.devices.write().unwrap_or_else(|p| p.into_inner());
-        for device in rebuild {
-            let made = Arc::new(open(device, next.clone())?);
+        for (device, options) in rebuild {
+            let config = PoolConfig {
+                options,
+                ..next.clone()
+            };
+            let made = Arc::new(open(device, config)?);
             global_registry().set(device, made.pool.clone());
             devices[device] = Some(made);
         }
