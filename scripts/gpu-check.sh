@@ -15,6 +15,9 @@
 #                check named bench-* passes on exit status 0 and its figures are in its log
 #   gpumem-watch NVML's ignored test (every GPU seen with memory and a UUID), and
 #                `gpumem diagnose`, `exporter` and `top` on the live GPU (scripts/watch-gpu-check.sh)
+#   gpumem-python PyTorch (GPT-2-shaped and ResNet training) and CuPy on gpumem.torch.use() /
+#                gpumem.cupy.use() against PyTorch's allocator (scripts/gpu-python.sh; needs
+#                TORCH_PYTHON or the network to install torch)
 #
 # Exit status: 0 all passed; 1 something failed (or did not build); 77 no NVIDIA GPU here, so
 # nothing was run (said plainly). Arguments go to the test binaries as a name filter
@@ -34,6 +37,7 @@ checks=(
   "bench-arrays|cargo bench -p gpumem-bench --locked --bench arrays -- cuda --warm-up-time 1 --measurement-time 2"
   "gpumem-watch|cargo test -p gpumem-watch --locked --no-fail-fast --lib -- --include-ignored --test-threads=1 --nocapture"
   "watch-cli|bash scripts/watch-gpu-check.sh"
+  "gpumem-python|bash scripts/gpu-python.sh"
 )
 
 gpu_list=""

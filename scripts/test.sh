@@ -14,3 +14,5 @@ bash scripts/install-test-deps.sh
 cargo test --workspace --locked
 # The Python tools (gpumem-devtools) in a virtual environment, without PyTorch.
 bash scripts/test-tools.sh -q
+# The Python package (python/): the wheel built with maturin, installed in a fresh venv, pytest.
+bash scripts/test-python.sh -q

@@ -1,6 +1,6 @@
-//! `gpumem`: a thin command line over the gpumem libraries. It parses, calls, prints.
-
-#![deny(unsafe_code)]
+// `gpumem`: a thin command line over the gpumem libraries. It parses, calls, prints.
+// (Plain comments and no inner attributes: lib.rs includes this file; `unsafe_code` is denied
+// in Cargo.toml.)
 
 mod backend;
 mod devices_cmd;
@@ -53,8 +53,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    run_from(std::env::args_os())
+}
+
+/// Runs `gpumem` with `args` (the program name first), as the binary does; the library target
+/// (`lib.rs`) calls this for `python -m gpumem`.
+pub fn run_from(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
     quiet_mesa_device_select();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         Command::Plan(args) => plan_cmd::run(args),
         Command::Replay(args) => replay_cmd::run(args),

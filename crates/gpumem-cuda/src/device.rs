@@ -176,7 +176,9 @@ fn vmm_granularity(
 /// - **Streams**: [`StreamId::DEFAULT`] is the legacy default stream (the null `CUstream`);
 ///   [`Device::create_stream`] makes a non-blocking stream whose id is its raw `CUstream`
 ///   value, as PyTorch snapshots record `cudaStream_t`. Events ([`EventId`]) are raw `CUevent`
-///   values likewise. Only streams and events made by this device are accepted.
+///   values likewise. Only streams made by this device or adopted with
+///   [`CudaDevice::adopt_stream`] (a caller's `cudaStream_t`), and events made by it, are
+///   accepted.
 /// - **Copies**: synchronous ones use the driver's synchronous calls after synchronising the
 ///   stream (the driver stages pageable host memory itself); asynchronous ones run on the
 ///   stream from page-locked memory (see [`Device::copy_to_device_async`] below for pageable
@@ -289,6 +291,21 @@ impl CudaDevice {
     /// The device ordinal.
     pub fn ordinal(&self) -> usize {
         self.info.ordinal
+    }
+
+    /// Accepts `raw`, a `CUstream`/`cudaStream_t` created by someone else in this device's
+    /// primary context (PyTorch's current stream, say), as [`StreamId`]`(raw)` from now on.
+    /// The device never destroys it ([`Device::destroy_stream`] only forgets it): its
+    /// creator must keep it alive while memory allocated on it is in use. Adopting a stream
+    /// already known, or the default stream (0), does nothing.
+    pub fn adopt_stream(&self, raw: u64) -> StreamId {
+        if raw != 0 {
+            self.lock()
+                .streams
+                .entry(raw)
+                .or_insert_with(|| Arc::new(self.ctx.foreign_stream(raw)));
+        }
+        StreamId(raw)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -452,8 +469,8 @@ impl Device for CudaDevice {
         Ok(StreamId(id))
     }
 
-    /// `cuStreamDestroy` (work queued on the stream still completes). The default stream
-    /// cannot be destroyed.
+    /// `cuStreamDestroy` (work queued on the stream still completes); a stream taken in with
+    /// [`CudaDevice::adopt_stream`] is only forgotten. The default stream cannot be destroyed.
     fn destroy_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
         let last = take_last(&mut self.lock().streams, "stream", stream.0)?;
         last.map_or(Ok(()), |stream| stream.destroy().map_err(cuda_error))

@@ -477,6 +477,17 @@ impl PrimaryContext {
         Stream {
             raw: ptr::null_mut(),
             ctx: Arc::clone(self),
+            owned: false,
+        }
+    }
+
+    /// A stream someone else created in this context (PyTorch's `cudaStream_t`), used but
+    /// never destroyed: its creator owns it and must keep it alive while this device uses it.
+    pub(crate) fn foreign_stream(self: &Arc<Self>, raw: u64) -> Stream {
+        Stream {
+            raw: raw as sys::CUstream,
+            ctx: Arc::clone(self),
+            owned: false,
         }
     }
 
@@ -492,6 +503,7 @@ impl PrimaryContext {
         Ok(Stream {
             raw,
             ctx: Arc::clone(self),
+            owned: true,
         })
     }
 
@@ -750,6 +762,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Stream {
     raw: sys::CUstream,
     ctx: Arc<PrimaryContext>,
+    /// Whether this value created the handle and so destroys it.
+    owned: bool,
 }
 
 // SAFETY: a CUstream is a handle any thread may use; the driver synchronises enqueueing.
@@ -776,10 +790,10 @@ impl Stream {
     }
 
     fn destroy_handle(&mut self) -> CuResult<()> {
-        if self.raw.is_null() {
+        let raw = std::mem::replace(&mut self.raw, ptr::null_mut());
+        if raw.is_null() || !self.owned {
             return Ok(());
         }
-        let raw = std::mem::replace(&mut self.raw, ptr::null_mut());
         let _bound = self.ctx.bind()?;
         // SAFETY: `raw` was created by cuStreamCreate and is destroyed once (it was replaced by
         // null above); nobody else holds it (this is the owner, shared only through `Arc`s).

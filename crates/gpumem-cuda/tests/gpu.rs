@@ -44,6 +44,12 @@ fn streams_and_events_order_the_work() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver; scripts/gpu-check.sh runs them"]
+fn a_foreign_stream_is_used_once_adopted_and_left_to_its_owner() {
+    common::a_foreign_stream_is_used_once_adopted_and_left_to_its_owner(&open());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver; scripts/gpu-check.sh runs them"]
 fn vmm_chunks_show_the_same_bytes_through_two_mappings() {
     common::vmm_chunks_show_the_same_bytes_through_two_mappings(&open());
 }

@@ -119,6 +119,7 @@ fn mock_scenarios() {
     common::malloc_free_and_mem_info(&dev);
     common::copies_round_trip_sync_and_async(&dev);
     common::streams_and_events_order_the_work(&dev, false);
+    common::a_foreign_stream_is_used_once_adopted_and_left_to_its_owner(&dev);
     common::vmm_chunks_show_the_same_bytes_through_two_mappings(&dev);
     common::a_pool_over_the_gpu_runs_every_policy(&dev);
     common::device_out_of_memory_makes_the_pool_reclaim_and_retry(&dev);

@@ -82,6 +82,12 @@ impl PolicyDriver {
         self.hard_limit
     }
 
+    /// Changes the hard limit: later growth is checked against it (memory already reserved
+    /// above it stays until released).
+    pub fn set_hard_limit(&mut self, hard_limit: Option<u64>) {
+        self.hard_limit = hard_limit;
+    }
+
     /// The statistics: segments, reserved bytes and device calls as the upstream layer counts
     /// them, and whatever the caller keeps in them.
     pub fn stats(&self) -> &MemoryStats {

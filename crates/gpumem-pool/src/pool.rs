@@ -57,7 +57,6 @@ pub struct Pool {
     /// The policy's name, asked once.
     policy_name: &'static str,
     device_total: u64,
-    soft_limit: Option<u64>,
     inner: Mutex<Inner>,
 }
 
@@ -72,6 +71,8 @@ struct Inner {
     pending: Vec<PendingFree>,
     /// The last allocation that ran out of memory, explained (for monitors: `last_oom`).
     last_oom: Option<Box<OomError>>,
+    /// Cached memory above this is released at synchronisation points.
+    soft_limit: Option<u64>,
 }
 
 /// A handed-out [`Block`] without its address (the table's key), and whether other streams
@@ -143,13 +144,13 @@ impl Pool {
         Ok(Pool {
             policy_name,
             device_total: total,
-            soft_limit,
             inner: Mutex::new(Inner {
                 driver,
                 live: AddressMap::default(),
                 stream_uses: AddressMap::default(),
                 pending: Vec::new(),
                 last_oom: None,
+                soft_limit,
             }),
             device,
         })
@@ -304,6 +305,36 @@ impl Pool {
         Ok(())
     }
 
+    /// The live allocation at `ptr` (its address and the bytes requested), if this pool
+    /// handed it out and it is not freed: for callers that check a free's size or device.
+    pub fn allocation(&self, ptr: DevicePtr) -> Option<Allocation> {
+        self.lock().live.get(&ptr).map(|live| Allocation {
+            ptr,
+            size: live.requested,
+        })
+    }
+
+    /// Changes the soft and hard limits at run time (`None`: no limit), resolved against the
+    /// device's total memory as [`PoolOptions`] are; an error, and nothing changed, if the soft
+    /// limit is above the hard one. Cached memory above a lowered hard limit is released now;
+    /// memory in use above it stays, and later growth fails until usage falls below it.
+    pub fn set_limits(&self, options: &PoolOptions) -> Result<(), PoolError> {
+        let (soft, hard) = options.resolve_limits(self.device_total)?;
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        inner.soft_limit = soft;
+        inner.driver.set_hard_limit(hard);
+        if let Some(hard) = hard {
+            let reserved = inner.driver.stats().reserved_bytes.all.current;
+            if reserved > hard {
+                inner
+                    .driver
+                    .release_cached(ReleaseTarget::AtLeast(reserved - hard));
+            }
+        }
+        Ok(())
+    }
+
     /// Releases every cached block the policy can release (`torch.cuda.empty_cache`); returns
     /// the bytes given back to the device. Blocks still waiting on stream events are waited
     /// for first.
@@ -321,7 +352,7 @@ impl Pool {
         let mut guard = self.lock();
         let inner = &mut *guard;
         self.process_events(inner, false)?;
-        if let Some(soft) = self.soft_limit {
+        if let Some(soft) = inner.soft_limit {
             let reserved = inner.driver.stats().reserved_bytes.all.current;
             if reserved > soft {
                 inner
@@ -462,7 +493,7 @@ impl Pool {
             allocated: stats.allocated_bytes.all.current,
             reserved: stats.reserved_bytes.all.current,
             largest_free_block: inner.driver.policy().largest_free_block(),
-            soft_limit: self.soft_limit,
+            soft_limit: inner.soft_limit,
             hard_limit: inner.driver.hard_limit(),
         })
     }

@@ -325,3 +325,49 @@ fn soft_limit_releases_cache_at_synchronisation_only() {
         );
     }
 }
+
+#[test]
+fn limits_change_at_run_time_and_a_lowered_hard_limit_releases_the_cache() {
+    let dev = sim(256 * MIB);
+    let pool = pool_on(&dev, config(PolicyKind::Torch));
+    let a = pool.allocate(40 * MIB, StreamId::DEFAULT).unwrap();
+    let b = pool.allocate(40 * MIB, StreamId::DEFAULT).unwrap();
+    pool.free(b.ptr).unwrap();
+    let cached = pool.stats().reserved_bytes.all.current;
+    assert!(cached >= 80 * MIB, "{cached}");
+    let limits = |soft: Option<u64>, hard: Option<u64>| PoolOptions {
+        soft_limit: soft.map(Limit::Bytes),
+        hard_limit: hard.map(Limit::Bytes),
+        ..PoolOptions::default()
+    };
+    // A soft limit above the hard one is refused and changes nothing.
+    let refused = pool.set_limits(&limits(Some(100 * MIB), Some(50 * MIB)));
+    assert!(matches!(refused, Err(PoolError::Config(_))), "{refused:?}");
+    assert_eq!(pool.status().unwrap().hard_limit, None);
+    pool.set_limits(&limits(None, Some(64 * MIB))).unwrap();
+    let status = pool.status().unwrap();
+    assert_eq!(status.hard_limit, Some(64 * MIB));
+    assert!(
+        status.reserved <= 64 * MIB,
+        "cache not released: {}",
+        status.reserved
+    );
+    let over = pool.allocate(40 * MIB, StreamId::DEFAULT);
+    assert!(matches!(over, Err(PoolError::OutOfMemory(_))), "{over:?}");
+    pool.set_limits(&limits(None, None)).unwrap();
+    let c = pool.allocate(40 * MIB, StreamId::DEFAULT).unwrap();
+    for ptr in [a.ptr, c.ptr] {
+        pool.free(ptr).unwrap();
+    }
+}
+
+#[test]
+fn a_live_allocation_is_found_by_its_address_until_it_is_freed() {
+    let dev = sim(64 * MIB);
+    let pool = pool_on(&dev, config(PolicyKind::Gpumem));
+    let a = pool.allocate(1000, StreamId::DEFAULT).unwrap();
+    assert_eq!(pool.allocation(a.ptr), Some(a));
+    assert_eq!(pool.allocation(a.ptr + 512), None);
+    pool.free(a.ptr).unwrap();
+    assert_eq!(pool.allocation(a.ptr), None);
+}

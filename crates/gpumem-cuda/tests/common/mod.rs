@@ -335,3 +335,36 @@ pub fn every_device_opens_and_describes_itself() {
     let (major, _) = gpumem_cuda::driver_version().unwrap();
     assert!(major >= 11);
 }
+
+/// A stream made elsewhere in the primary context (here by a second device value, as PyTorch
+/// makes its own) is accepted once adopted — synchronised, recorded on, and used by a pool's
+/// cross-stream free — and is never destroyed by the device that adopted it: its owner destroys
+/// it afterwards, once (the mock driver's `free` would fail on a second destroy).
+pub fn a_foreign_stream_is_used_once_adopted_and_left_to_its_owner(dev: &Arc<CudaDevice>) {
+    let owner = CudaDevice::open(dev.ordinal()).unwrap();
+    let foreign = owner.create_stream().unwrap();
+    let unknown = dev.synchronize_stream(foreign);
+    assert!(
+        matches!(unknown, Err(DeviceError::UnknownHandle { .. })),
+        "{unknown:?}"
+    );
+    assert_eq!(dev.adopt_stream(foreign.0), foreign);
+    assert_eq!(
+        dev.adopt_stream(foreign.0),
+        foreign,
+        "adopting twice is harmless"
+    );
+    dev.synchronize_stream(foreign).unwrap();
+    let event = dev.record_event(foreign).unwrap();
+    dev.wait_event(event).unwrap();
+    dev.destroy_event(event).unwrap();
+    let pool = Pool::new(dev.clone(), PoolConfig::default()).unwrap();
+    let a = pool.allocate(MIB, StreamId::DEFAULT).unwrap();
+    pool.record_stream(a.ptr, foreign).unwrap();
+    pool.free(a.ptr).unwrap();
+    pool.synchronize().unwrap();
+    drop(pool);
+    dev.destroy_stream(foreign).unwrap();
+    assert!(dev.synchronize_stream(foreign).is_err(), "forgotten");
+    owner.destroy_stream(foreign).unwrap();
+}

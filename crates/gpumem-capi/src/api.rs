@@ -1,0 +1,159 @@
+//! The library's operations as safe Rust functions: the C entry points (in `lib.rs`) and the
+//! Python binding (crate gpumem-python) are thin layers over these, so both behave alike.
+//! Devices are C ordinals (checked here); every function makes the device's pool on first use.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gpumem_device::DevicePtr;
+use gpumem_pool::PoolError;
+
+use crate::state::{self, CapiError, Change, DevicePool};
+
+fn pool_of(device: i64) -> Result<(usize, Arc<DevicePool>), CapiError> {
+    let device = state::ordinal(device)?;
+    Ok((device, state::device_pool(device)?))
+}
+
+fn pool_error(device: usize) -> impl FnOnce(PoolError) -> CapiError {
+    move |source| CapiError::Pool { device, source }
+}
+
+/// Allocates `size` bytes on `device` for use on `stream` (a raw `cudaStream_t`, 0 for the
+/// default stream); 0 for a zero-byte request. An OOM's explanation is kept for
+/// [`last_oom`].
+pub fn allocate(size: u64, device: i64, stream: u64) -> Result<DevicePtr, CapiError> {
+    let (device, entry) = pool_of(device)?;
+    let stream = entry.stream(stream);
+    entry
+        .pool
+        .allocate(size, stream)
+        .map(|a| a.ptr)
+        .map_err(|source| {
+            let error = CapiError::Pool { device, source };
+            if error.is_out_of_memory() {
+                entry.note_oom(&error.to_string());
+            }
+            error
+        })
+}
+
+/// Frees `ptr` of `device`, checking its size when `size` is given: a pointer of another
+/// device's pool, an unknown one or a wrong size is an error and frees nothing. 0 is a no-op.
+pub fn free(ptr: DevicePtr, size: Option<u64>, device: i64) -> Result<(), CapiError> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    let (device, entry) = pool_of(device)?;
+    let Some(live) = entry.pool.allocation(ptr) else {
+        let owner = state::all_pools()
+            .into_iter()
+            .find(|(d, other)| *d != device && other.pool.allocation(ptr).is_some());
+        return Err(match owner {
+            Some((owner, _)) => CapiError::WrongDevice {
+                ptr,
+                given: device,
+                owner,
+            },
+            None => CapiError::Pool {
+                device,
+                source: PoolError::UnknownPointer { ptr, what: "free" },
+            },
+        });
+    };
+    if let Some(given) = size.filter(|&s| s != live.size) {
+        return Err(CapiError::SizeMismatch {
+            device,
+            ptr,
+            allocated: live.size,
+            given,
+        });
+    }
+    entry.pool.free(ptr).map_err(pool_error(device))
+}
+
+/// `device`'s statistics with `torch.cuda.memory_stats()`'s keys (plus `device_calls.*`).
+pub fn memory_stats(device: i64) -> Result<BTreeMap<String, u64>, CapiError> {
+    Ok(pool_of(device)?.1.pool.stats().to_map())
+}
+
+/// `device`'s pool summary (`pool_status`): usage, limits, fragmentation.
+pub fn pool_status(device: i64) -> Result<String, CapiError> {
+    let (d, entry) = pool_of(device)?;
+    let status = entry.pool.status().map_err(pool_error(d))?;
+    Ok(format!("device {d}, policy {}\n{status}", status.policy))
+}
+
+/// The explanation of `device`'s last OOM, if one happened.
+pub fn last_oom(device: i64) -> Result<Option<String>, CapiError> {
+    Ok(pool_of(device)?.1.last_oom())
+}
+
+/// Gives `device`'s cached memory back; returns the bytes released.
+pub fn empty_cache(device: i64) -> Result<u64, CapiError> {
+    let (d, entry) = pool_of(device)?;
+    entry.pool.empty_cache().map_err(pool_error(d))
+}
+
+/// Sets every peak statistic of `device` to its current value.
+pub fn reset_peak_stats(device: i64) -> Result<(), CapiError> {
+    pool_of(device)?.1.pool.reset_peak_stats();
+    Ok(())
+}
+
+/// Starts (`capacity` > 0 events) or stops (0) recording `device`'s history.
+pub fn set_history(device: i64, capacity: usize) -> Result<(), CapiError> {
+    pool_of(device)?.1.pool.set_history_capacity(capacity);
+    Ok(())
+}
+
+/// The policy `device`'s pool runs.
+pub fn policy(device: i64) -> Result<&'static str, CapiError> {
+    Ok(pool_of(device)?.1.pool.policy_name())
+}
+
+/// Writes `device`'s pool as a PyTorch memory snapshot to `path` (pickle; JSON for `.json`).
+pub fn snapshot(device: i64, path: &str) -> Result<(), CapiError> {
+    pool_of(device)?
+        .1
+        .pool
+        .snapshot()
+        .write_path(path)
+        .map_err(|source| CapiError::Io {
+            path: path.to_string(),
+            source,
+        })
+}
+
+fn limits_change(soft: Option<&str>, hard: Option<&str>) -> Result<Change, CapiError> {
+    Ok(Change {
+        soft_limit: soft.map(|s| state::limit("soft limit", s)).transpose()?,
+        hard_limit: hard.map(|h| state::limit("hard limit", h)).transpose()?,
+        ..Change::default()
+    })
+}
+
+/// Configures every pool, made and to be made: policy (only while a pool has no live
+/// allocations), soft and hard limits (`GPUMEM_*_LIMIT` forms, `none` for no limit) and
+/// history capacity; `None` leaves a setting as it is. Checked whole before anything changes.
+pub fn configure(
+    policy: Option<&str>,
+    soft_limit: Option<&str>,
+    hard_limit: Option<&str>,
+    history: Option<usize>,
+) -> Result<(), CapiError> {
+    let mut change = limits_change(soft_limit, hard_limit)?;
+    change.policy = policy.map(state::policy).transpose()?;
+    change.history = history;
+    state::configure(&change, None)
+}
+
+/// Changes `device`'s limits now (`None` leaves a limit as it is, `none` removes it).
+pub fn set_limits(
+    device: i64,
+    soft_limit: Option<&str>,
+    hard_limit: Option<&str>,
+) -> Result<(), CapiError> {
+    let change = limits_change(soft_limit, hard_limit)?;
+    state::configure(&change, Some(state::ordinal(device)?))
+}

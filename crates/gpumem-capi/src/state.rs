@@ -1,0 +1,453 @@
+//! The process-wide state behind the C functions: one pool per device on the backend that
+//! `GPUMEM_DEVICE` names, the settings new pools are made with, the last OOM per device, and
+//! each thread's last error.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use gpumem_cuda::CudaDevice;
+use gpumem_device::sim::{SimConfig, SimDevice};
+use gpumem_device::{Device, DevicePtr, StreamId};
+use gpumem_pool::{
+    global_registry, parse_limit, ConfigError, Limit, PolicyKind, Pool, PoolConfig, PoolError,
+    PoolOptions, ACCEPTED_SIZE_FORMS,
+};
+
+/// The most device ordinals the library serves (ordinals 0 to 63).
+pub const GPUMEM_MAX_DEVICES: usize = 64;
+
+/// Capacity of each simulated device when `GPUMEM_SIM_CAPACITY` is unset.
+const DEFAULT_SIM_CAPACITY: u64 = 16 << 30;
+
+/// What a C call can fail with; [`CapiError::status`] is the code the call returns and the
+/// text is what `gpumem_last_error` gives.
+#[derive(Debug, thiserror::Error)]
+pub enum CapiError {
+    /// `GPUMEM_DEVICE` names no backend.
+    #[error(
+        "GPUMEM_DEVICE={0:?} is not valid: unknown backend; accepted: cuda (the default), sim"
+    )]
+    UnknownBackend(String),
+    /// `GPUMEM_SIM_CAPACITY` is not a size.
+    #[error("GPUMEM_SIM_CAPACITY={value:?} is not valid: {problem}; accepted: a size in bytes, e.g. 16GiB, 80GB, 1000000")]
+    SimCapacity {
+        /// The value given.
+        value: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A device ordinal outside 0..GPUMEM_MAX_DEVICES.
+    #[error("device {0} is not valid: accepted: 0 to {max}", max = GPUMEM_MAX_DEVICES - 1)]
+    DeviceOrdinal(i64),
+    /// An argument that cannot be used (a null or non-UTF-8 string, an unknown policy).
+    #[error("{name} {value:?} is not valid: {problem}")]
+    InvalidArgument {
+        /// Which argument.
+        name: &'static str,
+        /// Its value as given.
+        value: String,
+        /// What is wrong and what is accepted.
+        problem: String,
+    },
+    /// The device's backend could not be opened.
+    #[error("cannot open device {device} on the {backend} backend: {source}")]
+    Open {
+        /// The ordinal.
+        device: usize,
+        /// `cuda` or `sim`.
+        backend: &'static str,
+        /// Why.
+        source: gpumem_device::DeviceError,
+    },
+    /// The pool refused or failed; an OOM carries gpumem's explanation.
+    #[error("device {device}: {source}")]
+    Pool {
+        /// The ordinal.
+        device: usize,
+        /// The pool's error.
+        source: PoolError,
+    },
+    /// A free whose size is not the size the pointer was allocated with.
+    #[error("device {device}: {ptr:#x} was allocated with {allocated} bytes but freed with {given} bytes; nothing was freed")]
+    SizeMismatch {
+        /// The ordinal.
+        device: usize,
+        /// The pointer.
+        ptr: DevicePtr,
+        /// The size the allocation has.
+        allocated: u64,
+        /// The size given to free.
+        given: u64,
+    },
+    /// A free on another device than the pointer's.
+    #[error(
+        "{ptr:#x} was freed on device {given} but belongs to device {owner}; nothing was freed"
+    )]
+    WrongDevice {
+        /// The pointer.
+        ptr: DevicePtr,
+        /// The device given.
+        given: usize,
+        /// The device whose pool handed it out.
+        owner: usize,
+    },
+    /// The policy cannot change while the pool has live allocations.
+    #[error("device {device}: the policy cannot change to {policy} while {live} allocations are live (change it before the first allocation)")]
+    PolicyBusy {
+        /// The ordinal.
+        device: usize,
+        /// The policy asked for.
+        policy: PolicyKind,
+        /// Live allocations.
+        live: u64,
+    },
+    /// A snapshot could not be written.
+    #[error("cannot write the snapshot to {path:?}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl CapiError {
+    /// Whether this is an allocation that did not fit.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self,
+            CapiError::Pool {
+                source: PoolError::OutOfMemory(_),
+                ..
+            }
+        )
+    }
+}
+
+/// The backend the pools run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Cuda,
+    Sim { capacity: u64 },
+}
+
+impl Backend {
+    /// The backend `GPUMEM_DEVICE` names (`cuda` when unset), with `GPUMEM_SIM_CAPACITY`.
+    fn from_env() -> Result<Backend, CapiError> {
+        let name = std::env::var("GPUMEM_DEVICE").unwrap_or_default();
+        match name.trim() {
+            "" | "cuda" => Ok(Backend::Cuda),
+            "sim" => Ok(Backend::Sim {
+                capacity: sim_capacity()?,
+            }),
+            _ => Err(CapiError::UnknownBackend(name)),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Cuda => "cuda",
+            Backend::Sim { .. } => "sim",
+        }
+    }
+}
+
+fn sim_capacity() -> Result<u64, CapiError> {
+    let Ok(value) = std::env::var("GPUMEM_SIM_CAPACITY") else {
+        return Ok(DEFAULT_SIM_CAPACITY);
+    };
+    let problem = |problem: String| CapiError::SimCapacity {
+        value: value.clone(),
+        problem,
+    };
+    match parse_limit(&value) {
+        Ok(Limit::Bytes(bytes)) if bytes > 0 => Ok(bytes),
+        Ok(Limit::Bytes(_)) => Err(problem("zero bytes".into())),
+        Ok(Limit::Fraction(_)) => Err(problem("a percentage of no device".into())),
+        Err(e) => Err(problem(e.to_string())),
+    }
+}
+
+/// One device's pool, with the CUDA device under it (to adopt callers' streams).
+pub struct DevicePool {
+    /// The pool.
+    pub pool: Arc<Pool>,
+    cuda: Option<Arc<CudaDevice>>,
+    last_oom: Mutex<Option<String>>,
+}
+
+impl DevicePool {
+    /// The pool's stream for the caller's `cudaStream_t`: on CUDA the stream is adopted (the
+    /// device accepts it from now on); on the simulated device any number is a stream.
+    pub fn stream(&self, raw: u64) -> StreamId {
+        match &self.cuda {
+            Some(cuda) => cuda.adopt_stream(raw),
+            None => StreamId(raw),
+        }
+    }
+
+    /// Remembers the explanation of an OOM.
+    pub fn note_oom(&self, text: &str) {
+        *lock(&self.last_oom) = Some(text.to_string());
+    }
+
+    /// The last OOM's explanation.
+    pub fn last_oom(&self) -> Option<String> {
+        lock(&self.last_oom).clone()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Each guarded value is replaced whole, so a panic elsewhere cannot leave it half-written.
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The pools by device, and the configuration new pools get.
+struct Pools {
+    devices: RwLock<Vec<Option<Arc<DevicePool>>>>,
+    /// `None` until first needed, then the environment's configuration with the run-time
+    /// changes applied.
+    config: Mutex<Option<PoolConfig>>,
+}
+
+static POOLS: Pools = Pools {
+    devices: RwLock::new(Vec::new()),
+    config: Mutex::new(None),
+};
+
+/// The configuration the next pool is made with: the environment's (`GPUMEM_POOL`,
+/// `GPUMEM_SOFT_LIMIT`, `GPUMEM_HARD_LIMIT`, `GPUMEM_HISTORY`, `GPUMEM_POLICY_CONF`,
+/// `PYTORCH_ALLOC_CONF`), read once, with later run-time changes.
+fn config() -> Result<PoolConfig, CapiError> {
+    let mut config = lock(&POOLS.config);
+    if config.is_none() {
+        *config = Some(PoolConfig::from_env().map_err(|e| config_error(0, e))?);
+    }
+    Ok(config.clone().unwrap_or_default())
+}
+
+fn config_error(device: usize, e: ConfigError) -> CapiError {
+    CapiError::Pool {
+        device,
+        source: PoolError::Config(e),
+    }
+}
+
+/// Checks a C device ordinal.
+pub fn ordinal(device: i64) -> Result<usize, CapiError> {
+    usize::try_from(device)
+        .ok()
+        .filter(|d| *d < GPUMEM_MAX_DEVICES)
+        .ok_or(CapiError::DeviceOrdinal(device))
+}
+
+/// The pool of `device`, made on first use on the backend `GPUMEM_DEVICE` names.
+pub fn device_pool(device: usize) -> Result<Arc<DevicePool>, CapiError> {
+    if let Some(found) = existing(device) {
+        return Ok(found);
+    }
+    let mut devices = POOLS.devices.write().unwrap_or_else(|p| p.into_inner());
+    if devices.len() <= device {
+        devices.resize(device + 1, None);
+    }
+    if let Some(found) = &devices[device] {
+        return Ok(found.clone());
+    }
+    let made = Arc::new(open(device, config()?)?);
+    global_registry().set(device, made.pool.clone());
+    devices[device] = Some(made.clone());
+    Ok(made)
+}
+
+/// The pool of `device` if one was made.
+pub fn existing(device: usize) -> Option<Arc<DevicePool>> {
+    let devices = POOLS.devices.read().unwrap_or_else(|p| p.into_inner());
+    devices.get(device).cloned().flatten()
+}
+
+/// Every pool made so far, by device.
+pub fn all_pools() -> BTreeMap<usize, Arc<DevicePool>> {
+    let devices = POOLS.devices.read().unwrap_or_else(|p| p.into_inner());
+    devices
+        .iter()
+        .enumerate()
+        .filter_map(|(d, p)| p.clone().map(|p| (d, p)))
+        .collect()
+}
+
+fn open(device: usize, config: PoolConfig) -> Result<DevicePool, CapiError> {
+    let backend = Backend::from_env()?;
+    let opened = |source| CapiError::Open {
+        device,
+        backend: backend.name(),
+        source,
+    };
+    let (dev, cuda): (Arc<dyn Device>, Option<Arc<CudaDevice>>) = match backend {
+        Backend::Cuda => {
+            let cuda = Arc::new(CudaDevice::open(device).map_err(opened)?);
+            (cuda.clone(), Some(cuda))
+        }
+        Backend::Sim { capacity } => {
+            let sim = SimDevice::new(SimConfig::address_only(capacity)).map_err(opened)?;
+            (Arc::new(sim), None)
+        }
+    };
+    let pool = Pool::new(dev, config).map_err(|source| CapiError::Pool { device, source })?;
+    Ok(DevicePool {
+        pool: Arc::new(pool),
+        cuda,
+        last_oom: Mutex::new(None),
+    })
+}
+
+/// Parses a limit as the environment variables take it; `none` or an empty string is no limit.
+pub fn limit(name: &'static str, text: &str) -> Result<Option<Limit>, CapiError> {
+    match text.trim() {
+        "" | "none" => Ok(None),
+        t => parse_limit(t)
+            .map(Some)
+            .map_err(|e| CapiError::InvalidArgument {
+                name,
+                value: text.to_string(),
+                problem: format!("{e}; accepted: none, or {ACCEPTED_SIZE_FORMS}"),
+            }),
+    }
+}
+
+/// What a configuration change sets; `None` fields are left as they are.
+#[derive(Default)]
+pub struct Change {
+    /// A new policy.
+    pub policy: Option<PolicyKind>,
+    /// A new soft limit (`Some(None)`: none).
+    pub soft_limit: Option<Option<Limit>>,
+    /// A new hard limit (`Some(None)`: none).
+    pub hard_limit: Option<Option<Limit>>,
+    /// A new history capacity.
+    pub history: Option<usize>,
+}
+
+/// Applies `change` to the pools of `devices` (every existing one when `None`) and, when
+/// `devices` is `None`, to the configuration of pools made later. Checks everything before
+/// changing anything: limits that conflict, or a policy change on a pool with live
+/// allocations, change nothing.
+pub fn configure(change: &Change, only: Option<usize>) -> Result<(), CapiError> {
+    let mut next = config()?;
+    if let Some(policy) = change.policy {
+        next.policy = policy;
+    }
+    if let Some(soft) = change.soft_limit {
+        next.options.soft_limit = soft;
+    }
+    if let Some(hard) = change.hard_limit {
+        next.options.hard_limit = hard;
+    }
+    if let Some(history) = change.history {
+        next.options.history_capacity = history;
+    }
+    next.options
+        .validate()
+        .map_err(|e| config_error(only.unwrap_or(0), e))?;
+    let targets: Vec<(usize, Arc<DevicePool>)> = match only {
+        Some(device) => vec![(device, device_pool(device)?)],
+        None => all_pools().into_iter().collect(),
+    };
+    // Each pool keeps the limit the change leaves alone (its own, which a per-device change
+    // may have set), so its new limits start from its current ones.
+    let mut planned = Vec::new();
+    for (device, entry) in &targets {
+        let pool_error = |source: PoolError| CapiError::Pool {
+            device: *device,
+            source,
+        };
+        let mut rebuild = false;
+        if let Some(policy) = change.policy {
+            if policy.as_str() != entry.pool.policy_name() {
+                let live = entry.pool.stats().allocation.all.current;
+                if live > 0 {
+                    return Err(CapiError::PolicyBusy {
+                        device: *device,
+                        policy,
+                        live,
+                    });
+                }
+                rebuild = true;
+            }
+        }
+        let status = entry.pool.status().map_err(pool_error)?;
+        let options = PoolOptions {
+            soft_limit: change
+                .soft_limit
+                .unwrap_or(status.soft_limit.map(Limit::Bytes)),
+            hard_limit: change
+                .hard_limit
+                .unwrap_or(status.hard_limit.map(Limit::Bytes)),
+            history_capacity: next.options.history_capacity,
+        };
+        options
+            .resolve_limits(status.device_total)
+            .map_err(|e| config_error(*device, e))?;
+        planned.push((*device, entry, rebuild, options));
+    }
+    let mut rebuild = Vec::new();
+    for (device, entry, remake, options) in planned {
+        if remake {
+            rebuild.push((device, options));
+            continue;
+        }
+        if change.soft_limit.is_some() || change.hard_limit.is_some() {
+            entry
+                .pool
+                .set_limits(&options)
+                .map_err(|source| CapiError::Pool { device, source })?;
+        }
+        if let Some(history) = change.history {
+            entry.pool.set_history_capacity(history);
+        }
+    }
+    if !rebuild.is_empty() {
+        let mut devices = POOLS.devices.write().unwrap_or_else(|p| p.into_inner());
+        for (device, options) in rebuild {
+            let config = PoolConfig {
+                options,
+                ..next.clone()
+            };
+            let made = Arc::new(open(device, config)?);
+            global_registry().set(device, made.pool.clone());
+            devices[device] = Some(made);
+        }
+    }
+    if only.is_none() {
+        *lock(&POOLS.config) = Some(next);
+    }
+    Ok(())
+}
+
+/// The policy named `name`, or the error listing the policies.
+pub fn policy(name: &str) -> Result<PolicyKind, CapiError> {
+    name.parse()
+        .map_err(|accepted: String| CapiError::InvalidArgument {
+            name: "policy",
+            value: name.to_string(),
+            problem: format!("unknown pool policy; accepted: {accepted}"),
+        })
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Makes `text` this thread's last error.
+pub fn set_last_error(text: &str) {
+    // An interior NUL would cut the C string short: it cannot come from our messages, but a
+    // path or value quoted in one might carry it.
+    let text = CString::new(text.replace('\0', "\\0")).unwrap_or_default();
+    LAST_ERROR.with(|last| *last.borrow_mut() = text);
+}
+
+/// Runs `f` with this thread's last error as a C string.
+pub fn with_last_error<R>(f: impl FnOnce(&CString) -> R) -> R {
+    LAST_ERROR.with(|last| f(&last.borrow()))
+}

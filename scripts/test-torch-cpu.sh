@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Opt-in (never in CI: PyTorch's wheels are gigabytes): gpumem with a real PyTorch and no GPU.
+# TORCH_PYTHON is a Python with torch installed (default /tmp/torchenv/bin/python). Builds the
+# wheel as scripts/test-python.sh does, installs it beside that PyTorch (a target folder, the
+# PyTorch environment untouched) and runs python/checks/torch_cpu.py: use() installs the
+# pluggable allocator, a bad setting is refused, and gpumem's entry point throws PyTorch's own
+# c10::OutOfMemoryError (a C++ program against the installation's headers and libc10).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+torch_python="${TORCH_PYTHON:-/tmp/torchenv/bin/python}"
+build_venv="$repo/target/python-build-venv"
+site="$repo/target/torch-cpu-site"
+"$torch_python" -c 'import torch' || { echo "test-torch-cpu.sh: $torch_python has no torch" >&2; exit 1; }
+if ! "$build_venv/bin/python" -m maturin --version >/dev/null 2>&1; then
+  python3 -m venv "$build_venv"
+  "$build_venv/bin/python" -m pip install -q 'maturin>=1.7,<2'
+fi
+rm -rf "$repo/target/torch-cpu-wheel" "$site"
+(cd "$repo/python" && "$build_venv/bin/python" -m maturin build --profile dev --strip \
+  --out "$repo/target/torch-cpu-wheel" --quiet)
+"$torch_python" -m pip install -q --no-deps --target "$site" "$repo"/target/torch-cpu-wheel/gpumem-*.whl
+cd "$repo/target"
+PYTHONPATH="$site" "$torch_python" "$repo/python/checks/torch_cpu.py"
