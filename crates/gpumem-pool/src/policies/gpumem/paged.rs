@@ -254,15 +254,43 @@ impl GpumemPolicy {
     }
 
     /// Maps the unmapped pages among `touched` (first, end) of arena `a`, for a block whose
+    /// own pages are `interior` (see [`GpumemPolicy::map_missing`]). If they cannot all be
+    /// mapped, the fresh chunks mapped on the way are released again: a failed request leaves
+    /// reserved memory as it was (or lower, by the idle chunks freed to make room), instead of
+    /// holding everything the device and the limit granted before the refusal.
+    fn map_pages(
+        &mut self,
+        a: usize,
+        touched: (u64, u64),
+        interior: (u64, u64),
+        up: &mut Upstream<'_>,
+    ) -> Result<(), Exhausted> {
+        let mut fresh = Vec::new();
+        let mapped = self.map_missing(a, touched, interior, &mut fresh, up);
+        if mapped.is_err() {
+            let arena = &mut self.arenas[a];
+            let (pool, stream) = (arena.pool, arena.stream);
+            if let ArenaBacking::Paged(paged) = &mut arena.backing {
+                for p in fresh {
+                    // A chunk the device will not take back stays mapped and counted.
+                    let _ = paged.pages.release(p, up, pool, stream);
+                }
+            }
+        }
+        mapped
+    }
+
+    /// Maps the unmapped pages among `touched` (first, end) of arena `a`, for a block whose
     /// own pages are `interior`: idle chunks moved here (largest that fits first) when the
     /// block is big or memory is short; fresh chunks while the device and the limit allow (one
     /// per interior run, one per shared boundary page); else fresh memory after freeing idle
-    /// chunks elsewhere.
-    fn map_pages(
+    /// chunks elsewhere. The first page of every fresh chunk is pushed to `fresh`.
+    fn map_missing(
         &mut self,
         a: usize,
         (first, end): (u64, u64),
         (inner_first, inner_end): (u64, u64),
+        fresh: &mut Vec<u64>,
         up: &mut Upstream<'_>,
     ) -> Result<(), Exhausted> {
         let pool = self.arenas[a].pool;
@@ -309,7 +337,10 @@ impl GpumemPolicy {
             }
             if try_fresh && n > 0 {
                 match self.arenas[a].map_fresh(p, n, up) {
-                    Ok(()) => p += n,
+                    Ok(()) => {
+                        fresh.push(p);
+                        p += n;
+                    }
                     Err(cause) if cause.is_out_of_memory() => {
                         // A second refusal: the headroom estimate is wrong, stop asking.
                         try_fresh = pressure.is_none();
@@ -329,6 +360,7 @@ impl GpumemPolicy {
             donors = None;
             let n = gap.min(released).min(self.settings.max_chunk_pages);
             self.arenas[a].map_fresh(p, n, up).map_err(exhausted)?;
+            fresh.push(p);
             p += n;
         }
         Ok(())
