@@ -1,5 +1,6 @@
 //! `gpumem devices`: every device of every backend available here.
 
+use crate::output::{self, CommandError};
 use gpumem_pool::Bytes;
 
 use crate::backend;
@@ -13,12 +14,12 @@ pub struct DevicesArgs {
 }
 
 /// Runs `gpumem devices`.
-pub fn run(args: DevicesArgs) -> Result<(), String> {
+pub fn run(args: DevicesArgs) -> Result<(), CommandError> {
     let (devices, absent) = backend::list();
     if args.json {
         let value = serde_json::json!({ "devices": devices, "absent": absent });
         let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
-        println!("{text}");
+        output::print(&text)?;
         return Ok(());
     }
     for d in &devices {
@@ -28,22 +29,22 @@ pub fn run(args: DevicesArgs) -> Result<(), String> {
         let free = d
             .free_bytes
             .map_or(String::new(), |f| format!(", {} free", Bytes(f)));
-        println!(
+        output::print(&format!(
             "{}:{}  {}  [{}{free}, {vmm}]",
             d.backend,
             d.ordinal,
             d.description,
             Bytes(d.total_bytes)
-        );
+        ))?;
     }
     for line in &absent {
-        println!("{line}");
+        output::print(line)?;
     }
     if devices.iter().all(|d| d.software) {
-        println!(
+        output::print(
             "No GPU is usable here: every device above runs on the CPU (plan, replay and \
-             selftest work without a GPU)."
-        );
+             selftest work without a GPU).",
+        )?;
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `gpumem diagnose`: which known causes of an underused GPU hold, with evidence and advice.
 
+use crate::output::{self, CommandError};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -25,7 +26,7 @@ pub struct DiagnoseArgs {
 }
 
 /// Runs `gpumem diagnose`.
-pub fn run(args: DiagnoseArgs) -> Result<(), String> {
+pub fn run(args: DiagnoseArgs) -> Result<(), CommandError> {
     let (mut source, note) =
         gpumem_watch::open_source(args.samples.as_deref()).map_err(|e| e.to_string())?;
     if let Some(note) = note {
@@ -51,19 +52,19 @@ pub fn run(args: DiagnoseArgs) -> Result<(), String> {
         .pid
         .map_or(String::new(), |pid| format!(" for pid {pid}"));
     if findings.is_empty() {
-        println!(
+        output::print(&format!(
             "No known cause of an underused GPU holds{scope} over {} samples \
              (checked: unused memory, data starvation, fragmentation, rank imbalance, PCIe-bound).",
             samples.len()
-        );
+        ))?;
     } else {
-        println!(
+        output::print(&format!(
             "{} finding(s){scope} over {} samples:\n",
             findings.len(),
             samples.len()
-        );
+        ))?;
         for finding in &findings {
-            println!("{finding}");
+            output::print(&format!("{finding}"))?;
         }
     }
     Ok(())

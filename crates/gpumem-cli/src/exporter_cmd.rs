@@ -1,5 +1,6 @@
 //! `gpumem exporter`: Prometheus metrics (dcgm-exporter's names plus gpumem_pool_*) on /metrics.
 
+use crate::output::CommandError;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -17,7 +18,7 @@ pub struct ExporterArgs {
 }
 
 /// Runs `gpumem exporter` until interrupted.
-pub fn run(args: ExporterArgs) -> Result<(), String> {
+pub fn run(args: ExporterArgs) -> Result<(), CommandError> {
     let (source, note) =
         gpumem_watch::open_source(args.samples.as_deref()).map_err(|e| e.to_string())?;
     if let Some(note) = note {
@@ -28,5 +29,5 @@ pub fn run(args: ExporterArgs) -> Result<(), String> {
         .local_addr()
         .map_or(args.listen.clone(), |a| a.to_string());
     eprintln!("gpumem: serving metrics on http://{addr}/metrics");
-    exporter.serve().map_err(|e| e.to_string())
+    Ok(exporter.serve().map_err(|e| e.to_string())?)
 }

@@ -6,6 +6,7 @@ mod backend;
 mod devices_cmd;
 mod diagnose_cmd;
 mod exporter_cmd;
+mod output;
 mod plan_cmd;
 mod policies_cmd;
 mod replay_cmd;
@@ -75,8 +76,9 @@ pub fn run_from(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode 
         Command::Top(args) => top_cmd::run(args),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
+        // A reader that stopped reading (`| head`) is a normal end.
+        Ok(()) | Err(output::CommandError::OutputClosed) => ExitCode::SUCCESS,
+        Err(output::CommandError::Failed(message)) => {
             eprintln!("gpumem: {message}");
             ExitCode::from(2)
         }

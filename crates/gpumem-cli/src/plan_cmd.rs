@@ -1,5 +1,6 @@
 //! `gpumem plan`: argument parsing and printing over `gpumem_plan`.
 
+use crate::output::{self, CommandError};
 use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
 use gpumem_plan::fit::MAX_GPUS;
 use gpumem_plan::{
@@ -82,16 +83,18 @@ fn gib(bytes: u64) -> String {
 }
 
 /// Runs `gpumem plan`.
-pub fn run(args: PlanArgs) -> Result<(), String> {
+pub fn run(args: PlanArgs) -> Result<(), CommandError> {
     let args = args.flags;
     if args.list_models {
-        println!("{}", gpumem_plan::model_names().join("\n"));
-        return Ok(());
+        return output::print(&gpumem_plan::model_names().join("\n"));
     }
-    plan(&args).map_err(|e| e.to_string())
+    let (text, nothing_fits) = plan(&args).map_err(|e| e.to_string())?;
+    output::print(&text)?;
+    nothing_fits.map_or(Ok(()), |e| Err(e.to_string().into()))
 }
 
-fn plan(a: &PlanFlags) -> Result<(), PlanError> {
+/// The plan's output (JSON or the table), and the error to report after it when nothing fits.
+fn plan(a: &PlanFlags) -> Result<(String, Option<PlanError>), PlanError> {
     let model = model(a)?;
     let resolved = a.settings.resolve(&model)?;
     let workload = resolved.workload;
@@ -215,8 +218,8 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
         if let Some(e) = &nothing_fits {
             out["fit_error"] = serde_json::json!(e.to_string());
         }
-        emit(&serde_json::to_string_pretty(&out).unwrap_or_default());
-        return nothing_fits.map_or(Ok(()), Err);
+        let text = serde_json::to_string_pretty(&out).unwrap_or_default();
+        return Ok((text, nothing_fits));
     }
     let mut text = table(
         &model,
@@ -248,8 +251,7 @@ fn plan(a: &PlanFlags) -> Result<(), PlanError> {
             gib(*peak)
         );
     }
-    emit(text.trim_end());
-    nothing_fits.map_or(Ok(()), Err)
+    Ok((text.trim_end().to_string(), nothing_fits))
 }
 
 /// Replays the planned allocation sequence of `workload` through the torch, expandable and
@@ -298,13 +300,6 @@ fn unused_fit_flags(a: &PlanFlags, target: Option<FitTarget>) -> Vec<Warning> {
         });
     }
     warnings
-}
-
-/// Writes to stdout; a closed pipe (`| head`) is not an error.
-fn emit(text: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{text}");
 }
 
 fn table(

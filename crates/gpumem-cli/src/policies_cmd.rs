@@ -1,5 +1,6 @@
 //! `gpumem policies`: the built-in allocator policies, what each is, and how to choose one.
 
+use crate::output::{self, CommandError};
 use gpumem_pool::PolicyKind;
 
 /// Arguments of `gpumem policies`.
@@ -11,7 +12,7 @@ pub struct PoliciesArgs {
 }
 
 /// Runs `gpumem policies`.
-pub fn run(args: PoliciesArgs) -> Result<(), String> {
+pub fn run(args: PoliciesArgs) -> Result<(), CommandError> {
     let default = gpumem_pool::PoolConfig::default().policy;
     if args.json {
         let list: Vec<serde_json::Value> = PolicyKind::ALL
@@ -25,7 +26,7 @@ pub fn run(args: PoliciesArgs) -> Result<(), String> {
             })
             .collect();
         let text = serde_json::to_string_pretty(&list).map_err(|e| e.to_string())?;
-        println!("{text}");
+        output::print(&text)?;
         return Ok(());
     }
     let width = PolicyKind::ALL
@@ -34,11 +35,11 @@ pub fn run(args: PoliciesArgs) -> Result<(), String> {
         .max()
         .unwrap_or(0);
     for kind in PolicyKind::ALL {
-        println!("{:width$}  {}", kind.as_str(), kind.description());
+        output::print(&format!("{:width$}  {}", kind.as_str(), kind.description()))?;
     }
-    println!(
+    output::print(&format!(
         "\nChoose with GPUMEM_POOL=NAME for a pool, or `gpumem replay --policy NAME` (default \
          for pools: {default})."
-    );
+    ))?;
     Ok(())
 }

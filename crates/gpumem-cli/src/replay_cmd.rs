@@ -1,5 +1,6 @@
 //! `gpumem replay`: argument parsing and printing over `gpumem_replay`.
 
+use crate::output::{self, CommandError};
 use std::path::PathBuf;
 
 use gpumem_pool::policies::torch_settings::TorchSettings;
@@ -122,7 +123,7 @@ pub(crate) fn policy_settings(
 }
 
 /// Runs `gpumem replay`.
-pub fn run(args: ReplayArgs) -> Result<(), String> {
+pub fn run(args: ReplayArgs) -> Result<(), CommandError> {
     let traces = match args.traces.is_empty() {
         true => vec![read(
             DEFAULT_TRACE,
@@ -143,10 +144,11 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
         return Err(format!(
             "--snapshot needs a single --policy ({})",
             PolicyKind::names()
-        ));
+        )
+        .into());
     }
     if args.snapshot.is_some() && traces.len() != 1 {
-        return Err("--snapshot needs a single trace".to_string());
+        return Err("--snapshot needs a single trace".to_string().into());
     }
     let mut ranks = Vec::with_capacity(traces.len());
     for trace in &traces {
@@ -186,22 +188,19 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
     match (args.json, traces.len()) {
         (true, 1) => print_json(&traces[0], args.capacity, &ranks[0]),
         (true, _) => print_ranks_json(&traces, args.capacity, &ranks),
-        (false, 1) => {
-            print_table(&traces[0], args.capacity, &ranks[0]);
-            Ok(())
-        }
+        (false, 1) => print_table(&traces[0], args.capacity, &ranks[0]),
         (false, _) => {
             for (rank, (trace, reports)) in traces.iter().zip(&ranks).enumerate() {
-                println!("Rank {rank}:");
-                print_table(trace, args.capacity, reports);
-                println!();
+                output::print(&format!("Rank {rank}:"))?;
+                print_table(trace, args.capacity, reports)?;
+                output::print("")?;
             }
             let highest = highest_rank(ranks.iter().map(Vec::as_slice));
-            println!(
+            output::print(&format!(
                 "Rank {highest} ({}) peaks highest: {} reserved.",
                 traces[highest].meta.name,
                 Bytes(peak_reserved(&ranks[highest]))
-            );
+            ))?;
             Ok(())
         }
     }
@@ -222,7 +221,7 @@ fn print_ranks_json(
     traces: &[Trace],
     capacity: Option<u64>,
     ranks: &[Vec<PolicyReport>],
-) -> Result<(), String> {
+) -> Result<(), CommandError> {
     let value = serde_json::json!({
         "capacity_bytes": capacity,
         "ranks": traces.iter().zip(ranks).enumerate().map(|(rank, (trace, reports))| {
@@ -231,7 +230,7 @@ fn print_ranks_json(
         "highest_rank": highest_rank(ranks.iter().map(Vec::as_slice)),
     });
     let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
-    println!("{text}");
+    output::print(&text)?;
     Ok(())
 }
 
@@ -249,19 +248,23 @@ fn print_json(
     trace: &Trace,
     capacity: Option<u64>,
     reports: &[PolicyReport],
-) -> Result<(), String> {
+) -> Result<(), CommandError> {
     let value = serde_json::json!({
         "trace": trace_json(trace),
         "capacity_bytes": capacity,
         "policies": reports,
     });
     let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
-    println!("{text}");
+    output::print(&text)?;
     Ok(())
 }
 
-fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
-    println!("{}", trace_line(trace));
+fn print_table(
+    trace: &Trace,
+    capacity: Option<u64>,
+    reports: &[PolicyReport],
+) -> Result<(), CommandError> {
+    output::print(&trace_line(trace))?;
     let capacity_header = capacity.map_or("fits".to_string(), |c| format!("fits {}", Bytes(c)));
     // The smallest device is a column only when it was searched for.
     let searched = reports.iter().any(|r| r.smallest_capacity_bytes.is_some());
@@ -270,7 +273,7 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
         (true, Some(b)) => format!(" {:>15}", Bytes(b).to_string()),
         (true, None) => format!(" {:>15}", "not found"),
     };
-    println!(
+    output::print(&format!(
         "{:<11} {:>13} {:>14} {:>11} {:>13} {:>17} {:>12}{}  {}",
         "policy",
         "peak alloc",
@@ -285,13 +288,13 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
             String::new()
         },
         capacity_header
-    );
+    ))?;
     for r in reports {
         let per_step = r
             .steady_state_alloc_calls_per_step
             .map_or("-".to_string(), |c| c.to_string());
         let fits = r.fits(capacity);
-        println!(
+        output::print(&format!(
             "{:<11} {:>13} {:>14} {:>10.1}% {:>13} {:>17} {:>12.2}{}  {}",
             r.policy,
             Bytes(r.peak_allocated_bytes).to_string(),
@@ -302,8 +305,9 @@ fn print_table(trace: &Trace, capacity: Option<u64>, reports: &[PolicyReport]) {
             r.events_per_second / 1e6,
             smallest(r),
             fits
-        );
+        ))?;
     }
+    Ok(())
 }
 
 /// The trace's name, source, length and peak live bytes, as the JSON reports write them.

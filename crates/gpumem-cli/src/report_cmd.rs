@@ -1,5 +1,6 @@
 //! `gpumem report`: argument parsing over `gpumem_report`; writes one self-contained HTML page.
 
+use crate::output::{self, CommandError};
 use std::path::PathBuf;
 
 use gpumem_replay::tune::{Objective, TuneOptions};
@@ -48,7 +49,7 @@ pub struct ReportArgs {
 }
 
 /// Runs `gpumem report`.
-pub fn run(args: ReportArgs) -> Result<(), String> {
+pub fn run(args: ReportArgs) -> Result<(), CommandError> {
     let traces = read_traces(&args.traces, args.format, args.device)?;
     let (torch, gpumem) = policy_settings(
         args.pytorch_alloc_conf.as_deref(),
@@ -74,13 +75,17 @@ pub fn run(args: ReportArgs) -> Result<(), String> {
     write_atomically(&args.output, render(&report).as_bytes()).map_err(|e| e.to_string())?;
     let highest = &report.ranks[report.highest_rank];
     match report.ranks.len() {
-        1 => println!("Wrote {} ({}).", args.output.display(), highest.trace.name),
-        n => println!(
+        1 => output::print(&format!(
+            "Wrote {} ({}).",
+            args.output.display(),
+            highest.trace.name
+        ))?,
+        n => output::print(&format!(
             "Wrote {} ({n} ranks; rank {} ({}) peaks highest).",
             args.output.display(),
             report.highest_rank,
             highest.trace.name
-        ),
+        ))?,
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `gpumem selftest`: every policy checked on a device with real bytes (see
 //! `gpumem_replay::selftest`).
 
+use crate::output::{self, CommandError};
 use std::path::PathBuf;
 
 use gpumem_pool::{Bytes, PolicyKind};
@@ -41,7 +42,7 @@ pub struct SelftestArgs {
 }
 
 /// Runs `gpumem selftest`; fails (exit status 2) when a check fails.
-pub fn run(args: SelftestArgs) -> Result<(), String> {
+pub fn run(args: SelftestArgs) -> Result<(), CommandError> {
     let policies = args.policy.0;
     let trace = match &args.trace {
         Some(path) => read_path(path, ReadOptions::default()),
@@ -55,23 +56,23 @@ pub fn run(args: SelftestArgs) -> Result<(), String> {
     for policy in policies {
         if policy == PolicyKind::Expandable && !has_vmm {
             if !args.json {
-                println!(
+                output::print(&format!(
                     "{policy}: skipped — {} has no virtual memory management\n",
                     device.name()
-                );
+                ))?;
             }
             continue;
         }
         let report = selftest(device.clone(), &policy, &trace, bytes)
             .map_err(|e| format!("{policy}: {e}"))?;
         if !args.json {
-            print_report(&report);
+            print_report(&report)?;
         }
         reports.push(report);
     }
     if args.json {
         let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
-        println!("{text}");
+        output::print(&text)?;
     }
     let failed: Vec<String> = reports
         .iter()
@@ -81,21 +82,21 @@ pub fn run(args: SelftestArgs) -> Result<(), String> {
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(format!("selftest failed for {}", failed.join(", ")))
+        Err(format!("selftest failed for {}", failed.join(", ")).into())
     }
 }
 
-fn print_report(report: &SelftestReport) {
-    println!("{} on {}:", report.policy, report.device);
+fn print_report(report: &SelftestReport) -> Result<(), CommandError> {
+    output::print(&format!("{} on {}:", report.policy, report.device))?;
     for check in &report.checks {
         let mark = if check.passed { "ok  " } else { "FAIL" };
-        println!("  {mark} {}: {}", check.name, check.detail);
+        output::print(&format!("  {mark} {}: {}", check.name, check.detail))?;
     }
-    println!(
+    output::print(&format!(
         "  {} verified, {} allocating and {} freeing device calls, {:.2} s\n",
         Bytes(report.bytes_verified),
         report.device_alloc_calls,
         report.device_free_calls,
         report.seconds
-    );
+    ))
 }

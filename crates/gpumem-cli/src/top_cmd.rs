@@ -1,5 +1,6 @@
 //! `gpumem top`: the terminal UI of GPUs and gpumem pools.
 
+use crate::output::CommandError;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -18,8 +19,8 @@ pub struct TopArgs {
 }
 
 /// Runs `gpumem top` until the user presses q.
-pub fn run(args: TopArgs) -> Result<(), String> {
+pub fn run(args: TopArgs) -> Result<(), CommandError> {
     let (source, note) =
         gpumem_watch::open_source(args.samples.as_deref()).map_err(|e| e.to_string())?;
-    gpumem_watch::top::run(source, note, args.interval).map_err(|e| e.to_string())
+    Ok(gpumem_watch::top::run(source, note, args.interval).map_err(|e| e.to_string())?)
 }

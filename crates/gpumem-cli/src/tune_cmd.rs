@@ -1,5 +1,6 @@
 //! `gpumem tune`: argument parsing and printing over `gpumem_replay::tune`.
 
+use crate::output::{self, CommandError};
 use std::path::PathBuf;
 
 use gpumem_pool::{Bytes, PolicyKind};
@@ -65,7 +66,7 @@ fn objective_help() -> String {
 }
 
 /// Runs `gpumem tune`.
-pub fn run(args: TuneArgs) -> Result<(), String> {
+pub fn run(args: TuneArgs) -> Result<(), CommandError> {
     let read_options = ReadOptions {
         format: args.format,
         device: args.device,
@@ -93,16 +94,16 @@ pub fn run(args: TuneArgs) -> Result<(), String> {
             "tune": report,
         });
         let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
-        println!("{text}");
+        output::print(&text)?;
     } else {
-        print_table(&trace, &report);
+        print_table(&trace, &report)?;
     }
     Ok(())
 }
 
-fn print_table(trace: &Trace, report: &TuneReport) {
-    println!("{}", trace_line(trace));
-    println!(
+fn print_table(trace: &Trace, report: &TuneReport) -> Result<(), CommandError> {
+    output::print(&trace_line(trace))?;
+    output::print(&format!(
         "Objective: {}. {} settings replayed in {:.2} s ({}).",
         report.objective,
         report.replays,
@@ -115,11 +116,11 @@ fn print_table(trace: &Trace, report: &TuneReport) {
                 report.budget
             )
         }
-    );
+    ))?;
     let fit = report.objective == Objective::Fit;
     let capacity = report.capacity_bytes;
     let fits_header = capacity.map_or("fits".to_string(), |c| format!("fits {}", Bytes(c)));
-    println!(
+    output::print(&format!(
         "\n{:<3} {:<11} {:>14} {:>12} {:>13} {:>17}{}  {}",
         "#",
         "policy",
@@ -133,7 +134,7 @@ fn print_table(trace: &Trace, report: &TuneReport) {
             String::new()
         },
         fits_header
-    );
+    ))?;
     let row = |rank: &str, name: &str, r: &PolicyReport, margin: Option<i64>| {
         let per_step = r
             .steady_state_alloc_calls_per_step
@@ -147,7 +148,7 @@ fn print_table(trace: &Trace, report: &TuneReport) {
                 margin.map_or("-".to_string(), signed_bytes)
             ),
         };
-        println!(
+        output::print(&format!(
             "{:<3} {:<11} {:>14} {:>11.1}% {:>13} {:>17}{}  {}",
             rank,
             name,
@@ -157,41 +158,42 @@ fn print_table(trace: &Trace, report: &TuneReport) {
             per_step,
             fit_cells,
             r.fits(capacity)
-        );
+        ))
     };
     let tuned_row = |rank: &str, t: &Tuned| {
-        row(rank, t.policy().as_str(), &t.report, t.margin_bytes);
-        println!("    {}", t.export);
+        row(rank, t.policy().as_str(), &t.report, t.margin_bytes)?;
+        output::print(&format!("    {}", t.export))
     };
     for (i, t) in report.ranked.iter().enumerate() {
-        tuned_row(&(i + 1).to_string(), t);
+        tuned_row(&(i + 1).to_string(), t)?;
     }
-    println!("\nFor comparison:");
+    output::print("\nFor comparison:")?;
     if let Some(t) = &report.best_without_expandable {
-        tuned_row("-", t);
-        println!("    (the best without expandable segments)");
+        tuned_row("-", t)?;
+        output::print("    (the best without expandable segments)")?;
     }
-    tuned_row("-", &report.pytorch_default);
-    println!("    (PyTorch's defaults)");
+    tuned_row("-", &report.pytorch_default)?;
+    output::print("    (PyTorch's defaults)")?;
     let gpumem = &report.gpumem;
     row(
         "-",
         PolicyKind::Gpumem.as_str(),
         gpumem,
         margin_bytes(capacity, gpumem),
-    );
-    println!("    GPUMEM_POOL=gpumem (gpumem's own policy)");
+    )?;
+    output::print("    GPUMEM_POOL=gpumem (gpumem's own policy)")?;
     if let Some(best) = report.ranked.first() {
         let best_reserved = best.report.peak_reserved_bytes;
         let change = gpumem.peak_reserved_bytes as i64 - best_reserved as i64;
-        println!(
+        output::print(&format!(
             "\nThe gpumem policy's peak reserved is {} ({:+.1} %) against the best setting's.",
             signed_bytes(change),
             100.0 * change as f64 / best_reserved.max(1) as f64
-        );
+        ))?;
     }
-    println!("\nNot searched on this trace:");
+    output::print("\nNot searched on this trace:")?;
     for note in &report.space.notes {
-        println!("  {note}");
+        output::print(&format!("  {note}"))?;
     }
+    Ok(())
 }

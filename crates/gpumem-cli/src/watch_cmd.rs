@@ -1,6 +1,7 @@
 //! `gpumem watch record`: write live samples (NVML GPUs and published gpumem pools) to a
 //! recording that `top`, `exporter` and `diagnose` read with `--samples`.
 
+use crate::output::CommandError;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -34,7 +35,7 @@ struct RecordArgs {
 }
 
 /// Runs `gpumem watch`.
-pub fn run(args: WatchArgs) -> Result<(), String> {
+pub fn run(args: WatchArgs) -> Result<(), CommandError> {
     let WatchCommand::Record(args) = args.command;
     let mut source = LiveSource::open();
     if let Some(note) = source.no_gpu() {
