@@ -63,8 +63,8 @@ pub enum Allocator {
     Buddy,
     /// A gpumem policy through [`Pool`] on the address-only simulated device.
     Pool(PolicyKind),
-    /// A gpumem policy driven directly through its [`Upstream`], without the pool frame
-    /// (no mutex, live table, block statistics or events): the policy's own cost.
+    /// A gpumem policy driven directly through its [`gpumem_pool::Upstream`], without the pool
+    /// frame (no mutex, live table, block statistics or events): the policy's own cost.
     Policy(PolicyKind),
 }
 

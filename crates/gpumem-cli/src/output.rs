@@ -1,4 +1,4 @@
-//! What every command prints goes through [`print`], so that `gpumem … | head` ends quietly:
+//! What every command prints goes through [`print()`], so that `gpumem … | head` ends quietly:
 //! a reader that closes standard output early (EPIPE) ends the command as a success, while any
 //! other write error is reported like every other failure.
 

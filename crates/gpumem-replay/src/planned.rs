@@ -82,7 +82,7 @@ pub enum FitError {
 /// reserved/allocated ratio changes little with the value, so a few rounds settle.
 const FIT_ROUNDS: usize = 16;
 
-/// [`gpumem_plan::fit`] on reserved memory: the fit on the planner's allocated estimate, then
+/// [`gpumem_plan::fit()`] on reserved memory: the fit on the planner's allocated estimate, then
 /// the fitted plan's allocation sequence replayed through the `torch` policy; while its reserved
 /// peak plus the context exceeds `gpu_bytes × (1 − margin)`, the allocated-memory fit is
 /// repeated on memory shrunk by the overshoot. The margin then covers what neither models: cuBLAS
