@@ -34,3 +34,9 @@ def configure(policy: str | None = None, soft_limit: str | None = None,
 def set_limits(device: int = 0, soft_limit: str | None = None,
                hard_limit: str | None = None) -> None:
     """Changes device's limits now; None leaves a limit, "none" removes it."""
+def publish(dir: str | None = None) -> str:
+    """Publishes this process's pools for gpumem top/diagnose/exporter; returns the socket."""
+def pool_sample_json(device: int = 0) -> str:
+    """What device's pool publishes about itself, as a JSON object."""
+def diagnose_json(samples_json: str, pid: int | None = None) -> str:
+    """gpumem diagnose's findings over a JSON list of samples, as a JSON list."""

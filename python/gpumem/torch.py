@@ -28,6 +28,7 @@ from gpumem._gpumem import GpumemError
 __all__ = [
     "library_path", "use", "mempool", "memory_stats", "memory_summary", "empty_cache",
     "snapshot", "record_history", "set_limits", "last_oom", "reset_peak_memory_stats", "policy",
+    "publish",
 ]
 
 ALLOC_FUNCTION = "gpumem_torch_alloc"
@@ -184,3 +185,17 @@ def last_oom(device: int | Any | None = None) -> str | None:
 def policy(device: int | Any | None = None) -> str:
     """The policy ``device``'s pool runs."""
     return _gpumem.policy(_device(device))
+
+
+def publish(dir: str | os.PathLike[str] | None = None) -> str:
+    """Makes this process's gpumem pools visible to ``gpumem top``, ``gpumem diagnose --pid``
+    and ``gpumem exporter``: a Unix socket ``<dir>/<pid>.sock`` that answers their statistics
+    (allocated, reserved, fragmentation, OOMs, policy, limits) when asked, and costs nothing
+    otherwise. ``dir`` defaults to the directory those tools read (``GPUMEM_PUBLISH_DIR``, else
+    ``$XDG_RUNTIME_DIR/gpumem``, else ``<tmp>/gpumem-<uid>``). Returns the socket's path.
+
+    ``GPUMEM_PUBLISH=1`` in the environment does the same when the first pool is made (a value
+    other than 1/true/on or 0/false/off is an error then). Publishing twice keeps the first
+    endpoint.
+    """
+    return _gpumem.publish(None if dir is None else os.fspath(dir))

@@ -160,6 +160,16 @@ enum GpumemStatus gpumem_set_limits(int device, const char *soft_limit, const ch
 // `path` must be a NUL-terminated string.
 enum GpumemStatus gpumem_snapshot(int device, const char *path);
 
+// Publishes this process's pools for `gpumem top`, `diagnose` and `exporter`: a Unix socket
+// `<dir>/<pid>.sock` answering their statistics, `dir` NULL for the directory those tools
+// read (`GPUMEM_PUBLISH_DIR`, else `$XDG_RUNTIME_DIR/gpumem`, else `<tmp>/gpumem-<uid>`).
+// `GPUMEM_PUBLISH=1` does the same when the first pool is made. Publishing twice keeps the
+// first endpoint.
+//
+// # Safety
+// `dir` must be NULL or a NUL-terminated string.
+enum GpumemStatus gpumem_publish(const char *dir);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -157,3 +157,20 @@ pub fn set_limits(
     let change = limits_change(soft_limit, hard_limit)?;
     state::configure(&change, Some(state::ordinal(device)?))
 }
+
+/// Publishes this process's pools for the watching tools, at `dir` (their default directory
+/// when `None`); returns the socket's path. See [`crate::gpumem_publish`].
+pub fn publish(dir: Option<&str>) -> Result<String, CapiError> {
+    state::publish(dir.map(std::path::Path::new)).map(|path| path.display().to_string())
+}
+
+/// What `device`'s pool publishes about itself (allocated, reserved, largest free block,
+/// fragmentation, policy, limits, OOMs), as `gpumem top` and `diagnose` see it.
+pub fn pool_sample(device: i64) -> Result<gpumem_publish::PoolSample, CapiError> {
+    let (d, entry) = pool_of(device)?;
+    Ok(gpumem_publish::pool_sample(
+        std::process::id(),
+        d,
+        &entry.pool,
+    )?)
+}

@@ -35,6 +35,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 
 use gpumem_device::DevicePtr;
 use gpumem_pool::PoolError;
+use gpumem_publish::PublishError;
 
 pub use state::{CapiError, GPUMEM_MAX_DEVICES};
 
@@ -86,6 +87,8 @@ impl CapiError {
             CapiError::WrongDevice { .. } => GpumemStatus::GpumemUnknownPointer,
             CapiError::PolicyBusy { .. } => GpumemStatus::GpumemBusy,
             CapiError::Io { .. } => GpumemStatus::GpumemIo,
+            CapiError::Publish(PublishError::BadEnv { .. }) => GpumemStatus::GpumemConfig,
+            CapiError::Publish(_) => GpumemStatus::GpumemIo,
         }
     }
 }
@@ -459,4 +462,19 @@ pub unsafe extern "C" fn gpumem_snapshot(device: c_int, path: *const c_char) -> 
         let path = path.ok_or_else(|| invalid("path", "NULL", "a file name is needed"))?;
         api::snapshot(device.into(), path)
     }))
+}
+
+/// Publishes this process's pools for `gpumem top`, `diagnose` and `exporter`: a Unix socket
+/// `<dir>/<pid>.sock` answering their statistics, `dir` NULL for the directory those tools
+/// read (`GPUMEM_PUBLISH_DIR`, else `$XDG_RUNTIME_DIR/gpumem`, else `<tmp>/gpumem-<uid>`).
+/// `GPUMEM_PUBLISH=1` does the same when the first pool is made. Publishing twice keeps the
+/// first endpoint.
+///
+/// # Safety
+/// `dir` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn gpumem_publish(dir: *const c_char) -> GpumemStatus {
+    // SAFETY: forwarded from the caller.
+    let dir = unsafe { optional_str("dir", dir) };
+    status(dir.and_then(|dir| api::publish(dir).map(|_| ())))
 }

@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::CString;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use gpumem_cuda::CudaDevice;
@@ -14,6 +15,7 @@ use gpumem_pool::{
     global_registry, parse_limit, ConfigError, Limit, PolicyKind, Pool, PoolConfig, PoolError,
     PoolOptions, ACCEPTED_SIZE_FORMS,
 };
+use gpumem_publish::{endpoint_dir, publishing_requested, PublishError, Publisher, PUBLISH_VAR};
 
 /// The most device ordinals the library serves (ordinals 0 to 63).
 pub const GPUMEM_MAX_DEVICES: usize = 64;
@@ -103,6 +105,9 @@ pub enum CapiError {
         /// Live allocations.
         live: u64,
     },
+    /// Publishing the pools (`GPUMEM_PUBLISH`, [`publish`]) was refused or failed.
+    #[error("cannot publish the pools: {0}")]
+    Publish(#[from] PublishError),
     /// A snapshot could not be written.
     #[error("cannot write the snapshot to {path:?}: {source}")]
     Io {
@@ -255,10 +260,41 @@ pub fn device_pool(device: usize) -> Result<Arc<DevicePool>, CapiError> {
     if let Some(found) = &devices[device] {
         return Ok(found.clone());
     }
-    let made = Arc::new(open(device, config()?)?);
+    let config = config()?;
+    publish_if_asked()?;
+    let made = Arc::new(open(device, config)?);
     global_registry().set(device, made.pool.clone());
     devices[device] = Some(made.clone());
     Ok(made)
+}
+
+/// The endpoint answering for this process's pools, once started; it lives as long as the
+/// process (a socket left behind is removed by the next reader that finds its process gone).
+static PUBLISHER: Mutex<Option<Publisher>> = Mutex::new(None);
+
+/// Starts publishing when `GPUMEM_PUBLISH` asks for it (checked as each pool is made, so a
+/// bad value fails the call that makes the pool, with the reason as the last error).
+fn publish_if_asked() -> Result<(), CapiError> {
+    let value = std::env::var(PUBLISH_VAR).ok();
+    if publishing_requested(value.as_deref())? {
+        publish(None)?;
+    }
+    Ok(())
+}
+
+/// Publishes this process's pools (every pool, made and to be made) at `<dir>/<pid>.sock`,
+/// `dir` defaulting to the directory `gpumem top`/`diagnose`/`exporter` read; returns the
+/// socket's path. Publishing again returns the running endpoint's path, whatever `dir`.
+pub fn publish(dir: Option<&Path>) -> Result<PathBuf, CapiError> {
+    let mut publisher = lock(&PUBLISHER);
+    if let Some(running) = publisher.as_ref() {
+        return Ok(running.path().to_path_buf());
+    }
+    let dir = dir.map_or_else(endpoint_dir, Path::to_path_buf);
+    let started = Publisher::start(&dir, global_registry())?;
+    let path = started.path().to_path_buf();
+    *publisher = Some(started);
+    Ok(path)
 }
 
 /// The pool of `device` if one was made.

@@ -137,6 +137,52 @@ fn set_limits(device: i64, soft_limit: Option<&str>, hard_limit: Option<&str>) -
     api::set_limits(device, soft_limit, hard_limit).map_err(py_error)
 }
 
+/// Publishes this process's pools for `gpumem top`/`diagnose`/`exporter` at `<dir>/<pid>.sock`
+/// (`dir` None: the directory those tools read); returns the socket's path.
+#[pyfunction]
+#[pyo3(signature = (dir=None))]
+fn publish(dir: Option<&str>) -> PyResult<String> {
+    api::publish(dir).map_err(py_error)
+}
+
+/// What `device`'s pool publishes about itself, as a JSON object (gpumem watch's pool sample:
+/// pid, device, policy, allocated, reserved, largest_free_block, num_ooms, limits, …).
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn pool_sample_json(device: i64) -> PyResult<String> {
+    let sample = api::pool_sample(device).map_err(py_error)?;
+    serde_json::to_string(&sample).map_err(|e| GpumemError::new_err(e.to_string()))
+}
+
+/// The findings of `gpumem diagnose`'s rules over `samples_json` (a JSON list of samples in
+/// the `gpumem watch record` format), restricted to process `pid` when given: a JSON list of
+/// objects with kind, subject, evidence, advice and text.
+#[pyfunction]
+#[pyo3(signature = (samples_json, pid=None))]
+fn diagnose_json(samples_json: &str, pid: Option<u32>) -> PyResult<String> {
+    let samples: Vec<gpumem_watch::Sample> = serde_json::from_str(samples_json).map_err(|e| {
+        GpumemError::new_err(format!(
+            "not a list of gpumem watch samples ({e}); each must be an object with time_ms, \
+             gpus and pools"
+        ))
+    })?;
+    let thresholds = gpumem_watch::diagnose::Thresholds::default();
+    let findings: Vec<serde_json::Value> =
+        gpumem_watch::diagnose::diagnose(&samples, pid, &thresholds)
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "kind": f.kind.name(),
+                    "subject": f.subject,
+                    "evidence": f.evidence,
+                    "advice": f.advice,
+                    "text": f.to_string(),
+                })
+            })
+            .collect();
+    Ok(serde_json::Value::from(findings).to_string())
+}
+
 /// The module `gpumem._gpumem`.
 #[pymodule]
 fn _gpumem(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -156,5 +202,8 @@ fn _gpumem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(set_limits, m)?)?;
+    m.add_function(wrap_pyfunction!(publish, m)?)?;
+    m.add_function(wrap_pyfunction!(pool_sample_json, m)?)?;
+    m.add_function(wrap_pyfunction!(diagnose_json, m)?)?;
     Ok(())
 }

@@ -36,32 +36,9 @@ pub enum WatchError {
         /// What was wrong.
         message: String,
     },
-    /// An environment variable has a value we do not accept.
-    #[error("{var}={value:?} is not accepted; use {accepted}")]
-    BadEnv {
-        /// The variable.
-        var: &'static str,
-        /// Its value.
-        value: String,
-        /// The accepted forms.
-        accepted: &'static str,
-    },
-    /// A pool endpoint answered with something that is not a pool report.
-    #[error("{}: not a gpumem pool report ({message})", path.display())]
-    BadReport {
-        /// The endpoint's socket.
-        path: PathBuf,
-        /// What was wrong.
-        message: String,
-    },
-    /// A pool could not report its status.
-    #[error("pool of device {device}: {message}")]
-    Pool {
-        /// The device ordinal.
-        device: usize,
-        /// The pool's error.
-        message: String,
-    },
+    /// Publishing, or asking a publishing process, failed.
+    #[error(transparent)]
+    Publish(#[from] gpumem_publish::PublishError),
 }
 
 impl WatchError {

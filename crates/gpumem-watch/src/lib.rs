@@ -20,11 +20,13 @@ pub mod exporter;
 mod nvml;
 mod pools;
 mod procinfo;
-pub mod publish;
 mod recording;
 mod sample;
 pub mod synthetic;
 pub mod top;
+
+/// The publishing side (crate gpumem-publish), re-exported: what a watched process runs.
+pub use gpumem_publish as publish;
 
 pub use error::WatchError;
 pub use nvml::NvmlSource;

@@ -1,16 +1,10 @@
 //! The reading side of [`crate::publish`]: ask every endpoint in a directory for its pools,
 //! and the live source that joins them with NVML's figures.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use crate::publish::{endpoint_dir, PoolReport};
+use crate::publish::{ask, endpoint_dir, PublishError};
 use crate::{NvmlSource, PoolSample, Sample, SampleSource, WatchError};
-
-/// How long one endpoint may take to answer before it is skipped.
-const ANSWER_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The pools of every process publishing in one directory.
 pub struct PoolEndpoints {
@@ -60,7 +54,7 @@ impl PoolEndpoints {
         for (pid, path) in sockets {
             match ask(&path) {
                 Ok(report) => pools.extend(report.pools),
-                Err(WatchError::Io { .. }) if !crate::procinfo::is_alive(pid) => {
+                Err(PublishError::Io { .. }) if !crate::procinfo::is_alive(pid) => {
                     let _ = std::fs::remove_file(&path);
                 }
                 Err(_) => {}
@@ -68,19 +62,6 @@ impl PoolEndpoints {
         }
         Ok(pools)
     }
-}
-
-/// One endpoint's report.
-pub fn ask(path: &Path) -> Result<PoolReport, WatchError> {
-    let io = |e| WatchError::io(path, e);
-    let stream = UnixStream::connect(path).map_err(io)?;
-    stream.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(io)?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line).map_err(io)?;
-    serde_json::from_str(&line).map_err(|e| WatchError::BadReport {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
 }
 
 impl SampleSource for PoolEndpoints {

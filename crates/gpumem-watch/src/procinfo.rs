@@ -40,11 +40,6 @@ fn user_name(uid: u32) -> String {
         .unwrap_or_else(|| uid.to_string())
 }
 
-/// The uid of this process.
-pub(crate) fn my_uid() -> Option<u32> {
-    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
-}
-
 /// Clock ticks per second of `/proc/<pid>/stat`'s times (`USER_HZ`, 100 on Linux's
 /// mainstream architectures).
 pub(crate) const TICKS_PER_SECOND: f64 = 100.0;

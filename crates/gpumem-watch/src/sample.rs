@@ -88,58 +88,7 @@ pub struct ProcessSample {
     pub cpu_percent: Option<f64>,
 }
 
-/// One gpumem pool's statistics, as its process publishes them.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct PoolSample {
-    /// The process the pool lives in.
-    pub pid: u32,
-    /// The device ordinal of the pool (the process's numbering, which is NVML's index unless
-    /// `CUDA_VISIBLE_DEVICES` renumbers).
-    pub device: u32,
-    /// The policy in force (`gpumem`, `torch`, `expandable`, `none`).
-    #[serde(default)]
-    pub policy: String,
-    /// Bytes handed out by the pool.
-    pub allocated: u64,
-    /// Bytes the pool holds from the device.
-    pub reserved: u64,
-    /// The largest block the pool could hand out without asking the device, bytes.
-    #[serde(default)]
-    pub largest_free_block: u64,
-    /// Out-of-memory failures so far.
-    #[serde(default)]
-    pub num_ooms: u64,
-    /// The soft limit in force, bytes.
-    #[serde(default)]
-    pub soft_limit: Option<u64>,
-    /// The hard limit in force, bytes.
-    #[serde(default)]
-    pub hard_limit: Option<u64>,
-    /// The explanation of the last out-of-memory failure, if there was one.
-    #[serde(default)]
-    pub last_oom: Option<String>,
-    /// The pool's status text (`Pool::status`), as printed by the process.
-    #[serde(default)]
-    pub status: String,
-}
-
-impl PoolSample {
-    /// Bytes reserved but not allocated: the cache, free blocks and splinters.
-    pub fn cached(&self) -> u64 {
-        self.reserved.saturating_sub(self.allocated)
-    }
-
-    /// How scattered the cached bytes are: 0 when the largest free block is all of them, near
-    /// 1 when they are splinters no large request can use. 0 with nothing cached.
-    pub fn fragmentation(&self) -> f64 {
-        let cached = self.cached();
-        if cached == 0 {
-            0.0
-        } else {
-            1.0 - self.largest_free_block.min(cached) as f64 / cached as f64
-        }
-    }
-}
+pub use gpumem_publish::PoolSample;
 
 /// Where samples come from: NVML, the pools' endpoints, a recording, or several at once.
 pub trait SampleSource {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::StreamId;
 use gpumem_pool::{DeviceRegistry, Limit, Pool, PoolConfig};
-use gpumem_watch::publish::{publishing_requested, Publisher};
-use gpumem_watch::{PoolEndpoints, SampleSource, WatchError};
+use gpumem_watch::publish::{publishing_requested, PublishError, Publisher};
+use gpumem_watch::{PoolEndpoints, SampleSource};
 
 const MIB: u64 = 1 << 20;
 
@@ -81,7 +81,7 @@ fn the_switch_accepts_plain_on_and_off_and_refuses_the_rest() {
         assert!(!publishing_requested(off).unwrap());
     }
     let error = publishing_requested(Some("yes please")).unwrap_err();
-    assert!(matches!(error, WatchError::BadEnv { .. }));
+    assert!(matches!(error, PublishError::BadEnv { .. }));
     assert!(
         error.to_string().contains("GPUMEM_PUBLISH=\"yes please\""),
         "{error}"

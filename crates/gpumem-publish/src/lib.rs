@@ -1,6 +1,11 @@
-//! The publishing side: a process using gpumem pools answers "how are your pools?" on a Unix
-//! socket, `<dir>/<pid>.sock`, so that `gpumem top`, `diagnose` and `exporter` find every such
-//! process by listing one directory ([`endpoint_dir`]).
+//! The publishing side of `gpumem watch`: a process using gpumem pools answers "how are your
+//! pools?" on a Unix socket, `<dir>/<pid>.sock`, so that `gpumem top`, `diagnose` and
+//! `exporter` (crate gpumem-watch) find every such process by listing one directory
+//! ([`endpoint_dir`]) and reading one line from each socket ([`ask`]).
+//!
+//! A crate of its own, with nothing heavier than serde, because the C library PyTorch and CuPy
+//! load (gpumem-capi) links it: the watching side's terminal UI, HTTP server and NVML
+//! bindings stay out of that library.
 //!
 //! Off by default: nothing runs and nothing is created until [`publish_from_env`] sees
 //! `GPUMEM_PUBLISH=1` or the process calls [`Publisher::start`]. When on, one thread sleeps in
@@ -8,18 +13,125 @@
 //! per question), never on their allocation path. The answer is one line of JSON, a
 //! [`PoolReport`], after which the socket is closed.
 
-use std::io::Write;
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use gpumem_pool::{DeviceRegistry, Pool};
 use serde::{Deserialize, Serialize};
 
-use crate::{PoolSample, WatchError};
+/// How long one endpoint may take to answer [`ask`] before it is given up on.
+const ANSWER_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// What publishing, or asking a publisher, can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// A directory or socket could not be used.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The directory or socket.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// An environment variable has a value we do not accept.
+    #[error("{var}={value:?} is not accepted; use {accepted}")]
+    BadEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// The accepted forms.
+        accepted: &'static str,
+    },
+    /// An endpoint answered with something that is not a pool report.
+    #[error("{}: not a gpumem pool report ({message})", path.display())]
+    BadReport {
+        /// The endpoint's socket.
+        path: PathBuf,
+        /// What was wrong.
+        message: String,
+    },
+    /// A pool could not report its status.
+    #[error("pool of device {device}: {message}")]
+    Pool {
+        /// The device ordinal.
+        device: usize,
+        /// The pool's error.
+        message: String,
+    },
+}
+
+impl PublishError {
+    /// An I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> PublishError {
+        PublishError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// One gpumem pool's statistics, as its process publishes them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolSample {
+    /// The process the pool lives in.
+    pub pid: u32,
+    /// The device ordinal of the pool (the process's numbering, which is NVML's index unless
+    /// `CUDA_VISIBLE_DEVICES` renumbers).
+    pub device: u32,
+    /// The policy in force (`gpumem`, `torch`, `expandable`, `none`).
+    #[serde(default)]
+    pub policy: String,
+    /// Bytes handed out by the pool.
+    pub allocated: u64,
+    /// Bytes the pool holds from the device.
+    pub reserved: u64,
+    /// The largest block the pool could hand out without asking the device, bytes.
+    #[serde(default)]
+    pub largest_free_block: u64,
+    /// Out-of-memory failures so far.
+    #[serde(default)]
+    pub num_ooms: u64,
+    /// The soft limit in force, bytes.
+    #[serde(default)]
+    pub soft_limit: Option<u64>,
+    /// The hard limit in force, bytes.
+    #[serde(default)]
+    pub hard_limit: Option<u64>,
+    /// The explanation of the last out-of-memory failure, if there was one.
+    #[serde(default)]
+    pub last_oom: Option<String>,
+    /// The pool's status text (`Pool::status`), as printed by the process.
+    #[serde(default)]
+    pub status: String,
+}
+
+impl PoolSample {
+    /// Bytes reserved but not allocated: the cache, free blocks and splinters.
+    pub fn cached(&self) -> u64 {
+        self.reserved.saturating_sub(self.allocated)
+    }
+
+    /// How scattered the cached bytes are: 0 when the largest free block is all of them, near
+    /// 1 when they are splinters no large request can use. 0 with nothing cached.
+    pub fn fragmentation(&self) -> f64 {
+        let cached = self.cached();
+        if cached == 0 {
+            0.0
+        } else {
+            1.0 - self.largest_free_block.min(cached) as f64 / cached as f64
+        }
+    }
+}
 
 /// Turns publishing on (`1`, `true`, `on`) or leaves it off (unset, `0`, `false`, `off`).
 pub const PUBLISH_VAR: &str = "GPUMEM_PUBLISH";
@@ -45,13 +157,15 @@ pub fn endpoint_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir).join("gpumem");
     }
-    let uid = crate::procinfo::my_uid().map_or("unknown".to_string(), |u| u.to_string());
+    use std::os::unix::fs::MetadataExt;
+    let uid =
+        std::fs::metadata("/proc/self").map_or("unknown".to_string(), |m| m.uid().to_string());
     std::env::temp_dir().join(format!("gpumem-{uid}"))
 }
 
 /// What a pool publishes about itself: its statistics and status, as a [`PoolSample`].
-pub fn pool_sample(pid: u32, device: usize, pool: &Pool) -> Result<PoolSample, WatchError> {
-    let status = pool.status().map_err(|e| WatchError::Pool {
+pub fn pool_sample(pid: u32, device: usize, pool: &Pool) -> Result<PoolSample, PublishError> {
+    let status = pool.status().map_err(|e| PublishError::Pool {
         device,
         message: e.to_string(),
     })?;
@@ -71,7 +185,7 @@ pub fn pool_sample(pid: u32, device: usize, pool: &Pool) -> Result<PoolSample, W
 }
 
 /// The report of every pool in `registry`, for process `pid`.
-pub fn report(pid: u32, registry: &DeviceRegistry) -> Result<PoolReport, WatchError> {
+pub fn report(pid: u32, registry: &DeviceRegistry) -> Result<PoolReport, PublishError> {
     let pools = registry
         .devices()
         .into_iter()
@@ -91,25 +205,25 @@ pub struct Publisher {
 impl Publisher {
     /// Publishes the pools of `registry` (usually [`gpumem_pool::global_registry`]) at
     /// `<dir>/<pid>.sock`, creating `dir` (mode 0700) if needed.
-    pub fn start(dir: &Path, registry: &'static DeviceRegistry) -> Result<Publisher, WatchError> {
+    pub fn start(dir: &Path, registry: &'static DeviceRegistry) -> Result<Publisher, PublishError> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|e| WatchError::io(dir, e))?;
+            .map_err(|e| PublishError::io(dir, e))?;
         let pid = std::process::id();
         let path = dir.join(format!("{pid}.sock"));
         // A socket left by an earlier process with our pid (pids are reused) is stale.
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).map_err(|e| WatchError::io(&path, e))?;
+        let listener = UnixListener::bind(&path).map_err(|e| PublishError::io(&path, e))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| WatchError::io(&path, e))?;
+            .map_err(|e| PublishError::io(&path, e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::Builder::new()
             .name("gpumem-publish".into())
             .spawn(move || serve(listener, pid, registry, &stopping))
-            .map_err(|e| WatchError::io(&path, e))?;
+            .map_err(|e| PublishError::io(&path, e))?;
         Ok(Publisher {
             path,
             stop,
@@ -157,11 +271,11 @@ fn serve(listener: UnixListener, pid: u32, registry: &DeviceRegistry, stop: &Ato
 }
 
 /// Whether `GPUMEM_PUBLISH` asks for publishing; a value we do not know is an error.
-pub fn publishing_requested(value: Option<&str>) -> Result<bool, WatchError> {
+pub fn publishing_requested(value: Option<&str>) -> Result<bool, PublishError> {
     match value.map(str::trim) {
         None | Some("") | Some("0") | Some("false") | Some("off") => Ok(false),
         Some("1") | Some("true") | Some("on") => Ok(true),
-        Some(other) => Err(WatchError::BadEnv {
+        Some(other) => Err(PublishError::BadEnv {
             var: PUBLISH_VAR,
             value: other.to_string(),
             accepted: "1, true or on to publish; 0, false, off or unset not to",
@@ -172,10 +286,24 @@ pub fn publishing_requested(value: Option<&str>) -> Result<bool, WatchError> {
 /// Starts publishing the process-wide registry's pools when `GPUMEM_PUBLISH` says so, in
 /// [`endpoint_dir`]; `Ok(None)` when it does not. Keep the publisher alive as long as the
 /// pools should be visible.
-pub fn publish_from_env() -> Result<Option<Publisher>, WatchError> {
+pub fn publish_from_env() -> Result<Option<Publisher>, PublishError> {
     let value = std::env::var(PUBLISH_VAR).ok();
     if !publishing_requested(value.as_deref())? {
         return Ok(None);
     }
     Publisher::start(&endpoint_dir(), gpumem_pool::global_registry()).map(Some)
+}
+
+/// Asks the endpoint at `path` for its report (one line of JSON), waiting at most half a
+/// second for the answer.
+pub fn ask(path: &Path) -> Result<PoolReport, PublishError> {
+    let io = |e| PublishError::io(path, e);
+    let stream = UnixStream::connect(path).map_err(io)?;
+    stream.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(io)?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).map_err(io)?;
+    serde_json::from_str(&line).map_err(|e| PublishError::BadReport {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
 }
