@@ -6,7 +6,7 @@ use std::process::Command;
 
 use gpumem_trace::snapshot::{
     Action, BlockState, SegmentType, SettingValue, Snapshot, SnapshotBlock, SnapshotSegment,
-    TraceEntry,
+    Stacks, TraceEntry,
 };
 use gpumem_trace::{read_path, Event, Format, ReadError, ReadOptions, Trace};
 
@@ -218,7 +218,14 @@ fn written_snapshot() -> Snapshot {
         stream: S7,
         time_us: 1_732_233_600_000_000,
         device_free: None,
+        stack: None,
     };
+    let mut stacks = Stacks::default();
+    let frames = [
+        stacks.frame("/site-packages/torch/nn/modules/linear.py", 125, "forward"),
+        stacks.frame("train.py", 42, "step"),
+    ];
+    let stack = stacks.stack(&frames);
     Snapshot {
         segments: vec![SnapshotSegment {
             device: 0,
@@ -248,7 +255,10 @@ fn written_snapshot() -> Snapshot {
         }],
         device_traces: vec![vec![
             entry(Action::SegmentAlloc, E, 20 << 20),
-            entry(Action::Alloc, E, (12 << 20) - 100),
+            TraceEntry {
+                stack,
+                ..entry(Action::Alloc, E, (12 << 20) - 100)
+            },
             entry(Action::Alloc, E + (12 << 20), 5),
             entry(Action::FreeRequested, E + (12 << 20), 5),
             entry(Action::FreeCompleted, E + (12 << 20), 5),
@@ -274,6 +284,7 @@ fn written_snapshot() -> Snapshot {
         ]
         .into_iter()
         .collect(),
+        stacks,
     }
 }
 

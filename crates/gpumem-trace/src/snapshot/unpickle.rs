@@ -8,12 +8,15 @@
 //! Here the input is read through a fixed buffer and the snapshot's two long lists are never
 //! built: each segment of `segments` and each entry of `device_traces[d]` is decoded and handed
 //! to a [`SnapshotSink`] as soon as it is appended to its list (PyTorch's pickler, like every
-//! pickler, appends in batches of at most 1000), and the parts gpumem does not read (`frames`,
-//! unknown keys) are parsed but not built. Which part of the snapshot a new container is
+//! pickler, appends in batches of at most 1000), and the parts gpumem does not read (unknown
+//! keys, `cpp_frames`) are parsed but not built. `frames` are interned in the sink's stacks
+//! as they complete: a frame dict when it is appended to its list, a `frames` list when it is
+//! set in its entry or block, so an entry holds a 4-byte stack id. Which part of the snapshot a new container is
 //! (its [`Role`]) follows from where it is created: the container its items go to, and the key
 //! it sits under. The memo keeps only strings (not those in skipped parts or under keys gpumem
-//! does not read, which PyTorch writes anew for every entry) and the small free-form
-//! containers; a memo reference to anything else reads as [`Value::NotKept`], which is an
+//! does not read, which PyTorch writes anew for every entry), the small free-form
+//! containers, and (interned, so a few bytes each) the frame dicts and the blocks' `frames`
+//! lists, which PyTorch shares with the alloc entries; a memo reference to anything else reads as [`Value::NotKept`], which is an
 //! error only where the reader needs the value. So memory follows the trace being built, not
 //! the file. Building is iterative, and only plain data is accepted (no
 //! globals, no object construction), so any input ends in the sink's result or an error
@@ -47,6 +50,7 @@ pub(crate) fn unpickle(
         memo_ids: IdSet::default(),
         strings: HashSet::new(),
         singletons: HashSet::new(),
+        kept_frames: 0,
         arena: ContainerArena::default(),
         sink,
     };
@@ -214,7 +218,15 @@ enum Role {
     /// Free-form data kept whole (`allocator_settings`, `segment_pool_id`), or a container
     /// whose place could not be told when it was created (built whole, read when placed).
     Kept,
-    /// A part gpumem does not read (`frames`, unknown keys): parsed, not built.
+    /// A `frames` list of a block (`kept`: PyTorch shares it with the block's alloc entry
+    /// through the memo) or of a trace entry; interned when set in its dict.
+    Frames {
+        /// Whether the memo keeps it (a block's list; an entry's is never referred to again).
+        kept: bool,
+    },
+    /// A frame dict of a `frames` list; interned when appended to it.
+    Frame,
+    /// A part gpumem does not read (unknown keys): parsed, not built.
     Skipped,
 }
 
@@ -248,6 +260,10 @@ impl Role {
             (Segment, Slot::Key("blocks")) => Blocks,
             (Segment, Slot::Key("segment_pool_id")) => Kept,
             (Block, Slot::Key("history")) => History,
+            (Block, Slot::Key("frames")) => Frames { kept: true },
+            (Entry, Slot::Key("frames")) => Frames { kept: false },
+            (Frames { .. }, Slot::Index(_)) => Frame,
+            (Frame, Slot::Key(_)) => Skipped,
             (Root | Segment | Block | HistoryEntry | Entry, Slot::Key(_)) => Skipped,
             (Segments, Slot::Index(_)) => Segment,
             (Blocks, Slot::Index(_)) => Block,
@@ -263,8 +279,10 @@ impl Role {
         use Role::*;
         match self {
             Root | Kept | Skipped => true,
-            Segment | Block | HistoryEntry | Entry => kind == Kind::Dict,
-            Segments | Blocks | History | DeviceTraces | DeviceTrace(_) => kind == Kind::List,
+            Segment | Block | HistoryEntry | Entry | Frame => kind == Kind::Dict,
+            Segments | Blocks | History | DeviceTraces | DeviceTrace(_) | Frames { .. } => {
+                kind == Kind::List
+            }
             Scalar => false,
         }
     }
@@ -369,6 +387,8 @@ struct Unpickler<'s, R> {
     strings: HashSet<Rc<str>>,
     /// The one-character strings memoised in places gpumem does not read.
     singletons: HashSet<Rc<str>>,
+    /// How many frame dicts the memo keeps (at most [`KEPT_FRAMES_MAX`]).
+    kept_frames: usize,
     /// Owns the containers that can be reached again, so that cycles and deep nesting drop
     /// safely.
     arena: ContainerArena,
@@ -379,6 +399,10 @@ struct Unpickler<'s, R> {
 const SHARED_STRING_MAX: usize = 64;
 /// ...up to this many of them (bounded: a snapshot may hold a distinct string per entry).
 const SHARED_STRINGS_MAX: usize = 1 << 16;
+/// The most frame dicts the memo keeps (PyTorch writes each distinct frame once and refers
+/// to it after; a producer that memoises a new dict per frame would otherwise pile them up):
+/// beyond, a reference to a frame reads as not kept and the frame is left out of its stack.
+const KEPT_FRAMES_MAX: usize = 1 << 20;
 
 impl<R: Read> Unpickler<'_, R> {
     fn run(&mut self) -> Result<Value, ReadError> {
@@ -695,6 +719,13 @@ impl<R: Read> Unpickler<'_, R> {
             (Role::Scalar | Role::Kept, _) => Some(value),
             // A reference to the top level from inside it is free-form data.
             (Role::Root, _) => Some(value),
+            // Frame dicts and blocks' `frames` lists: interned once complete, so the memo
+            // then holds a one-item container.
+            (Role::Frame, _) if self.kept_frames < KEPT_FRAMES_MAX => {
+                self.kept_frames += 1;
+                Some(value)
+            }
+            (Role::Frames { kept: true }, _) => Some(value),
             _ => None,
         };
         let new_id = self.memo_ids.insert(id);
@@ -906,8 +937,10 @@ impl<R: Read> Unpickler<'_, R> {
         if !items.len().is_multiple_of(2) {
             return Err("odd number of items for a dict".into());
         }
-        let dict = match self.stack.last() {
-            Some(dict) if self.stack.len() > self.floor() => dict,
+        let floor = self.floor();
+        let Self { stack, sink, .. } = self;
+        let dict = match stack.last() {
+            Some(dict) if stack.len() > floor => dict,
             _ => return Err("stack underflow".into()),
         };
         let entries = match &dict.value {
@@ -930,6 +963,16 @@ impl<R: Read> Unpickler<'_, R> {
                 .ok_or("sets an item of a list")?;
             check_place(&value, place)?;
             if place == Role::Skipped && value.role != Role::Scalar {
+                continue;
+            }
+            if let Role::Frames { .. } = place {
+                let path = Path::Key(&Path::Root, "frames");
+                let stack =
+                    decode::stack(&value.value, &path, sink.stacks()).map_err(Fault::Shape)?;
+                if let Some(stack) = stack {
+                    compact(&value.value, || Value::Stack(stack));
+                    entries.push((key.value, Value::Stack(stack)));
+                }
                 continue;
             }
             entries.push((key.value, value.value));
@@ -963,15 +1006,39 @@ fn add_to_list(list: &mut Item, item: Item, sink: &mut dyn SnapshotSink) -> Step
         (Value::Streamed(count), Role::DeviceTrace(device)) => {
             let traces = Path::Key(&Path::Root, "device_traces");
             let trace = Path::Index(&traces, device);
-            let entry = decode::trace_entry(&item.value, &Path::Index(&trace, index))
-                .map_err(Fault::Shape)?;
+            let entry =
+                decode::trace_entry(&item.value, &Path::Index(&trace, index), sink.stacks())
+                    .map_err(Fault::Shape)?;
             sink.entry(device, index, entry).map_err(Fault::Shape)?;
             *count += 1;
+        }
+        (Value::List(items), Role::Frames { .. }) => {
+            let path = Path::Index(&Path::Key(&Path::Root, "frames"), index);
+            if let Some(frame) =
+                decode::frame(&item.value, &path, sink.stacks()).map_err(Fault::Shape)?
+            {
+                compact(&item.value, || Value::Frame(frame));
+                items.borrow_mut().push(Value::Frame(frame));
+            }
         }
         (Value::List(items), _) => items.borrow_mut().push(item.value),
         _ => return Err("appends to a list of an unknown kind".into()),
     }
     Ok(())
+}
+
+/// Replaces the content of an interned frame dict or `frames` list that the memo also holds
+/// by its id (one item), which is what a later memo reference reads.
+fn compact(value: &Value, interned: impl FnOnce() -> Value) {
+    match value {
+        Value::Dict(entries) if Rc::strong_count(entries) > 1 => {
+            *entries.borrow_mut() = vec![(interned(), Value::None)];
+        }
+        Value::List(items) if Rc::strong_count(items) > 1 => {
+            *items.borrow_mut() = vec![interned()];
+        }
+        _ => {}
+    }
 }
 
 /// The number of items in a list value so far.
@@ -1184,6 +1251,8 @@ mod tests {
     struct Counting {
         segments: usize,
         entries: usize,
+        stacks: crate::snapshot::Stacks,
+        entry_stacks: Vec<Option<crate::snapshot::StackId>>,
     }
 
     impl SnapshotSink for Counting {
@@ -1196,15 +1265,20 @@ mod tests {
             &mut self,
             _: usize,
             _: usize,
-            _: crate::snapshot::TraceEntry,
+            entry: crate::snapshot::TraceEntry,
         ) -> Result<(), ReadError> {
             self.entries += 1;
+            self.entry_stacks.push(entry.stack);
             Ok(())
         }
 
         fn devices(&mut self, _: usize) {}
 
         fn settings(&mut self, _: std::collections::BTreeMap<String, SettingValue>) {}
+
+        fn stacks(&mut self) -> &mut crate::snapshot::Stacks {
+            &mut self.stacks
+        }
     }
 
     #[test]
@@ -1263,6 +1337,7 @@ mod tests {
             memo_ids: IdSet::default(),
             strings: HashSet::new(),
             singletons: HashSet::new(),
+            kept_frames: 0,
             arena: ContainerArena::default(),
             sink: &mut sink,
         };
