@@ -702,3 +702,53 @@ fn containers_made_after_their_items_are_read_whole() {
         }]
     );
 }
+
+#[test]
+fn alloc_frames_read_as_python_reads_them() {
+    // (file, alloc entries with frames, their frames together), by Python's pickle:
+    // [e for t in s["device_traces"] for e in t if e["action"] == "alloc" and e["frames"]]
+    for (name, with_frames, frames) in [
+        ("snapshot_p0.pickle", 4, 8),
+        ("snapshot_p4.pickle", 4, 8),
+        ("torch2.0_python.pickle", 4, 8),
+        ("torch2.15.0_profile_to_snapshot.pickle", 196, 1678),
+        ("torch2.15.0_profile_to_snapshot_p2.pickle", 196, 1678),
+    ] {
+        let snapshot = gpumem_trace::snapshot::read(std::fs::File::open(data(name)).unwrap())
+            .unwrap_or_else(|error| panic!("{name}: {error}"));
+        let stacks: Vec<_> = snapshot
+            .device_traces
+            .iter()
+            .flatten()
+            .filter(|entry| entry.action == Action::Alloc)
+            .filter_map(|entry| entry.stack)
+            .collect();
+        let total: usize = stacks
+            .iter()
+            .map(|&id| snapshot.stacks.frames(id).len())
+            .sum();
+        assert_eq!((stacks.len(), total), (with_frames, frames), "{name}");
+        // The streaming reader keeps the same stacks for the trace.
+        let trace = read_path(data(name), ReadOptions::default()).unwrap();
+        let kept = trace.alloc_stacks.iter().flatten().count();
+        assert_eq!(kept, with_frames, "{name}");
+    }
+    let frames = |name| {
+        let snapshot = gpumem_trace::snapshot::read(std::fs::File::open(data(name)).unwrap());
+        let snapshot = snapshot.unwrap();
+        let first = snapshot.device_traces[0]
+            .iter()
+            .find_map(|e| e.stack)
+            .unwrap();
+        let frame = snapshot.stacks.frames(first).next().unwrap().clone();
+        (
+            frame.filename.to_string(),
+            frame.line,
+            frame.name.to_string(),
+        )
+    };
+    assert_eq!(
+        frames("torch2.15.0_profile_to_snapshot.pickle"),
+        ("none".into(), 0, "<built-in function linear>".into())
+    );
+}

@@ -15,8 +15,8 @@
 //! (its [`Role`]) follows from where it is created: the container its items go to, and the key
 //! it sits under. The memo keeps only strings (not those in skipped parts or under keys gpumem
 //! does not read, which PyTorch writes anew for every entry), the small free-form
-//! containers, and (interned, so a few bytes each) the frame dicts and the blocks' `frames`
-//! lists, which PyTorch shares with the alloc entries; a memo reference to anything else reads as [`Value::NotKept`], which is an
+//! containers, and (interned, so a few bytes each, and up to a bound) the frame dicts and
+//! `frames` lists, which PyTorch shares (a block's list with its alloc entry); a memo reference to anything else reads as [`Value::NotKept`], which is an
 //! error only where the reader needs the value. So memory follows the trace being built, not
 //! the file. Building is iterative, and only plain data is accepted (no
 //! globals, no object construction), so any input ends in the sink's result or an error
@@ -51,6 +51,7 @@ pub(crate) fn unpickle(
         strings: HashSet::new(),
         singletons: HashSet::new(),
         kept_frames: 0,
+        kept_stacks: 0,
         arena: ContainerArena::default(),
         sink,
     };
@@ -218,12 +219,8 @@ enum Role {
     /// Free-form data kept whole (`allocator_settings`, `segment_pool_id`), or a container
     /// whose place could not be told when it was created (built whole, read when placed).
     Kept,
-    /// A `frames` list of a block (`kept`: PyTorch shares it with the block's alloc entry
-    /// through the memo) or of a trace entry; interned when set in its dict.
-    Frames {
-        /// Whether the memo keeps it (a block's list; an entry's is never referred to again).
-        kept: bool,
-    },
+    /// A `frames` list of a block or trace entry; interned when set in its dict.
+    Frames,
     /// A frame dict of a `frames` list; interned when appended to it.
     Frame,
     /// A part gpumem does not read (unknown keys): parsed, not built.
@@ -260,9 +257,8 @@ impl Role {
             (Segment, Slot::Key("blocks")) => Blocks,
             (Segment, Slot::Key("segment_pool_id")) => Kept,
             (Block, Slot::Key("history")) => History,
-            (Block, Slot::Key("frames")) => Frames { kept: true },
-            (Entry, Slot::Key("frames")) => Frames { kept: false },
-            (Frames { .. }, Slot::Index(_)) => Frame,
+            (Block | Entry, Slot::Key("frames")) => Frames,
+            (Frames, Slot::Index(_)) => Frame,
             (Frame, Slot::Key(_)) => Skipped,
             (Root | Segment | Block | HistoryEntry | Entry, Slot::Key(_)) => Skipped,
             (Segments, Slot::Index(_)) => Segment,
@@ -280,7 +276,7 @@ impl Role {
         match self {
             Root | Kept | Skipped => true,
             Segment | Block | HistoryEntry | Entry | Frame => kind == Kind::Dict,
-            Segments | Blocks | History | DeviceTraces | DeviceTrace(_) | Frames { .. } => {
+            Segments | Blocks | History | DeviceTraces | DeviceTrace(_) | Frames => {
                 kind == Kind::List
             }
             Scalar => false,
@@ -389,6 +385,8 @@ struct Unpickler<'s, R> {
     singletons: HashSet<Rc<str>>,
     /// How many frame dicts the memo keeps (at most [`KEPT_FRAMES_MAX`]).
     kept_frames: usize,
+    /// How many `frames` lists the memo keeps (at most [`KEPT_STACKS_MAX`]).
+    kept_stacks: usize,
     /// Owns the containers that can be reached again, so that cycles and deep nesting drop
     /// safely.
     arena: ContainerArena,
@@ -403,6 +401,11 @@ const SHARED_STRINGS_MAX: usize = 1 << 16;
 /// to it after; a producer that memoises a new dict per frame would otherwise pile them up):
 /// beyond, a reference to a frame reads as not kept and the frame is left out of its stack.
 const KEPT_FRAMES_MAX: usize = 1 << 20;
+/// The most `frames` lists the memo keeps: PyTorch shares a block's list with its alloc
+/// entry (blocks come first, in `segments`), but writes a new list for every other entry, so
+/// keeping them all would grow the memo with the trace; beyond, an entry whose `frames` is a
+/// reference to an earlier list reads without a stack.
+const KEPT_STACKS_MAX: usize = 1 << 14;
 
 impl<R: Read> Unpickler<'_, R> {
     fn run(&mut self) -> Result<Value, ReadError> {
@@ -725,7 +728,10 @@ impl<R: Read> Unpickler<'_, R> {
                 self.kept_frames += 1;
                 Some(value)
             }
-            (Role::Frames { kept: true }, _) => Some(value),
+            (Role::Frames, _) if self.kept_stacks < KEPT_STACKS_MAX => {
+                self.kept_stacks += 1;
+                Some(value)
+            }
             _ => None,
         };
         let new_id = self.memo_ids.insert(id);
@@ -965,7 +971,7 @@ impl<R: Read> Unpickler<'_, R> {
             if place == Role::Skipped && value.role != Role::Scalar {
                 continue;
             }
-            if let Role::Frames { .. } = place {
+            if place == Role::Frames {
                 let path = Path::Key(&Path::Root, "frames");
                 let stack =
                     decode::stack(&value.value, &path, sink.stacks()).map_err(Fault::Shape)?;
@@ -1012,7 +1018,7 @@ fn add_to_list(list: &mut Item, item: Item, sink: &mut dyn SnapshotSink) -> Step
             sink.entry(device, index, entry).map_err(Fault::Shape)?;
             *count += 1;
         }
-        (Value::List(items), Role::Frames { .. }) => {
+        (Value::List(items), Role::Frames) => {
             let path = Path::Index(&Path::Key(&Path::Root, "frames"), index);
             if let Some(frame) =
                 decode::frame(&item.value, &path, sink.stacks()).map_err(Fault::Shape)?
@@ -1338,6 +1344,7 @@ mod tests {
             strings: HashSet::new(),
             singletons: HashSet::new(),
             kept_frames: 0,
+            kept_stacks: 0,
             arena: ContainerArena::default(),
             sink: &mut sink,
         };
@@ -1346,6 +1353,86 @@ mod tests {
         // The top level and the first "" (CPython shares it); no entry, "N/A" or later "".
         assert_eq!(unpickler.memo.len(), 2);
         assert_eq!(sink.entries, 1000);
+    }
+
+    #[test]
+    fn frames_are_interned_and_the_memo_keeps_only_shared_frames() {
+        // device_traces = [[{"action": "alloc", "addr": i, "size": 1,
+        //   "frames": [<frame dict, written once, then memo id 5>]}, ...]]: each entry's
+        // `frames` list is new (and memoised), its frame dict shared, as PyTorch writes them.
+        let text = |text: &str| [&[0x8c, text.len() as u8][..], text.as_bytes()].concat();
+        let mut pickle = [
+            &b"\x80\x04}\x94"[..],
+            &text("device_traces"),
+            b"]\x94]\x94(",
+        ]
+        .concat();
+        for index in 0..1000u32 {
+            pickle.extend_from_slice(b"}\x94(");
+            pickle.extend(text("action"));
+            pickle.extend(text("alloc"));
+            pickle.extend(text("addr"));
+            pickle.push(b'J');
+            pickle.extend((index + 1).to_le_bytes());
+            pickle.extend(text("size"));
+            pickle.extend(b"K\x01");
+            pickle.extend(text("frames"));
+            pickle.extend(b"]\x94(");
+            if index == 0 {
+                pickle.extend(b"}\x94(");
+                pickle.extend(text("filename"));
+                pickle.extend(text("train.py"));
+                pickle.extend(text("line"));
+                pickle.extend(b"K\x2a");
+                pickle.extend(text("name"));
+                pickle.extend(text("step"));
+                pickle.push(b'u');
+            } else {
+                pickle.extend(b"h\x05");
+            }
+            pickle.extend(b"eu");
+        }
+        pickle.extend_from_slice(b"eas.");
+        let mut sink = Counting::default();
+        let mut unpickler = Unpickler {
+            input: Input::new(pickle.as_slice()),
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: AddressMap::default(),
+            memo_ids: IdSet::default(),
+            strings: HashSet::new(),
+            singletons: HashSet::new(),
+            kept_frames: 0,
+            kept_stacks: 0,
+            arena: ContainerArena::default(),
+            sink: &mut sink,
+        };
+        unpickler.run().unwrap();
+        // The top level, the frame dict and the `frames` lists (each interned to one item,
+        // up to KEPT_STACKS_MAX of them); no entry.
+        assert_eq!(unpickler.memo.len(), 2 + 1000);
+        let interned = |item: &Item| match &item.value {
+            Value::List(items) => matches!(items.borrow().as_slice(), [Value::Stack(_)]),
+            Value::Dict(entries) => matches!(entries.borrow().as_slice(), [(Value::Frame(_), _)]),
+            _ => false,
+        };
+        assert_eq!(
+            unpickler
+                .memo
+                .values()
+                .filter(|item| interned(item))
+                .count(),
+            1001
+        );
+        assert_eq!(sink.entries, 1000);
+        assert_eq!(sink.stacks.len(), 1);
+        let stack = sink.entry_stacks[0].expect("the first entry has its stack");
+        assert!(sink.entry_stacks.iter().all(|&id| id == Some(stack)));
+        let frames: Vec<_> = sink.stacks.frames(stack).collect();
+        assert_eq!(
+            (&*frames[0].filename, frames[0].line, &*frames[0].name),
+            ("train.py", 42, "step")
+        );
     }
 
     #[test]
