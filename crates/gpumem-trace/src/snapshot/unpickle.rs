@@ -219,7 +219,8 @@ enum Role {
     /// Free-form data kept whole (`allocator_settings`, `segment_pool_id`), or a container
     /// whose place could not be told when it was created (built whole, read when placed).
     Kept,
-    /// A `frames` list of a block or trace entry; interned when set in its dict.
+    /// A `frames` list of a segment, block, history entry or trace entry; interned when set
+    /// in its dict.
     Frames,
     /// A frame dict of a `frames` list; interned when appended to it.
     Frame,
@@ -257,7 +258,7 @@ impl Role {
             (Segment, Slot::Key("blocks")) => Blocks,
             (Segment, Slot::Key("segment_pool_id")) => Kept,
             (Block, Slot::Key("history")) => History,
-            (Block | Entry, Slot::Key("frames")) => Frames,
+            (Segment | Block | HistoryEntry | Entry, Slot::Key("frames")) => Frames,
             (Frames, Slot::Index(_)) => Frame,
             (Frame, Slot::Key(_)) => Skipped,
             (Root | Segment | Block | HistoryEntry | Entry, Slot::Key(_)) => Skipped,
