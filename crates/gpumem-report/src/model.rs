@@ -635,6 +635,68 @@ mod tests {
     }
 
     #[test]
+    fn largest_live_groups_by_innermost_user_frame_when_there_are_stacks() {
+        let alloc = |addr, size| Event::Alloc {
+            addr,
+            size,
+            stream: 0,
+        };
+        let mut trace = Trace::new(
+            TraceMeta::default(),
+            vec![alloc(1, 10), alloc(2, 30), alloc(3, 5), alloc(4, 7)],
+        );
+        let stacks = &mut trace.stacks;
+        let internal = stacks.frame(
+            "/usr/lib/python3/site-packages/torch/nn/functional.py",
+            9,
+            "linear",
+        );
+        let builtin = stacks.frame("none", 0, "<built-in function empty>");
+        let profiled = stacks.frame("none", 0, "model.py(12): forward");
+        let train = stacks.frame("train.py", 40, "main");
+        let deep = stacks.stack(&[builtin, internal, profiled, train]);
+        let shallow = stacks.stack(&[train]);
+        let only_internal = stacks.stack(&[internal]);
+        trace.alloc_stacks = vec![deep, shallow, deep, only_internal];
+
+        let view = StackView::of(&trace, deep.unwrap());
+        let place = |filename: &str, line, name: &str| FrameView {
+            filename: filename.into(),
+            line,
+            name: name.into(),
+        };
+        assert_eq!(
+            view.frames,
+            [
+                place("model.py", 12, "forward"),
+                place("train.py", 40, "main")
+            ],
+            "the profiler's `file(line): function` is split; internal frames are left out"
+        );
+        assert_eq!(view.hidden, 2);
+
+        let (_, largest) = live_bytes(&trace, 10);
+        let groups: Vec<(Option<FrameView>, u64, u64, u64)> = largest
+            .by_frame
+            .into_iter()
+            .map(|g| (g.frame, g.count, g.bytes, g.largest))
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                (Some(place("train.py", 40, "main")), 1, 30, 30),
+                (Some(place("model.py", 12, "forward")), 2, 15, 10),
+                (None, 1, 7, 7),
+            ]
+        );
+        trace.alloc_stacks.clear();
+        assert!(
+            live_bytes(&trace, 10).1.by_frame.is_empty(),
+            "no stacks: by size only"
+        );
+    }
+
+    #[test]
     fn largest_live_groups_the_peak_by_size() {
         let alloc = |addr, size| Event::Alloc {
             addr,
