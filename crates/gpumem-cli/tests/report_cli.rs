@@ -521,3 +521,144 @@ fn a_plan_report_draws_the_planned_phases() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A snapshot PyTorch 2.15 wrote itself (`_profile_to_snapshot` of a CPU profile), whose
+/// entries carry `frames` (profiler frames: `file(line): function` names).
+const TORCH_SNAPSHOT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../gpumem-trace/tests/data/torch2.15.0_profile_to_snapshot.pickle"
+);
+
+/// Python (standard library only) reading the snapshot on its own: the number of block
+/// events (`alloc`, `free_completed`, `free`) of device 0, and the frames of each of them, as
+/// `[name, file, line]` with the profiler's `file(line): function` names split.
+const FRAMES_BY_PYTHON: &str = r#"
+import json, pickle, re, sys
+snapshot = pickle.load(open(sys.argv[1], "rb"))
+events = []
+for entry in snapshot["device_traces"][0]:
+    if entry["action"] in ("alloc", "free_completed", "free"):
+        frames = []
+        for frame in entry.get("frames") or []:
+            m = re.fullmatch(r"(.*)\((\d+)\): (.*)", frame["name"])
+            if frame["filename"] == "none" and m:
+                frames.append([m[3], m[1], int(m[2])])
+            else:
+                frames.append([frame["name"], frame["filename"], frame["line"]])
+        events.append(frames)
+print(json.dumps(events))
+"#;
+
+/// `<code>NAME</code> <span class="place">FILE:LINE</span>` items of `html`, unescaped.
+fn frames_shown(html: &str) -> Vec<(String, String, u64)> {
+    let unescape = |text: &str| {
+        text.replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&#39;", "'")
+            .replace("&quot;", "\"")
+            .replace("&amp;", "&")
+    };
+    html.split("<code>")
+        .skip(1)
+        .map(|item| {
+            let name = &item[..item.find("</code>").unwrap()];
+            let place_at = item.find("class=\"place\">").unwrap() + "class=\"place\">".len();
+            let place = &item[place_at..place_at + item[place_at..].find('<').unwrap()];
+            let (file, line) = place.rsplit_once(':').unwrap();
+            (unescape(name), unescape(file), line.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn the_oom_box_lists_the_failing_allocations_frames_from_a_pytorch_snapshot() {
+    let Some(browser) = chromium() else {
+        return;
+    };
+    let python = Command::new("python3")
+        .args(["-c", FRAMES_BY_PYTHON, TORCH_SNAPSHOT])
+        .output()
+        .expect("python3 runs (the test scripts need it)");
+    assert!(
+        python.status.success(),
+        "{}",
+        String::from_utf8_lossy(&python.stderr)
+    );
+    let by_python: Vec<Vec<(String, String, u64)>> =
+        serde_json::from_slice(&python.stdout).unwrap();
+
+    let dir = scratch("frames");
+    let page = dir.join("torch.html");
+    // Above the peak live bytes (669 728), below what `none` rounds them to: it runs out of
+    // memory late in the trace.
+    let capacity = "670000";
+    let args = [
+        "report",
+        TORCH_SNAPSHOT,
+        "-o",
+        page.to_str().unwrap(),
+        "--capacity",
+        capacity,
+    ];
+    let out = gpumem(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dom = browse(&browser, &page, "--dump-dom", &dir);
+    render_status(&dom);
+
+    let replay = json_of(&gpumem(&[
+        "replay",
+        TORCH_SNAPSHOT,
+        "--capacity",
+        capacity,
+        "--json",
+    ]));
+    let none = &replay["policies"].as_array().unwrap()[0];
+    assert_eq!(none["policy"], "none");
+    let failing = none["oom"]["event_index"].as_u64().unwrap() as usize;
+    // The reader puts the allocations made before recording first; the rest are the
+    // snapshot's block events in order.
+    let before_recording = replay["trace"]["events"].as_u64().unwrap() as usize - by_python.len();
+    let recorded = &by_python[failing - before_recording];
+    let user: Vec<(String, String, u64)> = recorded
+        .iter()
+        .filter(|frame| is_user(frame))
+        .cloned()
+        .collect();
+    assert!(
+        !user.is_empty() && user.len() < recorded.len(),
+        "{recorded:?}"
+    );
+
+    let oom_at = dom
+        .find("<div class=\"oom\" data-policy=\"none\">")
+        .unwrap();
+    let oom = &dom[oom_at..oom_at + dom[oom_at..].find("</div>").unwrap()];
+    let list = &oom[oom.find("<ol class=\"frames\">").unwrap()..oom.find("</ol>").unwrap()];
+    assert_eq!(frames_shown(list), user, "innermost user frame first");
+    let hidden = attribute(oom, "data-field=\"hidden_frames\"", "data-value");
+    assert_eq!(hidden, (recorded.len() - user.len()).to_string());
+
+    // The largest live allocations are grouped by their innermost user frame.
+    let table_at = dom.find("<table class=\"largest by-frame\">").unwrap();
+    let table = &dom[table_at..table_at + dom[table_at..].find("</table>").unwrap()];
+    let grouped = frames_shown(table);
+    assert!(!grouped.is_empty());
+    for frame in &grouped {
+        assert!(
+            by_python
+                .iter()
+                .any(|frames| frames.iter().find(|f| is_user(f)) == Some(frame)),
+            "{frame:?} is some allocation's innermost user frame"
+        );
+    }
+}
+
+/// Whether a frame Python read is the user's: not in the `torch` package, not a built-in or
+/// a profiler marker (no file).
+fn is_user((name, file, _): &(String, String, u64)) -> bool {
+    !file.starts_with("torch/") && file != "none" && !name.starts_with("nn.Module: ")
+}

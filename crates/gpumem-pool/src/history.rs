@@ -85,6 +85,7 @@ impl Ring {
             stream: event.stream.0,
             time_us,
             device_free: event.device_free,
+            stack: None,
         });
     }
 }

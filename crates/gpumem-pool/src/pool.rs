@@ -477,6 +477,7 @@ impl Pool {
             segments,
             device_traces: vec![inner.driver.events().history().entries().cloned().collect()],
             allocator_settings,
+            stacks: Default::default(),
         }
     }
 

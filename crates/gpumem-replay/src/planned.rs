@@ -42,6 +42,7 @@ pub fn planned_trace(name: &str, events: &[PlannedEvent]) -> Trace {
                 PlannedEvent::Step { index } => Event::Step { index },
             })
             .collect(),
+        ..Trace::default()
     }
 }
 

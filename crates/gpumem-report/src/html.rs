@@ -8,7 +8,7 @@ use gpumem_replay::tune::{margin_bytes, signed_bytes, TuneReport, Tuned};
 use gpumem_replay::PolicyReport;
 use serde::Serialize;
 
-use crate::model::{RankReport, Report};
+use crate::model::{FrameView, LargestLive, RankReport, Report, StackView};
 
 const SCRIPT: &str = include_str!("page.js");
 const STYLE: &str = include_str!("page.css");
@@ -280,7 +280,7 @@ fn oom_section(out: &mut String, rank: &RankReport, capacity: Option<u64>) {
                     out,
                     "<div class=\"oom\" data-policy=\"{}\"><b>{}</b> runs out of memory at event \
                      <b data-field=\"oom_event_index\" data-value=\"{}\">{}</b>{}: the allocation of \
-                     <b>{}</b> fails with {} allocated and {} reserved.\n<pre>{}</pre></div>",
+                     <b>{}</b> fails with {} allocated and {} reserved.\n<pre>{}</pre>{}</div>",
                     esc(&f.policy),
                     esc(&f.policy),
                     o.event_index,
@@ -289,15 +289,47 @@ fn oom_section(out: &mut String, rank: &RankReport, capacity: Option<u64>) {
                     Bytes(o.requested_bytes),
                     Bytes(o.allocated_bytes),
                     Bytes(o.reserved_bytes),
-                    esc(&o.message)
+                    esc(&o.message),
+                    p.oom_stack.as_ref().map_or(String::new(), stack_html)
                 );
             }
         }
     }
 }
 
+/// The user frames of the failing allocation, innermost first, and how many were hidden.
+fn stack_html(stack: &StackView) -> String {
+    let mut html = String::from(
+        "<p class=\"note\">Allocated from (innermost first):</p><ol class=\"frames\">",
+    );
+    for frame in &stack.frames {
+        let _ = write!(html, "<li data-field=\"frame\">{}</li>", frame_html(frame));
+    }
+    let _ = write!(
+        html,
+        "</ol><p class=\"note\" data-field=\"hidden_frames\" data-value=\"{}\">{} PyTorch-internal frame{} hidden.</p>",
+        stack.hidden,
+        stack.hidden,
+        if stack.hidden == 1 { "" } else { "s" }
+    );
+    html
+}
+
+/// A frame as `function  file:line`.
+fn frame_html(frame: &FrameView) -> String {
+    format!(
+        "<code>{}</code> <span class=\"place\">{}:{}</span>",
+        esc(&frame.name),
+        esc(&frame.filename),
+        frame.line
+    )
+}
+
 fn largest_section(out: &mut String, rank: &RankReport) {
     let largest = &rank.largest_live;
+    if !largest.by_frame.is_empty() {
+        return frame_groups_section(out, largest);
+    }
     let _ = write!(
         out,
         "<h3>Largest live allocations at the peak</h3>\n<p class=\"note\">At event {} the trace holds \
@@ -315,6 +347,37 @@ fn largest_section(out: &mut String, rank: &RankReport) {
             bytes_cell("size", g.size),
             number_cell("count", g.count, &g.count.to_string()),
             bytes_cell("bytes", g.bytes),
+            100.0 * share,
+            (share * 320.0).max(1.0)
+        );
+    }
+    out.push_str("</table>\n");
+}
+
+/// The largest live allocations at the peak grouped by their innermost user frame.
+fn frame_groups_section(out: &mut String, largest: &LargestLive) {
+    let _ = write!(
+        out,
+        "<h3>Largest live allocations at the peak</h3>\n<p class=\"note\">At event {} the trace holds \
+         {} in {} allocations; the places in the code (innermost user frame) that hold the most:</p>\n\
+         <table class=\"largest by-frame\"><tr><th class=\"left\">allocated at</th><th>count</th><th>bytes</th><th>largest</th><th>share</th><th class=\"left\"></th></tr>\n",
+        largest.event_index,
+        Bytes(largest.live_bytes),
+        largest.live_count
+    );
+    for g in &largest.by_frame {
+        let share = g.bytes as f64 / largest.live_bytes.max(1) as f64;
+        let place = g
+            .frame
+            .as_ref()
+            .map_or("(no user frame recorded)".to_owned(), frame_html);
+        let _ = writeln!(
+            out,
+            "<tr><td class=\"left\" data-field=\"frame\">{}</td>{}{}{}<td>{:.1} %</td><td class=\"left\"><span class=\"bar\" style=\"width:{:.0}px\"></span></td></tr>",
+            place,
+            number_cell("count", g.count, &g.count.to_string()),
+            bytes_cell("bytes", g.bytes),
+            bytes_cell("largest", g.largest),
             100.0 * share,
             (share * 320.0).max(1.0)
         );

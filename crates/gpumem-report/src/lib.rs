@@ -20,8 +20,9 @@ mod series;
 
 pub use html::render;
 pub use model::{
-    build, AllocGroup, LargestLive, MapView, PolicyView, RangeState, RankReport, Report,
-    ReportError, ReportOptions, SegmentDraw, StepMark, TraceFacts, DEFAULT_BUCKETS,
+    build, AllocGroup, FrameGroup, FrameView, LargestLive, MapView, PolicyView, RangeState,
+    RankReport, Report, ReportError, ReportOptions, SegmentDraw, StackView, StepMark, TraceFacts,
+    DEFAULT_BUCKETS,
 };
 pub use output::write_atomically;
 pub use plan::render_plan;

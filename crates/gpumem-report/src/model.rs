@@ -9,7 +9,7 @@ use gpumem_pool::{PolicyKind, SegmentView};
 use gpumem_replay::timeline::{segments_after, timeline};
 use gpumem_replay::tune::{tune, TuneError, TuneOptions, TuneReport};
 use gpumem_replay::{highest_rank, replay, PolicyReport, ReplayError, ReplayOptions};
-use gpumem_trace::{Event, Trace};
+use gpumem_trace::{Event, Frame, StackId, Trace};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -164,6 +164,75 @@ pub struct PolicyView {
     pub fragmentation: Series<f32>,
     /// The segments at the event where reserved memory peaks.
     pub peak_map: MapView,
+    /// The stack of the allocation that runs out of memory, when the trace recorded one.
+    pub oom_stack: Option<StackView>,
+}
+
+/// One stack frame as the report shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct FrameView {
+    /// Source file (for PyTorch profiler frames, taken from the name `file(line): function`).
+    pub filename: String,
+    /// Line in the file.
+    pub line: u64,
+    /// Function name.
+    pub name: String,
+}
+
+impl FrameView {
+    /// A frame as recorded, with a profiler frame's `file(line): function` name (filename
+    /// `none`) split into its parts.
+    pub fn of(frame: &Frame) -> Self {
+        let profiler = match &*frame.filename {
+            "" | "none" | "??" => frame.name.split_once("): ").and_then(|(place, name)| {
+                let (file, line) = place.rsplit_once('(')?;
+                Some((file, line.parse().ok()?, name))
+            }),
+            _ => None,
+        };
+        let (filename, line, name) = profiler.unwrap_or((&frame.filename, frame.line, &frame.name));
+        Self {
+            filename: filename.to_owned(),
+            line,
+            name: name.to_owned(),
+        }
+    }
+
+    /// Whether the frame is PyTorch's own or has no source: inside the `torch` package, in
+    /// C/C++/CUDA sources, a built-in or a profiler marker (`nn.Module: ...`) — frames that
+    /// do not say which line of the user's code allocated.
+    pub fn is_internal(&self) -> bool {
+        let path = self.filename.replace('\\', "/");
+        let no_source = matches!(path.as_str(), "" | "none" | "??") || path.starts_with('<');
+        let native = [".cpp", ".cc", ".h", ".cu", ".cuh"]
+            .iter()
+            .any(|ext| path.ends_with(ext));
+        no_source || native || path.starts_with("torch/") || path.contains("/torch/")
+    }
+}
+
+/// A stack as the report shows it: the user's frames, innermost first, and how many
+/// PyTorch-internal frames ([`FrameView::is_internal`]) were left out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StackView {
+    /// The user's frames, innermost first.
+    pub frames: Vec<FrameView>,
+    /// Internal frames not listed.
+    pub hidden: usize,
+}
+
+impl StackView {
+    /// The stack `id` of `trace`, its internal frames left out.
+    pub fn of(trace: &Trace, id: StackId) -> Self {
+        let (mut frames, mut hidden) = (Vec::new(), 0);
+        for frame in trace.stacks.frames(id).map(FrameView::of) {
+            match frame.is_internal() {
+                true => hidden += 1,
+                false => frames.push(frame),
+            }
+        }
+        Self { frames, hidden }
+    }
 }
 
 /// A segment map, ready to draw.
@@ -241,7 +310,22 @@ pub struct AllocGroup {
     pub bytes: u64,
 }
 
-/// The allocations live when the trace holds the most bytes, grouped by size.
+/// Allocations live at the peak that were made from one place in the user's code.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FrameGroup {
+    /// Their innermost user frame; `None` for allocations whose stack has no user frame
+    /// or that have no stack.
+    pub frame: Option<FrameView>,
+    /// How many are live.
+    pub count: u64,
+    /// Their bytes together.
+    pub bytes: u64,
+    /// The largest of them.
+    pub largest: u64,
+}
+
+/// The allocations live when the trace holds the most bytes, grouped by size and, when the
+/// trace recorded stacks, by their innermost user frame.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LargestLive {
     /// The event after which the trace's live bytes peak.
@@ -252,6 +336,8 @@ pub struct LargestLive {
     pub live_count: u64,
     /// The size groups holding the most bytes, largest first.
     pub groups: Vec<AllocGroup>,
+    /// The frame groups holding the most bytes, largest first (empty without stacks).
+    pub by_frame: Vec<FrameGroup>,
 }
 
 /// Replays every trace (one per rank) through every policy of `options` and gathers what the
@@ -351,6 +437,11 @@ fn policy_view(
     let line = timeline(trace, policy, &options.replay, &mut |_| {})?;
     let peak = line.peak_index();
     let map = segments_after(trace, policy, &options.replay, peak)?;
+    let oom_stack = report
+        .oom
+        .as_ref()
+        .and_then(|oom| trace.alloc_stack(alloc_ordinal(trace, oom.event_index)))
+        .map(|id| StackView::of(trace, id));
     let buckets = options.buckets;
     let fragmentation = line
         .allocated
@@ -369,7 +460,17 @@ fn policy_view(
             event_index: map.event_index,
             segments: map.segments.iter().map(SegmentDraw::of).collect(),
         },
+        oom_stack,
     })
+}
+
+/// How many allocs come before event `index`: the alloc there's ordinal, by which
+/// [`Trace::alloc_stack`] knows it.
+fn alloc_ordinal(trace: &Trace, index: usize) -> usize {
+    trace.events[..index.min(trace.events.len())]
+        .iter()
+        .filter(|event| matches!(event, Event::Alloc { .. }))
+        .count()
 }
 
 /// Where the trace's steps begin, thinned evenly to at most [`MAX_STEP_MARKS`].
@@ -393,25 +494,24 @@ fn step_marks(trace: &Trace) -> Vec<StepMark> {
 /// The trace's live bytes over time, and its largest live allocations at the first event
 /// where live bytes peak.
 fn live_bytes(trace: &Trace, buckets: usize) -> (Series<u64>, LargestLive) {
-    let mut live: HashMap<u64, u64> = HashMap::new();
-    let mut bytes = 0u64;
+    let mut live = LiveSet::default();
     let (mut peak, mut peak_index) = (0u64, 0usize);
     let mut values = Vec::with_capacity(trace.events.len());
     for (index, event) in trace.events.iter().enumerate() {
-        apply(&mut live, &mut bytes, event);
+        live.apply(event);
+        let bytes = live.bytes;
         if bytes > peak {
             (peak, peak_index) = (bytes, index);
         }
         values.push(bytes);
     }
     // A second pass up to the peak: the live set there, without copying it at every new peak.
-    live.clear();
-    bytes = 0;
+    live = LiveSet::default();
     for event in trace.events.iter().take(peak_index + 1) {
-        apply(&mut live, &mut bytes, event);
+        live.apply(event);
     }
     let mut by_size: HashMap<u64, u64> = HashMap::new();
-    for &size in live.values() {
+    for &(size, _) in live.blocks.values() {
         *by_size.entry(size).or_default() += 1;
     }
     let mut groups: Vec<AllocGroup> = by_size
@@ -426,28 +526,71 @@ fn live_bytes(trace: &Trace, buckets: usize) -> (Series<u64>, LargestLive) {
     groups.truncate(LARGEST_GROUPS);
     let largest = LargestLive {
         event_index: peak_index,
-        live_bytes: bytes,
-        live_count: live.len() as u64,
+        live_bytes: live.bytes,
+        live_count: live.blocks.len() as u64,
         groups,
+        by_frame: frame_groups(trace, &live),
     };
     (Series::downsample(&values, buckets), largest)
 }
 
-/// Applies one event to a live set (the trace is valid: readers check it).
-fn apply(live: &mut HashMap<u64, u64>, bytes: &mut u64, event: &Event) {
-    match *event {
-        Event::Alloc { addr, size, .. } => {
-            *bytes += size;
-            if let Some(old) = live.insert(addr, size) {
-                *bytes -= old;
+/// The live allocations of `live` grouped by their innermost user frame, the groups holding
+/// the most bytes first; none when the trace recorded no stacks.
+fn frame_groups(trace: &Trace, live: &LiveSet) -> Vec<FrameGroup> {
+    if trace.alloc_stacks.is_empty() {
+        return Vec::new();
+    }
+    let mut top_frames: HashMap<StackId, Option<FrameView>> = HashMap::new();
+    let mut groups: HashMap<Option<FrameView>, FrameGroup> = HashMap::new();
+    for &(size, ordinal) in live.blocks.values() {
+        let frame = trace.alloc_stack(ordinal).and_then(|id| {
+            top_frames
+                .entry(id)
+                .or_insert_with(|| StackView::of(trace, id).frames.into_iter().next())
+                .clone()
+        });
+        let group = groups.entry(frame.clone()).or_insert(FrameGroup {
+            frame,
+            count: 0,
+            bytes: 0,
+            largest: 0,
+        });
+        group.count += 1;
+        group.bytes += size;
+        group.largest = group.largest.max(size);
+    }
+    let mut groups: Vec<FrameGroup> = groups.into_values().collect();
+    groups.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)));
+    groups.truncate(LARGEST_GROUPS);
+    groups
+}
+
+/// The live allocations while walking a trace: address → (size, alloc ordinal), and their
+/// byte total (the trace is valid: readers check it).
+#[derive(Default)]
+struct LiveSet {
+    blocks: HashMap<u64, (u64, usize)>,
+    bytes: u64,
+    allocs: usize,
+}
+
+impl LiveSet {
+    fn apply(&mut self, event: &Event) {
+        match *event {
+            Event::Alloc { addr, size, .. } => {
+                self.bytes += size;
+                if let Some((old, _)) = self.blocks.insert(addr, (size, self.allocs)) {
+                    self.bytes -= old;
+                }
+                self.allocs += 1;
             }
-        }
-        Event::Free { addr, .. } => {
-            if let Some(size) = live.remove(&addr) {
-                *bytes -= size;
+            Event::Free { addr, .. } => {
+                if let Some((size, _)) = self.blocks.remove(&addr) {
+                    self.bytes -= size;
+                }
             }
+            Event::Step { .. } => {}
         }
-        Event::Step { .. } => {}
     }
 }
 
@@ -489,6 +632,68 @@ mod tests {
             ]
         );
         assert_eq!(draw.size, 100);
+    }
+
+    #[test]
+    fn largest_live_groups_by_innermost_user_frame_when_there_are_stacks() {
+        let alloc = |addr, size| Event::Alloc {
+            addr,
+            size,
+            stream: 0,
+        };
+        let mut trace = Trace::new(
+            TraceMeta::default(),
+            vec![alloc(1, 10), alloc(2, 30), alloc(3, 5), alloc(4, 7)],
+        );
+        let stacks = &mut trace.stacks;
+        let internal = stacks.frame(
+            "/usr/lib/python3/site-packages/torch/nn/functional.py",
+            9,
+            "linear",
+        );
+        let builtin = stacks.frame("none", 0, "<built-in function empty>");
+        let profiled = stacks.frame("none", 0, "model.py(12): forward");
+        let train = stacks.frame("train.py", 40, "main");
+        let deep = stacks.stack(&[builtin, internal, profiled, train]);
+        let shallow = stacks.stack(&[train]);
+        let only_internal = stacks.stack(&[internal]);
+        trace.alloc_stacks = vec![deep, shallow, deep, only_internal];
+
+        let view = StackView::of(&trace, deep.unwrap());
+        let place = |filename: &str, line, name: &str| FrameView {
+            filename: filename.into(),
+            line,
+            name: name.into(),
+        };
+        assert_eq!(
+            view.frames,
+            [
+                place("model.py", 12, "forward"),
+                place("train.py", 40, "main")
+            ],
+            "the profiler's `file(line): function` is split; internal frames are left out"
+        );
+        assert_eq!(view.hidden, 2);
+
+        let (_, largest) = live_bytes(&trace, 10);
+        let groups: Vec<(Option<FrameView>, u64, u64, u64)> = largest
+            .by_frame
+            .into_iter()
+            .map(|g| (g.frame, g.count, g.bytes, g.largest))
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                (Some(place("train.py", 40, "main")), 1, 30, 30),
+                (Some(place("model.py", 12, "forward")), 2, 15, 10),
+                (None, 1, 7, 7),
+            ]
+        );
+        trace.alloc_stacks.clear();
+        assert!(
+            live_bytes(&trace, 10).1.by_frame.is_empty(),
+            "no stacks: by size only"
+        );
     }
 
     #[test]

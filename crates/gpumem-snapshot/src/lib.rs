@@ -7,16 +7,19 @@
 //! `write` feature adds the pickle and JSON writers whose output opens in PyTorch's memory_viz
 //! (<https://pytorch.org/memory_viz>): pickle protocol 3 restricted to the opcodes memory_viz's
 //! own unpickler accepts (dicts, lists, a tuple, strings, ints that fit in 8 bytes, floats,
-//! bools, None; no bytes, sets or globals), or JSON of the same structure. Stack frames are not
-//! modelled and are written as empty lists, which the viewer shows as "allocated before
-//! recording". Reading snapshots (any pickle protocol, every PyTorch version's variations) is
+//! bools, None; no bytes, sets or globals), or JSON of the same structure. Stack frames are kept
+//! interned ([`Stacks`]): an event names its stack by a [`StackId`]; segments and blocks are
+//! written with empty `frames` lists. Reading snapshots (any pickle protocol, every PyTorch version's variations) is
 //! in `gpumem-trace`, which turns them into traces.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod stacks;
 #[cfg(feature = "write")]
 mod write;
+
+pub use stacks::{Frame, FrameId, StackId, Stacks};
 
 #[cfg(feature = "write")]
 pub use write::write_file_atomically;
@@ -32,6 +35,8 @@ pub struct Snapshot {
     pub device_traces: Vec<Vec<TraceEntry>>,
     /// The allocator's configuration (`PYTORCH_CUDA_ALLOC_CONF` and parsed options).
     pub allocator_settings: BTreeMap<String, SettingValue>,
+    /// The stacks the entries' [`TraceEntry::stack`] ids name.
+    pub stacks: Stacks,
 }
 
 /// One device allocation (a `cudaMalloc`, or a mapped range of an expandable segment).
@@ -111,6 +116,8 @@ pub struct TraceEntry {
     pub time_us: u64,
     /// For `oom`: the device's free memory at the time.
     pub device_free: Option<u64>,
+    /// The stack recorded with the event (`frames`), in the snapshot's [`Snapshot::stacks`].
+    pub stack: Option<StackId>,
 }
 
 /// The action of a [`TraceEntry`].

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 
-use crate::{Action, Snapshot, SnapshotBlock, SnapshotSegment, TraceEntry};
+use crate::{Action, Frame, Snapshot, SnapshotBlock, SnapshotSegment, StackId, Stacks, TraceEntry};
 
 impl Snapshot {
     /// Writes the snapshot as a protocol-3 pickle that memory_viz opens.
@@ -90,7 +90,7 @@ impl Serialize for PyInt {
     }
 }
 
-/// The `frames` list memory_viz expects on segments, blocks and events; gpumem records none.
+/// The `frames` list memory_viz expects on segments and blocks; gpumem records none there.
 struct NoFrames;
 
 impl Serialize for NoFrames {
@@ -103,7 +103,15 @@ impl Serialize for Snapshot {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_struct("Snapshot", 3)?;
         map.serialize_field("segments", &self.segments)?;
-        map.serialize_field("device_traces", &self.device_traces)?;
+        let device_traces: Vec<DeviceTrace<'_>> = self
+            .device_traces
+            .iter()
+            .map(|entries| DeviceTrace {
+                entries,
+                stacks: &self.stacks,
+            })
+            .collect();
+        map.serialize_field("device_traces", &device_traces)?;
         map.serialize_field("allocator_settings", &self.allocator_settings)?;
         map.end()
     }
@@ -145,21 +153,74 @@ impl Serialize for SnapshotBlock {
     }
 }
 
-impl Serialize for TraceEntry {
+/// One device's entries with the table their stacks are in.
+struct DeviceTrace<'a> {
+    entries: &'a [TraceEntry],
+    stacks: &'a Stacks,
+}
+
+impl Serialize for DeviceTrace<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.entries.len()))?;
+        for entry in self.entries {
+            seq.serialize_element(&EntryWithFrames {
+                entry,
+                stacks: self.stacks,
+            })?;
+        }
+        seq.end()
+    }
+}
+
+/// A trace entry with its `frames` resolved.
+struct EntryWithFrames<'a> {
+    entry: &'a TraceEntry,
+    stacks: &'a Stacks,
+}
+
+impl Serialize for EntryWithFrames<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let entry = self.entry;
         // Like PyTorch: an `oom` entry carries `device_free` in place of `addr`.
         let mut map = serializer.serialize_map(Some(6))?;
-        map.serialize_entry("action", &self.action)?;
-        match (self.action, self.device_free) {
+        map.serialize_entry("action", &entry.action)?;
+        match (entry.action, entry.device_free) {
             (Action::Oom, device_free) => {
                 map.serialize_entry("device_free", &PyInt(device_free.unwrap_or(0)))?
             }
-            (_, _) => map.serialize_entry("addr", &PyInt(self.addr))?,
+            (_, _) => map.serialize_entry("addr", &PyInt(entry.addr))?,
         }
-        map.serialize_entry("size", &PyInt(self.size))?;
-        map.serialize_entry("stream", &PyInt(self.stream))?;
-        map.serialize_entry("time_us", &PyInt(self.time_us))?;
-        map.serialize_entry("frames", &NoFrames)?;
+        map.serialize_entry("size", &PyInt(entry.size))?;
+        map.serialize_entry("stream", &PyInt(entry.stream))?;
+        map.serialize_entry("time_us", &PyInt(entry.time_us))?;
+        match entry.stack {
+            Some(stack) => map.serialize_entry("frames", &StackFrames(self.stacks, stack))?,
+            None => map.serialize_entry("frames", &NoFrames)?,
+        }
+        map.end()
+    }
+}
+
+/// A stack as memory_viz's `frames`: a list of `{filename, line, name}`.
+struct StackFrames<'a>(&'a Stacks, StackId);
+
+impl Serialize for StackFrames<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let frames = self.0.frames(self.1);
+        let mut seq = serializer.serialize_seq(Some(frames.len()))?;
+        for frame in frames {
+            seq.serialize_element(frame)?;
+        }
+        seq.end()
+    }
+}
+
+impl Serialize for Frame {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_struct("Frame", 3)?;
+        map.serialize_field("filename", &*self.filename)?;
+        map.serialize_field("line", &PyInt(self.line))?;
+        map.serialize_field("name", &*self.name)?;
         map.end()
     }
 }

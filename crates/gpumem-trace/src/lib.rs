@@ -34,5 +34,5 @@ mod trace;
 
 pub use error::ReadError;
 pub use formats::{read, read_path, write, write_path, Format, ReadOptions};
-pub use snapshot::Snapshot;
+pub use snapshot::{Frame, Snapshot, StackId, Stacks};
 pub use trace::{Event, Trace, TraceMeta, TraceSummary, ValidationError, Violation};

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use gpumem_device::AddressMap;
+use gpumem_snapshot::{StackId, Stacks};
 
 use thiserror::Error;
 
@@ -52,6 +53,12 @@ pub struct Trace {
     pub meta: TraceMeta,
     /// The events, in the order they happened.
     pub events: Vec<Event>,
+    /// The stack frames the allocations were made from, when the source recorded them.
+    pub stacks: Stacks,
+    /// The stack of each [`Event::Alloc`], by the alloc's ordinal among the allocs (the
+    /// `k`-th alloc's stack is `alloc_stacks[k]`): a side table of 4 bytes per alloc, empty
+    /// when the trace has no frames; see [`Trace::alloc_stack`].
+    pub alloc_stacks: Vec<Option<StackId>>,
 }
 
 /// Aggregate numbers of a trace, for reports and sanity checks.
@@ -115,7 +122,18 @@ pub struct ValidationError {
 impl Trace {
     /// A trace from its parts.
     pub fn new(meta: TraceMeta, events: Vec<Event>) -> Self {
-        Self { meta, events }
+        Self {
+            meta,
+            events,
+            stacks: Stacks::default(),
+            alloc_stacks: Vec::new(),
+        }
+    }
+
+    /// The stack of the `ordinal`-th [`Event::Alloc`] (counting allocs only, from 0), if the
+    /// trace recorded one.
+    pub fn alloc_stack(&self, ordinal: usize) -> Option<StackId> {
+        self.alloc_stacks.get(ordinal).copied().flatten()
     }
 
     /// Counts, peak live bytes and what is left live at the end.

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use gpumem_trace::snapshot::{
     Action, BlockState, SegmentType, SettingValue, Snapshot, SnapshotBlock, SnapshotSegment,
-    TraceEntry,
+    Stacks, TraceEntry,
 };
 use gpumem_trace::{read_path, Event, Format, ReadError, ReadOptions, Trace};
 
@@ -218,7 +218,14 @@ fn written_snapshot() -> Snapshot {
         stream: S7,
         time_us: 1_732_233_600_000_000,
         device_free: None,
+        stack: None,
     };
+    let mut stacks = Stacks::default();
+    let frames = [
+        stacks.frame("/site-packages/torch/nn/modules/linear.py", 125, "forward"),
+        stacks.frame("train.py", 42, "step"),
+    ];
+    let stack = stacks.stack(&frames);
     Snapshot {
         segments: vec![SnapshotSegment {
             device: 0,
@@ -248,7 +255,10 @@ fn written_snapshot() -> Snapshot {
         }],
         device_traces: vec![vec![
             entry(Action::SegmentAlloc, E, 20 << 20),
-            entry(Action::Alloc, E, (12 << 20) - 100),
+            TraceEntry {
+                stack,
+                ..entry(Action::Alloc, E, (12 << 20) - 100)
+            },
             entry(Action::Alloc, E + (12 << 20), 5),
             entry(Action::FreeRequested, E + (12 << 20), 5),
             entry(Action::FreeCompleted, E + (12 << 20), 5),
@@ -274,6 +284,7 @@ fn written_snapshot() -> Snapshot {
         ]
         .into_iter()
         .collect(),
+        stacks,
     }
 }
 
@@ -689,5 +700,55 @@ fn containers_made_after_their_items_are_read_whole() {
             size: 512,
             stream: 0
         }]
+    );
+}
+
+#[test]
+fn alloc_frames_read_as_python_reads_them() {
+    // (file, alloc entries with frames, their frames together), by Python's pickle:
+    // [e for t in s["device_traces"] for e in t if e["action"] == "alloc" and e["frames"]]
+    for (name, with_frames, frames) in [
+        ("snapshot_p0.pickle", 4, 8),
+        ("snapshot_p4.pickle", 4, 8),
+        ("torch2.0_python.pickle", 4, 8),
+        ("torch2.15.0_profile_to_snapshot.pickle", 196, 1678),
+        ("torch2.15.0_profile_to_snapshot_p2.pickle", 196, 1678),
+    ] {
+        let snapshot = gpumem_trace::snapshot::read(std::fs::File::open(data(name)).unwrap())
+            .unwrap_or_else(|error| panic!("{name}: {error}"));
+        let stacks: Vec<_> = snapshot
+            .device_traces
+            .iter()
+            .flatten()
+            .filter(|entry| entry.action == Action::Alloc)
+            .filter_map(|entry| entry.stack)
+            .collect();
+        let total: usize = stacks
+            .iter()
+            .map(|&id| snapshot.stacks.frames(id).len())
+            .sum();
+        assert_eq!((stacks.len(), total), (with_frames, frames), "{name}");
+        // The streaming reader keeps the same stacks for the trace.
+        let trace = read_path(data(name), ReadOptions::default()).unwrap();
+        let kept = trace.alloc_stacks.iter().flatten().count();
+        assert_eq!(kept, with_frames, "{name}");
+    }
+    let frames = |name| {
+        let snapshot = gpumem_trace::snapshot::read(std::fs::File::open(data(name)).unwrap());
+        let snapshot = snapshot.unwrap();
+        let first = snapshot.device_traces[0]
+            .iter()
+            .find_map(|e| e.stack)
+            .unwrap();
+        let frame = snapshot.stacks.frames(first).next().unwrap().clone();
+        (
+            frame.filename.to_string(),
+            frame.line,
+            frame.name.to_string(),
+        )
+    };
+    assert_eq!(
+        frames("torch2.15.0_profile_to_snapshot.pickle"),
+        ("none".into(), 0, "<built-in function linear>".into())
     );
 }

@@ -1,7 +1,8 @@
 //! From a decoded document (JSON, or what the streaming unpickler kept) to the pieces of a
 //! [`Snapshot`](super::Snapshot) handed to a [`SnapshotSink`]: a typed walk over the fields
-//! gpumem uses. Unknown keys (and `frames`) are never visited, so their size and shape do
-//! not matter; errors name the path of the offending value (`segments[3].blocks[0].size`).
+//! gpumem uses. Unknown keys are never visited, so their size and shape do not matter; an
+//! entry's `frames` are interned in the sink's [`Stacks`]. Errors name the path of the
+//! offending value (`segments[3].blocks[0].size`).
 
 use std::cell::Ref;
 use std::collections::BTreeMap;
@@ -9,8 +10,8 @@ use std::fmt;
 
 use super::document::{ContainerArena, Document, Value};
 use super::{
-    Action, BlockState, SegmentType, SettingValue, SnapshotBlock, SnapshotSegment, SnapshotSink,
-    TraceEntry,
+    Action, BlockState, FrameId, SegmentType, SettingValue, SnapshotBlock, SnapshotSegment,
+    SnapshotSink, StackId, Stacks, TraceEntry,
 };
 use crate::error::ReadError;
 use crate::trace::saturating_sum;
@@ -192,7 +193,8 @@ pub(super) fn deliver(root: &Value, sink: &mut dyn SnapshotSink) -> Result<(), R
                     continue;
                 }
                 for (index, entry) in list(trace, &trace_path)?.iter().enumerate() {
-                    let entry = trace_entry(entry, &Path::Index(&trace_path, index))?;
+                    let entry =
+                        trace_entry(entry, &Path::Index(&trace_path, index), sink.stacks())?;
                     sink.entry(device, index, entry)?;
                 }
             }
@@ -327,8 +329,12 @@ fn block(value: &Value, path: &Path<'_>, implied_address: u64) -> Result<Snapsho
     })
 }
 
-/// Reads one trace entry dict.
-pub(super) fn trace_entry(value: &Value, path: &Path<'_>) -> Result<TraceEntry, ReadError> {
+/// Reads one trace entry dict; its `frames` are interned in `stacks`.
+pub(super) fn trace_entry(
+    value: &Value,
+    path: &Path<'_>,
+    stacks: &mut Stacks,
+) -> Result<TraceEntry, ReadError> {
     let fields = DictFields::of(value, path)?;
     let action = fields.required("action", |value, path| {
         let name = string(value, path)?;
@@ -345,7 +351,65 @@ pub(super) fn trace_entry(value: &Value, path: &Path<'_>) -> Result<TraceEntry, 
         stream: fields.optional("stream", unsigned)?.unwrap_or(0),
         time_us: fields.optional("time_us", unsigned)?.unwrap_or(0),
         device_free: fields.optional("device_free", unsigned)?,
+        stack: fields
+            .optional("frames", |value, path| stack(value, path, stacks))?
+            .flatten(),
     })
+}
+
+/// Interns a `frames` list (innermost first); `None` for an empty one. Frames the streaming
+/// unpickler did not keep (memo references to parts it passed over) are left out.
+pub(super) fn stack(
+    value: &Value,
+    path: &Path<'_>,
+    stacks: &mut Stacks,
+) -> Result<Option<StackId>, ReadError> {
+    match value {
+        Value::Stack(id) => return Ok(Some(*id)),
+        Value::NotKept => return Ok(None),
+        _ => {}
+    }
+    let items = list(value, path)?;
+    if let [Value::Stack(id)] = items.as_slice() {
+        return Ok(Some(*id));
+    }
+    let mut frames = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        if let Some(id) = frame(item, &Path::Index(path, index), stacks)? {
+            frames.push(id);
+        }
+    }
+    Ok(stacks.stack(&frames))
+}
+
+/// Interns one frame dict (`filename`, `line`, `name`; a missing one reads as empty or 0);
+/// `None` for a frame the streaming unpickler did not keep.
+pub(super) fn frame(
+    value: &Value,
+    path: &Path<'_>,
+    stacks: &mut Stacks,
+) -> Result<Option<FrameId>, ReadError> {
+    match value {
+        Value::Frame(id) => return Ok(Some(*id)),
+        Value::NotKept => return Ok(None),
+        _ => {}
+    }
+    let fields = DictFields::of(value, path)?;
+    if let [(Value::Frame(id), _)] = fields.entries.as_slice() {
+        return Ok(Some(*id));
+    }
+    let shared_string = |value: &Value, path: &Path<'_>| match value {
+        Value::Str(text) => Ok(text.clone()),
+        other => Err(shape_error(path, "a string", other.type_name().to_owned())),
+    };
+    let filename = fields.optional("filename", shared_string)?;
+    let name = fields.optional("name", shared_string)?;
+    let line = fields.optional("line", unsigned)?.unwrap_or(0);
+    Ok(Some(stacks.frame(
+        filename.as_deref().unwrap_or(""),
+        line,
+        name.as_deref().unwrap_or(""),
+    )))
 }
 
 /// One of a fixed set of named values.
@@ -392,7 +456,7 @@ fn setting(
         }
         Value::Float(number) => SettingValue::Float(*number),
         Value::Str(text) => SettingValue::Str(text.to_string()),
-        Value::Bytes | Value::Streamed(_) | Value::NotKept => {
+        Value::Bytes | Value::Streamed(_) | Value::NotKept | Value::Frame(_) | Value::Stack(_) => {
             return Err(shape_error(
                 path,
                 "a settings value",

@@ -14,6 +14,8 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use gpumem_snapshot::{FrameId, StackId};
+
 /// A list (also a tuple or a set) whose items may still be appended to while unpickling.
 pub(crate) type List = Rc<RefCell<Vec<Value>>>;
 /// A dict as its entries in insertion order (a later entry for a key wins).
@@ -47,8 +49,12 @@ pub(crate) enum Value {
     /// device's trace entries), with how many there were.
     Streamed(usize),
     /// A value the streaming unpickler did not keep: a container in a part of the snapshot
-    /// gpumem does not read (`frames`), or a memo reference to one.
+    /// gpumem does not read, or a memo reference to one.
     NotKept,
+    /// A frame dict the streaming unpickler interned (in the sink's stacks).
+    Frame(FrameId),
+    /// A `frames` list the streaming unpickler interned (in the sink's stacks).
+    Stack(StackId),
 }
 
 impl Value {
@@ -65,6 +71,8 @@ impl Value {
             Self::Dict(_) => "a dict",
             Self::Streamed(_) => "a list",
             Self::NotKept => "a value the reader did not keep (a memo reference to a skipped part)",
+            Self::Frame(_) => "a dict",
+            Self::Stack(_) => "a list",
         }
     }
 

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 
 pub use gpumem_snapshot::{
-    Action, BlockState, SegmentType, SettingValue, Snapshot, SnapshotBlock, SnapshotSegment,
-    TraceEntry,
+    Action, BlockState, Frame, FrameId, SegmentType, SettingValue, Snapshot, SnapshotBlock,
+    SnapshotSegment, StackId, Stacks, TraceEntry,
 };
 
 use crate::error::ReadError;
@@ -36,6 +36,9 @@ pub(crate) trait SnapshotSink {
     fn devices(&mut self, count: usize);
     /// The allocator settings (after the last entry).
     fn settings(&mut self, settings: BTreeMap<String, SettingValue>);
+    /// The table that the stack ids of the entries handed on are in (the reader interns the
+    /// `frames` it reads here).
+    fn stacks(&mut self) -> &mut Stacks;
 }
 
 /// Collecting everything makes the whole snapshot.
@@ -59,6 +62,10 @@ impl SnapshotSink for Snapshot {
 
     fn settings(&mut self, settings: BTreeMap<String, SettingValue>) {
         self.allocator_settings = settings;
+    }
+
+    fn stacks(&mut self) -> &mut Stacks {
+        &mut self.stacks
     }
 }
 
@@ -113,28 +120,33 @@ fn read_into(reader: impl Read, sink: &mut dyn SnapshotSink) -> Result<(), ReadE
 ///
 /// Each free becomes `free_requested` followed by `free_completed`, as PyTorch records
 /// it; steps are dropped (snapshots have no step marker); `time_us` is the event's index.
+/// An alloc keeps its stack (the trace's [`Trace::alloc_stacks`]) as its `frames`.
 pub fn from_trace(trace: &Trace, device: usize) -> Snapshot {
     let mut live = LiveBlocks::default();
     let mut entries = Vec::with_capacity(trace.events.len() * 3 / 2);
+    let mut allocs = 0;
     for (index, event) in trace.events.iter().enumerate() {
-        let entry = |action, addr, size, stream| TraceEntry {
+        let entry = |action, addr, size, stream, stack| TraceEntry {
             action,
             addr,
             size,
             stream,
             time_us: index as u64,
             device_free: None,
+            stack,
         };
         match *event {
             Event::Alloc { addr, size, stream } => {
                 // An invalid trace is exported as it is; the snapshot shows the conflict.
                 let _ = live.alloc(addr, size);
-                entries.push(entry(Action::Alloc, addr, size, stream));
+                let stack = trace.alloc_stack(allocs);
+                allocs += 1;
+                entries.push(entry(Action::Alloc, addr, size, stream, stack));
             }
             Event::Free { addr, stream } => {
                 let size = live.free(addr).unwrap_or(0);
-                entries.push(entry(Action::FreeRequested, addr, size, stream));
-                entries.push(entry(Action::FreeCompleted, addr, size, stream));
+                entries.push(entry(Action::FreeRequested, addr, size, stream, None));
+                entries.push(entry(Action::FreeCompleted, addr, size, stream, None));
             }
             Event::Step { .. } => {}
         }
@@ -145,6 +157,7 @@ pub fn from_trace(trace: &Trace, device: usize) -> Snapshot {
         segments: Vec::new(),
         device_traces,
         allocator_settings: BTreeMap::new(),
+        stacks: trace.stacks.clone(),
     }
 }
 
@@ -157,9 +170,11 @@ pub fn from_trace(trace: &Trace, device: usize) -> Snapshot {
 /// and for a block still allocated in `segments` that the trace never mentions (its
 /// requested size; memory_viz shows both as "initially allocated"). `meta.extra` holds
 /// their number and bytes (`synthesized_allocs`, `synthesized_alloc_bytes`, of which
-/// `synthesized_from_segments`), the device, its segment count and reserved bytes.
+/// `synthesized_from_segments`), the device, its segment count and reserved bytes. An alloc's
+/// `frames` become its entry in [`Trace::alloc_stacks`] (synthesised allocs have none).
 pub fn to_trace(snapshot: &Snapshot, device: Option<usize>) -> Result<Trace, ReadError> {
     let mut builder = TraceBuilder::new(device);
+    builder.stacks = snapshot.stacks.clone();
     for segment in &snapshot.segments {
         builder.segment(segment.clone())?;
     }
@@ -195,6 +210,11 @@ struct TraceBuilder {
     /// Allocations synthesised for frees of addresses the trace never allocated.
     synthesized: Vec<Event>,
     events: Vec<Event>,
+    /// The stack of each alloc of `events`, in order; empty until the first stack.
+    alloc_stacks: Vec<Option<StackId>>,
+    /// How many allocs `events` holds.
+    allocs: usize,
+    stacks: Stacks,
     segments: Vec<SegmentSummary>,
 }
 
@@ -208,6 +228,9 @@ impl TraceBuilder {
             seen: AddressSet::default(),
             synthesized: Vec::new(),
             events: Vec::new(),
+            alloc_stacks: Vec::new(),
+            allocs: 0,
+            stacks: Stacks::default(),
             segments: Vec::new(),
         }
     }
@@ -265,9 +288,13 @@ impl TraceBuilder {
                 (synthesized.len() - synthesized_from_frees).to_string(),
             ),
         ]);
+        let mut alloc_stacks = self.alloc_stacks;
+        if !alloc_stacks.is_empty() {
+            alloc_stacks.splice(0..0, std::iter::repeat_n(None, synthesized.len()));
+        }
         let mut events = self.events;
         events.splice(0..0, synthesized);
-        Ok(Trace::new(
+        let mut trace = Trace::new(
             TraceMeta {
                 name: String::new(),
                 source: "pytorch-snapshot".to_owned(),
@@ -275,7 +302,10 @@ impl TraceBuilder {
                 extra,
             },
             events,
-        ))
+        );
+        trace.stacks = self.stacks;
+        trace.alloc_stacks = alloc_stacks;
+        Ok(trace)
     }
 }
 
@@ -310,6 +340,13 @@ impl SnapshotSink for TraceBuilder {
                 self.live.alloc(addr, size).map_err(invalid)?;
                 self.seen.insert(addr);
                 self.events.push(Event::Alloc { addr, size, stream });
+                if let Some(stack) = entry.stack {
+                    self.alloc_stacks.resize(self.allocs, None);
+                    self.alloc_stacks.push(Some(stack));
+                } else if !self.alloc_stacks.is_empty() {
+                    self.alloc_stacks.push(None);
+                }
+                self.allocs += 1;
             }
             Action::FreeCompleted | Action::Free => {
                 if self.seen.insert(addr) {
@@ -330,4 +367,8 @@ impl SnapshotSink for TraceBuilder {
     }
 
     fn settings(&mut self, _: BTreeMap<String, SettingValue>) {}
+
+    fn stacks(&mut self) -> &mut Stacks {
+        &mut self.stacks
+    }
 }

@@ -8,12 +8,15 @@
 //! Here the input is read through a fixed buffer and the snapshot's two long lists are never
 //! built: each segment of `segments` and each entry of `device_traces[d]` is decoded and handed
 //! to a [`SnapshotSink`] as soon as it is appended to its list (PyTorch's pickler, like every
-//! pickler, appends in batches of at most 1000), and the parts gpumem does not read (`frames`,
-//! unknown keys) are parsed but not built. Which part of the snapshot a new container is
+//! pickler, appends in batches of at most 1000), and the parts gpumem does not read (unknown
+//! keys, `cpp_frames`) are parsed but not built. `frames` are interned in the sink's stacks
+//! as they complete: a frame dict when it is appended to its list, a `frames` list when it is
+//! set in its entry or block, so an entry holds a 4-byte stack id. Which part of the snapshot a new container is
 //! (its [`Role`]) follows from where it is created: the container its items go to, and the key
 //! it sits under. The memo keeps only strings (not those in skipped parts or under keys gpumem
-//! does not read, which PyTorch writes anew for every entry) and the small free-form
-//! containers; a memo reference to anything else reads as [`Value::NotKept`], which is an
+//! does not read, which PyTorch writes anew for every entry), the small free-form
+//! containers, and (interned, so a few bytes each, and up to a bound) the frame dicts and
+//! `frames` lists, which PyTorch shares (a block's list with its alloc entry); a memo reference to anything else reads as [`Value::NotKept`], which is an
 //! error only where the reader needs the value. So memory follows the trace being built, not
 //! the file. Building is iterative, and only plain data is accepted (no
 //! globals, no object construction), so any input ends in the sink's result or an error
@@ -47,6 +50,8 @@ pub(crate) fn unpickle(
         memo_ids: IdSet::default(),
         strings: HashSet::new(),
         singletons: HashSet::new(),
+        kept_frames: 0,
+        kept_stacks: 0,
         arena: ContainerArena::default(),
         sink,
     };
@@ -214,7 +219,12 @@ enum Role {
     /// Free-form data kept whole (`allocator_settings`, `segment_pool_id`), or a container
     /// whose place could not be told when it was created (built whole, read when placed).
     Kept,
-    /// A part gpumem does not read (`frames`, unknown keys): parsed, not built.
+    /// A `frames` list of a segment, block, history entry or trace entry; interned when set
+    /// in its dict.
+    Frames,
+    /// A frame dict of a `frames` list; interned when appended to it.
+    Frame,
+    /// A part gpumem does not read (unknown keys): parsed, not built.
     Skipped,
 }
 
@@ -248,6 +258,9 @@ impl Role {
             (Segment, Slot::Key("blocks")) => Blocks,
             (Segment, Slot::Key("segment_pool_id")) => Kept,
             (Block, Slot::Key("history")) => History,
+            (Segment | Block | HistoryEntry | Entry, Slot::Key("frames")) => Frames,
+            (Frames, Slot::Index(_)) => Frame,
+            (Frame, Slot::Key(_)) => Skipped,
             (Root | Segment | Block | HistoryEntry | Entry, Slot::Key(_)) => Skipped,
             (Segments, Slot::Index(_)) => Segment,
             (Blocks, Slot::Index(_)) => Block,
@@ -263,8 +276,10 @@ impl Role {
         use Role::*;
         match self {
             Root | Kept | Skipped => true,
-            Segment | Block | HistoryEntry | Entry => kind == Kind::Dict,
-            Segments | Blocks | History | DeviceTraces | DeviceTrace(_) => kind == Kind::List,
+            Segment | Block | HistoryEntry | Entry | Frame => kind == Kind::Dict,
+            Segments | Blocks | History | DeviceTraces | DeviceTrace(_) | Frames => {
+                kind == Kind::List
+            }
             Scalar => false,
         }
     }
@@ -369,6 +384,10 @@ struct Unpickler<'s, R> {
     strings: HashSet<Rc<str>>,
     /// The one-character strings memoised in places gpumem does not read.
     singletons: HashSet<Rc<str>>,
+    /// How many frame dicts the memo keeps (at most [`KEPT_FRAMES_MAX`]).
+    kept_frames: usize,
+    /// How many `frames` lists the memo keeps (at most [`KEPT_STACKS_MAX`]).
+    kept_stacks: usize,
     /// Owns the containers that can be reached again, so that cycles and deep nesting drop
     /// safely.
     arena: ContainerArena,
@@ -379,6 +398,15 @@ struct Unpickler<'s, R> {
 const SHARED_STRING_MAX: usize = 64;
 /// ...up to this many of them (bounded: a snapshot may hold a distinct string per entry).
 const SHARED_STRINGS_MAX: usize = 1 << 16;
+/// The most frame dicts the memo keeps (PyTorch writes each distinct frame once and refers
+/// to it after; a producer that memoises a new dict per frame would otherwise pile them up):
+/// beyond, a reference to a frame reads as not kept and the frame is left out of its stack.
+const KEPT_FRAMES_MAX: usize = 1 << 20;
+/// The most `frames` lists the memo keeps: PyTorch shares a block's list with its alloc
+/// entry (blocks come first, in `segments`), but writes a new list for every other entry, so
+/// keeping them all would grow the memo with the trace; beyond, an entry whose `frames` is a
+/// reference to an earlier list reads without a stack.
+const KEPT_STACKS_MAX: usize = 1 << 14;
 
 impl<R: Read> Unpickler<'_, R> {
     fn run(&mut self) -> Result<Value, ReadError> {
@@ -695,6 +723,16 @@ impl<R: Read> Unpickler<'_, R> {
             (Role::Scalar | Role::Kept, _) => Some(value),
             // A reference to the top level from inside it is free-form data.
             (Role::Root, _) => Some(value),
+            // Frame dicts and blocks' `frames` lists: interned once complete, so the memo
+            // then holds a one-item container.
+            (Role::Frame, _) if self.kept_frames < KEPT_FRAMES_MAX => {
+                self.kept_frames += 1;
+                Some(value)
+            }
+            (Role::Frames, _) if self.kept_stacks < KEPT_STACKS_MAX => {
+                self.kept_stacks += 1;
+                Some(value)
+            }
             _ => None,
         };
         let new_id = self.memo_ids.insert(id);
@@ -906,8 +944,10 @@ impl<R: Read> Unpickler<'_, R> {
         if !items.len().is_multiple_of(2) {
             return Err("odd number of items for a dict".into());
         }
-        let dict = match self.stack.last() {
-            Some(dict) if self.stack.len() > self.floor() => dict,
+        let floor = self.floor();
+        let Self { stack, sink, .. } = self;
+        let dict = match stack.last() {
+            Some(dict) if stack.len() > floor => dict,
             _ => return Err("stack underflow".into()),
         };
         let entries = match &dict.value {
@@ -930,6 +970,16 @@ impl<R: Read> Unpickler<'_, R> {
                 .ok_or("sets an item of a list")?;
             check_place(&value, place)?;
             if place == Role::Skipped && value.role != Role::Scalar {
+                continue;
+            }
+            if place == Role::Frames {
+                let path = Path::Key(&Path::Root, "frames");
+                let stack =
+                    decode::stack(&value.value, &path, sink.stacks()).map_err(Fault::Shape)?;
+                if let Some(stack) = stack {
+                    compact(&value.value, || Value::Stack(stack));
+                    entries.push((key.value, Value::Stack(stack)));
+                }
                 continue;
             }
             entries.push((key.value, value.value));
@@ -963,15 +1013,39 @@ fn add_to_list(list: &mut Item, item: Item, sink: &mut dyn SnapshotSink) -> Step
         (Value::Streamed(count), Role::DeviceTrace(device)) => {
             let traces = Path::Key(&Path::Root, "device_traces");
             let trace = Path::Index(&traces, device);
-            let entry = decode::trace_entry(&item.value, &Path::Index(&trace, index))
-                .map_err(Fault::Shape)?;
+            let entry =
+                decode::trace_entry(&item.value, &Path::Index(&trace, index), sink.stacks())
+                    .map_err(Fault::Shape)?;
             sink.entry(device, index, entry).map_err(Fault::Shape)?;
             *count += 1;
+        }
+        (Value::List(items), Role::Frames) => {
+            let path = Path::Index(&Path::Key(&Path::Root, "frames"), index);
+            if let Some(frame) =
+                decode::frame(&item.value, &path, sink.stacks()).map_err(Fault::Shape)?
+            {
+                compact(&item.value, || Value::Frame(frame));
+                items.borrow_mut().push(Value::Frame(frame));
+            }
         }
         (Value::List(items), _) => items.borrow_mut().push(item.value),
         _ => return Err("appends to a list of an unknown kind".into()),
     }
     Ok(())
+}
+
+/// Replaces the content of an interned frame dict or `frames` list that the memo also holds
+/// by its id (one item), which is what a later memo reference reads.
+fn compact(value: &Value, interned: impl FnOnce() -> Value) {
+    match value {
+        Value::Dict(entries) if Rc::strong_count(entries) > 1 => {
+            *entries.borrow_mut() = vec![(interned(), Value::None)];
+        }
+        Value::List(items) if Rc::strong_count(items) > 1 => {
+            *items.borrow_mut() = vec![interned()];
+        }
+        _ => {}
+    }
 }
 
 /// The number of items in a list value so far.
@@ -1184,6 +1258,8 @@ mod tests {
     struct Counting {
         segments: usize,
         entries: usize,
+        stacks: crate::snapshot::Stacks,
+        entry_stacks: Vec<Option<crate::snapshot::StackId>>,
     }
 
     impl SnapshotSink for Counting {
@@ -1196,15 +1272,20 @@ mod tests {
             &mut self,
             _: usize,
             _: usize,
-            _: crate::snapshot::TraceEntry,
+            entry: crate::snapshot::TraceEntry,
         ) -> Result<(), ReadError> {
             self.entries += 1;
+            self.entry_stacks.push(entry.stack);
             Ok(())
         }
 
         fn devices(&mut self, _: usize) {}
 
         fn settings(&mut self, _: std::collections::BTreeMap<String, SettingValue>) {}
+
+        fn stacks(&mut self) -> &mut crate::snapshot::Stacks {
+            &mut self.stacks
+        }
     }
 
     #[test]
@@ -1263,6 +1344,8 @@ mod tests {
             memo_ids: IdSet::default(),
             strings: HashSet::new(),
             singletons: HashSet::new(),
+            kept_frames: 0,
+            kept_stacks: 0,
             arena: ContainerArena::default(),
             sink: &mut sink,
         };
@@ -1271,6 +1354,86 @@ mod tests {
         // The top level and the first "" (CPython shares it); no entry, "N/A" or later "".
         assert_eq!(unpickler.memo.len(), 2);
         assert_eq!(sink.entries, 1000);
+    }
+
+    #[test]
+    fn frames_are_interned_and_the_memo_keeps_only_shared_frames() {
+        // device_traces = [[{"action": "alloc", "addr": i, "size": 1,
+        //   "frames": [<frame dict, written once, then memo id 5>]}, ...]]: each entry's
+        // `frames` list is new (and memoised), its frame dict shared, as PyTorch writes them.
+        let text = |text: &str| [&[0x8c, text.len() as u8][..], text.as_bytes()].concat();
+        let mut pickle = [
+            &b"\x80\x04}\x94"[..],
+            &text("device_traces"),
+            b"]\x94]\x94(",
+        ]
+        .concat();
+        for index in 0..1000u32 {
+            pickle.extend_from_slice(b"}\x94(");
+            pickle.extend(text("action"));
+            pickle.extend(text("alloc"));
+            pickle.extend(text("addr"));
+            pickle.push(b'J');
+            pickle.extend((index + 1).to_le_bytes());
+            pickle.extend(text("size"));
+            pickle.extend(b"K\x01");
+            pickle.extend(text("frames"));
+            pickle.extend(b"]\x94(");
+            if index == 0 {
+                pickle.extend(b"}\x94(");
+                pickle.extend(text("filename"));
+                pickle.extend(text("train.py"));
+                pickle.extend(text("line"));
+                pickle.extend(b"K\x2a");
+                pickle.extend(text("name"));
+                pickle.extend(text("step"));
+                pickle.push(b'u');
+            } else {
+                pickle.extend(b"h\x05");
+            }
+            pickle.extend(b"eu");
+        }
+        pickle.extend_from_slice(b"eas.");
+        let mut sink = Counting::default();
+        let mut unpickler = Unpickler {
+            input: Input::new(pickle.as_slice()),
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: AddressMap::default(),
+            memo_ids: IdSet::default(),
+            strings: HashSet::new(),
+            singletons: HashSet::new(),
+            kept_frames: 0,
+            kept_stacks: 0,
+            arena: ContainerArena::default(),
+            sink: &mut sink,
+        };
+        unpickler.run().unwrap();
+        // The top level, the frame dict and the `frames` lists (each interned to one item,
+        // up to KEPT_STACKS_MAX of them); no entry.
+        assert_eq!(unpickler.memo.len(), 2 + 1000);
+        let interned = |item: &Item| match &item.value {
+            Value::List(items) => matches!(items.borrow().as_slice(), [Value::Stack(_)]),
+            Value::Dict(entries) => matches!(entries.borrow().as_slice(), [(Value::Frame(_), _)]),
+            _ => false,
+        };
+        assert_eq!(
+            unpickler
+                .memo
+                .values()
+                .filter(|item| interned(item))
+                .count(),
+            1001
+        );
+        assert_eq!(sink.entries, 1000);
+        assert_eq!(sink.stacks.len(), 1);
+        let stack = sink.entry_stacks[0].expect("the first entry has its stack");
+        assert!(sink.entry_stacks.iter().all(|&id| id == Some(stack)));
+        let frames: Vec<_> = sink.stacks.frames(stack).collect();
+        assert_eq!(
+            (&*frames[0].filename, frames[0].line, &*frames[0].name),
+            ("train.py", 42, "step")
+        );
     }
 
     #[test]

@@ -46,7 +46,9 @@ for trace in snap["device_traces"]:
         assert e["action"] in actions, e["action"]
         assert "device_free" in e if e["action"] == "oom" else type(e["addr"]) is int, e
         assert type(e["size"]) is int and type(e["stream"]) is int and type(e["time_us"]) is int
-        assert e["frames"] == []
+        for frame in e["frames"]:
+            assert type(frame["filename"]) is str and type(frame["name"]) is str, frame
+            assert type(frame["line"]) is int, frame
 
 
 def lists(value):
