@@ -105,7 +105,7 @@ pub enum CapiError {
         /// Live allocations.
         live: u64,
     },
-    /// Publishing the pools (`GPUMEM_PUBLISH`, [`publish`]) was refused or failed.
+    /// Publishing the pools (`GPUMEM_PUBLISH`, [`crate::api::publish`]) was refused or failed.
     #[error("cannot publish the pools: {0}")]
     Publish(#[from] PublishError),
     /// A snapshot could not be written.
