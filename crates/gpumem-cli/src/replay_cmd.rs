@@ -22,26 +22,9 @@ pub struct ReplayArgs {
     /// not); several are the ranks of one job, replayed side by side. Without one, a bundled
     /// real trace (GPT-2 training, 4 steps) is replayed.
     traces: Vec<PathBuf>,
-    /// Trace format: auto, native, pytorch or rmm.
-    #[arg(long, default_value = "auto")]
-    format: Format,
-    /// For PyTorch snapshots: the device whose trace to replay (default: the first with one).
-    #[arg(long)]
-    device: Option<usize>,
-    /// Policy to replay through, or `all`.
-    #[arg(long, default_value = "all", value_parser = parse_policies, long_help = policy_help())]
-    policy: PolicySelection,
-    /// Device capacity to check for out-of-memory, e.g. 24GiB or 80G.
-    #[arg(long, value_parser = parse_capacity)]
-    capacity: Option<u64>,
-    /// PyTorch allocator options for the torch and expandable policies
-    /// (PYTORCH_ALLOC_CONF syntax, e.g. max_split_size_mb:128).
-    #[arg(long, value_name = "CONF")]
-    pytorch_alloc_conf: Option<String>,
-    /// Settings of the gpumem policy (GPUMEM_POLICY_CONF syntax, e.g.
-    /// slab_max_request_kb:32,max_chunk_pages:4).
-    #[arg(long, value_name = "CONF")]
-    gpumem_policy_conf: Option<String>,
+    /// How the traces are read and which policies replay them.
+    #[command(flatten)]
+    input: ReplayInput,
     /// Also find, per policy, the smallest device (in 2 MiB steps) on which the trace runs:
     /// a few more replays each.
     #[arg(long)]
@@ -53,6 +36,72 @@ pub struct ReplayArgs {
     /// ends in .json). Needs a single --policy.
     #[arg(long, value_name = "OUT")]
     snapshot: Option<PathBuf>,
+}
+
+/// The flags `gpumem replay` and `gpumem report` share: how traces are read, the policies
+/// that replay them and those policies' settings.
+#[derive(clap::Args)]
+pub(crate) struct ReplayInput {
+    /// Trace format: auto, native, pytorch or rmm.
+    #[arg(long, default_value = "auto")]
+    format: Format,
+    /// For PyTorch snapshots: the device whose trace to replay (default: the first with one).
+    #[arg(long)]
+    device: Option<usize>,
+    /// Policy to replay through, or `all`.
+    #[arg(long, default_value = "all", value_parser = parse_policies, long_help = policy_help())]
+    pub(crate) policy: PolicySelection,
+    /// Device capacity to check for out-of-memory, e.g. 24GiB or 80G: where each policy would
+    /// fail, and the allocation that fails.
+    #[arg(long, value_parser = parse_capacity)]
+    pub(crate) capacity: Option<u64>,
+    /// PyTorch allocator options for the torch and expandable policies
+    /// (PYTORCH_ALLOC_CONF syntax, e.g. max_split_size_mb:128).
+    #[arg(long, value_name = "CONF")]
+    pytorch_alloc_conf: Option<String>,
+    /// Settings of the gpumem policy (GPUMEM_POLICY_CONF syntax, e.g.
+    /// slab_max_request_kb:32,max_chunk_pages:4).
+    #[arg(long, value_name = "CONF")]
+    gpumem_policy_conf: Option<String>,
+}
+
+impl ReplayInput {
+    /// Reads every trace of `paths` (the ranks of a job), naming the file in an error.
+    pub(crate) fn read_traces(&self, paths: &[PathBuf]) -> Result<Vec<Trace>, String> {
+        let read_options = self.read_options();
+        paths
+            .iter()
+            .map(|path| {
+                read_path(path, read_options).map_err(|e| format!("{}: {e}", path.display()))
+            })
+            .collect()
+    }
+
+    /// The reader's options from `--format` and `--device`.
+    fn read_options(&self) -> ReadOptions {
+        ReadOptions {
+            format: self.format,
+            device: self.device,
+        }
+    }
+
+    /// The torch and gpumem policies' settings from `--pytorch-alloc-conf` and
+    /// `--gpumem-policy-conf`, PyTorch's and gpumem's defaults where not given.
+    pub(crate) fn policy_settings(&self) -> Result<(TorchSettings, GpumemSettings), String> {
+        let torch = match &self.pytorch_alloc_conf {
+            Some(conf) => {
+                TorchSettings::parse(conf).map_err(|e| format!("--pytorch-alloc-conf: {e}"))?
+            }
+            None => TorchSettings::default(),
+        };
+        let gpumem = match &self.gpumem_policy_conf {
+            Some(conf) => {
+                GpumemSettings::parse(conf).map_err(|e| format!("--gpumem-policy-conf: {e}"))?
+            }
+            None => GpumemSettings::default(),
+        };
+        Ok((torch, gpumem))
+    }
 }
 
 /// The policies `--policy` names: one, or every built-in policy for `all`.
@@ -88,58 +137,16 @@ pub(crate) fn parse_capacity(text: &str) -> Result<u64, String> {
     }
 }
 
-/// Reads every trace of `paths` (the ranks of a job), naming the file in an error.
-pub(crate) fn read_traces(
-    paths: &[PathBuf],
-    format: Format,
-    device: Option<usize>,
-) -> Result<Vec<Trace>, String> {
-    let read_options = ReadOptions { format, device };
-    paths
-        .iter()
-        .map(|path| read_path(path, read_options).map_err(|e| format!("{}: {e}", path.display())))
-        .collect()
-}
-
-/// The torch and gpumem policies' settings from `--pytorch-alloc-conf` and
-/// `--gpumem-policy-conf`, PyTorch's and gpumem's defaults where not given.
-pub(crate) fn policy_settings(
-    pytorch_alloc_conf: Option<&str>,
-    gpumem_policy_conf: Option<&str>,
-) -> Result<(TorchSettings, GpumemSettings), String> {
-    let torch = match pytorch_alloc_conf {
-        Some(conf) => {
-            TorchSettings::parse(conf).map_err(|e| format!("--pytorch-alloc-conf: {e}"))?
-        }
-        None => TorchSettings::default(),
-    };
-    let gpumem = match gpumem_policy_conf {
-        Some(conf) => {
-            GpumemSettings::parse(conf).map_err(|e| format!("--gpumem-policy-conf: {e}"))?
-        }
-        None => GpumemSettings::default(),
-    };
-    Ok((torch, gpumem))
-}
-
 /// Runs `gpumem replay`.
 pub fn run(args: ReplayArgs) -> Result<(), CommandError> {
+    let input = &args.input;
     let traces = match args.traces.is_empty() {
-        true => vec![read(
-            DEFAULT_TRACE,
-            ReadOptions {
-                format: args.format,
-                device: args.device,
-            },
-        )
-        .map_err(|e| e.to_string())?],
-        false => read_traces(&args.traces, args.format, args.device)?,
+        true => vec![read(DEFAULT_TRACE, input.read_options()).map_err(|e| e.to_string())?],
+        false => input.read_traces(&args.traces)?,
     };
-    let (torch, gpumem) = policy_settings(
-        args.pytorch_alloc_conf.as_deref(),
-        args.gpumem_policy_conf.as_deref(),
-    )?;
-    let policies = args.policy.0;
+    let (torch, gpumem) = input.policy_settings()?;
+    let capacity = input.capacity;
+    let policies = input.policy.0.clone();
     if args.snapshot.is_some() && policies.len() != 1 {
         return Err(format!(
             "--snapshot needs a single --policy ({})",
@@ -153,7 +160,7 @@ pub fn run(args: ReplayArgs) -> Result<(), CommandError> {
     let mut ranks = Vec::with_capacity(traces.len());
     for trace in &traces {
         let options = ReplayOptions {
-            capacity: args.capacity,
+            capacity,
             torch: torch.clone(),
             gpumem,
             // Each event records at most a block event and a segment event, a free two.
@@ -186,13 +193,13 @@ pub fn run(args: ReplayArgs) -> Result<(), CommandError> {
         ranks.push(reports);
     }
     match (args.json, traces.len()) {
-        (true, 1) => print_json(&traces[0], args.capacity, &ranks[0]),
-        (true, _) => print_ranks_json(&traces, args.capacity, &ranks),
-        (false, 1) => print_table(&traces[0], args.capacity, &ranks[0]),
+        (true, 1) => print_json(&traces[0], capacity, &ranks[0]),
+        (true, _) => print_ranks_json(&traces, capacity, &ranks),
+        (false, 1) => print_table(&traces[0], capacity, &ranks[0]),
         (false, _) => {
             for (rank, (trace, reports)) in traces.iter().zip(&ranks).enumerate() {
                 output::print(&format!("Rank {rank}:"))?;
-                print_table(trace, args.capacity, reports)?;
+                print_table(trace, capacity, reports)?;
                 output::print("")?;
             }
             let highest = highest_rank(ranks.iter().map(Vec::as_slice));

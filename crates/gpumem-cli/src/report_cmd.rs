@@ -6,11 +6,8 @@ use std::path::PathBuf;
 use gpumem_replay::tune::{Objective, TuneOptions};
 use gpumem_replay::ReplayOptions;
 use gpumem_report::{build, render, write_atomically, ReportOptions, DEFAULT_BUCKETS};
-use gpumem_trace::Format;
 
-use crate::replay_cmd::{
-    parse_capacity, parse_policies, policy_help, policy_settings, read_traces, PolicySelection,
-};
+use crate::replay_cmd::ReplayInput;
 
 /// Arguments of `gpumem report`.
 #[derive(clap::Args)]
@@ -22,26 +19,9 @@ pub struct ReportArgs {
     /// The HTML file to write (self-contained: it opens offline in any browser).
     #[arg(short, long, value_name = "OUT")]
     output: PathBuf,
-    /// Trace format: auto, native, pytorch or rmm.
-    #[arg(long, default_value = "auto")]
-    format: Format,
-    /// For PyTorch snapshots: the device whose trace to show (default: the first with one).
-    #[arg(long)]
-    device: Option<usize>,
-    /// Policy to replay through, or `all`.
-    #[arg(long, default_value = "all", value_parser = parse_policies, long_help = policy_help())]
-    policy: PolicySelection,
-    /// Device capacity to check for out-of-memory, e.g. 24GiB or 80G: the report shows where
-    /// each policy would fail and the allocation that fails.
-    #[arg(long, value_parser = parse_capacity)]
-    capacity: Option<u64>,
-    /// PyTorch allocator options for the torch and expandable policies
-    /// (PYTORCH_ALLOC_CONF syntax, e.g. max_split_size_mb:128).
-    #[arg(long, value_name = "CONF")]
-    pytorch_alloc_conf: Option<String>,
-    /// Settings of the gpumem policy (GPUMEM_POLICY_CONF syntax).
-    #[arg(long, value_name = "CONF")]
-    gpumem_policy_conf: Option<String>,
+    /// How the traces are read and which policies replay them.
+    #[command(flatten)]
+    input: ReplayInput,
     /// Also search PyTorch's allocator options (as `gpumem tune` does, minimising peak
     /// reserved) and show the best settings.
     #[arg(long)]
@@ -50,22 +30,20 @@ pub struct ReportArgs {
 
 /// Runs `gpumem report`.
 pub fn run(args: ReportArgs) -> Result<(), CommandError> {
-    let traces = read_traces(&args.traces, args.format, args.device)?;
-    let (torch, gpumem) = policy_settings(
-        args.pytorch_alloc_conf.as_deref(),
-        args.gpumem_policy_conf.as_deref(),
-    )?;
+    let traces = args.input.read_traces(&args.traces)?;
+    let (torch, gpumem) = args.input.policy_settings()?;
+    let capacity = args.input.capacity;
     let options = ReportOptions {
-        policies: args.policy.0,
+        policies: args.input.policy.0,
         replay: ReplayOptions {
-            capacity: args.capacity,
+            capacity,
             torch,
             gpumem,
             ..ReplayOptions::default()
         },
         tune: args.tune.then_some(TuneOptions {
             objective: Objective::Reserved,
-            capacity: args.capacity,
+            capacity,
             top: 3,
             max_replays: None,
         }),
