@@ -42,19 +42,7 @@ pub(crate) fn unpickle(
     reader: impl Read,
     sink: &mut dyn SnapshotSink,
 ) -> Result<Document, ReadError> {
-    let mut unpickler = Unpickler {
-        input: Input::new(reader),
-        stack: Vec::new(),
-        marks: Vec::new(),
-        memo: AddressMap::default(),
-        memo_ids: IdSet::default(),
-        strings: HashSet::new(),
-        singletons: HashSet::new(),
-        kept_frames: 0,
-        kept_stacks: 0,
-        arena: ContainerArena::default(),
-        sink,
-    };
+    let mut unpickler = Unpickler::new(reader, sink);
     let root = unpickler.run()?;
     Ok(Document::new(root, unpickler.arena))
 }
@@ -408,7 +396,24 @@ const KEPT_FRAMES_MAX: usize = 1 << 20;
 /// reference to an earlier list reads without a stack.
 const KEPT_STACKS_MAX: usize = 1 << 14;
 
-impl<R: Read> Unpickler<'_, R> {
+impl<'s, R: Read> Unpickler<'s, R> {
+    /// An unpickler at the start of `reader`, handing streamed pieces to `sink`.
+    fn new(reader: R, sink: &'s mut dyn SnapshotSink) -> Self {
+        Unpickler {
+            input: Input::new(reader),
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: AddressMap::default(),
+            memo_ids: IdSet::default(),
+            strings: HashSet::new(),
+            singletons: HashSet::new(),
+            kept_frames: 0,
+            kept_stacks: 0,
+            arena: ContainerArena::default(),
+            sink,
+        }
+    }
+
     fn run(&mut self) -> Result<Value, ReadError> {
         loop {
             let offset = self.input.offset();
@@ -1306,18 +1311,22 @@ mod tests {
         assert_eq!((sink.segments, sink.entries), (2, 12));
     }
 
-    #[test]
-    fn the_memo_does_not_grow_with_the_entries() {
-        // device_traces = [[{"action": "alloc", "addr": ..., "size": 1,
-        //   "compile_context": <a new "N/A">, "user_metadata": <a new "">}, ...]]
-        let text = |text: &str| [&[0x8c, text.len() as u8][..], text.as_bytes()].concat();
+    /// A pickle opcode pushing the short string `text` (SHORT_BINUNICODE).
+    fn text(text: &str) -> Vec<u8> {
+        [&[0x8c, text.len() as u8][..], text.as_bytes()].concat()
+    }
+
+    /// A snapshot pickle whose one device trace holds `count` alloc entries (memoised dicts
+    /// `{"action": "alloc", "addr": i + 1, "size": 1, ...}`); `extra` writes each entry's
+    /// further key/value pairs.
+    fn alloc_entries_pickle(count: u32, extra: impl Fn(u32, &mut Vec<u8>)) -> Vec<u8> {
         let mut pickle = [
             &b"\x80\x04}\x94"[..],
             &text("device_traces"),
             b"]\x94]\x94(",
         ]
         .concat();
-        for index in 0..1000u32 {
+        for index in 0..count {
             pickle.extend_from_slice(b"}\x94(");
             pickle.extend(text("action"));
             pickle.extend(text("alloc"));
@@ -1326,29 +1335,27 @@ mod tests {
             pickle.extend((index + 1).to_le_bytes());
             pickle.extend(text("size"));
             pickle.extend(b"K\x01");
+            extra(index, &mut pickle);
+            pickle.push(b'u');
+        }
+        pickle.extend_from_slice(b"eas.");
+        pickle
+    }
+
+    #[test]
+    fn the_memo_does_not_grow_with_the_entries() {
+        // device_traces = [[{"action": "alloc", "addr": ..., "size": 1,
+        //   "compile_context": <a new "N/A">, "user_metadata": <a new "">}, ...]]
+        let pickle = alloc_entries_pickle(1000, |_, pickle| {
             pickle.extend(text("compile_context"));
             pickle.extend(text("N/A"));
             pickle.push(0x94);
             pickle.extend(text("user_metadata"));
             pickle.extend(text(""));
             pickle.push(0x94);
-            pickle.push(b'u');
-        }
-        pickle.extend_from_slice(b"eas.");
+        });
         let mut sink = Counting::default();
-        let mut unpickler = Unpickler {
-            input: Input::new(pickle.as_slice()),
-            stack: Vec::new(),
-            marks: Vec::new(),
-            memo: AddressMap::default(),
-            memo_ids: IdSet::default(),
-            strings: HashSet::new(),
-            singletons: HashSet::new(),
-            kept_frames: 0,
-            kept_stacks: 0,
-            arena: ContainerArena::default(),
-            sink: &mut sink,
-        };
+        let mut unpickler = Unpickler::new(pickle.as_slice(), &mut sink);
         unpickler.run().unwrap();
         assert_eq!(unpickler.memo_ids.count, 3 + 3 * 1000);
         // The top level and the first "" (CPython shares it); no entry, "N/A" or later "".
@@ -1361,22 +1368,7 @@ mod tests {
         // device_traces = [[{"action": "alloc", "addr": i, "size": 1,
         //   "frames": [<frame dict, written once, then memo id 5>]}, ...]]: each entry's
         // `frames` list is new (and memoised), its frame dict shared, as PyTorch writes them.
-        let text = |text: &str| [&[0x8c, text.len() as u8][..], text.as_bytes()].concat();
-        let mut pickle = [
-            &b"\x80\x04}\x94"[..],
-            &text("device_traces"),
-            b"]\x94]\x94(",
-        ]
-        .concat();
-        for index in 0..1000u32 {
-            pickle.extend_from_slice(b"}\x94(");
-            pickle.extend(text("action"));
-            pickle.extend(text("alloc"));
-            pickle.extend(text("addr"));
-            pickle.push(b'J');
-            pickle.extend((index + 1).to_le_bytes());
-            pickle.extend(text("size"));
-            pickle.extend(b"K\x01");
+        let pickle = alloc_entries_pickle(1000, |index, pickle| {
             pickle.extend(text("frames"));
             pickle.extend(b"]\x94(");
             if index == 0 {
@@ -1391,23 +1383,10 @@ mod tests {
             } else {
                 pickle.extend(b"h\x05");
             }
-            pickle.extend(b"eu");
-        }
-        pickle.extend_from_slice(b"eas.");
+            pickle.extend(b"e");
+        });
         let mut sink = Counting::default();
-        let mut unpickler = Unpickler {
-            input: Input::new(pickle.as_slice()),
-            stack: Vec::new(),
-            marks: Vec::new(),
-            memo: AddressMap::default(),
-            memo_ids: IdSet::default(),
-            strings: HashSet::new(),
-            singletons: HashSet::new(),
-            kept_frames: 0,
-            kept_stacks: 0,
-            arena: ContainerArena::default(),
-            sink: &mut sink,
-        };
+        let mut unpickler = Unpickler::new(pickle.as_slice(), &mut sink);
         unpickler.run().unwrap();
         // The top level, the frame dict and the `frames` lists (each interned to one item,
         // up to KEPT_STACKS_MAX of them); no entry.
