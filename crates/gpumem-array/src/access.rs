@@ -243,3 +243,34 @@ impl<T: Pod> DeviceWrite<T> for ArrayViewMut<'_, T> {
         self.view.memory()
     }
 }
+
+/// The impls every array that owns its memory shares: `Drop` releases it (a destructor cannot
+/// report; the type's `free` returns the error), and [`DeviceRead`]/[`DeviceWrite`] read the
+/// `context`, `ptr` and `shape` fields. The type needs those fields and a
+/// `release(&mut self) -> Result<(), ArrayError>` that leaves nothing to free.
+macro_rules! owned_array_impls {
+    ($array:ident) => {
+        impl<T: bytemuck::Pod> Drop for $array<T> {
+            fn drop(&mut self) {
+                let _ = self.release();
+            }
+        }
+
+        impl<T: bytemuck::Pod> $crate::DeviceRead<T> for $array<T> {
+            fn memory(&self) -> $crate::access::Memory<'_> {
+                $crate::access::Memory {
+                    context: &self.context,
+                    ptr: self.ptr,
+                    shape: &self.shape,
+                }
+            }
+        }
+
+        impl<T: bytemuck::Pod> $crate::DeviceWrite<T> for $array<T> {
+            fn memory_mut(&mut self) -> $crate::access::Memory<'_> {
+                $crate::DeviceRead::memory(self)
+            }
+        }
+    };
+}
+pub(crate) use owned_array_impls;

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use bytemuck::Pod;
 use gpumem_device::{DevicePtr, StreamId};
 
-use crate::access::{DeviceRead, DeviceWrite, Memory};
+use crate::access::{DeviceRead, DeviceWrite};
 use crate::shape::{check_data_len, elements_and_bytes};
 use crate::{ArrayError, DeviceContext};
 
@@ -150,28 +150,7 @@ impl<T: Pod> DeviceArray<T> {
     }
 }
 
-impl<T: Pod> Drop for DeviceArray<T> {
-    fn drop(&mut self) {
-        // A destructor cannot report; `free` is there for callers that want the error.
-        let _ = self.release();
-    }
-}
-
-impl<T: Pod> DeviceRead<T> for DeviceArray<T> {
-    fn memory(&self) -> Memory<'_> {
-        Memory {
-            context: &self.context,
-            ptr: self.ptr,
-            shape: &self.shape,
-        }
-    }
-}
-
-impl<T: Pod> DeviceWrite<T> for DeviceArray<T> {
-    fn memory_mut(&mut self) -> Memory<'_> {
-        self.memory()
-    }
-}
+crate::access::owned_array_impls!(DeviceArray);
 
 impl<T: Pod> std::fmt::Debug for DeviceArray<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

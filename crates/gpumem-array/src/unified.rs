@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use bytemuck::Pod;
 use gpumem_device::{DevicePtr, ManagedAdvice, MemoryLocation};
 
-use crate::access::{DeviceRead, DeviceWrite, Memory};
+use crate::access::{DeviceRead, DeviceWrite};
 use crate::shape::{check_data_len, elements_and_bytes};
 use crate::{ArrayError, DeviceContext};
 
@@ -89,25 +89,4 @@ impl<T: Pod> UnifiedArray<T> {
     }
 }
 
-impl<T: Pod> Drop for UnifiedArray<T> {
-    fn drop(&mut self) {
-        // A destructor cannot report; `free` is there for callers that want the error.
-        let _ = self.release();
-    }
-}
-
-impl<T: Pod> DeviceRead<T> for UnifiedArray<T> {
-    fn memory(&self) -> Memory<'_> {
-        Memory {
-            context: &self.context,
-            ptr: self.ptr,
-            shape: &self.shape,
-        }
-    }
-}
-
-impl<T: Pod> DeviceWrite<T> for UnifiedArray<T> {
-    fn memory_mut(&mut self) -> Memory<'_> {
-        self.memory()
-    }
-}
+crate::access::owned_array_impls!(UnifiedArray);
