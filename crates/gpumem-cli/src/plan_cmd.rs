@@ -8,7 +8,11 @@ use gpumem_plan::{
     load_config, Estimate, Fit, FitTarget, ModelSpec, Overheads, PlanError, Settings, Suggestion,
     Warning, Workload,
 };
-use gpumem_replay::planned::{fit_reserved, planned_trace, replay_planned, FitError, ReservedFit};
+use gpumem_pool::PolicyKind;
+use gpumem_replay::planned::{
+    fit_reserved, planned_trace, replay_failed, replay_planned, PlanReplayError, Replayed,
+    ReservedFit,
+};
 use gpumem_replay::PolicyReport;
 use gpumem_trace::Format;
 use std::path::{Path, PathBuf};
@@ -128,12 +132,12 @@ fn plan(a: &PlanFlags) -> Result<(String, Option<PlanError>), PlanError> {
             a.global_batch,
         ) {
             Ok(f) => Some(f),
-            Err(FitError::Plan(e @ PlanError::NothingFits { .. })) => {
+            Err(PlanReplayError::Plan(e @ PlanError::NothingFits { .. })) => {
                 nothing_fits = Some(e);
                 None
             }
-            Err(FitError::Plan(e)) => return Err(e),
-            Err(FitError::Replay(e)) => return Err(replay_failed(&model, e)),
+            Err(PlanReplayError::Plan(e)) => return Err(e),
+            Err(PlanReplayError::Replay(e)) => return Err(replay_failed(&model, e)),
         },
         (Some(_), None) => {
             return Err(PlanError::InvalidValue {
@@ -150,11 +154,17 @@ fn plan(a: &PlanFlags) -> Result<(String, Option<PlanError>), PlanError> {
         None => (workload.clone(), estimate(&model, &workload, &overheads)?),
     };
     let replayed = replay_plan(&model, &shown, a.trace_out.as_deref())?;
+    // Reserved memory is what PyTorch's allocator (the torch policy) holds for the sequence.
+    let torch_reserved = replayed
+        .iter()
+        .find(|r| r.policy == PolicyKind::Torch.to_string())
+        .map_or(estimate_now.peak_reserved_bytes, |r| r.peak_reserved_bytes);
+    let estimate_now = estimate_now.with_reserved(torch_reserved);
     let gpu_bytes = gpu.as_ref().map(|g| g.memory_bytes);
-    let advice = advise(&model, &shown, &overheads, gpu_bytes)?;
+    let advice = advise(&model, &shown, &overheads, gpu_bytes, &Replayed)?;
     let combination = match gpu_bytes {
         Some(bytes) if estimate_now.peak_total_bytes > bytes => {
-            combine_until_fits(&model, &shown, &overheads, bytes)?
+            combine_until_fits(&model, &shown, &overheads, bytes, &Replayed)?
         }
         _ => None,
     };
@@ -273,15 +283,6 @@ fn replay_plan(
         })?;
     }
     replay_planned(&trace).map_err(|e| replay_failed(model, e))
-}
-
-/// A planned allocation sequence that did not replay (a defect of the planner), as an error.
-fn replay_failed(model: &ModelSpec, e: gpumem_replay::ReplayError) -> PlanError {
-    PlanError::InvalidValue {
-        name: "planned allocation sequence".into(),
-        value: model.name.clone(),
-        reason: format!("does not replay: {e}"),
-    }
 }
 
 /// `--global-batch` and `--min-gpus` given without what they act on.

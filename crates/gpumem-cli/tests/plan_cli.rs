@@ -241,6 +241,19 @@ fn trace_out_writes_the_planned_sequence_that_replay_reads() {
     for r in replayed {
         assert!(r["peak_reserved_bytes"].as_u64() >= r["peak_allocated_bytes"].as_u64());
     }
+    // The plan's reserved memory is the torch replay's, its allocator line what that holds
+    // beyond the tensors, and total adds the context.
+    let reserved = replayed[0]["peak_reserved_bytes"].as_u64().unwrap();
+    let allocated = plan["peak_allocated_bytes"].as_u64().unwrap();
+    assert_eq!(plan["peak_reserved_bytes"].as_u64(), Some(reserved));
+    assert_eq!(
+        plan["breakdown"]["allocator"].as_u64(),
+        Some(reserved - allocated)
+    );
+    assert_eq!(
+        plan["peak_total_bytes"].as_u64(),
+        Some(reserved + plan["breakdown"]["framework"].as_u64().unwrap())
+    );
     // `gpumem replay` reads the written trace and finds the same torch peaks.
     let replay = gpumem(&["replay", path_text, "--policy", "torch", "--json"]);
     assert!(

@@ -11,6 +11,35 @@ use crate::workload::{
 };
 use serde::Serialize;
 
+/// How the peak total of a plan is measured when changes to it are compared: the
+/// estimate's own ([`Estimated`]: allocated plus the allocator share plus the context), or
+/// another (the `gpumem_replay` crate replays the plan's allocation sequence through PyTorch's
+/// allocator for reserved memory).
+pub trait PeakMeasure {
+    /// Peak total bytes (reserved plus context) of `workload` on `model`.
+    fn peak_total(
+        &self,
+        model: &ModelSpec,
+        workload: &Workload,
+        overheads: &Overheads,
+    ) -> Result<u64>;
+}
+
+/// The estimate's peak total ([`crate::Estimate::peak_total_bytes`]): milliseconds for any
+/// number of candidates, no allocator replay.
+pub struct Estimated;
+
+impl PeakMeasure for Estimated {
+    fn peak_total(
+        &self,
+        model: &ModelSpec,
+        workload: &Workload,
+        overheads: &Overheads,
+    ) -> Result<u64> {
+        Ok(estimate(model, workload, overheads)?.peak_total_bytes)
+    }
+}
+
 /// One suggested change and its effect.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Suggestion {
@@ -169,19 +198,21 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
     list
 }
 
-/// Ranks the applicable changes by memory saved (largest first). With `gpu_bytes`, marks which
-/// fit and, when the plan leaves most of the GPU idle, first suggests the largest batch that fits.
+/// Ranks the applicable changes by memory saved (largest first), each plan's peak taken by
+/// `measure`. With `gpu_bytes`, marks which fit and, when the plan leaves most of the GPU idle,
+/// first suggests the largest batch that fits.
 pub fn advise(
     model: &ModelSpec,
     workload: &Workload,
     overheads: &Overheads,
     gpu_bytes: Option<u64>,
+    measure: &dyn PeakMeasure,
 ) -> Result<Vec<Suggestion>> {
-    let current = estimate(model, workload, overheads)?.peak_total_bytes;
+    let current = measure.peak_total(model, workload, overheads)?;
     let mut suggestions = Vec::new();
     for (change, cost, changed) in candidates(model, workload) {
         let Some(changed) = changed else { continue };
-        let new_peak = estimate(model, &changed, overheads)?.peak_total_bytes;
+        let new_peak = measure.peak_total(model, &changed, overheads)?;
         let saved = current as i64 - new_peak as i64;
         if saved > 0 {
             suggestions.push(Suggestion {
@@ -195,29 +226,31 @@ pub fn advise(
     }
     suggestions.sort_by_key(|s| std::cmp::Reverse(s.saved_bytes));
     if let Some(gpu) = gpu_bytes {
-        if let Some(larger) = use_headroom(model, workload, overheads, gpu, current)? {
+        if let Some(larger) = use_headroom(model, workload, overheads, gpu, current, measure)? {
             suggestions.insert(0, larger);
         }
     }
     Ok(suggestions)
 }
 
-/// Changes applied one after another, each the largest remaining saving, until the plan fits
-/// `gpu_bytes` (None when even all of them do not suffice). Returns the flags and the final peak.
+/// Changes applied one after another, each the largest remaining saving by `measure`, until the
+/// plan fits `gpu_bytes` (None when even all of them do not suffice). Returns the flags and the
+/// final peak.
 pub fn combine_until_fits(
     model: &ModelSpec,
     workload: &Workload,
     overheads: &Overheads,
     gpu_bytes: u64,
+    measure: &dyn PeakMeasure,
 ) -> Result<Option<(Vec<String>, Workload, u64)>> {
     let mut current = workload.clone();
-    let mut peak = estimate(model, &current, overheads)?.peak_total_bytes;
+    let mut peak = measure.peak_total(model, &current, overheads)?;
     let mut changes = Vec::new();
     while peak > gpu_bytes {
         let mut best: Option<(String, Workload, u64)> = None;
         for (change, _, changed) in candidates(model, &current) {
             let Some(changed) = changed else { continue };
-            let new_peak = estimate(model, &changed, overheads)?.peak_total_bytes;
+            let new_peak = measure.peak_total(model, &changed, overheads)?;
             if new_peak < best.as_ref().map_or(peak, |b| b.2) {
                 best = Some((change, changed, new_peak));
             }
@@ -237,13 +270,15 @@ pub const IDLE_SHARE: f64 = 0.5;
 /// Safety margin used when suggesting a larger batch.
 pub const HEADROOM_MARGIN: f64 = 0.1;
 
-/// When the plan uses less than [`IDLE_SHARE`] of the GPU, the largest batch that still fits.
+/// When the plan uses less than [`IDLE_SHARE`] of the GPU, the largest batch that still fits
+/// (found on the estimate, then its peak taken by `measure`).
 fn use_headroom(
     model: &ModelSpec,
     workload: &Workload,
     overheads: &Overheads,
     gpu: u64,
     current: u64,
+    measure: &dyn PeakMeasure,
 ) -> Result<Option<Suggestion>> {
     if current as f64 >= IDLE_SHARE * gpu as f64 {
         return Ok(None);
@@ -257,11 +292,15 @@ fn use_headroom(
         HEADROOM_MARGIN,
         None,
     )?;
-    Ok((larger.value > workload.batch).then(|| Suggestion {
+    if larger.value <= workload.batch {
+        return Ok(None);
+    }
+    let new_peak = measure.peak_total(model, &larger.workload, overheads)?;
+    Ok(Some(Suggestion {
         change: format!("--batch {}", larger.value),
-        new_peak_total_bytes: larger.estimate.peak_total_bytes,
-        saved_bytes: current as i64 - larger.estimate.peak_total_bytes as i64,
+        new_peak_total_bytes: new_peak,
+        saved_bytes: current as i64 - new_peak as i64,
         cost: "none: uses idle memory for throughput (10% margin kept)",
-        fits: Some(true),
+        fits: Some(new_peak <= gpu),
     }))
 }

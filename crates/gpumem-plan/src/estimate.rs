@@ -242,6 +242,19 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
     })
 }
 
+impl Estimate {
+    /// This estimate with its reserved memory measured elsewhere (the allocation sequence
+    /// replayed through an allocator policy): the allocator share becomes what that reserve
+    /// holds beyond the tensors (never below zero), and total follows.
+    pub fn with_reserved(mut self, reserved_bytes: u64) -> Estimate {
+        let allocated = self.peak_allocated_bytes;
+        self.breakdown.allocator = reserved_bytes.saturating_sub(allocated);
+        self.peak_reserved_bytes = allocated + self.breakdown.allocator;
+        self.peak_total_bytes = self.peak_reserved_bytes + self.breakdown.framework;
+        self
+    }
+}
+
 /// Keeps, per phase, the larger of two pipeline stages' peaks.
 fn merge_busiest(peaks: &mut Vec<(Phase, Breakdown)>, stage: Vec<(Phase, Breakdown)>) {
     if peaks.is_empty() {

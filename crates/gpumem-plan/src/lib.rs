@@ -26,7 +26,7 @@ pub mod settings;
 pub mod warning;
 pub mod workload;
 
-pub use advice::{advise, combine_until_fits, Suggestion};
+pub use advice::{advise, combine_until_fits, Estimated, PeakMeasure, Suggestion};
 pub use catalogue::{find_model, load_config, model_names};
 pub use checks::check;
 pub use error::{PlanError, Result};

@@ -4,8 +4,8 @@
 use gpumem_plan::estimate::MAX_BYTES;
 use gpumem_plan::limits;
 use gpumem_plan::{
-    advise, estimate, find_model, fit, parse_config, Dtype, Estimate, FitTarget, ModelSpec,
-    Overheads, PlanError, Settings, Sharding, Warning,
+    advise, estimate, find_model, fit, parse_config, Dtype, Estimate, Estimated, FitTarget,
+    ModelSpec, Overheads, PlanError, Settings, Sharding, Warning,
 };
 use std::sync::mpsc;
 use std::time::Duration;
@@ -490,7 +490,7 @@ fn advice_leaves_out_changes_the_model_cannot_run() {
     )
     .unwrap();
     let workload = Settings::default().to_workload().unwrap();
-    let advice = advise(&tiny, &workload, &Overheads::default(), None).unwrap();
+    let advice = advise(&tiny, &workload, &Overheads::default(), None, &Estimated).unwrap();
     assert!(!advice.is_empty());
     assert!(
         advice.iter().all(|s| !s.change.contains("lora")),

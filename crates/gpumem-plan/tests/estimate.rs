@@ -1,8 +1,8 @@
 //! Behaviour of the estimator, fit and advice on catalogue models.
 
 use gpumem_plan::{
-    advise, estimate, fewest_gpus, find_model, fit, Estimate, FitTarget, KvCacheKind, Overheads,
-    Phase, Settings, Workload,
+    advise, estimate, fewest_gpus, find_model, fit, Estimate, Estimated, FitTarget, KvCacheKind,
+    Overheads, Phase, Settings, Workload,
 };
 
 fn plan(model: &str, settings: Settings) -> Estimate {
@@ -422,7 +422,14 @@ fn advice_is_ranked_and_finds_a_plan_that_fits() {
     let gpu = 24_000_000_000;
     let current = estimate(&model, &workload, &Overheads::default()).unwrap();
     assert!(current.peak_total_bytes > gpu);
-    let advice = advise(&model, &workload, &Overheads::default(), Some(gpu)).unwrap();
+    let advice = advise(
+        &model,
+        &workload,
+        &Overheads::default(),
+        Some(gpu),
+        &Estimated,
+    )
+    .unwrap();
     assert!(advice
         .windows(2)
         .all(|w| w[0].saved_bytes >= w[1].saved_bytes));

@@ -3,7 +3,8 @@
 //! recorded one, so that the plan predicts reserved memory as each allocator would hold it.
 
 use gpumem_plan::{
-    allocation_sequence, Fit, FitTarget, ModelSpec, Overheads, PlanError, PlannedEvent, Workload,
+    allocation_sequence, estimate, Estimate, Fit, FitTarget, ModelSpec, Overheads, PeakMeasure,
+    PlanError, PlannedEvent, Workload,
 };
 use gpumem_pool::PolicyKind;
 use gpumem_trace::{Event, Trace, TraceMeta};
@@ -55,6 +56,53 @@ pub fn replay_planned(trace: &Trace) -> Result<Vec<PolicyReport>, ReplayError> {
         .collect()
 }
 
+/// Peak reserved bytes of `workload`'s allocation sequence replayed through PyTorch's policy
+/// (`torch`, default settings).
+pub fn torch_reserved(model: &ModelSpec, workload: &Workload) -> Result<u64, PlanReplayError> {
+    let trace = planned_trace(&model.name, &allocation_sequence(model, workload)?);
+    Ok(replay_peaks(&trace, PolicyKind::Torch, &ReplayOptions::default())?.peak_reserved_bytes)
+}
+
+/// The estimate with reserved memory from the allocator replay ([`torch_reserved`]) in place of
+/// the fixed allocator share; total is that plus the context.
+pub fn estimate_replayed(
+    model: &ModelSpec,
+    workload: &Workload,
+    overheads: &Overheads,
+) -> Result<Estimate, PlanReplayError> {
+    let planned = estimate(model, workload, overheads)?;
+    Ok(planned.with_reserved(torch_reserved(model, workload)?))
+}
+
+/// Peak totals measured by the allocator replay ([`estimate_replayed`]), for ranking advice on
+/// the memory PyTorch would reserve; a sequence that does not replay (a defect of the planner)
+/// is an error naming the model.
+pub struct Replayed;
+
+impl PeakMeasure for Replayed {
+    fn peak_total(
+        &self,
+        model: &ModelSpec,
+        workload: &Workload,
+        overheads: &Overheads,
+    ) -> Result<u64, PlanError> {
+        match estimate_replayed(model, workload, overheads) {
+            Ok(e) => Ok(e.peak_total_bytes),
+            Err(PlanReplayError::Plan(e)) => Err(e),
+            Err(PlanReplayError::Replay(e)) => Err(replay_failed(model, e)),
+        }
+    }
+}
+
+/// A planned allocation sequence that did not replay (a defect of the planner), as a plan error.
+pub fn replay_failed(model: &ModelSpec, e: ReplayError) -> PlanError {
+    PlanError::InvalidValue {
+        name: "planned allocation sequence".into(),
+        value: model.name.clone(),
+        reason: format!("does not replay: {e}"),
+    }
+}
+
 /// A fit checked on reserved memory: the largest value whose replayed reserved memory plus the
 /// CUDA context fits the usable memory.
 #[derive(Debug, Clone)]
@@ -67,9 +115,9 @@ pub struct ReservedFit {
     pub total_bytes: u64,
 }
 
-/// Why a reserved-memory fit failed.
+/// Why planning with the allocator replay (a reserved-memory fit, a replayed estimate) failed.
 #[derive(Debug, thiserror::Error)]
-pub enum FitError {
+pub enum PlanReplayError {
     /// The planner refused or nothing fits.
     #[error(transparent)]
     Plan(#[from] PlanError),
@@ -96,7 +144,7 @@ pub fn fit_reserved(
     gpu_bytes: u64,
     margin: f64,
     global_batch: Option<u64>,
-) -> Result<ReservedFit, FitError> {
+) -> Result<ReservedFit, PlanReplayError> {
     let usable = gpumem_plan::fit::usable_bytes(gpu_bytes, margin) as f64;
     let mut budget = gpu_bytes as f64;
     let mut last = None;
@@ -115,9 +163,7 @@ pub fn fit_reserved(
             Err(PlanError::NothingFits { .. }) if last.is_some() => break,
             Err(e) => return Err(e.into()),
         };
-        let trace = planned_trace(&model.name, &allocation_sequence(model, &fit.workload)?);
-        let reserved =
-            replay_peaks(&trace, PolicyKind::Torch, &ReplayOptions::default())?.peak_reserved_bytes;
+        let reserved = torch_reserved(model, &fit.workload)?;
         let total = reserved.saturating_add(overheads.context_bytes);
         fit.gpu_bytes = gpu_bytes;
         fit.usable_bytes = usable as u64;
@@ -142,7 +188,7 @@ pub fn fit_reserved(
         budget *= (usable / total as f64).min(0.999) * if stalled { 0.97 } else { 1.0 };
     }
     let (smallest, needed) = last.map_or((1, 0), |f| (f.fit.value, f.total_bytes));
-    Err(FitError::Plan(PlanError::NothingFits {
+    Err(PlanReplayError::Plan(PlanError::NothingFits {
         what: match target {
             FitTarget::Batch => "batch",
             FitTarget::Seq => "seq",
