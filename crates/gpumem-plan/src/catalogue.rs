@@ -38,15 +38,48 @@ pub fn model_names() -> Vec<&'static str> {
     catalogue().models.keys().map(String::as_str).collect()
 }
 
-/// Looks a model up by catalogue name, alias or Hugging Face id (case-insensitive).
+/// Words of a Hugging Face id that name a fine-tuned variant of a base model (instruct, chat,
+/// the `-hf` conversions, base/pretrained tags): the variant has the base's architecture.
+const VARIANT_WORDS: [&str; 6] = ["instruct", "chat", "it", "hf", "base", "pt"];
+
+/// `key` without its variant words and release dates (`qwen3-4b-instruct-2507` →
+/// `qwen3-4b`): the id of the base model an instruct or chat variant was tuned from. Version
+/// words (`v0.3`) stay: versions can change the architecture (Mistral 7B v0.3's vocabulary).
+fn base_variant(key: &str) -> String {
+    let (org, name) = key.rsplit_once('/').map_or(("", key), |(o, n)| (o, n));
+    let kept: Vec<&str> = name
+        .split('-')
+        .filter(|word| {
+            let date = word.len() == 4 && word.bytes().all(|b| b.is_ascii_digit());
+            !date && !VARIANT_WORDS.contains(word)
+        })
+        .collect();
+    match org {
+        "" => kept.join("-"),
+        _ => format!("{org}/{}", kept.join("-")),
+    }
+}
+
+/// The catalogue name `key` resolves to: a name, an alias, or either after
+/// [`base_variant`] (with and without the organisation).
+fn canonical_name<'c>(cat: &'c Catalogue, key: &str) -> Option<&'c str> {
+    let base = base_variant(key);
+    let bare = base.rsplit_once('/').map_or(base.as_str(), |(_, n)| n);
+    let found = [key, base.as_str(), bare].into_iter().find_map(|k| {
+        cat.aliases
+            .get(k)
+            .and_then(Value::as_str)
+            .or_else(|| cat.models.get_key_value(k).map(|(name, _)| name.as_str()))
+    });
+    found
+}
+
+/// Looks a model up by catalogue name, alias or Hugging Face id (case-insensitive); an instruct
+/// or chat variant's id resolves to its base model.
 pub fn find_model(name: &str) -> Result<ModelSpec> {
     let cat = catalogue();
     let key = normalise(name);
-    let canonical = cat
-        .aliases
-        .get(&key)
-        .and_then(Value::as_str)
-        .unwrap_or(&key);
+    let canonical = canonical_name(cat, &key).unwrap_or(&key);
     let config = cat.models.get(canonical).ok_or_else(|| {
         // Suggest from names and aliases; list only the canonical names.
         let all = cat
@@ -87,5 +120,23 @@ mod tests {
         for alias in catalogue().aliases.keys() {
             assert!(find_model(alias).is_ok(), "{alias}");
         }
+    }
+
+    #[test]
+    fn variants_resolve_to_their_base_model() {
+        for (variant, base) in [
+            ("mistralai/Mixtral-8x22B-Instruct-v0.1", "mixtral-8x22b"),
+            ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b-v0.3"),
+            ("mistralai/Mistral-7B-Instruct-v0.2", "mistral-7b"),
+            ("Qwen/Qwen3-4B-Instruct-2507", "qwen3-4b"),
+            ("Qwen/Qwen3-14B-Base", "qwen3-14b"),
+            ("google/gemma-2-2b-it", "gemma-2-2b"),
+            ("microsoft/Phi-3-mini-4k-instruct", "phi-3-mini-4k"),
+            ("meta-llama/Llama-3.2-3B-Instruct", "llama-3.2-3b"),
+        ] {
+            assert_eq!(find_model(variant).unwrap().name, base, "{variant}");
+        }
+        // No base of that name: the error lists what is accepted.
+        assert!(find_model("google/gemma-3-4b-it").is_err());
     }
 }

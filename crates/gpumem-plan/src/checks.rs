@@ -8,12 +8,23 @@ use crate::warning::Warning;
 use crate::workload::{Dtype, Mode, Sharding, Workload};
 
 /// Checks `workload` on `model`: [`Workload::validate`], then the settings the model decides.
-/// Errors: tensor parallelism not dividing the heads, more tokens than a learned position table,
+/// Errors: generation on a model without a decoder, tensor parallelism not dividing the heads, more tokens than a learned position table,
 /// LoRA on a CNN or wider than the model, more pipeline stages than blocks. Warnings: sharding
 /// over one data-parallel rank, autocast to the other 16-bit type, tokens past the trained
 /// rotary positions.
 pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
     workload.validate()?;
+    if workload.mode == Mode::Generate && !model.has_decoder() {
+        return Err(PlanError::InvalidValue {
+            name: "mode".into(),
+            value: "generate".into(),
+            reason: format!(
+                "{} has no decoder, so it cannot generate tokens; plan one forward with --mode \
+                 infer, or --mode train",
+                model.name
+            ),
+        });
+    }
     let mut warnings = Vec::new();
     match &model.arch {
         Architecture::Transformer(t) => {

@@ -155,9 +155,45 @@ impl Settings {
     /// `from_pretrained(torch_dtype="auto")` and serving stacks do; training keeps the fp32
     /// default), and the flags that the mode or the model ignores become warnings.
     pub fn resolve(&self, model: &ModelSpec) -> Result<Resolved> {
-        let workload = self.build(model.torch_dtype)?;
-        let warnings = self.ignored(model, workload.mode);
+        let mut workload = self.build(model.torch_dtype)?;
+        let mut warnings = self.ignored(model, workload.mode);
+        warnings.extend(self.lower_default_seq(model, &mut workload));
         Ok(Resolved { workload, warnings })
+    }
+
+    /// Without `--seq`, a model whose learned positions are fewer than the default sequence
+    /// needs (the prompt, plus the new tokens but the last when generating) is planned at the
+    /// longest sequence it runs, with a warning that says so.
+    fn lower_default_seq(&self, model: &ModelSpec, workload: &mut Workload) -> Option<Warning> {
+        let limit = model.token_limit().filter(|_| model.reads_tokens())?;
+        if self.seq.is_some() {
+            return None;
+        }
+        let (longest, what) = match workload.mode {
+            Mode::Generate => (
+                (limit + 1).checked_sub(workload.new_tokens)?,
+                format!(
+                    "the prompt and {} new tokens but the last must fit in the {limit} learned \
+                     positions of {}",
+                    workload.new_tokens, model.name
+                ),
+            ),
+            Mode::Train | Mode::Infer => (
+                limit,
+                format!("{} has {limit} learned positions", model.name),
+            ),
+        };
+        if workload.seq <= longest || longest == 0 {
+            return None;
+        }
+        let default = workload.seq;
+        workload.seq = longest;
+        Some(Warning::DefaultLowered {
+            flag: "--seq",
+            default,
+            planned: longest,
+            reason: what,
+        })
     }
 
     /// The workload, with `inference_dtype` as the weight dtype of inference when none is given.

@@ -35,6 +35,18 @@ pub enum Warning {
         /// The model's `max_position_embeddings`.
         positions: u64,
     },
+    /// A default lowered to what the model can run: the default sequence is longer than the
+    /// model's learned positions (Whisper's decoder has 448, CLIP's text tower 77).
+    DefaultLowered {
+        /// The flag whose default was lowered (`--seq`).
+        flag: &'static str,
+        /// The default.
+        default: u64,
+        /// The value planned.
+        planned: u64,
+        /// Why the default cannot run.
+        reason: String,
+    },
 }
 
 impl Warning {
@@ -45,6 +57,7 @@ impl Warning {
             Warning::ShardingOverOneRank { .. } => "sharding_over_one_rank",
             Warning::MixedHalfTypes { .. } => "mixed_half_types",
             Warning::PastTrainedPositions { .. } => "past_trained_positions",
+            Warning::DefaultLowered { .. } => "default_lowered",
         }
     }
 }
@@ -81,6 +94,16 @@ impl fmt::Display for Warning {
                 "{tokens} tokens per sequence exceed the {positions} positions the model was \
                  trained for (max_position_embeddings): rotary attention runs, but quality \
                  degrades without RoPE scaling"
+            ),
+            Warning::DefaultLowered {
+                flag,
+                default,
+                planned,
+                reason,
+            } => write!(
+                f,
+                "{flag} not given: planned with {planned} instead of the default {default}, \
+                 because {reason}; give {flag} to choose"
             ),
         }
     }

@@ -528,3 +528,59 @@ fn warnings_serialise_with_kind_and_message() {
     assert_eq!(json["kind"], "sharding_over_one_rank");
     assert!(json["message"].as_str().unwrap().starts_with("--zero 3 "));
 }
+
+#[test]
+fn generation_needs_a_decoder() {
+    for name in ["bert-base", "vit-base", "resnet50", "clip-vit-base-patch32"] {
+        let (setting, message) = invalid(plan(
+            &model(name),
+            Settings {
+                mode: Some("generate".into()),
+                ..Settings::default()
+            },
+        ));
+        assert_eq!(setting, "mode", "{name}");
+        assert!(message.contains("has no decoder"), "{name}: {message}");
+    }
+    for name in ["gpt2", "t5-small", "whisper-tiny", "llava-1.5-7b"] {
+        let settings = Settings {
+            mode: Some("generate".into()),
+            seq: Some(16),
+            ..Settings::default()
+        };
+        assert!(plan(&model(name), settings).is_ok(), "{name}");
+    }
+}
+
+#[test]
+fn a_default_sequence_past_the_learned_positions_is_lowered_with_a_warning() {
+    let whisper = model("whisper-tiny");
+    let lowered = |settings: Settings| {
+        let resolved = settings.resolve(&whisper).unwrap();
+        let warned = resolved
+            .warnings
+            .iter()
+            .any(|w| w.kind() == "default_lowered");
+        (resolved.workload.seq, warned)
+    };
+    // 448 decoder positions: train and infer plan 448 tokens, generate leaves room for the
+    // new tokens (448 + 1 - 128).
+    assert_eq!(lowered(Settings::default()), (448, true));
+    let generate = Settings {
+        mode: Some("generate".into()),
+        ..Settings::default()
+    };
+    assert_eq!(lowered(generate), (321, true));
+    // A sequence the user gives is never changed: too long is an error.
+    let typed = Settings {
+        seq: Some(512),
+        ..Settings::default()
+    };
+    assert_eq!(lowered(typed.clone()), (512, false));
+    let workload = typed.resolve(&whisper).unwrap().workload;
+    assert!(estimate(&whisper, &workload, &Overheads::default()).is_err());
+    // Models with room for the default keep it.
+    let gpt2 = Settings::default().resolve(&model("gpt2")).unwrap();
+    assert_eq!(gpt2.workload.seq, 512);
+    assert!(gpt2.warnings.is_empty());
+}

@@ -36,6 +36,8 @@ fn llama_family_with_gqa_and_untied_heads() {
     assert_eq!(total("llama-3.2-1b"), 1_235_814_400);
     assert_eq!(total("llama-3.2-3b"), 3_212_749_824);
     assert_eq!(total("mistral-7b"), 7_241_732_096);
+    // v0.3 extends the vocabulary to 32768: two more 768-row slices of 4096.
+    assert_eq!(total("mistral-7b-v0.3"), 7_248_023_552);
     assert_eq!(total("tinyllama-1.1b"), 1_100_048_384);
 }
 
