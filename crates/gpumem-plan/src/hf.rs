@@ -39,6 +39,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "siglip",
     "siglip_vision_model",
     "llava",
+    "gemma3",
     "resnet",
 ];
 
@@ -55,6 +56,32 @@ const LLAMA_DEFAULTS: &[(&str, u64)] = &[
     ("max_position_embeddings", 2048),
     ("vocab_size", 32000),
 ];
+
+/// `Gemma3TextConfig`'s defaults (transformers 5.x), which Gemma 3 vision-language checkpoints
+/// leave out of their `text_config` (google/gemma-3-4b-it names only four sizes).
+const GEMMA3_TEXT_DEFAULTS: &[(&str, u64)] = &[
+    ("hidden_size", 2304),
+    ("intermediate_size", 9216),
+    ("num_hidden_layers", 26),
+    ("num_attention_heads", 8),
+    ("num_key_value_heads", 4),
+    ("head_dim", 256),
+    ("max_position_embeddings", 131072),
+    ("sliding_window", 4096),
+    ("query_pre_attn_scalar", 256),
+    ("vocab_size", 262208),
+];
+
+/// The vision-language families: a vision tower whose patch features a projector maps into a
+/// language model's embeddings as image tokens.
+#[derive(Clone, Copy)]
+enum VisionLanguage {
+    /// LLaVA: a two-layer GELU projector per patch; one image token per patch.
+    Llava,
+    /// Gemma 3: patch features average-pooled to `mm_tokens_per_image`, RMS-normed and
+    /// projected by one matrix without bias.
+    Gemma3,
+}
 
 /// Parses a config.json text.
 pub fn parse_config(name: &str, text: &str) -> Result<ModelSpec> {
@@ -94,7 +121,8 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
             spec.torch_dtype = spec.torch_dtype.or(fields.torch_dtype());
             return Ok(spec);
         }
-        "llava" => return fields.llava(name),
+        "llava" => return fields.vision_language(name, VisionLanguage::Llava),
+        "gemma3" => return fields.vision_language(name, VisionLanguage::Gemma3),
         _ => {}
     }
     let arch = match model_type.as_str() {
@@ -915,20 +943,22 @@ impl ConfigFields<'_> {
         Ok(())
     }
 
-    /// LLaVA: a language model (`text_config`, Llama's defaults where left out), a vision
-    /// tower (`vision_config`) and a two-layer projector.
-    fn llava(&self, name: &str) -> Result<ModelSpec> {
-        let mut text = sub_config(self.json, "text_config", "llama")?;
+    /// A vision-language model: a language model (`text_config`, the family's defaults where
+    /// left out: Llama's for LLaVA, Gemma 3's), a vision tower (`vision_config`) and the
+    /// family's projector.
+    fn vision_language(&self, name: &str, family: VisionLanguage) -> Result<ModelSpec> {
+        let (text_type, text_defaults, tower_type) = match family {
+            VisionLanguage::Llava => ("llama", LLAMA_DEFAULTS, "clip_vision_model"),
+            VisionLanguage::Gemma3 => ("gemma3_text", GEMMA3_TEXT_DEFAULTS, "siglip_vision_model"),
+        };
+        let mut text = sub_config(self.json, "text_config", text_type)?;
         if let Some(object) = text.as_object_mut() {
-            for (key, value) in LLAMA_DEFAULTS {
+            for (key, value) in text_defaults {
                 object.entry(*key).or_insert_with(|| Value::from(*value));
             }
         }
         let language = spec_from_json(name, &text)?;
-        let vision = spec_from_json(
-            name,
-            &sub_config(self.json, "vision_config", "clip_vision_model")?,
-        )?;
+        let vision = spec_from_json(name, &sub_config(self.json, "vision_config", tower_type)?)?;
         let mut lm = transformer_of(language.clone(), "text_config", "a language model")?;
         let tower = transformer_of(vision, "vision_config", "a vision transformer")?;
         let patches = tower.patches.ok_or_else(|| PlanError::InvalidValue {
@@ -937,12 +967,39 @@ impl ConfigFields<'_> {
             reason: "must describe a vision transformer (clip_vision_model, siglip_vision_model)"
                 .into(),
         })?;
-        let bias = self.bool_or(&["multimodal_projector_bias"], true);
         let (v, t) = (tower.hidden, lm.hidden);
-        let projector = v * t + t * t + if bias { 2 * t } else { 0 };
-        let image_tokens = self
-            .optional_u64("image_seq_length", &["image_seq_length"], limits::POSITIONS)?
-            .unwrap_or((patches.image_size / patches.patch).pow(2));
+        let per_side = patches.image_size / patches.patch;
+        let (projector, image_tokens) = match family {
+            VisionLanguage::Llava => {
+                let bias = self.bool_or(&["multimodal_projector_bias"], true);
+                let tokens = self
+                    .optional_u64("image_seq_length", &["image_seq_length"], limits::POSITIONS)?
+                    .unwrap_or(per_side.pow(2));
+                (v * t + t * t + if bias { 2 * t } else { 0 }, tokens)
+            }
+            VisionLanguage::Gemma3 => {
+                let tokens = self
+                    .optional_u64(
+                        "mm_tokens_per_image",
+                        &["mm_tokens_per_image"],
+                        limits::POSITIONS,
+                    )?
+                    .unwrap_or(256);
+                let side = (tokens as f64).sqrt() as u64;
+                if side * side != tokens || side == 0 || per_side % side != 0 {
+                    return Err(PlanError::InvalidValue {
+                        name: "mm_tokens_per_image".into(),
+                        value: tokens.to_string(),
+                        reason: format!(
+                            "must be the square of a divisor of the {per_side} patches per \
+                             side: the projector average-pools the patch grid to it"
+                        ),
+                    });
+                }
+                // The projection matrix and the RMSNorm's weight.
+                (v * t + v, tokens)
+            }
+        };
         lm.vision = Some(Box::new(VisionAdapter {
             tower,
             projector,

@@ -130,4 +130,9 @@ fn newer_architectures() {
     assert_eq!(total("siglip-so400m-patch14-384"), 428_225_600);
     // LLaVA-1.5: CLIP ViT-L/14-336 + projector 1024→4096→4096 + Llama 2 with 32064 tokens.
     assert_eq!(total("llava-1.5-7b"), 7_063_427_072);
+    // Gemma 3 vision-language: SigLIP-so400m at 896 px without its head, a pooled projector
+    // (one 1152×hidden matrix and an RMSNorm) and the Gemma 3 text model (262208 tokens, tied).
+    assert_eq!(total("google/gemma-3-4b-it"), 4_300_079_472);
+    assert_eq!(total("gemma-3-12b"), 12_187_325_040);
+    assert_eq!(total("gemma-3-27b"), 27_432_406_640);
 }
