@@ -131,12 +131,13 @@ mod tests {
             ("Qwen/Qwen3-4B-Instruct-2507", "qwen3-4b"),
             ("Qwen/Qwen3-14B-Base", "qwen3-14b"),
             ("google/gemma-2-2b-it", "gemma-2-2b"),
+            ("google/gemma-3-27b-it", "gemma-3-27b"),
             ("microsoft/Phi-3-mini-4k-instruct", "phi-3-mini-4k"),
             ("meta-llama/Llama-3.2-3B-Instruct", "llama-3.2-3b"),
         ] {
             assert_eq!(find_model(variant).unwrap().name, base, "{variant}");
         }
         // No base of that name: the error lists what is accepted.
-        assert!(find_model("google/gemma-3-4b-it").is_err());
+        assert!(find_model("google/gemma-3n-e4b-it").is_err());
     }
 }
