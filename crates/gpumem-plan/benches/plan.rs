@@ -3,10 +3,8 @@
 //! Run: `cargo bench -p gpumem-plan --bench plan`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gpumem_plan::{allocation_sequence, estimate, find_model, fit, FitTarget, Overheads, Settings};
-use gpumem_pool::PolicyKind;
-use gpumem_replay::planned::{fit_reserved, planned_trace};
-use gpumem_replay::{replay_peaks, ReplayOptions};
+use gpumem_plan::{estimate, find_model, fit, FitTarget, Overheads, Settings};
+use gpumem_replay::planned::{estimate_replayed, fit_reserved};
 use std::hint::black_box;
 
 fn settings(mode: &str) -> Settings {
@@ -34,13 +32,7 @@ fn bench(c: &mut Criterion) {
     // What `gpumem plan` does for reserved memory: the estimate, the allocation sequence and its
     // replay through the torch policy.
     c.bench_function("estimate+replay/llama-3-70b train (torch)", |b| {
-        b.iter(|| {
-            let e = estimate(black_box(&llama), black_box(&train), &overheads).unwrap();
-            let events = allocation_sequence(&llama, &train).unwrap();
-            let trace = planned_trace("bench", &events);
-            let report = replay_peaks(&trace, PolicyKind::Torch, &ReplayOptions::default());
-            (e, report.map(|r| r.peak_reserved_bytes))
-        })
+        b.iter(|| estimate_replayed(black_box(&llama), black_box(&train), &overheads).unwrap())
     });
     // A fit that succeeds (a failing fit stops after one estimate and would flatter the timing).
     let small = find_model("llama-3.2-3b").unwrap();
