@@ -93,3 +93,50 @@ fn planner_matches_published_gpu_measurements() {
         100.0 * worst
     );
 }
+
+/// A published measurement the planner cannot express yet
+/// (`crates/gpumem-plan/tests/data/published_candidates.json`):
+/// the fields of a point plus `needs`, the feature it waits for. Settings stay raw JSON because
+/// they may name flags that do not exist yet.
+#[derive(Deserialize)]
+struct Candidate {
+    id: String,
+    source: String,
+    model: String,
+    metric: String,
+    measured_bytes: u64,
+    settings: serde_json::Map<String, serde_json::Value>,
+    what: String,
+    needs: String,
+}
+
+#[test]
+fn published_candidates_are_complete() {
+    let text = include_str!("../../gpumem-plan/tests/data/published_candidates.json");
+    let candidates: Vec<Candidate> = serde_json::from_str(text).unwrap();
+    assert!(!candidates.is_empty());
+    let mut ids = std::collections::HashSet::new();
+    for c in &candidates {
+        assert!(ids.insert(c.id.as_str()), "{}: duplicate id", c.id);
+        assert!(
+            !c.source.is_empty() && !c.what.is_empty() && !c.needs.is_empty(),
+            "{}: source, what and needs must be stated",
+            c.id
+        );
+        find_model(&c.model).unwrap_or_else(|e| panic!("{}: {e}", c.id));
+        assert!(
+            matches!(c.metric.as_str(), "alloc" | "active" | "nvml"),
+            "{}: unknown metric {}",
+            c.id,
+            c.metric
+        );
+        assert!(c.measured_bytes > 0, "{}: no measurement", c.id);
+        for key in ["mode", "batch", "seq", "dtype"] {
+            assert!(
+                c.settings.contains_key(key),
+                "{}: settings lack {key}",
+                c.id
+            );
+        }
+    }
+}
