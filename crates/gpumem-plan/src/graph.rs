@@ -42,6 +42,32 @@ pub struct Unit {
     pub kv_window: Option<f64>,
     /// Parameters of the unit (their gradients appear when its backward runs).
     pub params: u64,
+    /// Of `params`, those that get no gradient or optimizer state in training: frozen ones
+    /// (Whisper's sinusoidal encoder positions), or all of a unit no gradient reaches (a vision
+    /// tower's layers after the one LLaVA reads its features from).
+    pub untrained_params: u64,
+}
+
+impl Unit {
+    /// Parameters that receive a gradient in training.
+    pub fn trained_params(&self) -> u64 {
+        self.params - self.untrained_params
+    }
+
+    /// The unit as it runs when nothing reads its output in training: what it would save
+    /// lives only while it runs, and its backward never does.
+    fn unused_in_training(self) -> Unit {
+        Unit {
+            forward_transient: self.forward_transient + self.saved,
+            saved: 0.0,
+            attention_core: 0.0,
+            checkpoint: Some(0.0),
+            backward_transient: 0.0,
+            gradient_transient: 0.0,
+            untrained_params: self.params,
+            ..self
+        }
+    }
 }
 
 /// Gradient-sized tensors alive while a new gradient is added to an existing one (the new
@@ -192,7 +218,17 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
                     ..workload.clone()
                 };
                 let tower = TransformerGraph::new(&vision.tower, &images, batch);
-                units.extend(tower.units());
+                // Training: the layers after the one whose hidden states LLaVA reads, and the
+                // tower's own final norm, feed nothing that reaches the loss.
+                let read = vision.feature_layers as usize;
+                units.extend(tower.units().into_iter().enumerate().map(|(index, unit)| {
+                    // Units: the patch embeddings (0), the blocks (1..=layers), the final norm.
+                    if tower.training && index > read {
+                        unit.unused_in_training()
+                    } else {
+                        unit
+                    }
+                }));
                 units.push(tower.projector(vision.projector, vision.image_tokens, spec.hidden));
             }
             units.extend(TransformerGraph::new(spec, workload, batch).units());
@@ -269,8 +305,10 @@ impl<'a> TransformerGraph<'a> {
             backward_transient: 2.0 * tokens * act * t,
             gradient_transient: tokens * act * t,
             inference_live: tokens * act * (v + 2.0 * t),
-            // The image features are scattered into the language model's input embeddings.
-            held: 0.0,
+            // The image features are scattered into a copy of the language model's input
+            // embeddings; their concatenation over the images (a copy) is returned with the
+            // output (`image_hidden_states`). Training drops the output before its backward.
+            held: if self.training { 0.0 } else { tokens * act * t },
             params,
             ..Unit::default()
         }
@@ -298,6 +336,15 @@ impl<'a> TransformerGraph<'a> {
             };
             for _ in 0..spec.encoder_layers {
                 units.push(self.block(encoder, None, LayerKind::default()));
+            }
+            if self.training && spec.final_norm {
+                // The encoder's final norm saves its input (the last residual sum) and its
+                // output, which every cross-attention's key and value projections read.
+                if let Some(last) = units.last_mut() {
+                    last.saved += self.batch
+                        * seq
+                        * (self.norm_saved() + self.bytes.linear_input(spec.hidden as f64, 1.0));
+                }
             }
             if !self.training {
                 // The encoder's output is returned (`encoder_last_hidden_state`), and the
@@ -453,6 +500,8 @@ impl<'a> TransformerGraph<'a> {
             gradient_transient: tied_accumulation + tokens * self.bytes.residual * h,
             inference_live: (2.0 * tokens * self.bytes.residual * h).max(stem_live),
             params: spec.params_of_embeddings(),
+            // Whisper's sinusoidal encoder positions are a frozen parameter.
+            untrained_params: spec.audio.map_or(0, |a| a.frames * spec.hidden),
             ..Unit::default()
         }
     }
@@ -697,8 +746,14 @@ impl<'a> TransformerGraph<'a> {
                 mask,
             )
         } else {
-            // Kernel output (already in the layout the output projection reads) + fp32 log-sum-exp.
-            tally.sharded += act * q + 4.0 * spec.heads as f64;
+            // Kernel output + fp32 log-sum-exp; the output is in the layout the output projection
+            // reads unless the queries were made contiguous per head (then the merge copies).
+            let merge_copy = if spec.head_layout_queries {
+                act * q
+            } else {
+                0.0
+            };
+            tally.sharded += act * q + merge_copy + 4.0 * spec.heads as f64;
             // Without gradients T5's bias goes to the kernel as an additive mask: a causal
             // decoder's is combined with the mask (`torch.where`) and made contiguous.
             let bias_mask = if stack_bias > 0.0 && shape.causal {
@@ -709,7 +764,7 @@ impl<'a> TransformerGraph<'a> {
             core += converted_mask;
             (
                 projections
-                    + query_tokens * (act * q_local + 4.0 * heads)
+                    + query_tokens * (act * q_local + merge_copy / self.split.tp + 4.0 * heads)
                     + bias_mask
                     + converted_mask,
                 0.0,
@@ -817,6 +872,18 @@ impl<'a> TransformerGraph<'a> {
         }
     }
 
+    /// Intermediate-sized gradients the MLP's activation backward adds to what the block
+    /// saved. One for a single autograd node (GELU, SiLU: the new gradient, while the output's
+    /// gradient replaces the freed output). CLIP's `x * sigmoid(1.702 x)` as Python ops: the
+    /// product's backward makes both inputs' gradients while the output's gradient is alive,
+    /// two more than the freed product.
+    fn mlp_backward_intermediates(&self) -> f64 {
+        match (self.spec.gated_mlp, self.spec.activation) {
+            (false, Activation::QuickGelu) => 2.0,
+            _ => 1.0,
+        }
+    }
+
     fn block(
         &self,
         shape: AttentionShape,
@@ -888,9 +955,21 @@ impl<'a> TransformerGraph<'a> {
         let mlp_live = hidden * held.at_mlp as f64 + self.mlp_no_grad_live(tokens, layer) + kept;
         let inference_live =
             attention_live.max(cross_live).max(mlp_live) + own.stack_held + cross.stack_held;
+        // The score gradients exist in the attention's backward, after the MLP's (and, where
+        // blocks run in sequence, the MLP's norm and the output projection's saved input are
+        // released by then).
+        let score_gradients = own.score_gradients.max(cross.score_gradients);
+        let released_before_attention = if spec.parallel_residual || score_gradients == 0.0 {
+            0.0
+        } else {
+            tokens
+                * (self.mlp(layer) / self.split.tp
+                    + self.norm_saved() / self.split.sequence
+                    + act * spec.query_width() as f64 / self.split.tp)
+        };
         let largest_intermediate = (tally.core / 2.0)
-            .max(tokens * act * f)
-            .max(own.score_gradients.max(cross.score_gradients));
+            .max(tokens * act * f * self.mlp_backward_intermediates())
+            .max(score_gradients - released_before_attention);
         let residual_gradient = 2.0 * tokens * self.bytes.residual * h;
         Unit {
             name: "block",

@@ -467,6 +467,7 @@ impl ConfigFields<'_> {
             moe: MoeLayout::default(),
             rescaled_output: false,
             audio: None,
+            head_layout_queries: false,
             vision: None,
         };
         let need_positions = || {
@@ -894,6 +895,7 @@ impl ConfigFields<'_> {
         }
         spec.learned_positions = positions;
         spec.key_bias = false;
+        spec.head_layout_queries = true;
         spec.activation = self.activation(&["activation_function"], "gelu")?;
         let dropout = self.f64_or(&["dropout"], 0.0);
         spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
@@ -913,6 +915,39 @@ impl ConfigFields<'_> {
                 .unwrap_or(1500),
         });
         Ok(())
+    }
+
+    /// Tower layers up to the deepest `vision_feature_layer` (an index into the tower's hidden
+    /// states: 0 is the patch embeddings, -1 the last layer; default -2; a list concatenates
+    /// several) out of `layers`.
+    fn feature_layers(&self, layers: u64) -> Result<u64> {
+        let invalid = |value: &Value| PlanError::InvalidValue {
+            name: "vision_feature_layer".into(),
+            value: value.to_string(),
+            reason: format!(
+                "must be an index into the vision tower's {} hidden states ({} to {layers}), \
+                 or a list of them",
+                layers + 1,
+                -(layers as i64 + 1)
+            ),
+        };
+        let index = |value: &Value| {
+            let n = value.as_i64().ok_or_else(|| invalid(value))?;
+            let from_end = layers as i64 + 1 + n;
+            match n {
+                0.. if n <= layers as i64 => Ok(n as u64),
+                ..0 if from_end >= 0 => Ok(from_end as u64),
+                _ => Err(invalid(value)),
+            }
+        };
+        match self.find(&["vision_feature_layer"]) {
+            None => Ok(layers.saturating_sub(1)),
+            Some(Value::Array(list)) if !list.is_empty() => list
+                .iter()
+                .map(index)
+                .try_fold(0, |deepest, n| Ok(deepest.max(n?))),
+            Some(value) => index(value),
+        }
     }
 
     /// LLaVA: a language model (`text_config`, Llama's defaults where left out), a vision
@@ -943,10 +978,12 @@ impl ConfigFields<'_> {
         let image_tokens = self
             .optional_u64("image_seq_length", &["image_seq_length"], limits::POSITIONS)?
             .unwrap_or((patches.image_size / patches.patch).pow(2));
+        let feature_layers = self.feature_layers(tower.layers)?;
         lm.vision = Some(Box::new(VisionAdapter {
             tower,
             projector,
             image_tokens,
+            feature_layers,
         }));
         Ok(ModelSpec {
             name: name.to_string(),
