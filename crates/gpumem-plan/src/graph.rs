@@ -309,6 +309,13 @@ impl<'a> TransformerGraph<'a> {
             // embeddings; their concatenation over the images (a copy) is returned with the
             // output (`image_hidden_states`). Training drops the output before its backward.
             held: if self.training { 0.0 } else { tokens * act * t },
+            // The tower's output (kept for `image_hidden_states`' source) stays referenced
+            // while the language model runs: one tower hidden state and the projector's output.
+            body_held: if self.training {
+                0.0
+            } else {
+                tokens * act * t + self.batch * self.sequence() * self.bytes.residual * v
+            },
             params,
             ..Unit::default()
         }
@@ -447,7 +454,14 @@ impl<'a> TransformerGraph<'a> {
         if let Some(a) = spec.audio {
             let frames = self.batch * a.frames as f64;
             let features = 2.0 * frames * a.mel_bins as f64;
-            held += features * self.bytes.residual;
+            // Whisper's `generate` concatenates the batch's 30 s segments into a new tensor
+            // (a copy of the features) that it keeps while it generates.
+            let copies = if self.workload.mode == Mode::Generate {
+                2.0
+            } else {
+                1.0
+            };
+            held += copies * features * self.bytes.residual;
             if self.training {
                 // The autocast copy of the features, both convolutions' outputs (GELU inputs)
                 // and the first GELU's output (the second convolution's input).

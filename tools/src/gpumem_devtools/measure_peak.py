@@ -286,6 +286,17 @@ MULTIMODAL_HELDOUT: list[tuple[str, Settings]] = [
     ("whisper-v3-2l", T(2, 64, dtype="bf16")),
     ("whisper-v3-2l", I(2, 64, dtype="bf16", labels=True, no_cache=False, attn="eager")),
     ("whisper-v3-2l", G(2, 1, 64)),
+    # A second batch, measured after the mechanisms were fixed (the first batch's errors
+    # were printed with the first comparison).
+    ("clip-vision-4l", I(4, None, image_size=224, dtype="bf16")),
+    ("clip-vision-4l", T(2, None, image_size=224, dtype="bf16", attn="eager",
+                         optimizer_impl="forloop")),
+    ("siglip-vision-4l", T(2, None, image_size=224, dtype="bf16")),
+    ("llava-4l", T(2, 448, attn="eager")),
+    ("llava-4l", I(1, 384, no_cache=False)),
+    ("llava-4l", G(4, 300, 16)),
+    ("whisper-v3-2l", T(1, 32, attn="eager")),
+    ("whisper-v3-2l", G(1, 1, 16, dtype="bf16")),
 ]
 
 
