@@ -341,8 +341,18 @@ impl<'a> TransformerGraph<'a> {
                 causal: false,
                 cached_keys: None,
             };
+            // Whisper's encoder holds its convolutions' output (`inputs_embeds`) through its
+            // layers in a no-grad forward.
+            let stem_output = match spec.audio {
+                Some(_) if !self.training => {
+                    self.batch * seq * self.bytes.residual * spec.hidden as f64
+                }
+                _ => 0.0,
+            };
             for _ in 0..spec.encoder_layers {
-                units.push(self.block(encoder, None, LayerKind::default()));
+                let mut block = self.block(encoder, None, LayerKind::default());
+                block.inference_live += stem_output;
+                units.push(block);
             }
             if self.training && spec.final_norm {
                 // The encoder's final norm saves its input (the last residual sum) and its
@@ -353,13 +363,14 @@ impl<'a> TransformerGraph<'a> {
                         * (self.norm_saved() + self.bytes.linear_input(spec.hidden as f64, 1.0));
                 }
             }
-            if !self.training {
-                // The encoder's output is returned (`encoder_last_hidden_state`), and the
-                // decoder's cross-attention reads it: held to the end of the forward.
-                if let Some(last) = units.last_mut() {
-                    last.held += self.batch * seq * self.bytes.residual * spec.hidden as f64;
-                }
-            }
+            // The encoder's output is returned (`encoder_last_hidden_state`), and the
+            // decoder's cross-attention reads it: held from the first decoder block to the end
+            // of the forward.
+            let encoder_output = if self.training {
+                0.0
+            } else {
+                self.batch * seq * self.bytes.residual * spec.hidden as f64
+            };
             let dec = self.decoder_sequence();
             let decoder = AttentionShape {
                 queries: dec,
@@ -373,8 +384,12 @@ impl<'a> TransformerGraph<'a> {
                 causal: false,
                 cached_keys: None,
             };
-            for _ in 0..spec.layers {
-                units.push(self.block(decoder, Some(cross), LayerKind::default()));
+            for index in 0..spec.layers {
+                let mut block = self.block(decoder, Some(cross), LayerKind::default());
+                if index == 0 {
+                    block.held += encoder_output;
+                }
+                units.push(block);
             }
         } else {
             for index in 0..spec.layers {
@@ -708,7 +723,8 @@ impl<'a> TransformerGraph<'a> {
             }
             _ => (0.0, 0.0),
         };
-        let cached = self.keeps_cache();
+        // An encoder's self-attention (bidirectional, not cross) caches nothing.
+        let cached = self.keeps_cache() && (shape.causal || cross);
         // No-grad projections alive at the attention (this GPU's heads): a fused projection stays
         // whole behind its q/k/v views (RoPE adds a rotated q, and k unless the cache took a
         // copy); separate projections leave q, and k and v unless the cache holds their copies.
@@ -797,7 +813,7 @@ impl<'a> TransformerGraph<'a> {
             Some(_) => spec.cache_width() as f64,
             None => spec.cache_width() as f64 / self.split.tp,
         };
-        let kv_cache = if cached && (shape.causal || cross) {
+        let kv_cache = if cached {
             act * cache_width * key_tokens
         } else {
             0.0
