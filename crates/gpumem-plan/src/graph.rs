@@ -407,7 +407,11 @@ impl<'a> TransformerGraph<'a> {
                 units.push(self.block(shape, None, layer));
             }
         }
-        units.push(self.head());
+        if spec.head == Head::AttentionPool && self.training {
+            units.extend(self.attention_pool());
+        } else {
+            units.push(self.head());
+        }
         units
     }
 
@@ -1017,6 +1021,38 @@ impl<'a> TransformerGraph<'a> {
             params: spec.block_params(has_cross, layer),
             ..Unit::default()
         }
+    }
+
+    /// SigLIP's attention-pooling head in training, as two units in forward order:
+    /// `nn.MultiheadAttention` over the final norm's output (one learned query), then its output
+    /// projection, norm and MLP, whose gradients exist before the attention's backward runs.
+    /// The attention's packed key/value projection reads a transposed view of the norm output
+    /// (its matmul saves a contiguous copy) and makes its output contiguous (k and v are views
+    /// of it, saved by the score and output products); in backward, the gradients of k and v
+    /// each come back as a zero-filled tensor of the packed projection's size
+    /// (`select_backward`) beside one of their gradients, after the packed output is released.
+    fn attention_pool(&self) -> [Unit; 2] {
+        let spec = self.spec;
+        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let tokens = self.batch * self.sequence();
+        let pooled = self.head();
+        let attention_params =
+            spec.norm_params() + spec.hidden + 3 * (spec.hidden + 1) * spec.hidden;
+        let attention = Unit {
+            name: "head",
+            saved: tokens * (self.norm_saved() + act * h + act * 2.0 * h),
+            backward_transient: tokens * act * 3.0 * h,
+            gradient_transient: tokens * self.bytes.residual * h,
+            params: attention_params,
+            ..Unit::default()
+        };
+        let rest = Unit {
+            name: "head",
+            saved: pooled.saved - tokens * self.norm_saved(),
+            params: pooled.params - attention_params,
+            ..Unit::default()
+        };
+        [attention, rest]
     }
 
     fn head(&self) -> Unit {

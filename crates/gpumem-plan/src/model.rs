@@ -494,7 +494,7 @@ impl TransformerSpec {
         }
     }
 
-    fn norm_params(&self) -> u64 {
+    pub(crate) fn norm_params(&self) -> u64 {
         self.hidden * if self.norm_bias { 2 } else { 1 }
     }
 
