@@ -146,6 +146,9 @@ struct AttentionMemory {
     /// Bytes alive at the start of its backward when the softmax ran in the activation dtype:
     /// the gradients of the probabilities and of the scores, one score matrix each.
     score_gradients: f64,
+    /// The gradients of its queries, keys and values, which its backward makes together (a
+    /// cross-attention's keys and values span the encoder's tokens).
+    input_gradients: f64,
 }
 
 /// Bytes per score element of eager attention's softmax, by the tensors that exist.
@@ -411,6 +414,16 @@ impl<'a> TransformerGraph<'a> {
             units.extend(self.attention_pool());
         } else {
             units.push(self.head());
+        }
+        // A tied LM head's backward makes the word embedding's gradient: it exists from the
+        // head's backward on, not from the embedding's (which then accumulates into it).
+        let lm_head = matches!(spec.head, Head::CausalLm | Head::Seq2SeqLm | Head::MaskedLm);
+        if spec.tied_embeddings && lm_head && units.len() > 1 {
+            let shared = (spec.vocab * spec.hidden).min(units[0].params);
+            units[0].params -= shared;
+            if let Some(head) = units.last_mut() {
+                head.params += shared;
+            }
         }
         units
     }
@@ -830,6 +843,7 @@ impl<'a> TransformerGraph<'a> {
             stack_held: stack_bias + stack_mask,
             kv_cache,
             score_gradients,
+            input_gradients: act / self.split.tp * (query_tokens * q + key_tokens * (kv + value)),
         }
     }
 
@@ -1001,10 +1015,14 @@ impl<'a> TransformerGraph<'a> {
                     + self.norm_saved() / self.split.sequence
                     + act * spec.query_width() as f64 / self.split.tp)
         };
+        let residual_gradient = 2.0 * tokens * self.bytes.residual * h;
+        // In the attention's backward one residual-stream gradient is alive beside its own.
+        let attention_backward = (score_gradients - released_before_attention)
+            .max(cross.input_gradients - released_before_attention)
+            - residual_gradient / 2.0;
         let largest_intermediate = (tally.core / 2.0)
             .max(tokens * act * f * self.mlp_backward_intermediates())
-            .max(score_gradients - released_before_attention);
-        let residual_gradient = 2.0 * tokens * self.bytes.residual * h;
+            .max(attention_backward);
         Unit {
             name: "block",
             saved,

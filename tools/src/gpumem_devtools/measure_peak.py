@@ -271,6 +271,7 @@ def multimodal_grid() -> list[tuple[str, Settings]]:
     # Whisper's decoder prompt in generate is its start token (seq 1).
     cases += [("whisper-4l", s) for s in (
         T(4, 128), T(4, 128, **forloop, **eager), G(4, 1, 32), G(4, 1, 32, **bf16, **eager))]
+    cases += [("whisper-v3-2l", s) for s in (T(2, 64), I(2, 64, labels=True, **cache))]
     return cases + MULTIMODAL_HELDOUT
 
 
