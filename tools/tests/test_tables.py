@@ -132,7 +132,7 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     assert len(architectures) == len(set(architectures)) == 36
     assert not (set(ids) | set(heldout)) & set(architectures)
     multimodal = [case_id(n, s) for n, s in multimodal_grid()]
-    assert len(multimodal) == len(set(multimodal)) == 40
+    assert len(multimodal) == len(set(multimodal)) == 41
     assert len(MULTIMODAL_HELDOUT) == 17 and multimodal[-17:] == [
         case_id(n, s) for n, s in MULTIMODAL_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
