@@ -10,29 +10,34 @@ from gpumem_devtools import configs, tracefile
 from gpumem_devtools.capture_trace import CONFIG_DIR as TRACE_CONFIG_DIR
 from gpumem_devtools.capture_trace import TRACES as TRACE_TABLE
 from gpumem_devtools.measure_peak import CONFIG_DIR as PLAN_CONFIG_DIR
-from gpumem_devtools.measure_peak import architectures_grid, case_id, grid, heldout_grid, notes
+from gpumem_devtools.measure_peak import (MULTIMODAL_HELDOUT, architectures_grid, case_id, grid,
+                                          heldout_grid, multimodal_grid, notes)
 from gpumem_devtools.settings import (AMP_NAMES, ATTN_IMPLS, DTYPE_NAMES, MODES, OPTIMIZER_IMPLS,
                                       OPTIMIZERS, Settings)
 
 MEASURED = REPO / "testdata" / "plan" / "measured.jsonl"
 HELDOUT = REPO / "testdata" / "plan" / "measured_heldout.jsonl"
 ARCHITECTURES = REPO / "testdata" / "plan" / "measured_architectures.jsonl"
+MULTIMODAL = REPO / "testdata" / "plan" / "measured_multimodal.jsonl"
 TORCHVISION = "0.29.2+cu132"  # what the committed measurements were made with
 
 
 def _workloads() -> list[tuple[str, Settings]]:
-    return (grid() + heldout_grid() + architectures_grid()
+    return (grid() + heldout_grid() + architectures_grid() + multimodal_grid()
             + [(cfg, s) for cfg, s, _ in TRACE_TABLE.values()])
 
 
 def _measured_names() -> list[str]:
     """Configs of the measured grids."""
-    return sorted({n for n, _ in grid() + heldout_grid() + architectures_grid()})
+    return sorted({n for n, _ in grid() + heldout_grid() + architectures_grid()
+                   + multimodal_grid()})
 
 
 def test_config_names() -> None:
     assert not set(configs.HF_CONFIGS) & set(configs.CNN_CONFIGS)
     assert not set(configs.ARCH_CONFIGS) & (set(configs.HF_CONFIGS) | set(configs.CNN_CONFIGS))
+    assert not set(configs.MULTIMODAL_CONFIGS) & (
+        set(configs.HF_CONFIGS) | set(configs.CNN_CONFIGS) | set(configs.ARCH_CONFIGS))
     used = {name for name, _ in _workloads()}
     assert used <= set(configs.all_names())
     assert set(configs.all_names()) == set(_measured_names())
@@ -44,20 +49,30 @@ def test_config_dict(name: str) -> None:
     if name in configs.CNN_CONFIGS:
         assert configs.model_kind(cfg) == "cnn"
         return
-    if name in configs.ARCH_CONFIGS:
-        catalogue_name, hub_id, shrink = configs.ARCH_CONFIGS[name]
+    if name in configs.ARCH_CONFIGS or name in configs.MULTIMODAL_CONFIGS:
+        catalogue_name, hub_id, shrink = {**configs.ARCH_CONFIGS,
+                                          **configs.MULTIMODAL_CONFIGS}[name]
         real = json.loads((REPO / configs.CATALOGUE).read_text())["models"][catalogue_name]
     else:
         hub_id, real, shrink = configs.HF_CONFIGS[name]
     assert cfg["_name_or_path"] == hub_id
-    assert {k: cfg[k] for k in shrink} == shrink
+    # A nested override changes only the keys it names.
+    for key, value in shrink.items():
+        if isinstance(value, dict):
+            assert cfg[key] == {**real[key], **value}
+        else:
+            assert cfg[key] == value
     assert all(cfg[k] == v for k, v in real.items() if k not in shrink)
-    assert cfg["_gpumem_shrunk"].count("->") == len(shrink)
+    leaves = sum(len(v) if isinstance(v, dict) else 1 for v in shrink.values())
+    assert cfg["_gpumem_shrunk"].count("->") == leaves
     kind = configs.model_kind(cfg)
     arch = cfg["architectures"][0]
+    if cfg["model_type"] == "llava":
+        assert kind == "vlm"
+        return
     suffixes = {"ImageClassification": "image_cls", "MaskedLM": "masked_lm",
                 "ConditionalGeneration": "seq2seq", "CausalLM": "causal_lm",
-                "LMHeadModel": "causal_lm"}
+                "LMHeadModel": "causal_lm", "VisionModel": "vision_tower"}
     assert [kind] == [k for suffix, k in suffixes.items() if arch.endswith(suffix)]
     # GPU-like attention memory: no attention-probability dropout (see configs.py).
     for key in ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout"):
@@ -80,7 +95,7 @@ def test_committed_config_files_are_what_write_configs_writes(
 @pytest.mark.parametrize("name, s", _workloads(), ids=lambda x: x if isinstance(x, str) else "")
 def test_workload_settings_are_buildable(name: str, s: Settings) -> None:
     kind = configs.model_kind(configs.config_dict(name))
-    image = kind in ("cnn", "image_cls")
+    image = kind in ("cnn", "image_cls", "vision_tower")
     assert s.mode in MODES and s.dtype in DTYPE_NAMES
     assert s.amp in (None, *AMP_NAMES)
     assert s.batch >= 1
@@ -99,12 +114,12 @@ def test_workload_settings_are_buildable(name: str, s: Settings) -> None:
         assert s.optimizer is None and s.optimizer_impl is None
     assert (s.new_tokens is not None) == (s.mode == "generate")
     if s.mode == "generate":
-        assert kind == "causal_lm"
+        assert kind in configs.KV_CACHE_KINDS
         assert s.no_cache is None and not s.labels
     if s.no_cache is not None:
-        assert kind in ("causal_lm", "seq2seq")
+        assert kind in configs.KV_CACHE_KINDS
     if s.labels:
-        assert s.mode == "infer" and kind in ("causal_lm", "seq2seq", "masked_lm")
+        assert s.mode == "infer" and kind in (*configs.KV_CACHE_KINDS, "masked_lm")
 
 
 def test_case_ids_are_unique_and_descriptive() -> None:
@@ -116,6 +131,11 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     architectures = [case_id(n, s) for n, s in architectures_grid()]
     assert len(architectures) == len(set(architectures)) == 36
     assert not (set(ids) | set(heldout)) & set(architectures)
+    multimodal = [case_id(n, s) for n, s in multimodal_grid()]
+    assert len(multimodal) == len(set(multimodal)) == 41
+    assert len(MULTIMODAL_HELDOUT) == 17 and multimodal[-17:] == [
+        case_id(n, s) for n, s in MULTIMODAL_HELDOUT]
+    assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
     # Cache and labels are named where they depart from the harness's convention.
     assert case_id("t5-small-4l", Settings("infer", 4, 256, attn="sdpa", no_cache=False,
                                            labels=True)) == \
@@ -138,8 +158,9 @@ def test_case_ids_are_unique_and_descriptive() -> None:
 
 
 @pytest.mark.parametrize("path, cases", [(MEASURED, grid()), (HELDOUT, heldout_grid()),
-                                         (ARCHITECTURES, architectures_grid())],
-                         ids=["measured", "heldout", "architectures"])
+                                         (ARCHITECTURES, architectures_grid()),
+                                         (MULTIMODAL, multimodal_grid())],
+                         ids=["measured", "heldout", "architectures", "multimodal"])
 def test_measured_rows_are_the_grid_in_order(path: Path,
                                              cases: list[tuple[str, Settings]]) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -149,6 +170,7 @@ def test_measured_rows_are_the_grid_in_order(path: Path,
         assert row["settings"] == s.as_dict()
         assert row["notes"] == notes(name, s, "cpu", 2, TORCHVISION), row["id"]
         assert row["measured"]["peak_allocated_bytes"] > 0
+        assert row.get("heldout", False) == ((name, s) in MULTIMODAL_HELDOUT)
 
 
 def test_notes_on_cuda() -> None:

@@ -319,6 +319,7 @@ pub(crate) fn model_states(
     let tp = layout.tp as f64;
     let stage_params: u64 = units.iter().map(|u| u.params).sum();
     let full_params = stage_params as f64 / tp;
+    let trained_params = units.iter().map(Unit::trained_params).sum::<u64>() as f64 / tp;
     let share = full_params / counts.total().max(1) as f64;
     let weight_bytes = workload.dtype.bytes() as f64;
     let lora = workload.lora;
@@ -335,7 +336,7 @@ pub(crate) fn model_states(
     let trainable_local = if lora.is_some() {
         trainable as f64 * share
     } else {
-        full_params
+        trained_params
     };
     if workload.mode != Mode::Train {
         return States {
@@ -377,7 +378,7 @@ pub(crate) fn model_states(
     };
     let grad_bytes = weight_bytes;
     // Gradient bytes per parameter of a unit: only the trainable share (LoRA adapters) gets one.
-    let mut grad_per_param = grad_bytes / tp * trainable_local / full_params.max(1.0);
+    let mut grad_per_param = grad_bytes / tp * trainable_local / trained_params.max(1.0);
     let mut buffers_weights = 0.0;
     let mut buffers_gradients = 0.0;
     let gradients_full = trainable_local * grad_bytes;
@@ -467,7 +468,7 @@ fn simulate_training(
     workload: &Workload,
     in_flight: f64,
 ) -> Vec<(Phase, Breakdown)> {
-    let total_params: f64 = units.iter().map(|u| u.params as f64).sum();
+    let total_params: f64 = units.iter().map(|u| u.trained_params() as f64).sum();
     let all_gradients = total_params * states.grad_per_param;
     let accumulating = workload.grad_accum > 1 || workload.keep_grads;
     let base = |gradients: f64, activations: f64, temporaries: f64| Breakdown {
@@ -505,7 +506,7 @@ fn simulate_training(
     let mut backward = Breakdown::default();
     let mut gradients = gradients_in_forward;
     for (unit, (keep, recompute)) in units.iter().zip(&kept).rev() {
-        let new_gradients = unit.params as f64 * states.grad_per_param;
+        let new_gradients = unit.trained_params() as f64 * states.grad_per_param;
         // Accumulating into existing gradients: the new one and the sum exist briefly.
         let (grown, transient_gradients) = if accumulating {
             (0.0, ACCUMULATION_COPIES * new_gradients)

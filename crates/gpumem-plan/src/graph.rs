@@ -42,6 +42,32 @@ pub struct Unit {
     pub kv_window: Option<f64>,
     /// Parameters of the unit (their gradients appear when its backward runs).
     pub params: u64,
+    /// Of `params`, those that get no gradient or optimizer state in training: frozen ones
+    /// (Whisper's sinusoidal encoder positions), or all of a unit no gradient reaches (a vision
+    /// tower's layers after the one LLaVA reads its features from).
+    pub untrained_params: u64,
+}
+
+impl Unit {
+    /// Parameters that receive a gradient in training.
+    pub fn trained_params(&self) -> u64 {
+        self.params - self.untrained_params
+    }
+
+    /// The unit as it runs when nothing reads its output in training: what it would save
+    /// lives only while it runs, and its backward never does.
+    fn unused_in_training(self) -> Unit {
+        Unit {
+            forward_transient: self.forward_transient + self.saved,
+            saved: 0.0,
+            attention_core: 0.0,
+            checkpoint: Some(0.0),
+            backward_transient: 0.0,
+            gradient_transient: 0.0,
+            untrained_params: self.params,
+            ..self
+        }
+    }
 }
 
 /// Gradient-sized tensors alive while a new gradient is added to an existing one (the new
@@ -120,6 +146,9 @@ struct AttentionMemory {
     /// Bytes alive at the start of its backward when the softmax ran in the activation dtype:
     /// the gradients of the probabilities and of the scores, one score matrix each.
     score_gradients: f64,
+    /// The gradients of its queries, keys and values, which its backward makes together (a
+    /// cross-attention's keys and values span the encoder's tokens).
+    input_gradients: f64,
 }
 
 /// Bytes per score element of eager attention's softmax, by the tensors that exist.
@@ -192,7 +221,17 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
                     ..workload.clone()
                 };
                 let tower = TransformerGraph::new(&vision.tower, &images, batch);
-                units.extend(tower.units());
+                // Training: the layers after the one whose hidden states LLaVA reads, and the
+                // tower's own final norm, feed nothing that reaches the loss.
+                let read = vision.feature_layers as usize;
+                units.extend(tower.units().into_iter().enumerate().map(|(index, unit)| {
+                    // Units: the patch embeddings (0), the blocks (1..=layers), the final norm.
+                    if tower.training && index > read {
+                        unit.unused_in_training()
+                    } else {
+                        unit
+                    }
+                }));
                 units.push(tower.projector(vision.projector, vision.image_tokens, spec.hidden));
             }
             units.extend(TransformerGraph::new(spec, workload, batch).units());
@@ -269,8 +308,17 @@ impl<'a> TransformerGraph<'a> {
             backward_transient: 2.0 * tokens * act * t,
             gradient_transient: tokens * act * t,
             inference_live: tokens * act * (v + 2.0 * t),
-            // The image features are scattered into the language model's input embeddings.
-            held: 0.0,
+            // The image features are scattered into a copy of the language model's input
+            // embeddings; their concatenation over the images (a copy) is returned with the
+            // output (`image_hidden_states`). Training drops the output before its backward.
+            held: if self.training { 0.0 } else { tokens * act * t },
+            // The tower's output (kept for `image_hidden_states`' source) stays referenced
+            // while the language model runs: one tower hidden state and the projector's output.
+            body_held: if self.training {
+                0.0
+            } else {
+                tokens * act * t + self.batch * self.sequence() * self.bytes.residual * v
+            },
             params,
             ..Unit::default()
         }
@@ -296,16 +344,36 @@ impl<'a> TransformerGraph<'a> {
                 causal: false,
                 cached_keys: None,
             };
+            // Whisper's encoder holds its convolutions' output (`inputs_embeds`) through its
+            // layers in a no-grad forward.
+            let stem_output = match spec.audio {
+                Some(_) if !self.training => {
+                    self.batch * seq * self.bytes.residual * spec.hidden as f64
+                }
+                _ => 0.0,
+            };
             for _ in 0..spec.encoder_layers {
-                units.push(self.block(encoder, None, LayerKind::default()));
+                let mut block = self.block(encoder, None, LayerKind::default());
+                block.inference_live += stem_output;
+                units.push(block);
             }
-            if !self.training {
-                // The encoder's output is returned (`encoder_last_hidden_state`), and the
-                // decoder's cross-attention reads it: held to the end of the forward.
+            if self.training && spec.final_norm {
+                // The encoder's final norm saves its input (the last residual sum) and its
+                // output, which every cross-attention's key and value projections read.
                 if let Some(last) = units.last_mut() {
-                    last.held += self.batch * seq * self.bytes.residual * spec.hidden as f64;
+                    last.saved += self.batch
+                        * seq
+                        * (self.norm_saved() + self.bytes.linear_input(spec.hidden as f64, 1.0));
                 }
             }
+            // The encoder's output is returned (`encoder_last_hidden_state`), and the
+            // decoder's cross-attention reads it: held from the first decoder block to the end
+            // of the forward.
+            let encoder_output = if self.training {
+                0.0
+            } else {
+                self.batch * seq * self.bytes.residual * spec.hidden as f64
+            };
             let dec = self.decoder_sequence();
             let decoder = AttentionShape {
                 queries: dec,
@@ -319,8 +387,12 @@ impl<'a> TransformerGraph<'a> {
                 causal: false,
                 cached_keys: None,
             };
-            for _ in 0..spec.layers {
-                units.push(self.block(decoder, Some(cross), LayerKind::default()));
+            for index in 0..spec.layers {
+                let mut block = self.block(decoder, Some(cross), LayerKind::default());
+                if index == 0 {
+                    block.held += encoder_output;
+                }
+                units.push(block);
             }
         } else {
             for index in 0..spec.layers {
@@ -338,7 +410,21 @@ impl<'a> TransformerGraph<'a> {
                 units.push(self.block(shape, None, layer));
             }
         }
-        units.push(self.head());
+        if spec.head == Head::AttentionPool && self.training {
+            units.extend(self.attention_pool());
+        } else {
+            units.push(self.head());
+        }
+        // A tied LM head's backward makes the word embedding's gradient: it exists from the
+        // head's backward on, not from the embedding's (which then accumulates into it).
+        let lm_head = matches!(spec.head, Head::CausalLm | Head::Seq2SeqLm | Head::MaskedLm);
+        if spec.tied_embeddings && lm_head && units.len() > 1 {
+            let shared = (spec.vocab * spec.hidden).min(units[0].params);
+            units[0].params -= shared;
+            if let Some(head) = units.last_mut() {
+                head.params += shared;
+            }
+        }
         units
     }
 
@@ -400,7 +486,14 @@ impl<'a> TransformerGraph<'a> {
         if let Some(a) = spec.audio {
             let frames = self.batch * a.frames as f64;
             let features = 2.0 * frames * a.mel_bins as f64;
-            held += features * self.bytes.residual;
+            // Whisper's `generate` concatenates the batch's 30 s segments into a new tensor
+            // (a copy of the features) that it keeps while it generates.
+            let copies = if self.workload.mode == Mode::Generate {
+                2.0
+            } else {
+                1.0
+            };
+            held += copies * features * self.bytes.residual;
             if self.training {
                 // The autocast copy of the features, both convolutions' outputs (GELU inputs)
                 // and the first GELU's output (the second convolution's input).
@@ -453,6 +546,8 @@ impl<'a> TransformerGraph<'a> {
             gradient_transient: tied_accumulation + tokens * self.bytes.residual * h,
             inference_live: (2.0 * tokens * self.bytes.residual * h).max(stem_live),
             params: spec.params_of_embeddings(),
+            // Whisper's sinusoidal encoder positions are a frozen parameter.
+            untrained_params: spec.audio.map_or(0, |a| a.frames * spec.hidden),
             ..Unit::default()
         }
     }
@@ -645,7 +740,8 @@ impl<'a> TransformerGraph<'a> {
             }
             _ => (0.0, 0.0),
         };
-        let cached = self.keeps_cache();
+        // An encoder's self-attention (bidirectional, not cross) caches nothing.
+        let cached = self.keeps_cache() && (shape.causal || cross);
         // No-grad projections alive at the attention (this GPU's heads): a fused projection stays
         // whole behind its q/k/v views (RoPE adds a rotated q, and k unless the cache took a
         // copy); separate projections leave q, and k and v unless the cache holds their copies.
@@ -697,8 +793,14 @@ impl<'a> TransformerGraph<'a> {
                 mask,
             )
         } else {
-            // Kernel output (already in the layout the output projection reads) + fp32 log-sum-exp.
-            tally.sharded += act * q + 4.0 * spec.heads as f64;
+            // Kernel output + fp32 log-sum-exp; the output is in the layout the output projection
+            // reads unless the queries were made contiguous per head (then the merge copies).
+            let merge_copy = if spec.head_layout_queries {
+                act * q
+            } else {
+                0.0
+            };
+            tally.sharded += act * q + merge_copy + 4.0 * spec.heads as f64;
             // Without gradients T5's bias goes to the kernel as an additive mask: a causal
             // decoder's is combined with the mask (`torch.where`) and made contiguous.
             let bias_mask = if stack_bias > 0.0 && shape.causal {
@@ -709,7 +811,7 @@ impl<'a> TransformerGraph<'a> {
             core += converted_mask;
             (
                 projections
-                    + query_tokens * (act * q_local + 4.0 * heads)
+                    + query_tokens * (act * q_local + merge_copy / self.split.tp + 4.0 * heads)
                     + bias_mask
                     + converted_mask,
                 0.0,
@@ -728,7 +830,7 @@ impl<'a> TransformerGraph<'a> {
             Some(_) => spec.cache_width() as f64,
             None => spec.cache_width() as f64 / self.split.tp,
         };
-        let kv_cache = if cached && (shape.causal || cross) {
+        let kv_cache = if cached {
             act * cache_width * key_tokens
         } else {
             0.0
@@ -741,6 +843,7 @@ impl<'a> TransformerGraph<'a> {
             stack_held: stack_bias + stack_mask,
             kv_cache,
             score_gradients,
+            input_gradients: act / self.split.tp * (query_tokens * q + key_tokens * (kv + value)),
         }
     }
 
@@ -817,6 +920,18 @@ impl<'a> TransformerGraph<'a> {
         }
     }
 
+    /// Intermediate-sized gradients the MLP's activation backward adds to what the block
+    /// saved. One for a single autograd node (GELU, SiLU: the new gradient, while the output's
+    /// gradient replaces the freed output). CLIP's `x * sigmoid(1.702 x)` as Python ops: the
+    /// product's backward makes both inputs' gradients while the output's gradient is alive,
+    /// two more than the freed product.
+    fn mlp_backward_intermediates(&self) -> f64 {
+        match (self.spec.gated_mlp, self.spec.activation) {
+            (false, Activation::QuickGelu) => 2.0,
+            _ => 1.0,
+        }
+    }
+
     fn block(
         &self,
         shape: AttentionShape,
@@ -888,10 +1003,26 @@ impl<'a> TransformerGraph<'a> {
         let mlp_live = hidden * held.at_mlp as f64 + self.mlp_no_grad_live(tokens, layer) + kept;
         let inference_live =
             attention_live.max(cross_live).max(mlp_live) + own.stack_held + cross.stack_held;
-        let largest_intermediate = (tally.core / 2.0)
-            .max(tokens * act * f)
-            .max(own.score_gradients.max(cross.score_gradients));
+        // The score gradients exist in the attention's backward, after the MLP's (and, where
+        // blocks run in sequence, the MLP's norm and the output projection's saved input are
+        // released by then).
+        let score_gradients = own.score_gradients.max(cross.score_gradients);
+        let released_before_attention = if spec.parallel_residual || score_gradients == 0.0 {
+            0.0
+        } else {
+            tokens
+                * (self.mlp(layer) / self.split.tp
+                    + self.norm_saved() / self.split.sequence
+                    + act * spec.query_width() as f64 / self.split.tp)
+        };
         let residual_gradient = 2.0 * tokens * self.bytes.residual * h;
+        // In the attention's backward one residual-stream gradient is alive beside its own.
+        let attention_backward = (score_gradients - released_before_attention)
+            .max(cross.input_gradients - released_before_attention)
+            - residual_gradient / 2.0;
+        let largest_intermediate = (tally.core / 2.0)
+            .max(tokens * act * f * self.mlp_backward_intermediates())
+            .max(attention_backward);
         Unit {
             name: "block",
             saved,
@@ -908,6 +1039,38 @@ impl<'a> TransformerGraph<'a> {
             params: spec.block_params(has_cross, layer),
             ..Unit::default()
         }
+    }
+
+    /// SigLIP's attention-pooling head in training, as two units in forward order:
+    /// `nn.MultiheadAttention` over the final norm's output (one learned query), then its output
+    /// projection, norm and MLP, whose gradients exist before the attention's backward runs.
+    /// The attention's packed key/value projection reads a transposed view of the norm output
+    /// (its matmul saves a contiguous copy) and makes its output contiguous (k and v are views
+    /// of it, saved by the score and output products); in backward, the gradients of k and v
+    /// each come back as a zero-filled tensor of the packed projection's size
+    /// (`select_backward`) beside one of their gradients, after the packed output is released.
+    fn attention_pool(&self) -> [Unit; 2] {
+        let spec = self.spec;
+        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let tokens = self.batch * self.sequence();
+        let pooled = self.head();
+        let attention_params =
+            spec.norm_params() + spec.hidden + 3 * (spec.hidden + 1) * spec.hidden;
+        let attention = Unit {
+            name: "head",
+            saved: tokens * (self.norm_saved() + act * h + act * 2.0 * h),
+            backward_transient: tokens * act * 3.0 * h,
+            gradient_transient: tokens * self.bytes.residual * h,
+            params: attention_params,
+            ..Unit::default()
+        };
+        let rest = Unit {
+            name: "head",
+            saved: pooled.saved - tokens * self.norm_saved(),
+            params: pooled.params - attention_params,
+            ..Unit::default()
+        };
+        [attention, rest]
     }
 
     fn head(&self) -> Unit {

@@ -495,6 +495,7 @@ impl ConfigFields<'_> {
             moe: MoeLayout::default(),
             rescaled_output: false,
             audio: None,
+            head_layout_queries: false,
             vision: None,
         };
         let need_positions = || {
@@ -922,6 +923,7 @@ impl ConfigFields<'_> {
         }
         spec.learned_positions = positions;
         spec.key_bias = false;
+        spec.head_layout_queries = true;
         spec.activation = self.activation(&["activation_function"], "gelu")?;
         let dropout = self.f64_or(&["dropout"], 0.0);
         spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
@@ -941,6 +943,39 @@ impl ConfigFields<'_> {
                 .unwrap_or(1500),
         });
         Ok(())
+    }
+
+    /// Tower layers up to the deepest `vision_feature_layer` (an index into the tower's hidden
+    /// states: 0 is the patch embeddings, -1 the last layer; default -2; a list concatenates
+    /// several) out of `layers`.
+    fn feature_layers(&self, layers: u64) -> Result<u64> {
+        let invalid = |value: &Value| PlanError::InvalidValue {
+            name: "vision_feature_layer".into(),
+            value: value.to_string(),
+            reason: format!(
+                "must be an index into the vision tower's {} hidden states ({} to {layers}), \
+                 or a list of them",
+                layers + 1,
+                -(layers as i64 + 1)
+            ),
+        };
+        let index = |value: &Value| {
+            let n = value.as_i64().ok_or_else(|| invalid(value))?;
+            let from_end = layers as i64 + 1 + n;
+            match n {
+                0.. if n <= layers as i64 => Ok(n as u64),
+                ..0 if from_end >= 0 => Ok(from_end as u64),
+                _ => Err(invalid(value)),
+            }
+        };
+        match self.find(&["vision_feature_layer"]) {
+            None => Ok(layers.saturating_sub(1)),
+            Some(Value::Array(list)) if !list.is_empty() => list
+                .iter()
+                .map(index)
+                .try_fold(0, |deepest, n| Ok(deepest.max(n?))),
+            Some(value) => index(value),
+        }
     }
 
     /// A vision-language model: a language model (`text_config`, the family's defaults where
@@ -969,13 +1004,14 @@ impl ConfigFields<'_> {
         })?;
         let (v, t) = (tower.hidden, lm.hidden);
         let per_side = patches.image_size / patches.patch;
-        let (projector, image_tokens) = match family {
+        let (projector, image_tokens, feature_layers) = match family {
             VisionLanguage::Llava => {
                 let bias = self.bool_or(&["multimodal_projector_bias"], true);
                 let tokens = self
                     .optional_u64("image_seq_length", &["image_seq_length"], limits::POSITIONS)?
                     .unwrap_or(per_side.pow(2));
-                (v * t + t * t + if bias { 2 * t } else { 0 }, tokens)
+                let projector = v * t + t * t + if bias { 2 * t } else { 0 };
+                (projector, tokens, self.feature_layers(tower.layers)?)
             }
             VisionLanguage::Gemma3 => {
                 let tokens = self
@@ -996,14 +1032,16 @@ impl ConfigFields<'_> {
                         ),
                     });
                 }
-                // The projection matrix and the RMSNorm's weight.
-                (v * t + v, tokens)
+                // The projection matrix and the RMSNorm's weight; the features are the tower's
+                // last hidden state, after its final norm (every layer).
+                (v * t + v, tokens, tower.layers)
             }
         };
         lm.vision = Some(Box::new(VisionAdapter {
             tower,
             projector,
             image_tokens,
+            feature_layers,
         }));
         Ok(ModelSpec {
             name: name.to_string(),

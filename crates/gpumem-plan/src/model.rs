@@ -175,6 +175,10 @@ pub struct VisionAdapter {
     pub projector: u64,
     /// Image tokens each image contributes to the language model's sequence.
     pub image_tokens: u64,
+    /// Tower layers whose output the projector reads (`vision_feature_layer`: -2, the
+    /// default, reads the hidden states before the last layer); the layers after it run but
+    /// get no gradient.
+    pub feature_layers: u64,
 }
 
 /// What distinguishes one block of a stack from another.
@@ -325,6 +329,10 @@ pub struct TransformerSpec {
     pub rescaled_output: bool,
     /// Whisper's audio front end (the encoder reads mel frames, not tokens).
     pub audio: Option<AudioStem>,
+    /// The attention makes its queries contiguous per head before the kernel (Whisper): the
+    /// kernel's output then comes in head layout, and merging the heads for the output
+    /// projection is a copy (which that projection saves).
+    pub head_layout_queries: bool,
     /// Vision tower and projector of a vision-language model.
     pub vision: Option<Box<VisionAdapter>>,
 }
@@ -486,7 +494,7 @@ impl TransformerSpec {
         }
     }
 
-    fn norm_params(&self) -> u64 {
+    pub(crate) fn norm_params(&self) -> u64 {
         self.hidden * if self.norm_bias { 2 } else { 1 }
     }
 

@@ -174,7 +174,7 @@ impl Emitter {
 /// they accumulate.
 fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload, shapes: &Shapes) {
     let accumulating = workload.grad_accum > 1 || workload.keep_grads;
-    let grad = |u: &Unit| u.params as f64 * states.grad_per_param;
+    let grad = |u: &Unit| u.trained_params() as f64 * states.grad_per_param;
     let mut kept_gradients: Vec<Vec<u64>> = Vec::new();
     if accumulating {
         kept_gradients = units

@@ -210,3 +210,33 @@ fn fitting_a_sequence_needs_a_sequence_model() {
         );
     }
 }
+
+#[test]
+fn llava_feature_layer_must_index_the_tower() {
+    let config = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/plan/configs/llava-4l.json"),
+    )
+    .unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&config).unwrap();
+    let plan = |json: &serde_json::Value| parse_config("llava.json", &json.to_string());
+    // The measured config reads layer -2 of 4: the last tower layer is untrained.
+    assert!(plan(&json).is_ok());
+    for bad in [
+        serde_json::json!(5),
+        serde_json::json!(-6),
+        serde_json::json!("x"),
+    ] {
+        json["vision_feature_layer"] = bad.clone();
+        match plan(&json).unwrap_err() {
+            PlanError::InvalidValue { name, reason, .. } => {
+                assert_eq!(name, "vision_feature_layer", "{bad}");
+                assert!(reason.contains("-5 to 4"), "{reason}");
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    // A list reads several layers; the deepest decides what is trained.
+    json["vision_feature_layer"] = serde_json::json!([-3, -1]);
+    assert!(plan(&json).is_ok());
+}

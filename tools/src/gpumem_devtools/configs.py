@@ -200,6 +200,38 @@ ARCH_CONFIGS: dict[str, tuple[str, str, Config]] = {
                     "suppress_tokens": [], "begin_suppress_tokens": []}),
 }
 
+# The multimodal set (measure_peak.multimodal_grid): vision towers, a vision-language model and
+# Whisper, from the catalogue the same way. A nested override (LLaVA's `text_config`,
+# `vision_config`) changes only the keys it names.
+MULTIMODAL_CONFIGS: dict[str, tuple[str, str, Config]] = {
+    # CLIP ViT-L/14-336's vision tower, 4 layers of width 256: 224 px / 14 = 256 patches + class.
+    "clip-vision-4l": ("clip-vit-large-patch14-336", "openai/clip-vit-large-patch14-336",
+                       {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4,
+                        "num_attention_heads": 4, "image_size": 224}),
+    # SigLIP so400m's vision tower (no class token, attention-pooling head).
+    "siglip-vision-4l": ("siglip-so400m-patch14-384", "google/siglip-so400m-patch14-384",
+                         {"hidden_size": 288, "intermediate_size": 1088, "num_hidden_layers": 4,
+                          "num_attention_heads": 4, "image_size": 224}),
+    # LLaVA-1.5-7B: CLIP tower (feature layer -2) + 2-layer GELU projector + Llama; 256 image
+    # tokens per sample (224 px / 14)^2.
+    "llava-4l": ("llava-1.5-7b", "llava-hf/llava-1.5-7b-hf",
+                 {"image_seq_length": 256, "image_token_index": 8000,
+                  "text_config": {"hidden_size": 512, "intermediate_size": 1376,
+                                  "num_hidden_layers": 4, "num_attention_heads": 8,
+                                  "num_key_value_heads": 8, "vocab_size": 8064},
+                  "vision_config": {"hidden_size": 256, "intermediate_size": 1024,
+                                    "num_hidden_layers": 4, "num_attention_heads": 4,
+                                    "image_size": 224}}),
+    # Whisper large-v3 (128 mel bins), 2 + 2 layers of width 256.
+    "whisper-v3-2l": ("whisper-large-v3", "openai/whisper-large-v3",
+                      {"d_model": 256, "encoder_layers": 2, "decoder_layers": 2,
+                       "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+                       "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024, "vocab_size": 8192,
+                       "is_encoder_decoder": True, "decoder_start_token_id": 1,
+                       "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+                       "suppress_tokens": [], "begin_suppress_tokens": []}),
+}
+
 CNN_CONFIGS: dict[str, Config] = {
     "resnet18": {"model_type": "resnet", "depth": 18, "num_classes": 1000},
     "resnet50": {"model_type": "resnet", "depth": 50, "num_classes": 1000},
@@ -207,8 +239,8 @@ CNN_CONFIGS: dict[str, Config] = {
 
 
 def all_names() -> list[str]:
-    """Every config name (HF configs, architectures, then CNNs)."""
-    return [*HF_CONFIGS, *ARCH_CONFIGS, *CNN_CONFIGS]
+    """Every config name (HF configs, architectures, multimodal, then CNNs)."""
+    return [*HF_CONFIGS, *ARCH_CONFIGS, *MULTIMODAL_CONFIGS, *CNN_CONFIGS]
 
 
 def _catalogue_config(name: str) -> Config:
@@ -222,27 +254,46 @@ def config_dict(name: str) -> Config:
     """The JSON object written for config `name`."""
     if name in CNN_CONFIGS:
         return dict(CNN_CONFIGS[name])
-    if name in ARCH_CONFIGS:
-        catalogue_name, hub_id, shrink = ARCH_CONFIGS[name]
+    if name in ARCH_CONFIGS or name in MULTIMODAL_CONFIGS:
+        catalogue_name, hub_id, shrink = {**ARCH_CONFIGS, **MULTIMODAL_CONFIGS}[name]
         real = _catalogue_config(catalogue_name)
     else:
         hub_id, real, shrink = HF_CONFIGS[name]
-    changes = ", ".join(f"{k} {real.get(k)}->{v}" for k, v in shrink.items())
-    out: Config = {"_name_or_path": hub_id, "_gpumem_shrunk": changes}
+    out: Config = {"_name_or_path": hub_id, "_gpumem_shrunk": ", ".join(_changes(real, shrink))}
     out.update(real)
-    out.update(shrink)
+    for key, value in shrink.items():
+        out[key] = {**real[key], **value} if isinstance(value, dict) else value
     return out
+
+
+def _changes(real: Config, shrink: Config, prefix: str = "") -> list[str]:
+    """`key old->new` for every overridden key (nested ones as `outer.inner`)."""
+    out: list[str] = []
+    for key, value in shrink.items():
+        if isinstance(value, dict):
+            out += _changes(real.get(key, {}), value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key} {real.get(key)}->{value}")
+    return out
+
+
+# Model kinds whose forward can build a KV cache (`use_cache`).
+KV_CACHE_KINDS = ("causal_lm", "seq2seq", "vlm")
 
 
 def model_kind(cfg: Mapping[str, Any]) -> str:
     """How a config is built and fed (models.build): "cnn" (torchvision ResNet),
-    "image_cls", "masked_lm", "seq2seq" or "causal_lm"; KeyError if it names no
-    architecture."""
+    "image_cls", "vision_tower" (CLIP/SigLIP vision model), "vlm" (LLaVA: images and text),
+    "masked_lm", "seq2seq" or "causal_lm"; KeyError if it names no architecture."""
     if cfg.get("model_type") == "resnet" and "depth" in cfg:
         return "cnn"
     arch = cfg["architectures"][0]
     if arch.endswith("ImageClassification"):
         return "image_cls"
+    if arch.endswith("VisionModel"):
+        return "vision_tower"
+    if cfg.get("model_type") == "llava":
+        return "vlm"
     if arch.endswith("MaskedLM"):
         return "masked_lm"
     if cfg.get("is_encoder_decoder"):

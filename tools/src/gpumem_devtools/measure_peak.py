@@ -40,6 +40,7 @@ CONFIG_DIR = "testdata/plan/configs"
 DEFAULT_OUT = "testdata/plan/measured.jsonl"
 HELDOUT_OUT = "testdata/plan/measured_heldout.jsonl"
 ARCHITECTURES_OUT = "testdata/plan/measured_architectures.jsonl"
+MULTIMODAL_OUT = "testdata/plan/measured_multimodal.jsonl"
 STEPS = 2
 
 
@@ -166,7 +167,7 @@ def _state_cache(name: str, s: Settings) -> Settings:
     """The grid's inference cases of models with a KV cache ran with `use_cache=False` (the
     harness's plain forward): their settings say so, as `no_cache`."""
     kind = configs.model_kind(configs.config_dict(name))
-    if s.mode == "infer" and s.no_cache is None and kind in ("causal_lm", "seq2seq"):
+    if s.mode == "infer" and s.no_cache is None and kind in configs.KV_CACHE_KINDS:
         s.no_cache = True
     return s
 
@@ -246,6 +247,62 @@ def architectures_grid() -> list[tuple[str, Settings]]:
     return cases
 
 
+def multimodal_grid() -> list[tuple[str, Settings]]:
+    """(config name, Settings) of the multimodal set (`--multimodal`,
+    measured_multimodal.jsonl): CLIP and SigLIP vision towers on 224 px images, LLaVA-1.5 on
+    one image + text per sample (train, a plain forward returning its KV cache, generate) and
+    Whisper (train, generate), fp32 and bf16, SDPA and eager. Cases of `MULTIMODAL_HELDOUT`
+    close the list: they were measured with the others but not looked at while the planner's
+    mechanisms were fixed."""
+    cache = {"no_cache": False}
+    eager = {"attn": "eager"}
+    bf16 = {"dtype": "bf16"}
+    forloop = {"optimizer_impl": "forloop"}
+    cases: list[tuple[str, Settings]] = []
+    for name in ("clip-vision-4l", "siglip-vision-4l"):
+        img = {"image_size": 224}
+        cases += [(name, s) for s in (
+            T(8, None, **img), T(8, None, **img, **bf16, **eager), T(8, None, **img, **forloop),
+            I(16, None, **img), I(16, None, **img, **bf16, **eager))]
+    # Small bf16 batches, where the optimizer states weigh against the activations.
+    cases += [("siglip-vision-4l", T(2, None, image_size=224, **bf16, **eager))]
+    cases += [("llava-4l", s) for s in (
+        T(2, 512), T(2, 512, **bf16, **eager), T(2, 512, **bf16, **forloop),
+        I(4, 512, **cache), I(4, 512, **bf16, **cache, **eager),
+        G(2, 320, 32), G(2, 320, 32, **bf16))]
+    # Whisper's decoder prompt in generate is its start token (seq 1).
+    cases += [("whisper-4l", s) for s in (
+        T(4, 128), T(4, 128, **forloop, **eager), G(4, 1, 32), G(4, 1, 32, **bf16, **eager))]
+    cases += [("whisper-v3-2l", s) for s in (T(2, 64), I(2, 64, labels=True, **cache))]
+    return cases + MULTIMODAL_HELDOUT
+
+
+# The held-out part of the multimodal set: other batches, sequences, dtypes and a second
+# Whisper (large-v3's 128 mel bins).
+MULTIMODAL_HELDOUT: list[tuple[str, Settings]] = [
+    ("clip-vision-4l", T(4, None, image_size=224, dtype="bf16")),
+    ("siglip-vision-4l", I(32, None, image_size=224, dtype="bf16")),
+    ("siglip-vision-4l", T(4, None, image_size=224, attn="eager")),
+    ("llava-4l", T(1, 384, dtype="bf16")),
+    ("llava-4l", I(2, 768, dtype="bf16", no_cache=False)),
+    ("llava-4l", G(1, 288, 64, dtype="bf16", attn="eager")),
+    ("whisper-v3-2l", T(2, 64, dtype="bf16")),
+    ("whisper-v3-2l", I(2, 64, dtype="bf16", labels=True, no_cache=False, attn="eager")),
+    ("whisper-v3-2l", G(2, 1, 64)),
+    # A second batch, measured after the mechanisms were fixed (the first batch's errors
+    # were printed with the first comparison).
+    ("clip-vision-4l", I(4, None, image_size=224, dtype="bf16")),
+    ("clip-vision-4l", T(2, None, image_size=224, dtype="bf16", attn="eager",
+                         optimizer_impl="forloop")),
+    ("siglip-vision-4l", T(2, None, image_size=224, dtype="bf16")),
+    ("llava-4l", T(2, 448, attn="eager")),
+    ("llava-4l", I(1, 384, no_cache=False)),
+    ("llava-4l", G(4, 300, 16)),
+    ("whisper-v3-2l", T(1, 32, attn="eager")),
+    ("whisper-v3-2l", G(1, 1, 16, dtype="bf16")),
+]
+
+
 def case_id(name: str, s: Settings) -> str:
     parts = [name, s.mode, f"b{s.batch}"]
     if s.seq is not None:
@@ -277,6 +334,7 @@ def notes(name: str, s: Settings, device: str, threads: int,
     """The `notes` of a case's result row (`threads`: torch's CPU threads;
     `torchvision_version` for ResNets)."""
     cpu = device_type(device) == "cpu"
+    kind = configs.model_kind(configs.config_dict(name))
     out = [f"torch.profiler CPU allocation trace, {threads} threads" if cpu
            else "torch.cuda.memory._record_memory_history trace",
            f"peak over {s.mode} step {STEPS} of {STEPS}"]
@@ -291,6 +349,11 @@ def notes(name: str, s: Settings, device: str, threads: int,
             out.append("loss: F.cross_entropy(logits, labels)")
         elif name.startswith("vit"):
             out.append("loss: model's own cross-entropy on random labels")
+        elif kind == "vision_tower":
+            out.append("loss: mean of pooler_output (a vision tower has no loss of its own)")
+        elif kind == "vlm":
+            out.append("loss: model's own loss, labels = input_ids with the image positions "
+                       "-100")
         else:
             out.append("loss: model's own loss with labels=input_ids")
         if s.optimizer == "sgd":
@@ -301,9 +364,13 @@ def notes(name: str, s: Settings, device: str, threads: int,
     if name.startswith("t5"):
         out.append("decoder length = seq")
     if name.startswith("whisper"):
-        out.append("input_features: 3000 random log-mel frames; labels (decoder length) = seq")
-    kind = configs.model_kind(configs.config_dict(name))
-    if s.passes_no_cache(kind in ("causal_lm", "seq2seq")):
+        out.append("input_features: 3000 random log-mel frames; " + (
+            "generate from the decoder start token" if s.mode == "generate"
+            else "labels (decoder length) = seq"))
+    if kind == "vlm":
+        out.append("one random 224 px image per sample; input_ids: its image tokens, then "
+                   "random text tokens, seq in all")
+    if s.passes_no_cache(kind in configs.KV_CACHE_KINDS):
         out.append("use_cache=False")
     elif s.no_cache is False:
         out.append("use_cache not passed (config default True): the forward returns its KV cache")
@@ -501,6 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
                          f"<checkout>/{HELDOUT_OUT})")
     ap.add_argument("--architectures", action="store_true",
                     help=f"measure the architectures set (default --out: {ARCHITECTURES_OUT})")
+    ap.add_argument("--multimodal", action="store_true",
+                    help=f"measure the multimodal set (default --out: {MULTIMODAL_OUT})")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
     ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
@@ -513,6 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     table = (architectures_grid() if args.architectures
+             else multimodal_grid() if args.multimodal
              else heldout_grid() if args.heldout else grid())
     cases = [(n, s, case_id(n, s)) for n, s in table]
     if args.only is not None:
@@ -536,6 +606,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         vers = versions()
         default_out = (ARCHITECTURES_OUT if args.architectures
+                       else MULTIMODAL_OUT if args.multimodal
                        else HELDOUT_OUT if args.heldout else DEFAULT_OUT)
         out = args.out or root / default_out
         _measure_cases(root, out, cases, table, args.redo, args.device,
@@ -564,6 +635,8 @@ def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, s
         done[cid] = {"id": cid, "config": cfg, "settings": s.as_dict(),
                      "measured": {"peak_allocated_bytes": peak, "phase": phase},
                      "versions": vers, "notes": notes(name, s, device, threads, tv)}
+        if (name, s) in MULTIMODAL_HELDOUT:
+            done[cid]["heldout"] = True
         gc.collect()
         print(f"{cid}: {peak / 2**20:.1f} MiB ({phase}) in {time.time() - t0:.1f}s", flush=True)
         rows = sorted(done.values(), key=lambda r: order.get(r["id"], len(order)))

@@ -23,12 +23,15 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 class Workload:
     """A model plus how to feed it: `batch(...)` -> kwargs, `loss(**kwargs)` -> scalar."""
     model: torch.nn.Module
-    kind: str  # "causal_lm" | "masked_lm" | "seq2seq" | "image_cls" | "cnn"
+    kind: str  # "causal_lm" | "masked_lm" | "seq2seq" | "image_cls" | "vision_tower" | "vlm" | "cnn"
     vocab_size: int | None
     image_size: int | None
     num_classes: int | None
     # Log-mel bins of a speech encoder (Whisper): its input is features, not token ids.
     mel_bins: int | None = None
+    # A vision-language model's image placeholder token and image tokens per sample (LLaVA).
+    image_token: int | None = None
+    image_tokens: int | None = None
 
     def batch(self, batch: int, seq: int | None, device: str, dtype: torch.dtype | None,
               with_labels: bool) -> dict[str, torch.Tensor]:
@@ -39,6 +42,11 @@ class Workload:
             labels = torch.randint(0, self.num_classes, (batch,), device=device)
             key = "x" if self.kind == "cnn" else "pixel_values"
             return {key: pixels, "labels": labels} if with_labels else {key: pixels}
+        if self.kind == "vision_tower":
+            size = self.image_size
+            return {"pixel_values": torch.randn(batch, 3, size, size, device=device, dtype=dtype)}
+        if self.kind == "vlm":
+            return self._image_text_batch(batch, seq, device, dtype, with_labels)
         if self.mel_bins is not None:
             # 30 s of audio: 3000 frames (the encoder's 1500 positions after its stride-2 conv).
             features = torch.randn(batch, self.mel_bins, 3000, device=device, dtype=dtype)
@@ -49,11 +57,33 @@ class Workload:
             return {"input_ids": ids}
         return {"input_ids": ids, "labels": ids.clone()}
 
+    def _image_text_batch(self, batch: int, seq: int | None, device: str,
+                          dtype: torch.dtype | None,
+                          with_labels: bool) -> dict[str, torch.Tensor]:
+        """LLaVA's processor output: one image per sample, its `image_tokens` placeholders
+        (as transformers >= 4.47 expands `<image>`) followed by text tokens, `seq` in all;
+        labels ignore (-100) the image positions, as LLaVA's training data does."""
+        assert self.image_token is not None and self.image_tokens is not None and seq
+        if seq <= self.image_tokens:
+            raise ValueError(f"seq {seq} leaves no text after {self.image_tokens} image tokens")
+        size = self.image_size
+        pixels = torch.randn(batch, 3, size, size, device=device, dtype=dtype)
+        text = torch.randint(3, self.image_token, (batch, seq - self.image_tokens), device=device)
+        image = torch.full((batch, self.image_tokens), self.image_token, device=device)
+        ids = torch.cat([image, text], dim=1)
+        out = {"input_ids": ids, "pixel_values": pixels, "attention_mask": torch.ones_like(ids)}
+        if with_labels:
+            out["labels"] = ids.masked_fill(ids == self.image_token, -100)
+        return out
+
     def loss(self, **inputs: torch.Tensor) -> torch.Tensor:
-        """Forward plus the standard loss (the model's own for HF, CE for CNNs)."""
+        """Forward plus the standard loss (the model's own for HF, CE for CNNs; a vision
+        tower, which has none, the mean of its pooled image embeddings)."""
         if self.kind == "cnn":
             labels = inputs.pop("labels")
             return F.cross_entropy(self.model(**inputs), labels)
+        if self.kind == "vision_tower":
+            return self.model(**inputs).pooler_output.mean()
         return self.model(**inputs).loss
 
 
@@ -77,16 +107,17 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
         model = model.to(device=device, dtype=torch_dtype)
         return Workload(model, "cnn", None, image_size or 224, cfg["num_classes"])
 
+    if kind == "vlm":
+        return _build_vlm(cfg, config_path, kwargs_for(torch_dtype, attn), grad_ckpt, device)
     if image_size is not None and image_size != cfg.get("image_size"):
         raise ValueError(f"{config_path}: built for image_size {cfg.get('image_size')}, "
                          f"not {image_size}")
     transformers = require("transformers")
     hf_cfg = transformers.AutoConfig.for_model(**cfg)
     arch = cfg["architectures"][0]
-    kwargs: dict[str, Any] = {"dtype": torch_dtype}
-    if attn is not None:
-        kwargs["attn_implementation"] = attn
+    kwargs = kwargs_for(torch_dtype, attn)
     auto = {"image_cls": transformers.AutoModelForImageClassification,
+            "vision_tower": transformers.AutoModel,
             "masked_lm": transformers.AutoModelForMaskedLM,
             "seq2seq": transformers.AutoModelForSeq2SeqLM,
             "causal_lm": transformers.AutoModelForCausalLM}[kind]
@@ -100,6 +131,30 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
         model.activation_checkpointing_enable()
     return Workload(model, kind, cfg.get("vocab_size"), cfg.get("image_size"),
                     len(cfg["id2label"]) if "id2label" in cfg else None, mel_bins)
+
+
+def kwargs_for(dtype: torch.dtype, attn: str | None) -> dict[str, Any]:
+    """`from_config` keyword arguments: the weights' dtype and the attention implementation."""
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if attn is not None:
+        kwargs["attn_implementation"] = attn
+    return kwargs
+
+
+def _build_vlm(cfg: dict[str, Any], config_path: str | Path, kwargs: dict[str, Any],
+               grad_ckpt: bool, device: str) -> Workload:
+    """A LLaVA-style model (vision tower, projector, language model), all trainable."""
+    transformers = require("transformers")
+    hf_cfg = transformers.AutoConfig.for_model(**cfg)
+    model = transformers.AutoModelForImageTextToText.from_config(hf_cfg, **kwargs).to(device)
+    arch = cfg["architectures"][0]
+    if type(model).__name__ != arch:
+        raise ValueError(f"{config_path}: built {type(model).__name__}, config names {arch}")
+    if grad_ckpt:
+        model.activation_checkpointing_enable()
+    vision = hf_cfg.vision_config
+    return Workload(model, "vlm", hf_cfg.text_config.vocab_size, vision.image_size, None,
+                    image_token=hf_cfg.image_token_id, image_tokens=hf_cfg.image_seq_length)
 
 
 def make_optimizer(name: str, impl: str,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ._deps import missing, require
+from .configs import KV_CACHE_KINDS
 from .models import (DTYPES, Workload, build, cuda_autocast_policy_on_cpu, gpu_like_dropout,
                      gpu_like_softmax, make_optimizer)
 from .recorder import Recorder
@@ -76,14 +77,14 @@ def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) ->
 
 def _cache_argument(wl: Workload, s: Settings) -> dict[str, Any]:
     """`use_cache=False` when the settings ask for no KV cache (see Settings.no_cache)."""
-    has_cache = wl.kind in ("causal_lm", "seq2seq")
+    has_cache = wl.kind in KV_CACHE_KINDS
     return {"use_cache": False} if s.passes_no_cache(has_cache) else {}
 
 
 def _infer(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) -> None:
     wl.model.eval()
     extra = _cache_argument(wl, s)
-    if s.labels and wl.kind not in ("causal_lm", "seq2seq", "masked_lm"):
+    if s.labels and wl.kind not in (*KV_CACHE_KINDS, "masked_lm"):
         raise ValueError("labels in inference are measured for language models")
     with torch.no_grad():
         for _ in range(steps):
@@ -114,8 +115,8 @@ def _generate(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str)
                 rec.boundary("decode")
             return scores
 
-    if wl.kind != "causal_lm":
-        raise ValueError("generate is measured for decoder-only LMs")
+    if wl.kind not in KV_CACHE_KINDS:
+        raise ValueError("generate is measured for decoders, encoder-decoders and VLMs")
     if s.no_cache is not None or s.labels:
         raise ValueError("generate is measured with its default KV cache and no labels")
     wl.model.eval()
@@ -124,12 +125,23 @@ def _generate(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str)
         for _ in range(steps):
             rec.boundary("step")
             rec.boundary("inputs")
-            ids = wl.batch(s.batch, s.seq, device, None, with_labels=False)["input_ids"]
-            mask = torch.ones_like(ids)
+            inputs = _prompt(wl, s, device)
             rec.boundary("prefill")
             with _autocast(device, s.amp):
                 out = wl.model.generate(
-                    input_ids=ids, attention_mask=mask, do_sample=False,
+                    **inputs, do_sample=False,
                     max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens,
                     pad_token_id=eos, logits_processor=LogitsProcessorList([_DecodeMark()]))
-            del out, ids, mask
+            del out, inputs
+
+
+def _prompt(wl: Workload, s: Settings, device: str) -> dict[str, Any]:
+    """What `generate` is called with: a prompt of `s.seq` tokens (LLaVA: with its image), or
+    Whisper's 30 s of features (the decoder starts from its start token; `s.seq` unused)."""
+    if wl.mel_bins is not None:
+        features = wl.batch(s.batch, 1, device, DTYPES[s.dtype], with_labels=False)
+        return {"input_features": features["input_features"]}
+    inputs = wl.batch(s.batch, s.seq, device, DTYPES[s.dtype], with_labels=False)
+    if "attention_mask" not in inputs:
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    return inputs
