@@ -346,8 +346,15 @@ pub(crate) fn model_states(
         Optimizer::Adafactor => state_bytes * adafactor_fraction(model),
         // Two uint8 moments plus an fp32 absmax per 2048-element block for each.
         Optimizer::Adam8bit => 2.0 + 8.0 / 2048.0,
+        Optimizer::None => 0.0,
     };
-    let mut optimizer = trainable_local * (per_param_states + if master { 4.0 } else { 0.0 });
+    // Without an optimizer nothing keeps fp32 master weights.
+    let master_bytes = if master && workload.optimizer != Optimizer::None {
+        4.0
+    } else {
+        0.0
+    };
+    let mut optimizer = trainable_local * (per_param_states + master_bytes);
     let step_temporaries = match (workload.optimizer, workload.optimizer_impl) {
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Foreach) => {
             trainable_local * state_bytes
@@ -360,7 +367,7 @@ pub(crate) fn model_states(
         (Optimizer::Adafactor, OptimizerImpl::Foreach) => trainable_local * 4.0,
         (Optimizer::Adafactor, _) => largest_trainable * 4.0,
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Fused)
-        | (Optimizer::Sgd | Optimizer::Adam8bit, _) => 0.0,
+        | (Optimizer::Sgd | Optimizer::Adam8bit | Optimizer::None, _) => 0.0,
     };
     let grad_bytes = weight_bytes;
     // Gradient bytes per parameter of a unit: only the trainable share (LoRA adapters) gets one.
@@ -428,15 +435,33 @@ fn adafactor_fraction(model: &ModelSpec) -> f64 {
     }
 }
 
-/// Saved bytes of a unit under the checkpointing policy, and what backward recomputes.
-pub(crate) fn kept_and_recomputed(unit: &Unit, policy: Checkpointing) -> (f64, f64) {
-    match (policy, unit.checkpoint) {
-        (Checkpointing::Full, Some(kept)) => (kept, unit.saved),
-        (Checkpointing::Selective, Some(_)) => {
-            (unit.saved - unit.attention_core, unit.attention_core)
-        }
-        _ => (unit.saved, 0.0),
-    }
+/// Saved bytes of each unit under the checkpointing policy, and what its backward recomputes.
+/// Checkpointable units (blocks) are counted in order for every-k-th-layer checkpointing.
+pub(crate) fn kept_and_recomputed(units: &[Unit], policy: Checkpointing) -> Vec<(f64, f64)> {
+    let mut block = 0;
+    units
+        .iter()
+        .map(|unit| {
+            let Some(input) = unit.checkpoint else {
+                return (unit.saved, 0.0);
+            };
+            let covered = policy.covers_block(block);
+            block += 1;
+            match policy {
+                _ if !covered => (unit.saved, 0.0),
+                Checkpointing::Full | Checkpointing::EveryNth(_) => (input, unit.saved),
+                Checkpointing::Selective => {
+                    (unit.saved - unit.attention_core, unit.attention_core)
+                }
+                // The saved op outputs are cached, not recomputed.
+                Checkpointing::PerOp => (
+                    input + unit.per_op_saved,
+                    (unit.saved - unit.per_op_saved).max(0.0),
+                ),
+                Checkpointing::None => (unit.saved, 0.0),
+            }
+        })
+        .collect()
 }
 
 /// Ceiling of every breakdown entry (2⁵⁹ bytes, 512 PiB): absurd workloads saturate here, so the
@@ -466,10 +491,7 @@ fn simulate_training(
         ..Breakdown::default()
     };
     let policy = workload.checkpointing;
-    let kept: Vec<(f64, f64)> = units
-        .iter()
-        .map(|u| kept_and_recomputed(u, policy))
-        .collect();
+    let kept = kept_and_recomputed(units, policy);
     let gradients_in_forward = if accumulating { all_gradients } else { 0.0 };
 
     let mut forward = Breakdown::default();
@@ -515,13 +537,17 @@ fn simulate_training(
         }
         gradients += grown;
     }
-    let step = base(all_gradients, 0.0, states.step_temporaries);
-    vec![
+    let mut phases = vec![
         (Phase::Forward, forward),
         (Phase::ForwardEnd, forward_end),
         (Phase::Backward, backward),
-        (Phase::OptimizerStep, step),
-    ]
+    ];
+    // Without an optimizer the step ends with backward, its gradients allocated.
+    if workload.optimizer != Optimizer::None {
+        let step = base(all_gradients, 0.0, states.step_temporaries);
+        phases.push((Phase::OptimizerStep, step));
+    }
+    phases
 }
 
 fn simulate_inference(

@@ -40,6 +40,7 @@ CONFIG_DIR = "testdata/plan/configs"
 DEFAULT_OUT = "testdata/plan/measured.jsonl"
 HELDOUT_OUT = "testdata/plan/measured_heldout.jsonl"
 ARCHITECTURES_OUT = "testdata/plan/measured_architectures.jsonl"
+SETTINGS_OUT = "testdata/plan/measured_settings.jsonl"
 STEPS = 2
 
 
@@ -246,6 +247,40 @@ def architectures_grid() -> list[tuple[str, Settings]]:
     return cases
 
 
+def settings_grid() -> list[tuple[str, Settings]]:
+    """(config name, Settings) of the single-GPU settings set (`--settings`,
+    measured_settings.jsonl): training without an optimizer (forward and backward, as
+    benchmarks run), checkpointing every K-th layer, and torchtitan's per-op selective
+    checkpointing, over bias-free (Llama) and biased (GPT-2) linears."""
+    none = {"optimizer": "none", "optimizer_impl": None}
+    cases: dict[str, list[Settings]] = {
+        "tinyllama-8l": [
+            T(4, 512, **none), T(4, 512, amp="bf16", **none), T(2, 512, dtype="bf16", **none),
+            T(4, 512, grad_ckpt_every=2), T(4, 512, grad_ckpt_every=3),
+            T(4, 512, grad_ckpt_per_op=True), T(4, 512, grad_ckpt_every=2, **none)],
+        "gpt2-12l": [
+            T(4, 256, **none), T(4, 256, grad_ckpt_every=2), T(4, 256, grad_ckpt_every=4),
+            T(4, 256, grad_ckpt_per_op=True), T(4, 256, attn="eager", **none)],
+        "llama-8l": [
+            T(2, 512, dtype="bf16", **none), T(2, 512, dtype="bf16", grad_ckpt_every=2),
+            T(2, 512, dtype="bf16", grad_ckpt_per_op=True)],
+        "gpt2-2l": [T(4, 256, **none), T(8, 128, **none)],
+        "bert-12l": [T(8, 128, **none), T(8, 128, grad_ckpt_every=2)],
+    }
+    # generate before transformers 4.45 (PR #31292 brought `num_logits_to_keep`): the prefill
+    # computes the whole prompt's logits, upcast to fp32 by the Llama-family forward. Measured
+    # in an environment with that release (`--only tf4.44`).
+    old = {"transformers": "4.44.2"}
+    cases["tinyllama-8l"] += [G(4, 512, 32, dtype="bf16", **old), G(2, 256, 64, **old)]
+    cases["tinyllama-2l"] = [G(4, 256, 32, dtype="bf16", **old), G(8, 128, 64, **old)]
+    cases["gpt2-12l"] += [G(4, 256, 32, **old), G(2, 512, 16, dtype="bf16", **old)]
+    cases["qwen2.5-2l"] = [G(2, 256, 32, dtype="bf16", **old)]
+    # ... and a plain forward returns those fp32 logits.
+    cases["tinyllama-8l"] += [I(4, 512, dtype="bf16", no_cache=True, **old)]
+    cases["gpt2-12l"] += [I(4, 256, no_cache=True, **old)]
+    return [(name, s) for name, lst in cases.items() for s in lst]
+
+
 def case_id(name: str, s: Settings) -> str:
     parts = [name, s.mode, f"b{s.batch}"]
     if s.seq is not None:
@@ -257,10 +292,16 @@ def case_id(name: str, s: Settings) -> str:
     parts.append(s.dtype)
     if s.amp:
         parts.append(f"amp-{s.amp}")
-    if s.optimizer:
+    if s.optimizer == "none":
+        parts.append("no-optimizer")
+    elif s.optimizer:
         parts.append(f"{s.optimizer}-{s.optimizer_impl}")
     if s.grad_ckpt:
         parts.append("ckpt")
+    if s.grad_ckpt_every:
+        parts.append(f"ckpt-every{s.grad_ckpt_every}")
+    if s.grad_ckpt_per_op:
+        parts.append("ckpt-per-op")
     if s.labels:
         parts.append("labels")
     # Named where it departs from the harness's convention (inference without a cache,
@@ -269,6 +310,8 @@ def case_id(name: str, s: Settings) -> str:
         parts.append("nocache" if s.no_cache else "cache")
     if s.attn:
         parts.append(s.attn)
+    if s.transformers:
+        parts.append(f"tf{s.transformers}")
     return "-".join(parts)
 
 
@@ -285,8 +328,15 @@ def notes(name: str, s: Settings, device: str, threads: int,
     if cpu and "fp16" in (s.dtype, s.amp):
         out.append("fp16 softmax(dtype=float32) as CUDA's half_to_float kernel (no fp32 "
                    "copy of the input)")
-    if s.mode == "train":
+    if s.mode == "train" and s.optimizer == "none":
+        out.append("no optimizer: forward, backward, model.zero_grad(set_to_none=True)")
+    elif s.mode == "train":
         out.append("zero_grad(set_to_none=True) after optimizer.step as HF Trainer")
+    if s.grad_ckpt_every:
+        out.append(f"activation_checkpointing_enable(every_n_layers={s.grad_ckpt_every})")
+    if s.grad_ckpt_per_op:
+        out.append("every layer checkpointed with torchtitan's per-op policy (save mm except "
+                   "every second, and SDPA; CPU flash kernel counted as CUDA's)")
         if name.startswith("resnet"):
             out.append("loss: F.cross_entropy(logits, labels)")
         elif name.startswith("vit"):
@@ -309,7 +359,10 @@ def notes(name: str, s: Settings, device: str, threads: int,
         out.append("use_cache not passed (config default True): the forward returns its KV cache")
     if s.labels:
         out.append("labels=input_ids: the model computes its own loss")
-    if s.mode == "generate":
+    if s.mode == "generate" and s.transformers is not None:
+        out.append(f"HF generate (transformers {s.transformers}), greedy, "
+                   "min_new_tokens=max_new_tokens; prefill computes the whole prompt's logits")
+    elif s.mode == "generate":
         out.append("HF generate, greedy, min_new_tokens=max_new_tokens, DynamicCache; "
                    "prefill keeps last-token logits only")
     if name.startswith("resnet"):
@@ -329,6 +382,11 @@ def measure(config_path: Path, s: Settings, device: str) -> tuple[int, str | Non
     from .recorder import recorder_for
     from .workloads import run
 
+    if s.transformers is not None:
+        installed = require("transformers").__version__
+        if installed != s.transformers:
+            raise ValueError(f"case needs transformers {s.transformers}, this environment has "
+                             f"{installed}")
     rec = recorder_for(device)
     with rec:
         run(config_path, s, rec, STEPS, device)
@@ -501,6 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
                          f"<checkout>/{HELDOUT_OUT})")
     ap.add_argument("--architectures", action="store_true",
                     help=f"measure the architectures set (default --out: {ARCHITECTURES_OUT})")
+    ap.add_argument("--settings", action="store_true",
+                    help=f"measure the single-GPU settings set (default --out: {SETTINGS_OUT})")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
     ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
@@ -513,6 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     table = (architectures_grid() if args.architectures
+             else settings_grid() if args.settings
              else heldout_grid() if args.heldout else grid())
     cases = [(n, s, case_id(n, s)) for n, s in table]
     if args.only is not None:
@@ -536,6 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         vers = versions()
         default_out = (ARCHITECTURES_OUT if args.architectures
+                       else SETTINGS_OUT if args.settings
                        else HELDOUT_OUT if args.heldout else DEFAULT_OUT)
         out = args.out or root / default_out
         _measure_cases(root, out, cases, table, args.redo, args.device,

@@ -64,14 +64,15 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
 def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
           grad_ckpt: bool = False, device: str = "cpu",
-          image_size: int | None = None) -> Workload:
+          image_size: int | None = None, grad_ckpt_every: int | None = None,
+          grad_ckpt_per_op: bool = False) -> Workload:
     """Instantiate the architecture of `config_path` with random weights."""
     cfg = load_config(config_path)
     torch_dtype = DTYPES[dtype]
     kind = model_kind(cfg)
     if kind == "cnn":
         torchvision = require("torchvision")
-        if grad_ckpt:
+        if grad_ckpt or grad_ckpt_every or grad_ckpt_per_op:
             raise ValueError("gradient checkpointing is not defined for torchvision CNNs")
         model = getattr(torchvision.models, f"resnet{cfg['depth']}")(num_classes=cfg["num_classes"])
         model = model.to(device=device, dtype=torch_dtype)
@@ -83,7 +84,10 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
     transformers = require("transformers")
     hf_cfg = transformers.AutoConfig.for_model(**cfg)
     arch = cfg["architectures"][0]
-    kwargs: dict[str, Any] = {"dtype": torch_dtype}
+    # `from_config(dtype=...)` came with transformers 4.56; older releases (measured for
+    # `--transformers`) take `torch_dtype`.
+    release = tuple(int(p) for p in transformers.__version__.split(".")[:2])
+    kwargs: dict[str, Any] = {"dtype" if release >= (4, 56) else "torch_dtype": torch_dtype}
     if attn is not None:
         kwargs["attn_implementation"] = attn
     auto = {"image_cls": transformers.AutoModelForImageClassification,
@@ -98,8 +102,42 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
         raise ValueError(f"{config_path}: built {type(model).__name__}, config names {arch}")
     if grad_ckpt:
         model.activation_checkpointing_enable()
+    elif grad_ckpt_every:
+        model.activation_checkpointing_enable(every_n_layers=grad_ckpt_every)
+    elif grad_ckpt_per_op:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={
+            "use_reentrant": False, "context_fn": per_op_checkpoint_context})
     return Workload(model, kind, cfg.get("vocab_size"), cfg.get("image_size"),
                     len(cfg["id2label"]) if "id2label" in cfg else None, mel_bins)
+
+
+# Ops whose outputs torchtitan's per-op selective checkpointing saves (`_save_list` of
+# torchtitan's `apply_ac`, "op" option): matmuls and the CUDA attention kernels. The CPU flash
+# kernel is added here as their counterpart, so that CPU runs save what CUDA runs would.
+_PER_OP_SAVED = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+
+
+def per_op_checkpoint_context() -> Any:
+    """torchtitan's per-op policy for one checkpointed region: save the outputs of the ops in
+    `_PER_OP_SAVED` except every second `mm` (counted separately in forward and recompute),
+    recompute everything else."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            counts[mode] += 1
+        save = func in _PER_OP_SAVED and not (
+            func == torch.ops.aten.mm.default and counts[mode] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def make_optimizer(name: str, impl: str,
