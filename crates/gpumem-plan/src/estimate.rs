@@ -5,6 +5,7 @@ use crate::checks::check;
 use crate::error::Result;
 use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
+use crate::single_gpu::old_release_buffer_bytes;
 use crate::warning::Warning;
 use crate::workload::{
     BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload,
@@ -319,6 +320,12 @@ pub(crate) fn model_states(
         None => full_params * weight_bytes,
     };
     weights += counts.buffers as f64 * share * weight_bytes;
+    // Planning an older transformers release's inference: the buffers its modelling code had.
+    if let (Architecture::Transformer(spec), Some(release)) = (&model.arch, workload.transformers) {
+        if workload.mode != Mode::Train && release.full_prompt_logits() {
+            weights += old_release_buffer_bytes(spec, weight_bytes) * share;
+        }
+    }
     let trainable_local = if lora.is_some() {
         trainable as f64 * share
     } else {
@@ -450,9 +457,7 @@ pub(crate) fn kept_and_recomputed(units: &[Unit], policy: Checkpointing) -> Vec<
             match policy {
                 _ if !covered => (unit.saved, 0.0),
                 Checkpointing::Full | Checkpointing::EveryNth(_) => (input, unit.saved),
-                Checkpointing::Selective => {
-                    (unit.saved - unit.attention_core, unit.attention_core)
-                }
+                Checkpointing::Selective => (unit.saved - unit.attention_core, unit.attention_core),
                 // The saved op outputs are cached, not recomputed.
                 Checkpointing::PerOp => (
                     input + unit.per_op_saved,

@@ -941,9 +941,7 @@ impl<'a> TransformerGraph<'a> {
         let keys = cross.map_or(0.0, |c| self.batch * c.keys);
         let kernel = if self.workload.attention == Attention::Sdpa && !self.materialises_scores() {
             let attentions = if cross.is_some() { 2.0 } else { 1.0 };
-            attentions
-                * queries
-                * (act * spec.query_width() as f64 + 4.0 * spec.heads as f64)
+            attentions * queries * (act * spec.query_width() as f64 + 4.0 * spec.heads as f64)
                 / self.split.tp
         } else {
             0.0
@@ -955,10 +953,7 @@ impl<'a> TransformerGraph<'a> {
     /// the NF4 matmul dequantises: always with gradients; without, only for more than one token
     /// (a single token runs the `gemv_4bit` kernel on the packed weight).
     fn nf4_dequantised(&self, layer: LayerKind, tokens: f64) -> f64 {
-        let nf4 = self
-            .workload
-            .lora
-            .is_some_and(|l| l.base == BaseQuant::Nf4);
+        let nf4 = self.workload.lora.is_some_and(|l| l.base == BaseQuant::Nf4);
         if !nf4 || (!self.training && tokens <= 1.0) {
             return 0.0;
         }

@@ -243,8 +243,10 @@ fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes) {
         }
         let live = out.pieces(unit.inference_live, shapes.largest);
         cache.push(out.pieces(unit.kv_cache, shapes.activation));
-        out.free_all(live);
+        // What the unit returns exists beside its last live tensors (logits and the copy
+        // they were made from).
         held.push(out.alloc(unit.held));
+        out.free_all(live);
         if index < last {
             body.push(out.alloc(unit.body_held));
         }

@@ -265,7 +265,11 @@ impl Settings {
     /// The checkpointing policy the flags ask for; two policies at once are a conflict.
     fn checkpointing(&self) -> Result<Checkpointing> {
         let asked: Vec<(String, Checkpointing)> = [
-            (self.grad_ckpt, "--grad-ckpt".to_string(), Checkpointing::Full),
+            (
+                self.grad_ckpt,
+                "--grad-ckpt".to_string(),
+                Checkpointing::Full,
+            ),
             (
                 self.grad_ckpt_selective,
                 "--grad-ckpt-selective".to_string(),

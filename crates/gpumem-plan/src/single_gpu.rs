@@ -128,3 +128,18 @@ const UPCAST_ALL_LOGITS_BEFORE_4_45: &[&str] = &[
 pub(crate) fn upcast_all_logits_before_4_45(spec: &TransformerSpec) -> bool {
     UPCAST_ALL_LOGITS_BEFORE_4_45.contains(&spec.model_type.as_str())
 }
+
+/// Bytes of the per-layer buffers that transformers 4.44.2's modelling code of `spec`'s
+/// family registers and later releases dropped (read from its sources): GPT-2's and GPT-NeoX's
+/// attention keep a boolean causal mask of `max_positions²` (`register_buffer("bias",
+/// torch.tril(...))`), Qwen2's attention its own rotary `cos_cached` and `sin_cached` tables
+/// (`max_positions × head_dim` each) in the weight dtype.
+pub(crate) fn old_release_buffer_bytes(spec: &TransformerSpec, weight_bytes: f64) -> f64 {
+    let positions = spec.max_positions.unwrap_or(0) as f64;
+    let per_layer = match spec.model_type.as_str() {
+        "gpt2" | "gpt_neox" => positions * positions,
+        "qwen2" => 2.0 * positions * spec.head_dim as f64 * weight_bytes,
+        _ => 0.0,
+    };
+    per_layer * spec.layers as f64
+}
