@@ -328,15 +328,11 @@ def notes(name: str, s: Settings, device: str, threads: int,
     if cpu and "fp16" in (s.dtype, s.amp):
         out.append("fp16 softmax(dtype=float32) as CUDA's half_to_float kernel (no fp32 "
                    "copy of the input)")
-    if s.mode == "train" and s.optimizer == "none":
-        out.append("no optimizer: forward, backward, model.zero_grad(set_to_none=True)")
-    elif s.mode == "train":
-        out.append("zero_grad(set_to_none=True) after optimizer.step as HF Trainer")
-    if s.grad_ckpt_every:
-        out.append(f"activation_checkpointing_enable(every_n_layers={s.grad_ckpt_every})")
-    if s.grad_ckpt_per_op:
-        out.append("every layer checkpointed with torchtitan's per-op policy (save mm except "
-                   "every second, and SDPA; CPU flash kernel counted as CUDA's)")
+    if s.mode == "train":
+        if s.optimizer == "none":
+            out.append("no optimizer: forward, backward, model.zero_grad(set_to_none=True)")
+        else:
+            out.append("zero_grad(set_to_none=True) after optimizer.step as HF Trainer")
         if name.startswith("resnet"):
             out.append("loss: F.cross_entropy(logits, labels)")
         elif name.startswith("vit"):
@@ -345,6 +341,11 @@ def notes(name: str, s: Settings, device: str, threads: int,
             out.append("loss: model's own loss with labels=input_ids")
         if s.optimizer == "sgd":
             out.append("sgd momentum=0.9")
+    if s.grad_ckpt_every:
+        out.append(f"activation_checkpointing_enable(every_n_layers={s.grad_ckpt_every})")
+    if s.grad_ckpt_per_op:
+        out.append("every layer checkpointed with torchtitan's per-op policy (save mm except "
+                   "every second, and SDPA; CPU flash kernel counted as CUDA's)")
     if s.amp and cpu:
         out.append("CUDA autocast op policy emulated on CPU (its fp32 ops, e.g. softmax, "
                    "layer_norm, pow, sum, run in fp32)")
