@@ -121,7 +121,7 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     assert len(architectures) == len(set(architectures)) == 36
     assert not (set(ids) | set(heldout)) & set(architectures)
     single = [case_id(n, s) for n, s in settings_grid()]
-    assert len(single) == len(set(single)) == 28
+    assert len(single) == len(set(single)) == 32
     assert not (set(ids) | set(heldout) | set(architectures)) & set(single)
     assert case_id("tinyllama-8l", Settings("train", 4, 512, optimizer="none", attn="sdpa",
                                             grad_ckpt_every=2)) == \

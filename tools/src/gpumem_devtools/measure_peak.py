@@ -257,13 +257,18 @@ def settings_grid() -> list[tuple[str, Settings]]:
         "tinyllama-8l": [
             T(4, 512, **none), T(4, 512, amp="bf16", **none), T(2, 512, dtype="bf16", **none),
             T(4, 512, grad_ckpt_every=2), T(4, 512, grad_ckpt_every=3),
-            T(4, 512, grad_ckpt_per_op=True), T(4, 512, grad_ckpt_every=2, **none)],
+            T(4, 512, grad_ckpt_per_op=True), T(4, 512, grad_ckpt_every=2, **none),
+            T(4, 512, amp="bf16", grad_ckpt_per_op=True),
+            T(2, 512, dtype="bf16", attn="eager", grad_ckpt_per_op=True)],
         "gpt2-12l": [
             T(4, 256, **none), T(4, 256, grad_ckpt_every=2), T(4, 256, grad_ckpt_every=4),
             T(4, 256, grad_ckpt_per_op=True), T(4, 256, attn="eager", **none)],
         "llama-8l": [
             T(2, 512, dtype="bf16", **none), T(2, 512, dtype="bf16", grad_ckpt_every=2),
             T(2, 512, dtype="bf16", grad_ckpt_per_op=True)],
+        # Biased q/k/v (addmm): the per-op policy's mm count starts at o_proj.
+        "qwen2.5-6l": [T(4, 256, dtype="bf16", grad_ckpt_per_op=True),
+                       T(4, 256, dtype="bf16", grad_ckpt_every=2, **none)],
         "gpt2-2l": [T(4, 256, **none), T(8, 128, **none)],
         "bert-12l": [T(8, 128, **none), T(8, 128, grad_ckpt_every=2)],
     }
