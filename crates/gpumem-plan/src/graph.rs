@@ -8,7 +8,8 @@ use crate::model::{
     TransformerSpec,
 };
 use crate::single_gpu::{
-    nf4_dequantised_bytes, per_op_saved_matmul_widths, upcast_all_logits_before_4_45,
+    nf4_dequantised_bytes, old_release_cache_width, per_op_saved_matmul_widths,
+    upcast_all_logits_before_4_45,
 };
 use crate::workload::{Attention, BaseQuant, Checkpointing, Dtype, Mode, Target, Workload};
 
@@ -736,6 +737,12 @@ impl<'a> TransformerGraph<'a> {
         // stays alive; decoding then keeps only the window (`Unit::kv_window`).
         let cache_width = match spec.latent {
             Some(_) => spec.cache_width() as f64,
+            // A prompt's cache of views that keep the whole fused projection alive (an old
+            // release's tuple cache; decoding concatenates copies of k and v).
+            None if shape.queries > 1.0 && !cross && self.old_logits().0 => {
+                let fused = old_release_cache_width(spec) as f64;
+                fused.max(spec.cache_width() as f64) / self.split.tp
+            }
             None => spec.cache_width() as f64 / self.split.tp,
         };
         let kv_cache = if cached && (shape.causal || cross) {

@@ -143,3 +143,14 @@ pub(crate) fn old_release_buffer_bytes(spec: &TransformerSpec, weight_bytes: f64
     };
     per_layer * spec.layers as f64
 }
+
+/// Elements per token and layer of what transformers 4.44.2's tuple KV cache keeps alive after
+/// a prompt, where it differs from keys plus values: GPT-2's attention splits its fused `c_attn`
+/// output and returns `present = (key, value)` as views of it (`_split_heads` is `view` +
+/// `permute`), so the whole q|k|v projection stays referenced; 0 for the other families.
+pub(crate) fn old_release_cache_width(spec: &TransformerSpec) -> u64 {
+    match spec.model_type.as_str() {
+        "gpt2" => spec.query_width() + spec.kv_width() + spec.value_width(),
+        _ => 0,
+    }
+}
