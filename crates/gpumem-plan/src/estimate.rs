@@ -5,7 +5,7 @@ use crate::checks::check;
 use crate::error::Result;
 use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
-use crate::single_gpu::old_release_buffer_bytes;
+use crate::single_gpu::{old_release_buffer_bytes, old_release_tuple_cache};
 use crate::warning::Warning;
 use crate::workload::{
     BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload,
@@ -611,6 +611,13 @@ fn simulate_inference(
         .sum();
     let layer_kv = step_units.iter().map(|u| u.kv_cache).fold(0.0, f64::max) * cached_tokens;
     let mut decode = pass(&step_units, cache_base);
-    decode.temporaries += bytes(layer_kv);
+    // An old release's tuple cache: the previous step's whole cache lives beside the new one.
+    let tuple_cache = match (&model.arch, workload.transformers) {
+        (Architecture::Transformer(spec), Some(release)) => {
+            release.full_prompt_logits() && old_release_tuple_cache(spec)
+        }
+        _ => false,
+    };
+    decode.temporaries += bytes(if tuple_cache { cache_base } else { layer_kv });
     vec![(Phase::Prefill, prefill), (Phase::Decode, decode)]
 }

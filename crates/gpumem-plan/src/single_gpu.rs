@@ -154,3 +154,15 @@ pub(crate) fn old_release_cache_width(spec: &TransformerSpec) -> u64 {
         _ => 0,
     }
 }
+
+/// Did `spec`'s family decode with a tuple KV cache in transformers 4.44.2 (no
+/// `_supports_cache_class`: GPT-2, GPT-NeoX, OPT, BigCode)? Each decode step's forward then
+/// concatenates every layer's keys and values into new tensors while the previous step's tuple
+/// stays referenced by `generate` until the step returns: two whole caches at its end (a
+/// `DynamicCache` replaces one layer at a time).
+pub(crate) fn old_release_tuple_cache(spec: &TransformerSpec) -> bool {
+    matches!(
+        spec.model_type.as_str(),
+        "gpt2" | "gpt_neox" | "opt" | "gpt_bigcode"
+    )
+}
