@@ -11,7 +11,7 @@ from gpumem_devtools.capture_trace import CONFIG_DIR as TRACE_CONFIG_DIR
 from gpumem_devtools.capture_trace import TRACES as TRACE_TABLE
 from gpumem_devtools.measure_peak import CONFIG_DIR as PLAN_CONFIG_DIR
 from gpumem_devtools.measure_peak import (MULTIMODAL_HELDOUT, architectures_grid, case_id, grid,
-                                          heldout_grid, multimodal_grid, notes)
+                                          heldout_grid, multimodal_grid, notes, settings_grid)
 from gpumem_devtools.settings import (AMP_NAMES, ATTN_IMPLS, DTYPE_NAMES, MODES, OPTIMIZER_IMPLS,
                                       OPTIMIZERS, Settings)
 
@@ -19,11 +19,12 @@ MEASURED = REPO / "testdata" / "plan" / "measured.jsonl"
 HELDOUT = REPO / "testdata" / "plan" / "measured_heldout.jsonl"
 ARCHITECTURES = REPO / "testdata" / "plan" / "measured_architectures.jsonl"
 MULTIMODAL = REPO / "testdata" / "plan" / "measured_multimodal.jsonl"
+SINGLE_GPU_SETTINGS = REPO / "testdata" / "plan" / "measured_settings.jsonl"
 TORCHVISION = "0.29.2+cu132"  # what the committed measurements were made with
 
 
 def _workloads() -> list[tuple[str, Settings]]:
-    return (grid() + heldout_grid() + architectures_grid() + multimodal_grid()
+    return (grid() + heldout_grid() + architectures_grid() + multimodal_grid() + settings_grid()
             + [(cfg, s) for cfg, s, _ in TRACE_TABLE.values()])
 
 
@@ -107,7 +108,9 @@ def test_workload_settings_are_buildable(name: str, s: Settings) -> None:
         assert s.attn in ATTN_IMPLS
     if kind == "cnn":
         assert s.attn is None and not s.grad_ckpt
-    if s.mode == "train":
+    if s.mode == "train" and s.optimizer == "none":
+        assert s.optimizer_impl is None
+    elif s.mode == "train":
         assert s.optimizer in OPTIMIZERS and s.optimizer_impl in OPTIMIZER_IMPLS
         assert (s.optimizer, s.optimizer_impl) != ("adafactor", "fused")
     else:
@@ -136,6 +139,15 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     assert len(MULTIMODAL_HELDOUT) == 17 and multimodal[-17:] == [
         case_id(n, s) for n, s in MULTIMODAL_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
+    single = [case_id(n, s) for n, s in settings_grid()]
+    assert len(single) == len(set(single)) == 32
+    assert not (set(ids) | set(heldout) | set(architectures)) & set(single)
+    assert case_id("tinyllama-8l", Settings("train", 4, 512, optimizer="none", attn="sdpa",
+                                            grad_ckpt_every=2)) == \
+        "tinyllama-8l-train-b4-s512-fp32-no-optimizer-ckpt-every2-sdpa"
+    assert case_id("gpt2-12l", Settings("generate", 4, 256, new_tokens=32, attn="sdpa",
+                                        transformers="4.44.2")) == \
+        "gpt2-12l-generate-b4-s256-new32-fp32-sdpa-tf4.44.2"
     # Cache and labels are named where they depart from the harness's convention.
     assert case_id("t5-small-4l", Settings("infer", 4, 256, attn="sdpa", no_cache=False,
                                            labels=True)) == \
@@ -159,8 +171,9 @@ def test_case_ids_are_unique_and_descriptive() -> None:
 
 @pytest.mark.parametrize("path, cases", [(MEASURED, grid()), (HELDOUT, heldout_grid()),
                                          (ARCHITECTURES, architectures_grid()),
-                                         (MULTIMODAL, multimodal_grid())],
-                         ids=["measured", "heldout", "architectures", "multimodal"])
+                                         (MULTIMODAL, multimodal_grid()),
+                                         (SINGLE_GPU_SETTINGS, settings_grid())],
+                         ids=["measured", "heldout", "architectures", "multimodal", "settings"])
 def test_measured_rows_are_the_grid_in_order(path: Path,
                                              cases: list[tuple[str, Settings]]) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]

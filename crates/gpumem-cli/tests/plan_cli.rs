@@ -273,3 +273,44 @@ fn trace_out_writes_the_planned_sequence_that_replay_reads() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn single_gpu_settings_errors_name_what_is_accepted() {
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--transformers", "4.45.0.dev0"],
+            "invalid transformers = 4.45.0.dev0: must be a transformers release as MAJOR.MINOR \
+             or MAJOR.MINOR.PATCH",
+        ),
+        (
+            &["--grad-ckpt", "--grad-ckpt-per-op"],
+            "--grad-ckpt cannot be combined with --grad-ckpt-per-op",
+        ),
+        (&["--grad-ckpt-every", "-2"], "must be a positive integer"),
+    ];
+    for (flags, expected) in cases {
+        let mut args = vec!["plan", "--model", "gpt2"];
+        args.extend_from_slice(flags);
+        let out = gpumem(&args);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+    }
+    let out = gpumem(&[
+        "plan",
+        "--model",
+        "gpt2",
+        "--optimizer",
+        "none",
+        "--grad-ckpt-every",
+        "4",
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["breakdown"]["optimizer_states"], 0);
+    assert_eq!(
+        v["phases"].as_array().unwrap().last().unwrap()["phase"],
+        "backward"
+    );
+}

@@ -5,6 +5,7 @@ use crate::checks::check;
 use crate::error::Result;
 use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
+use crate::single_gpu::{old_release_buffer_bytes, old_release_tuple_cache};
 use crate::warning::Warning;
 use crate::workload::{
     BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload,
@@ -333,6 +334,12 @@ pub(crate) fn model_states(
         None => full_params * weight_bytes,
     };
     weights += counts.buffers as f64 * share * weight_bytes;
+    // Planning an older transformers release's inference: the buffers its modelling code had.
+    if let (Architecture::Transformer(spec), Some(release)) = (&model.arch, workload.transformers) {
+        if workload.mode != Mode::Train && release.full_prompt_logits() {
+            weights += old_release_buffer_bytes(spec, weight_bytes) * share;
+        }
+    }
     let trainable_local = if lora.is_some() {
         trainable as f64 * share
     } else {
@@ -360,8 +367,15 @@ pub(crate) fn model_states(
         Optimizer::Adafactor => state_bytes * adafactor_fraction(model),
         // Two uint8 moments plus an fp32 absmax per 2048-element block for each.
         Optimizer::Adam8bit => 2.0 + 8.0 / 2048.0,
+        Optimizer::None => 0.0,
     };
-    let mut optimizer = trainable_local * (per_param_states + if master { 4.0 } else { 0.0 });
+    // Without an optimizer nothing keeps fp32 master weights.
+    let master_bytes = if master && workload.optimizer != Optimizer::None {
+        4.0
+    } else {
+        0.0
+    };
+    let mut optimizer = trainable_local * (per_param_states + master_bytes);
     let step_temporaries = match (workload.optimizer, workload.optimizer_impl) {
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Foreach) => {
             trainable_local * state_bytes
@@ -374,7 +388,7 @@ pub(crate) fn model_states(
         (Optimizer::Adafactor, OptimizerImpl::Foreach) => trainable_local * 4.0,
         (Optimizer::Adafactor, _) => largest_trainable * 4.0,
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Fused)
-        | (Optimizer::Sgd | Optimizer::Adam8bit, _) => 0.0,
+        | (Optimizer::Sgd | Optimizer::Adam8bit | Optimizer::None, _) => 0.0,
     };
     let grad_bytes = weight_bytes;
     // Gradient bytes per parameter of a unit: only the trainable share (LoRA adapters) gets one.
@@ -442,15 +456,31 @@ fn adafactor_fraction(model: &ModelSpec) -> f64 {
     }
 }
 
-/// Saved bytes of a unit under the checkpointing policy, and what backward recomputes.
-pub(crate) fn kept_and_recomputed(unit: &Unit, policy: Checkpointing) -> (f64, f64) {
-    match (policy, unit.checkpoint) {
-        (Checkpointing::Full, Some(kept)) => (kept, unit.saved),
-        (Checkpointing::Selective, Some(_)) => {
-            (unit.saved - unit.attention_core, unit.attention_core)
-        }
-        _ => (unit.saved, 0.0),
-    }
+/// Saved bytes of each unit under the checkpointing policy, and what its backward recomputes.
+/// Checkpointable units (blocks) are counted in order for every-k-th-layer checkpointing.
+pub(crate) fn kept_and_recomputed(units: &[Unit], policy: Checkpointing) -> Vec<(f64, f64)> {
+    let mut block = 0;
+    units
+        .iter()
+        .map(|unit| {
+            let Some(input) = unit.checkpoint else {
+                return (unit.saved, 0.0);
+            };
+            let covered = policy.covers_block(block);
+            block += 1;
+            match policy {
+                _ if !covered => (unit.saved, 0.0),
+                Checkpointing::Full | Checkpointing::EveryNth(_) => (input, unit.saved),
+                Checkpointing::Selective => (unit.saved - unit.attention_core, unit.attention_core),
+                // The saved op outputs are cached, not recomputed.
+                Checkpointing::PerOp => (
+                    input + unit.per_op_saved,
+                    (unit.saved - unit.per_op_saved).max(0.0),
+                ),
+                Checkpointing::None => (unit.saved, 0.0),
+            }
+        })
+        .collect()
 }
 
 /// Ceiling of every breakdown entry (2⁵⁹ bytes, 512 PiB): absurd workloads saturate here, so the
@@ -480,10 +510,7 @@ fn simulate_training(
         ..Breakdown::default()
     };
     let policy = workload.checkpointing;
-    let kept: Vec<(f64, f64)> = units
-        .iter()
-        .map(|u| kept_and_recomputed(u, policy))
-        .collect();
+    let kept = kept_and_recomputed(units, policy);
     let gradients_in_forward = if accumulating { all_gradients } else { 0.0 };
 
     let mut forward = Breakdown::default();
@@ -529,13 +556,17 @@ fn simulate_training(
         }
         gradients += grown;
     }
-    let step = base(all_gradients, 0.0, states.step_temporaries);
-    vec![
+    let mut phases = vec![
         (Phase::Forward, forward),
         (Phase::ForwardEnd, forward_end),
         (Phase::Backward, backward),
-        (Phase::OptimizerStep, step),
-    ]
+    ];
+    // Without an optimizer the step ends with backward, its gradients allocated.
+    if workload.optimizer != Optimizer::None {
+        let step = base(all_gradients, 0.0, states.step_temporaries);
+        phases.push((Phase::OptimizerStep, step));
+    }
+    phases
 }
 
 fn simulate_inference(
@@ -594,6 +625,13 @@ fn simulate_inference(
         .sum();
     let layer_kv = step_units.iter().map(|u| u.kv_cache).fold(0.0, f64::max) * cached_tokens;
     let mut decode = pass(&step_units, cache_base);
-    decode.temporaries += bytes(layer_kv);
+    // An old release's tuple cache: the previous step's whole cache lives beside the new one.
+    let tuple_cache = match (&model.arch, workload.transformers) {
+        (Architecture::Transformer(spec), Some(release)) => {
+            release.full_prompt_logits() && old_release_tuple_cache(spec)
+        }
+        _ => false,
+    };
+    decode.temporaries += bytes(if tuple_cache { cache_base } else { layer_kv });
     vec![(Phase::Prefill, prefill), (Phase::Decode, decode)]
 }

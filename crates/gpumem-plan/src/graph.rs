@@ -7,7 +7,11 @@ use crate::model::{
     Activation, Architecture, ConvShape, Head, LayerKind, ModelSpec, Norm, Patches, ResnetSpec,
     TransformerSpec,
 };
-use crate::workload::{Attention, Checkpointing, Dtype, Mode, Target, Workload};
+use crate::single_gpu::{
+    nf4_dequantised_bytes, old_release_cache_width, per_op_saved_matmul_widths,
+    upcast_all_logits_before_4_45,
+};
+use crate::workload::{Attention, BaseQuant, Checkpointing, Dtype, Mode, Target, Workload};
 
 /// One step of the forward pass, in bytes for the whole micro-batch on one GPU.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -20,6 +24,9 @@ pub struct Unit {
     pub attention_core: f64,
     /// Bytes kept under full checkpointing (the block input), for checkpointable units.
     pub checkpoint: Option<f64>,
+    /// Bytes per-op selective checkpointing keeps besides the block input: the outputs of the
+    /// attention kernel and of every other bias-free matmul (see `single_gpu`).
+    pub per_op_saved: f64,
     /// Bytes the unit's output keeps alive until the step ends (logits held by the model output).
     pub held: f64,
     /// Short-lived bytes at the unit's forward peak, on top of what it saves.
@@ -552,14 +559,18 @@ impl<'a> TransformerGraph<'a> {
         }
     }
 
-    /// Hugging Face decoders keep `use_cache` on in training unless checkpointing: every layer's
-    /// k and v then pass through a `DynamicCache` concatenation (new tensors).
+    /// Hugging Face decoders keep `use_cache` on in training unless checkpointing (the model
+    /// turns it off when any of its layers checkpoints): every layer's k and v then pass through
+    /// a `DynamicCache` concatenation (new tensors).
     fn cache_copies(&self) -> bool {
         self.training
             && self.spec.use_cache
             && self.workload.use_cache
             && self.spec.is_causal_lm()
-            && self.workload.checkpointing != Checkpointing::Full
+            && matches!(
+                self.workload.checkpointing,
+                Checkpointing::None | Checkpointing::Selective
+            )
     }
 
     /// Does this no-grad forward keep a KV cache? Generation always (decoder-only LMs); a plain
@@ -828,6 +839,12 @@ impl<'a> TransformerGraph<'a> {
         // stays alive; decoding then keeps only the window (`Unit::kv_window`).
         let cache_width = match spec.latent {
             Some(_) => spec.cache_width() as f64,
+            // A prompt's cache of views that keep the whole fused projection alive (an old
+            // release's tuple cache; decoding concatenates copies of k and v).
+            None if shape.queries > 1.0 && !cross && self.old_logits().0 => {
+                let fused = old_release_cache_width(spec) as f64;
+                fused.max(spec.cache_width() as f64) / self.split.tp
+            }
             None => spec.cache_width() as f64 / self.split.tp,
         };
         let kv_cache = if cached {
@@ -956,6 +973,7 @@ impl<'a> TransformerGraph<'a> {
             tally.replicated += norms * self.norm_saved();
         }
         let own = self.attention(shape, false, &mut tally);
+        let cross_shape = cross;
         let has_cross = cross.is_some();
         let cross = cross
             .map(|c| self.attention(c, true, &mut tally))
@@ -1023,17 +1041,20 @@ impl<'a> TransformerGraph<'a> {
         let largest_intermediate = (tally.core / 2.0)
             .max(tokens * act * f * self.mlp_backward_intermediates())
             .max(attention_backward);
+        let dequantised = self.nf4_dequantised(layer, tokens);
         Unit {
             name: "block",
             saved,
             attention_core: tally.core,
             checkpoint: Some(tokens * self.bytes.residual * h / self.split.sequence),
+            per_op_saved: self.per_op_saved(shape, cross_shape, layer),
             held: 0.0,
-            forward_transient: transient + tokens * act * f,
-            // Saved tensors are released as their node runs: one intermediate's gradient at a time.
-            backward_transient: largest_intermediate + residual_gradient,
+            forward_transient: transient + tokens * act * f + dequantised,
+            // Saved tensors are released as their node runs: one intermediate's gradient at a
+            // time (and a QLoRA base weight dequantised again for the input's gradient).
+            backward_transient: largest_intermediate + residual_gradient + dequantised,
             gradient_transient: residual_gradient,
-            inference_live,
+            inference_live: inference_live + dequantised,
             kv_cache: own.kv_cache + cross.kv_cache,
             kv_window: shape.cached_keys,
             params: spec.block_params(has_cross, layer),
@@ -1073,6 +1094,53 @@ impl<'a> TransformerGraph<'a> {
         [attention, rest]
     }
 
+    /// Bytes a block keeps under per-op selective checkpointing besides its input: the saved
+    /// matmul outputs (per query token, and per key token for cross-attention's k and v) and,
+    /// where SDPA runs a fused kernel, its output and fp32 log-sum-exp (torchtitan saves the
+    /// flash and memory-efficient kernels' outputs; FlashAttention-2's own op is not in its list).
+    fn per_op_saved(
+        &self,
+        shape: AttentionShape,
+        cross: Option<AttentionShape>,
+        layer: LayerKind,
+    ) -> f64 {
+        let spec = self.spec;
+        let act = self.bytes.act;
+        let (per_query, per_key) = per_op_saved_matmul_widths(spec, layer, cross.is_some());
+        let queries = self.batch * shape.queries;
+        let keys = cross.map_or(0.0, |c| self.batch * c.keys);
+        let kernel = if self.workload.attention == Attention::Sdpa && !self.materialises_scores() {
+            let attentions = if cross.is_some() { 2.0 } else { 1.0 };
+            attentions * queries * (act * spec.query_width() as f64 + 4.0 * spec.heads as f64)
+                / self.split.tp
+        } else {
+            0.0
+        };
+        (queries * per_query + keys * per_key) * act / self.split.tp + kernel
+    }
+
+    /// Bytes of one base weight bitsandbytes dequantises under QLoRA (the block's largest), when
+    /// the NF4 matmul dequantises: always with gradients; without, only for more than one token
+    /// (a single token runs the `gemv_4bit` kernel on the packed weight).
+    fn nf4_dequantised(&self, layer: LayerKind, tokens: f64) -> f64 {
+        let nf4 = self.workload.lora.is_some_and(|l| l.base == BaseQuant::Nf4);
+        if !nf4 || (!self.training && tokens <= 1.0) {
+            return 0.0;
+        }
+        let elements = self.spec.largest_block_matrix(layer) as f64 / self.split.tp;
+        nf4_dequantised_bytes(elements, self.bytes.act)
+    }
+
+    /// Do this run's logits cover every prompt position in generate's prefill (transformers
+    /// before 4.45), and does the family's forward then upcast them all to fp32?
+    fn old_logits(&self) -> (bool, bool) {
+        let old = self
+            .workload
+            .transformers
+            .is_some_and(|release| release.full_prompt_logits());
+        (old, old && upcast_all_logits_before_4_45(self.spec))
+    }
+
     fn head(&self) -> Unit {
         let spec = self.spec;
         let (act, h) = (self.bytes.act, spec.hidden as f64);
@@ -1106,7 +1174,8 @@ impl<'a> TransformerGraph<'a> {
                 } else {
                     0.0
                 };
-                let logits_tokens = if self.workload.mode == Mode::Generate {
+                let (full_prompt, upcast_all) = self.old_logits();
+                let logits_tokens = if self.workload.mode == Mode::Generate && !full_prompt {
                     self.batch
                 } else {
                     tokens
@@ -1145,6 +1214,13 @@ impl<'a> TransformerGraph<'a> {
                         ..Unit::default()
                     }
                 } else {
+                    // Before transformers 4.45 a Llama-family forward returns all its logits
+                    // upcast to fp32 (the activation-dtype logits exist beside their copy).
+                    let (logits, upcasting) = if upcast_all && act < 4.0 && !self.workload.labels {
+                        (logits_tokens * vocab * 4.0, logits)
+                    } else {
+                        (logits, 0.0)
+                    };
                     // Generation copies the last logits to fp32 and a logits processor makes
                     // another fp32 tensor before picking the token.
                     let selection = if self.workload.mode == Mode::Generate {
@@ -1172,7 +1248,8 @@ impl<'a> TransformerGraph<'a> {
                     Unit {
                         name: "head",
                         // The logits themselves are `held` (returned to the caller).
-                        inference_live: (2.0 * hidden - held).max(beside_logits + loss + softcap),
+                        inference_live: (2.0 * hidden - held)
+                            .max(beside_logits + loss + softcap + upcasting),
                         held,
                         params,
                         ..Unit::default()

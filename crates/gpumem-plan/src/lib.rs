@@ -23,6 +23,7 @@ pub mod names;
 pub mod safetensors;
 pub mod sequence;
 pub mod settings;
+mod single_gpu;
 pub mod warning;
 pub mod workload;
 

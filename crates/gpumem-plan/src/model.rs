@@ -685,6 +685,16 @@ impl TransformerSpec {
         weights
     }
 
+    /// Elements of the largest weight matrix of a block of kind `layer` (one expert's for a
+    /// mixture): the largest one bitsandbytes dequantises at a time under QLoRA.
+    pub fn largest_block_matrix(&self, layer: LayerKind) -> u64 {
+        let mut largest = 0;
+        let mut each = |i: u64, o: u64, _: u64| largest = largest.max(i * o);
+        self.attention_linears(&mut each);
+        self.mlp_linears(layer, &mut each);
+        largest
+    }
+
     fn word_width(&self) -> u64 {
         if self.embed_projection > 0 {
             self.embed_projection

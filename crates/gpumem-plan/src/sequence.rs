@@ -187,16 +187,15 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
         out.events.push(PlannedEvent::Step { index });
         let mut saved = Vec::with_capacity(units.len());
         let mut held = Vec::new();
-        for unit in units {
-            let (keep, _) = kept_and_recomputed(unit, workload.checkpointing);
+        let kept = kept_and_recomputed(units, workload.checkpointing);
+        for (unit, &(keep, _)) in units.iter().zip(&kept) {
             let transient = out.pieces(unit.forward_transient, shapes.largest);
             saved.push(out.pieces(keep, shapes.activation));
             out.free_all(transient);
             held.push(out.alloc(unit.held));
         }
         let mut gradients = Vec::new();
-        for (unit, unit_saved) in units.iter().zip(saved).rev() {
-            let (_, recompute) = kept_and_recomputed(unit, workload.checkpointing);
+        for ((unit, unit_saved), &(_, recompute)) in units.iter().zip(saved).zip(&kept).rev() {
             // Recomputation re-creates activation-sized tensors; the gradients of its outputs
             // start the unit's backward.
             let recomputed = out.pieces(recompute, shapes.activation);
@@ -244,8 +243,10 @@ fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes) {
         }
         let live = out.pieces(unit.inference_live, shapes.largest);
         cache.push(out.pieces(unit.kv_cache, shapes.activation));
-        out.free_all(live);
+        // What the unit returns exists beside its last live tensors (logits and the copy
+        // they were made from).
         held.push(out.alloc(unit.held));
+        out.free_all(live);
         if index < last {
             body.push(out.alloc(unit.body_held));
         }

@@ -6,7 +6,8 @@ use crate::model::ModelSpec;
 use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
-    BaseQuant, Checkpointing, Dtype, Layout, Lora, Mode, OptimizerImpl, Sharding, Target, Workload,
+    BaseQuant, Checkpointing, Dtype, Layout, Lora, Mode, Optimizer, OptimizerImpl, Sharding,
+    Target, TransformersRelease, Workload,
 };
 use serde::Deserialize;
 
@@ -47,7 +48,8 @@ pub struct Settings {
     /// Autocast dtype for mixed precision: bf16 or fp16 [default: none, no autocast].
     #[cfg_attr(feature = "clap", arg(long))]
     pub amp: Option<String>,
-    /// adamw, adam, sgd, adafactor, adam8bit [default: adamw].
+    /// adamw, adam, sgd, adafactor, adam8bit, or none (forward and backward only, as
+    /// benchmarks run: gradients, no optimizer states) [default: adamw].
     #[cfg_attr(feature = "clap", arg(long))]
     pub optimizer: Option<String>,
     /// foreach, fused, forloop [default: foreach on GPU, forloop on CPU].
@@ -59,6 +61,18 @@ pub struct Settings {
     /// Selective checkpointing (recompute the attention core only).
     #[cfg_attr(feature = "clap", arg(long))]
     pub grad_ckpt_selective: bool,
+    /// Full checkpointing of every K-th layer only (layers 0, K, 2K, ...; transformers'
+    /// every_n_layers, torchtitan's selective_ac_option "K") [default: none].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "K", allow_negative_numbers = true, value_parser = count)
+    )]
+    pub grad_ckpt_every: Option<u64>,
+    /// Per-op selective checkpointing of every layer as torchtitan's selective_ac_option "op":
+    /// keep the attention kernel's output and every other bias-free matmul output, recompute
+    /// the rest.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub grad_ckpt_per_op: bool,
     /// eager, sdpa, flash [default: sdpa].
     #[cfg_attr(feature = "clap", arg(long))]
     pub attn: Option<String>,
@@ -107,6 +121,11 @@ pub struct Settings {
     /// QLoRA: LoRA over a 4-bit NF4 base.
     #[cfg_attr(feature = "clap", arg(long))]
     pub qlora: bool,
+    /// transformers release whose inference is planned, MAJOR.MINOR[.PATCH]: before 4.45
+    /// generate's prefill computes the logits of every prompt position (and Llama-family
+    /// forwards upcast all logits to fp32) [default: latest].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
+    pub transformers: Option<String>,
     /// LoRA over an int8 base (validation data only; not a `gpumem plan` flag).
     #[cfg_attr(feature = "clap", arg(skip))]
     pub lora_base_int8: bool,
@@ -228,11 +247,7 @@ impl Settings {
             rank: self.lora_rank.unwrap_or(DEFAULT_LORA_RANK),
             base,
         });
-        let checkpointing = match (self.grad_ckpt, self.grad_ckpt_selective) {
-            (true, _) => Checkpointing::Full,
-            (false, true) => Checkpointing::Selective,
-            (false, false) => Checkpointing::None,
-        };
+        let checkpointing = self.checkpointing()?;
         let default_dtype = match mode {
             Mode::Train => d.dtype,
             Mode::Infer | Mode::Generate => inference_dtype.unwrap_or(d.dtype),
@@ -273,9 +288,52 @@ impl Settings {
             target,
             use_cache: !self.no_cache,
             labels: self.labels,
+            transformers: self
+                .transformers
+                .as_deref()
+                .map(TransformersRelease::parse)
+                .transpose()?,
         };
         workload.validate()?;
         Ok(workload)
+    }
+
+    /// The checkpointing policy the flags ask for; two policies at once are a conflict.
+    fn checkpointing(&self) -> Result<Checkpointing> {
+        let asked: Vec<(String, Checkpointing)> = [
+            (
+                self.grad_ckpt,
+                "--grad-ckpt".to_string(),
+                Checkpointing::Full,
+            ),
+            (
+                self.grad_ckpt_selective,
+                "--grad-ckpt-selective".to_string(),
+                Checkpointing::Selective,
+            ),
+            (
+                self.grad_ckpt_per_op,
+                "--grad-ckpt-per-op".to_string(),
+                Checkpointing::PerOp,
+            ),
+        ]
+        .into_iter()
+        .filter(|(given, _, _)| *given)
+        .map(|(_, flag, policy)| (flag, policy))
+        .chain(
+            self.grad_ckpt_every
+                .map(|k| (format!("--grad-ckpt-every {k}"), Checkpointing::EveryNth(k))),
+        )
+        .collect();
+        match asked.as_slice() {
+            [] => Ok(Checkpointing::None),
+            [(_, policy)] => Ok(*policy),
+            [(first, _), (second, _), ..] => Err(PlanError::Conflict {
+                first: first.clone(),
+                second: second.clone(),
+                reason: "each asks for a different checkpointing policy; keep one".into(),
+            }),
+        }
     }
 
     /// The flags given that `mode` or `model` ignores, each with the reason.
@@ -310,6 +368,16 @@ impl Settings {
             (
                 "--grad-ckpt-selective",
                 inference && self.grad_ckpt_selective,
+                &no_training,
+            ),
+            (
+                "--grad-ckpt-every",
+                inference && self.grad_ckpt_every.is_some(),
+                &no_training,
+            ),
+            (
+                "--grad-ckpt-per-op",
+                inference && self.grad_ckpt_per_op,
                 &no_training,
             ),
             (
@@ -371,6 +439,23 @@ impl Settings {
                     reason,
                 });
             }
+        }
+        let no_optimizer = self.optimizer.as_deref().is_some_and(|o| {
+            parse("optimizer", o, choices::OPTIMIZERS).ok() == Some(Optimizer::None)
+        });
+        if !inference && no_optimizer && self.optimizer_impl.is_some() {
+            warnings.push(Warning::Ignored {
+                flag: "--optimizer-impl",
+                reason: "--optimizer none runs no optimizer step".into(),
+            });
+        }
+        if mode == Mode::Train && self.transformers.is_some() {
+            warnings.push(Warning::Ignored {
+                flag: "--transformers",
+                reason: "the release changes the logits of inference and generate; training is \
+                         planned as today's transformers runs it"
+                    .into(),
+            });
         }
         if mode != Mode::Generate && self.new_tokens.is_some() {
             warnings.push(Warning::Ignored {

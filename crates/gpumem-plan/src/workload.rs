@@ -53,6 +53,9 @@ pub enum Optimizer {
     Adafactor,
     /// bitsandbytes 8-bit Adam: two 1-byte moments per parameter plus block scales.
     Adam8bit,
+    /// No optimizer: forward and backward only, as benchmarks run. No states and no step; the
+    /// gradients stay allocated at the end of backward (until `zero_grad`).
+    None,
 }
 
 /// PyTorch's optimizer-step implementations differ in their temporaries.
@@ -89,6 +92,90 @@ pub enum Checkpointing {
     Full,
     /// Recompute the attention core only (Korthikanti et al.).
     Selective,
+    /// Full checkpointing of every k-th block only (transformers'
+    /// `activation_checkpointing_enable(every_n_layers=k)`: blocks 0, k, 2k, ...; torchtitan's
+    /// `selective_ac_option = "k"` picks the same count of blocks); the others keep all their
+    /// activations.
+    EveryNth(u64),
+    /// Per-op selective checkpointing of every block as torchtitan's `apply_ac` runs it: the
+    /// outputs of the attention kernel and of every other bias-free matmul (`aten.mm`) are
+    /// saved, everything else is recomputed in backward.
+    PerOp,
+}
+
+impl Checkpointing {
+    /// Does block `index` (counted over the transformer blocks) run under checkpointing?
+    pub fn covers_block(self, index: u64) -> bool {
+        match self {
+            Checkpointing::None => false,
+            Checkpointing::Full | Checkpointing::Selective | Checkpointing::PerOp => true,
+            Checkpointing::EveryNth(k) => index.is_multiple_of(k.max(1)),
+        }
+    }
+}
+
+/// A transformers release (`--transformers`), for the behaviours that changed between releases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct TransformersRelease {
+    /// Major version.
+    pub major: u64,
+    /// Minor version.
+    pub minor: u64,
+    /// Patch version (0 when not given).
+    pub patch: u64,
+}
+
+/// The first transformers release whose `generate` asks the model for the last position's
+/// logits only in the prefill (`num_logits_to_keep`, PR huggingface/transformers#31292), and whose
+/// Llama-family forwards stopped upcasting all logits to fp32 unless a loss is computed.
+pub const LAST_TOKEN_LOGITS_SINCE: TransformersRelease = TransformersRelease {
+    major: 4,
+    minor: 45,
+    patch: 0,
+};
+
+impl TransformersRelease {
+    /// Parses `MAJOR.MINOR` or `MAJOR.MINOR.PATCH` (e.g. `4.44.2`), with a typed error naming
+    /// the accepted form.
+    pub fn parse(text: &str) -> Result<Self> {
+        let parts: Vec<&str> = text.trim().split('.').collect();
+        let numbers: Option<Vec<u64>> = parts
+            .iter()
+            .map(|p| {
+                (!p.is_empty() && p.len() <= 6 && p.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| p.parse().ok())
+                    .flatten()
+            })
+            .collect();
+        let release = |major, minor, patch| Self {
+            major,
+            minor,
+            patch,
+        };
+        match numbers.as_deref() {
+            Some(&[major, minor]) if major > 0 => Ok(release(major, minor, 0)),
+            Some(&[major, minor, patch]) if major > 0 => Ok(release(major, minor, patch)),
+            _ => Err(invalid(
+                "transformers",
+                text,
+                "must be a transformers release as MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. 4.44.2 \
+                 (no pre-release suffix)"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Does this release's `generate` compute (and its Llama-family forwards upcast) the logits
+    /// of every prompt position in the prefill?
+    pub fn full_prompt_logits(self) -> bool {
+        self < LAST_TOKEN_LOGITS_SINCE
+    }
+}
+
+impl std::fmt::Display for TransformersRelease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
 }
 
 /// How model states are sharded over data-parallel ranks.
@@ -234,6 +321,9 @@ pub struct Workload {
     /// Inference with labels in the batch: the forward also computes the model's loss (an
     /// evaluation step); an encoder-decoder takes its decoder inputs from the labels.
     pub labels: bool,
+    /// The transformers release whose inference behaviour is planned; None: today's (the
+    /// latest).
+    pub transformers: Option<TransformersRelease>,
 }
 
 impl Default for Workload {
@@ -257,6 +347,7 @@ impl Default for Workload {
             target: Target::Gpu,
             use_cache: true,
             labels: false,
+            transformers: None,
         }
     }
 }
@@ -315,6 +406,9 @@ impl Workload {
         }
         if let Some(lora) = self.lora {
             check_size("lora-rank", lora.rank)?;
+        }
+        if let Checkpointing::EveryNth(k) = self.checkpointing {
+            check_size("grad-ckpt-every", k)?;
         }
         if self.amp == Some(Dtype::Fp32) {
             return Err(invalid(
@@ -382,6 +476,7 @@ pub mod choices {
         ("adafactor", Optimizer::Adafactor),
         ("adam8bit", Optimizer::Adam8bit),
         ("adamw8bit", Optimizer::Adam8bit),
+        ("none", Optimizer::None),
     ];
     /// `--optimizer-impl`.
     pub const OPTIMIZER_IMPLS: &[(&str, OptimizerImpl)] = &[

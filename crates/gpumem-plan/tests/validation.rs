@@ -151,3 +151,8 @@ fn planner_matches_pytorch_measurements_of_newer_architectures() {
 fn planner_matches_pytorch_measurements_of_multimodal_models() {
     check_measured_set("measured_multimodal.jsonl");
 }
+
+#[test]
+fn planner_matches_pytorch_measurements_of_single_gpu_settings() {
+    check_measured_set("measured_settings.jsonl");
+}

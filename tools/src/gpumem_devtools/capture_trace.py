@@ -167,7 +167,8 @@ def _custom_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> S
         ap.error("--grad-ckpt is not defined for torchvision CNNs")
     return Settings(args.mode, args.batch, args.seq, args.image_size, args.new_tokens,
                     args.dtype, args.amp, args.optimizer if train else None,
-                    args.optimizer_impl if train else None, args.grad_ckpt, args.attn)
+                    args.optimizer_impl if train and args.optimizer != "none" else None,
+                    args.grad_ckpt, args.attn)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -41,6 +41,7 @@ DEFAULT_OUT = "testdata/plan/measured.jsonl"
 HELDOUT_OUT = "testdata/plan/measured_heldout.jsonl"
 ARCHITECTURES_OUT = "testdata/plan/measured_architectures.jsonl"
 MULTIMODAL_OUT = "testdata/plan/measured_multimodal.jsonl"
+SETTINGS_OUT = "testdata/plan/measured_settings.jsonl"
 STEPS = 2
 
 
@@ -303,6 +304,45 @@ MULTIMODAL_HELDOUT: list[tuple[str, Settings]] = [
 ]
 
 
+def settings_grid() -> list[tuple[str, Settings]]:
+    """(config name, Settings) of the single-GPU settings set (`--settings`,
+    measured_settings.jsonl): training without an optimizer (forward and backward, as
+    benchmarks run), checkpointing every K-th layer, and torchtitan's per-op selective
+    checkpointing, over bias-free (Llama) and biased (GPT-2) linears."""
+    none = {"optimizer": "none", "optimizer_impl": None}
+    cases: dict[str, list[Settings]] = {
+        "tinyllama-8l": [
+            T(4, 512, **none), T(4, 512, amp="bf16", **none), T(2, 512, dtype="bf16", **none),
+            T(4, 512, grad_ckpt_every=2), T(4, 512, grad_ckpt_every=3),
+            T(4, 512, grad_ckpt_per_op=True), T(4, 512, grad_ckpt_every=2, **none),
+            T(4, 512, amp="bf16", grad_ckpt_per_op=True),
+            T(2, 512, dtype="bf16", attn="eager", grad_ckpt_per_op=True)],
+        "gpt2-12l": [
+            T(4, 256, **none), T(4, 256, grad_ckpt_every=2), T(4, 256, grad_ckpt_every=4),
+            T(4, 256, grad_ckpt_per_op=True), T(4, 256, attn="eager", **none)],
+        "llama-8l": [
+            T(2, 512, dtype="bf16", **none), T(2, 512, dtype="bf16", grad_ckpt_every=2),
+            T(2, 512, dtype="bf16", grad_ckpt_per_op=True)],
+        # Biased q/k/v (addmm): the per-op policy's mm count starts at o_proj.
+        "qwen2.5-6l": [T(4, 256, dtype="bf16", grad_ckpt_per_op=True),
+                       T(4, 256, dtype="bf16", grad_ckpt_every=2, **none)],
+        "gpt2-2l": [T(4, 256, **none), T(8, 128, **none)],
+        "bert-12l": [T(8, 128, **none), T(8, 128, grad_ckpt_every=2)],
+    }
+    # generate before transformers 4.45 (PR #31292 brought `num_logits_to_keep`): the prefill
+    # computes the whole prompt's logits, upcast to fp32 by the Llama-family forward. Measured
+    # in an environment with that release (`--only tf4.44`).
+    old = {"transformers": "4.44.2"}
+    cases["tinyllama-8l"] += [G(4, 512, 32, dtype="bf16", **old), G(2, 256, 64, **old)]
+    cases["tinyllama-2l"] = [G(4, 256, 32, dtype="bf16", **old), G(8, 128, 64, **old)]
+    cases["gpt2-12l"] += [G(4, 256, 32, **old), G(2, 512, 16, dtype="bf16", **old)]
+    cases["qwen2.5-2l"] = [G(2, 256, 32, dtype="bf16", **old)]
+    # ... and a plain forward returns those fp32 logits.
+    cases["tinyllama-8l"] += [I(4, 512, dtype="bf16", no_cache=True, **old)]
+    cases["gpt2-12l"] += [I(4, 256, no_cache=True, **old)]
+    return [(name, s) for name, lst in cases.items() for s in lst]
+
+
 def case_id(name: str, s: Settings) -> str:
     parts = [name, s.mode, f"b{s.batch}"]
     if s.seq is not None:
@@ -314,10 +354,16 @@ def case_id(name: str, s: Settings) -> str:
     parts.append(s.dtype)
     if s.amp:
         parts.append(f"amp-{s.amp}")
-    if s.optimizer:
+    if s.optimizer == "none":
+        parts.append("no-optimizer")
+    elif s.optimizer:
         parts.append(f"{s.optimizer}-{s.optimizer_impl}")
     if s.grad_ckpt:
         parts.append("ckpt")
+    if s.grad_ckpt_every:
+        parts.append(f"ckpt-every{s.grad_ckpt_every}")
+    if s.grad_ckpt_per_op:
+        parts.append("ckpt-per-op")
     if s.labels:
         parts.append("labels")
     # Named where it departs from the harness's convention (inference without a cache,
@@ -326,6 +372,8 @@ def case_id(name: str, s: Settings) -> str:
         parts.append("nocache" if s.no_cache else "cache")
     if s.attn:
         parts.append(s.attn)
+    if s.transformers:
+        parts.append(f"tf{s.transformers}")
     return "-".join(parts)
 
 
@@ -344,7 +392,10 @@ def notes(name: str, s: Settings, device: str, threads: int,
         out.append("fp16 softmax(dtype=float32) as CUDA's half_to_float kernel (no fp32 "
                    "copy of the input)")
     if s.mode == "train":
-        out.append("zero_grad(set_to_none=True) after optimizer.step as HF Trainer")
+        if s.optimizer == "none":
+            out.append("no optimizer: forward, backward, model.zero_grad(set_to_none=True)")
+        else:
+            out.append("zero_grad(set_to_none=True) after optimizer.step as HF Trainer")
         if name.startswith("resnet"):
             out.append("loss: F.cross_entropy(logits, labels)")
         elif name.startswith("vit"):
@@ -358,6 +409,11 @@ def notes(name: str, s: Settings, device: str, threads: int,
             out.append("loss: model's own loss with labels=input_ids")
         if s.optimizer == "sgd":
             out.append("sgd momentum=0.9")
+    if s.grad_ckpt_every:
+        out.append(f"activation_checkpointing_enable(every_n_layers={s.grad_ckpt_every})")
+    if s.grad_ckpt_per_op:
+        out.append("every layer checkpointed with torchtitan's per-op policy (save mm except "
+                   "every second, and SDPA; CPU flash kernel counted as CUDA's)")
     if s.amp and cpu:
         out.append("CUDA autocast op policy emulated on CPU (its fp32 ops, e.g. softmax, "
                    "layer_norm, pow, sum, run in fp32)")
@@ -376,7 +432,10 @@ def notes(name: str, s: Settings, device: str, threads: int,
         out.append("use_cache not passed (config default True): the forward returns its KV cache")
     if s.labels:
         out.append("labels=input_ids: the model computes its own loss")
-    if s.mode == "generate":
+    if s.mode == "generate" and s.transformers is not None:
+        out.append(f"HF generate (transformers {s.transformers}), greedy, "
+                   "min_new_tokens=max_new_tokens; prefill computes the whole prompt's logits")
+    elif s.mode == "generate":
         out.append("HF generate, greedy, min_new_tokens=max_new_tokens, DynamicCache; "
                    "prefill keeps last-token logits only")
     if name.startswith("resnet"):
@@ -396,6 +455,11 @@ def measure(config_path: Path, s: Settings, device: str) -> tuple[int, str | Non
     from .recorder import recorder_for
     from .workloads import run
 
+    if s.transformers is not None:
+        installed = require("transformers").__version__
+        if installed != s.transformers:
+            raise ValueError(f"case needs transformers {s.transformers}, this environment has "
+                             f"{installed}")
     rec = recorder_for(device)
     with rec:
         run(config_path, s, rec, STEPS, device)
@@ -570,6 +634,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"measure the architectures set (default --out: {ARCHITECTURES_OUT})")
     ap.add_argument("--multimodal", action="store_true",
                     help=f"measure the multimodal set (default --out: {MULTIMODAL_OUT})")
+    ap.add_argument("--settings", action="store_true",
+                    help=f"measure the single-GPU settings set (default --out: {SETTINGS_OUT})")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
     ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
@@ -583,6 +649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     table = (architectures_grid() if args.architectures
              else multimodal_grid() if args.multimodal
+             else settings_grid() if args.settings
              else heldout_grid() if args.heldout else grid())
     cases = [(n, s, case_id(n, s)) for n, s in table]
     if args.only is not None:
@@ -607,6 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         vers = versions()
         default_out = (ARCHITECTURES_OUT if args.architectures
                        else MULTIMODAL_OUT if args.multimodal
+                       else SETTINGS_OUT if args.settings
                        else HELDOUT_OUT if args.heldout else DEFAULT_OUT)
         out = args.out or root / default_out
         _measure_cases(root, out, cases, table, args.redo, args.device,

@@ -94,14 +94,15 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
 def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
           grad_ckpt: bool = False, device: str = "cpu",
-          image_size: int | None = None) -> Workload:
+          image_size: int | None = None, grad_ckpt_every: int | None = None,
+          grad_ckpt_per_op: bool = False) -> Workload:
     """Instantiate the architecture of `config_path` with random weights."""
     cfg = load_config(config_path)
     torch_dtype = DTYPES[dtype]
     kind = model_kind(cfg)
     if kind == "cnn":
         torchvision = require("torchvision")
-        if grad_ckpt:
+        if grad_ckpt or grad_ckpt_every or grad_ckpt_per_op:
             raise ValueError("gradient checkpointing is not defined for torchvision CNNs")
         model = getattr(torchvision.models, f"resnet{cfg['depth']}")(num_classes=cfg["num_classes"])
         model = model.to(device=device, dtype=torch_dtype)
@@ -129,13 +130,22 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
         raise ValueError(f"{config_path}: built {type(model).__name__}, config names {arch}")
     if grad_ckpt:
         model.activation_checkpointing_enable()
+    elif grad_ckpt_every:
+        model.activation_checkpointing_enable(every_n_layers=grad_ckpt_every)
+    elif grad_ckpt_per_op:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={
+            "use_reentrant": False, "context_fn": per_op_checkpoint_context})
     return Workload(model, kind, cfg.get("vocab_size"), cfg.get("image_size"),
                     len(cfg["id2label"]) if "id2label" in cfg else None, mel_bins)
 
 
 def kwargs_for(dtype: torch.dtype, attn: str | None) -> dict[str, Any]:
-    """`from_config` keyword arguments: the weights' dtype and the attention implementation."""
-    kwargs: dict[str, Any] = {"dtype": dtype}
+    """`from_config` keyword arguments: the weights' dtype and the attention implementation.
+    `from_config(dtype=...)` came with transformers 4.56; older releases (measured for
+    `--transformers`) take `torch_dtype`."""
+    transformers = require("transformers")
+    release = tuple(int(p) for p in transformers.__version__.split(".")[:2])
+    kwargs: dict[str, Any] = {"dtype" if release >= (4, 56) else "torch_dtype": dtype}
     if attn is not None:
         kwargs["attn_implementation"] = attn
     return kwargs

@@ -6,7 +6,8 @@ from typing import Any
 MODES = ("train", "infer", "generate")
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
 AMP_NAMES = ("bf16", "fp16")
-OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor")
+# "none": forward and backward only, as benchmarks run (gradients dropped after backward).
+OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor", "none")
 OPTIMIZER_IMPLS = ("foreach", "fused", "forloop")
 ATTN_IMPLS = ("eager", "sdpa")
 
@@ -37,13 +38,25 @@ class Settings:
     # computes its own loss (an evaluation step); encoder-decoders derive their decoder
     # inputs from the labels. Without it an encoder-decoder gets `decoder_input_ids = input_ids`.
     labels: bool = False
+    # `grad_ckpt_every` (`--grad-ckpt-every K`): checkpoint every K-th decoder layer, as
+    # transformers' `activation_checkpointing_enable(every_n_layers=K)` selects them (layers
+    # 0, K, 2K, ...). `grad_ckpt_per_op` (`--grad-ckpt-per-op`): every layer checkpointed with
+    # torchtitan's per-op policy (save the outputs of the attention kernel and of every other
+    # bias-free matmul, recompute the rest).
+    grad_ckpt_every: int | None = None
+    grad_ckpt_per_op: bool = False
+    # `transformers` (`--transformers VERSION`): the transformers release the case must be
+    # measured with (and is planned for); None: the environment's. Releases before 4.45
+    # compute the whole prompt's logits in generate's prefill.
+    transformers: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         if out["no_cache"] is None:
             del out["no_cache"]
-        if not out["labels"]:
-            del out["labels"]
+        for key in ("labels", "grad_ckpt_every", "grad_ckpt_per_op", "transformers"):
+            if not out[key]:
+                del out[key]
         return out
 
     def passes_no_cache(self, has_cache: bool) -> bool:

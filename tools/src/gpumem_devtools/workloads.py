@@ -39,7 +39,8 @@ def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device:
     """Build the model of `config_path` inside the recording and run `steps` steps."""
     torch.manual_seed(seed)
     with gpu_like_dropout(device), gpu_like_softmax(device):
-        wl = build(config_path, s.dtype, s.attn, s.grad_ckpt, device, s.image_size)
+        wl = build(config_path, s.dtype, s.attn, s.grad_ckpt, device, s.image_size,
+                   s.grad_ckpt_every, s.grad_ckpt_per_op)
         if s.mode == "train":
             _train(wl, s, rec, steps, device)
         elif s.mode == "infer":
@@ -53,9 +54,11 @@ def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device:
 
 def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) -> None:
     wl.model.train()
-    if s.optimizer is None or s.optimizer_impl is None:
-        raise ValueError("training needs an optimizer and its implementation")
-    opt = make_optimizer(s.optimizer, s.optimizer_impl, wl.model.parameters())
+    if s.optimizer is None or (s.optimizer_impl is None) != (s.optimizer == "none"):
+        raise ValueError("training needs an optimizer and its implementation (none: no "
+                         "implementation)")
+    opt = (None if s.optimizer == "none"
+           else make_optimizer(s.optimizer, s.optimizer_impl, wl.model.parameters()))
     in_dtype = DTYPES[s.dtype]
     extra = _cache_argument(wl, s)
     for _ in range(steps):
@@ -67,11 +70,13 @@ def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) ->
             loss = wl.loss(**inputs, **extra)
         rec.boundary("backward")
         loss.backward()
-        rec.boundary("optimizer")
-        opt.step()
-        # As the Hugging Face Trainer does: gradients dropped after the step.
+        if opt is not None:
+            rec.boundary("optimizer")
+            opt.step()
+        # As the Hugging Face Trainer does: gradients dropped after the step (without an
+        # optimizer, as a forward/backward benchmark does, after backward).
         rec.boundary("zero_grad")
-        opt.zero_grad(set_to_none=True)
+        (opt or wl.model).zero_grad(set_to_none=True)
         del loss, inputs
 
 

@@ -1,0 +1,168 @@
+//! Mechanisms of single-GPU settings that change what a block keeps or briefly holds:
+//! torchtitan's per-op selective checkpointing (which matmul outputs it saves), the
+//! bitsandbytes 4-bit dequantisation buffers under QLoRA, and the families whose forward upcast
+//! all logits to fp32 before transformers 4.45.
+
+use crate::model::{LayerKind, TransformerSpec};
+
+/// One linear layer of a block in forward order: its output width per token, whether it has a
+/// bias, and whether it reads the key side (cross-attention's keys and values read the encoder).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct BlockLinear {
+    width: f64,
+    bias: bool,
+    reads_keys: bool,
+}
+
+/// The linear layers of one attention sublayer in forward order (q, k, v or the fused qkv, then
+/// the output projection), as the family's code calls them.
+fn attention_linears(spec: &TransformerSpec, cross: bool, out: &mut Vec<BlockLinear>) {
+    let (q, kv, value, h) = (
+        spec.query_width() as f64,
+        spec.kv_width() as f64,
+        spec.value_width() as f64,
+        spec.hidden as f64,
+    );
+    let linear = |width, bias, reads_keys| BlockLinear {
+        width,
+        bias,
+        reads_keys,
+    };
+    if spec.fused_qkv && !cross {
+        out.push(linear(q + kv + value, spec.qkv_bias, false));
+    } else {
+        out.push(linear(q, spec.qkv_bias, false));
+        out.push(linear(kv, spec.key_bias, cross));
+        out.push(linear(value, spec.qkv_bias, cross));
+    }
+    out.push(linear(h, spec.out_bias, false));
+}
+
+/// The linear layers of a dense MLP (or a mixture's shared experts) in forward order: the
+/// gate and up projections (or the fused gate|up, or the single up projection), then down.
+fn mlp_linears(spec: &TransformerSpec, layer: LayerKind, out: &mut Vec<BlockLinear>) {
+    let h = spec.hidden as f64;
+    let f = if layer.moe {
+        spec.moe.shared_intermediate as f64
+    } else {
+        spec.routed_intermediate(layer) as f64
+    };
+    let linear = |width| BlockLinear {
+        width,
+        bias: spec.mlp_bias,
+        reads_keys: false,
+    };
+    if layer.moe {
+        // The router is a bias-free matmul; the routed experts run grouped matmuls, which the
+        // policy does not save.
+        out.push(BlockLinear {
+            width: spec.experts as f64,
+            bias: false,
+            reads_keys: false,
+        });
+        if f == 0.0 {
+            return;
+        }
+    }
+    if spec.gated_mlp && spec.fused_gate_up {
+        out.push(linear(2.0 * f));
+    } else if spec.gated_mlp {
+        out.push(linear(f));
+        out.push(linear(f));
+    } else {
+        out.push(linear(f));
+    }
+    out.push(linear(h));
+}
+
+/// Elements per query token (and per key token) of the matmul outputs that torchtitan's per-op
+/// policy saves in one block: PyTorch runs a bias-free linear on a 3-D input as `aten.mm` and
+/// a linear with a bias as `aten.addmm`; the policy (`_save_list` in torchtitan's `apply_ac`,
+/// over `torch.utils.checkpoint.create_selective_checkpoint_contexts`) counts the `mm` calls of
+/// each checkpointed region and saves the outputs of the odd ones (the 1st, 3rd, ...), and no
+/// `addmm` output.
+pub(crate) fn per_op_saved_matmul_widths(
+    spec: &TransformerSpec,
+    layer: LayerKind,
+    cross: bool,
+) -> (f64, f64) {
+    let mut linears = Vec::new();
+    attention_linears(spec, false, &mut linears);
+    if cross {
+        attention_linears(spec, true, &mut linears);
+    }
+    mlp_linears(spec, layer, &mut linears);
+    let mut count = 0;
+    let (mut per_query, mut per_key) = (0.0, 0.0);
+    for linear in linears.iter().filter(|l| !l.bias) {
+        count += 1;
+        if count % 2 == 1 {
+            if linear.reads_keys {
+                per_key += linear.width;
+            } else {
+                per_query += linear.width;
+            }
+        }
+    }
+    (per_query, per_key)
+}
+
+/// Bytes per dequantised weight element of a bitsandbytes NF4 linear: `dequantize_4bit`
+/// (bitsandbytes/functional.py) first dequantises the double-quantised absmax into fp32 (one per
+/// 64-weight block), then writes the weight in the compute dtype; `MatMul4Bit.forward`
+/// (bitsandbytes/autograd/_functions.py) runs `linear(A, dequantize_4bit(B, state).to(A.dtype).t())`
+/// and `backward` dequantises again for `grad_A`.
+pub(crate) fn nf4_dequantised_bytes(elements: f64, compute_bytes: f64) -> f64 {
+    elements * (compute_bytes + 4.0 / 64.0)
+}
+
+/// `model_type`s whose `ForCausalLM.forward` ran `logits = logits.float()` on every position
+/// in transformers before 4.45 (read from the 4.44.2 sources: llama, mistral, mixtral, gemma,
+/// gemma2, phi, phi3, qwen2; GPT-2, GPT-NeoX, OPT and BigCode kept the logits in the model
+/// dtype). PR huggingface/transformers#31292 upcast only when labels are given.
+const UPCAST_ALL_LOGITS_BEFORE_4_45: &[&str] = &[
+    "llama", "mistral", "mixtral", "gemma", "gemma2", "phi", "phi3", "qwen2",
+];
+
+/// Did `spec`'s family upcast all logits to fp32 in its forward before transformers 4.45?
+pub(crate) fn upcast_all_logits_before_4_45(spec: &TransformerSpec) -> bool {
+    UPCAST_ALL_LOGITS_BEFORE_4_45.contains(&spec.model_type.as_str())
+}
+
+/// Bytes of the per-layer buffers that transformers 4.44.2's modelling code of `spec`'s
+/// family registers and later releases dropped (read from its sources): GPT-2's and GPT-NeoX's
+/// attention keep a boolean causal mask of `max_positions²` (`register_buffer("bias",
+/// torch.tril(...))`), Qwen2's attention its own rotary `cos_cached` and `sin_cached` tables
+/// (`max_positions × head_dim` each) in the weight dtype.
+pub(crate) fn old_release_buffer_bytes(spec: &TransformerSpec, weight_bytes: f64) -> f64 {
+    let positions = spec.max_positions.unwrap_or(0) as f64;
+    let per_layer = match spec.model_type.as_str() {
+        "gpt2" | "gpt_neox" => positions * positions,
+        "qwen2" => 2.0 * positions * spec.head_dim as f64 * weight_bytes,
+        _ => 0.0,
+    };
+    per_layer * spec.layers as f64
+}
+
+/// Elements per token and layer of what transformers 4.44.2's tuple KV cache keeps alive after
+/// a prompt, where it differs from keys plus values: GPT-2's attention splits its fused `c_attn`
+/// output and returns `present = (key, value)` as views of it (`_split_heads` is `view` +
+/// `permute`), so the whole q|k|v projection stays referenced; 0 for the other families.
+pub(crate) fn old_release_cache_width(spec: &TransformerSpec) -> u64 {
+    match spec.model_type.as_str() {
+        "gpt2" => spec.query_width() + spec.kv_width() + spec.value_width(),
+        _ => 0,
+    }
+}
+
+/// Did `spec`'s family decode with a tuple KV cache in transformers 4.44.2 (no
+/// `_supports_cache_class`: GPT-2, GPT-NeoX, OPT, BigCode)? Each decode step's forward then
+/// concatenates every layer's keys and values into new tensors while the previous step's tuple
+/// stays referenced by `generate` until the step returns: two whole caches at its end (a
+/// `DynamicCache` replaces one layer at a time).
+pub(crate) fn old_release_tuple_cache(spec: &TransformerSpec) -> bool {
+    matches!(
+        spec.model_type.as_str(),
+        "gpt2" | "gpt_neox" | "opt" | "gpt_bigcode"
+    )
+}

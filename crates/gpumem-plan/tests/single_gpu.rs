@@ -1,0 +1,271 @@
+//! The single-GPU settings: `--optimizer none`, `--grad-ckpt-every K`, `--grad-ckpt-per-op`,
+//! `--transformers VERSION` and the bitsandbytes dequantisation buffers under `--qlora`: their
+//! errors, warnings, and what they change in the estimate and the allocation sequence.
+
+use gpumem_plan::sequence::peak_live_bytes;
+use gpumem_plan::workload::TransformersRelease;
+use gpumem_plan::{
+    allocation_sequence, estimate, find_model, Estimate, Overheads, Phase, PlanError, Settings,
+    Warning,
+};
+
+fn settings(mode: &str, batch: u64, seq: u64) -> Settings {
+    Settings {
+        mode: Some(mode.into()),
+        batch: Some(batch),
+        seq: Some(seq),
+        dtype: Some("bf16".into()),
+        ..Settings::default()
+    }
+}
+
+fn plan(model: &str, settings: &Settings) -> Estimate {
+    let model = find_model(model).unwrap();
+    let workload = settings.resolve(&model).unwrap().workload;
+    estimate(&model, &workload, &Overheads::default()).unwrap()
+}
+
+fn ignored_flags(model: &str, settings: &Settings) -> Vec<&'static str> {
+    let model = find_model(model).unwrap();
+    settings
+        .resolve(&model)
+        .unwrap()
+        .warnings
+        .into_iter()
+        .filter_map(|w| match w {
+            Warning::Ignored { flag, .. } => Some(flag),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn no_optimizer_keeps_gradients_but_no_states_and_no_step() {
+    let with_adamw = plan("llama-3.2-1b", &settings("train", 2, 1024));
+    let none = Settings {
+        optimizer: Some("none".into()),
+        ..settings("train", 2, 1024)
+    };
+    let without = plan("llama-3.2-1b", &none);
+    assert_eq!(without.breakdown.optimizer_states, 0);
+    // The step ends with backward.
+    assert_eq!(
+        without.phases.last().map(|p| p.phase),
+        Some(Phase::Backward)
+    );
+    assert!(without.peak_allocated_bytes < with_adamw.peak_allocated_bytes);
+    // With autocast over bf16 weights there is no fp32 master copy without an optimizer.
+    let amp = Settings {
+        amp: Some("bf16".into()),
+        ..none.clone()
+    };
+    assert_eq!(plan("llama-3.2-1b", &amp).breakdown.optimizer_states, 0);
+}
+
+#[test]
+fn checkpointing_every_kth_layer_lies_between_none_and_full() {
+    let none = plan("llama-3.2-1b", &settings("train", 4, 2048));
+    let full = plan(
+        "llama-3.2-1b",
+        &Settings {
+            grad_ckpt: true,
+            ..settings("train", 4, 2048)
+        },
+    );
+    let every = |k| {
+        plan(
+            "llama-3.2-1b",
+            &Settings {
+                grad_ckpt_every: Some(k),
+                ..settings("train", 4, 2048)
+            },
+        )
+        .peak_allocated_bytes
+    };
+    assert_eq!(every(1), full.peak_allocated_bytes);
+    assert!(full.peak_allocated_bytes < every(2));
+    assert!(every(2) < every(4));
+    assert!(every(4) < none.peak_allocated_bytes);
+    let per_op = plan(
+        "llama-3.2-1b",
+        &Settings {
+            grad_ckpt_per_op: true,
+            ..settings("train", 4, 2048)
+        },
+    )
+    .peak_allocated_bytes;
+    assert!(full.peak_allocated_bytes < per_op && per_op < none.peak_allocated_bytes);
+}
+
+#[test]
+fn two_checkpointing_policies_are_a_conflict() {
+    let model = find_model("gpt2").unwrap();
+    let pairs = [
+        Settings {
+            grad_ckpt: true,
+            grad_ckpt_selective: true,
+            ..Settings::default()
+        },
+        Settings {
+            grad_ckpt_every: Some(2),
+            grad_ckpt_per_op: true,
+            ..Settings::default()
+        },
+    ];
+    for pair in pairs {
+        let err = pair.resolve(&model).unwrap_err();
+        assert!(matches!(err, PlanError::Conflict { .. }), "{err}");
+        assert!(err.to_string().contains("keep one"), "{err}");
+    }
+    let zero = Settings {
+        grad_ckpt_every: Some(0),
+        ..Settings::default()
+    };
+    let err = zero.resolve(&model).unwrap_err();
+    assert!(err.to_string().contains("grad-ckpt-every"), "{err}");
+}
+
+#[test]
+fn transformers_release_parses_or_names_the_accepted_form() {
+    let parsed = TransformersRelease::parse("4.44.2").unwrap();
+    assert_eq!(parsed.to_string(), "4.44.2");
+    assert!(parsed.full_prompt_logits());
+    assert!(TransformersRelease::parse("4.44")
+        .unwrap()
+        .full_prompt_logits());
+    assert!(!TransformersRelease::parse("4.45")
+        .unwrap()
+        .full_prompt_logits());
+    assert!(!TransformersRelease::parse("5.23.0")
+        .unwrap()
+        .full_prompt_logits());
+    for bad in [
+        "4",
+        "4.x",
+        "v4.44",
+        "4.45.0.dev0",
+        "",
+        "0.1",
+        "4..1",
+        "99999999.1",
+    ] {
+        let err = TransformersRelease::parse(bad).unwrap_err();
+        assert!(
+            err.to_string().contains("MAJOR.MINOR or MAJOR.MINOR.PATCH"),
+            "{bad}: {err}"
+        );
+    }
+}
+
+#[test]
+fn old_transformers_generate_keeps_all_prompt_logits() {
+    let today = plan("llama-3.1-8b", &settings("generate", 4, 4096));
+    let old = plan(
+        "llama-3.1-8b",
+        &Settings {
+            transformers: Some("4.44.2".into()),
+            ..settings("generate", 4, 4096)
+        },
+    );
+    // Logits of every prompt position upcast to fp32 (with their bf16 original beside them):
+    // about 4 × 4096 × 128256 × 6 bytes more.
+    let extra = old.peak_allocated_bytes as f64 - today.peak_allocated_bytes as f64;
+    let logits = 4.0 * 4096.0 * 128_256.0;
+    assert!(extra > 5.0 * logits && extra < 6.5 * logits, "{extra}");
+    let same = plan(
+        "llama-3.1-8b",
+        &Settings {
+            transformers: Some("4.45".into()),
+            ..settings("generate", 4, 4096)
+        },
+    );
+    assert_eq!(same.peak_allocated_bytes, today.peak_allocated_bytes);
+}
+
+#[test]
+fn qlora_dequantises_one_base_weight_at_a_time() {
+    // Checkpointing, a short sequence and a 32k vocabulary: a block's backward, not the logits
+    // or the saved activations, holds the peak.
+    let qlora = Settings {
+        qlora: true,
+        grad_ckpt: true,
+        ..settings("train", 1, 256)
+    };
+    let int8 = Settings {
+        qlora: false,
+        lora_base_int8: true,
+        lora_rank: Some(16),
+        ..qlora.clone()
+    };
+    let beside_weights = |s: &Settings| {
+        let e = plan("llama-2-7b", s);
+        e.peak_allocated_bytes as f64 - e.breakdown.weights as f64
+    };
+    // Only the NF4 base dequantises (int8 is not modelled with buffers): one MLP matrix of
+    // 4096 × 11008 in bf16, with its fp32 absmax (one per 64 weights), raises the peak by at
+    // most its size (the head's backward, without it, comes close).
+    let extra = beside_weights(&qlora) - beside_weights(&int8);
+    let matrix = 4096.0 * 11008.0 * (2.0 + 4.0 / 64.0);
+    assert!(
+        extra > 0.25 * matrix && extra <= matrix + 1.0,
+        "{extra} vs {matrix}"
+    );
+}
+
+#[test]
+fn flags_a_mode_ignores_are_warnings() {
+    let infer = Settings {
+        optimizer: Some("none".into()),
+        grad_ckpt_every: Some(2),
+        grad_ckpt_per_op: false,
+        ..settings("infer", 1, 128)
+    };
+    let flags = ignored_flags("gpt2", &infer);
+    assert!(flags.contains(&"--optimizer"), "{flags:?}");
+    assert!(flags.contains(&"--grad-ckpt-every"), "{flags:?}");
+    let train = Settings {
+        optimizer: Some("none".into()),
+        optimizer_impl: Some("fused".into()),
+        transformers: Some("4.44".into()),
+        ..settings("train", 1, 128)
+    };
+    let flags = ignored_flags("gpt2", &train);
+    assert!(flags.contains(&"--optimizer-impl"), "{flags:?}");
+    assert!(flags.contains(&"--transformers"), "{flags:?}");
+}
+
+#[test]
+fn allocation_sequence_follows_the_new_settings() {
+    let cases = [
+        Settings {
+            optimizer: Some("none".into()),
+            ..settings("train", 2, 1024)
+        },
+        Settings {
+            grad_ckpt_every: Some(3),
+            ..settings("train", 2, 1024)
+        },
+        Settings {
+            grad_ckpt_per_op: true,
+            ..settings("train", 2, 1024)
+        },
+        Settings {
+            transformers: Some("4.44.2".into()),
+            ..settings("generate", 2, 1024)
+        },
+    ];
+    let model = find_model("llama-3.2-1b").unwrap();
+    for case in cases {
+        let workload = case.resolve(&model).unwrap().workload;
+        let events = allocation_sequence(&model, &workload).unwrap();
+        let planned = estimate(&model, &workload, &Overheads::default()).unwrap();
+        let (peak, allocated) = (
+            peak_live_bytes(&events) as f64,
+            planned.peak_allocated_bytes as f64,
+        );
+        assert!(
+            ((peak - allocated) / allocated).abs() < 0.05,
+            "{case:?}: sequence {peak}, estimate {allocated}"
+        );
+    }
+}
