@@ -55,7 +55,7 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
     let states = model_states(model, workload, &counts, &units, trainable);
     let mut out = Emitter::default();
     let shapes = Shapes::of(model, workload, &units, &states);
-    let persistent: Vec<u64> = [states.buffers_weights, states.buffers_gradients]
+    let persistent: Vec<u64> = [states.buffers.step_weights, states.buffers.step_gradients]
         .into_iter()
         .filter_map(|b| out.alloc(b))
         .collect();
@@ -187,6 +187,8 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
         out.events.push(PlannedEvent::Step { index });
         let mut saved = Vec::with_capacity(units.len());
         let mut held = Vec::new();
+        // Gathered units (FSDP) while the forward runs, then while the backward runs.
+        let gathered = out.alloc(states.buffers.forward_weights);
         for unit in units {
             let (keep, _) = kept_and_recomputed(unit, workload.checkpointing);
             let transient = out.pieces(unit.forward_transient, shapes.largest);
@@ -194,6 +196,12 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             out.free_all(transient);
             held.push(out.alloc(unit.held));
         }
+        out.free(gathered);
+        let gathered = [
+            states.buffers.backward_weights,
+            states.buffers.backward_gradients,
+        ]
+        .map(|b| out.alloc(b));
         let mut gradients = Vec::new();
         for (unit, unit_saved) in units.iter().zip(saved).rev() {
             let (_, recompute) = kept_and_recomputed(unit, workload.checkpointing);
@@ -212,6 +220,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             }
             out.free_all(finishing);
         }
+        gathered.into_iter().for_each(|g| out.free(g));
         if index == 0 {
             optimizer = units
                 .iter()
