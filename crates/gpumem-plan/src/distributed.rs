@@ -63,8 +63,14 @@ pub(crate) struct PhaseBuffers {
     pub(crate) backward_start_weights: f64,
     /// Unsharded parameters alive through the rest of the backward pass.
     pub(crate) backward_weights: f64,
+    /// Unsharded parameters and gradients alive in the backward of the first unit (the
+    /// embeddings: every block done and resharded, the root still gathered).
+    pub(crate) backward_last: (f64, f64),
     /// Unsharded gradients and reduction buffers alive through the backward pass.
     pub(crate) backward_gradients: f64,
+    /// Reduction buffers alive when the backward ends, after the last activations are freed
+    /// (FSDP's reduce-scatter of the root's gradients).
+    pub(crate) backward_end_gradients: f64,
     /// Buffers alive the whole step (weights kind): ZeRO-3's gathered layers.
     pub(crate) step_weights: f64,
     /// Buffers alive the whole step (gradients kind): DDP buckets, ZeRO's IPG bucket.
@@ -91,13 +97,19 @@ fn reduce_bytes(workload: &Workload) -> f64 {
 /// gathered while it runs; the root's pre-backward prefetches the last block, and each block's
 /// the one before it (FSDP2's default, FSDP1's `BACKWARD_PRE`), so one block is gathered when
 /// the backward starts and two after. A block's backward ends with its unsharded gradients and
-/// the reduce-scatter input (their copy in the reduce dtype) alive together.
-/// Only the trainable share (`trainable_share`, LoRA adapters) of a unit has gradients.
+/// the reduce-scatter input (their copy in the reduce dtype) alive together. The backward ends
+/// with the root's post-backward: its gradients cast to the reduce dtype (FSDP2's
+/// `foreach_reduce`; the same bytes as the fp32 gradients without mixed precision) and the
+/// reduce-scatter input, two root-sized tensors in the reduce dtype; FSDP1 keeps one more
+/// sharded copy (`_saved_grad_shard` beside the new sharded gradient).
+/// Only the trainable share (`trainable_share`, LoRA adapters) of a unit has gradients; a tied
+/// LM head's gradient (`tied_head` parameters) lands in the embedding's.
 fn fsdp_buffers(
     units: &[Unit],
     workload: &Workload,
     tp: f64,
     trainable_share: f64,
+    tied_head: f64,
 ) -> PhaseBuffers {
     let module = workload.module_dtype().bytes() as f64;
     let root: f64 = units
@@ -112,19 +124,36 @@ fn fsdp_buffers(
         .map(|u| u.params as f64)
         .fold(0.0, f64::max)
         / tp;
+    let reduce = reduce_bytes(workload);
+    // The root gradients that exist while the blocks' backward runs: the head's (the
+    // embeddings' appear at the very end).
+    let head: f64 = units
+        .iter()
+        .filter(|u| u.name == "head")
+        .map(|u| u.params as f64)
+        .sum::<f64>()
+        / tp
+        + tied_head;
     PhaseBuffers {
         forward_weights: (root + block) * module,
         backward_start_weights: (root + block) * module,
         backward_weights: (root + 2.0 * block) * module,
-        backward_gradients: trainable_share
-            * (root * module + block * (module + reduce_bytes(workload))),
+        backward_gradients: trainable_share * (head * module + block * (module + reduce)),
+        backward_last: (root * module, trainable_share * head * module),
+        backward_end_gradients: trainable_share
+            * (2.0 * root * reduce
+                + match workload.layout.fsdp_version {
+                    FsdpVersion::V1 => root * reduce / workload.layout.dp() as f64,
+                    FsdpVersion::V2 => 0.0,
+                }),
         ..PhaseBuffers::default()
     }
 }
 
 /// Buffers of a sharded or data-parallel layout for `units`, with gradients of `grad_bytes`
 /// per element (the parameter dtype), `gradients_full` bytes of all local gradients, the largest
-/// block `largest_block` bytes, and `trainable_share` of the parameters trained.
+/// block `largest_block` bytes, `trainable_share` of the parameters trained, and `tied_head`
+/// parameters of an LM head tied to the embeddings (per tensor-parallel rank).
 pub(crate) fn sharding_buffers(
     units: &[Unit],
     workload: &Workload,
@@ -132,6 +161,7 @@ pub(crate) fn sharding_buffers(
     grad_bytes: f64,
     gradients_full: f64,
     trainable_share: f64,
+    tied_head: f64,
 ) -> PhaseBuffers {
     let layout = &workload.layout;
     let bucket = REDUCE_BUCKET_ELEMENTS as f64 * grad_bytes;
@@ -159,8 +189,20 @@ pub(crate) fn sharding_buffers(
                 ..PhaseBuffers::default()
             }
         }
-        Sharding::Fsdp => fsdp_buffers(units, workload, layout.tp as f64, trainable_share),
+        Sharding::Fsdp => fsdp_buffers(
+            units,
+            workload,
+            layout.tp as f64,
+            trainable_share,
+            tied_head,
+        ),
     }
+}
+
+/// Whether `unit`'s sharded gradients appear only when the backward ends: FSDP's root (every
+/// unit but the blocks) reduce-scatters once all its parameters have gradients.
+pub(crate) fn reduced_at_backward_end(workload: &Workload, unit: &Unit) -> bool {
+    workload.layout.sharding == Sharding::Fsdp && unit.name != "block"
 }
 
 /// NCCL communicators one rank of `layout` holds: one per parallel group of more than one rank

@@ -2,7 +2,7 @@
 //! step (forward, backward, optimizer step; or prefill and decode), reporting the peak and its phase.
 
 use crate::checks::check;
-use crate::distributed::{nccl_bytes, sharding_buffers, PhaseBuffers};
+use crate::distributed::{nccl_bytes, reduced_at_backward_end, sharding_buffers, PhaseBuffers};
 use crate::error::Result;
 use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
@@ -387,6 +387,7 @@ pub(crate) fn model_states(
         grad_bytes,
         gradients_full,
         trainable_share,
+        tied_head_params(model) / tp,
     );
     match layout.sharding {
         Sharding::None => {}
@@ -427,6 +428,14 @@ pub(crate) fn model_states(
         optimizer,
         buffers,
         step_temporaries: sharded_temporaries,
+    }
+}
+
+/// Parameters of an LM head tied to the word embeddings (its gradient is the embedding's).
+fn tied_head_params(model: &ModelSpec) -> f64 {
+    match &model.arch {
+        Architecture::Transformer(t) if t.tied_embeddings => (t.vocab * t.hidden) as f64,
+        _ => 0.0,
     }
 }
 
@@ -518,8 +527,13 @@ fn simulate_training(
 
     let mut backward = Breakdown::default();
     let mut gradients = gradients_in_forward;
+    let mut deferred = 0.0;
     for (index, (unit, (keep, recompute))) in units.iter().zip(&kept).enumerate().rev() {
-        let new_gradients = unit.params as f64 * states.grad_per_param;
+        let mut new_gradients = unit.params as f64 * states.grad_per_param;
+        if reduced_at_backward_end(workload, unit) {
+            deferred += new_gradients;
+            new_gradients = 0.0;
+        }
         // Accumulating into existing gradients: the new one and the sum exist briefly.
         let (grown, transient_gradients) = if accumulating {
             (0.0, ACCUMULATION_COPIES * new_gradients)
@@ -528,16 +542,26 @@ fn simulate_training(
         };
         // Two moments: the unit's backward starts (all its saved tensors, no gradients yet) and
         // its parameter gradients appear (its saved tensors released).
-        let first = index + 1 == units.len();
+        // The embeddings' backward runs with every block resharded; the head's starts before
+        // any parameter gradient exists.
+        let extra = if index == 0 {
+            buffers.backward_last
+        } else {
+            in_backward
+        };
         let starting = with(
-            if first { backward_start } else { in_backward },
+            if index + 1 == units.len() {
+                backward_start
+            } else {
+                extra
+            },
             gradients,
             saved + held,
             recompute + unit.backward_transient,
         );
         saved -= keep * in_flight;
         let finishing = with(
-            in_backward,
+            extra,
             gradients + grown,
             saved + held,
             unit.gradient_transient + transient_gradients,
@@ -548,6 +572,17 @@ fn simulate_training(
             }
         }
         gradients += grown;
+    }
+    // The backward's last reductions, with every activation released.
+    gradients += deferred;
+    let ending = with(
+        (0.0, buffers.backward_end_gradients),
+        gradients,
+        saved + held,
+        0.0,
+    );
+    if ending.allocated() > backward.allocated() {
+        backward = ending;
     }
     let step = base(all_gradients, 0.0, states.step_temporaries);
     vec![
