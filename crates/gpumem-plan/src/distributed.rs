@@ -14,7 +14,7 @@
 //! prefetch bucket); NCCL `NCCL_BUFFSIZE` and its LL/LL128 buffers per channel and connection.
 
 use crate::graph::Unit;
-use crate::workload::{Dtype, Layout, Sharding, Workload};
+use crate::workload::{Dtype, Layout, Sharding, Target, Workload};
 use serde::Serialize;
 
 /// PyTorch's two FSDP implementations.
@@ -100,8 +100,17 @@ fn reduce_bytes(workload: &Workload) -> f64 {
 /// the reduce-scatter input (their copy in the reduce dtype) alive together. The backward ends
 /// with the root's post-backward: its gradients cast to the reduce dtype (FSDP2's
 /// `foreach_reduce`; the same bytes as the fp32 gradients without mixed precision) and the
-/// reduce-scatter input, two root-sized tensors in the reduce dtype; FSDP1 keeps one more
-/// sharded copy (`_saved_grad_shard` beside the new sharded gradient).
+/// reduce-scatter input, two root-sized tensors in the reduce dtype. FSDP1 holds the other
+/// ranks' part of one more (a root-sized tensor less its own shard: 1/2 of the root's
+/// gradients on 2 ranks, 3/4 on 4, as measured; the holder inside `_reduce_grad` and its
+/// callbacks was not identified in the source).
+///
+/// On a GPU the collectives run on their own streams and the CPU runs ahead: the next block's
+/// all-gather output exists while the current block computes (FSDP2's implicit forward
+/// prefetch; FSDP1's `limit_all_gathers` allows two in flight), and FSDP2 keeps the previous
+/// reduce-scatter input alive until the next reduce-scatter (`reduce_scatter_state`, so that
+/// the allocator does not reuse it while the other stream reads it). On the CPU (gloo) the
+/// streams are the current stream and neither happens, as the CPU measurements show.
 /// Only the trainable share (`trainable_share`, LoRA adapters) of a unit has gradients; a tied
 /// LM head's gradient (`tied_head` parameters) lands in the embedding's.
 fn fsdp_buffers(
@@ -134,16 +143,21 @@ fn fsdp_buffers(
         .sum::<f64>()
         / tp
         + tied_head;
+    let in_flight = match workload.target {
+        Target::Gpu => block,
+        Target::Cpu => 0.0,
+    };
     PhaseBuffers {
-        forward_weights: (root + block) * module,
+        forward_weights: (root + block + in_flight) * module,
         backward_start_weights: (root + block) * module,
         backward_weights: (root + 2.0 * block) * module,
-        backward_gradients: trainable_share * (head * module + block * (module + reduce)),
+        backward_gradients: trainable_share
+            * (head * module + block * (module + reduce) + in_flight * reduce),
         backward_last: (root * module, trainable_share * head * module),
         backward_end_gradients: trainable_share
             * (2.0 * root * reduce
                 + match workload.layout.fsdp_version {
-                    FsdpVersion::V1 => root * reduce / workload.layout.dp() as f64,
+                    FsdpVersion::V1 => root * reduce * (1.0 - 1.0 / workload.layout.dp() as f64),
                     FsdpVersion::V2 => 0.0,
                 }),
         ..PhaseBuffers::default()
@@ -249,5 +263,82 @@ mod tests {
             ..data
         };
         assert!(nccl_bytes(&smaller) < nccl_bytes(&data));
+    }
+}
+
+#[cfg(test)]
+mod settings_tests {
+    use crate::{estimate, find_model, Overheads, PlanError, Settings, Warning};
+
+    fn fsdp(version: Option<&str>, mp: Option<&str>) -> Settings {
+        Settings {
+            batch: Some(2),
+            seq: Some(1024),
+            gpus: Some(8),
+            fsdp: true,
+            fsdp_version: version.map(Into::into),
+            fsdp_mp: mp.map(Into::into),
+            ..Settings::default()
+        }
+    }
+
+    #[test]
+    fn fsdp_flags_are_validated_and_change_the_plan() {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let plan = |s: Settings| {
+            let workload = s.resolve(&model).unwrap().workload;
+            estimate(&model, &workload, &Overheads::default()).unwrap()
+        };
+        let err = fsdp(Some("3"), None).resolve(&model).unwrap_err();
+        assert!(matches!(err, PlanError::UnknownName { .. }), "{err}");
+        assert!(fsdp(None, Some("fp32")).resolve(&model).is_err());
+        let fp32 = plan(fsdp(None, None));
+        let bf16 = plan(fsdp(None, Some("bf16")));
+        // Half-precision gathered units and activations; fp32 shards and states either way.
+        assert!(bf16.peak_allocated_bytes < fp32.peak_allocated_bytes);
+        assert_eq!(
+            bf16.breakdown.optimizer_states,
+            fp32.breakdown.optimizer_states
+        );
+        // FSDP1 holds more of the root's gradients at the end of backward, never less.
+        let v1 = plan(fsdp(Some("1"), Some("bf16")));
+        assert!(v1.peak_allocated_bytes >= bf16.peak_allocated_bytes);
+        // NCCL is in the total only.
+        assert!(bf16.breakdown.communication > 0);
+        assert_eq!(
+            bf16.peak_total_bytes - bf16.peak_reserved_bytes,
+            bf16.breakdown.framework + bf16.breakdown.communication
+        );
+    }
+
+    #[test]
+    fn fsdp_flags_without_fsdp_warn_and_bad_buffsize_fails() {
+        let model = find_model("gpt2").unwrap();
+        let loose = Settings {
+            fsdp_mp: Some("bf16".into()),
+            fsdp_version: Some("1".into()),
+            ..Settings::default()
+        };
+        let resolved = loose.resolve(&model).unwrap();
+        let flags: Vec<&str> = resolved
+            .warnings
+            .iter()
+            .filter_map(|w| match w {
+                Warning::Ignored { flag, .. } => Some(*flag),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(flags, ["--fsdp-version", "--fsdp-mp"]);
+        // Without --fsdp the flag changes nothing.
+        assert_eq!(resolved.workload.module_dtype(), resolved.workload.dtype);
+        let zero = Settings {
+            gpus: Some(2),
+            nccl_buffsize: Some(0),
+            ..Settings::default()
+        };
+        assert!(matches!(
+            zero.resolve(&model),
+            Err(PlanError::InvalidValue { .. })
+        ));
     }
 }
