@@ -213,6 +213,20 @@ pub(crate) fn sharding_buffers(
     }
 }
 
+/// DeepSpeed ZeRO-1/2's optimizer step flattens this rank's gradient partition and converts it to
+/// the fp32 of its master partition (`stage_1_and_2.py` `step`: `flatten(averaged_gradients)
+/// .to(fp32)`, assigned as the master's `.grad` for the base optimizer): `trainable_local / dp`
+/// fp32 elements alive through the step on the GPU. With offloading the step runs on the CPU.
+pub(crate) fn zero_step_gradients(workload: &Workload, trainable_local: f64) -> f64 {
+    let layout = &workload.layout;
+    match layout.sharding {
+        Sharding::Zero1 | Sharding::Zero2 if !layout.offload => {
+            trainable_local / layout.dp() as f64 * Dtype::Fp32.bytes() as f64
+        }
+        _ => 0.0,
+    }
+}
+
 /// Whether `unit`'s sharded gradients appear only when the backward ends: FSDP's root (every
 /// unit but the blocks) reduce-scatters once all its parameters have gradients.
 pub(crate) fn reduced_at_backward_end(workload: &Workload, unit: &Unit) -> bool {

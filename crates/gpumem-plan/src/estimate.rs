@@ -2,7 +2,9 @@
 //! step (forward, backward, optimizer step; or prefill and decode), reporting the peak and its phase.
 
 use crate::checks::check;
-use crate::distributed::{nccl_bytes, reduced_at_backward_end, sharding_buffers, PhaseBuffers};
+use crate::distributed::{
+    nccl_bytes, reduced_at_backward_end, sharding_buffers, zero_step_gradients, PhaseBuffers,
+};
 use crate::error::Result;
 use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
@@ -427,7 +429,7 @@ pub(crate) fn model_states(
         grad_per_param,
         optimizer,
         buffers,
-        step_temporaries: sharded_temporaries,
+        step_temporaries: sharded_temporaries + zero_step_gradients(workload, trainable_local),
     }
 }
 
