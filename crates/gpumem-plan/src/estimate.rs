@@ -532,7 +532,8 @@ fn simulate_training(
     let mut deferred = 0.0;
     for (index, (unit, (keep, recompute))) in units.iter().zip(&kept).enumerate().rev() {
         let mut new_gradients = unit.params as f64 * states.grad_per_param;
-        if reduced_at_backward_end(workload, unit) {
+        // (Accumulating under `no_sync`, FSDP keeps unsharded gradients and reduces none.)
+        if !accumulating && reduced_at_backward_end(workload, unit) {
             deferred += new_gradients;
             new_gradients = 0.0;
         }
