@@ -2,6 +2,9 @@
 //! step (forward, backward, optimizer step; or prefill and decode), reporting the peak and its phase.
 
 use crate::checks::check;
+use crate::distributed::{
+    nccl_bytes, reduced_at_backward_end, sharding_buffers, zero_step_gradients, PhaseBuffers,
+};
 use crate::error::Result;
 use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
@@ -18,9 +21,6 @@ pub const DEFAULT_CONTEXT_BYTES: u64 = 500 << 20;
 /// Share of allocated bytes the caching allocator keeps reserved on top (block rounding and
 /// fragmentation; +5–10 % on the published V100 bert-large points).
 pub const DEFAULT_ALLOCATOR_FRACTION: f64 = 0.06;
-
-/// DeepSpeed's default `reduce_bucket_size` and `allgather_bucket_size`, in elements.
-pub const ZERO_BUCKET_ELEMENTS: u64 = 500_000_000;
 
 /// Memory outside PyTorch tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -89,6 +89,8 @@ pub struct Breakdown {
     pub temporaries: u64,
     /// CUDA context, kernels and framework, outside the allocator.
     pub framework: u64,
+    /// NCCL communicator buffers, outside the allocator (in nvidia-smi, not in reserved).
+    pub communication: u64,
     /// Reserved by the caching allocator but not allocated.
     pub allocator: u64,
 }
@@ -114,6 +116,7 @@ impl Breakdown {
             ("kv_cache", self.kv_cache),
             ("temporaries", self.temporaries),
             ("framework", self.framework),
+            ("communication", self.communication),
             ("allocator", self.allocator),
         ]
     }
@@ -156,7 +159,7 @@ pub struct Estimate {
     pub peak_allocated_bytes: u64,
     /// Allocated plus allocator overhead (comparable with `max_memory_reserved`).
     pub peak_reserved_bytes: u64,
-    /// Reserved plus CUDA context and framework (comparable with nvidia-smi).
+    /// Reserved plus CUDA context, framework and NCCL buffers (comparable with nvidia-smi).
     pub peak_total_bytes: u64,
     /// Phase holding the peak.
     pub peak_phase: Phase,
@@ -181,9 +184,8 @@ pub(crate) struct States {
     /// Gradient bytes per parameter of a unit, on this GPU.
     pub(crate) grad_per_param: f64,
     pub(crate) optimizer: f64,
-    /// Communication buckets (DDP) or gathered layers (ZeRO-3/FSDP), alive the whole step.
-    pub(crate) buffers_weights: f64,
-    pub(crate) buffers_gradients: f64,
+    /// Communication buckets and gathered layers, by phase ([`crate::distributed`]).
+    pub(crate) buffers: PhaseBuffers,
     pub(crate) step_temporaries: f64,
 }
 
@@ -217,6 +219,15 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
     let allocated = breakdown.allocated();
     breakdown.allocator = bytes(allocated as f64 * overheads.allocator_fraction);
     breakdown.framework = overheads.context_bytes.min(MAX_BYTES);
+    breakdown.communication = match workload.mode {
+        Mode::Train => nccl_bytes(&workload.layout),
+        // Inference shards only over tensor-parallel ranks.
+        Mode::Infer | Mode::Generate => nccl_bytes(&crate::workload::Layout {
+            gpus: workload.layout.tp,
+            pp: 1,
+            ..workload.layout
+        }),
+    };
     let phases = peaks
         .drain(..)
         .map(|(phase, b)| PhasePeak {
@@ -232,7 +243,10 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
     Ok(Estimate {
         peak_allocated_bytes: allocated,
         peak_reserved_bytes: allocated + breakdown.allocator,
-        peak_total_bytes: allocated + breakdown.allocator + breakdown.framework,
+        peak_total_bytes: allocated
+            + breakdown.allocator
+            + breakdown.framework
+            + breakdown.communication,
         peak_phase,
         breakdown,
         kv_cache_kind,
@@ -393,18 +407,23 @@ pub(crate) fn model_states(
     let grad_bytes = weight_bytes;
     // Gradient bytes per parameter of a unit: only the trainable share (LoRA adapters) gets one.
     let mut grad_per_param = grad_bytes / tp * trainable_local / trained_params.max(1.0);
-    let mut buffers_weights = 0.0;
-    let mut buffers_gradients = 0.0;
     let gradients_full = trainable_local * grad_bytes;
     let largest_block = counts.largest_block as f64 / tp * weight_bytes;
+    let trainable_share = trainable_local / full_params.max(1.0);
+    let buffers = sharding_buffers(
+        units,
+        workload,
+        largest_block,
+        grad_bytes,
+        gradients_full,
+        trainable_share,
+    );
     match layout.sharding {
-        Sharding::None if dp > 1.0 => buffers_gradients = gradients_full, // DDP bucket copies
         Sharding::None => {}
         Sharding::Zero1 => optimizer /= dp,
         Sharding::Zero2 => {
             optimizer /= dp;
             grad_per_param /= dp;
-            buffers_gradients = gradients_full.min(ZERO_BUCKET_ELEMENTS as f64 * grad_bytes);
         }
         Sharding::Zero3 | Sharding::Fsdp => {
             optimizer /= dp;
@@ -414,13 +433,15 @@ pub(crate) fn model_states(
                 grad_per_param /= dp;
             }
             weights /= dp;
-            // The layer in use and the one prefetched are gathered unsharded.
-            buffers_weights = 2.0 * largest_block;
-            buffers_gradients = largest_block.min(ZERO_BUCKET_ELEMENTS as f64 * grad_bytes);
         }
     }
     if layout.offload {
         optimizer = 0.0;
+        // The reduced gradient partitions go to pinned host buffers (DeepSpeed's
+        // `contiguous_gradients` is forced on; FSDP's CPUOffload moves the sharded gradients).
+        if layout.sharding != Sharding::None {
+            grad_per_param = 0.0;
+        }
         if matches!(layout.sharding, Sharding::Zero3 | Sharding::Fsdp) {
             weights = 0.0;
         }
@@ -434,9 +455,8 @@ pub(crate) fn model_states(
         weights,
         grad_per_param,
         optimizer,
-        buffers_weights,
-        buffers_gradients,
-        step_temporaries: sharded_temporaries,
+        buffers,
+        step_temporaries: sharded_temporaries + zero_step_gradients(workload, trainable_local),
     }
 }
 
@@ -501,13 +521,21 @@ fn simulate_training(
     let total_params: f64 = units.iter().map(|u| u.trained_params() as f64).sum();
     let all_gradients = total_params * states.grad_per_param;
     let accumulating = workload.grad_accum > 1 || workload.keep_grads;
-    let base = |gradients: f64, activations: f64, temporaries: f64| Breakdown {
-        weights: bytes(states.weights + states.buffers_weights),
-        gradients: bytes(gradients + states.buffers_gradients),
+    let buffers = &states.buffers;
+    // `extra`: the phase's (weights, gradients) buffers on top of those of the whole step.
+    let with = |extra: (f64, f64), gradients: f64, activations: f64, temporaries: f64| Breakdown {
+        weights: bytes(states.weights + buffers.step_weights + extra.0),
+        gradients: bytes(gradients + buffers.step_gradients + extra.1),
         optimizer_states: bytes(states.optimizer),
         activations: bytes(activations),
         temporaries: bytes(temporaries),
         ..Breakdown::default()
+    };
+    let in_forward = (buffers.forward_weights, 0.0);
+    let in_backward = (buffers.backward_weights, buffers.backward_gradients);
+    let backward_start = (buffers.backward_start_weights, 0.0);
+    let base = |gradients: f64, activations: f64, temporaries: f64| {
+        with((0.0, 0.0), gradients, activations, temporaries)
     };
     let policy = workload.checkpointing;
     let kept = kept_and_recomputed(units, policy);
@@ -517,7 +545,8 @@ fn simulate_training(
     let mut saved = 0.0;
     let mut held = 0.0;
     for (unit, (keep, _)) in units.iter().zip(&kept) {
-        let live = base(
+        let live = with(
+            in_forward,
             gradients_in_forward,
             saved + held + keep,
             unit.forward_transient,
@@ -528,12 +557,18 @@ fn simulate_training(
         saved += keep * in_flight;
         held += unit.held;
     }
-    let forward_end = base(gradients_in_forward, saved + held, 0.0);
+    let forward_end = with(in_forward, gradients_in_forward, saved + held, 0.0);
 
     let mut backward = Breakdown::default();
     let mut gradients = gradients_in_forward;
-    for (unit, (keep, recompute)) in units.iter().zip(&kept).rev() {
-        let new_gradients = unit.trained_params() as f64 * states.grad_per_param;
+    let mut deferred = 0.0;
+    for (index, (unit, (keep, recompute))) in units.iter().zip(&kept).enumerate().rev() {
+        let mut new_gradients = unit.trained_params() as f64 * states.grad_per_param;
+        // (Accumulating under `no_sync`, FSDP keeps unsharded gradients and reduces none.)
+        if !accumulating && reduced_at_backward_end(workload, unit) {
+            deferred += new_gradients;
+            new_gradients = 0.0;
+        }
         // Accumulating into existing gradients: the new one and the sum exist briefly.
         let (grown, transient_gradients) = if accumulating {
             (0.0, ACCUMULATION_COPIES * new_gradients)
@@ -542,9 +577,26 @@ fn simulate_training(
         };
         // Two moments: the unit's backward starts (all its saved tensors, no gradients yet) and
         // its parameter gradients appear (its saved tensors released).
-        let starting = base(gradients, saved + held, recompute + unit.backward_transient);
+        // The embeddings' backward runs with every block resharded; the head's starts before
+        // any parameter gradient exists.
+        let extra = if index == 0 {
+            buffers.backward_last
+        } else {
+            in_backward
+        };
+        let starting = with(
+            if index + 1 == units.len() {
+                backward_start
+            } else {
+                extra
+            },
+            gradients,
+            saved + held,
+            recompute + unit.backward_transient,
+        );
         saved -= keep * in_flight;
-        let finishing = base(
+        let finishing = with(
+            extra,
             gradients + grown,
             saved + held,
             unit.gradient_transient + transient_gradients,
@@ -555,6 +607,17 @@ fn simulate_training(
             }
         }
         gradients += grown;
+    }
+    // The backward's last reductions, with every activation released.
+    gradients += deferred;
+    let ending = with(
+        (0.0, buffers.backward_end_gradients),
+        gradients,
+        saved + held,
+        0.0,
+    );
+    if ending.allocated() > backward.allocated() {
+        backward = ending;
     }
     let mut phases = vec![
         (Phase::Forward, forward),

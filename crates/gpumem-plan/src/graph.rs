@@ -95,7 +95,7 @@ struct ElementSizes {
 impl ElementSizes {
     fn of(workload: &Workload) -> Self {
         let act = workload.compute_dtype().bytes() as f64;
-        let residual = workload.dtype.bytes() as f64;
+        let residual = workload.module_dtype().bytes() as f64;
         ElementSizes {
             act,
             residual,
@@ -522,7 +522,7 @@ impl<'a> TransformerGraph<'a> {
         // new V×h gradient and accumulating it allocates the sum.
         let tied_accumulation = if spec.tied_embeddings && spec.head != Head::None {
             ACCUMULATION_COPIES * (spec.vocab * spec.hidden) as f64 / self.split.tp
-                * self.workload.dtype.bytes() as f64
+                * self.workload.module_dtype().bytes() as f64
         } else {
             0.0
         };

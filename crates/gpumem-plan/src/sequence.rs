@@ -8,6 +8,7 @@
 //! hidden-state-sized tensors, each transient as one tensor. The live bytes of the sequence
 //! follow the estimate (the `sequence_follows_the_estimate` test checks it).
 
+use crate::distributed::reduced_at_backward_end;
 use crate::error::Result;
 use crate::estimate::{kept_and_recomputed, model_states, trainable_params, States};
 use crate::graph::{build_units, Unit};
@@ -55,7 +56,7 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
     let states = model_states(model, workload, &counts, &units, trainable);
     let mut out = Emitter::default();
     let shapes = Shapes::of(model, workload, &units, &states);
-    let persistent: Vec<u64> = [states.buffers_weights, states.buffers_gradients]
+    let persistent: Vec<u64> = [states.buffers.step_weights, states.buffers.step_gradients]
         .into_iter()
         .filter_map(|b| out.alloc(b))
         .collect();
@@ -188,14 +189,30 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
         let mut saved = Vec::with_capacity(units.len());
         let mut held = Vec::new();
         let kept = kept_and_recomputed(units, workload.checkpointing);
+        // Gathered units (FSDP) while the forward runs, then while the backward runs.
+        let gathered = out.alloc(states.buffers.forward_weights);
         for (unit, &(keep, _)) in units.iter().zip(&kept) {
             let transient = out.pieces(unit.forward_transient, shapes.largest);
             saved.push(out.pieces(keep, shapes.activation));
             out.free_all(transient);
             held.push(out.alloc(unit.held));
         }
+        out.free(gathered);
+        // FSDP's gathered units and unsharded gradients in backward, as the estimate has them:
+        // the root and one block when it starts, one more block and the gradient buffers once
+        // the head's gradients appear, only the root and the head's gradients in the
+        // embeddings' backward.
+        let buffers = &states.buffers;
+        let mut gathered = vec![out.alloc(buffers.backward_start_weights)];
         let mut gradients = Vec::new();
-        for ((unit, unit_saved), &(_, recompute)) in units.iter().zip(saved).zip(&kept).rev() {
+        let last = units.len().saturating_sub(1);
+        for (index, ((unit, unit_saved), &(_, recompute))) in
+            units.iter().zip(saved).zip(&kept).enumerate().rev()
+        {
+            if index == 0 && last > 0 {
+                gathered.drain(..).for_each(|g| out.free(g));
+                gathered.push(out.alloc(buffers.backward_last.0 + buffers.backward_last.1));
+            }
             // Recomputation re-creates activation-sized tensors; the gradients of its outputs
             // start the unit's backward.
             let recomputed = out.pieces(recompute, shapes.activation);
@@ -206,11 +223,27 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             // the parameter gradients it produces.
             let finishing = out.pieces(unit.gradient_transient, shapes.largest);
             out.free_all(starting);
-            if !accumulating {
+            if index == last && last > 0 {
+                gathered.push(out.alloc(buffers.backward_weights - buffers.backward_start_weights));
+                gathered.push(out.alloc(buffers.backward_gradients));
+            }
+            if !accumulating && !reduced_at_backward_end(workload, unit) {
                 gradients.push(out.pieces(grad(unit), shapes.tensor));
             }
             out.free_all(finishing);
         }
+        gathered.into_iter().for_each(|g| out.free(g));
+        // FSDP's root reduce-scatter: its buffers, then the root's sharded gradients.
+        let reducing = out.alloc(states.buffers.backward_end_gradients);
+        for unit in units
+            .iter()
+            .filter(|u| reduced_at_backward_end(workload, u))
+        {
+            if !accumulating {
+                gradients.push(out.pieces(grad(unit), shapes.tensor));
+            }
+        }
+        out.free(reducing);
         if index == 0 {
             optimizer = units
                 .iter()
@@ -296,6 +329,32 @@ mod tests {
         };
         let workload = settings.resolve(&model).unwrap().workload;
         (model, workload)
+    }
+
+    /// FSDP's per-phase buffers and its end-of-backward root reduction are in the sequence too.
+    #[test]
+    fn sequence_follows_the_fsdp_estimate() {
+        for (name, version, mp) in [("llama-3.2-1b", "2", Some("bf16")), ("gpt2", "1", None)] {
+            let model = find_model(name).unwrap();
+            let settings = Settings {
+                batch: Some(2),
+                seq: Some(1024),
+                gpus: Some(8),
+                fsdp: true,
+                fsdp_version: Some(version.into()),
+                fsdp_mp: mp.map(Into::into),
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            let events = allocation_sequence(&model, &workload).unwrap();
+            let planned = estimate(&model, &workload, &Overheads::default()).unwrap();
+            let peak = peak_live_bytes(&events) as f64;
+            let allocated = planned.peak_allocated_bytes as f64;
+            assert!(
+                ((peak - allocated) / allocated).abs() < 0.05,
+                "{name}: sequence peak {peak}, estimate {allocated}"
+            );
+        }
     }
 
     #[test]

@@ -103,6 +103,18 @@ pub struct Settings {
     /// FSDP full sharding.
     #[cfg_attr(feature = "clap", arg(long))]
     pub fsdp: bool,
+    /// FSDP implementation with --fsdp: 1 (FullyShardedDataParallel) or 2 (fully_shard)
+    /// [default: 2].
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub fsdp_version: Option<String>,
+    /// FSDP mixed precision with --fsdp: parameters gathered and computed in bf16 or fp16 from
+    /// --dtype sharded masters, gradients reduced in fp32 [default: none, no cast].
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub fsdp_mp: Option<String>,
+    /// NCCL_BUFFSIZE in bytes, the Simple-protocol buffer of each NCCL connection (counted in
+    /// the total, outside PyTorch's allocator) [default: 4194304].
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub nccl_buffsize: Option<u64>,
     /// Offload optimizer states (and ZeRO-3/FSDP parameters) to CPU.
     #[cfg_attr(feature = "clap", arg(long))]
     pub offload: bool,
@@ -284,6 +296,15 @@ impl Settings {
                 sp: self.sp,
                 sharding,
                 offload: self.offload,
+                fsdp_version: pick(&self.fsdp_version, "FSDP version", choices::FSDP_VERSIONS)?
+                    .unwrap_or(d.layout.fsdp_version),
+                fsdp_mp: pick(
+                    &self.fsdp_mp,
+                    "FSDP mixed precision",
+                    choices::FSDP_MP_DTYPES,
+                )?
+                .filter(|_| sharding == Sharding::Fsdp),
+                nccl_buffsize: self.nccl_buffsize.unwrap_or(d.layout.nccl_buffsize),
             },
             target,
             use_cache: !self.no_cache,
@@ -345,6 +366,9 @@ impl Settings {
              keeps the weights (its tensor-parallel share)"
         );
         let inference = mode != Mode::Train;
+        let fsdp_inactive = inference || !self.fsdp;
+        let one_gpu = "one GPU creates no NCCL communicator".to_string();
+        let no_fsdp = "it sets up PyTorch FSDP, planned for training with --fsdp".to_string();
         let tokens = format!(
             "{} reads tokens, not images: its input is --seq",
             model.name
@@ -389,6 +413,21 @@ impl Settings {
             ("--zero", inference && self.zero.is_some(), &no_sharding),
             ("--fsdp", inference && self.fsdp, &no_sharding),
             ("--offload", inference && self.offload, &no_sharding),
+            (
+                "--fsdp-version",
+                fsdp_inactive && self.fsdp_version.is_some(),
+                &no_fsdp,
+            ),
+            (
+                "--nccl-buffsize",
+                self.nccl_buffsize.is_some() && self.gpus.unwrap_or(1) <= 1,
+                &one_gpu,
+            ),
+            (
+                "--fsdp-mp",
+                fsdp_inactive && self.fsdp_mp.is_some(),
+                &no_fsdp,
+            ),
             (
                 "--seq",
                 !model.reads_tokens() && self.seq.is_some(),
@@ -526,6 +565,12 @@ mod tests {
             ),
             ("tp", d.layout.tp.to_string()),
             ("pp", d.layout.pp.to_string()),
+            (
+                "fsdp_version",
+                name(choices::FSDP_VERSIONS, d.layout.fsdp_version).to_string(),
+            ),
+            ("fsdp_mp", "none".to_string()),
+            ("nccl_buffsize", d.layout.nccl_buffsize.to_string()),
             ("lora_rank", DEFAULT_LORA_RANK.to_string()),
             ("amp", "none".to_string()),
         ];

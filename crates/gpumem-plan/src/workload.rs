@@ -1,5 +1,7 @@
 //! What is run on the model: training or inference settings, precision, optimizer, parallel layout.
 
+pub use crate::distributed::FsdpVersion;
+use crate::distributed::{DEFAULT_FSDP_VERSION, DEFAULT_NCCL_BUFFSIZE};
 use crate::error::{PlanError, Result};
 use crate::names::lookup;
 use serde::Serialize;
@@ -190,7 +192,8 @@ pub enum Sharding {
     Zero2,
     /// ZeRO-3: optimizer states, gradients and weights sharded; layers gathered on use.
     Zero3,
-    /// PyTorch FSDP full shard: like ZeRO-3 with one unit prefetched.
+    /// PyTorch FSDP full shard: units gathered on use, the root kept gathered through forward
+    /// and backward, the next unit prefetched ([`crate::distributed`]).
     Fsdp,
 }
 
@@ -255,6 +258,13 @@ pub struct Layout {
     pub sharding: Sharding,
     /// Optimizer states (and, with ZeRO-3/FSDP, parameters) offloaded to CPU memory.
     pub offload: bool,
+    /// Which PyTorch FSDP (with [`Sharding::Fsdp`]).
+    pub fsdp_version: FsdpVersion,
+    /// FSDP mixed precision: the dtype parameters are gathered and computed in, from sharded
+    /// masters in [`Workload::dtype`] (`MixedPrecisionPolicy(param_dtype=…)`); None: no cast.
+    pub fsdp_mp: Option<Dtype>,
+    /// NCCL's `NCCL_BUFFSIZE`: bytes of the Simple-protocol buffer of each connection.
+    pub nccl_buffsize: u64,
 }
 
 impl Layout {
@@ -268,6 +278,9 @@ impl Layout {
             sp: false,
             sharding: Sharding::None,
             offload: false,
+            fsdp_version: DEFAULT_FSDP_VERSION,
+            fsdp_mp: None,
+            nccl_buffsize: DEFAULT_NCCL_BUFFSIZE,
         }
     }
 
@@ -352,13 +365,27 @@ impl Default for Workload {
     }
 }
 
+/// Largest accepted `NCCL_BUFFSIZE` (1 GiB): beyond it a setting is a typo.
+pub const MAX_NCCL_BUFFSIZE: u64 = 1 << 30;
+
 /// Largest accepted batch, sequence, image or token count: beyond it a setting is a typo.
 pub const MAX_SIZE: u64 = 1 << 24;
 
 impl Workload {
-    /// The dtype activations are computed in: the autocast dtype if any, else the weight dtype.
+    /// The dtype activations are computed in: the autocast dtype if any, else the dtype the
+    /// modules' parameters have while they run ([`Workload::module_dtype`]).
     pub fn compute_dtype(&self) -> Dtype {
-        self.amp.unwrap_or(self.dtype)
+        self.amp.unwrap_or(self.module_dtype())
+    }
+
+    /// The dtype of the parameters while the modules run (and of their unsharded gradients):
+    /// FSDP mixed precision (planned for training) gathers them in its `param_dtype`; otherwise
+    /// the storage dtype.
+    pub fn module_dtype(&self) -> Dtype {
+        match (self.mode, self.layout.sharding, self.layout.fsdp_mp) {
+            (Mode::Train, Sharding::Fsdp, Some(mp)) => mp,
+            _ => self.dtype,
+        }
     }
 
     /// Positions one sequence occupies in the model: the prompt, and when generating every new
@@ -402,6 +429,13 @@ impl Workload {
                 "nodes",
                 layout.nodes,
                 format!("must divide gpus = {}", layout.gpus),
+            ));
+        }
+        if !(1..=MAX_NCCL_BUFFSIZE).contains(&layout.nccl_buffsize) {
+            return Err(invalid(
+                "nccl-buffsize",
+                layout.nccl_buffsize,
+                format!("must be between 1 and {MAX_NCCL_BUFFSIZE} bytes"),
             ));
         }
         if let Some(lora) = self.lora {
@@ -490,6 +524,16 @@ pub mod choices {
         ("sdpa", Attention::Sdpa),
         ("flash", Attention::Flash),
         ("flash-attention-2", Attention::Flash),
+    ];
+    /// `--fsdp-version`.
+    pub const FSDP_VERSIONS: &[(&str, FsdpVersion)] =
+        &[("1", FsdpVersion::V1), ("2", FsdpVersion::V2)];
+    /// `--fsdp-mp` (a half-precision `param_dtype`).
+    pub const FSDP_MP_DTYPES: &[(&str, Dtype)] = &[
+        ("bf16", Dtype::Bf16),
+        ("bfloat16", Dtype::Bf16),
+        ("fp16", Dtype::Fp16),
+        ("float16", Dtype::Fp16),
     ];
     /// `--zero`.
     pub const ZERO_STAGES: &[(&str, Sharding)] = &[

@@ -142,6 +142,12 @@ fn planner_matches_held_out_pytorch_measurements() {
     check_measured_set("measured_heldout.jsonl");
 }
 
+/// FSDP1 and FSDP2 (with and without bf16 mixed precision) over two gloo ranks on CPU.
+#[test]
+fn planner_matches_pytorch_measurements_of_fsdp() {
+    check_measured_set("measured_distributed.jsonl");
+}
+
 #[test]
 fn planner_matches_pytorch_measurements_of_newer_architectures() {
     check_measured_set("measured_architectures.jsonl");

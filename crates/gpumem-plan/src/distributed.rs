@@ -1,0 +1,348 @@
+//! What multi-GPU training allocates beyond the sharded model states: PyTorch FSDP's gathered
+//! units and gradient reduction buffers (FSDP1 and FSDP2, with or without mixed precision),
+//! DeepSpeed ZeRO's gradient buckets and gathered layers (its config defaults), the GPU side of
+//! CPU offloading, and the NCCL communicator buffers outside PyTorch's caching allocator.
+//!
+//! Sources (read for this module; docs/plan.md "Distributed training" cites the lines):
+//! `torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py` (FSDP2 all-gather copy-in into
+//! the all-gather output, copy-out into per-parameter unsharded tensors, reduce-scatter input
+//! and output), `_fsdp_param_group.py` (backward prefetch of the next unit, the root kept
+//! unsharded after forward), `_flat_param.py` / `_runtime_utils.py` (FSDP1 flat parameters,
+//! BACKWARD_PRE prefetch, the root not resharded after forward); DeepSpeed
+//! `runtime/zero/config.py` (bucket defaults), `stage_1_and_2.py` (the `ipg_buffer` of
+//! `reduce_bucket_size` elements allocated in every backward), `stage3.py` (the IPG flat buffer,
+//! prefetch bucket); NCCL `NCCL_BUFFSIZE` and its LL/LL128 buffers per channel and connection.
+
+use crate::graph::Unit;
+use crate::workload::{Dtype, Layout, Sharding, Target, Workload};
+use serde::Serialize;
+
+/// PyTorch's two FSDP implementations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum FsdpVersion {
+    /// `FullyShardedDataParallel`: one flat parameter per wrapped unit (accelerate's and the
+    /// Hugging Face Trainer's `fsdp_version: 1`).
+    #[serde(rename = "1")]
+    V1,
+    /// `fully_shard`: per-parameter DTensor shards (torchtitan, torchtune, PyTorch's current
+    /// recommendation; FSDP1 is deprecated in its docs).
+    #[serde(rename = "2")]
+    V2,
+}
+
+/// `--fsdp-version` when none is given: FSDP2, what PyTorch documents and torchtitan/torchtune
+/// run today. Both allocate the same units at the peak in this model; they differ in the
+/// per-unit buffers ([`fsdp_buffers`]).
+pub const DEFAULT_FSDP_VERSION: FsdpVersion = FsdpVersion::V2;
+
+/// DeepSpeed `reduce_bucket_size` default (elements; `runtime/zero/config.py`).
+pub const REDUCE_BUCKET_ELEMENTS: u64 = 500_000_000;
+/// DeepSpeed `stage3_prefetch_bucket_size` default (elements).
+pub const PREFETCH_BUCKET_ELEMENTS: u64 = 50_000_000;
+
+/// NCCL's default `NCCL_BUFFSIZE` (Simple protocol, per connection): 4 MiB.
+pub const DEFAULT_NCCL_BUFFSIZE: u64 = 4 << 20;
+/// NCCL's LL128 buffer per connection (`NCCL_LL128_BUFFSIZE` default: 120 elements × 640
+/// threads × 8 steps × 8 bytes).
+pub const NCCL_LL128_BYTES: u64 = 4_915_200;
+/// NCCL's LL buffer per connection (`NCCL_LL_BUFFSIZE` default: 8 lines × 512 threads × 8 steps
+/// × 16 bytes).
+pub const NCCL_LL_BYTES: u64 = 524_288;
+/// Channels of a communicator within an NVLink node (NCCL picks 16–32 on A100/H100).
+pub const NCCL_CHANNELS: u64 = 16;
+/// Connections with buffers per channel and rank: the ring's receive side and the tree's.
+pub const NCCL_CONNECTIONS_PER_CHANNEL: u64 = 2;
+
+/// Bytes of buffers alive in a phase of a training step on one GPU, beyond the sharded states.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct PhaseBuffers {
+    /// Unsharded (gathered) parameters alive through the forward pass.
+    pub(crate) forward_weights: f64,
+    /// Unsharded parameters alive when the backward starts (the loss's gradient, before any
+    /// parameter gradient exists).
+    pub(crate) backward_start_weights: f64,
+    /// Unsharded parameters alive through the rest of the backward pass.
+    pub(crate) backward_weights: f64,
+    /// Unsharded parameters and gradients alive in the backward of the first unit (the
+    /// embeddings: every block done and resharded, the root still gathered).
+    pub(crate) backward_last: (f64, f64),
+    /// Unsharded gradients and reduction buffers alive through the backward pass.
+    pub(crate) backward_gradients: f64,
+    /// Reduction buffers alive when the backward ends, after the last activations are freed
+    /// (FSDP's reduce-scatter of the root's gradients).
+    pub(crate) backward_end_gradients: f64,
+    /// Buffers alive the whole step (weights kind): ZeRO-3's gathered layers.
+    pub(crate) step_weights: f64,
+    /// Buffers alive the whole step (gradients kind): DDP buckets, ZeRO's IPG bucket.
+    pub(crate) step_gradients: f64,
+}
+
+/// Bytes per element of the gradient reduction: FSDP mixed precision reduces in fp32 (as
+/// torchtitan's `mixed_precision_reduce` default and FSDP1's `reduce_dtype=float32` set it), so
+/// the reduce-scatter input is an fp32 copy of the unit's gradients.
+fn reduce_bytes(workload: &Workload) -> f64 {
+    match workload.layout.fsdp_mp {
+        Some(_) => Dtype::Fp32.bytes() as f64,
+        None => workload.dtype.bytes() as f64,
+    }
+}
+
+/// The gathered units and reduction buffers of FSDP full sharding, per GPU.
+///
+/// Wrapping as every recipe does (each block its own unit, the root holding embeddings, final
+/// norm and head): the root is not resharded after forward (FSDP2 sets
+/// `reshard_after_forward=False` for the root; FSDP1 frees no root handle post-forward), so it
+/// stays gathered from its all-gather to the end of backward, and its unsharded gradients live
+/// from the head's backward until the root's post-backward reduce-scatter at the end. A block is
+/// gathered while it runs; the root's pre-backward prefetches the last block, and each block's
+/// the one before it (FSDP2's default, FSDP1's `BACKWARD_PRE`), so one block is gathered when
+/// the backward starts and two after. A block's backward ends with its unsharded gradients and
+/// the reduce-scatter input (their copy in the reduce dtype) alive together. The backward ends
+/// with the root's post-backward: its gradients cast to the reduce dtype (FSDP2's
+/// `foreach_reduce`; the same bytes as the fp32 gradients without mixed precision) and the
+/// reduce-scatter input, two root-sized tensors in the reduce dtype. FSDP1 holds the other
+/// ranks' part of one more (a root-sized tensor less its own shard: 1/2 of the root's
+/// gradients on 2 ranks, 3/4 on 4, as measured; the holder inside `_reduce_grad` and its
+/// callbacks was not identified in the source).
+///
+/// On a GPU the collectives run on their own streams and the CPU runs ahead: the next block's
+/// all-gather output exists while the current block computes (FSDP2's implicit forward
+/// prefetch; FSDP1's `limit_all_gathers` allows two in flight), and FSDP2 keeps the previous
+/// reduce-scatter input alive until the next reduce-scatter (`reduce_scatter_state`, so that
+/// the allocator does not reuse it while the other stream reads it). On the CPU (gloo) the
+/// streams are the current stream and neither happens, as the CPU measurements show.
+/// Only the trainable share (`trainable_share`, LoRA adapters) of a unit has gradients; a tied
+/// LM head's parameters are the head unit's (its backward makes the embedding's gradient).
+fn fsdp_buffers(
+    units: &[Unit],
+    workload: &Workload,
+    tp: f64,
+    trainable_share: f64,
+) -> PhaseBuffers {
+    let module = workload.module_dtype().bytes() as f64;
+    let root: f64 = units
+        .iter()
+        .filter(|u| u.name != "block")
+        .map(|u| u.params as f64)
+        .sum::<f64>()
+        / tp;
+    let block = units
+        .iter()
+        .filter(|u| u.name == "block")
+        .map(|u| u.params as f64)
+        .fold(0.0, f64::max)
+        / tp;
+    let reduce = reduce_bytes(workload);
+    // The root gradients that exist while the blocks' backward runs: the head's (the
+    // embeddings' appear at the very end).
+    let head: f64 = units
+        .iter()
+        .filter(|u| u.name == "head")
+        .map(|u| u.params as f64)
+        .sum::<f64>()
+        / tp;
+    let in_flight = match workload.target {
+        Target::Gpu => block,
+        Target::Cpu => 0.0,
+    };
+    PhaseBuffers {
+        forward_weights: (root + block + in_flight) * module,
+        backward_start_weights: (root + block) * module,
+        backward_weights: (root + 2.0 * block) * module,
+        backward_gradients: trainable_share
+            * (head * module + block * (module + reduce) + in_flight * reduce),
+        backward_last: (root * module, trainable_share * head * module),
+        backward_end_gradients: trainable_share
+            * (2.0 * root * reduce
+                + match workload.layout.fsdp_version {
+                    FsdpVersion::V1 => root * reduce * (1.0 - 1.0 / workload.layout.dp() as f64),
+                    FsdpVersion::V2 => 0.0,
+                }),
+        ..PhaseBuffers::default()
+    }
+}
+
+/// Buffers of a sharded or data-parallel layout for `units`, with gradients of `grad_bytes`
+/// per element (the parameter dtype), `gradients_full` bytes of all local gradients, the largest
+/// block `largest_block` bytes and `trainable_share` of the parameters trained.
+pub(crate) fn sharding_buffers(
+    units: &[Unit],
+    workload: &Workload,
+    largest_block: f64,
+    grad_bytes: f64,
+    gradients_full: f64,
+    trainable_share: f64,
+) -> PhaseBuffers {
+    let layout = &workload.layout;
+    let bucket = REDUCE_BUCKET_ELEMENTS as f64 * grad_bytes;
+    match layout.sharding {
+        // DDP's gradient buckets hold a copy of every gradient.
+        Sharding::None if layout.dp() > 1 => PhaseBuffers {
+            step_gradients: gradients_full,
+            ..PhaseBuffers::default()
+        },
+        Sharding::None => PhaseBuffers::default(),
+        // `contiguous_gradients` (on by default, forced by offloading) allocates one
+        // `reduce_bucket_size` buffer every backward, whatever the model's size (a second one
+        // with `overlap_comm`, off by default below stage 3).
+        Sharding::Zero1 | Sharding::Zero2 => PhaseBuffers {
+            step_gradients: bucket,
+            ..PhaseBuffers::default()
+        },
+        // Stage 3: the IPG flat buffer of `reduce_bucket_size` elements; the layer in use and
+        // the prefetch bucket gathered.
+        Sharding::Zero3 => {
+            let prefetched = (PREFETCH_BUCKET_ELEMENTS as f64 * grad_bytes).min(largest_block);
+            PhaseBuffers {
+                step_weights: largest_block + prefetched,
+                step_gradients: bucket,
+                ..PhaseBuffers::default()
+            }
+        }
+        Sharding::Fsdp => fsdp_buffers(units, workload, layout.tp as f64, trainable_share),
+    }
+}
+
+/// DeepSpeed ZeRO-1/2's optimizer step flattens this rank's gradient partition and converts it to
+/// the fp32 of its master partition (`stage_1_and_2.py` `step`: `flatten(averaged_gradients)
+/// .to(fp32)`, assigned as the master's `.grad` for the base optimizer): `trainable_local / dp`
+/// fp32 elements alive through the step on the GPU. With offloading the step runs on the CPU.
+pub(crate) fn zero_step_gradients(workload: &Workload, trainable_local: f64) -> f64 {
+    let layout = &workload.layout;
+    match layout.sharding {
+        Sharding::Zero1 | Sharding::Zero2 if !layout.offload => {
+            trainable_local / layout.dp() as f64 * Dtype::Fp32.bytes() as f64
+        }
+        _ => 0.0,
+    }
+}
+
+/// Whether `unit`'s sharded gradients appear only when the backward ends: FSDP's root (every
+/// unit but the blocks) reduce-scatters once all its parameters have gradients.
+pub(crate) fn reduced_at_backward_end(workload: &Workload, unit: &Unit) -> bool {
+    workload.layout.sharding == Sharding::Fsdp && unit.name != "block"
+}
+
+/// NCCL communicators one rank of `layout` holds: one per parallel group of more than one rank
+/// (data, tensor, pipeline).
+pub fn nccl_communicators(layout: &Layout) -> u64 {
+    [layout.dp(), layout.tp, layout.pp]
+        .into_iter()
+        .filter(|&size| size > 1)
+        .count() as u64
+}
+
+/// Device bytes NCCL allocates for one rank of `layout` with cudaMalloc/cuMem, outside
+/// PyTorch's caching allocator: in `nvidia-smi` and NVML, never in `memory_allocated` or
+/// `memory_reserved`. Per communicator: channels × connections × (Simple + LL128 + LL buffers).
+pub fn nccl_bytes(layout: &Layout) -> u64 {
+    let per_connection = layout.nccl_buffsize + NCCL_LL128_BYTES + NCCL_LL_BYTES;
+    nccl_communicators(layout) * NCCL_CHANNELS * NCCL_CONNECTIONS_PER_CHANNEL * per_connection
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_counts_one_communicator_per_parallel_group() {
+        let single = Layout::single();
+        assert_eq!(nccl_bytes(&single), 0);
+        let data = Layout {
+            gpus: 8,
+            ..Layout::single()
+        };
+        assert_eq!(nccl_communicators(&data), 1);
+        // 16 channels × 2 connections × (4 MiB + 4.6875 MiB + 0.5 MiB) = 294 MiB.
+        assert_eq!(nccl_bytes(&data), 32 * (4_194_304 + 4_915_200 + 524_288));
+        let hybrid = Layout {
+            gpus: 16,
+            tp: 4,
+            pp: 2,
+            ..Layout::single()
+        };
+        assert_eq!(nccl_communicators(&hybrid), 3);
+        let smaller = Layout {
+            nccl_buffsize: 1 << 20,
+            ..data
+        };
+        assert!(nccl_bytes(&smaller) < nccl_bytes(&data));
+    }
+}
+
+#[cfg(test)]
+mod settings_tests {
+    use crate::{estimate, find_model, Overheads, PlanError, Settings, Warning};
+
+    fn fsdp(version: Option<&str>, mp: Option<&str>) -> Settings {
+        Settings {
+            batch: Some(2),
+            seq: Some(1024),
+            gpus: Some(8),
+            fsdp: true,
+            fsdp_version: version.map(Into::into),
+            fsdp_mp: mp.map(Into::into),
+            ..Settings::default()
+        }
+    }
+
+    #[test]
+    fn fsdp_flags_are_validated_and_change_the_plan() {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let plan = |s: Settings| {
+            let workload = s.resolve(&model).unwrap().workload;
+            estimate(&model, &workload, &Overheads::default()).unwrap()
+        };
+        let err = fsdp(Some("3"), None).resolve(&model).unwrap_err();
+        assert!(matches!(err, PlanError::UnknownName { .. }), "{err}");
+        assert!(fsdp(None, Some("fp32")).resolve(&model).is_err());
+        let fp32 = plan(fsdp(None, None));
+        let bf16 = plan(fsdp(None, Some("bf16")));
+        // Half-precision gathered units and activations; fp32 shards and states either way.
+        assert!(bf16.peak_allocated_bytes < fp32.peak_allocated_bytes);
+        assert_eq!(
+            bf16.breakdown.optimizer_states,
+            fp32.breakdown.optimizer_states
+        );
+        // FSDP1 holds more of the root's gradients at the end of backward, never less.
+        let v1 = plan(fsdp(Some("1"), Some("bf16")));
+        assert!(v1.peak_allocated_bytes >= bf16.peak_allocated_bytes);
+        // NCCL is in the total only.
+        assert!(bf16.breakdown.communication > 0);
+        assert_eq!(
+            bf16.peak_total_bytes - bf16.peak_reserved_bytes,
+            bf16.breakdown.framework + bf16.breakdown.communication
+        );
+    }
+
+    #[test]
+    fn fsdp_flags_without_fsdp_warn_and_bad_buffsize_fails() {
+        let model = find_model("gpt2").unwrap();
+        let loose = Settings {
+            fsdp_mp: Some("bf16".into()),
+            fsdp_version: Some("1".into()),
+            ..Settings::default()
+        };
+        let resolved = loose.resolve(&model).unwrap();
+        let flags: Vec<&str> = resolved
+            .warnings
+            .iter()
+            .filter_map(|w| match w {
+                Warning::Ignored { flag, .. } => Some(*flag),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(flags, ["--fsdp-version", "--fsdp-mp"]);
+        // Without --fsdp the flag changes nothing.
+        assert_eq!(resolved.workload.module_dtype(), resolved.workload.dtype);
+        let zero = Settings {
+            gpus: Some(2),
+            nccl_buffsize: Some(0),
+            ..Settings::default()
+        };
+        assert!(matches!(
+            zero.resolve(&model),
+            Err(PlanError::InvalidValue { .. })
+        ));
+    }
+}

@@ -1,0 +1,217 @@
+"""Measure the per-rank peak allocated bytes of real FSDP training steps on CPU.
+
+FSDP1 (`FullyShardedDataParallel`, each decoder layer wrapped by `ModuleWrapPolicy`,
+`use_orig_params=True`) or FSDP2 (`fully_shard` on each decoder layer, then the root), in
+fp32 or with mixed precision (`param_dtype` bf16/fp16, `reduce_dtype` fp32), over `ws` gloo
+ranks: one process per rank, each recording its allocations with the CPU recorder of
+`gpumem-measure-peak` (recorder.py); the peak is that of training step 2 of 2, the larger
+rank's. Results: testdata/plan/measured_distributed.jsonl (keys = `gpumem plan` flags).
+CPU cannot show what CUDA streams and NCCL add (docs/plan.md "Distributed training").
+
+Usage (inside the gpumem checkout, with the [torch] extra):
+  python -m gpumem_devtools.measure_distributed --list
+  python -m gpumem_devtools.measure_distributed --only 'tinyllama-2l'
+"""
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._cli import fail, regex
+from ._deps import MissingDependency, require
+from .paths import repo_root
+
+PROG = "python -m gpumem_devtools.measure_distributed"
+OUT = "testdata/plan/measured_distributed.jsonl"
+CONFIG_DIR = "testdata/plan/configs"
+STEPS = 2
+
+
+@dataclass(frozen=True)
+class Case:
+    """One FSDP training run."""
+    config: str
+    version: int
+    mp: str | None
+    batch: int
+    seq: int
+    grad_ckpt: bool = False
+    ranks: int = 2
+
+    @property
+    def id(self) -> str:
+        ckpt = "-ckpt" if self.grad_ckpt else ""
+        return (f"{self.config}-train-b{self.batch}-s{self.seq}-fsdp{self.version}-"
+                f"{self.mp or 'fp32'}{ckpt}-gpus{self.ranks}")
+
+    def settings(self) -> dict[str, Any]:
+        s: dict[str, Any] = {"mode": "train", "batch": self.batch, "seq": self.seq,
+                             "dtype": "fp32", "optimizer": "adamw", "optimizer_impl": "foreach",
+                             "attn": "sdpa", "gpus": self.ranks, "fsdp": True,
+                             "fsdp_version": str(self.version)}
+        if self.mp:
+            s["fsdp_mp"] = self.mp
+        if self.grad_ckpt:
+            s["grad_ckpt"] = True
+        return s
+
+
+def grid() -> list[Case]:
+    """Every case, in file order."""
+    cases = [Case(cfg, v, mp, b, s)
+             for cfg in ("tinyllama-2l", "gpt2-2l") for v in (2, 1) for mp in (None, "bf16")
+             for b, s in ((2, 256), (4, 512))]
+    cases += [Case(cfg, v, mp, 1, 128)
+              for cfg in ("tinyllama-8l", "gpt2-12l") for v in (2, 1) for mp in (None, "bf16")]
+    cases += [Case("tinyllama-8l", 2, "bf16", 2, 256, True), Case("tinyllama-8l", 1, "bf16", 2, 256, True),
+              Case("gpt2-12l", 2, None, 2, 256, True),
+              Case("tinyllama-8l", 2, None, 1, 128, ranks=4),
+              Case("tinyllama-8l", 2, "bf16", 1, 128, ranks=4),
+              Case("tinyllama-8l", 1, None, 1, 128, ranks=4),
+              Case("llama-8l", 2, "bf16", 1, 256), Case("qwen2.5-6l", 2, "bf16", 2, 256)]
+    return cases
+
+
+def _worker(rank: int, case: Case, config_path: str, port: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from .models import build, gpu_like_dropout, gpu_like_softmax, make_optimizer
+    from .recorder import CpuRecorder
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=case.ranks)
+    torch.manual_seed(0)
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    rec = CpuRecorder()
+    with gpu_like_dropout("cpu"), gpu_like_softmax("cpu"), rec:
+        wl = build(config_path, "fp32", "sdpa", case.grad_ckpt, "cpu")
+        model = wl.model
+        layers = model.model.layers if hasattr(model, "model") else model.transformer.h
+        if case.version == 2:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            kw: dict[str, Any] = {}
+            if case.mp:
+                kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=half[case.mp],
+                                                       reduce_dtype=torch.float32)
+            for layer in layers:
+                fully_shard(layer, **kw)
+            fully_shard(model, **kw)
+        else:
+            from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+            kw = {}
+            if case.mp:
+                kw["mixed_precision"] = MixedPrecision(param_dtype=half[case.mp],
+                                                       reduce_dtype=torch.float32,
+                                                       buffer_dtype=half[case.mp])
+            model = FullyShardedDataParallel(
+                model, auto_wrap_policy=ModuleWrapPolicy({type(layers[0])}),
+                device_id=torch.device("cpu"), use_orig_params=True, **kw)
+        wl.model = model
+        opt = make_optimizer("adamw", "foreach", model.parameters())
+        model.train()
+        for _ in range(STEPS):
+            rec.boundary("step")
+            inputs = wl.batch(case.batch, case.seq, "cpu", torch.float32, with_labels=True)
+            rec.boundary("forward")
+            loss = wl.loss(**inputs)
+            rec.boundary("backward")
+            loss.backward()
+            rec.boundary("optimizer")
+            opt.step()
+            rec.boundary("zero_grad")
+            opt.zero_grad(set_to_none=True)
+            del loss, inputs
+        rec.boundary("end")
+    tl = rec.timeline()
+    start, end = tl.boundary_times("step")[-1], tl.boundary_times("end")[-1]
+    peak, t = tl.peak_between(start, end)
+    Path(f"{out}.{rank}").write_text(json.dumps([peak, tl.phase_at(t)]))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(case: Case, config_path: Path) -> tuple[list[int], str | None]:
+    """(peak of each rank, phase of the largest)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank")
+        mp.spawn(_worker, args=(case, str(config_path), _free_port(), out), nprocs=case.ranks,
+                 join=True)
+        results = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(case.ranks)]
+    peaks = [int(p) for p, _ in results]
+    return peaks, results[peaks.index(max(peaks))][1]
+
+
+def _notes(case: Case) -> str:
+    if case.version == 2:
+        wrap = "fully_shard on each decoder layer and the root"
+    else:
+        wrap = "FullyShardedDataParallel, ModuleWrapPolicy(decoder layer), use_orig_params=True"
+    if case.mp:
+        wrap += f", param_dtype={case.mp}, reduce_dtype=float32"
+    return (f"torch.distributed gloo, world size {case.ranks} on CPU, one process per rank, 1 "
+            f"thread each; torch.profiler CPU allocation trace per rank; peak over train step "
+            f"{STEPS} of {STEPS}, the larger rank's; {wrap}; AdamW foreach; "
+            f"zero_grad(set_to_none=True); dropout via native_dropout")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG,
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", type=regex, help="cases whose id matches this regex")
+    parser.add_argument("--list", action="store_true", help="print the case ids and exit")
+    parser.add_argument("--redo", action="store_true", help="measure cases already in the file")
+    parser.add_argument("--repo", type=Path, help="the gpumem checkout [default: the one here]")
+    args = parser.parse_args(argv)
+    cases = [c for c in grid() if args.only is None or args.only.search(c.id)]
+    if args.list:
+        print("\n".join(c.id for c in cases))
+        return 0
+    try:
+        torch = require("torch")
+        transformers = require("transformers")
+        root = repo_root(args.repo)
+    except (MissingDependency, ValueError) as err:
+        return fail(PROG, err)
+    out_path = root / OUT
+    done = set()
+    if out_path.exists() and not args.redo:
+        done = {json.loads(line)["id"] for line in out_path.read_text().splitlines() if line}
+    import platform
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "python": platform.python_version()}
+    with out_path.open("a") as out:
+        for case in cases:
+            if case.id in done:
+                continue
+            config = f"{CONFIG_DIR}/{case.config}.json"
+            peaks, phase = measure(case, root / config)
+            row = {"id": case.id, "config": config, "settings": case.settings(),
+                   "measured": {"peak_allocated_bytes": max(peaks), "phase": phase,
+                                "per_rank": peaks},
+                   "versions": versions, "notes": _notes(case)}
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            print(case.id, peaks, phase, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
