@@ -109,6 +109,11 @@ impl Shapes {
                 let hidden = pixels * r.features() as f64 * act / 64.0;
                 (largest / 4.0, hidden, 4.0 * hidden)
             }
+            Architecture::Diffusion(d) => {
+                let largest = model.params().largest_tensor as f64;
+                let hidden = d.typical_activation(workload);
+                (largest / 4.0, hidden, 8.0 * hidden)
+            }
         };
         let activation = hidden.max(512.0);
         Shapes {

@@ -155,7 +155,11 @@ impl Settings {
     /// `from_pretrained(torch_dtype="auto")` and serving stacks do; training keeps the fp32
     /// default), and the flags that the mode or the model ignores become warnings.
     pub fn resolve(&self, model: &ModelSpec) -> Result<Resolved> {
-        let workload = self.build(model.torch_dtype)?;
+        let mut workload = self.build(model.torch_dtype)?;
+        // A diffusion model's default image is the one it was trained at.
+        if let (None, Some(d)) = (self.image_size, model.diffusion()) {
+            workload.image_size = d.native_image_size();
+        }
         let warnings = self.ignored(model, workload.mode);
         Ok(Resolved { workload, warnings })
     }

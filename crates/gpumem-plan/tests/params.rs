@@ -129,3 +129,16 @@ fn newer_architectures() {
     // LLaVA-1.5: CLIP ViT-L/14-336 + projector 1024→4096→4096 + Llama 2 with 32064 tokens.
     assert_eq!(total("llava-1.5-7b"), 7_063_427_072);
 }
+
+#[test]
+fn diffusion_denoisers() {
+    // SD 1.5: 4 stages of 320-1280 channels, 8 heads, 768-wide text states, conv projections.
+    assert_eq!(total("sd-1.5-unet"), 859_520_964);
+    assert_eq!(total("runwayml/stable-diffusion-v1-5"), 859_520_964);
+    // SD 2.1: 64-wide heads, 1024-wide text states, linear projections.
+    assert_eq!(total("sd-2.1-unet"), 865_910_724);
+    // SDXL: 3 stages with 1, 2 and 10 transformer blocks per attention, the text-time embedding.
+    assert_eq!(total("sdxl-unet"), 2_567_463_684);
+    // DiT-XL/2: 28 blocks, each with its own timestep MLP and 1001-row class table.
+    assert_eq!(total("dit-xl-2-256"), 749_826_464);
+}
