@@ -795,13 +795,16 @@ fn unet_units(spec: &UnetSpec, step: Step, side: u64) -> Vec<Unit> {
     let mut units = Vec::new();
     let mut skips: Vec<f64> = Vec::new();
     let mut taken = 0.0;
+    let mut stage_input = 0.0;
+    let mut previous_output = 0.0;
     let mut input_is_skip = false;
     for s in spec.walk() {
         if s.takes_skips > 0 {
             // The UNet's forward slices this stage's skips off its list and holds them until the
-            // next stage starts.
+            // next stage starts; its `sample` holds the stage's input until the stage returns.
             let keep = skips.len().saturating_sub(s.takes_skips as usize);
             taken = skips.drain(keep..).sum();
+            stage_input = previous_output;
         }
         let params = spec.layer_params(s.layer);
         let first = units.len();
@@ -876,17 +879,19 @@ fn unet_units(spec: &UnetSpec, step: Step, side: u64) -> Vec<Unit> {
                     units.push(trained(
                         Unit {
                             name: "block",
-                            // Per token: input, norm1, q/k/v, attention output and its
-                            // transposed copy, residual, norm2, cross q, output and copy,
-                            // residual, norm3, GEGLU projection (8c), GELU and product (4c each).
-                            saved: p * a * 30.0 * inner + 2.0 * keys + lse,
+                            // Per token: input, norm1, q/k/v, attention output (SDPA writes it
+                            // token-major, so `transpose(1, 2).reshape` is a view), residual,
+                            // norm2, cross q and output, residual, norm3, GEGLU projection (8c),
+                            // GELU and product (4c each).
+                            saved: p * a * 28.0 * inner + 2.0 * keys + lse,
                             checkpoint: Some(p * a * inner),
                             forward_transient: p * a * 2.0 * inner,
                             backward_transient: p * a * 12.0 * inner,
                             gradient_transient: p * a * 2.0 * inner,
                             // The residual the wrapper holds, the block input, the residual sum,
-                            // norm3 and the feed-forward's projection, GELU and product.
-                            inference_live: p * a * 20.0 * inner + 2.0 * keys,
+                            // the attention output (`attn_output` stays bound), norm3 and the
+                            // feed-forward's projection, GELU and product.
+                            inference_live: p * a * 21.0 * inner + 2.0 * keys,
                             params: block_params,
                             ..Unit::default()
                         },
@@ -955,7 +960,7 @@ fn unet_units(spec: &UnetSpec, step: Step, side: u64) -> Vec<Unit> {
         };
         units.push(trained(unit, step));
         // Skips held while the module runs, less its own input when that is the newest skip.
-        let held_skips: f64 = skips.iter().sum::<f64>() + taken;
+        let held_skips: f64 = skips.iter().sum::<f64>() + taken + stage_input;
         let own = if input_is_skip {
             skips.last().copied().unwrap_or(0.0)
         } else {
@@ -965,8 +970,9 @@ fn unet_units(spec: &UnetSpec, step: Step, side: u64) -> Vec<Unit> {
             unit.inference_live += held_skips - own;
         }
         input_is_skip = s.pushes_skip;
+        previous_output = unet_output(spec, s.layer, &pixels) * a;
         if s.pushes_skip {
-            skips.push(unet_output(spec, s.layer, &pixels) * a);
+            skips.push(previous_output);
         }
     }
     units
@@ -1015,10 +1021,10 @@ fn dit_units(spec: &DitSpec, step: Step, side: u64) -> Vec<Unit> {
             Unit {
                 name: "block",
                 // Per token: input, LayerNorm output and the modulated norm, q/k/v, attention
-                // output, its transposed copy and the rescaled output (gate), residual, the
-                // second norm and its modulation, the MLP's 4h projection and GELU, its output
-                // (gate).
-                saved: tokens * a * 21.0 * h + lse,
+                // output (its `transpose(1, 2).reshape` a view) and the rescaled output (gate),
+                // residual, the second norm and its modulation, the MLP's 4h projection and
+                // GELU, its output (gate).
+                saved: tokens * a * 20.0 * h + lse,
                 checkpoint: Some(tokens * a * h),
                 forward_transient: 2.0 * tokens * a * h,
                 backward_transient: 8.0 * tokens * a * h,

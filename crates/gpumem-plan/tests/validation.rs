@@ -128,3 +128,8 @@ fn planner_matches_held_out_pytorch_measurements() {
 fn planner_matches_pytorch_measurements_of_newer_architectures() {
     check_measured_set("measured_architectures.jsonl");
 }
+
+#[test]
+fn planner_matches_pytorch_measurements_of_diffusion_models() {
+    check_measured_set("measured_diffusion.jsonl");
+}

@@ -40,6 +40,7 @@ CONFIG_DIR = "testdata/plan/configs"
 DEFAULT_OUT = "testdata/plan/measured.jsonl"
 HELDOUT_OUT = "testdata/plan/measured_heldout.jsonl"
 ARCHITECTURES_OUT = "testdata/plan/measured_architectures.jsonl"
+DIFFUSION_OUT = "testdata/plan/measured_diffusion.jsonl"
 STEPS = 2
 
 
@@ -246,6 +247,23 @@ def architectures_grid() -> list[tuple[str, Settings]]:
     return cases
 
 
+def diffusion_grid() -> list[tuple[str, Settings]]:
+    """(config name, Settings) of the diffusion set (`--diffusion`, measured_diffusion.jsonl):
+    shrunk diffusers UNets and a DiT in a no-grad denoising step (a sampler step; batch 2 is
+    one image with classifier-free guidance) and in fine-tuning with AdamW, fp32 and bf16,
+    at two image sizes."""
+    cases = []
+    for name in configs.DIFFUSION_CONFIGS:
+        # A DiT's position table is built for its sample size: it runs at 256 pixels.
+        large = (256, 8) if name.startswith("dit") else (512, 2)
+        cases += [(name, s) for s in (
+            I(2, None, image_size=256), I(4, None, image_size=256, dtype="bf16"),
+            I(large[1], None, image_size=large[0], dtype="bf16"),
+            T(2, None, image_size=256), T(2, None, image_size=256, dtype="bf16"),
+            T(large[1] // 2, None, image_size=large[0], dtype="bf16"))]
+    return cases
+
+
 def case_id(name: str, s: Settings) -> str:
     parts = [name, s.mode, f"b{s.batch}"]
     if s.seq is not None:
@@ -289,6 +307,8 @@ def notes(name: str, s: Settings, device: str, threads: int,
         out.append("zero_grad(set_to_none=True) after optimizer.step as HF Trainer")
         if name.startswith("resnet"):
             out.append("loss: F.cross_entropy(logits, labels)")
+        elif name in configs.DIFFUSION_CONFIGS:
+            pass
         elif name.startswith("vit"):
             out.append("loss: model's own cross-entropy on random labels")
         else:
@@ -314,6 +334,13 @@ def notes(name: str, s: Settings, device: str, threads: int,
                    "prefill keeps last-token logits only")
     if name.startswith("resnet"):
         out.append(f"torchvision {torchvision_version}, oneDNN conv on CPU")
+    if name in configs.DIFFUSION_CONFIGS:
+        out.append(f"diffusers {require('diffusers').__version__} (AttnProcessor2_0: SDPA); "
+                   "latents image/8, random timesteps; UNet: 77 random text hidden states; "
+                   "DiT: random class labels")
+        if s.mode == "train":
+            out.append("loss: F.mse_loss(prediction.float(), noise.float()) as "
+                       "train_text_to_image.py")
     return "; ".join(out)
 
 
@@ -501,6 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
                          f"<checkout>/{HELDOUT_OUT})")
     ap.add_argument("--architectures", action="store_true",
                     help=f"measure the architectures set (default --out: {ARCHITECTURES_OUT})")
+    ap.add_argument("--diffusion", action="store_true",
+                    help=f"measure the diffusers set (default --out: {DIFFUSION_OUT})")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
     ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
@@ -513,6 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     table = (architectures_grid() if args.architectures
+             else diffusion_grid() if args.diffusion
              else heldout_grid() if args.heldout else grid())
     cases = [(n, s, case_id(n, s)) for n, s in table]
     if args.only is not None:
@@ -536,6 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         vers = versions()
         default_out = (ARCHITECTURES_OUT if args.architectures
+                       else DIFFUSION_OUT if args.diffusion
                        else HELDOUT_OUT if args.heldout else DEFAULT_OUT)
         out = args.out or root / default_out
         _measure_cases(root, out, cases, table, args.redo, args.device,
