@@ -1029,7 +1029,9 @@ fn dit_units(spec: &DitSpec, step: Step, side: u64) -> Vec<Unit> {
                 forward_transient: 2.0 * tokens * a * h,
                 backward_transient: 8.0 * tokens * a * h,
                 gradient_transient: 2.0 * tokens * a * h,
-                inference_live: 11.0 * tokens * a * h,
+                // The block input, the residual, the gated attention output (`attn_output`
+                // stays bound), the modulated norm, the MLP's projection and GELU.
+                inference_live: 12.0 * tokens * a * h,
                 params: spec.block_params(),
                 ..Unit::default()
             },
@@ -1110,4 +1112,117 @@ pub fn check(model: &crate::model::ModelSpec, workload: &Workload) -> Result<()>
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{estimate, find_model, parse_config, Overheads, Settings};
+
+    fn planned(model: &str, settings: Settings) -> Result<crate::Estimate> {
+        let model = find_model(model)?;
+        let workload = settings.resolve(&model)?.workload;
+        estimate(&model, &workload, &Overheads::default())
+    }
+
+    #[test]
+    fn classes_and_variants_outside_the_model_are_typed_errors() {
+        let pixart = r#"{"_class_name": "Transformer2DModel", "norm_type": "ada_norm_single",
+                         "patch_size": 2}"#;
+        let err = parse_config("pixart", pixart).unwrap_err().to_string();
+        assert!(
+            err.contains("ada_norm_single") && err.contains("DiT"),
+            "{err}"
+        );
+        let flux = r#"{"_class_name": "FluxTransformer2DModel"}"#;
+        let err = parse_config("flux", flux).unwrap_err().to_string();
+        assert!(err.contains("UNet2DConditionModel"), "{err}");
+        let odd_block = r#"{"_class_name": "UNet2DConditionModel",
+            "block_out_channels": [32, 64],
+            "down_block_types": ["SimpleCrossAttnDownBlock2D", "DownBlock2D"],
+            "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"]}"#;
+        let err = parse_config("unet", odd_block).unwrap_err().to_string();
+        assert!(err.contains("CrossAttnDownBlock2D"), "{err}");
+        let mismatched = r#"{"_class_name": "UNet2DConditionModel",
+            "block_out_channels": [32, 64, 64],
+            "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+            "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"]}"#;
+        let err = parse_config("unet", mismatched).unwrap_err().to_string();
+        assert!(err.contains("one entry per stage"), "{err}");
+        let huge = r#"{"_class_name": "UNet2DConditionModel",
+            "block_out_channels": [32, 64], "layers_per_block": 5000,
+            "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+            "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"]}"#;
+        let err = parse_config("unet", huge).unwrap_err().to_string();
+        assert!(err.contains("resnets and transformer blocks"), "{err}");
+    }
+
+    #[test]
+    fn default_image_is_the_trained_resolution() {
+        let model = find_model("sdxl-unet").unwrap();
+        let workload = Settings::default().resolve(&model).unwrap().workload;
+        assert_eq!(workload.image_size, 1024);
+        let dit = find_model("dit-xl-2").unwrap();
+        assert_eq!(
+            Settings::default()
+                .resolve(&dit)
+                .unwrap()
+                .workload
+                .image_size,
+            256
+        );
+    }
+
+    #[test]
+    fn attention_other_than_sdpa_and_untiled_latents_are_refused() {
+        let eager = Settings {
+            attn: Some("eager".into()),
+            ..Settings::default()
+        };
+        let err = planned("sd-1.5-unet", eager).unwrap_err().to_string();
+        assert!(err.contains("sdpa"), "{err}");
+        let odd = Settings {
+            image_size: Some(264),
+            ..Settings::default()
+        };
+        let err = planned("dit-xl-2", odd).unwrap_err().to_string();
+        assert!(err.contains("patch size"), "{err}");
+    }
+
+    #[test]
+    fn skip_connections_make_inference_grow_with_the_image() {
+        let at = |size: u64, mode: &str| {
+            planned(
+                "sd-1.5-unet",
+                Settings {
+                    mode: Some(mode.into()),
+                    batch: Some(2),
+                    image_size: Some(size),
+                    dtype: Some("fp16".into()),
+                    ..Settings::default()
+                },
+            )
+            .unwrap()
+        };
+        let weights = 2 * 859_520_964;
+        let (small, large) = (at(512, "infer"), at(1024, "infer"));
+        // Activations scale with the latent's pixels: four times as many at twice the side.
+        let ratio = (large.peak_allocated_bytes - weights) as f64
+            / (small.peak_allocated_bytes - weights) as f64;
+        assert!((3.5..4.5).contains(&ratio), "{ratio}");
+        // Training keeps every saved tensor: at the end of its forward, far more than a
+        // no-grad step holds at its peak.
+        let train = at(512, "train");
+        let forward_end = train
+            .phases
+            .iter()
+            .find(|p| p.phase == crate::Phase::ForwardEnd)
+            .unwrap();
+        // Weights, gradients (none yet) and two fp16 AdamW states besides the activations.
+        let saved = forward_end.allocated_bytes - 3 * weights;
+        assert!(
+            saved > 10 * (small.peak_allocated_bytes - weights),
+            "{saved}"
+        );
+    }
 }

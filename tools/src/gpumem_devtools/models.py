@@ -76,7 +76,9 @@ def _denoiser_batch(wl: "Workload", batch: int, device: str, dtype: torch.dtype 
     side = (wl.image_size or 8 * cfg["sample_size"]) // 8
     channels = cfg.get("in_channels", 4)
     sample = torch.randn(batch, channels, side, side, device=device, dtype=dtype)
-    out: dict[str, Any] = {"sample": sample,
+    # The UNet names its latents `sample`, the DiT `hidden_states`.
+    key = "sample" if cfg["_class_name"] == "UNet2DConditionModel" else "hidden_states"
+    out: dict[str, Any] = {key: sample,
                            "timestep": torch.randint(0, 1000, (batch,), device=device)}
     if cfg["_class_name"] == "UNet2DConditionModel":
         cross = cfg["cross_attention_dim"]
