@@ -10,29 +10,34 @@ from gpumem_devtools import configs, tracefile
 from gpumem_devtools.capture_trace import CONFIG_DIR as TRACE_CONFIG_DIR
 from gpumem_devtools.capture_trace import TRACES as TRACE_TABLE
 from gpumem_devtools.measure_peak import CONFIG_DIR as PLAN_CONFIG_DIR
-from gpumem_devtools.measure_peak import architectures_grid, case_id, grid, heldout_grid, notes
+from gpumem_devtools.measure_peak import (architectures_grid, case_id, diffusion_grid, grid,
+                                          heldout_grid, notes)
 from gpumem_devtools.settings import (AMP_NAMES, ATTN_IMPLS, DTYPE_NAMES, MODES, OPTIMIZER_IMPLS,
                                       OPTIMIZERS, Settings)
 
 MEASURED = REPO / "testdata" / "plan" / "measured.jsonl"
 HELDOUT = REPO / "testdata" / "plan" / "measured_heldout.jsonl"
 ARCHITECTURES = REPO / "testdata" / "plan" / "measured_architectures.jsonl"
+DIFFUSION = REPO / "testdata" / "plan" / "measured_diffusion.jsonl"
 TORCHVISION = "0.29.2+cu132"  # what the committed measurements were made with
 
 
 def _workloads() -> list[tuple[str, Settings]]:
-    return (grid() + heldout_grid() + architectures_grid()
+    return (grid() + heldout_grid() + architectures_grid() + diffusion_grid()
             + [(cfg, s) for cfg, s, _ in TRACE_TABLE.values()])
 
 
 def _measured_names() -> list[str]:
     """Configs of the measured grids."""
-    return sorted({n for n, _ in grid() + heldout_grid() + architectures_grid()})
+    return sorted({n for n, _ in grid() + heldout_grid() + architectures_grid()
+                   + diffusion_grid()})
 
 
 def test_config_names() -> None:
     assert not set(configs.HF_CONFIGS) & set(configs.CNN_CONFIGS)
     assert not set(configs.ARCH_CONFIGS) & (set(configs.HF_CONFIGS) | set(configs.CNN_CONFIGS))
+    assert not set(configs.DIFFUSION_CONFIGS) & (
+        set(configs.HF_CONFIGS) | set(configs.CNN_CONFIGS) | set(configs.ARCH_CONFIGS))
     used = {name for name, _ in _workloads()}
     assert used <= set(configs.all_names())
     assert set(configs.all_names()) == set(_measured_names())
@@ -44,8 +49,9 @@ def test_config_dict(name: str) -> None:
     if name in configs.CNN_CONFIGS:
         assert configs.model_kind(cfg) == "cnn"
         return
-    if name in configs.ARCH_CONFIGS:
-        catalogue_name, hub_id, shrink = configs.ARCH_CONFIGS[name]
+    if name in configs.ARCH_CONFIGS or name in configs.DIFFUSION_CONFIGS:
+        catalogue_name, hub_id, shrink = {**configs.ARCH_CONFIGS,
+                                          **configs.DIFFUSION_CONFIGS}[name]
         real = json.loads((REPO / configs.CATALOGUE).read_text())["models"][catalogue_name]
     else:
         hub_id, real, shrink = configs.HF_CONFIGS[name]
@@ -54,6 +60,9 @@ def test_config_dict(name: str) -> None:
     assert all(cfg[k] == v for k, v in real.items() if k not in shrink)
     assert cfg["_gpumem_shrunk"].count("->") == len(shrink)
     kind = configs.model_kind(cfg)
+    if name in configs.DIFFUSION_CONFIGS:
+        assert kind == "diffusion"
+        return
     arch = cfg["architectures"][0]
     suffixes = {"ImageClassification": "image_cls", "MaskedLM": "masked_lm",
                 "ConditionalGeneration": "seq2seq", "CausalLM": "causal_lm",
@@ -80,7 +89,7 @@ def test_committed_config_files_are_what_write_configs_writes(
 @pytest.mark.parametrize("name, s", _workloads(), ids=lambda x: x if isinstance(x, str) else "")
 def test_workload_settings_are_buildable(name: str, s: Settings) -> None:
     kind = configs.model_kind(configs.config_dict(name))
-    image = kind in ("cnn", "image_cls")
+    image = kind in ("cnn", "image_cls", "diffusion")
     assert s.mode in MODES and s.dtype in DTYPE_NAMES
     assert s.amp in (None, *AMP_NAMES)
     assert s.batch >= 1
@@ -138,8 +147,9 @@ def test_case_ids_are_unique_and_descriptive() -> None:
 
 
 @pytest.mark.parametrize("path, cases", [(MEASURED, grid()), (HELDOUT, heldout_grid()),
-                                         (ARCHITECTURES, architectures_grid())],
-                         ids=["measured", "heldout", "architectures"])
+                                         (ARCHITECTURES, architectures_grid()),
+                                         (DIFFUSION, diffusion_grid())],
+                         ids=["measured", "heldout", "architectures", "diffusion"])
 def test_measured_rows_are_the_grid_in_order(path: Path,
                                              cases: list[tuple[str, Settings]]) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]

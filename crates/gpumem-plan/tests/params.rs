@@ -142,3 +142,18 @@ fn diffusion_denoisers() {
     // DiT-XL/2: 28 blocks, each with its own timestep MLP and 1001-row class table.
     assert_eq!(total("dit-xl-2-256"), 749_826_464);
 }
+
+/// The public diffusers configs committed under `testdata/plan/configs/diffusers/` read as the
+/// catalogue's entries do (`gpumem plan --config …/unet/config.json`).
+#[test]
+fn committed_diffusers_configs_read_as_the_catalogue() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/plan/configs/diffusers"
+    );
+    for name in ["sd-1.5-unet", "sd-2.1-unet", "sdxl-unet", "dit-xl-2-256"] {
+        let path = std::path::Path::new(dir).join(format!("{name}.json"));
+        let model = gpumem_plan::load_config(&path).unwrap();
+        assert_eq!(model.params().total(), total(name), "{name}");
+    }
+}

@@ -335,8 +335,7 @@ def notes(name: str, s: Settings, device: str, threads: int,
     if name.startswith("resnet"):
         out.append(f"torchvision {torchvision_version}, oneDNN conv on CPU")
     if name in configs.DIFFUSION_CONFIGS:
-        out.append(f"diffusers {require('diffusers').__version__} (AttnProcessor2_0: SDPA); "
-                   "latents image/8, random timesteps; UNet: 77 random text hidden states; "
+        out.append("diffusers AttnProcessor2_0 (SDPA); latents image/8, random timesteps; UNet: 77 random text hidden states; "
                    "DiT: random class labels")
         if s.mode == "train":
             out.append("loss: F.mse_loss(prediction.float(), noise.float()) as "
@@ -344,11 +343,15 @@ def notes(name: str, s: Settings, device: str, threads: int,
     return "; ".join(out)
 
 
-def versions() -> dict[str, str]:
+def versions(diffusers: bool = False) -> dict[str, str]:
+    """Versions of the measuring stack (with diffusers' for the diffusion set)."""
     torch = require("torch")
     transformers = require("transformers")
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    out = {"torch": torch.__version__, "transformers": transformers.__version__,
+           "python": platform.python_version()}
+    if diffusers:
+        out["diffusers"] = require("diffusers").__version__
+    return out
 
 
 def measure(config_path: Path, s: Settings, device: str) -> tuple[int, str | None]:
@@ -564,7 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.self_test:
             self_test(root)
             return 0
-        vers = versions()
+        vers = versions(args.diffusion)
         default_out = (ARCHITECTURES_OUT if args.architectures
                        else DIFFUSION_OUT if args.diffusion
                        else HELDOUT_OUT if args.heldout else DEFAULT_OUT)
