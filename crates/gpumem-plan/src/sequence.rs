@@ -309,6 +309,8 @@ mod tests {
             ("llama-3.2-1b", "train", 2, 1024, "bf16"),
             ("qwen3-0.6b", "infer", 4, 2048, "bf16"),
             ("qwen3-30b-a3b", "train", 1, 512, "bf16"),
+            ("sd-1.5-unet", "train", 2, 77, "bf16"),
+            ("sdxl-unet", "infer", 2, 77, "fp16"),
         ];
         for (name, mode, batch, seq, dtype) in cases {
             let (model, workload) = planned(name, mode, batch, seq, dtype);
