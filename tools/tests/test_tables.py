@@ -10,8 +10,9 @@ from gpumem_devtools import configs, tracefile
 from gpumem_devtools.capture_trace import CONFIG_DIR as TRACE_CONFIG_DIR
 from gpumem_devtools.capture_trace import TRACES as TRACE_TABLE
 from gpumem_devtools.measure_peak import CONFIG_DIR as PLAN_CONFIG_DIR
-from gpumem_devtools.measure_peak import (MULTIMODAL_HELDOUT, architectures_grid, case_id, grid,
-                                          heldout_grid, multimodal_grid, notes, settings_grid)
+from gpumem_devtools.measure_peak import (MULTIMODAL_HELDOUT, architectures_grid, case_id,
+                                          diffusion_grid, grid, heldout_grid, multimodal_grid,
+                                          notes, settings_grid)
 from gpumem_devtools.settings import (AMP_NAMES, ATTN_IMPLS, DTYPE_NAMES, MODES, OPTIMIZER_IMPLS,
                                       OPTIMIZERS, Settings)
 
@@ -20,24 +21,26 @@ HELDOUT = REPO / "testdata" / "plan" / "measured_heldout.jsonl"
 ARCHITECTURES = REPO / "testdata" / "plan" / "measured_architectures.jsonl"
 MULTIMODAL = REPO / "testdata" / "plan" / "measured_multimodal.jsonl"
 SINGLE_GPU_SETTINGS = REPO / "testdata" / "plan" / "measured_settings.jsonl"
+DIFFUSION = REPO / "testdata" / "plan" / "measured_diffusion.jsonl"
 TORCHVISION = "0.29.2+cu132"  # what the committed measurements were made with
 
 
 def _workloads() -> list[tuple[str, Settings]]:
     return (grid() + heldout_grid() + architectures_grid() + multimodal_grid() + settings_grid()
+            + diffusion_grid()
             + [(cfg, s) for cfg, s, _ in TRACE_TABLE.values()])
 
 
 def _measured_names() -> list[str]:
     """Configs of the measured grids."""
     return sorted({n for n, _ in grid() + heldout_grid() + architectures_grid()
-                   + multimodal_grid()})
+                   + multimodal_grid() + diffusion_grid()})
 
 
 def test_config_names() -> None:
     assert not set(configs.HF_CONFIGS) & set(configs.CNN_CONFIGS)
     assert not set(configs.ARCH_CONFIGS) & (set(configs.HF_CONFIGS) | set(configs.CNN_CONFIGS))
-    assert not set(configs.MULTIMODAL_CONFIGS) & (
+    assert not (set(configs.MULTIMODAL_CONFIGS) | set(configs.DIFFUSION_CONFIGS)) & (
         set(configs.HF_CONFIGS) | set(configs.CNN_CONFIGS) | set(configs.ARCH_CONFIGS))
     used = {name for name, _ in _workloads()}
     assert used <= set(configs.all_names())
@@ -50,9 +53,9 @@ def test_config_dict(name: str) -> None:
     if name in configs.CNN_CONFIGS:
         assert configs.model_kind(cfg) == "cnn"
         return
-    if name in configs.ARCH_CONFIGS or name in configs.MULTIMODAL_CONFIGS:
-        catalogue_name, hub_id, shrink = {**configs.ARCH_CONFIGS,
-                                          **configs.MULTIMODAL_CONFIGS}[name]
+    shrunk = {**configs.ARCH_CONFIGS, **configs.MULTIMODAL_CONFIGS, **configs.DIFFUSION_CONFIGS}
+    if name in shrunk:
+        catalogue_name, hub_id, shrink = shrunk[name]
         real = json.loads((REPO / configs.CATALOGUE).read_text())["models"][catalogue_name]
     else:
         hub_id, real, shrink = configs.HF_CONFIGS[name]
@@ -67,6 +70,9 @@ def test_config_dict(name: str) -> None:
     leaves = sum(len(v) if isinstance(v, dict) else 1 for v in shrink.values())
     assert cfg["_gpumem_shrunk"].count("->") == leaves
     kind = configs.model_kind(cfg)
+    if name in configs.DIFFUSION_CONFIGS:
+        assert kind == "diffusion"
+        return
     arch = cfg["architectures"][0]
     if cfg["model_type"] == "llava":
         assert kind == "vlm"
@@ -96,7 +102,7 @@ def test_committed_config_files_are_what_write_configs_writes(
 @pytest.mark.parametrize("name, s", _workloads(), ids=lambda x: x if isinstance(x, str) else "")
 def test_workload_settings_are_buildable(name: str, s: Settings) -> None:
     kind = configs.model_kind(configs.config_dict(name))
-    image = kind in ("cnn", "image_cls", "vision_tower")
+    image = kind in ("cnn", "image_cls", "vision_tower", "diffusion")
     assert s.mode in MODES and s.dtype in DTYPE_NAMES
     assert s.amp in (None, *AMP_NAMES)
     assert s.batch >= 1
@@ -172,8 +178,10 @@ def test_case_ids_are_unique_and_descriptive() -> None:
 @pytest.mark.parametrize("path, cases", [(MEASURED, grid()), (HELDOUT, heldout_grid()),
                                          (ARCHITECTURES, architectures_grid()),
                                          (MULTIMODAL, multimodal_grid()),
-                                         (SINGLE_GPU_SETTINGS, settings_grid())],
-                         ids=["measured", "heldout", "architectures", "multimodal", "settings"])
+                                         (SINGLE_GPU_SETTINGS, settings_grid()),
+                                         (DIFFUSION, diffusion_grid())],
+                         ids=["measured", "heldout", "architectures", "multimodal", "settings",
+                              "diffusion"])
 def test_measured_rows_are_the_grid_in_order(path: Path,
                                              cases: list[tuple[str, Settings]]) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]

@@ -32,7 +32,7 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
             check_lora_rank(model, t, workload)?;
             check_positions(model, t, workload, &mut warnings)?;
         }
-        Architecture::Resnet(_) if workload.lora.is_some() => {
+        Architecture::Resnet(_) | Architecture::Diffusion(_) if workload.lora.is_some() => {
             return Err(PlanError::InvalidValue {
                 name: "lora-rank".into(),
                 value: model.name.clone(),
@@ -40,6 +40,7 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
             });
         }
         Architecture::Resnet(_) => {}
+        Architecture::Diffusion(_) => crate::diffusion::check(model, workload)?,
     }
     let layout = &workload.layout;
     if layout.pp > model.blocks() {

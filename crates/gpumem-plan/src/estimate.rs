@@ -472,7 +472,7 @@ fn adafactor_fraction(model: &ModelSpec) -> f64 {
     match &model.arch {
         Architecture::Transformer(t) => 1.0 / t.hidden as f64 + 1.0 / t.intermediate as f64,
         // 4-D conv weights factor over their last two dims: about 2/k of each kernel.
-        Architecture::Resnet(_) => 0.67,
+        Architecture::Resnet(_) | Architecture::Diffusion(_) => 0.67,
     }
 }
 

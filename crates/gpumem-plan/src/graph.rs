@@ -245,6 +245,7 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
             units
         }
         Architecture::Resnet(spec) => resnet_units(spec, workload, batch),
+        Architecture::Diffusion(spec) => crate::diffusion::units(spec, workload, batch),
     }
 }
 

@@ -94,6 +94,20 @@ pub fn parse_config(name: &str, text: &str) -> Result<ModelSpec> {
 
 /// Builds a model from an already-parsed config object.
 pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
+    // diffusers configs name their class instead of a model_type.
+    if let Some(class) = json.get("_class_name").and_then(Value::as_str) {
+        if json.get("model_type").is_none() {
+            return Ok(ModelSpec {
+                name: name.to_string(),
+                arch: Architecture::Diffusion(Box::new(crate::diffusion::parse(class, json)?)),
+                torch_dtype: ConfigFields {
+                    json,
+                    model_type: class.to_string(),
+                }
+                .torch_dtype(),
+            });
+        }
+    }
     let model_type = json
         .get("model_type")
         .and_then(Value::as_str)
@@ -164,9 +178,9 @@ fn sub_config(json: &Value, key: &'static str, default_type: &str) -> Result<Val
 fn transformer_of(spec: ModelSpec, key: &str, expected: &str) -> Result<TransformerSpec> {
     match spec.arch {
         Architecture::Transformer(t) => Ok(*t),
-        Architecture::Resnet(_) => Err(PlanError::InvalidValue {
+        Architecture::Resnet(_) | Architecture::Diffusion(_) => Err(PlanError::InvalidValue {
             name: key.to_string(),
-            value: "resnet".into(),
+            value: spec.name,
             reason: format!("must describe {expected}"),
         }),
     }

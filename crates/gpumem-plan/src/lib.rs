@@ -11,6 +11,7 @@
 pub mod advice;
 pub mod catalogue;
 pub mod checks;
+pub mod diffusion;
 pub mod distributed;
 pub mod error;
 pub mod estimate;

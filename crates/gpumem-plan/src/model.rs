@@ -1,5 +1,6 @@
 //! Architecture descriptions (plain data) and exact parameter counts.
 
+use crate::diffusion::DiffusionSpec;
 use crate::workload::Dtype;
 use serde::Serialize;
 
@@ -25,6 +26,8 @@ pub enum Architecture {
     Transformer(Box<TransformerSpec>),
     /// torchvision-style ResNet.
     Resnet(ResnetSpec),
+    /// A diffusion UNet or DiT read from a diffusers config.
+    Diffusion(Box<DiffusionSpec>),
 }
 
 /// Per-element activation function of the MLP.
@@ -402,6 +405,14 @@ impl ModelSpec {
         matches!(&self.arch, Architecture::Transformer(t) if t.patches.is_none())
     }
 
+    /// The diffusion denoiser, for a model read from a diffusers config.
+    pub fn diffusion(&self) -> Option<&DiffusionSpec> {
+        match &self.arch {
+            Architecture::Diffusion(d) => Some(d),
+            _ => None,
+        }
+    }
+
     /// Whether a forward of the model can build a KV cache (it has a decoder stack).
     pub fn has_decoder(&self) -> bool {
         matches!(&self.arch, Architecture::Transformer(t) if t.decoder)
@@ -419,6 +430,7 @@ impl ModelSpec {
         match &self.arch {
             Architecture::Transformer(t) => t.layers + t.encoder_layers,
             Architecture::Resnet(r) => r.blocks.iter().sum(),
+            Architecture::Diffusion(d) => d.blocks(),
         }
     }
 
@@ -427,6 +439,7 @@ impl ModelSpec {
         match &self.arch {
             Architecture::Transformer(t) => t.params(),
             Architecture::Resnet(r) => r.params(),
+            Architecture::Diffusion(d) => d.params(),
         }
     }
 }

@@ -110,6 +110,11 @@ impl Shapes {
                 let hidden = pixels * r.features() as f64 * act / 64.0;
                 (largest / 4.0, hidden, 4.0 * hidden)
             }
+            Architecture::Diffusion(d) => {
+                let largest = model.params().largest_tensor as f64;
+                let hidden = d.typical_activation(workload);
+                (largest / 4.0, hidden, 8.0 * hidden)
+            }
         };
         let activation = hidden.max(512.0);
         Shapes {
@@ -364,6 +369,8 @@ mod tests {
             ("llama-3.2-1b", "train", 2, 1024, "bf16"),
             ("qwen3-0.6b", "infer", 4, 2048, "bf16"),
             ("qwen3-30b-a3b", "train", 1, 512, "bf16"),
+            ("sd-1.5-unet", "train", 2, 77, "bf16"),
+            ("sdxl-unet", "infer", 2, 77, "fp16"),
         ];
         for (name, mode, batch, seq, dtype) in cases {
             let (model, workload) = planned(name, mode, batch, seq, dtype);

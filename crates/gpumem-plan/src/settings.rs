@@ -187,6 +187,10 @@ impl Settings {
     /// default), and the flags that the mode or the model ignores become warnings.
     pub fn resolve(&self, model: &ModelSpec) -> Result<Resolved> {
         let mut workload = self.build(model.torch_dtype)?;
+        // A diffusion model's default image is the one it was trained at.
+        if let (None, Some(d)) = (self.image_size, model.diffusion()) {
+            workload.image_size = d.native_image_size();
+        }
         let mut warnings = self.ignored(model, workload.mode);
         warnings.extend(self.lower_default_seq(model, &mut workload));
         Ok(Resolved { workload, warnings })

@@ -136,3 +136,31 @@ fn newer_architectures() {
     assert_eq!(total("gemma-3-12b"), 12_187_325_040);
     assert_eq!(total("gemma-3-27b"), 27_432_406_640);
 }
+
+#[test]
+fn diffusion_denoisers() {
+    // SD 1.5: 4 stages of 320-1280 channels, 8 heads, 768-wide text states, conv projections.
+    assert_eq!(total("sd-1.5-unet"), 859_520_964);
+    assert_eq!(total("runwayml/stable-diffusion-v1-5"), 859_520_964);
+    // SD 2.1: 64-wide heads, 1024-wide text states, linear projections.
+    assert_eq!(total("sd-2.1-unet"), 865_910_724);
+    // SDXL: 3 stages with 1, 2 and 10 transformer blocks per attention, the text-time embedding.
+    assert_eq!(total("sdxl-unet"), 2_567_463_684);
+    // DiT-XL/2: 28 blocks, each with its own timestep MLP and 1001-row class table.
+    assert_eq!(total("dit-xl-2-256"), 749_826_464);
+}
+
+/// The public diffusers configs committed under `testdata/plan/configs/diffusers/` read as the
+/// catalogue's entries do (`gpumem plan --config …/unet/config.json`).
+#[test]
+fn committed_diffusers_configs_read_as_the_catalogue() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/plan/configs/diffusers"
+    );
+    for name in ["sd-1.5-unet", "sd-2.1-unet", "sdxl-unet", "dit-xl-2-256"] {
+        let path = std::path::Path::new(dir).join(format!("{name}.json"));
+        let model = gpumem_plan::load_config(&path).unwrap();
+        assert_eq!(model.params().total(), total(name), "{name}");
+    }
+}

@@ -162,3 +162,8 @@ fn planner_matches_pytorch_measurements_of_multimodal_models() {
 fn planner_matches_pytorch_measurements_of_single_gpu_settings() {
     check_measured_set("measured_settings.jsonl");
 }
+
+#[test]
+fn planner_matches_pytorch_measurements_of_diffusion_models() {
+    check_measured_set("measured_diffusion.jsonl");
+}

@@ -232,6 +232,20 @@ MULTIMODAL_CONFIGS: dict[str, tuple[str, str, Config]] = {
                        "suppress_tokens": [], "begin_suppress_tokens": []}),
 }
 
+# diffusers denoisers (catalogue name, hub id, shrink): the UNets keep their stage layout
+# (block types, resnets per stage, transformer blocks per attention, SDXL's text-time
+# embedding) at fewer channels; the DiT keeps its blocks at a smaller width.
+DIFFUSION_CONFIGS: dict[str, tuple[str, str, Config]] = {
+    "sd15-unet-small": ("sd-1.5-unet", "runwayml/stable-diffusion-v1-5",
+                        {"block_out_channels": [64, 128, 128, 128], "cross_attention_dim": 128}),
+    "sdxl-unet-small": ("sdxl-unet", "stabilityai/stable-diffusion-xl-base-1.0",
+                        {"block_out_channels": [64, 128, 256], "attention_head_dim": [2, 4, 8],
+                         "transformer_layers_per_block": [1, 2, 3],
+                         "cross_attention_dim": 128}),
+    "dit-4l": ("dit-xl-2-256", "facebook/DiT-XL-2-256",
+               {"num_layers": 4, "num_attention_heads": 4, "attention_head_dim": 32}),
+}
+
 CNN_CONFIGS: dict[str, Config] = {
     "resnet18": {"model_type": "resnet", "depth": 18, "num_classes": 1000},
     "resnet50": {"model_type": "resnet", "depth": 50, "num_classes": 1000},
@@ -239,8 +253,8 @@ CNN_CONFIGS: dict[str, Config] = {
 
 
 def all_names() -> list[str]:
-    """Every config name (HF configs, architectures, multimodal, then CNNs)."""
-    return [*HF_CONFIGS, *ARCH_CONFIGS, *MULTIMODAL_CONFIGS, *CNN_CONFIGS]
+    """Every config name (HF configs, architectures, multimodal, diffusion, then CNNs)."""
+    return [*HF_CONFIGS, *ARCH_CONFIGS, *MULTIMODAL_CONFIGS, *DIFFUSION_CONFIGS, *CNN_CONFIGS]
 
 
 def _catalogue_config(name: str) -> Config:
@@ -254,8 +268,9 @@ def config_dict(name: str) -> Config:
     """The JSON object written for config `name`."""
     if name in CNN_CONFIGS:
         return dict(CNN_CONFIGS[name])
-    if name in ARCH_CONFIGS or name in MULTIMODAL_CONFIGS:
-        catalogue_name, hub_id, shrink = {**ARCH_CONFIGS, **MULTIMODAL_CONFIGS}[name]
+    shrunk = {**ARCH_CONFIGS, **MULTIMODAL_CONFIGS, **DIFFUSION_CONFIGS}
+    if name in shrunk:
+        catalogue_name, hub_id, shrink = shrunk[name]
         real = _catalogue_config(catalogue_name)
     else:
         hub_id, real, shrink = HF_CONFIGS[name]
@@ -283,8 +298,11 @@ KV_CACHE_KINDS = ("causal_lm", "seq2seq", "vlm")
 
 def model_kind(cfg: Mapping[str, Any]) -> str:
     """How a config is built and fed (models.build): "cnn" (torchvision ResNet),
-    "image_cls", "vision_tower" (CLIP/SigLIP vision model), "vlm" (LLaVA: images and text),
-    "masked_lm", "seq2seq" or "causal_lm"; KeyError if it names no architecture."""
+    "diffusion" (a diffusers config), "image_cls", "vision_tower" (CLIP/SigLIP vision model),
+    "vlm" (LLaVA: images and text), "masked_lm", "seq2seq" or "causal_lm"; KeyError if it names
+    no architecture."""
+    if "_class_name" in cfg:
+        return "diffusion"
     if cfg.get("model_type") == "resnet" and "depth" in cfg:
         return "cnn"
     arch = cfg["architectures"][0]

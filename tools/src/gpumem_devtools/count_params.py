@@ -1,5 +1,5 @@
 """Count the parameters of every model in the planner's catalogue by building it with
-transformers (or torchvision) on PyTorch's meta device: no weights are allocated or downloaded.
+transformers (torchvision, diffusers) on PyTorch's meta device: no weights are allocated or downloaded.
 
 The counts are committed as test data (``testdata/plan/param_counts.json``) and compared with the
 planner's own counts by ``crates/gpumem-plan/tests/params.rs``."""
@@ -23,7 +23,12 @@ def count(config: dict[str, Any]) -> tuple[str, int]:
     name and its number of distinct parameters (tied weights counted once)."""
     torch = require("torch")
     with torch.device("meta"):
-        if config["model_type"] == "resnet":
+        if "_class_name" in config:
+            # A diffusers config: the class it names, built from the config (diffusers maps a
+            # DiT's Transformer2DModel config to DiTTransformer2DModel).
+            diffusers = require("diffusers")
+            model = getattr(diffusers, config["_class_name"]).from_config(config)
+        elif config["model_type"] == "resnet":
             torchvision = require("torchvision")
             model = getattr(torchvision.models, f"resnet{config['depth']}")(
                 num_classes=config["num_classes"])
@@ -53,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:32} {built:36} {total:>16,}", flush=True)
     document = {
         "produced_by": "gpumem-count-params (tools/): models built on the meta device",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "diffusers": require("diffusers").__version__},
         "models": counts,
     }
     out = args.out or root / OUTPUT

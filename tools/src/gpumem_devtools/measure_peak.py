@@ -42,6 +42,7 @@ HELDOUT_OUT = "testdata/plan/measured_heldout.jsonl"
 ARCHITECTURES_OUT = "testdata/plan/measured_architectures.jsonl"
 MULTIMODAL_OUT = "testdata/plan/measured_multimodal.jsonl"
 SETTINGS_OUT = "testdata/plan/measured_settings.jsonl"
+DIFFUSION_OUT = "testdata/plan/measured_diffusion.jsonl"
 STEPS = 2
 
 
@@ -343,6 +344,23 @@ def settings_grid() -> list[tuple[str, Settings]]:
     return [(name, s) for name, lst in cases.items() for s in lst]
 
 
+def diffusion_grid() -> list[tuple[str, Settings]]:
+    """(config name, Settings) of the diffusion set (`--diffusion`, measured_diffusion.jsonl):
+    shrunk diffusers UNets and a DiT in a no-grad denoising step (a sampler step; batch 2 is
+    one image with classifier-free guidance) and in fine-tuning with AdamW, fp32 and bf16,
+    at two image sizes."""
+    cases = []
+    for name in configs.DIFFUSION_CONFIGS:
+        # A DiT's position table is built for its sample size: it runs at 256 pixels.
+        large = (256, 8) if name.startswith("dit") else (512, 2)
+        cases += [(name, s) for s in (
+            I(2, None, image_size=256), I(4, None, image_size=256, dtype="bf16"),
+            I(large[1], None, image_size=large[0], dtype="bf16"),
+            T(2, None, image_size=256), T(2, None, image_size=256, dtype="bf16"),
+            T(large[1] // 2, None, image_size=large[0], dtype="bf16"))]
+    return cases
+
+
 def case_id(name: str, s: Settings) -> str:
     parts = [name, s.mode, f"b{s.batch}"]
     if s.seq is not None:
@@ -398,6 +416,8 @@ def notes(name: str, s: Settings, device: str, threads: int,
             out.append("zero_grad(set_to_none=True) after optimizer.step as HF Trainer")
         if name.startswith("resnet"):
             out.append("loss: F.cross_entropy(logits, labels)")
+        elif name in configs.DIFFUSION_CONFIGS:
+            pass
         elif name.startswith("vit"):
             out.append("loss: model's own cross-entropy on random labels")
         elif kind == "vision_tower":
@@ -440,14 +460,24 @@ def notes(name: str, s: Settings, device: str, threads: int,
                    "prefill keeps last-token logits only")
     if name.startswith("resnet"):
         out.append(f"torchvision {torchvision_version}, oneDNN conv on CPU")
+    if name in configs.DIFFUSION_CONFIGS:
+        out.append("diffusers AttnProcessor2_0 (SDPA); latents image/8, random timesteps; UNet: 77 random text hidden states; "
+                   "DiT: random class labels")
+        if s.mode == "train":
+            out.append("loss: F.mse_loss(prediction.float(), noise.float()) as "
+                       "train_text_to_image.py")
     return "; ".join(out)
 
 
-def versions() -> dict[str, str]:
+def versions(diffusers: bool = False) -> dict[str, str]:
+    """Versions of the measuring stack (with diffusers' for the diffusion set)."""
     torch = require("torch")
     transformers = require("transformers")
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    out = {"torch": torch.__version__, "transformers": transformers.__version__,
+           "python": platform.python_version()}
+    if diffusers:
+        out["diffusers"] = require("diffusers").__version__
+    return out
 
 
 def measure(config_path: Path, s: Settings, device: str) -> tuple[int, str | None]:
@@ -636,6 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"measure the multimodal set (default --out: {MULTIMODAL_OUT})")
     ap.add_argument("--settings", action="store_true",
                     help=f"measure the single-GPU settings set (default --out: {SETTINGS_OUT})")
+    ap.add_argument("--diffusion", action="store_true",
+                    help=f"measure the diffusers set (default --out: {DIFFUSION_OUT})")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
     ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
@@ -650,6 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = (architectures_grid() if args.architectures
              else multimodal_grid() if args.multimodal
              else settings_grid() if args.settings
+             else diffusion_grid() if args.diffusion
              else heldout_grid() if args.heldout else grid())
     cases = [(n, s, case_id(n, s)) for n, s in table]
     if args.only is not None:
@@ -671,10 +704,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.self_test:
             self_test(root)
             return 0
-        vers = versions()
+        vers = versions(args.diffusion)
         default_out = (ARCHITECTURES_OUT if args.architectures
                        else MULTIMODAL_OUT if args.multimodal
                        else SETTINGS_OUT if args.settings
+                       else DIFFUSION_OUT if args.diffusion
                        else HELDOUT_OUT if args.heldout else DEFAULT_OUT)
         out = args.out or root / default_out
         _measure_cases(root, out, cases, table, args.redo, args.device,

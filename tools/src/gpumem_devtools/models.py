@@ -32,6 +32,8 @@ class Workload:
     # A vision-language model's image placeholder token and image tokens per sample (LLaVA).
     image_token: int | None = None
     image_tokens: int | None = None
+    # The diffusers config of a denoiser (kind "diffusion"): its inputs follow from it.
+    diffusion: dict[str, Any] | None = None
 
     def batch(self, batch: int, seq: int | None, device: str, dtype: torch.dtype | None,
               with_labels: bool) -> dict[str, torch.Tensor]:
@@ -47,6 +49,8 @@ class Workload:
             return {"pixel_values": torch.randn(batch, 3, size, size, device=device, dtype=dtype)}
         if self.kind == "vlm":
             return self._image_text_batch(batch, seq, device, dtype, with_labels)
+        if self.kind == "diffusion":
+            return _denoiser_batch(self, batch, device, dtype, with_labels)
         if self.mel_bins is not None:
             # 30 s of audio: 3000 frames (the encoder's 1500 positions after its stride-2 conv).
             features = torch.randn(batch, self.mel_bins, 3000, device=device, dtype=dtype)
@@ -84,7 +88,45 @@ class Workload:
             return F.cross_entropy(self.model(**inputs), labels)
         if self.kind == "vision_tower":
             return self.model(**inputs).pooler_output.mean()
+        if self.kind == "diffusion":
+            # diffusers' train_text_to_image.py: MSE between the prediction and the noise,
+            # both upcast to fp32.
+            target = inputs.pop("target")
+            prediction = self.model(**inputs).sample
+            return F.mse_loss(prediction.float(), target.float(), reduction="mean")
         return self.model(**inputs).loss
+
+
+def _denoiser_batch(wl: "Workload", batch: int, device: str, dtype: torch.dtype | None,
+                    with_target: bool) -> dict[str, torch.Tensor]:
+    """One denoising step's inputs: noisy latents (image side / 8), a timestep per sample,
+    and the text encoder's 77 hidden states (UNet) or a class label (DiT); the noise target
+    in training."""
+    cfg = wl.diffusion or {}
+    side = (wl.image_size or 8 * cfg["sample_size"]) // 8
+    channels = cfg.get("in_channels", 4)
+    sample = torch.randn(batch, channels, side, side, device=device, dtype=dtype)
+    # The UNet names its latents `sample`, the DiT `hidden_states`.
+    key = "sample" if cfg["_class_name"] == "UNet2DConditionModel" else "hidden_states"
+    out: dict[str, Any] = {key: sample,
+                           "timestep": torch.randint(0, 1000, (batch,), device=device)}
+    if cfg["_class_name"] == "UNet2DConditionModel":
+        cross = cfg["cross_attention_dim"]
+        out["encoder_hidden_states"] = torch.randn(batch, 77, cross, device=device, dtype=dtype)
+        if cfg.get("addition_embed_type") == "text_time":
+            time_ids = 6 * cfg["addition_time_embed_dim"]
+            pooled = cfg["projection_class_embeddings_input_dim"] - time_ids
+            out["added_cond_kwargs"] = {
+                "text_embeds": torch.randn(batch, pooled, device=device, dtype=dtype),
+                "time_ids": torch.randn(batch, 6, device=device, dtype=dtype)}
+    else:
+        out["class_labels"] = torch.randint(0, cfg.get("num_embeds_ada_norm", 1000), (batch,),
+                                            device=device)
+    if with_target:
+        prediction_channels = cfg.get("out_channels") or channels
+        out["target"] = torch.randn(batch, prediction_channels, side, side, device=device,
+                                    dtype=dtype)
+    return out
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -110,6 +152,15 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
 
     if kind == "vlm":
         return _build_vlm(cfg, config_path, kwargs_for(torch_dtype, attn), grad_ckpt, device)
+    if kind == "diffusion":
+        if grad_ckpt:
+            raise ValueError("gradient checkpointing of diffusers models is not measured")
+        diffusers = require("diffusers")
+        model = getattr(diffusers, cfg["_class_name"]).from_config(cfg)
+        model = model.to(device=device, dtype=torch_dtype)
+        return Workload(model, "diffusion", None, image_size or 8 * cfg["sample_size"], None,
+                        diffusion=cfg)
+
     if image_size is not None and image_size != cfg.get("image_size"):
         raise ValueError(f"{config_path}: built for image_size {cfg.get('image_size')}, "
                          f"not {image_size}")

@@ -1,0 +1,1228 @@
+//! Diffusion denoisers read from diffusers configs (keyed by `_class_name`): the Stable
+//! Diffusion UNet (`UNet2DConditionModel`: SD 1.x, 2.x, SDXL) and the class-conditional DiT
+//! (`DiTTransformer2DModel`, or `Transformer2DModel` with `norm_type: "ada_norm_zero"`).
+//!
+//! One walk over the modules in forward order ([`UnetSpec::walk`]) gives both the exact
+//! parameter counts and the memory units of one denoising step, so the two cannot disagree.
+//! The workload is a step on latents: `--image-size` is the pixel side, the latent side is
+//! [`VAE_FACTOR`] times smaller, and the text encoder's hidden states ([`TEXT_TOKENS`] tokens)
+//! are an input, not a model. Attention runs through `scaled_dot_product_attention`
+//! (diffusers' default `AttnProcessor2_0`).
+
+use crate::error::{PlanError, Result};
+use crate::graph::Unit;
+use crate::limits::{self, Bound};
+use crate::model::ParamCounts;
+use crate::workload::{Mode, Workload};
+use serde::Serialize;
+use serde_json::Value;
+
+/// Pixels per latent pixel along each side (the Stable Diffusion VAE downsamples by 8).
+pub const VAE_FACTOR: u64 = 8;
+
+/// Tokens of the text encoder's hidden states the UNet cross-attends to (CLIP's 77: the Stable
+/// Diffusion pipelines pad every prompt to the tokenizer's `model_max_length`).
+pub const TEXT_TOKENS: u64 = 77;
+
+/// `_class_name` values the planner understands.
+pub const SUPPORTED_CLASSES: &[&str] = &[
+    "UNet2DConditionModel",
+    "DiTTransformer2DModel",
+    "Transformer2DModel",
+];
+
+/// A diffusion denoiser.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum DiffusionSpec {
+    /// A Stable Diffusion style UNet with cross-attention transformers.
+    Unet(UnetSpec),
+    /// A class-conditional diffusion transformer on latent patches.
+    Dit(DitSpec),
+}
+
+/// `UNet2DConditionModel`: resnet and cross-attention stages down, a middle block, and the
+/// mirrored stages up, which concatenate the skip connections the down path kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UnetSpec {
+    /// Latent channels in.
+    pub in_channels: u64,
+    /// Channels out (the predicted noise).
+    pub out_channels: u64,
+    /// Latent side the model was trained at (`sample_size`).
+    pub sample_size: u64,
+    /// Kernel of `conv_in` and of `conv_out`.
+    pub conv_kernels: (u64, u64),
+    /// Channels of each stage (`block_out_channels`).
+    pub channels: Vec<u64>,
+    /// Resnets per down stage (`layers_per_block`); an up stage has one more.
+    pub layers: Vec<u64>,
+    /// Down stages with cross-attention (`CrossAttnDownBlock2D`).
+    pub down_attention: Vec<bool>,
+    /// Up stages with cross-attention, in up order (`CrossAttnUpBlock2D`).
+    pub up_attention: Vec<bool>,
+    /// Transformer blocks per attention of each down stage (`transformer_layers_per_block`).
+    pub transformer_layers: Vec<u64>,
+    /// The same for the up stages, in up order (`reverse_transformer_layers_per_block`, else
+    /// the down stages' reversed).
+    pub up_transformer_layers: Vec<u64>,
+    /// Attention heads of each stage (`num_attention_heads`, which older configs spell
+    /// `attention_head_dim`).
+    pub heads: Vec<u64>,
+    /// Width of the text hidden states each stage attends to (`cross_attention_dim`).
+    pub cross_dim: Vec<u64>,
+    /// Width of the time embedding (`time_embedding_dim`, else 4 × the first stage's channels).
+    pub time_embed: u64,
+    /// Input width of SDXL's added text-and-time embedding (`addition_embed_type: "text_time"`,
+    /// `projection_class_embeddings_input_dim`); None without.
+    pub addition: Option<u64>,
+}
+
+/// `DiTTransformer2DModel`: patches of the latent through adaLN-zero transformer blocks, each
+/// with its own timestep and class embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DitSpec {
+    /// Width (`num_attention_heads × attention_head_dim`).
+    pub hidden: u64,
+    /// Attention heads.
+    pub heads: u64,
+    /// Blocks.
+    pub layers: u64,
+    /// Patch side in latent pixels.
+    pub patch: u64,
+    /// Latent channels in.
+    pub in_channels: u64,
+    /// Channels out (noise and, with learned sigma, the variance).
+    pub out_channels: u64,
+    /// Latent side of the position table (`sample_size`).
+    pub sample_size: u64,
+    /// Class labels (`num_embeds_ada_norm`); the table has one more row, the unconditional one.
+    pub classes: u64,
+}
+
+/// One module of a UNet, in forward order, with the shapes that decide its parameters and its
+/// activations. `level` counts the downsamplings before it (side = latent side / 2^level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnetLayer {
+    /// `conv_in`, the time embedding and SDXL's added embedding.
+    Stem,
+    /// `ResnetBlock2D`: GroupNorm, SiLU, conv, time projection, GroupNorm, SiLU, conv, and a
+    /// 1×1 shortcut when the channels change. `inputs` includes a concatenated skip.
+    Resnet {
+        /// Input channels.
+        inputs: u64,
+        /// Output channels.
+        outputs: u64,
+        /// Downsamplings before it.
+        level: u32,
+    },
+    /// `Transformer2DModel`: GroupNorm, projection in, `layers` transformer blocks
+    /// (self-attention, cross-attention, GEGLU feed-forward), projection out, residual.
+    Attention {
+        /// Channels.
+        channels: u64,
+        /// Heads.
+        heads: u64,
+        /// Transformer blocks.
+        layers: u64,
+        /// Width of the text hidden states.
+        cross_dim: u64,
+        /// Downsamplings before it.
+        level: u32,
+    },
+    /// `Downsample2D`: a 3×3 stride-2 convolution.
+    Downsample {
+        /// Channels.
+        channels: u64,
+        /// Downsamplings before it.
+        level: u32,
+    },
+    /// `Upsample2D`: nearest ×2 interpolation and a 3×3 convolution.
+    Upsample {
+        /// Channels.
+        channels: u64,
+        /// Downsamplings before it (the input's level).
+        level: u32,
+    },
+    /// GroupNorm, SiLU and `conv_out`.
+    Out,
+}
+
+/// A step of the UNet walk: the module and what happens to the skip connections around it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnetStep {
+    /// The module.
+    pub layer: UnetLayer,
+    /// Its output is kept as a skip connection for the up path.
+    pub pushes_skip: bool,
+    /// It starts an up stage, which takes this many skips off the stack (the UNet's forward
+    /// holds them until the next stage starts).
+    pub takes_skips: u64,
+    /// It concatenates this many channels of a skip onto its input (an up-path resnet).
+    pub skip_channels: u64,
+}
+
+fn groupnorm(channels: u64) -> u64 {
+    2 * channels
+}
+
+fn linear(inputs: u64, outputs: u64) -> u64 {
+    inputs * outputs + outputs
+}
+
+fn conv(inputs: u64, outputs: u64, kernel: u64) -> u64 {
+    inputs * outputs * kernel * kernel + outputs
+}
+
+impl UnetSpec {
+    /// The modules in forward order (down stages, middle block, up stages).
+    pub fn walk(&self) -> Vec<UnetStep> {
+        let step = |layer| UnetStep {
+            layer,
+            pushes_skip: false,
+            takes_skips: 0,
+            skip_channels: 0,
+        };
+        let pushed = |layer| UnetStep {
+            pushes_skip: true,
+            ..step(layer)
+        };
+        let stages = self.channels.len();
+        let mut steps = vec![pushed(UnetLayer::Stem)];
+        let mut channels = self.channels[0];
+        let mut skips = vec![channels];
+        for stage in 0..stages {
+            let outputs = self.channels[stage];
+            let level = stage as u32;
+            for _ in 0..self.layers[stage] {
+                let resnet = UnetLayer::Resnet {
+                    inputs: channels,
+                    outputs,
+                    level,
+                };
+                channels = outputs;
+                if self.down_attention[stage] {
+                    steps.push(step(resnet));
+                    steps.push(pushed(self.attention(stage, level, false)));
+                } else {
+                    steps.push(pushed(resnet));
+                }
+                skips.push(outputs);
+            }
+            if stage + 1 < stages {
+                steps.push(pushed(UnetLayer::Downsample { channels, level }));
+                skips.push(channels);
+            }
+        }
+        let bottom = (stages - 1) as u32;
+        let mid = UnetLayer::Resnet {
+            inputs: channels,
+            outputs: channels,
+            level: bottom,
+        };
+        steps.push(step(mid));
+        steps.push(step(UnetLayer::Attention {
+            channels,
+            heads: self.heads[stages - 1],
+            layers: self.transformer_layers[stages - 1],
+            cross_dim: self.cross_dim[stages - 1],
+            level: bottom,
+        }));
+        steps.push(step(mid));
+        for up in 0..stages {
+            let stage = stages - 1 - up;
+            let level = stage as u32;
+            let outputs = self.channels[stage];
+            let resnets = self.layers[stage] + 1;
+            for index in 0..resnets {
+                let skip = skips.pop().unwrap_or(0);
+                steps.push(UnetStep {
+                    takes_skips: if index == 0 { resnets } else { 0 },
+                    skip_channels: skip,
+                    ..step(UnetLayer::Resnet {
+                        inputs: channels + skip,
+                        outputs,
+                        level,
+                    })
+                });
+                channels = outputs;
+                if self.up_attention[up] {
+                    steps.push(step(self.attention(stage, level, true)));
+                }
+            }
+            if stage > 0 {
+                steps.push(step(UnetLayer::Upsample { channels, level }));
+            }
+        }
+        steps.push(step(UnetLayer::Out));
+        steps
+    }
+
+    /// The attention of stage `stage` (down or up).
+    fn attention(&self, stage: usize, level: u32, up: bool) -> UnetLayer {
+        let stages = self.channels.len();
+        UnetLayer::Attention {
+            channels: self.channels[stage],
+            heads: self.heads[stage],
+            layers: if up {
+                self.up_transformer_layers[stages - 1 - stage]
+            } else {
+                self.transformer_layers[stage]
+            },
+            cross_dim: self.cross_dim[stage],
+            level,
+        }
+    }
+
+    /// Parameters of one module.
+    pub fn layer_params(&self, layer: UnetLayer) -> u64 {
+        let c0 = self.channels[0];
+        let t = self.time_embed;
+        match layer {
+            UnetLayer::Stem => {
+                conv(self.in_channels, c0, self.conv_kernels.0)
+                    + linear(c0, t)
+                    + linear(t, t)
+                    + self
+                        .addition
+                        .map_or(0, |inputs| linear(inputs, t) + linear(t, t))
+            }
+            UnetLayer::Resnet {
+                inputs, outputs, ..
+            } => {
+                groupnorm(inputs)
+                    + conv(inputs, outputs, 3)
+                    + linear(t, outputs)
+                    + groupnorm(outputs)
+                    + conv(outputs, outputs, 3)
+                    + if inputs != outputs {
+                        conv(inputs, outputs, 1)
+                    } else {
+                        0
+                    }
+            }
+            UnetLayer::Attention {
+                channels,
+                heads,
+                layers,
+                cross_dim,
+                ..
+            } => {
+                let inner = heads * (channels / heads);
+                let block = 3 * groupnorm(inner)
+                    + 3 * inner * inner
+                    + linear(inner, inner)
+                    + inner * inner
+                    + 2 * cross_dim * inner
+                    + linear(inner, inner)
+                    + linear(inner, 8 * inner)
+                    + linear(4 * inner, inner);
+                groupnorm(channels)
+                    + linear(channels, inner)
+                    + layers * block
+                    + linear(inner, channels)
+            }
+            UnetLayer::Downsample { channels, .. } | UnetLayer::Upsample { channels, .. } => {
+                conv(channels, channels, 3)
+            }
+            UnetLayer::Out => groupnorm(c0) + conv(c0, self.out_channels, self.conv_kernels.1),
+        }
+    }
+
+    /// Largest single weight tensor of one module.
+    fn largest_tensor(&self, layer: UnetLayer) -> u64 {
+        match layer {
+            UnetLayer::Stem => self.time_embed * self.time_embed,
+            UnetLayer::Resnet {
+                inputs, outputs, ..
+            } => 9 * inputs.max(outputs) * outputs,
+            UnetLayer::Attention { channels, .. } => 8 * channels * channels,
+            UnetLayer::Downsample { channels, .. } | UnetLayer::Upsample { channels, .. } => {
+                9 * channels * channels
+            }
+            UnetLayer::Out => 9 * self.channels[0] * self.out_channels,
+        }
+    }
+
+    fn params(&self) -> ParamCounts {
+        let steps = self.walk();
+        let per: Vec<u64> = steps.iter().map(|s| self.layer_params(s.layer)).collect();
+        let (stem, out) = (per[0], per[per.len() - 1]);
+        let linear_weights: u64 = steps
+            .iter()
+            .map(|s| match s.layer {
+                UnetLayer::Attention {
+                    channels,
+                    heads,
+                    layers,
+                    cross_dim,
+                    ..
+                } => {
+                    let inner = heads * (channels / heads);
+                    layers * (8 * inner * inner + 2 * cross_dim * inner + 12 * inner * inner)
+                }
+                _ => 0,
+            })
+            .sum();
+        ParamCounts {
+            embeddings: stem,
+            body: per.iter().sum::<u64>() - stem - out,
+            head: out,
+            largest_block: per.iter().copied().max().unwrap_or(0),
+            largest_tensor: steps
+                .iter()
+                .map(|s| self.largest_tensor(s.layer))
+                .max()
+                .unwrap_or(0),
+            block_linear: linear_weights,
+            buffers: 0,
+        }
+    }
+}
+
+impl DitSpec {
+    /// Tokens of a latent of side `side`.
+    pub fn tokens(&self, side: u64) -> u64 {
+        (side / self.patch).pow(2)
+    }
+
+    /// Parameters of one block: its timestep MLP and class table, the adaLN projection to six
+    /// modulations, attention with biases, and the tanh-GELU MLP.
+    pub fn block_params(&self) -> u64 {
+        let h = self.hidden;
+        let embedding = linear(256, h) + linear(h, h) + (self.classes + 1) * h;
+        embedding + linear(h, 6 * h) + 4 * linear(h, h) + linear(h, 4 * h) + linear(4 * h, h)
+    }
+
+    fn params(&self) -> ParamCounts {
+        let h = self.hidden;
+        let patch_out = self.patch * self.patch * self.out_channels;
+        ParamCounts {
+            embeddings: conv(self.in_channels, h, self.patch),
+            body: self.layers * self.block_params(),
+            head: linear(h, 2 * h) + linear(h, patch_out),
+            largest_block: self.block_params(),
+            largest_tensor: (6 * h * h).max(self.classes * h),
+            block_linear: self.layers * (12 * h * h),
+            // The sin-cos position table, a buffer of one row per patch.
+            buffers: self.tokens(self.sample_size) * h,
+        }
+    }
+}
+
+impl DiffusionSpec {
+    /// Exact parameter counts.
+    pub fn params(&self) -> ParamCounts {
+        match self {
+            DiffusionSpec::Unet(u) => u.params(),
+            DiffusionSpec::Dit(d) => d.params(),
+        }
+    }
+
+    /// Blocks a pipeline could split at (resnets and transformer blocks).
+    pub fn blocks(&self) -> u64 {
+        match self {
+            DiffusionSpec::Unet(u) => u.walk().len() as u64,
+            DiffusionSpec::Dit(d) => d.layers,
+        }
+    }
+
+    /// The image side the model was trained at, in pixels.
+    pub fn native_image_size(&self) -> u64 {
+        VAE_FACTOR
+            * match self {
+                DiffusionSpec::Unet(u) => u.sample_size,
+                DiffusionSpec::Dit(d) => d.sample_size,
+            }
+    }
+}
+
+/// Reads a diffusers config whose `_class_name` is `class`.
+pub fn parse(class: &str, json: &Value) -> Result<DiffusionSpec> {
+    let fields = Fields { json, class };
+    match class {
+        "UNet2DConditionModel" => fields.unet().map(DiffusionSpec::Unet),
+        "DiTTransformer2DModel" => fields.dit().map(DiffusionSpec::Dit),
+        "Transformer2DModel" => {
+            // diffusers builds a DiT from a Transformer2DModel config with patches and
+            // adaLN-zero norms (facebook/DiT-XL-2-256); other variants are different models.
+            let norm = fields.str_or("norm_type", "layer_norm");
+            if norm == "ada_norm_zero"
+                && fields.json.get("patch_size").is_some_and(|p| !p.is_null())
+            {
+                fields.dit().map(DiffusionSpec::Dit)
+            } else {
+                Err(fields.unsupported(
+                    "norm_type",
+                    norm,
+                    "a Transformer2DModel is planned as a DiT (norm_type \"ada_norm_zero\" with a \
+                     patch_size); PixArt (\"ada_norm_single\") and continuous-input transformers \
+                     are not modelled",
+                ))
+            }
+        }
+        other => Err(PlanError::UnsupportedModelType {
+            given: other.to_string(),
+            nearest: crate::names::nearest(other, SUPPORTED_CLASSES.iter().copied()),
+            accepted: SUPPORTED_CLASSES.iter().map(|s| s.to_string()).collect(),
+        }),
+    }
+}
+
+struct Fields<'a> {
+    json: &'a Value,
+    class: &'a str,
+}
+
+impl Fields<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.json.get(key).filter(|v| !v.is_null())
+    }
+
+    fn invalid(&self, key: &str, value: &Value, reason: &str) -> PlanError {
+        PlanError::InvalidValue {
+            name: key.to_string(),
+            value: value.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    fn unsupported(&self, key: &str, value: &str, reason: &str) -> PlanError {
+        PlanError::InvalidValue {
+            name: key.to_string(),
+            value: value.to_string(),
+            reason: format!("{}: {reason}", self.class),
+        }
+    }
+
+    fn u64_or(&self, key: &'static str, default: Option<u64>, bound: Bound) -> Result<u64> {
+        match self.get(key) {
+            None => default.ok_or_else(|| PlanError::MissingField {
+                model_type: self.class.to_string(),
+                field: key,
+                spellings: vec![key],
+            }),
+            Some(v) => match v.as_u64() {
+                Some(n) => bound.check(key, n),
+                None => Err(self.invalid(key, v, "must be a positive integer")),
+            },
+        }
+    }
+
+    fn str_or<'b>(&'b self, key: &str, default: &'b str) -> &'b str {
+        self.get(key).and_then(Value::as_str).unwrap_or(default)
+    }
+
+    /// An integer per stage: a list of `stages` integers, or one integer for all.
+    fn per_stage(
+        &self,
+        key: &'static str,
+        stages: usize,
+        default: Option<u64>,
+        bound: Bound,
+    ) -> Result<Vec<u64>> {
+        match self.get(key) {
+            Some(Value::Array(items)) => {
+                if items.len() != stages {
+                    return Err(self.invalid(
+                        key,
+                        self.json.get(key).unwrap_or(&Value::Null),
+                        &format!("must list one value per stage ({stages})"),
+                    ));
+                }
+                items
+                    .iter()
+                    .map(|v| match v.as_u64() {
+                        Some(n) => bound.check(key, n),
+                        None => Err(self.invalid(key, v, "must hold positive integers")),
+                    })
+                    .collect()
+            }
+            _ => Ok(vec![self.u64_or(key, default, bound)?; stages]),
+        }
+    }
+
+    fn block_types(&self, key: &'static str, attention: &str, plain: &str) -> Result<Vec<bool>> {
+        let items =
+            self.get(key)
+                .and_then(Value::as_array)
+                .ok_or_else(|| PlanError::MissingField {
+                    model_type: self.class.to_string(),
+                    field: key,
+                    spellings: vec![key],
+                })?;
+        items
+            .iter()
+            .map(|v| match v.as_str() {
+                Some(name) if name == attention => Ok(true),
+                Some(name) if name == plain => Ok(false),
+                _ => Err(self.invalid(key, v, &format!("supported: {attention}, {plain}"))),
+            })
+            .collect()
+    }
+
+    fn unet(&self) -> Result<UnetSpec> {
+        let channels = match self.get("block_out_channels") {
+            Some(Value::Array(items)) if !items.is_empty() => {
+                self.per_stage("block_out_channels", items.len(), None, limits::WIDTH)?
+            }
+            other => {
+                return Err(self.invalid(
+                    "block_out_channels",
+                    other.unwrap_or(&Value::Null),
+                    "must list the channels of each stage",
+                ))
+            }
+        };
+        let stages = channels.len();
+        let down_attention =
+            self.block_types("down_block_types", "CrossAttnDownBlock2D", "DownBlock2D")?;
+        let up_attention = self.block_types("up_block_types", "CrossAttnUpBlock2D", "UpBlock2D")?;
+        if down_attention.len() != stages || up_attention.len() != stages {
+            return Err(self.invalid(
+                "down_block_types",
+                self.json.get("down_block_types").unwrap_or(&Value::Null),
+                "down_block_types, up_block_types and block_out_channels must have one entry per \
+                 stage",
+            ));
+        }
+        let mid = self.str_or("mid_block_type", "UNetMidBlock2DCrossAttn");
+        if mid != "UNetMidBlock2DCrossAttn" {
+            return Err(self.unsupported(
+                "mid_block_type",
+                mid,
+                "supported: UNetMidBlock2DCrossAttn",
+            ));
+        }
+        for key in [
+            "class_embed_type",
+            "encoder_hid_dim",
+            "time_cond_proj_dim",
+            "num_class_embeds",
+        ] {
+            if let Some(v) = self.get(key) {
+                return Err(self.invalid(key, v, "not modelled: must be null"));
+            }
+        }
+        if self.get("only_cross_attention").and_then(Value::as_bool) == Some(true)
+            || self.get("dual_cross_attention").and_then(Value::as_bool) == Some(true)
+        {
+            return Err(self.unsupported(
+                "only_cross_attention",
+                "true",
+                "only_cross_attention and dual_cross_attention are not modelled",
+            ));
+        }
+        // diffusers' naming quirk: `attention_head_dim` holds the heads when
+        // `num_attention_heads` is absent.
+        let heads_key = if self.get("num_attention_heads").is_some() {
+            "num_attention_heads"
+        } else {
+            "attention_head_dim"
+        };
+        let heads = self.per_stage(heads_key, stages, Some(8), limits::WIDTH)?;
+        let transformer_layers = self.per_stage(
+            "transformer_layers_per_block",
+            stages,
+            Some(1),
+            limits::LAYERS,
+        )?;
+        let up_transformer_layers = match self.get("reverse_transformer_layers_per_block") {
+            Some(Value::Array(rows)) => rows
+                .iter()
+                .map(|row| {
+                    row.as_array()
+                        .and_then(|r| r.first())
+                        .and_then(Value::as_u64)
+                        .ok_or_else(|| {
+                            self.invalid(
+                                "reverse_transformer_layers_per_block",
+                                row,
+                                "must hold lists of positive integers",
+                            )
+                        })
+                        .and_then(|n| {
+                            limits::LAYERS.check("reverse_transformer_layers_per_block", n)
+                        })
+                })
+                .collect::<Result<Vec<u64>>>()?,
+            _ => transformer_layers.iter().rev().copied().collect(),
+        };
+        if up_transformer_layers.len() != stages {
+            return Err(self.invalid(
+                "reverse_transformer_layers_per_block",
+                self.json
+                    .get("reverse_transformer_layers_per_block")
+                    .unwrap_or(&Value::Null),
+                "must have one entry per stage",
+            ));
+        }
+        let addition = match self.get("addition_embed_type") {
+            None => None,
+            Some(Value::String(kind)) if kind == "text_time" => {
+                Some(self.u64_or("projection_class_embeddings_input_dim", None, limits::WIDTH)?)
+            }
+            Some(v) => {
+                return Err(self.invalid("addition_embed_type", v, "supported: text_time, null"))
+            }
+        };
+        let time_embed = match self.get("time_embedding_dim") {
+            Some(_) => self.u64_or("time_embedding_dim", None, limits::WIDTH)?,
+            None => 4 * channels[0],
+        };
+        let kernel = |key: &'static str| self.u64_or(key, Some(3), limits::WIDTH);
+        let layers = self.per_stage("layers_per_block", stages, Some(2), limits::LAYERS)?;
+        // Every module is a step of the walk: bound them all together, as a stack's blocks are.
+        let modules: u64 = layers
+            .iter()
+            .zip(transformer_layers.iter().zip(&up_transformer_layers))
+            .map(|(resnets, (down, up))| (resnets + 1) * (2 + down + up))
+            .sum();
+        limits::LAYERS.check("resnets and transformer blocks (all stages)", modules)?;
+        Ok(UnetSpec {
+            in_channels: self.u64_or("in_channels", Some(4), limits::WIDTH)?,
+            out_channels: self.u64_or("out_channels", Some(4), limits::WIDTH)?,
+            sample_size: self.u64_or("sample_size", Some(64), limits::POSITIONS)?,
+            conv_kernels: (kernel("conv_in_kernel")?, kernel("conv_out_kernel")?),
+            layers,
+            cross_dim: self.per_stage("cross_attention_dim", stages, Some(1280), limits::WIDTH)?,
+            channels,
+            down_attention,
+            up_attention,
+            transformer_layers,
+            up_transformer_layers,
+            heads,
+            time_embed,
+            addition,
+        })
+    }
+
+    fn dit(&self) -> Result<DitSpec> {
+        let heads = self.u64_or("num_attention_heads", Some(16), limits::WIDTH)?;
+        let head_dim = self.u64_or("attention_head_dim", Some(72), limits::WIDTH)?;
+        let in_channels = self.u64_or("in_channels", Some(4), limits::WIDTH)?;
+        let patch = self.u64_or("patch_size", Some(2), limits::WIDTH)?;
+        let sample_size = self.u64_or("sample_size", Some(32), limits::POSITIONS)?;
+        if !sample_size.is_multiple_of(patch) {
+            return Err(self.invalid(
+                "patch_size",
+                &Value::from(patch),
+                &format!("must divide sample_size {sample_size}"),
+            ));
+        }
+        Ok(DitSpec {
+            hidden: limits::WIDTH
+                .check("num_attention_heads × attention_head_dim", heads * head_dim)?,
+            heads,
+            layers: self.u64_or("num_layers", Some(28), limits::LAYERS)?,
+            patch,
+            in_channels,
+            out_channels: self.u64_or("out_channels", Some(in_channels), limits::WIDTH)?,
+            sample_size,
+            classes: self.u64_or("num_embeds_ada_norm", Some(1000), limits::VOCAB)?,
+        })
+    }
+}
+
+/// Bytes per element of a denoising step's tensors, and its size.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    /// Activation bytes per element.
+    act: f64,
+    /// Input bytes per element (the weight dtype the inputs are cast to).
+    input: f64,
+    /// Samples of the micro-batch.
+    batch: f64,
+    /// A training step (saved tensors, loss) rather than a no-grad forward.
+    training: bool,
+}
+
+impl Step {
+    fn of(workload: &Workload, batch: u64) -> Self {
+        Step {
+            act: workload.compute_dtype().bytes() as f64,
+            input: workload.dtype.bytes() as f64,
+            batch: batch as f64,
+            training: workload.mode == Mode::Train,
+        }
+    }
+
+    /// The MSE loss on the prediction (`F.mse_loss(pred.float(), target.float())`): the fp32
+    /// copies of a half-precision prediction and target are saved beside the prediction.
+    fn loss_saved(&self, elements: f64) -> f64 {
+        let copies = if self.act < 4.0 { 2.0 * 4.0 } else { 0.0 };
+        elements * (self.act + copies)
+    }
+}
+
+/// Latent side of a run at `image_size` pixels.
+pub fn latent_side(image_size: u64) -> u64 {
+    image_size.div_ceil(VAE_FACTOR).max(1)
+}
+
+/// The units of one denoising step of `spec` for `batch` samples.
+pub(crate) fn units(spec: &DiffusionSpec, workload: &Workload, batch: u64) -> Vec<Unit> {
+    let step = Step::of(workload, batch);
+    let side = latent_side(workload.image_size);
+    match spec {
+        DiffusionSpec::Unet(u) => unet_units(u, step, side),
+        DiffusionSpec::Dit(d) => dit_units(d, step, side),
+    }
+}
+
+/// Keeps a unit's saved bytes only in training.
+fn trained(unit: Unit, step: Step) -> Unit {
+    if step.training {
+        unit
+    } else {
+        Unit { saved: 0.0, ..unit }
+    }
+}
+
+fn unet_units(spec: &UnetSpec, step: Step, side: u64) -> Vec<Unit> {
+    let a = step.act;
+    let b = step.batch;
+    // Pixels of the micro-batch after `level` stride-2 convolutions (padding 1: ceil(side / 2)).
+    let pixels = |level: u32| {
+        let s = (0..level).fold(side, |s, _| s.div_ceil(2));
+        b * (s * s) as f64
+    };
+    let text = b * (TEXT_TOKENS * spec.cross_dim.iter().copied().max().unwrap_or(0)) as f64;
+    let latent = pixels(0) * spec.in_channels as f64;
+    let prediction = pixels(0) * spec.out_channels as f64;
+    // The loop's inputs: noisy latents and the text hidden states (and the target noise).
+    let inputs = step.input * (latent + text + if step.training { prediction } else { 0.0 });
+    let mut units = Vec::new();
+    let mut skips: Vec<f64> = Vec::new();
+    let mut taken = 0.0;
+    let mut stage_input = 0.0;
+    let mut previous_output = 0.0;
+    let mut input_is_skip = false;
+    for s in spec.walk() {
+        if s.takes_skips > 0 {
+            // The UNet's forward slices this stage's skips off its list and holds them until the
+            // next stage starts; its `sample` holds the stage's input until the stage returns.
+            let keep = skips.len().saturating_sub(s.takes_skips as usize);
+            taken = skips.drain(keep..).sum();
+            stage_input = previous_output;
+        }
+        let params = spec.layer_params(s.layer);
+        let first = units.len();
+        let unit = match s.layer {
+            UnetLayer::Stem => {
+                let out = pixels(0) * spec.channels[0] as f64 * a;
+                Unit {
+                    name: "embeddings",
+                    held: inputs,
+                    forward_transient: out,
+                    inference_live: out,
+                    params,
+                    ..Unit::default()
+                }
+            }
+            UnetLayer::Resnet {
+                inputs: i,
+                outputs: o,
+                level,
+            } => {
+                let p = pixels(level) * a;
+                let (i, o) = (i as f64, o as f64);
+                let shortcut = if i != o { o } else { 0.0 };
+                Unit {
+                    name: "block",
+                    // Block input (GroupNorm, shortcut), both norm outputs (SiLU), both SiLU
+                    // outputs (convolutions), the first conv plus time embedding (GroupNorm).
+                    saved: p * (3.0 * i + 3.0 * o),
+                    checkpoint: Some(p * i),
+                    // The output, the residual sum before `/ output_scale_factor`, the shortcut.
+                    forward_transient: p * (2.0 * o + shortcut),
+                    backward_transient: p * (2.0 * o + i),
+                    gradient_transient: p * (i + o),
+                    inference_live: p * (3.0 * i).max(2.0 * i + o).max(i + 3.0 * o + shortcut),
+                    params,
+                    ..Unit::default()
+                }
+            }
+            UnetLayer::Attention {
+                channels,
+                heads,
+                layers,
+                level,
+                ..
+            } => {
+                let p = pixels(level);
+                let c = channels as f64;
+                let inner = (heads * (channels / heads)) as f64;
+                let keys = b * TEXT_TOKENS as f64 * inner * a;
+                // Projection in: the input (GroupNorm, residual) and the norm output in the
+                // projection's layout.
+                units.push(trained(
+                    Unit {
+                        name: "attention",
+                        saved: p * a * 2.0 * c,
+                        forward_transient: p * a * 2.0 * inner,
+                        inference_live: p * a * (3.0 * c + inner),
+                        backward_transient: p * a * 2.0 * c,
+                        gradient_transient: p * a * 2.0 * c,
+                        params: groupnorm(channels) + linear(channels, inner as u64),
+                        ..Unit::default()
+                    },
+                    step,
+                ));
+                let block_params = (params
+                    - groupnorm(channels)
+                    - linear(channels, inner as u64)
+                    - linear(inner as u64, channels))
+                    / layers;
+                let lse = 2.0 * p * heads as f64 * 4.0;
+                for _ in 0..layers {
+                    units.push(trained(
+                        Unit {
+                            name: "block",
+                            // Per token: input, norm1, q/k/v, attention output (SDPA writes it
+                            // token-major, so `transpose(1, 2).reshape` is a view), residual,
+                            // norm2, cross q and output, residual, norm3, GEGLU projection (8c),
+                            // GELU and product (4c each).
+                            saved: p * a * 28.0 * inner + 2.0 * keys + lse,
+                            checkpoint: Some(p * a * inner),
+                            forward_transient: p * a * 2.0 * inner,
+                            backward_transient: p * a * 12.0 * inner,
+                            gradient_transient: p * a * 2.0 * inner,
+                            // The residual the wrapper holds, the block input, the residual sum,
+                            // the attention output (`attn_output` stays bound), norm3 and the
+                            // feed-forward's projection, GELU and product.
+                            inference_live: p * a * 21.0 * inner + 2.0 * keys,
+                            params: block_params,
+                            ..Unit::default()
+                        },
+                        step,
+                    ));
+                }
+                Unit {
+                    name: "attention",
+                    saved: p * a * inner,
+                    forward_transient: p * a * 3.0 * c,
+                    backward_transient: p * a * 2.0 * c,
+                    gradient_transient: p * a * 2.0 * c,
+                    inference_live: p * a * (2.0 * inner + 3.0 * c),
+                    params: linear(inner as u64, channels),
+                    ..Unit::default()
+                }
+            }
+            UnetLayer::Downsample { channels, level } => {
+                let (before, after) = (pixels(level), pixels(level + 1));
+                let c = channels as f64 * a;
+                Unit {
+                    name: "block",
+                    saved: before * c,
+                    checkpoint: Some(before * c),
+                    forward_transient: after * c,
+                    backward_transient: (before + after) * c,
+                    gradient_transient: before * c,
+                    inference_live: (before + after) * c,
+                    params,
+                    ..Unit::default()
+                }
+            }
+            UnetLayer::Upsample { channels, level } => {
+                let (before, after) = (pixels(level), pixels(level.saturating_sub(1)));
+                let c = channels as f64 * a;
+                Unit {
+                    name: "block",
+                    // Interpolation saves nothing; the convolution saves its upsampled input.
+                    saved: after * c,
+                    checkpoint: Some(before * c),
+                    forward_transient: (before + after) * c,
+                    backward_transient: 2.0 * after * c,
+                    gradient_transient: after * c,
+                    inference_live: (before + 2.0 * after) * c,
+                    params,
+                    ..Unit::default()
+                }
+            }
+            UnetLayer::Out => {
+                let p = pixels(0) * a;
+                let c0 = spec.channels[0] as f64;
+                Unit {
+                    name: "head",
+                    // GroupNorm input, its output (SiLU) and the SiLU output (conv_out); the
+                    // prediction for the loss.
+                    saved: 3.0 * p * c0 + step.loss_saved(prediction),
+                    held: prediction * a,
+                    forward_transient: p * c0,
+                    backward_transient: 2.0 * p * c0,
+                    gradient_transient: p * c0,
+                    inference_live: 3.0 * p * c0,
+                    params,
+                    ..Unit::default()
+                }
+            }
+        };
+        units.push(trained(unit, step));
+        // Skips held while the module runs, less its own input when that is the newest skip.
+        let held_skips: f64 = skips.iter().sum::<f64>() + taken + stage_input;
+        let own = if input_is_skip {
+            skips.last().copied().unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        for unit in &mut units[first..] {
+            unit.inference_live += held_skips - own;
+        }
+        input_is_skip = s.pushes_skip;
+        previous_output = unet_output(spec, s.layer, &pixels) * a;
+        if s.pushes_skip {
+            skips.push(previous_output);
+        }
+    }
+    units
+}
+
+/// Elements of a module's output.
+fn unet_output(spec: &UnetSpec, layer: UnetLayer, pixels: &impl Fn(u32) -> f64) -> f64 {
+    match layer {
+        UnetLayer::Stem => pixels(0) * spec.channels[0] as f64,
+        UnetLayer::Resnet { outputs, level, .. } => pixels(level) * outputs as f64,
+        UnetLayer::Attention {
+            channels, level, ..
+        } => pixels(level) * channels as f64,
+        UnetLayer::Downsample { channels, level } => pixels(level + 1) * channels as f64,
+        UnetLayer::Upsample { channels, level } => {
+            pixels(level.saturating_sub(1)) * channels as f64
+        }
+        UnetLayer::Out => pixels(0) * spec.out_channels as f64,
+    }
+}
+
+fn dit_units(spec: &DitSpec, step: Step, side: u64) -> Vec<Unit> {
+    let a = step.act;
+    let b = step.batch;
+    let tokens = b * spec.tokens(side) as f64;
+    let h = spec.hidden as f64;
+    let latent = b * (spec.in_channels * side * side) as f64;
+    let prediction = b * (spec.out_channels * side * side) as f64;
+    let inputs = step.input * (latent + if step.training { prediction } else { 0.0 });
+    let counts = spec.params();
+    let mut units = vec![trained(
+        Unit {
+            name: "embeddings",
+            held: inputs,
+            // The patch convolution's output and its sum with the position table.
+            forward_transient: 2.0 * tokens * h * a,
+            inference_live: 2.0 * tokens * h * a,
+            params: counts.embeddings,
+            ..Unit::default()
+        },
+        step,
+    )];
+    let lse = tokens * spec.heads as f64 * 4.0;
+    for _ in 0..spec.layers {
+        units.push(trained(
+            Unit {
+                name: "block",
+                // Per token: input, LayerNorm output and the modulated norm, q/k/v, attention
+                // output (its `transpose(1, 2).reshape` a view) and the rescaled output (gate),
+                // residual, the second norm and its modulation, the MLP's 4h projection and
+                // GELU, its output (gate).
+                saved: tokens * a * 20.0 * h + lse,
+                checkpoint: Some(tokens * a * h),
+                forward_transient: 2.0 * tokens * a * h,
+                backward_transient: 8.0 * tokens * a * h,
+                gradient_transient: 2.0 * tokens * a * h,
+                // The block input, the residual, the gated attention output (`attn_output`
+                // stays bound), the modulated norm, the MLP's projection and GELU.
+                inference_live: 12.0 * tokens * a * h,
+                params: spec.block_params(),
+                ..Unit::default()
+            },
+            step,
+        ));
+    }
+    units.push(trained(
+        Unit {
+            name: "head",
+            saved: 3.0 * tokens * a * h + step.loss_saved(prediction),
+            held: prediction * a,
+            forward_transient: 2.0 * prediction * a,
+            backward_transient: 2.0 * tokens * a * h,
+            gradient_transient: tokens * a * h,
+            inference_live: 3.0 * tokens * a * h + prediction * a,
+            params: counts.head,
+            ..Unit::default()
+        },
+        step,
+    ));
+    units
+}
+
+impl DiffusionSpec {
+    /// Bytes of one typical activation (a first-stage feature map or the DiT's hidden states),
+    /// the granularity of a planned allocation sequence.
+    pub fn typical_activation(&self, workload: &Workload) -> f64 {
+        let side = latent_side(workload.image_size);
+        let elements = match self {
+            DiffusionSpec::Unet(u) => side * side * u.channels[0],
+            DiffusionSpec::Dit(d) => d.tokens(side) * d.hidden,
+        };
+        (workload.batch * elements) as f64 * workload.compute_dtype().bytes() as f64
+    }
+}
+
+/// What a denoising step cannot be planned with: attention other than SDPA (diffusers'
+/// default processor), tensor or pipeline parallelism, a DiT latent its patches do not tile.
+pub fn check(model: &crate::model::ModelSpec, workload: &Workload) -> Result<()> {
+    use crate::workload::Attention;
+    let Some(spec) = model.diffusion() else {
+        return Ok(());
+    };
+    if workload.attention != Attention::Sdpa {
+        return Err(PlanError::InvalidValue {
+            name: "attn".into(),
+            value: format!("{:?}", workload.attention).to_lowercase(),
+            reason: format!(
+                "{} is planned with sdpa, diffusers' default attention processor \
+                 (AttnProcessor2_0)",
+                model.name
+            ),
+        });
+    }
+    if workload.layout.tp > 1 || workload.layout.pp > 1 {
+        return Err(PlanError::InvalidValue {
+            name: if workload.layout.tp > 1 { "tp" } else { "pp" }.into(),
+            value: workload.layout.tp.max(workload.layout.pp).to_string(),
+            reason: format!(
+                "{} is planned on data parallelism only (diffusers trains UNets and DiTs with \
+                 DDP)",
+                model.name
+            ),
+        });
+    }
+    if let DiffusionSpec::Dit(d) = spec {
+        let side = latent_side(workload.image_size);
+        if !side.is_multiple_of(d.patch) {
+            return Err(PlanError::InvalidValue {
+                name: "image-size".into(),
+                value: workload.image_size.to_string(),
+                reason: format!(
+                    "the latent side ({side} = image size / {VAE_FACTOR}) must be a multiple of \
+                     the patch size {}",
+                    d.patch
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{estimate, find_model, parse_config, Overheads, Settings};
+
+    fn planned(model: &str, settings: Settings) -> Result<crate::Estimate> {
+        let model = find_model(model)?;
+        let workload = settings.resolve(&model)?.workload;
+        estimate(&model, &workload, &Overheads::default())
+    }
+
+    #[test]
+    fn classes_and_variants_outside_the_model_are_typed_errors() {
+        let pixart = r#"{"_class_name": "Transformer2DModel", "norm_type": "ada_norm_single",
+                         "patch_size": 2}"#;
+        let err = parse_config("pixart", pixart).unwrap_err().to_string();
+        assert!(
+            err.contains("ada_norm_single") && err.contains("DiT"),
+            "{err}"
+        );
+        let flux = r#"{"_class_name": "FluxTransformer2DModel"}"#;
+        let err = parse_config("flux", flux).unwrap_err().to_string();
+        assert!(err.contains("UNet2DConditionModel"), "{err}");
+        let odd_block = r#"{"_class_name": "UNet2DConditionModel",
+            "block_out_channels": [32, 64],
+            "down_block_types": ["SimpleCrossAttnDownBlock2D", "DownBlock2D"],
+            "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"]}"#;
+        let err = parse_config("unet", odd_block).unwrap_err().to_string();
+        assert!(err.contains("CrossAttnDownBlock2D"), "{err}");
+        let mismatched = r#"{"_class_name": "UNet2DConditionModel",
+            "block_out_channels": [32, 64, 64],
+            "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+            "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"]}"#;
+        let err = parse_config("unet", mismatched).unwrap_err().to_string();
+        assert!(err.contains("one entry per stage"), "{err}");
+        let huge = r#"{"_class_name": "UNet2DConditionModel",
+            "block_out_channels": [32, 64], "layers_per_block": 5000,
+            "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+            "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"]}"#;
+        let err = parse_config("unet", huge).unwrap_err().to_string();
+        assert!(err.contains("resnets and transformer blocks"), "{err}");
+    }
+
+    #[test]
+    fn default_image_is_the_trained_resolution() {
+        let model = find_model("sdxl-unet").unwrap();
+        let workload = Settings::default().resolve(&model).unwrap().workload;
+        assert_eq!(workload.image_size, 1024);
+        let dit = find_model("dit-xl-2").unwrap();
+        assert_eq!(
+            Settings::default()
+                .resolve(&dit)
+                .unwrap()
+                .workload
+                .image_size,
+            256
+        );
+    }
+
+    #[test]
+    fn attention_other_than_sdpa_and_untiled_latents_are_refused() {
+        let eager = Settings {
+            attn: Some("eager".into()),
+            ..Settings::default()
+        };
+        let err = planned("sd-1.5-unet", eager).unwrap_err().to_string();
+        assert!(err.contains("sdpa"), "{err}");
+        let odd = Settings {
+            image_size: Some(264),
+            ..Settings::default()
+        };
+        let err = planned("dit-xl-2", odd).unwrap_err().to_string();
+        assert!(err.contains("patch size"), "{err}");
+    }
+
+    #[test]
+    fn skip_connections_make_inference_grow_with_the_image() {
+        let at = |size: u64, mode: &str| {
+            planned(
+                "sd-1.5-unet",
+                Settings {
+                    mode: Some(mode.into()),
+                    batch: Some(2),
+                    image_size: Some(size),
+                    dtype: Some("fp16".into()),
+                    ..Settings::default()
+                },
+            )
+            .unwrap()
+        };
+        let weights = 2 * 859_520_964;
+        let (small, large) = (at(512, "infer"), at(1024, "infer"));
+        // Activations scale with the latent's pixels: four times as many at twice the side.
+        let ratio = (large.peak_allocated_bytes - weights) as f64
+            / (small.peak_allocated_bytes - weights) as f64;
+        assert!((3.5..4.5).contains(&ratio), "{ratio}");
+        // Training keeps every saved tensor: at the end of its forward, far more than a
+        // no-grad step holds at its peak.
+        let train = at(512, "train");
+        let forward_end = train
+            .phases
+            .iter()
+            .find(|p| p.phase == crate::Phase::ForwardEnd)
+            .unwrap();
+        // Weights, gradients (none yet) and two fp16 AdamW states besides the activations.
+        let saved = forward_end.allocated_bytes - 3 * weights;
+        assert!(
+            saved > 10 * (small.peak_allocated_bytes - weights),
+            "{saved}"
+        );
+    }
+}
