@@ -146,7 +146,7 @@ def test_case_ids_are_unique_and_descriptive() -> None:
         case_id(n, s) for n, s in MULTIMODAL_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
     single = [case_id(n, s) for n, s in settings_grid()]
-    assert len(single) == len(set(single)) == 32
+    assert len(single) == len(set(single)) == 38
     assert not (set(ids) | set(heldout) | set(architectures)) & set(single)
     assert case_id("tinyllama-8l", Settings("train", 4, 512, optimizer="none", attn="sdpa",
                                             grad_ckpt_every=2)) == \

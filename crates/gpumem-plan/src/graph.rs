@@ -11,7 +11,7 @@ use crate::single_gpu::{
     nf4_dequantised_bytes, old_release_cache_width, per_op_saved_matmul_widths,
     upcast_all_logits_before_4_45,
 };
-use crate::workload::{Attention, BaseQuant, Checkpointing, Dtype, Mode, Target, Workload};
+use crate::workload::{Attention, BaseQuant, Checkpointing, Dtype, Loss, Mode, Target, Workload};
 
 /// One step of the forward pass, in bytes for the whole micro-batch on one GPU.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -1196,7 +1196,28 @@ impl<'a> TransformerGraph<'a> {
                 };
                 let saved_per_token =
                     final_norm + transform + rescale + self.bytes.linear_input(h, 1.0);
-                if self.training {
+                if self.training && self.workload.loss == Loss::None {
+                    // `outputs.logits.sum().backward()`: the outputs (and so the logits) stay
+                    // referenced until backward has run; sum's gradient is an expanded scalar,
+                    // which the LM head's matmul backward materialises as one logits-sized
+                    // tensor (reshaping a stride-0 view copies). Autocast runs `sum` in fp32:
+                    // an fp32 copy of the logits exists while it runs.
+                    let autocast_sum = if self.workload.amp.is_some() && act < 4.0 {
+                        tokens * vocab * 4.0
+                    } else {
+                        0.0
+                    };
+                    Unit {
+                        name: "head",
+                        saved: tokens * saved_per_token + autocast_weight(lm_weights) + softcap,
+                        held: logits,
+                        forward_transient: softcap + autocast_sum,
+                        backward_transient: logits,
+                        gradient_transient: logits,
+                        params,
+                        ..Unit::default()
+                    }
+                } else if self.training {
                     let log_probs = tokens * vocab * loss_bytes;
                     Unit {
                         name: "head",

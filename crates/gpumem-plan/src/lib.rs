@@ -42,6 +42,6 @@ pub use sequence::{allocation_sequence, PlannedEvent};
 pub use settings::{Resolved, Settings};
 pub use warning::Warning;
 pub use workload::{
-    Attention, BaseQuant, Checkpointing, Dtype, Layout, Lora, Mode, Optimizer, OptimizerImpl,
+    Attention, BaseQuant, Checkpointing, Dtype, Layout, Lora, Loss, Mode, Optimizer, OptimizerImpl,
     Sharding, Target, Workload,
 };

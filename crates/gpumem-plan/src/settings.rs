@@ -133,6 +133,11 @@ pub struct Settings {
     /// QLoRA: LoRA over a 4-bit NF4 base.
     #[cfg_attr(feature = "clap", arg(long))]
     pub qlora: bool,
+    /// Loss of a training step: hf (the model's own from labels: cross-entropy over every
+    /// position, upcast to fp32 for causal LMs) or none (backward from logits.sum(), the outputs
+    /// kept through backward, as forward/backward benchmarks run) [default: hf].
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub loss: Option<String>,
     /// transformers release whose inference is planned, MAJOR.MINOR[.PATCH]: before 4.45
     /// generate's prefill computes the logits of every prompt position (and Llama-family
     /// forwards upcast all logits to fp32) [default: latest].
@@ -313,6 +318,7 @@ impl Settings {
             target,
             use_cache: !self.no_cache,
             labels: self.labels,
+            loss: pick(&self.loss, "loss", choices::LOSSES)?.unwrap_or(d.loss),
             transformers: self
                 .transformers
                 .as_deref()
@@ -490,6 +496,14 @@ impl Settings {
             warnings.push(Warning::Ignored {
                 flag: "--optimizer-impl",
                 reason: "--optimizer none runs no optimizer step".into(),
+            });
+        }
+        if mode != Mode::Train && self.loss.is_some() {
+            warnings.push(Warning::Ignored {
+                flag: "--loss",
+                reason: format!(
+                    "{mode_name} mode computes no training loss (--labels adds the model's own)"
+                ),
             });
         }
         if mode == Mode::Train && self.transformers.is_some() {

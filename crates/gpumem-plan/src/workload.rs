@@ -60,6 +60,18 @@ pub enum Optimizer {
     None,
 }
 
+/// What a training step computes from the logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Loss {
+    /// The model's own loss from labels in the batch, as the Hugging Face Trainer runs it:
+    /// cross-entropy over every position's logits (upcast to fp32 for causal LMs).
+    Hf,
+    /// No loss module: backward from `outputs.logits.sum()`, the model's outputs kept until
+    /// backward has run, as forward/backward benchmarks do.
+    None,
+}
+
 /// PyTorch's optimizer-step implementations differ in their temporaries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -334,6 +346,8 @@ pub struct Workload {
     /// Inference with labels in the batch: the forward also computes the model's loss (an
     /// evaluation step); an encoder-decoder takes its decoder inputs from the labels.
     pub labels: bool,
+    /// What a training step computes from the logits.
+    pub loss: Loss,
     /// The transformers release whose inference behaviour is planned; None: today's (the
     /// latest).
     pub transformers: Option<TransformersRelease>,
@@ -360,6 +374,7 @@ impl Default for Workload {
             target: Target::Gpu,
             use_cache: true,
             labels: false,
+            loss: Loss::Hf,
             transformers: None,
         }
     }
@@ -529,6 +544,9 @@ pub mod choices {
     pub const FSDP_VERSIONS: &[(&str, FsdpVersion)] =
         &[("1", FsdpVersion::V1), ("2", FsdpVersion::V2)];
     /// `--fsdp-mp` (a half-precision `param_dtype`).
+    /// `--loss`.
+    pub const LOSSES: &[(&str, Loss)] = &[("hf", Loss::Hf), ("none", Loss::None)];
+    /// `--fsdp-mp`.
     pub const FSDP_MP_DTYPES: &[(&str, Dtype)] = &[
         ("bf16", Dtype::Bf16),
         ("bfloat16", Dtype::Bf16),

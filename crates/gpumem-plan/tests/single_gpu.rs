@@ -1,4 +1,4 @@
-//! The single-GPU settings: `--optimizer none`, `--grad-ckpt-every K`, `--grad-ckpt-per-op`,
+//! The single-GPU settings: `--optimizer none`, `--loss none`, `--grad-ckpt-every K`, `--grad-ckpt-per-op`,
 //! `--transformers VERSION` and the bitsandbytes dequantisation buffers under `--qlora`: their
 //! errors, warnings, and what they change in the estimate and the allocation sequence.
 
@@ -268,4 +268,34 @@ fn allocation_sequence_follows_the_new_settings() {
             "{case:?}: sequence {peak}, estimate {allocated}"
         );
     }
+}
+
+#[test]
+fn no_loss_keeps_the_logits_and_drops_the_fp32_cross_entropy() {
+    let hf = settings("train", 4, 1024);
+    let bare = Settings {
+        loss: Some("none".into()),
+        ..hf.clone()
+    };
+    let with_loss = plan("llama-3.2-1b", &hf);
+    let without = plan("llama-3.2-1b", &bare);
+    // The HF loss holds fp32 logits, log_softmax's output and two vocabulary-sized gradients;
+    // without it, the bf16 logits stay and one bf16 gradient of them is materialised.
+    let logits = 4.0 * 1024.0 * 128_256.0 * 2.0;
+    let saved = with_loss.peak_allocated_bytes as f64 - without.peak_allocated_bytes as f64;
+    assert!(saved > 2.0 * logits, "saved {saved} of {logits}");
+    // A bad name is an error naming what is accepted; inference warns that it has no loss.
+    let bad = Settings {
+        loss: Some("chunkd".into()),
+        ..hf.clone()
+    };
+    let err = bad
+        .resolve(&find_model("gpt2").unwrap())
+        .expect_err("unknown loss");
+    assert!(err.to_string().contains("hf, none"), "{err}");
+    let infer = Settings {
+        loss: Some("none".into()),
+        ..settings("infer", 1, 128)
+    };
+    assert!(ignored_flags("gpt2", &infer).contains(&"--loss"));
 }

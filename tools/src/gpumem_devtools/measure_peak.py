@@ -341,7 +341,18 @@ def settings_grid() -> list[tuple[str, Settings]]:
     # ... and a plain forward returns those fp32 logits.
     cases["tinyllama-8l"] += [I(4, 512, dtype="bf16", no_cache=True, **old)]
     cases["gpt2-12l"] += [I(4, 256, no_cache=True, **old)]
-    return [(name, s) for name, lst in cases.items() for s in lst]
+    ordered = [(name, s) for name, lst in cases.items() for s in lst]
+    # No loss module (`--loss none`): forward and backward from `outputs.logits.sum()` with the
+    # outputs kept through backward, as the transformers docs' SDPA training benchmarks run.
+    bare = {**none, "loss": "none"}
+    return ordered + [
+        ("gpt2-12l", T(4, 256, **bare)),
+        ("tinyllama-8l", T(4, 512, dtype="bf16", **bare)),
+        ("opt-2l", T(4, 256, dtype="fp16", attn="eager", **bare)),
+        ("opt-2l", T(4, 256, dtype="fp16", **bare)),
+        ("pythia-2l", T(2, 512, dtype="fp16", **bare)),
+        ("qwen2.5-2l", T(2, 512, dtype="bf16", **bare)),
+    ]
 
 
 def diffusion_grid() -> list[tuple[str, Settings]]:
@@ -392,6 +403,8 @@ def case_id(name: str, s: Settings) -> str:
         parts.append(s.attn)
     if s.transformers:
         parts.append(f"tf{s.transformers}")
+    if s.loss:
+        parts.append(f"loss-{s.loss}")
     return "-".join(parts)
 
 

@@ -49,12 +49,16 @@ class Settings:
     # measured with (and is planned for); None: the environment's. Releases before 4.45
     # compute the whole prompt's logits in generate's prefill.
     transformers: str | None = None
+    # `loss` (`--loss none`): None is the model's own loss (HF: labels in the batch); "none"
+    # runs the forward without labels and backpropagates from `outputs.logits.sum()`, keeping
+    # `outputs` until backward has run, as forward/backward benchmarks do.
+    loss: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         if out["no_cache"] is None:
             del out["no_cache"]
-        for key in ("labels", "grad_ckpt_every", "grad_ckpt_per_op", "transformers"):
+        for key in ("labels", "grad_ckpt_every", "grad_ckpt_per_op", "transformers", "loss"):
             if not out[key]:
                 del out[key]
         return out

@@ -64,12 +64,20 @@ def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) ->
     for _ in range(steps):
         rec.boundary("step")
         rec.boundary("inputs")
-        inputs = wl.batch(s.batch, s.seq, device, in_dtype, with_labels=True)
+        inputs = wl.batch(s.batch, s.seq, device, in_dtype, with_labels=s.loss is None)
         rec.boundary("forward")
+        outputs = None
         with _autocast(device, s.amp):
-            loss = wl.loss(**inputs, **extra)
+            if s.loss is None:
+                loss = wl.loss(**inputs, **extra)
+            elif s.loss == "none":
+                outputs = wl.model(**inputs, **extra)
+                loss = outputs.logits.sum()
+            else:
+                raise ValueError(f"unknown loss {s.loss!r} (accepted: none)")
         rec.boundary("backward")
         loss.backward()
+        del outputs
         if opt is not None:
             rec.boundary("optimizer")
             opt.step()
