@@ -32,7 +32,7 @@ pub enum FsdpVersion {
 
 /// `--fsdp-version` when none is given: FSDP2, what PyTorch documents and torchtitan/torchtune
 /// run today. Both allocate the same units at the peak in this model; they differ in the
-/// per-unit buffers ([`fsdp_buffers`]).
+/// per-unit buffers (see `fsdp_buffers` in this module).
 pub const DEFAULT_FSDP_VERSION: FsdpVersion = FsdpVersion::V2;
 
 /// DeepSpeed `reduce_bucket_size` default (elements; `runtime/zero/config.py`).
