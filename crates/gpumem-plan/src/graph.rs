@@ -994,7 +994,8 @@ impl<'a> TransformerGraph<'a> {
             * (tally.sharded / self.split.tp + tally.replicated / self.split.sequence)
             + key_bytes
             + tally.core
-            + autocast_weights;
+            + autocast_weights
+            + tokens * self.lora_fp32_inputs(layer);
         let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
         // No-grad forward: the hidden states the family's block code holds (block input, norm
         // output, residual sum, attention output) beside what each sublayer computes; the
@@ -1118,6 +1119,27 @@ impl<'a> TransformerGraph<'a> {
             0.0
         };
         (queries * per_query + keys * per_key) * act / self.split.tp + kernel
+    }
+
+    /// Extra bytes per token a block saves under LoRA over half-precision base weights: PEFT
+    /// keeps its adapters in fp32 (`autocast_adapter_dtype=True`, its default) and casts each
+    /// adapted linear's input to fp32 (`_cast_input_dtype`), so every adapter's `lora_A` saves
+    /// its own fp32 copy, where the frozen base linear saves nothing and the planner's linear
+    /// inputs count one shared tensor in the activation dtype per input. Dense blocks (q, k, v
+    /// or a fused qkv, o, and the MLP's linears); measured on CPU with peft 0.21.
+    fn lora_fp32_inputs(&self, layer: LayerKind) -> f64 {
+        let spec = self.spec;
+        let half_base = self.bytes.residual < 4.0;
+        if self.workload.lora.is_none() || !half_base || !self.training || layer.moe {
+            return 0.0;
+        }
+        let (h, qw) = (spec.hidden as f64, spec.query_width() as f64);
+        let f = spec.routed_intermediate(layer) as f64;
+        let qkv_linears = if spec.fused_qkv { 1.0 } else { 3.0 };
+        let mlp_in_linears = if spec.gated_mlp { 2.0 } else { 1.0 };
+        let copies = 4.0 * ((qkv_linears + mlp_in_linears) * h + qw + f);
+        let shared = self.bytes.act * (2.0 * h + qw + f);
+        (copies - shared).max(0.0) / self.split.tp
     }
 
     /// Bytes of one base weight bitsandbytes dequantises under QLoRA (the block's largest), when

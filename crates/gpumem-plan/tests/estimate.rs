@@ -415,7 +415,7 @@ fn advice_is_ranked_and_finds_a_plan_that_fits() {
     let model = find_model("llama-2-7b").unwrap();
     let workload = Settings {
         dtype: Some("bf16".into()),
-        ..train(2, 1024)
+        ..train(1, 1024)
     }
     .to_workload()
     .unwrap();

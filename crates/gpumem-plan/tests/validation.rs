@@ -167,3 +167,8 @@ fn planner_matches_pytorch_measurements_of_single_gpu_settings() {
 fn planner_matches_pytorch_measurements_of_diffusion_models() {
     check_measured_set("measured_diffusion.jsonl");
 }
+
+#[test]
+fn planner_matches_pytorch_measurements_of_lora() {
+    check_measured_set("measured_lora.jsonl");
+}
