@@ -10,9 +10,10 @@ from gpumem_devtools import configs, tracefile
 from gpumem_devtools.capture_trace import CONFIG_DIR as TRACE_CONFIG_DIR
 from gpumem_devtools.capture_trace import TRACES as TRACE_TABLE
 from gpumem_devtools.measure_peak import CONFIG_DIR as PLAN_CONFIG_DIR
-from gpumem_devtools.measure_peak import (MULTIMODAL_HELDOUT, architectures_grid, case_id,
-                                          diffusion_grid, grid, heldout_grid, multimodal_grid,
-                                          notes, settings_grid)
+from gpumem_devtools.measure_peak import (LORA_HELDOUT, MULTIMODAL_HELDOUT, architectures_grid,
+                                          case_id,
+                                          diffusion_grid, grid, heldout_grid, lora_grid,
+                                          multimodal_grid, notes, settings_grid)
 from gpumem_devtools.settings import (AMP_NAMES, ATTN_IMPLS, DTYPE_NAMES, MODES, OPTIMIZER_IMPLS,
                                       OPTIMIZERS, Settings)
 
@@ -22,12 +23,13 @@ ARCHITECTURES = REPO / "testdata" / "plan" / "measured_architectures.jsonl"
 MULTIMODAL = REPO / "testdata" / "plan" / "measured_multimodal.jsonl"
 SINGLE_GPU_SETTINGS = REPO / "testdata" / "plan" / "measured_settings.jsonl"
 DIFFUSION = REPO / "testdata" / "plan" / "measured_diffusion.jsonl"
+LORA = REPO / "testdata" / "plan" / "measured_lora.jsonl"
 TORCHVISION = "0.29.2+cu132"  # what the committed measurements were made with
 
 
 def _workloads() -> list[tuple[str, Settings]]:
     return (grid() + heldout_grid() + architectures_grid() + multimodal_grid() + settings_grid()
-            + diffusion_grid()
+            + diffusion_grid() + lora_grid()
             + [(cfg, s) for cfg, s, _ in TRACE_TABLE.values()])
 
 
@@ -179,9 +181,10 @@ def test_case_ids_are_unique_and_descriptive() -> None:
                                          (ARCHITECTURES, architectures_grid()),
                                          (MULTIMODAL, multimodal_grid()),
                                          (SINGLE_GPU_SETTINGS, settings_grid()),
-                                         (DIFFUSION, diffusion_grid())],
+                                         (DIFFUSION, diffusion_grid()),
+                                         (LORA, lora_grid())],
                          ids=["measured", "heldout", "architectures", "multimodal", "settings",
-                              "diffusion"])
+                              "diffusion", "lora"])
 def test_measured_rows_are_the_grid_in_order(path: Path,
                                              cases: list[tuple[str, Settings]]) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -191,7 +194,7 @@ def test_measured_rows_are_the_grid_in_order(path: Path,
         assert row["settings"] == s.as_dict()
         assert row["notes"] == notes(name, s, "cpu", 2, TORCHVISION), row["id"]
         assert row["measured"]["peak_allocated_bytes"] > 0
-        assert row.get("heldout", False) == ((name, s) in MULTIMODAL_HELDOUT)
+        assert row.get("heldout", False) == ((name, s) in MULTIMODAL_HELDOUT + LORA_HELDOUT)
 
 
 def test_notes_on_cuda() -> None:

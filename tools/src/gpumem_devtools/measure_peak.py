@@ -43,6 +43,7 @@ ARCHITECTURES_OUT = "testdata/plan/measured_architectures.jsonl"
 MULTIMODAL_OUT = "testdata/plan/measured_multimodal.jsonl"
 SETTINGS_OUT = "testdata/plan/measured_settings.jsonl"
 DIFFUSION_OUT = "testdata/plan/measured_diffusion.jsonl"
+LORA_OUT = "testdata/plan/measured_lora.jsonl"
 STEPS = 2
 
 
@@ -355,6 +356,27 @@ def settings_grid() -> list[tuple[str, Settings]]:
     ]
 
 
+def lora_grid() -> list[tuple[str, Settings]]:
+    """(config name, Settings) of the LoRA set (`--lora`, measured_lora.jsonl): PEFT adapters of
+    rank 16 on every linear layer over fp32 and bf16 bases; the cases of `LORA_HELDOUT` close
+    the list (measured after the fp32-input-copy mechanism was written, not worked from)."""
+    lora = {"lora_rank": 16}
+    return [
+        ("tinyllama-8l", T(4, 512, dtype="bf16", **lora)),
+        ("gpt2-12l", T(4, 256, **lora)),
+        ("qwen2.5-6l", T(2, 512, dtype="bf16", **lora)),
+    ] + LORA_HELDOUT
+
+
+# The held-out part of the LoRA set: other configs and batches, an eager / for-loop case.
+LORA_HELDOUT: list[tuple[str, Settings]] = [
+    ("llama-8l", T(2, 256, dtype="bf16", lora_rank=16)),
+    ("tinyllama-2l", T(8, 256, dtype="bf16", attn="eager", optimizer_impl="forloop",
+                       lora_rank=16)),
+    ("qwen2.5-2l", T(4, 256, dtype="bf16", lora_rank=16)),
+]
+
+
 def diffusion_grid() -> list[tuple[str, Settings]]:
     """(config name, Settings) of the diffusion set (`--diffusion`, measured_diffusion.jsonl):
     shrunk diffusers UNets and a DiT in a no-grad denoising step (a sampler step; batch 2 is
@@ -405,6 +427,8 @@ def case_id(name: str, s: Settings) -> str:
         parts.append(f"tf{s.transformers}")
     if s.loss:
         parts.append(f"loss-{s.loss}")
+    if s.lora_rank:
+        parts.append(f"lora{s.lora_rank}")
     return "-".join(parts)
 
 
@@ -479,17 +503,24 @@ def notes(name: str, s: Settings, device: str, threads: int,
         if s.mode == "train":
             out.append("loss: F.mse_loss(prediction.float(), noise.float()) as "
                        "train_text_to_image.py")
+    if s.lora_rank:
+        out.append(f"PEFT get_peft_model(LoraConfig(r={s.lora_rank}, "
+                   f"lora_alpha={2 * s.lora_rank}, lora_dropout=0, target_modules='all-linear')); "
+                   "adapters fp32 over a half-precision base (autocast_adapter_dtype)")
     return "; ".join(out)
 
 
-def versions(diffusers: bool = False) -> dict[str, str]:
-    """Versions of the measuring stack (with diffusers' for the diffusion set)."""
+def versions(diffusers: bool = False, peft: bool = False) -> dict[str, str]:
+    """Versions of the measuring stack (with diffusers' for the diffusion set, peft's for the
+    LoRA set)."""
     torch = require("torch")
     transformers = require("transformers")
     out = {"torch": torch.__version__, "transformers": transformers.__version__,
            "python": platform.python_version()}
     if diffusers:
         out["diffusers"] = require("diffusers").__version__
+    if peft:
+        out["peft"] = require("peft").__version__
     return out
 
 
@@ -681,6 +712,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"measure the single-GPU settings set (default --out: {SETTINGS_OUT})")
     ap.add_argument("--diffusion", action="store_true",
                     help=f"measure the diffusers set (default --out: {DIFFUSION_OUT})")
+    ap.add_argument("--lora", action="store_true",
+                    help=f"measure the PEFT LoRA set (default --out: {LORA_OUT}; pip install peft)")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
     ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
@@ -696,6 +729,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              else multimodal_grid() if args.multimodal
              else settings_grid() if args.settings
              else diffusion_grid() if args.diffusion
+             else lora_grid() if args.lora
              else heldout_grid() if args.heldout else grid())
     cases = [(n, s, case_id(n, s)) for n, s in table]
     if args.only is not None:
@@ -717,11 +751,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.self_test:
             self_test(root)
             return 0
-        vers = versions(args.diffusion)
+        vers = versions(args.diffusion, args.lora)
         default_out = (ARCHITECTURES_OUT if args.architectures
                        else MULTIMODAL_OUT if args.multimodal
                        else SETTINGS_OUT if args.settings
                        else DIFFUSION_OUT if args.diffusion
+                       else LORA_OUT if args.lora
                        else HELDOUT_OUT if args.heldout else DEFAULT_OUT)
         out = args.out or root / default_out
         _measure_cases(root, out, cases, table, args.redo, args.device,
@@ -750,7 +785,7 @@ def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, s
         done[cid] = {"id": cid, "config": cfg, "settings": s.as_dict(),
                      "measured": {"peak_allocated_bytes": peak, "phase": phase},
                      "versions": vers, "notes": notes(name, s, device, threads, tv)}
-        if (name, s) in MULTIMODAL_HELDOUT:
+        if (name, s) in MULTIMODAL_HELDOUT or (name, s) in LORA_HELDOUT:
             done[cid]["heldout"] = True
         gc.collect()
         print(f"{cid}: {peak / 2**20:.1f} MiB ({phase}) in {time.time() - t0:.1f}s", flush=True)

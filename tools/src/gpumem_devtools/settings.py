@@ -53,12 +53,16 @@ class Settings:
     # runs the forward without labels and backpropagates from `outputs.logits.sum()`, keeping
     # `outputs` until backward has run, as forward/backward benchmarks do.
     loss: str | None = None
+    # `lora_rank` (`--lora-rank R`): PEFT LoRA adapters of rank R (alpha 2R, no dropout) on
+    # every linear layer (`target_modules="all-linear"`), the base frozen; needs peft.
+    lora_rank: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         if out["no_cache"] is None:
             del out["no_cache"]
-        for key in ("labels", "grad_ckpt_every", "grad_ckpt_per_op", "transformers", "loss"):
+        for key in ("labels", "grad_ckpt_every", "grad_ckpt_per_op", "transformers", "loss",
+                    "lora_rank"):
             if not out[key]:
                 del out[key]
         return out

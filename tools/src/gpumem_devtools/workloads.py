@@ -41,6 +41,8 @@ def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device:
     with gpu_like_dropout(device), gpu_like_softmax(device):
         wl = build(config_path, s.dtype, s.attn, s.grad_ckpt, device, s.image_size,
                    s.grad_ckpt_every, s.grad_ckpt_per_op)
+        if s.lora_rank:
+            wl.model = _with_lora(wl.model, s.lora_rank)
         if s.mode == "train":
             _train(wl, s, rec, steps, device)
         elif s.mode == "infer":
@@ -50,6 +52,16 @@ def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device:
         else:
             raise ValueError(f"unknown mode {s.mode!r}")
         rec.boundary("end")
+
+
+def _with_lora(model: Any, rank: int) -> Any:
+    """`model` with PEFT LoRA adapters of `rank` on every linear layer (alpha 2 x rank, no
+    dropout), the base frozen, as `get_peft_model` makes it (adapters in fp32 over a
+    half-precision base: PEFT's `autocast_adapter_dtype` default)."""
+    peft = require("peft")
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                             target_modules="all-linear")
+    return peft.get_peft_model(model, config)
 
 
 def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) -> None:
