@@ -358,8 +358,13 @@ impl UnetSpec {
                     cross_dim,
                     ..
                 } => {
+                    // proj_in and proj_out, then per transformer layer: self-attention q, k,
+                    // v, out; cross-attention q and out on the inner width, k and v from the
+                    // text states; GEGLU's inner → 8·inner projection and its 4·inner → inner
+                    // output (the same modules `layer_params` counts, without norms and biases).
                     let inner = heads * (channels / heads);
-                    layers * (8 * inner * inner + 2 * cross_dim * inner + 12 * inner * inner)
+                    2 * channels * inner
+                        + layers * (6 * inner * inner + 2 * cross_dim * inner + 12 * inner * inner)
                 }
                 _ => 0,
             })

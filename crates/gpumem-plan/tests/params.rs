@@ -148,6 +148,12 @@ fn diffusion_denoisers() {
     assert_eq!(total("sdxl-unet"), 2_567_463_684);
     // DiT-XL/2: 28 blocks, each with its own timestep MLP and 1001-row class table.
     assert_eq!(total("dit-xl-2-256"), 749_826_464);
+    // The weights of the transformer modules' linears and 1×1 projections, as diffusers builds
+    // them (sum of `weight.numel()` over the Linear/Conv2d modules of each Transformer2DModel):
+    // SDXL's 10-layer attentions count proj_in/proj_out once per module, not per layer.
+    let linear = |name: &str| find_model(name).unwrap().params().block_linear;
+    assert_eq!(linear("sd-1.5-unet"), 266_977_280);
+    assert_eq!(linear("sdxl-unet"), 2_207_744_000);
 }
 
 /// The public diffusers configs committed under `testdata/plan/configs/diffusers/` read as the
