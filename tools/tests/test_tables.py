@@ -81,7 +81,8 @@ def test_config_dict(name: str) -> None:
         return
     suffixes = {"ImageClassification": "image_cls", "MaskedLM": "masked_lm",
                 "ConditionalGeneration": "seq2seq", "CausalLM": "causal_lm",
-                "LMHeadModel": "causal_lm", "VisionModel": "vision_tower"}
+                "LMHeadModel": "causal_lm", "VisionModel": "vision_tower",
+                "CLIPModel": "dual_encoder", "SiglipModel": "dual_encoder"}
     assert [kind] == [k for suffix, k in suffixes.items() if arch.endswith(suffix)]
     # GPU-like attention memory: no attention-probability dropout (see configs.py).
     for key in ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout"):
@@ -108,7 +109,9 @@ def test_workload_settings_are_buildable(name: str, s: Settings) -> None:
     assert s.mode in MODES and s.dtype in DTYPE_NAMES
     assert s.amp in (None, *AMP_NAMES)
     assert s.batch >= 1
-    if image:
+    if kind == "dual_encoder":
+        assert s.seq is not None and s.image_size is not None
+    elif image:
         assert s.seq is None and s.image_size is not None
         assert s.attn == (None if kind == "cnn" else "sdpa") or s.attn in ATTN_IMPLS
     else:
@@ -143,8 +146,8 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     assert len(architectures) == len(set(architectures)) == 36
     assert not (set(ids) | set(heldout)) & set(architectures)
     multimodal = [case_id(n, s) for n, s in multimodal_grid()]
-    assert len(multimodal) == len(set(multimodal)) == 41
-    assert len(MULTIMODAL_HELDOUT) == 17 and multimodal[-17:] == [
+    assert len(multimodal) == len(set(multimodal)) == 53
+    assert len(MULTIMODAL_HELDOUT) == 21 and multimodal[-21:] == [
         case_id(n, s) for n, s in MULTIMODAL_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
     single = [case_id(n, s) for n, s in settings_grid()]

@@ -7,6 +7,41 @@ use crate::model::{Architecture, ModelSpec, TransformerSpec};
 use crate::warning::Warning;
 use crate::workload::{Dtype, Mode, Sharding, Workload};
 
+/// A dual encoder (CLIP, SigLIP) is planned on one pipeline stage without tensor parallelism
+/// or LoRA: how those split or adapt two towers is not modelled.
+fn check_dual_encoder(
+    model: &ModelSpec,
+    spec: &TransformerSpec,
+    workload: &Workload,
+) -> Result<()> {
+    if spec.dual.is_none() {
+        return Ok(());
+    }
+    let layout = &workload.layout;
+    let refused = [
+        ("tp", layout.tp.to_string(), layout.tp > 1),
+        ("pp", layout.pp.to_string(), layout.pp > 1),
+        (
+            "lora-rank",
+            workload.lora.map_or(String::new(), |l| l.rank.to_string()),
+            workload.lora.is_some(),
+        ),
+    ];
+    match refused.into_iter().find(|(_, _, given)| *given) {
+        None => Ok(()),
+        Some((name, value, _)) => Err(PlanError::InvalidValue {
+            name: name.into(),
+            value,
+            reason: format!(
+                "{} is a dual encoder (text and vision towers): it is planned with data \
+                 parallelism, ZeRO or FSDP, full training or inference; tensor and pipeline \
+                 parallelism and LoRA over two towers are not modelled",
+                model.name
+            ),
+        }),
+    }
+}
+
 /// Checks `workload` on `model`: [`Workload::validate`], then the settings the model decides.
 /// Errors: generation on a model without a decoder, tensor parallelism not dividing the heads, more tokens than a learned position table,
 /// LoRA on a CNN or wider than the model, more pipeline stages than blocks. Warnings: sharding
@@ -28,6 +63,7 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
     let mut warnings = Vec::new();
     match &model.arch {
         Architecture::Transformer(t) => {
+            check_dual_encoder(model, t, workload)?;
             check_tensor_parallel(model, t, workload.layout.tp)?;
             check_lora_rank(model, t, workload)?;
             check_positions(model, t, workload, &mut warnings)?;

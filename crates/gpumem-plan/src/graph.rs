@@ -4,8 +4,8 @@
 //! upcast of logits in the loss), so the phase simulation can replay a step.
 
 use crate::model::{
-    Activation, Architecture, ConvShape, Head, LayerKind, ModelSpec, Norm, Patches, ResnetSpec,
-    TransformerSpec,
+    Activation, Architecture, ContrastiveLoss, ConvShape, DualEncoder, Head, LayerKind, ModelSpec,
+    Norm, Patches, ResnetSpec, TransformerSpec,
 };
 use crate::single_gpu::{
     nf4_dequantised_bytes, old_release_cache_width, per_op_saved_matmul_widths,
@@ -241,7 +241,17 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
                 }));
                 units.push(tower.projector(vision.projector, vision.image_tokens, spec.hidden));
             }
-            units.extend(TransformerGraph::new(spec, workload, batch).units());
+            let text = TransformerGraph::new(spec, workload, batch);
+            if let Some(dual) = &spec.dual {
+                // CLIPModel / SiglipModel: the vision tower runs first, then the text tower;
+                // a no-grad forward returns both towers' outputs with the scores.
+                let vision = TransformerGraph::new(&dual.tower, workload, batch);
+                units.extend(vision.units_returning_output());
+                units.extend(text.units_returning_output());
+                units.push(text.contrastive(dual));
+                return units;
+            }
+            units.extend(text.units());
             units
         }
         Architecture::Resnet(spec) => resnet_units(spec, workload, batch),
@@ -328,6 +338,60 @@ impl<'a> TransformerGraph<'a> {
                 tokens * act * t + self.batch * self.sequence() * self.bytes.residual * v
             },
             params,
+            ..Unit::default()
+        }
+    }
+
+    /// The stack's units, its last hidden state (and pooled output) held to the end of a
+    /// no-grad forward: a dual encoder returns each tower's output in its own.
+    fn units_returning_output(&self) -> Vec<Unit> {
+        let mut units = self.units();
+        if !self.training {
+            if let Some(head) = units.last_mut() {
+                let h = self.spec.hidden as f64;
+                head.held +=
+                    self.batch * (self.sequence() * self.bytes.residual + self.bytes.act) * h;
+            }
+        }
+        units
+    }
+
+    /// A dual encoder's joint head: each tower's pooled output projected into the shared
+    /// space and normalised, every text scored against every image (batch × batch), and in
+    /// training the contrastive loss over those scores (`return_loss=True`).
+    fn contrastive(&self, dual: &DualEncoder) -> Unit {
+        let act = self.bytes.act;
+        let b = self.batch;
+        // The projections' outputs and their normalised copies, for both towers.
+        let embeds = 4.0 * b * dual.embed_dim as f64 * act;
+        let scores = b * b;
+        let loss = self.training && self.workload.loss != Loss::None;
+        let (saved, transient) = match (loss, dual.loss) {
+            // The product of the scores with the exponentiated scale saves the matmul's output;
+            // cross-entropy over the rows and over the transpose saves two log-softmax outputs.
+            (true, ContrastiveLoss::Softmax) => (3.0 * act * scores, act * scores),
+            // `logsigmoid(signs · (scores · scale + bias))`: the matmul's and the bias sum's
+            // outputs, the fp32 ±1 matrix (built from an identity) and the product; on CUDA
+            // `log_sigmoid_forward` keeps no buffer.
+            (true, ContrastiveLoss::Sigmoid) => ((2.0 * act + 8.0) * scores, (act + 8.0) * scores),
+            // No loss: the scores (and their scaled copy) are returned.
+            (false, _) => (act * scores, act * scores),
+        };
+        Unit {
+            name: "contrastive",
+            saved: if self.training { embeds + saved } else { 0.0 },
+            forward_transient: transient,
+            // The scores' gradient and log-softmax's (or the sigmoid's) in fp32 at most.
+            backward_transient: 2.0 * 4.0 * scores,
+            gradient_transient: act * scores,
+            inference_live: embeds + transient,
+            // The returned scores (the per-image ones are a transposed view) and embeddings.
+            held: if self.training {
+                0.0
+            } else {
+                act * scores + embeds / 2.0
+            },
+            params: dual.joint_params,
             ..Unit::default()
         }
     }

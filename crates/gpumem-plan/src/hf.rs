@@ -3,8 +3,9 @@
 use crate::error::{PlanError, Result};
 use crate::limits::{self, Bound};
 use crate::model::{
-    Activation, Architecture, AudioStem, Head, HeldHidden, LatentAttention, ModelSpec, MoeLayout,
-    Norm, Patches, ResnetSpec, SlidingWindow, TransformerSpec, VisionAdapter,
+    Activation, Architecture, AudioStem, ContrastiveLoss, DualEncoder, Head, HeldHidden,
+    LatentAttention, ModelSpec, MoeLayout, Norm, Patches, ResnetSpec, SlidingWindow,
+    TransformerSpec, VisionAdapter,
 };
 use crate::names::nearest;
 use crate::workload::{choices, Dtype};
@@ -35,8 +36,10 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "whisper",
     "vit",
     "clip",
+    "clip_text_model",
     "clip_vision_model",
     "siglip",
+    "siglip_text_model",
     "siglip_vision_model",
     "llava",
     "gemma3",
@@ -71,6 +74,60 @@ const GEMMA3_TEXT_DEFAULTS: &[(&str, u64)] = &[
     ("query_pre_attn_scalar", 256),
     ("vocab_size", 262208),
 ];
+
+/// The size defaults of the CLIP and SigLIP tower configs (`CLIPTextConfig`,
+/// `CLIPVisionConfig`, `SiglipTextConfig`, `SiglipVisionConfig`): Google's SigLIP checkpoints
+/// name only what differs from them (google/siglip-base-patch16-224's `vision_config` is its
+/// patch size).
+const TOWER_DEFAULTS: &[(&str, &[(&str, u64)])] = &[
+    (
+        "clip_text_model",
+        &[
+            ("hidden_size", 512),
+            ("intermediate_size", 2048),
+            ("num_hidden_layers", 12),
+            ("num_attention_heads", 8),
+            ("max_position_embeddings", 77),
+            ("vocab_size", 49408),
+        ],
+    ),
+    (
+        "clip_vision_model",
+        &[
+            ("hidden_size", 768),
+            ("intermediate_size", 3072),
+            ("num_hidden_layers", 12),
+            ("num_attention_heads", 12),
+            ("image_size", 224),
+            ("patch_size", 32),
+        ],
+    ),
+    (
+        "siglip_text_model",
+        &[
+            ("hidden_size", 768),
+            ("intermediate_size", 3072),
+            ("num_hidden_layers", 12),
+            ("num_attention_heads", 12),
+            ("max_position_embeddings", 64),
+            ("vocab_size", 32000),
+        ],
+    ),
+    (
+        "siglip_vision_model",
+        &[
+            ("hidden_size", 768),
+            ("intermediate_size", 3072),
+            ("num_hidden_layers", 12),
+            ("num_attention_heads", 12),
+            ("image_size", 224),
+            ("patch_size", 16),
+        ],
+    ),
+];
+
+/// `CLIPConfig`'s default width of the shared image-text embedding space.
+const CLIP_PROJECTION_DIM: u64 = 512;
 
 /// The vision-language families: a vision tower whose patch features a projector maps into a
 /// language model's embeddings as image tokens.
@@ -125,19 +182,27 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
         return Err(unsupported(&model_type));
     }
     match model_type.as_str() {
-        // A CLIP or SigLIP dual encoder is planned as its vision tower (what vision-language
-        // models and image-embedding jobs run).
-        "clip" | "siglip" => {
-            let mut spec = spec_from_json(
-                name,
-                &sub_config(json, "vision_config", &format!("{model_type}_vision_model"))?,
-            )?;
-            spec.torch_dtype = spec.torch_dtype.or(fields.torch_dtype());
-            return Ok(spec);
-        }
+        "clip" | "siglip" => return fields.dual_encoder(name),
         "llava" => return fields.vision_language(name, VisionLanguage::Llava),
         "gemma3" => return fields.vision_language(name, VisionLanguage::Gemma3),
         _ => {}
+    }
+    if let Some((_, defaults)) = TOWER_DEFAULTS.iter().find(|(t, _)| *t == model_type) {
+        let mut json = json.clone();
+        if let Some(object) = json.as_object_mut() {
+            for (key, value) in defaults.iter() {
+                object.entry(*key).or_insert_with(|| Value::from(*value));
+            }
+        }
+        let fields = ConfigFields {
+            json: &json,
+            model_type,
+        };
+        return Ok(ModelSpec {
+            name: name.to_string(),
+            arch: Architecture::Transformer(Box::new(fields.transformer()?)),
+            torch_dtype: fields.torch_dtype(),
+        });
     }
     let arch = match model_type.as_str() {
         "resnet" => Architecture::Resnet(fields.resnet()?),
@@ -486,7 +551,11 @@ impl ConfigFields<'_> {
             embedding_dropout: 0.0,
             head: Head::CausalLm,
             use_cache: self.bool_or(&["use_cache"], true),
-            decoder: !vision && !matches!(mt, "bert" | "roberta"),
+            decoder: !vision
+                && !matches!(
+                    mt,
+                    "bert" | "roberta" | "clip_text_model" | "siglip_text_model"
+                ),
             // A pre-norm block as Llama writes it (transformers 5.x): the model holds
             // `inputs_embeds` through the body; attention reads the norm output while the caller
             // holds the block input; the MLP runs on the norm output of the residual sum.
@@ -511,6 +580,7 @@ impl ConfigFields<'_> {
             audio: None,
             head_layout_queries: false,
             vision: None,
+            dual: None,
         };
         let need_positions = || {
             positions.ok_or_else(|| PlanError::MissingField {
@@ -698,6 +768,26 @@ impl ConfigFields<'_> {
                 spec.rescaled_output = spec.tied_embeddings;
             }
             "whisper" => self.whisper(&mut spec, need_positions()?)?,
+            "clip_text_model" | "siglip_text_model" => {
+                // The text tower of a dual encoder: pre-norm blocks over learned positions
+                // (CLIP's attention is causal, SigLIP's is not; neither caches keys), a final
+                // LayerNorm, and the pooled token (CLIP's end-of-text, SigLIP's last) that the
+                // dual encoder projects.
+                let clip = mt == "clip_text_model";
+                spec.learned_positions = need_positions()?;
+                spec.activation = self.activation(
+                    &["hidden_act"],
+                    if clip {
+                        "quick_gelu"
+                    } else {
+                        "gelu_pytorch_tanh"
+                    },
+                )?;
+                spec.softmax_fp32 = true;
+                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+                spec.tied_embeddings = false;
+                spec.head = Head::None;
+            }
             "clip_vision_model" | "siglip_vision_model" => {
                 let clip = mt == "clip_vision_model";
                 spec.patches = Some(Patches {
@@ -990,6 +1080,77 @@ impl ConfigFields<'_> {
                 .try_fold(0, |deepest, n| Ok(deepest.max(n?))),
             Some(value) => index(value),
         }
+    }
+
+    /// A CLIP or SigLIP dual encoder (`CLIPModel`, `SiglipModel`): the text tower
+    /// (`text_config`) with the vision tower (`vision_config`) beside it, each tower's size
+    /// defaults filled in as transformers does.
+    fn dual_encoder(&self, name: &str) -> Result<ModelSpec> {
+        let clip = self.model_type == "clip";
+        let mt = &self.model_type;
+        // Configs written before transformers 4.22 carry the towers as `text_config_dict` /
+        // `vision_config_dict` (with `text_config: null`); a tower left out takes its defaults.
+        let tower_config = |key: &'static str, kind: &str| {
+            let given = [key, &format!("{key}_dict")]
+                .into_iter()
+                .find_map(|k| self.json.get(k).filter(|v| v.is_object()).cloned());
+            let mut sub = given.unwrap_or_else(|| Value::Object(Default::default()));
+            let tower_type = format!("{mt}_{kind}_model");
+            if let Some(object) = sub.as_object_mut() {
+                let declared = object.get("model_type").and_then(Value::as_str);
+                if declared.is_some_and(|t| t != tower_type) {
+                    return Err(PlanError::InvalidValue {
+                        name: format!("{key}.model_type"),
+                        value: declared.unwrap_or_default().to_string(),
+                        reason: format!("a {mt} model's {key} must describe a {tower_type}"),
+                    });
+                }
+                object.insert("model_type".into(), Value::from(tower_type));
+            }
+            Ok(sub)
+        };
+        let text_config = tower_config("text_config", "text")?;
+        let text = spec_from_json(name, &text_config)?;
+        let vision = spec_from_json(name, &tower_config("vision_config", "vision")?)?;
+        let torch_dtype = self
+            .torch_dtype()
+            .or(text.torch_dtype)
+            .or(vision.torch_dtype);
+        let mut text = transformer_of(text, "text_config", "a text transformer")?;
+        let tower = transformer_of(vision, "vision_config", "a vision transformer")?;
+        let (embed_dim, joint_params, loss) = if clip {
+            // Two bias-free projections into the shared space and the logit scale.
+            let dim = self
+                .optional_u64("projection_dim", &["projection_dim"], limits::WIDTH)?
+                .unwrap_or(CLIP_PROJECTION_DIM);
+            let params = (text.hidden + tower.hidden) * dim + 1;
+            (dim, params, ContrastiveLoss::Softmax)
+        } else {
+            // The text tower's head (a linear with bias to `projection_size`, the text width by
+            // default) maps into the vision tower's pooled space; the logit scale and bias.
+            let width = ConfigFields {
+                json: &text_config,
+                model_type: "siglip_text_model".into(),
+            }
+            .optional_u64("projection_size", &["projection_size"], limits::WIDTH)?
+            .unwrap_or(text.hidden);
+            (
+                width,
+                text.hidden * width + width + 2,
+                ContrastiveLoss::Sigmoid,
+            )
+        };
+        text.dual = Some(Box::new(DualEncoder {
+            tower,
+            joint_params,
+            embed_dim,
+            loss,
+        }));
+        Ok(ModelSpec {
+            name: name.to_string(),
+            arch: Architecture::Transformer(Box::new(text)),
+            torch_dtype,
+        })
     }
 
     /// A vision-language model: a language model (`text_config`, the family's defaults where

@@ -184,6 +184,32 @@ pub struct VisionAdapter {
     pub feature_layers: u64,
 }
 
+/// The image side of a CLIP or SigLIP dual encoder: a vision tower run beside the text tower
+/// (the spec that holds it). Each tower's pooled output is projected into a shared embedding
+/// space, and every text of the batch is scored against every image (a batch × batch matrix).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DualEncoder {
+    /// The vision tower (a CLIP or SigLIP vision transformer).
+    pub tower: TransformerSpec,
+    /// Parameters outside both towers: the projections into the shared space (CLIP's two
+    /// bias-free projections; SigLIP's text head), the logit scale and SigLIP's logit bias.
+    pub joint_params: u64,
+    /// Width of the shared embedding space.
+    pub embed_dim: u64,
+    /// The contrastive loss `return_loss=True` computes over the batch × batch scores.
+    pub loss: ContrastiveLoss,
+}
+
+/// The loss of a dual encoder over its batch × batch image-text scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContrastiveLoss {
+    /// CLIP: cross-entropy over the rows and over the columns (the transpose), averaged.
+    Softmax,
+    /// SigLIP: a log-sigmoid of every score, signed +1 on the diagonal and −1 off it.
+    Sigmoid,
+}
+
 /// What distinguishes one block of a stack from another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LayerKind {
@@ -338,6 +364,8 @@ pub struct TransformerSpec {
     pub head_layout_queries: bool,
     /// Vision tower and projector of a vision-language model.
     pub vision: Option<Box<VisionAdapter>>,
+    /// The vision tower of a dual encoder (CLIP, SigLIP) whose text tower this spec is.
+    pub dual: Option<Box<DualEncoder>>,
 }
 
 /// torchvision ResNet: a stem, four stages of blocks, global pooling and a classifier.
@@ -403,6 +431,29 @@ impl ModelSpec {
     /// Whether the input is a token sequence (`seq`) rather than an image (`image_size`).
     pub fn reads_tokens(&self) -> bool {
         matches!(&self.arch, Architecture::Transformer(t) if t.patches.is_none())
+    }
+
+    /// Whether an input is an image whose side `image_size` sets (vision transformers, dual
+    /// encoders, CNNs, diffusion denoisers). A vision-language model reads its images at its
+    /// tower's own size.
+    pub fn reads_images(&self) -> bool {
+        match &self.arch {
+            Architecture::Transformer(t) => t.patches.is_some() || t.dual.is_some(),
+            Architecture::Resnet(_) | Architecture::Diffusion(_) => true,
+        }
+    }
+
+    /// The image side the model was trained at, where its config says: a vision
+    /// transformer's or dual encoder's `image_size`, a diffusion model's sample size.
+    pub fn native_image_size(&self) -> Option<u64> {
+        match &self.arch {
+            Architecture::Transformer(t) => t
+                .patches
+                .or(t.dual.as_ref().and_then(|d| d.tower.patches))
+                .map(|p| p.image_size),
+            Architecture::Diffusion(d) => Some(d.native_image_size()),
+            Architecture::Resnet(_) => None,
+        }
     }
 
     /// The diffusion denoiser, for a model read from a diffusers config.
@@ -758,20 +809,22 @@ impl TransformerSpec {
             block_linear,
             buffers: 0,
         };
-        match &self.vision {
-            None => own,
-            Some(vision) => {
-                let tower = vision.tower.params();
-                ParamCounts {
-                    embeddings: own.embeddings + tower.embeddings + vision.projector,
-                    body: own.body + tower.body,
-                    head: own.head + tower.head,
-                    largest_block: own.largest_block.max(tower.largest_block),
-                    largest_tensor: own.largest_tensor.max(tower.largest_tensor),
-                    block_linear: own.block_linear + tower.block_linear,
-                    buffers: 0,
-                }
+        let beside = |tower: &TransformerSpec, embeddings: u64, head: u64| {
+            let tower = tower.params();
+            ParamCounts {
+                embeddings: own.embeddings + tower.embeddings + embeddings,
+                body: own.body + tower.body,
+                head: own.head + tower.head + head,
+                largest_block: own.largest_block.max(tower.largest_block),
+                largest_tensor: own.largest_tensor.max(tower.largest_tensor),
+                block_linear: own.block_linear + tower.block_linear,
+                buffers: 0,
             }
+        };
+        match (&self.vision, &self.dual) {
+            (Some(vision), _) => beside(&vision.tower, vision.projector, 0),
+            (None, Some(dual)) => beside(&dual.tower, 0, dual.joint_params),
+            (None, None) => own,
         }
     }
 

@@ -36,7 +36,8 @@ pub struct Settings {
         arg(long, allow_negative_numbers = true, value_parser = count)
     )]
     pub seq: Option<u64>,
-    /// Image side in pixels (vision models) [default: 224].
+    /// Image side in pixels (vision transformers, dual encoders, CNNs, diffusion) [default: the
+    /// config's image_size (a diffusers sample size × 8), else 224].
     #[cfg_attr(feature = "clap", arg(long))]
     pub image_size: Option<u64>,
     /// Tokens to generate (generate mode) [default: 128].
@@ -192,9 +193,9 @@ impl Settings {
     /// default), and the flags that the mode or the model ignores become warnings.
     pub fn resolve(&self, model: &ModelSpec) -> Result<Resolved> {
         let mut workload = self.build(model.torch_dtype)?;
-        // A diffusion model's default image is the one it was trained at.
-        if let (None, Some(d)) = (self.image_size, model.diffusion()) {
-            workload.image_size = d.native_image_size();
+        // A model's default image is the one it was trained at.
+        if let (None, Some(size)) = (self.image_size, model.native_image_size()) {
+            workload.image_size = size;
         }
         let mut warnings = self.ignored(model, workload.mode);
         warnings.extend(self.lower_default_seq(model, &mut workload));
@@ -445,7 +446,7 @@ impl Settings {
             ),
             (
                 "--image-size",
-                model.reads_tokens() && self.image_size.is_some(),
+                !model.reads_images() && self.image_size.is_some(),
                 &tokens,
             ),
         ];

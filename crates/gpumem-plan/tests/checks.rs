@@ -584,3 +584,83 @@ fn a_default_sequence_past_the_learned_positions_is_lowered_with_a_warning() {
     assert_eq!(gpt2.workload.seq, 512);
     assert!(gpt2.warnings.is_empty());
 }
+
+#[test]
+fn a_dual_encoder_refuses_what_is_not_modelled_for_two_towers() {
+    let clip = model("clip-vit-base-patch32");
+    let refused = [
+        (
+            "tp",
+            Settings {
+                tp: Some(2),
+                gpus: Some(2),
+                ..Settings::default()
+            },
+        ),
+        (
+            "pp",
+            Settings {
+                pp: Some(2),
+                gpus: Some(2),
+                ..Settings::default()
+            },
+        ),
+        (
+            "lora-rank",
+            Settings {
+                lora_rank: Some(8),
+                ..Settings::default()
+            },
+        ),
+    ];
+    for (flag, settings) in refused {
+        let (setting, message) = invalid(plan(&clip, settings));
+        assert_eq!(setting, flag);
+        assert!(message.contains("dual encoder"), "{message}");
+    }
+    let sharded = Settings {
+        fsdp: true,
+        gpus: Some(4),
+        seq: Some(77),
+        ..Settings::default()
+    };
+    assert!(plan(&clip, sharded).is_ok());
+}
+
+#[test]
+fn a_dual_encoder_reads_captions_and_images_at_its_own_size() {
+    let siglip = model("siglip-so400m-patch14-384");
+    let settings = Settings {
+        seq: Some(64),
+        batch: Some(32),
+        ..Settings::default()
+    };
+    let resolved = settings.resolve(&siglip).unwrap();
+    assert_eq!(resolved.workload.image_size, 384);
+    assert!(resolved.warnings.is_empty(), "{:?}", resolved.warnings);
+    let smaller = Settings {
+        seq: Some(64),
+        batch: Some(32),
+        image_size: Some(224),
+        ..Settings::default()
+    }
+    .resolve(&siglip)
+    .unwrap();
+    assert_eq!(smaller.workload.image_size, 224);
+    assert!(smaller.warnings.is_empty(), "{:?}", smaller.warnings);
+    let planned = |workload| {
+        estimate(&siglip, &workload, &Overheads::default())
+            .unwrap()
+            .peak_allocated_bytes
+    };
+    assert!(planned(resolved.workload) > planned(smaller.workload));
+}
+
+#[test]
+fn a_dual_encoder_config_names_its_towers() {
+    let wrong = r#"{"model_type": "clip", "text_config": {"model_type": "clip_vision_model"}}"#;
+    match parse_config("clip.json", wrong).expect_err("a vision tower as text_config") {
+        PlanError::InvalidValue { name, .. } => assert_eq!(name, "text_config.model_type"),
+        other => panic!("expected InvalidValue, got {other:?}"),
+    }
+}

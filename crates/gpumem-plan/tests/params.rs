@@ -125,9 +125,16 @@ fn newer_architectures() {
     // Whisper: convolutions, a 1500-row encoder position table, k without bias.
     assert_eq!(total("whisper-tiny"), 37_760_640);
     assert_eq!(total("whisper-large-v3"), 1_543_490_560);
-    assert_eq!(total("clip-vit-large-patch14"), 303_179_776);
+    // The vision towers (CLIPVisionModel, SiglipVisionModel).
+    assert_eq!(total("clip-vit-large-patch14-vision"), 303_179_776);
     // SigLIP: no class token, attention-pooling head.
-    assert_eq!(total("siglip-so400m-patch14-384"), 428_225_600);
+    assert_eq!(total("siglip-so400m-patch14-384-vision"), 428_225_600);
+    // The dual encoders: CLIP's causal text tower (77 positions), two bias-free projections
+    // and the logit scale; SigLIP's text tower with its head, the logit scale and bias.
+    assert_eq!(total("clip-vit-base-patch32"), 151_277_313);
+    assert_eq!(total("clip-vit-large-patch14"), 427_616_513);
+    assert_eq!(total("siglip-base-patch16-224"), 203_155_970);
+    assert_eq!(total("siglip-so400m-patch14-384"), 877_960_498);
     // LLaVA-1.5: CLIP ViT-L/14-336 + projector 1024→4096→4096 + Llama 2 with 32064 tokens.
     assert_eq!(total("llava-1.5-7b"), 7_063_427_072);
     // Gemma 3 vision-language: SigLIP-so400m at 896 px without its head, a pooled projector
@@ -169,4 +176,26 @@ fn committed_diffusers_configs_read_as_the_catalogue() {
         let model = gpumem_plan::load_config(&path).unwrap();
         assert_eq!(model.params().total(), total(name), "{name}");
     }
+}
+
+/// Dual-encoder configs as their producers wrote them: Google's SigLIP checkpoints name only
+/// what differs from transformers' defaults, and CLIP configs from before transformers 4.22
+/// carry their towers as `*_config_dict` beside `null`. Counts from transformers 5.23.
+#[test]
+fn dual_encoder_configs_take_the_tower_defaults() {
+    let count = |text: &str| {
+        gpumem_plan::parse_config("config.json", text)
+            .unwrap()
+            .params()
+            .total()
+    };
+    let siglip_base = r#"{"architectures": ["SiglipModel"], "model_type": "siglip",
+        "text_config": {"model_type": "siglip_text_model"},
+        "vision_config": {"model_type": "siglip_vision_model", "patch_size": 16}}"#;
+    assert_eq!(count(siglip_base), 203_155_970);
+    let clip_b32_old = r#"{"architectures": ["CLIPModel"], "model_type": "clip",
+        "projection_dim": 512, "text_config": null, "vision_config": null,
+        "text_config_dict": {"hidden_size": 512},
+        "vision_config_dict": {"patch_size": 32}}"#;
+    assert_eq!(count(clip_b32_old), 151_277_313);
 }

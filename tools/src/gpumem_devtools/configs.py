@@ -205,13 +205,30 @@ ARCH_CONFIGS: dict[str, tuple[str, str, Config]] = {
 # `vision_config`) changes only the keys it names.
 MULTIMODAL_CONFIGS: dict[str, tuple[str, str, Config]] = {
     # CLIP ViT-L/14-336's vision tower, 4 layers of width 256: 224 px / 14 = 256 patches + class.
-    "clip-vision-4l": ("clip-vit-large-patch14-336", "openai/clip-vit-large-patch14-336",
+    "clip-vision-4l": ("clip-vit-large-patch14-336-vision", "openai/clip-vit-large-patch14-336",
                        {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4,
                         "num_attention_heads": 4, "image_size": 224}),
     # SigLIP so400m's vision tower (no class token, attention-pooling head).
-    "siglip-vision-4l": ("siglip-so400m-patch14-384", "google/siglip-so400m-patch14-384",
+    "siglip-vision-4l": ("siglip-so400m-patch14-384-vision", "google/siglip-so400m-patch14-384",
                          {"hidden_size": 288, "intermediate_size": 1088, "num_hidden_layers": 4,
                           "num_attention_heads": 4, "image_size": 224}),
+    # The whole dual encoders (CLIPModel, SiglipModel): both towers of width 256 / 288, four
+    # layers each, 224 px images; CLIP's text tower causal over 77 positions, SigLIP's over 64.
+    "clip-4l": ("clip-vit-large-patch14", "openai/clip-vit-large-patch14",
+                {"projection_dim": 128,
+                 "text_config": {"hidden_size": 256, "intermediate_size": 1024,
+                                 "num_hidden_layers": 4, "num_attention_heads": 4,
+                                 "vocab_size": 8192, "projection_dim": 128},
+                 "vision_config": {"hidden_size": 256, "intermediate_size": 1024,
+                                   "num_hidden_layers": 4, "num_attention_heads": 4,
+                                   "projection_dim": 128}}),
+    "siglip-4l": ("siglip-so400m-patch14-384", "google/siglip-so400m-patch14-384",
+                  {"text_config": {"hidden_size": 288, "intermediate_size": 1088,
+                                   "num_hidden_layers": 4, "num_attention_heads": 4,
+                                   "vocab_size": 8192},
+                   "vision_config": {"hidden_size": 288, "intermediate_size": 1088,
+                                     "num_hidden_layers": 4, "num_attention_heads": 4,
+                                     "image_size": 224}}),
     # LLaVA-1.5-7B: CLIP tower (feature layer -2) + 2-layer GELU projector + Llama; 256 image
     # tokens per sample (224 px / 14)^2.
     "llava-4l": ("llava-1.5-7b", "llava-hf/llava-1.5-7b-hf",
@@ -299,6 +316,7 @@ KV_CACHE_KINDS = ("causal_lm", "seq2seq", "vlm")
 def model_kind(cfg: Mapping[str, Any]) -> str:
     """How a config is built and fed (models.build): "cnn" (torchvision ResNet),
     "diffusion" (a diffusers config), "image_cls", "vision_tower" (CLIP/SigLIP vision model),
+    "dual_encoder" (CLIPModel/SiglipModel: both towers and the contrastive loss),
     "vlm" (LLaVA: images and text), "masked_lm", "seq2seq" or "causal_lm"; KeyError if it names
     no architecture."""
     if "_class_name" in cfg:
@@ -310,6 +328,8 @@ def model_kind(cfg: Mapping[str, Any]) -> str:
         return "image_cls"
     if arch.endswith("VisionModel"):
         return "vision_tower"
+    if arch in ("CLIPModel", "SiglipModel"):
+        return "dual_encoder"
     if cfg.get("model_type") == "llava":
         return "vlm"
     if arch.endswith("MaskedLM"):

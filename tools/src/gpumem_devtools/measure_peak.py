@@ -252,7 +252,8 @@ def architectures_grid() -> list[tuple[str, Settings]]:
 
 def multimodal_grid() -> list[tuple[str, Settings]]:
     """(config name, Settings) of the multimodal set (`--multimodal`,
-    measured_multimodal.jsonl): CLIP and SigLIP vision towers on 224 px images, LLaVA-1.5 on
+    measured_multimodal.jsonl): CLIP and SigLIP vision towers on 224 px images, the whole
+    CLIP and SigLIP dual encoders (caption + image, contrastive loss), LLaVA-1.5 on
     one image + text per sample (train, a plain forward returning its KV cache, generate) and
     Whisper (train, generate), fp32 and bf16, SDPA and eager. Cases of `MULTIMODAL_HELDOUT`
     close the list: they were measured with the others but not looked at while the planner's
@@ -273,6 +274,13 @@ def multimodal_grid() -> list[tuple[str, Settings]]:
         T(2, 512), T(2, 512, **bf16, **eager), T(2, 512, **bf16, **forloop),
         I(4, 512, **cache), I(4, 512, **bf16, **cache, **eager),
         G(2, 320, 32), G(2, 320, 32, **bf16))]
+    # Whole dual encoders: one caption padded to the text tower's positions and one image per
+    # sample, the contrastive loss in training.
+    for name, seq in (("clip-4l", 77), ("siglip-4l", 64)):
+        img = {"image_size": 224}
+        cases += [(name, s) for s in (
+            T(8, seq, **img), T(8, seq, **img, **bf16, **eager), I(16, seq, **img),
+            I(16, seq, **img, **bf16, **eager))]
     # Whisper's decoder prompt in generate is its start token (seq 1).
     cases += [("whisper-4l", s) for s in (
         T(4, 128), T(4, 128, **forloop, **eager), G(4, 1, 32), G(4, 1, 32, **bf16, **eager))]
@@ -303,6 +311,11 @@ MULTIMODAL_HELDOUT: list[tuple[str, Settings]] = [
     ("llava-4l", G(4, 300, 16)),
     ("whisper-v3-2l", T(1, 32, attn="eager")),
     ("whisper-v3-2l", G(1, 1, 16, dtype="bf16")),
+    # Dual encoders, measured after their mechanisms were written.
+    ("clip-4l", T(4, 77, image_size=224, optimizer_impl="forloop")),
+    ("clip-4l", I(8, 77, image_size=224, dtype="bf16", attn="eager")),
+    ("siglip-4l", T(2, 64, image_size=224, dtype="bf16")),
+    ("siglip-4l", I(4, 64, image_size=224)),
 ]
 
 
@@ -459,6 +472,9 @@ def notes(name: str, s: Settings, device: str, threads: int,
             out.append("loss: model's own cross-entropy on random labels")
         elif kind == "vision_tower":
             out.append("loss: mean of pooler_output (a vision tower has no loss of its own)")
+        elif kind == "dual_encoder":
+            out.append("loss: model's own contrastive loss (return_loss=True), random captions "
+                       "of seq tokens")
         elif kind == "vlm":
             out.append("loss: model's own loss, labels = input_ids with the image positions "
                        "-100")

@@ -23,7 +23,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 class Workload:
     """A model plus how to feed it: `batch(...)` -> kwargs, `loss(**kwargs)` -> scalar."""
     model: torch.nn.Module
-    kind: str  # "causal_lm" | "masked_lm" | "seq2seq" | "image_cls" | "vision_tower" | "vlm" | "cnn"
+    # "causal_lm" | "masked_lm" | "seq2seq" | "image_cls" | "vision_tower" | "dual_encoder"
+    # | "vlm" | "cnn" | "diffusion"
+    kind: str
     vocab_size: int | None
     image_size: int | None
     num_classes: int | None
@@ -47,6 +49,12 @@ class Workload:
         if self.kind == "vision_tower":
             size = self.image_size
             return {"pixel_values": torch.randn(batch, 3, size, size, device=device, dtype=dtype)}
+        if self.kind == "dual_encoder":
+            # One caption (padded to `seq`) and one image per sample.
+            size = self.image_size
+            return {"input_ids": torch.randint(0, self.vocab_size, (batch, seq), device=device),
+                    "pixel_values": torch.randn(batch, 3, size, size, device=device,
+                                                dtype=dtype)}
         if self.kind == "vlm":
             return self._image_text_batch(batch, seq, device, dtype, with_labels)
         if self.kind == "diffusion":
@@ -88,6 +96,8 @@ class Workload:
             return F.cross_entropy(self.model(**inputs), labels)
         if self.kind == "vision_tower":
             return self.model(**inputs).pooler_output.mean()
+        if self.kind == "dual_encoder":
+            return self.model(**inputs, return_loss=True).loss
         if self.kind == "diffusion":
             # diffusers' train_text_to_image.py: MSE between the prediction and the noise,
             # both upcast to fp32.
@@ -161,6 +171,11 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
         return Workload(model, "diffusion", None, image_size or 8 * cfg["sample_size"], None,
                         diffusion=cfg)
 
+    if kind == "dual_encoder":
+        if grad_ckpt or grad_ckpt_every or grad_ckpt_per_op:
+            raise ValueError("checkpointing of dual encoders is not measured")
+        return _build_dual_encoder(cfg, config_path, kwargs_for(torch_dtype, attn), image_size,
+                                   device)
     if image_size is not None and image_size != cfg.get("image_size"):
         raise ValueError(f"{config_path}: built for image_size {cfg.get('image_size')}, "
                          f"not {image_size}")
@@ -188,6 +203,23 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
             "use_reentrant": False, "context_fn": per_op_checkpoint_context})
     return Workload(model, kind, cfg.get("vocab_size"), cfg.get("image_size"),
                     len(cfg["id2label"]) if "id2label" in cfg else None, mel_bins)
+
+
+def _build_dual_encoder(cfg: dict[str, Any], config_path: str | Path, kwargs: dict[str, Any],
+                        image_size: int | None, device: str) -> Workload:
+    """A CLIPModel or SiglipModel: the image size comes from its vision config, the vocabulary
+    from its text config."""
+    transformers = require("transformers")
+    vision, text = cfg["vision_config"], cfg["text_config"]
+    if image_size is not None and image_size != vision.get("image_size"):
+        raise ValueError(f"{config_path}: built for image_size {vision.get('image_size')}, "
+                         f"not {image_size}")
+    model = transformers.AutoModel.from_config(transformers.AutoConfig.for_model(**cfg),
+                                               **kwargs).to(device)
+    if type(model).__name__ != cfg["architectures"][0]:
+        raise ValueError(f"{config_path}: built {type(model).__name__}, config names "
+                         f"{cfg['architectures'][0]}")
+    return Workload(model, "dual_encoder", text["vocab_size"], vision["image_size"], None)
 
 
 def kwargs_for(dtype: torch.dtype, attn: str | None) -> dict[str, Any]:
