@@ -314,3 +314,30 @@ fn single_gpu_settings_errors_name_what_is_accepted() {
         "backward"
     );
 }
+
+#[test]
+fn quantised_inference_is_planned_and_bad_formats_are_errors() {
+    let plan = |quant: &str| {
+        gpumem(&[
+            "plan", "--model", "gpt2", "--mode", "infer", "--quant", quant, "--json",
+        ])
+    };
+    let weights = |quant: &str| {
+        let out = plan(quant);
+        assert!(out.status.success(), "{quant}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["breakdown"]["weights"].as_u64().unwrap()
+    };
+    assert!(weights("nf4:double,compute=bf16") < weights("int8"));
+    assert!(weights("int8") < weights("none"));
+    for (quant, expected) in [
+        ("int4", "unknown quant `int4`"),
+        ("gptq:bits=5", "bits must be 2, 3, 4 or 8"),
+        ("int8:double", "not an option of int8"),
+    ] {
+        let out = plan(quant);
+        assert_eq!(out.status.code(), Some(2), "{quant}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{quant}: {stderr}");
+    }
+}

@@ -75,6 +75,15 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
                 reason: "LoRA is modelled for transformers only".into(),
             });
         }
+        Architecture::Resnet(_) | Architecture::Diffusion(_) if workload.quant.is_some() => {
+            return Err(PlanError::InvalidValue {
+                name: "quant".into(),
+                value: model.name.clone(),
+                reason: "quantised checkpoints are modelled for transformers only (their block \
+                         linears); pass --quant none"
+                    .into(),
+            });
+        }
         Architecture::Resnet(_) => {}
         Architecture::Diffusion(_) => crate::diffusion::check(model, workload)?,
     }

@@ -8,6 +8,7 @@ use crate::distributed::{
 use crate::error::Result;
 use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
+use crate::quant::{QuantFormat, Quantization};
 use crate::single_gpu::{old_release_buffer_bytes, old_release_tuple_cache};
 use crate::warning::Warning;
 use crate::workload::{
@@ -316,9 +317,13 @@ fn pipeline_stages(model: &ModelSpec, workload: &Workload) -> Vec<(Vec<Unit>, f6
 fn base_weight_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
     match quant {
         BaseQuant::None => dtype.bytes() as f64,
-        BaseQuant::Int8 => 1.0 + 4.0 / 4096.0,
-        // 4-bit values, one int8 absmax per 64 weights, one fp32 scale per 256 absmax blocks.
-        BaseQuant::Nf4 => 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0),
+        BaseQuant::Int8 => Quantization::of(QuantFormat::Int8).bytes_per_weight(),
+        // QLoRA's NF4 with double-quantised absmax.
+        BaseQuant::Nf4 => Quantization {
+            double_quant: true,
+            ..Quantization::of(QuantFormat::Nf4)
+        }
+        .bytes_per_weight(),
     }
 }
 
@@ -345,7 +350,14 @@ pub(crate) fn model_states(
                 + (full_params - quantised) * weight_bytes
                 + trainable as f64 * share * weight_bytes
         }
-        None => full_params * weight_bytes,
+        // A quantised checkpoint stores its block linears in its format.
+        None => match workload.quant {
+            Some(quant) => {
+                let quantised = counts.block_linear as f64 * share;
+                quantised * quant.bytes_per_weight() + (full_params - quantised) * weight_bytes
+            }
+            None => full_params * weight_bytes,
+        },
     };
     weights += counts.buffers as f64 * share * weight_bytes;
     // Planning an older transformers release's inference: the buffers its modelling code had.

@@ -1107,7 +1107,7 @@ impl<'a> TransformerGraph<'a> {
         let largest_intermediate = (tally.core / 2.0)
             .max(tokens * act * f * self.mlp_backward_intermediates())
             .max(attention_backward);
-        let dequantised = self.nf4_dequantised(layer, tokens);
+        let dequantised = self.dequantised(layer, tokens);
         Unit {
             name: "block",
             saved,
@@ -1206,15 +1206,19 @@ impl<'a> TransformerGraph<'a> {
         (copies - shared).max(0.0) / self.split.tp
     }
 
-    /// Bytes of one base weight bitsandbytes dequantises under QLoRA (the block's largest), when
-    /// the NF4 matmul dequantises: always with gradients; without, only for more than one token
-    /// (a single token runs the `gemv_4bit` kernel on the packed weight).
-    fn nf4_dequantised(&self, layer: LayerKind, tokens: f64) -> f64 {
+    /// Bytes of the block's largest quantised weight dequantised while its matmul runs: a
+    /// quantised checkpoint's inference (see `Quantization::dequantised_bytes`), or QLoRA's NF4
+    /// base: always with gradients; without, only for more than one token (a single token runs
+    /// the `gemv_4bit` kernel on the packed weight).
+    fn dequantised(&self, layer: LayerKind, tokens: f64) -> f64 {
+        let elements = self.spec.largest_block_matrix(layer) as f64 / self.split.tp;
+        if let Some(quant) = self.workload.quant.filter(|_| !self.training) {
+            return quant.dequantised_bytes(elements, tokens, self.workload.dtype);
+        }
         let nf4 = self.workload.lora.is_some_and(|l| l.base == BaseQuant::Nf4);
         if !nf4 || (!self.training && tokens <= 1.0) {
             return 0.0;
         }
-        let elements = self.spec.largest_block_matrix(layer) as f64 / self.split.tp;
         nf4_dequantised_bytes(elements, self.bytes.act)
     }
 

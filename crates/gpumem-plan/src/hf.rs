@@ -149,8 +149,15 @@ pub fn parse_config(name: &str, text: &str) -> Result<ModelSpec> {
     spec_from_json(name, &json)
 }
 
-/// Builds a model from an already-parsed config object.
+/// Builds a model from an already-parsed config object, with its `quantization_config`.
 pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
+    let mut spec = architecture_from_json(name, json)?;
+    spec.quantization = crate::quant::from_config(json)?;
+    Ok(spec)
+}
+
+/// The architecture a config object describes.
+fn architecture_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
     // diffusers configs name their class instead of a model_type.
     if let Some(class) = json.get("_class_name").and_then(Value::as_str) {
         if json.get("model_type").is_none() {
@@ -162,6 +169,7 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
                     model_type: class.to_string(),
                 }
                 .torch_dtype(),
+                quantization: None,
             });
         }
     }
@@ -202,6 +210,7 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
             name: name.to_string(),
             arch: Architecture::Transformer(Box::new(fields.transformer()?)),
             torch_dtype: fields.torch_dtype(),
+            quantization: None,
         });
     }
     let arch = match model_type.as_str() {
@@ -212,6 +221,7 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
         name: name.to_string(),
         arch,
         torch_dtype: fields.torch_dtype(),
+        quantization: None,
     })
 }
 
@@ -1150,6 +1160,7 @@ impl ConfigFields<'_> {
             name: name.to_string(),
             arch: Architecture::Transformer(Box::new(text)),
             torch_dtype,
+            quantization: None,
         })
     }
 
@@ -1222,6 +1233,7 @@ impl ConfigFields<'_> {
             name: name.to_string(),
             arch: Architecture::Transformer(Box::new(lm)),
             torch_dtype: self.torch_dtype().or(language.torch_dtype),
+            quantization: None,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! Architecture descriptions (plain data) and exact parameter counts.
 
 use crate::diffusion::DiffusionSpec;
+use crate::quant::CheckpointQuant;
 use crate::workload::Dtype;
 use serde::Serialize;
 
@@ -15,6 +16,9 @@ pub struct ModelSpec {
     /// by default (`Settings::resolve` makes it the default weight dtype of inference plans).
     /// None when the config does not say.
     pub torch_dtype: Option<Dtype>,
+    /// The config's `quantization_config`: how a quantised checkpoint stores its block
+    /// linears (what inference loads by default).
+    pub quantization: Option<CheckpointQuant>,
 }
 
 /// Transformer or convolutional network.

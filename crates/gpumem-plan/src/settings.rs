@@ -3,6 +3,7 @@
 
 use crate::error::{PlanError, Result};
 use crate::model::ModelSpec;
+use crate::quant::{CheckpointQuant, QuantFormat, Quantization};
 use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
@@ -144,6 +145,12 @@ pub struct Settings {
     /// forwards upcast all logits to fp32) [default: latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub transformers: Option<String>,
+    /// Inference from a quantised checkpoint, FORMAT[:OPTION,...]: int8 (bitsandbytes
+    /// LLM.int8), fp4 | nf4 (bitsandbytes 4-bit; options double, compute=fp32|bf16|fp16), gptq |
+    /// awq (options bits=2|3|4|8, group=N), fp8 (option block=N weights per scale), or none
+    /// [default: the config's quantization_config, else none].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "FORMAT"))]
+    pub quant: Option<String>,
     /// LoRA over an int8 base (validation data only; not a `gpumem plan` flag).
     #[cfg_attr(feature = "clap", arg(skip))]
     pub lora_base_int8: bool,
@@ -185,7 +192,9 @@ impl Settings {
     /// Converts to a validated [`Workload`] without a model (absent dtype: fp32); every bad name
     /// or size, and ZeRO with FSDP, is a typed error.
     pub fn to_workload(&self) -> Result<Workload> {
-        self.build(None)
+        let mut workload = self.build(None)?;
+        self.quantize(None, "the model", &mut workload)?;
+        Ok(workload)
     }
 
     /// Converts for `model`: inference without `--dtype` loads the config's `torch_dtype` (as
@@ -193,6 +202,7 @@ impl Settings {
     /// default), and the flags that the mode or the model ignores become warnings.
     pub fn resolve(&self, model: &ModelSpec) -> Result<Resolved> {
         let mut workload = self.build(model.torch_dtype)?;
+        self.quantize(model.quantization.as_ref(), &model.name, &mut workload)?;
         // A model's default image is the one it was trained at.
         if let (None, Some(size)) = (self.image_size, model.native_image_size()) {
             workload.image_size = size;
@@ -200,6 +210,69 @@ impl Settings {
         let mut warnings = self.ignored(model, workload.mode);
         warnings.extend(self.lower_default_seq(model, &mut workload));
         Ok(Resolved { workload, warnings })
+    }
+
+    /// The quantisation of the weights: `--quant`, else the checkpoint's `quantization_config`.
+    /// Inference loads it as stored; training trains adapters over it (bitsandbytes int8 and
+    /// 4-bit bases, as `--qlora`), and refuses to train quantised weights themselves, as
+    /// transformers does.
+    fn quantize(
+        &self,
+        checkpoint: Option<&CheckpointQuant>,
+        model: &str,
+        workload: &mut Workload,
+    ) -> Result<()> {
+        let quant = match (&self.quant, checkpoint) {
+            (Some(text), _) => Quantization::parse(text)?,
+            (None, Some(CheckpointQuant::Known(quant))) => Some(*quant),
+            (None, Some(CheckpointQuant::Unknown { method })) => {
+                return Err(crate::quant::unknown_method(model, method))
+            }
+            (None, None) => None,
+        };
+        let Some(quant) = quant else {
+            return Ok(());
+        };
+        if self.qlora {
+            return Err(PlanError::Conflict {
+                first: "--qlora".into(),
+                second: "--quant".into(),
+                reason: "--qlora already stores the base in NF4; keep one (a quantised \
+                         checkpoint's own format comes from --quant or its config)"
+                    .into(),
+            });
+        }
+        if workload.mode != Mode::Train {
+            workload.quant = Some(quant);
+            return Ok(());
+        }
+        let base = match quant.format {
+            QuantFormat::Int8 => BaseQuant::Int8,
+            QuantFormat::Fp4 | QuantFormat::Nf4 => BaseQuant::Nf4,
+            _ => BaseQuant::None,
+        };
+        let reason = match workload.lora.as_mut() {
+            Some(lora) if base != BaseQuant::None => {
+                // Planned as QLoRA's base (NF4 with double-quantised scales for 4-bit).
+                lora.base = base;
+                return Ok(());
+            }
+            Some(_) => format!(
+                "LoRA over a {} base is not modelled (planned bases: bitsandbytes int8, fp4, \
+                 nf4); pass --quant none to plan LoRA over unquantised weights",
+                quant.format.name()
+            ),
+            None => format!(
+                "training {model}'s quantised weights is not possible (transformers trains only \
+                 adapters over them): add --lora-rank for adapters over a bitsandbytes \
+                 int8/fp4/nf4 base, or pass --quant none to plan training of unquantised weights"
+            ),
+        };
+        Err(PlanError::InvalidValue {
+            name: "quant".into(),
+            value: quant.format.name().into(),
+            reason,
+        })
     }
 
     /// Without `--seq`, a model whose learned positions are fewer than the default sequence
@@ -325,6 +398,7 @@ impl Settings {
                 .as_deref()
                 .map(TransformersRelease::parse)
                 .transpose()?,
+            quant: None,
         };
         workload.validate()?;
         Ok(workload)

@@ -351,6 +351,9 @@ pub struct Workload {
     /// The transformers release whose inference behaviour is planned; None: today's (the
     /// latest).
     pub transformers: Option<TransformersRelease>,
+    /// Inference from a quantised checkpoint: how its block linears are stored (None: in
+    /// `dtype`). Training plans a quantised base through [`Lora::base`].
+    pub quant: Option<crate::quant::Quantization>,
 }
 
 impl Default for Workload {
@@ -376,6 +379,7 @@ impl Default for Workload {
             labels: false,
             loss: Loss::Hf,
             transformers: None,
+            quant: None,
         }
     }
 }

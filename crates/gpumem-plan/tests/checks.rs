@@ -664,3 +664,53 @@ fn a_dual_encoder_config_names_its_towers() {
         other => panic!("expected InvalidValue, got {other:?}"),
     }
 }
+
+/// A Llama-shaped config.json with a `quantization_config`.
+fn quantised_llama(quantization: &str) -> ModelSpec {
+    let text = format!(
+        r#"{{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+        "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "max_position_embeddings": 2048, "vocab_size": 32000,
+        "torch_dtype": "bfloat16", "quantization_config": {quantization}}}"#
+    );
+    parse_config("config.json", &text).unwrap()
+}
+
+#[test]
+fn a_quantised_checkpoint_is_planned_in_its_format_for_inference() {
+    let infer = |quant: Option<&str>| Settings {
+        mode: Some("infer".into()),
+        seq: Some(256),
+        quant: quant.map(String::from),
+        ..Settings::default()
+    };
+    let weights = |model: &ModelSpec, settings: Settings| {
+        let workload = settings.resolve(model).unwrap().workload;
+        estimate(model, &workload, &Overheads::default())
+            .unwrap()
+            .breakdown
+            .weights
+    };
+    let awq = quantised_llama(r#"{"quant_method": "awq", "bits": 4, "group_size": 128}"#);
+    let plain = weights(&awq, infer(Some("none")));
+    let packed = weights(&awq, infer(None));
+    // TinyLlama: 968 M of its 1.1 B parameters are block linears, stored in 4.16 bits.
+    assert!(packed * 10 < plain * 4, "{packed} of {plain}");
+    assert_eq!(packed, weights(&awq, infer(Some("awq"))));
+    // Training a quantised checkpoint needs adapters, as transformers requires.
+    let (name, message) = invalid(plan_resolved(&awq, Settings::default()));
+    assert_eq!(name, "quant");
+    assert!(message.contains("--quant none"), "{message}");
+    // An unknown method cannot be planned silently as unquantised.
+    let other = quantised_llama(r#"{"quant_method": "compressed-tensors"}"#);
+    let (name, message) = invalid(plan_resolved(&other, infer(None)));
+    assert_eq!(name, "quantization_config.quant_method");
+    assert!(message.contains("--quant"), "{message}");
+    assert!(plan_resolved(&other, infer(Some("fp8"))).is_ok());
+}
+
+/// Plans as `gpumem plan` does: the settings resolved for the model first.
+fn plan_resolved(model: &ModelSpec, settings: Settings) -> gpumem_plan::Result<Estimate> {
+    let workload = settings.resolve(model)?.workload;
+    estimate(model, &workload, &Overheads::default())
+}

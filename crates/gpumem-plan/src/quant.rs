@@ -1,0 +1,385 @@
+//! Quantised checkpoints for inference: how a format stores the linear weights of the blocks
+//! (bitsandbytes LLM.int8 and 4-bit, GPTQ, AWQ, block-scaled FP8), read from a config's
+//! `quantization_config` or from `--quant FORMAT[:OPTION,...]`, and the weight its matmul
+//! dequantises while it runs. Embeddings, norms, biases and the LM head stay in the weight dtype
+//! (every format leaves them out: bitsandbytes' `llm_int8_skip_modules`, GPTQ's and AWQ's
+//! `modules_to_not_convert`).
+
+use crate::error::{PlanError, Result};
+use crate::workload::{choices, Dtype};
+use serde::Serialize;
+use serde_json::Value;
+
+/// How the quantised linear weights are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantFormat {
+    /// bitsandbytes LLM.int8 (`load_in_8bit`): int8 weights and one fp32 scale per output row.
+    Int8,
+    /// bitsandbytes 4-bit float (`load_in_4bit`'s default `bnb_4bit_quant_type`).
+    Fp4,
+    /// bitsandbytes 4-bit NormalFloat.
+    Nf4,
+    /// GPTQ: packed `bits`-bit weights, an fp16 scale and a packed zero per `group` input rows.
+    Gptq,
+    /// AWQ: stored as GPTQ is (packed weights, fp16 scales, packed zeros per group).
+    Awq,
+    /// FP8 (e4m3) weights with an fp32 inverse scale per `block` weights (DeepSeek-V3's
+    /// `weight_block_size` [128, 128]); one scale per matrix without blocks.
+    Fp8,
+}
+
+/// A quantised checkpoint's storage and compute settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Quantization {
+    /// The format of the block linears.
+    pub format: QuantFormat,
+    /// bitsandbytes 4-bit: the 64-weight blocks' absmax stored as int8 with one fp32 scale per
+    /// 256 of them (`bnb_4bit_use_double_quant`) instead of one fp32 each.
+    pub double_quant: bool,
+    /// bitsandbytes 4-bit: the dtype its matmul runs in (`bnb_4bit_compute_dtype`;
+    /// transformers' default fp32): the input and the dequantised weight are cast to it.
+    pub compute: Dtype,
+    /// GPTQ/AWQ: bits per weight.
+    pub bits: u64,
+    /// GPTQ/AWQ: input rows sharing a scale and a zero; 0 = one per output column
+    /// (`group_size: -1`).
+    pub group: u64,
+    /// FP8: weights sharing one scale (rows × columns of `weight_block_size`); 0 = one per
+    /// matrix.
+    pub block: u64,
+}
+
+/// The accepted `--quant` formats.
+const FORMATS: &[(&str, QuantFormat)] = &[
+    ("int8", QuantFormat::Int8),
+    ("fp4", QuantFormat::Fp4),
+    ("nf4", QuantFormat::Nf4),
+    ("gptq", QuantFormat::Gptq),
+    ("awq", QuantFormat::Awq),
+    ("fp8", QuantFormat::Fp8),
+];
+
+impl QuantFormat {
+    /// The format's `--quant` name.
+    pub fn name(self) -> &'static str {
+        FORMATS
+            .iter()
+            .find(|(_, format)| *format == self)
+            .map_or("?", |(name, _)| name)
+    }
+}
+
+/// The `quant_method`s of a `quantization_config` that are planned.
+const METHODS: &str = "bitsandbytes, gptq, awq, fp8";
+
+/// What a checkpoint's `quantization_config` says.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CheckpointQuant {
+    /// A format the planner models.
+    Known(Quantization),
+    /// A `quant_method` it does not: planning inference then needs `--quant`.
+    Unknown {
+        /// The config's `quant_method`.
+        method: String,
+    },
+}
+
+impl Quantization {
+    /// A format with its producers' defaults: bitsandbytes 4-bit without double quantisation
+    /// computing in fp32 (`BitsAndBytesConfig`), 4-bit GPTQ/AWQ in groups of 128, FP8 in
+    /// 128 × 128 blocks.
+    pub fn of(format: QuantFormat) -> Self {
+        Quantization {
+            format,
+            double_quant: false,
+            compute: Dtype::Fp32,
+            bits: 4,
+            group: 128,
+            block: 128 * 128,
+        }
+    }
+
+    /// Parses `FORMAT[:OPTION,...]` (`nf4:double,compute=bf16`, `gptq:bits=8,group=64`,
+    /// `fp8:block=16384`); `none` is `Ok(None)`.
+    pub fn parse(text: &str) -> Result<Option<Self>> {
+        let (name, options) = text.split_once(':').unwrap_or((text, ""));
+        if name.trim() == "none" && options.is_empty() {
+            return Ok(None);
+        }
+        let mut quant = Self::of(choices::parse("quant", name.trim(), FORMATS)?);
+        for option in options.split(',').filter(|o| !o.trim().is_empty()) {
+            quant.set(option.trim())?;
+        }
+        Ok(Some(quant))
+    }
+
+    /// Applies one `--quant` option, refusing those the format has not.
+    fn set(&mut self, option: &str) -> Result<()> {
+        let (key, value) = option.split_once('=').unwrap_or((option, ""));
+        let bnb4 = matches!(self.format, QuantFormat::Fp4 | QuantFormat::Nf4);
+        let grouped = matches!(self.format, QuantFormat::Gptq | QuantFormat::Awq);
+        let number = |limit: u64| -> Result<u64> {
+            value
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n <= limit)
+                .ok_or_else(|| invalid(option, format!("{key} takes a number up to {limit}")))
+        };
+        match key {
+            "double" if bnb4 && value.is_empty() => self.double_quant = true,
+            "compute" if bnb4 => {
+                self.compute = choices::parse("quant compute", value, choices::DTYPES)?
+            }
+            "bits" if grouped => {
+                self.bits = number(8)?;
+                if !matches!(self.bits, 2 | 3 | 4 | 8) {
+                    return Err(invalid(option, "bits must be 2, 3, 4 or 8".into()));
+                }
+            }
+            "group" if grouped => self.group = number(1 << 20)?,
+            "block" if self.format == QuantFormat::Fp8 => self.block = number(1 << 30)?,
+            _ => {
+                let accepted = match self.format {
+                    QuantFormat::Fp4 | QuantFormat::Nf4 => "double, compute=fp32|bf16|fp16",
+                    QuantFormat::Gptq | QuantFormat::Awq => "bits=2|3|4|8, group=N (0: per column)",
+                    QuantFormat::Fp8 => "block=N (weights per scale; 0: one per matrix)",
+                    QuantFormat::Int8 => "none",
+                };
+                return Err(invalid(
+                    option,
+                    format!(
+                        "not an option of {}; accepted: {accepted}",
+                        self.format.name()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stored bytes per quantised weight, scales and zeros included (rows of 4096 inputs for
+    /// the per-row and per-column terms).
+    pub fn bytes_per_weight(&self) -> f64 {
+        const ROW: f64 = 4096.0;
+        let per = |n: u64| if n == 0 { ROW } else { n as f64 };
+        match self.format {
+            // `SCB`: one fp32 absmax per output row.
+            QuantFormat::Int8 => 1.0 + 4.0 / ROW,
+            QuantFormat::Fp4 | QuantFormat::Nf4 if self.double_quant => {
+                0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)
+            }
+            QuantFormat::Fp4 | QuantFormat::Nf4 => 0.5 + 4.0 / 64.0,
+            // `qweight`, then an fp16 scale and a `bits`-wide zero per group and column.
+            QuantFormat::Gptq | QuantFormat::Awq => {
+                let bits = self.bits as f64 / 8.0;
+                bits + (2.0 + bits) / per(self.group)
+            }
+            QuantFormat::Fp8 => 1.0 + 4.0 / per(self.block),
+        }
+    }
+
+    /// Bytes a quantised linear of `elements` weights allocates beside its packed weight while
+    /// it runs on `tokens` tokens, its storage dtype `dtype`:
+    /// * bitsandbytes 4-bit dequantises the whole weight into `dtype` (`dequantize_4bit`, after
+    ///   the absmax when double-quantised) and casts it to the compute dtype, unless one token
+    ///   runs the `gemv_4bit` kernel on the packed weight;
+    /// * LLM.int8 transforms the row-major int8 weight into the tensor-core layout on its first
+    ///   forward (the row-major copy is freed after it);
+    /// * GPTQ/AWQ kernels dequantise to fp16 for more than one token;
+    /// * FP8 quantises the activations only (a small share).
+    pub fn dequantised_bytes(&self, elements: f64, tokens: f64, dtype: Dtype) -> f64 {
+        let several = tokens > 1.0;
+        match self.format {
+            QuantFormat::Fp4 | QuantFormat::Nf4 if several => {
+                let cast = if self.compute == dtype {
+                    0.0
+                } else {
+                    self.compute.bytes() as f64
+                };
+                let absmax = if self.double_quant { 4.0 / 64.0 } else { 0.0 };
+                elements * (dtype.bytes() as f64 + cast + absmax)
+            }
+            QuantFormat::Int8 => elements,
+            QuantFormat::Gptq | QuantFormat::Awq if several => 2.0 * elements,
+            _ => 0.0,
+        }
+    }
+}
+
+fn invalid(option: &str, reason: String) -> PlanError {
+    PlanError::InvalidValue {
+        name: "quant".into(),
+        value: option.to_string(),
+        reason,
+    }
+}
+
+/// Reads a config's `quantization_config` (None without one). Only the fields a format's
+/// storage depends on are read; the rest are ignored.
+pub fn from_config(json: &Value) -> Result<Option<CheckpointQuant>> {
+    let Some(config) = json.get("quantization_config").filter(|v| v.is_object()) else {
+        return Ok(None);
+    };
+    let text = |key: &str| config.get(key).and_then(Value::as_str);
+    let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
+    let number = |keys: &[&str], default: i64| {
+        keys.iter()
+            .find_map(|k| config.get(*k).and_then(Value::as_i64))
+            .unwrap_or(default)
+    };
+    // Configs written before `quant_method` existed name bitsandbytes by its load flags.
+    let method = text("quant_method").unwrap_or(if flag("load_in_4bit") || flag("load_in_8bit") {
+        "bitsandbytes"
+    } else {
+        ""
+    });
+    let quant = match method.to_ascii_lowercase().as_str() {
+        "bitsandbytes" if flag("load_in_8bit") => Quantization::of(QuantFormat::Int8),
+        "bitsandbytes" if flag("load_in_4bit") => {
+            let kind = text("bnb_4bit_quant_type").unwrap_or("fp4");
+            let mut quant = Quantization::of(choices::parse(
+                "quantization_config.bnb_4bit_quant_type",
+                kind,
+                &FORMATS[1..3],
+            )?);
+            quant.double_quant = flag("bnb_4bit_use_double_quant");
+            if let Some(compute) = text("bnb_4bit_compute_dtype") {
+                quant.compute = choices::parse(
+                    "quantization_config.bnb_4bit_compute_dtype",
+                    compute,
+                    choices::DTYPES,
+                )?;
+            }
+            quant
+        }
+        "gptq" | "awq" => {
+            let format = if method.eq_ignore_ascii_case("gptq") {
+                QuantFormat::Gptq
+            } else {
+                QuantFormat::Awq
+            };
+            let mut quant = Quantization::of(format);
+            let bits = number(&["bits", "w_bit"], 4);
+            quant.bits = u64::try_from(bits)
+                .ok()
+                .filter(|b| matches!(b, 2 | 3 | 4 | 8))
+                .ok_or_else(|| PlanError::InvalidValue {
+                    name: "quantization_config.bits".into(),
+                    value: bits.to_string(),
+                    reason: "must be 2, 3, 4 or 8".into(),
+                })?;
+            let group = number(&["group_size", "q_group_size"], 128);
+            quant.group = u64::try_from(group).unwrap_or(0);
+            quant
+        }
+        "fp8" => {
+            let mut quant = Quantization::of(QuantFormat::Fp8);
+            quant.block = config
+                .get("weight_block_size")
+                .and_then(Value::as_array)
+                .map_or(0, |sides| {
+                    sides
+                        .iter()
+                        .map(|s| s.as_u64().unwrap_or(1))
+                        .product::<u64>()
+                });
+            quant
+        }
+        _ => {
+            return Ok(Some(CheckpointQuant::Unknown {
+                method: if method.is_empty() {
+                    "(no quant_method)".into()
+                } else {
+                    method.to_string()
+                },
+            }))
+        }
+    };
+    Ok(Some(CheckpointQuant::Known(quant)))
+}
+
+/// The error for inference on a checkpoint whose quantisation is not modelled.
+pub fn unknown_method(model: &str, method: &str) -> PlanError {
+    PlanError::InvalidValue {
+        name: "quantization_config.quant_method".into(),
+        value: method.to_string(),
+        reason: format!(
+            "{model}'s quantisation is not modelled (planned: {METHODS}); pass --quant FORMAT \
+             to plan it as one of those, or --quant none for unquantised weights"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_formats_with_their_options() {
+        let nf4 = Quantization::parse("nf4:double,compute=bf16")
+            .unwrap()
+            .unwrap();
+        assert!(nf4.double_quant);
+        assert_eq!(nf4.compute, Dtype::Bf16);
+        let gptq = Quantization::parse("gptq:bits=8,group=64")
+            .unwrap()
+            .unwrap();
+        assert_eq!((gptq.bits, gptq.group), (8, 64));
+        assert_eq!(Quantization::parse("none").unwrap(), None);
+        for bad in [
+            "int4",
+            "nf4:bits=4",
+            "gptq:bits=5",
+            "int8:double",
+            "fp8:block=x",
+        ] {
+            let err = Quantization::parse(bad).expect_err(bad).to_string();
+            assert!(err.contains("quant"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn bytes_per_weight_follow_the_formats() {
+        let of = |text: &str| {
+            Quantization::parse(text)
+                .unwrap()
+                .unwrap()
+                .bytes_per_weight()
+        };
+        assert_eq!(of("nf4"), 0.5625);
+        assert!((of("nf4:double") - 0.516).abs() < 1e-3);
+        assert_eq!(of("gptq"), 0.5 + 2.5 / 128.0);
+        assert_eq!(of("fp8"), 1.0 + 4.0 / 16384.0);
+    }
+
+    #[test]
+    fn reads_quantization_configs_as_their_producers_write_them() {
+        let read = |text: &str| from_config(&serde_json::from_str(text).unwrap()).unwrap();
+        let bnb_old = r#"{"quantization_config": {"load_in_4bit": true,
+            "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true,
+            "bnb_4bit_compute_dtype": "bfloat16"}}"#;
+        let Some(CheckpointQuant::Known(q)) = read(bnb_old) else {
+            panic!("bitsandbytes")
+        };
+        assert_eq!(
+            (q.format, q.double_quant, q.compute),
+            (QuantFormat::Nf4, true, Dtype::Bf16)
+        );
+        let deepseek = r#"{"quantization_config": {"activation_scheme": "dynamic",
+            "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}}"#;
+        let Some(CheckpointQuant::Known(q)) = read(deepseek) else {
+            panic!("fp8")
+        };
+        assert_eq!((q.format, q.block), (QuantFormat::Fp8, 16384));
+        let awq = r#"{"quantization_config": {"quant_method": "awq", "bits": 4,
+            "group_size": 128, "version": "gemm", "zero_point": true}}"#;
+        assert!(
+            matches!(read(awq), Some(CheckpointQuant::Known(q)) if q.format == QuantFormat::Awq)
+        );
+        let other = r#"{"quantization_config": {"quant_method": "compressed-tensors"}}"#;
+        assert!(matches!(read(other), Some(CheckpointQuant::Unknown { .. })));
+        assert_eq!(read("{}"), None);
+    }
+}
