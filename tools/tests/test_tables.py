@@ -146,8 +146,8 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     assert len(architectures) == len(set(architectures)) == 36
     assert not (set(ids) | set(heldout)) & set(architectures)
     multimodal = [case_id(n, s) for n, s in multimodal_grid()]
-    assert len(multimodal) == len(set(multimodal)) == 53
-    assert len(MULTIMODAL_HELDOUT) == 21 and multimodal[-21:] == [
+    assert len(multimodal) == len(set(multimodal)) == 60
+    assert len(MULTIMODAL_HELDOUT) == 24 and multimodal[-24:] == [
         case_id(n, s) for n, s in MULTIMODAL_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
     single = [case_id(n, s) for n, s in settings_grid()]

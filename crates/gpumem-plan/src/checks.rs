@@ -64,6 +64,15 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
     match &model.arch {
         Architecture::Transformer(t) => {
             check_dual_encoder(model, t, workload)?;
+            if workload.freeze_vision_tower && t.vision.is_none() && t.dual.is_none() {
+                return Err(PlanError::InvalidValue {
+                    name: "freeze-vision-tower".into(),
+                    value: model.name.clone(),
+                    reason: "needs a vision tower beside a language model or text tower (a \
+                             vision-language model such as LLaVA, or a CLIP/SigLIP dual encoder)"
+                        .into(),
+                });
+            }
             check_tensor_parallel(model, t, workload.layout.tp)?;
             check_lora_rank(model, t, workload)?;
             check_positions(model, t, workload, &mut warnings)?;
@@ -73,6 +82,13 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
                 name: "lora-rank".into(),
                 value: model.name.clone(),
                 reason: "LoRA is modelled for transformers only".into(),
+            });
+        }
+        Architecture::Resnet(_) | Architecture::Diffusion(_) if workload.freeze_vision_tower => {
+            return Err(PlanError::InvalidValue {
+                name: "freeze-vision-tower".into(),
+                value: model.name.clone(),
+                reason: "needs a vision tower beside a language model or text tower".into(),
             });
         }
         Architecture::Resnet(_) | Architecture::Diffusion(_) if workload.quant.is_some() => {

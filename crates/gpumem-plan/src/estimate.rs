@@ -291,6 +291,12 @@ pub(crate) fn trainable_params(
 ) -> u64 {
     match (&model.arch, workload.lora) {
         (Architecture::Transformer(spec), Some(lora)) => spec.lora_params(lora.rank),
+        // Training leaves out what no gradient reaches (a frozen vision tower, the tower layers
+        // after the one a vision-language model reads).
+        _ if workload.mode == Mode::Train => build_units(model, workload, 1)
+            .iter()
+            .map(Unit::trained_params)
+            .sum(),
         _ => counts.total(),
     }
 }

@@ -231,9 +231,10 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
                 // Training: the layers after the one whose hidden states LLaVA reads, and the
                 // tower's own final norm, feed nothing that reaches the loss.
                 let read = vision.feature_layers as usize;
+                let frozen = workload.freeze_vision_tower;
                 units.extend(tower.units().into_iter().enumerate().map(|(index, unit)| {
                     // Units: the patch embeddings (0), the blocks (1..=layers), the final norm.
-                    if tower.training && index > read {
+                    if tower.training && (frozen || index > read) {
                         unit.unused_in_training()
                     } else {
                         unit
@@ -246,7 +247,14 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
                 // CLIPModel / SiglipModel: the vision tower runs first, then the text tower;
                 // a no-grad forward returns both towers' outputs with the scores.
                 let vision = TransformerGraph::new(&dual.tower, workload, batch);
-                units.extend(vision.units_returning_output());
+                let frozen = vision.training && workload.freeze_vision_tower;
+                units.extend(vision.units_returning_output().into_iter().map(|unit| {
+                    if frozen {
+                        unit.unused_in_training()
+                    } else {
+                        unit
+                    }
+                }));
                 units.extend(text.units_returning_output());
                 units.push(text.contrastive(dual));
                 return units;
@@ -1143,8 +1151,21 @@ impl<'a> TransformerGraph<'a> {
         let pooled = self.head();
         let attention_params =
             spec.norm_params() + spec.hidden + 3 * (spec.hidden + 1) * spec.hidden;
+        // In a frozen tower, `nn.MultiheadAttention` (batch_first) projects the transposed keys
+        // with `matmul`, which folds a strided input into one matrix product only when the
+        // weight needs a gradient (aten `should_fold`); otherwise it multiplies key position by
+        // key position (`bmm`) over the 2h × h key/value weight expanded with stride 0. CUDA's
+        // strided-batched GEMM reads that broadcast in place; on CPU the half-precision bmm
+        // (oneDNN) copies it for every position (pytorch/pytorch#151934): CPU only.
+        let cpu_half = self.workload.target == Target::Cpu && act < 4.0;
+        let expanded_weight = if self.training && self.workload.freeze_vision_tower && cpu_half {
+            self.sequence() * 2.0 * h * h * act
+        } else {
+            0.0
+        };
         let attention = Unit {
             name: "head",
+            forward_transient: expanded_weight,
             saved: tokens * (self.norm_saved() + act * h + act * 2.0 * h),
             backward_transient: tokens * act * 3.0 * h,
             gradient_transient: tokens * self.bytes.residual * h,

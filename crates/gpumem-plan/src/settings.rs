@@ -37,8 +37,8 @@ pub struct Settings {
         arg(long, allow_negative_numbers = true, value_parser = count)
     )]
     pub seq: Option<u64>,
-    /// Image side in pixels (vision transformers, dual encoders, CNNs, diffusion) [default: the
-    /// config's image_size (a diffusers sample size × 8), else 224].
+    /// Image side in pixels (vision transformers, dual encoders, CNNs, diffusion) [default: 224,
+    /// or the config's image_size where it has one (a diffusers model's sample size × 8)].
     #[cfg_attr(feature = "clap", arg(long))]
     pub image_size: Option<u64>,
     /// Tokens to generate (generate mode) [default: 128].
@@ -151,6 +151,11 @@ pub struct Settings {
     /// [default: the config's quantization_config, else none].
     #[cfg_attr(feature = "clap", arg(long, value_name = "FORMAT"))]
     pub quant: Option<String>,
+    /// Training with the vision tower frozen (`requires_grad_(False)`: LLaVA's fine-tuning
+    /// stage, locked-image tuning of a CLIP/SigLIP dual encoder): it saves nothing for backward
+    /// and has no gradients or optimizer states.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub freeze_vision_tower: bool,
     /// LoRA over an int8 base (validation data only; not a `gpumem plan` flag).
     #[cfg_attr(feature = "clap", arg(skip))]
     pub lora_base_int8: bool,
@@ -399,6 +404,7 @@ impl Settings {
                 .map(TransformersRelease::parse)
                 .transpose()?,
             quant: None,
+            freeze_vision_tower: self.freeze_vision_tower,
         };
         workload.validate()?;
         Ok(workload)
@@ -466,6 +472,11 @@ impl Settings {
             (
                 "--optimizer",
                 inference && self.optimizer.is_some(),
+                &no_training,
+            ),
+            (
+                "--freeze-vision-tower",
+                inference && self.freeze_vision_tower,
                 &no_training,
             ),
             (

@@ -354,6 +354,9 @@ pub struct Workload {
     /// Inference from a quantised checkpoint: how its block linears are stored (None: in
     /// `dtype`). Training plans a quantised base through [`Lora::base`].
     pub quant: Option<crate::quant::Quantization>,
+    /// Training leaves the vision tower (of a vision-language model or dual encoder) frozen:
+    /// it runs without recording anything for backward and gets no gradient.
+    pub freeze_vision_tower: bool,
 }
 
 impl Default for Workload {
@@ -380,6 +383,7 @@ impl Default for Workload {
             loss: Loss::Hf,
             transformers: None,
             quant: None,
+            freeze_vision_tower: false,
         }
     }
 }

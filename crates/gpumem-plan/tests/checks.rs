@@ -714,3 +714,24 @@ fn plan_resolved(model: &ModelSpec, settings: Settings) -> gpumem_plan::Result<E
     let workload = settings.resolve(model)?.workload;
     estimate(model, &workload, &Overheads::default())
 }
+
+#[test]
+fn a_frozen_vision_tower_trains_only_the_rest() {
+    let frozen = |name: &str, freeze: bool| {
+        let settings = Settings {
+            seq: Some(77),
+            batch: Some(16),
+            freeze_vision_tower: freeze,
+            ..Settings::default()
+        };
+        plan_resolved(&model(name), settings)
+    };
+    // CLIP ViT-L/14: the 303,179,776 parameters of its vision tower get no gradient.
+    let clip = frozen("clip-vit-large-patch14", true).unwrap();
+    assert_eq!(clip.trainable_params, 427_616_513 - 303_179_776);
+    let trained = frozen("clip-vit-large-patch14", false).unwrap();
+    assert!(clip.peak_allocated_bytes < trained.peak_allocated_bytes);
+    let (name, message) = invalid(frozen("gpt2", true));
+    assert_eq!(name, "freeze-vision-tower");
+    assert!(message.contains("needs a vision tower"), "{message}");
+}

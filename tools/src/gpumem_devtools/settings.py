@@ -56,13 +56,17 @@ class Settings:
     # `lora_rank` (`--lora-rank R`): PEFT LoRA adapters of rank R (alpha 2R, no dropout) on
     # every linear layer (`target_modules="all-linear"`), the base frozen; needs peft.
     lora_rank: int | None = None
+    # `freeze_vision_tower` (`--freeze-vision-tower`): the vision tower of a vision-language
+    # model or dual encoder gets `requires_grad_(False)` before training (LLaVA's fine-tuning
+    # stage, LiT), so its forward records nothing for backward.
+    freeze_vision_tower: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         if out["no_cache"] is None:
             del out["no_cache"]
         for key in ("labels", "grad_ckpt_every", "grad_ckpt_per_op", "transformers", "loss",
-                    "lora_rank"):
+                    "lora_rank", "freeze_vision_tower"):
             if not out[key]:
                 del out[key]
         return out

@@ -43,6 +43,8 @@ def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device:
                    s.grad_ckpt_every, s.grad_ckpt_per_op)
         if s.lora_rank:
             wl.model = _with_lora(wl.model, s.lora_rank)
+        if s.freeze_vision_tower:
+            _vision_tower(wl.model).requires_grad_(False)
         if s.mode == "train":
             _train(wl, s, rec, steps, device)
         elif s.mode == "infer":
@@ -52,6 +54,18 @@ def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device:
         else:
             raise ValueError(f"unknown mode {s.mode!r}")
         rec.boundary("end")
+
+
+def _vision_tower(model: Any) -> Any:
+    """The vision tower of a vision-language model (LLaVA's `model.vision_tower`) or of a dual
+    encoder (CLIP's and SigLIP's `vision_model`)."""
+    for path in (("model", "vision_tower"), ("vision_tower",), ("vision_model",)):
+        part = model
+        for name in path:
+            part = getattr(part, name, None)
+        if part is not None:
+            return part
+    raise ValueError(f"{type(model).__name__} has no vision tower to freeze")
 
 
 def _with_lora(model: Any, rank: int) -> Any:
