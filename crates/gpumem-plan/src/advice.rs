@@ -5,6 +5,7 @@ use crate::error::Result;
 use crate::estimate::{estimate, Overheads};
 use crate::fit::{fit, FitTarget};
 use crate::model::{Architecture, ModelSpec};
+use crate::quant::{QuantFormat, Quantization};
 use crate::workload::{
     Attention, BaseQuant, Checkpointing, Dtype, Lora, Mode, Optimizer, OptimizerImpl, Sharding,
     Workload,
@@ -179,6 +180,24 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
             "--attn sdpa".into(),
             "none (PyTorch ≥ 2.0)",
             with(&|x| x.attention = Attention::Sdpa),
+        ));
+    }
+    if !training && transformer && w.quant.is_none() && w.lora.is_none() {
+        list.push((
+            "--quant int8".into(),
+            "bitsandbytes LLM.int8 at load: slower matmuls, little quality loss",
+            with(&|x| x.quant = Some(Quantization::of(QuantFormat::Int8))),
+        ));
+        list.push((
+            "--quant nf4:double,compute=bf16".into(),
+            "4-bit weights (bitsandbytes, or a GPTQ/AWQ checkpoint): some quality loss",
+            with(&|x| {
+                x.quant = Some(Quantization {
+                    double_quant: true,
+                    compute: Dtype::Bf16,
+                    ..Quantization::of(QuantFormat::Nf4)
+                })
+            }),
         ));
     }
     if w.mode == Mode::Infer && w.use_cache && model.has_decoder() {

@@ -735,3 +735,26 @@ fn a_frozen_vision_tower_trains_only_the_rest() {
     assert_eq!(name, "freeze-vision-tower");
     assert!(message.contains("needs a vision tower"), "{message}");
 }
+
+#[test]
+fn inference_that_does_not_fit_is_advised_to_load_quantised_weights() {
+    let llama = model("llama-3-70b");
+    let workload = Settings {
+        mode: Some("generate".into()),
+        seq: Some(1024),
+        new_tokens: Some(128),
+        ..Settings::default()
+    }
+    .resolve(&llama)
+    .unwrap()
+    .workload;
+    let advice = advise(&llama, &workload, &Overheads::default(), None, &Estimated).unwrap();
+    let changes: Vec<&str> = advice.iter().map(|s| s.change.as_str()).collect();
+    // 4-bit weights save the most: about 0.53 of 2 bytes per block-linear weight.
+    assert_eq!(
+        changes.first(),
+        Some(&"--quant nf4:double,compute=bf16"),
+        "{changes:?}"
+    );
+    assert!(changes.contains(&"--quant int8"), "{changes:?}");
+}
