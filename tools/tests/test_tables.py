@@ -140,7 +140,7 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     ids = [case_id(n, s) for n, s in grid()]
     assert len(ids) == len(set(ids)) == 139
     heldout = [case_id(n, s) for n, s in heldout_grid()]
-    assert len(heldout) == len(set(heldout)) == 48
+    assert len(heldout) == len(set(heldout)) == 60
     assert not set(ids) & set(heldout)
     architectures = [case_id(n, s) for n, s in architectures_grid()]
     assert len(architectures) == len(set(architectures)) == 36

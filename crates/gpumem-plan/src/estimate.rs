@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
 use crate::quant::{QuantFormat, Quantization};
-use crate::single_gpu::{old_release_buffer_bytes, old_release_tuple_cache};
+use crate::single_gpu::{model_buffer_bytes, old_release_buffer_bytes, old_release_tuple_cache};
 use crate::warning::Warning;
 use crate::workload::{
     BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload,
@@ -366,6 +366,10 @@ pub(crate) fn model_states(
         },
     };
     weights += counts.buffers as f64 * share * weight_bytes;
+    // Buffers a family's modelling code registers (replicated, not sharded).
+    if let Architecture::Transformer(spec) = &model.arch {
+        weights += model_buffer_bytes(spec);
+    }
     // Planning an older transformers release's inference: the buffers its modelling code had.
     if let (Architecture::Transformer(spec), Some(release)) = (&model.arch, workload.transformers) {
         if workload.mode != Mode::Train && release.full_prompt_logits() {

@@ -129,6 +129,18 @@ pub(crate) fn upcast_all_logits_before_4_45(spec: &TransformerSpec) -> bool {
     UPCAST_ALL_LOGITS_BEFORE_4_45.contains(&spec.model_type.as_str())
 }
 
+/// Bytes of the buffers today's modelling code of `spec`'s family registers beside its
+/// parameters: GPTBigCode's model keeps a boolean causal mask of `max_positions²`
+/// (`self.bias = nn.Buffer(torch.tril(...))`, transformers 5.x), 64 MiB for StarCoder's 8192
+/// positions, in every mode.
+pub(crate) fn model_buffer_bytes(spec: &TransformerSpec) -> f64 {
+    let positions = spec.max_positions.unwrap_or(0) as f64;
+    match spec.model_type.as_str() {
+        "gpt_bigcode" => positions * positions,
+        _ => 0.0,
+    }
+}
+
 /// Bytes of the per-layer buffers that transformers 4.44.2's modelling code of `spec`'s
 /// family registers and later releases dropped (read from its sources): GPT-2's and GPT-NeoX's
 /// attention keep a boolean causal mask of `max_positions²` (`register_buffer("bias",
