@@ -133,7 +133,7 @@ def test_measure_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert captured.err == "4 cases\n"
     assert measure_peak.main(["--list", "--heldout"]) == 0
     captured = capsys.readouterr()
-    assert len(captured.out.split()) == 48 and captured.err == "48 cases\n"
+    assert len(captured.out.split()) == 60 and captured.err == "60 cases\n"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -240,7 +240,7 @@ SPOT_CHECKS: list[tuple[str, Settings]] = [
     ("t5-small-4l", I(4, 128, labels=True, no_cache=False)),
     ("opt-6l", T(4, 256, amp="bf16")),
     ("gpt2-8l", T(4, 512, optimizer="adafactor", optimizer_impl="forloop")),
-    ("qwen3moe-4l", T(2, 256, dtype="bf16", attn="eager")),
+    ("qwen3moe-4l", T(1, 512, amp="bf16")),
     ("gemma3-6l", T(2, 256, dtype="bf16")),
 ]
 
