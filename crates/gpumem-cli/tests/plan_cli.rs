@@ -341,3 +341,34 @@ fn quantised_inference_is_planned_and_bad_formats_are_errors() {
         assert!(stderr.contains(expected), "{quant}: {stderr}");
     }
 }
+
+#[test]
+fn chunked_and_fused_losses_keep_fewer_logits() {
+    let peak = |loss: &str| {
+        let out = gpumem(&[
+            "plan",
+            "--model",
+            "llama-3-8b",
+            "--dtype",
+            "bf16",
+            "--batch",
+            "2",
+            "--seq",
+            "4096",
+            "--loss",
+            loss,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{loss}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["peak_allocated_bytes"].as_u64().unwrap()
+    };
+    // 8192 tokens × 128256 logits: HF's fp32 upcast keeps the most, Liger's fused loss none.
+    assert!(peak("fused") < peak("chunked"));
+    assert!(peak("chunked") < peak("hf"));
+    assert!(peak("chunked-fp32") < peak("hf"));
+    let out = gpumem(&["plan", "--model", "bert-base", "--loss", "chunked"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no causal LM head"), "{stderr}");
+}

@@ -3,9 +3,9 @@
 //! travels with the estimate.
 
 use crate::error::{PlanError, Result};
-use crate::model::{Architecture, ModelSpec, TransformerSpec};
+use crate::model::{Architecture, Head, ModelSpec, TransformerSpec};
 use crate::warning::Warning;
-use crate::workload::{Dtype, Mode, Sharding, Workload};
+use crate::workload::{choices, Dtype, Mode, Sharding, Workload};
 
 /// A dual encoder (CLIP, SigLIP) is planned on one pipeline stage without tensor parallelism
 /// or LoRA: how those split or adapt two towers is not modelled.
@@ -60,10 +60,27 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
             ),
         });
     }
+    let causal_lm = matches!(&model.arch, Architecture::Transformer(t) if t.head == Head::CausalLm);
+    if workload.mode == Mode::Train && workload.loss.chunked() && !causal_lm {
+        let name = choices::LOSSES
+            .iter()
+            .find(|(_, loss)| *loss == workload.loss)
+            .map_or("?", |(name, _)| name);
+        return Err(PlanError::InvalidValue {
+            name: "loss".into(),
+            value: name.into(),
+            reason: format!(
+                "chunked and fused cross-entropy read a causal language model's logits; {} has \
+                 no causal LM head (use --loss hf or none)",
+                model.name
+            ),
+        });
+    }
     let mut warnings = Vec::new();
     match &model.arch {
         Architecture::Transformer(t) => {
             check_dual_encoder(model, t, workload)?;
+
             if workload.freeze_vision_tower && t.vision.is_none() && t.dual.is_none() {
                 return Err(PlanError::InvalidValue {
                     name: "freeze-vision-tower".into(),

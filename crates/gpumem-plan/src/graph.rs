@@ -211,6 +211,13 @@ struct Tally {
     core: f64,
 }
 
+/// Positions per LM-head chunk in litgpt's fine-tuning loops (`lm_head_chunk_size=128`).
+const LITGPT_LM_HEAD_CHUNK: f64 = 128.0;
+
+/// Output chunks of torchtune's `CEWithChunkedOutputLoss` (`num_output_chunks`), along the
+/// sequence.
+const TORCHTUNE_OUTPUT_CHUNKS: f64 = 8.0;
+
 /// Builds the unit sequence of a model under a workload for one micro-batch (`batch` samples).
 pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Unit> {
     match &model.arch {
@@ -634,11 +641,13 @@ impl<'a> TransformerGraph<'a> {
 
     /// Hugging Face decoders keep `use_cache` on in training unless checkpointing (the model
     /// turns it off when any of its layers checkpoints): every layer's k and v then pass through
-    /// a `DynamicCache` concatenation (new tensors).
+    /// a `DynamicCache` concatenation (new tensors). litgpt's and torchtune's own models (their
+    /// chunked losses) keep no cache in training.
     fn cache_copies(&self) -> bool {
         self.training
             && self.spec.use_cache
             && self.workload.use_cache
+            && !matches!(self.workload.loss, Loss::Chunked | Loss::ChunkedFp32)
             && self.spec.is_causal_lm()
             && matches!(
                 self.workload.checkpointing,
@@ -1227,6 +1236,97 @@ impl<'a> TransformerGraph<'a> {
         (copies - shared).max(0.0) / self.split.tp
     }
 
+    /// The LM head of a training step whose loss reads the logits in chunks (`saved`: what
+    /// the head saves before its loss: the final norm's and the head's inputs).
+    /// * `chunked` (litgpt): every chunk's logits stay referenced through backward, and each
+    ///   chunk's cross-entropy saves its log-probabilities in the logits' dtype (fp32 under
+    ///   autocast, beside an fp32 copy of the chunk); backward makes one chunk's gradients at a
+    ///   time.
+    /// * `chunked-fp32` (torchtune): all chunks' logits exist until the loss has run (the recipe
+    ///   then drops them), each chunk's fp32 copy only during its own cross-entropy, which saves
+    ///   fp32 log-probabilities.
+    /// * `fused` (Liger-Kernel): the forward multiplies one chunk of rows by the head at a time
+    ///   (`next_power_of_2(rows / ceil(vocab / hidden))` rows), writes the loss gradient into that
+    ///   chunk in place, and keeps the gradient of the hidden states and the head's weight
+    ///   gradient (when it trains) for backward; the head's input is not saved.
+    fn chunked_loss_head(&self, tokens: f64, vocab: f64, saved: f64, params: u64) -> Unit {
+        let act = self.bytes.act;
+        let h = self.spec.hidden as f64;
+        let positions = self.decoder_sequence();
+        let logits = tokens * vocab;
+        // Elements of one chunk's logits, and the number of chunks.
+        let chunk = |default: f64| {
+            let per_chunk = self.workload.loss_chunk.map_or(default, |c| c as f64);
+            let per_chunk = per_chunk.min(positions);
+            (
+                self.batch * per_chunk * vocab,
+                (positions / per_chunk).ceil(),
+            )
+        };
+        // From the second chunk's backward on, the head's weight gradient of that chunk is
+        // made from the chunk's logit gradient and then added to the one the earlier chunks
+        // made (beside the out-of-place sum), while the log-probabilities of the chunks still
+        // to come stay saved.
+        let head_gradient = if self.workload.lora.is_none() {
+            vocab * h * self.bytes.residual
+        } else {
+            0.0
+        };
+        let accumulating = |chunk: f64, chunks: f64, log_bytes: f64| {
+            if chunks < 2.0 {
+                return chunk * act;
+            }
+            let waiting = (chunks - 2.0) * chunk * log_bytes;
+            (chunk * act + head_gradient).max(ACCUMULATION_COPIES * head_gradient) + waiting
+        };
+        let unit = Unit {
+            name: "head",
+            params,
+            ..Unit::default()
+        };
+        match self.workload.loss {
+            Loss::Chunked => {
+                let (chunk, chunks) = chunk(LITGPT_LM_HEAD_CHUNK);
+                let (log_bytes, copy) = if self.workload.amp.is_some() && act < 4.0 {
+                    (4.0, 4.0 * chunk)
+                } else {
+                    (act, 0.0)
+                };
+                Unit {
+                    saved: saved + logits * log_bytes,
+                    held: logits * act,
+                    forward_transient: copy,
+                    backward_transient: 2.0 * chunk * log_bytes,
+                    gradient_transient: accumulating(chunk, chunks, log_bytes),
+                    ..unit
+                }
+            }
+            Loss::ChunkedFp32 => {
+                let (chunk, chunks) = chunk((positions / TORCHTUNE_OUTPUT_CHUNKS).ceil());
+                // `.float()` of fp32 logits returns them (no copy).
+                let copy = if act < 4.0 { 4.0 * chunk } else { 0.0 };
+                Unit {
+                    saved: saved + logits * 4.0,
+                    forward_transient: logits * act + copy,
+                    backward_transient: 2.0 * 4.0 * chunk,
+                    gradient_transient: accumulating(chunk, chunks, 4.0),
+                    ..unit
+                }
+            }
+            _ => {
+                let factor = (self.spec.vocab as f64 / h).ceil().max(1.0);
+                let rows = ((tokens / factor).ceil() as u64).next_power_of_two() as f64;
+                let head_input = tokens * self.bytes.linear_input(h, 1.0);
+                Unit {
+                    saved: saved - head_input + tokens * h * act + head_gradient,
+                    // The chunk's logits and the per-row fp32 loss.
+                    forward_transient: rows.min(tokens) * vocab * act + tokens * 4.0,
+                    ..unit
+                }
+            }
+        }
+    }
+
     /// Bytes of the block's largest quantised weight dequantised while its matmul runs: a
     /// quantised checkpoint's inference (see `Quantization::dequantised_bytes`), or QLoRA's NF4
     /// base: always with gradients; without, only for more than one token (a single token runs
@@ -1328,6 +1428,13 @@ impl<'a> TransformerGraph<'a> {
                         params,
                         ..Unit::default()
                     }
+                } else if self.training && self.workload.loss.chunked() {
+                    self.chunked_loss_head(
+                        tokens,
+                        vocab,
+                        tokens * saved_per_token + autocast_weight(lm_weights) + softcap,
+                        params,
+                    )
                 } else if self.training {
                     let log_probs = tokens * vocab * loss_bytes;
                     Unit {

@@ -7,7 +7,7 @@ use crate::quant::{CheckpointQuant, QuantFormat, Quantization};
 use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
-    BaseQuant, Checkpointing, Dtype, Layout, Lora, Mode, Optimizer, OptimizerImpl, Sharding,
+    BaseQuant, Checkpointing, Dtype, Layout, Lora, Loss, Mode, Optimizer, OptimizerImpl, Sharding,
     Target, TransformersRelease, Workload,
 };
 use serde::Deserialize;
@@ -136,10 +136,17 @@ pub struct Settings {
     #[cfg_attr(feature = "clap", arg(long))]
     pub qlora: bool,
     /// Loss of a training step: hf (the model's own from labels: cross-entropy over every
-    /// position, upcast to fp32 for causal LMs) or none (backward from logits.sum(), the outputs
-    /// kept through backward, as forward/backward benchmarks run) [default: hf].
+    /// position, upcast to fp32 for causal LMs), none (backward from logits.sum(), the outputs
+    /// kept through backward, as forward/backward benchmarks run), chunked (litgpt: LM head and
+    /// cross-entropy per chunk of positions in the logits' dtype), chunked-fp32 (torchtune's
+    /// CEWithChunkedOutputLoss: each chunk upcast for its own cross-entropy) or fused
+    /// (Liger-Kernel's fused linear cross-entropy: no logits kept) [default: hf].
     #[cfg_attr(feature = "clap", arg(long))]
     pub loss: Option<String>,
+    /// Positions per chunk of `--loss chunked` / `chunked-fp32` [default: 128 (litgpt's
+    /// lm_head_chunk_size) / an eighth of --seq (torchtune's 8 output chunks)].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "POSITIONS"))]
+    pub loss_chunk: Option<u64>,
     /// transformers release whose inference is planned, MAJOR.MINOR[.PATCH]: before 4.45
     /// generate's prefill computes the logits of every prompt position (and Llama-family
     /// forwards upcast all logits to fp32) [default: latest].
@@ -398,6 +405,7 @@ impl Settings {
             use_cache: !self.no_cache,
             labels: self.labels,
             loss: pick(&self.loss, "loss", choices::LOSSES)?.unwrap_or(d.loss),
+            loss_chunk: self.loss_chunk,
             transformers: self
                 .transformers
                 .as_deref()
@@ -590,6 +598,20 @@ impl Settings {
                 reason: format!(
                     "{mode_name} mode computes no training loss (--labels adds the model's own)"
                 ),
+            });
+        }
+        let chunked = self.loss.as_deref().is_some_and(|l| {
+            matches!(
+                parse("loss", l, choices::LOSSES),
+                Ok(Loss::Chunked | Loss::ChunkedFp32)
+            )
+        });
+        if self.loss_chunk.is_some() && (mode != Mode::Train || !chunked) {
+            warnings.push(Warning::Ignored {
+                flag: "--loss-chunk",
+                reason: "only --loss chunked and chunked-fp32 split the logits into chunks of \
+                         positions (fused sizes its own chunks)"
+                    .into(),
             });
         }
         if mode == Mode::Train && self.transformers.is_some() {

@@ -62,7 +62,7 @@ pub enum Optimizer {
 
 /// What a training step computes from the logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Loss {
     /// The model's own loss from labels in the batch, as the Hugging Face Trainer runs it:
     /// cross-entropy over every position's logits (upcast to fp32 for causal LMs).
@@ -70,6 +70,24 @@ pub enum Loss {
     /// No loss module: backward from `outputs.logits.sum()`, the model's outputs kept until
     /// backward has run, as forward/backward benchmarks do.
     None,
+    /// litgpt's: the LM head applied to chunks of positions (`lm_head_chunk_size=128`), the
+    /// chunks kept referenced through backward, cross-entropy per chunk in the logits' dtype
+    /// (`chunked_cross_entropy`).
+    Chunked,
+    /// torchtune's `CEWithChunkedOutputLoss`: the LM head per chunk (8 along the sequence),
+    /// each chunk upcast to fp32 only for its own cross-entropy; the recipe drops the logits
+    /// before backward.
+    ChunkedFp32,
+    /// Liger-Kernel's fused linear cross-entropy: no logits beyond one chunk of rows; the
+    /// forward computes the loss and the gradients of the hidden states and of the LM head.
+    Fused,
+}
+
+impl Loss {
+    /// Whether the loss reads the logits of a language-model head chunk by chunk (or fused).
+    pub fn chunked(self) -> bool {
+        matches!(self, Loss::Chunked | Loss::ChunkedFp32 | Loss::Fused)
+    }
 }
 
 /// PyTorch's optimizer-step implementations differ in their temporaries.
@@ -348,6 +366,9 @@ pub struct Workload {
     pub labels: bool,
     /// What a training step computes from the logits.
     pub loss: Loss,
+    /// Positions per chunk of a chunked loss (None: the framework's default, litgpt's 128 or
+    /// torchtune's eighth of the sequence).
+    pub loss_chunk: Option<u64>,
     /// The transformers release whose inference behaviour is planned; None: today's (the
     /// latest).
     pub transformers: Option<TransformersRelease>,
@@ -381,6 +402,7 @@ impl Default for Workload {
             use_cache: true,
             labels: false,
             loss: Loss::Hf,
+            loss_chunk: None,
             transformers: None,
             quant: None,
             freeze_vision_tower: false,
@@ -438,6 +460,9 @@ impl Workload {
         }
         if self.mode == Mode::Generate {
             check_size("new-tokens", self.new_tokens)?;
+        }
+        if let Some(chunk) = self.loss_chunk {
+            check_size("loss-chunk", chunk)?;
         }
         let layout = &self.layout;
         if !layout.gpus.is_multiple_of(layout.tp * layout.pp) {
@@ -553,7 +578,13 @@ pub mod choices {
         &[("1", FsdpVersion::V1), ("2", FsdpVersion::V2)];
     /// `--fsdp-mp` (a half-precision `param_dtype`).
     /// `--loss`.
-    pub const LOSSES: &[(&str, Loss)] = &[("hf", Loss::Hf), ("none", Loss::None)];
+    pub const LOSSES: &[(&str, Loss)] = &[
+        ("hf", Loss::Hf),
+        ("none", Loss::None),
+        ("chunked", Loss::Chunked),
+        ("chunked-fp32", Loss::ChunkedFp32),
+        ("fused", Loss::Fused),
+    ];
     /// `--fsdp-mp`.
     pub const FSDP_MP_DTYPES: &[(&str, Dtype)] = &[
         ("bf16", Dtype::Bf16),

@@ -172,3 +172,8 @@ fn planner_matches_pytorch_measurements_of_diffusion_models() {
 fn planner_matches_pytorch_measurements_of_lora() {
     check_measured_set("measured_lora.jsonl");
 }
+
+#[test]
+fn planner_matches_pytorch_measurements_of_chunked_losses() {
+    check_measured_set("measured_losses.jsonl");
+}

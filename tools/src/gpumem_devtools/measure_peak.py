@@ -44,6 +44,7 @@ MULTIMODAL_OUT = "testdata/plan/measured_multimodal.jsonl"
 SETTINGS_OUT = "testdata/plan/measured_settings.jsonl"
 DIFFUSION_OUT = "testdata/plan/measured_diffusion.jsonl"
 LORA_OUT = "testdata/plan/measured_lora.jsonl"
+LOSSES_OUT = "testdata/plan/measured_losses.jsonl"
 STEPS = 2
 
 
@@ -422,6 +423,33 @@ LORA_HELDOUT: list[tuple[str, Settings]] = [
 ]
 
 
+def losses_grid() -> list[tuple[str, Settings]]:
+    """(config name, Settings) of the chunked-loss set (`--losses`, measured_losses.jsonl): the
+    LM head per chunk of positions and litgpt's `chunked_cross_entropy` or torchtune's
+    `CEWithChunkedOutputLoss` (pip install litgpt torchtune), over decoders with large
+    vocabularies, fp32 and bf16; the cases of `LOSSES_HELDOUT` close the list (measured after
+    the planner's mechanisms were written)."""
+    litgpt = {"loss": "chunked", "no_cache": True}
+    torchtune = {"loss": "chunked-fp32", "no_cache": True}
+    return [
+        ("tinyllama-2l", T(4, 512, dtype="bf16", **litgpt)),
+        ("tinyllama-2l", T(4, 512, dtype="bf16", **torchtune)),
+        ("gpt2-2l", T(4, 256, **litgpt)),
+        ("gpt2-2l", T(4, 256, **torchtune)),
+        ("qwen2.5-2l", T(2, 512, dtype="bf16", **litgpt)),
+        ("qwen2.5-2l", T(2, 512, dtype="bf16", **torchtune)),
+        ("tinyllama-2l", T(2, 1024, dtype="bf16", loss_chunk=256, **litgpt)),
+    ] + LOSSES_HELDOUT
+
+
+LOSSES_HELDOUT: list[tuple[str, Settings]] = [
+    ("tinyllama-8l", T(2, 512, dtype="bf16", optimizer="none", optimizer_impl=None,
+                       **{"loss": "chunked", "no_cache": True})),
+    ("qwen2.5-2l", T(4, 256, **{"loss": "chunked-fp32", "no_cache": True})),
+    ("gpt2-2l", T(2, 512, dtype="bf16", loss_chunk=64, **{"loss": "chunked-fp32", "no_cache": True})),
+]
+
+
 def diffusion_grid() -> list[tuple[str, Settings]]:
     """(config name, Settings) of the diffusion set (`--diffusion`, measured_diffusion.jsonl):
     shrunk diffusers UNets and a DiT in a no-grad denoising step (a sampler step; batch 2 is
@@ -474,6 +502,8 @@ def case_id(name: str, s: Settings) -> str:
         parts.append(f"loss-{s.loss}")
     if s.lora_rank:
         parts.append(f"lora{s.lora_rank}")
+    if s.loss_chunk:
+        parts.append(f"chunk{s.loss_chunk}")
     if s.freeze_vision_tower:
         parts.append("frozen-tower")
     return "-".join(parts)
@@ -559,12 +589,22 @@ def notes(name: str, s: Settings, device: str, threads: int,
                    "adapters fp32 over a half-precision base (autocast_adapter_dtype)")
     if s.freeze_vision_tower:
         out.append("vision tower requires_grad_(False) before the optimizer is built")
+    if s.loss == "chunked":
+        out.append("loss as litgpt's finetune loop: body without cache, lm_head per "
+                   f"{s.loss_chunk or 128} positions, chunks[-1][..., :-1, :], "
+                   "litgpt.utils.chunked_cross_entropy(chunks, ids[..., 1:]); chunks kept "
+                   "through backward")
+    elif s.loss == "chunked-fp32":
+        out.append("loss as torchtune's recipes: body without cache, output per chunk "
+                   "(hidden.chunk(n, dim=1)), CEWithChunkedOutputLoss(n) on labels shifted "
+                   "with -100, `del logits` before backward")
     return "; ".join(out)
 
 
-def versions(diffusers: bool = False, peft: bool = False) -> dict[str, str]:
+def versions(diffusers: bool = False, peft: bool = False,
+             losses: bool = False) -> dict[str, str]:
     """Versions of the measuring stack (with diffusers' for the diffusion set, peft's for the
-    LoRA set)."""
+    LoRA set, litgpt's and torchtune's for the chunked-loss set)."""
     torch = require("torch")
     transformers = require("transformers")
     out = {"torch": torch.__version__, "transformers": transformers.__version__,
@@ -573,6 +613,11 @@ def versions(diffusers: bool = False, peft: bool = False) -> dict[str, str]:
         out["diffusers"] = require("diffusers").__version__
     if peft:
         out["peft"] = require("peft").__version__
+    if losses:
+        from importlib.metadata import version
+
+        out["litgpt"] = version("litgpt")
+        out["torchtune"] = version("torchtune")
     return out
 
 
@@ -766,6 +811,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"measure the diffusers set (default --out: {DIFFUSION_OUT})")
     ap.add_argument("--lora", action="store_true",
                     help=f"measure the PEFT LoRA set (default --out: {LORA_OUT}; pip install peft)")
+    ap.add_argument("--losses", action="store_true",
+                    help=f"measure the chunked-loss set (default --out: {LOSSES_OUT}; pip "
+                         "install litgpt torchtune)")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
     ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
@@ -782,6 +830,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              else settings_grid() if args.settings
              else diffusion_grid() if args.diffusion
              else lora_grid() if args.lora
+             else losses_grid() if args.losses
              else heldout_grid() if args.heldout else grid())
     cases = [(n, s, case_id(n, s)) for n, s in table]
     if args.only is not None:
@@ -803,12 +852,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.self_test:
             self_test(root)
             return 0
-        vers = versions(args.diffusion, args.lora)
+        vers = versions(args.diffusion, args.lora, args.losses)
         default_out = (ARCHITECTURES_OUT if args.architectures
                        else MULTIMODAL_OUT if args.multimodal
                        else SETTINGS_OUT if args.settings
                        else DIFFUSION_OUT if args.diffusion
                        else LORA_OUT if args.lora
+                       else LOSSES_OUT if args.losses
                        else HELDOUT_OUT if args.heldout else DEFAULT_OUT)
         out = args.out or root / default_out
         _measure_cases(root, out, cases, table, args.redo, args.device,
@@ -837,7 +887,8 @@ def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, s
         done[cid] = {"id": cid, "config": cfg, "settings": s.as_dict(),
                      "measured": {"peak_allocated_bytes": peak, "phase": phase},
                      "versions": vers, "notes": notes(name, s, device, threads, tv)}
-        if (name, s) in MULTIMODAL_HELDOUT or (name, s) in LORA_HELDOUT:
+        if (name, s) in MULTIMODAL_HELDOUT or (name, s) in LORA_HELDOUT or (
+                name, s) in LOSSES_HELDOUT:
             done[cid]["heldout"] = True
         gc.collect()
         print(f"{cid}: {peak / 2**20:.1f} MiB ({phase}) in {time.time() - t0:.1f}s", flush=True)

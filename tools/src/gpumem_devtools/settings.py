@@ -51,7 +51,10 @@ class Settings:
     transformers: str | None = None
     # `loss` (`--loss none`): None is the model's own loss (HF: labels in the batch); "none"
     # runs the forward without labels and backpropagates from `outputs.logits.sum()`, keeping
-    # `outputs` until backward has run, as forward/backward benchmarks do.
+    # `outputs` until backward has run, as forward/backward benchmarks do; "chunked" and
+    # "chunked-fp32" run the body, then the LM head per chunk of positions and the real loss
+    # functions of litgpt (`chunked_cross_entropy`, the chunks kept through backward) and
+    # torchtune (`CEWithChunkedOutputLoss`, the chunks dropped before backward).
     loss: str | None = None
     # `lora_rank` (`--lora-rank R`): PEFT LoRA adapters of rank R (alpha 2R, no dropout) on
     # every linear layer (`target_modules="all-linear"`), the base frozen; needs peft.
@@ -60,13 +63,16 @@ class Settings:
     # model or dual encoder gets `requires_grad_(False)` before training (LLaVA's fine-tuning
     # stage, LiT), so its forward records nothing for backward.
     freeze_vision_tower: bool = False
+    # `loss_chunk` (`--loss-chunk N`): positions per chunk of `loss="chunked"` (litgpt,
+    # default 128) or `"chunked-fp32"` (torchtune, default: 8 chunks along the sequence).
+    loss_chunk: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         if out["no_cache"] is None:
             del out["no_cache"]
         for key in ("labels", "grad_ckpt_every", "grad_ckpt_per_op", "transformers", "loss",
-                    "lora_rank", "freeze_vision_tower"):
+                    "lora_rank", "freeze_vision_tower", "loss_chunk"):
             if not out[key]:
                 del out[key]
         return out

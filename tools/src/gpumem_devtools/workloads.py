@@ -99,8 +99,11 @@ def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) ->
             elif s.loss == "none":
                 outputs = wl.model(**inputs, **extra)
                 loss = outputs.logits.sum()
+            elif s.loss in ("chunked", "chunked-fp32"):
+                loss, outputs = _chunked_loss(wl, inputs["input_ids"], s)
             else:
-                raise ValueError(f"unknown loss {s.loss!r} (accepted: none)")
+                raise ValueError(f"unknown loss {s.loss!r} (accepted: none, chunked, "
+                                 "chunked-fp32)")
         rec.boundary("backward")
         loss.backward()
         del outputs
@@ -112,6 +115,48 @@ def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) ->
         rec.boundary("zero_grad")
         (opt or wl.model).zero_grad(set_to_none=True)
         del loss, inputs
+
+
+def _chunked_loss(wl: Workload, ids: torch.Tensor, s: Settings) -> tuple[torch.Tensor, Any]:
+    """A causal LM's loss as litgpt's and torchtune's fine-tuning loops compute it: the body
+    (their models keep no KV cache in training), the LM head per chunk of positions, and their
+    own loss functions. Returns the loss and what the loop keeps referenced through backward
+    (litgpt: the logit chunks; torchtune drops them)."""
+    if wl.kind != "causal_lm":
+        raise ValueError("chunked losses are measured for causal LMs")
+    hidden = wl.model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+    head = wl.model.get_output_embeddings()
+    if s.loss == "chunked":
+        chunked_cross_entropy = require("litgpt.utils").chunked_cross_entropy
+        chunks = [head(h) for h in hidden.split(s.loss_chunk or 128, dim=1)]
+        del hidden
+        # litgpt's finetune loop: the last chunk drops its last position (targets shift).
+        chunks[-1] = chunks[-1][..., :-1, :]
+        return chunked_cross_entropy(chunks, ids[..., 1:]), chunks
+    loss_fn = _torchtune_chunked_loss()(
+        num_output_chunks=-(-ids.shape[1] // s.loss_chunk) if s.loss_chunk else 8)
+    chunks = [head(h) for h in hidden.chunk(loss_fn.num_output_chunks, dim=1)]
+    del hidden
+    ignored = torch.full((ids.shape[0], 1), loss_fn.ignore_index, device=ids.device)
+    loss = loss_fn(chunks, torch.hstack((ids[..., 1:], ignored)))
+    del chunks  # as torchtune's recipes do before backward
+    return loss, None
+
+
+def _torchtune_chunked_loss() -> Any:
+    """torchtune's `CEWithChunkedOutputLoss`, loaded from its own file: importing the
+    torchtune package pulls in its datasets and torchao."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchtune")
+    if spec is None or not spec.submodule_search_locations:
+        raise missing("torchtune", ModuleNotFoundError(name="torchtune"))
+    path = Path(spec.submodule_search_locations[0]) / "modules/loss/ce_chunked_output_loss.py"
+    module_spec = importlib.util.spec_from_file_location("_torchtune_ce_chunked", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.CEWithChunkedOutputLoss
 
 
 def _cache_argument(wl: Workload, s: Settings) -> dict[str, Any]:
