@@ -1230,7 +1230,11 @@ impl<'a> TransformerGraph<'a> {
         let (h, qw) = (spec.hidden as f64, spec.query_width() as f64);
         let f = spec.routed_intermediate(layer) as f64;
         let qkv_linears = if spec.fused_qkv { 1.0 } else { 3.0 };
-        let mlp_in_linears = if spec.gated_mlp { 2.0 } else { 1.0 };
+        let mlp_in_linears = if spec.gated_mlp && !spec.fused_gate_up {
+            2.0
+        } else {
+            1.0
+        };
         let copies = 4.0 * ((qkv_linears + mlp_in_linears) * h + qw + f);
         let shared = self.bytes.act * (2.0 * h + qw + f);
         (copies - shared).max(0.0) / self.split.tp

@@ -199,3 +199,31 @@ fn dual_encoder_configs_take_the_tower_defaults() {
         "vision_config_dict": {"patch_size": 32}}"#;
     assert_eq!(count(clip_b32_old), 151_277_313);
 }
+
+/// LoRA's trainable parameters equal PEFT's (`get_peft_model(model, LoraConfig(r=16,
+/// target_modules="all-linear"))`, peft 0.21.2, counted on the meta device): a fused projection
+/// (GPT-2's `c_attn`, GPT-NeoX's `query_key_value`, Phi-3's `qkv_proj` and `gate_up_proj`) is
+/// one linear with one adapter.
+#[test]
+fn lora_trainable_parameters_match_peft() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/plan/configs/");
+    for (config, peft) in [
+        ("gpt2-12l", 786_432),
+        ("pythia-6l", 786_432),
+        ("phi3-4l", 720_896),
+        ("tinyllama-8l", 581_632),
+    ] {
+        let model = gpumem_plan::load_config(std::path::Path::new(&format!("{root}{config}.json")))
+            .unwrap();
+        let workload = gpumem_plan::Settings {
+            lora_rank: Some(16),
+            seq: Some(128),
+            ..Default::default()
+        }
+        .resolve(&model)
+        .unwrap()
+        .workload;
+        let plan = gpumem_plan::estimate(&model, &workload, &Default::default()).unwrap();
+        assert_eq!(plan.trainable_params, peft, "{config}");
+    }
+}
