@@ -372,3 +372,53 @@ fn chunked_and_fused_losses_keep_fewer_logits() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no causal LM head"), "{stderr}");
 }
+
+#[test]
+fn lora_targets_and_dropout_are_planned_and_checked() {
+    let trainable = |targets: &str| {
+        let out = gpumem(&[
+            "plan",
+            "--model",
+            "llama-2-7b",
+            "--lora-rank",
+            "16",
+            "--lora-targets",
+            targets,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{targets}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["trainable_params"].as_u64().unwrap()
+    };
+    // PEFT's default for Llama: q_proj and v_proj, 2 × 16 × (4096 + 4096) per block.
+    assert_eq!(trainable("q_proj,v_proj"), 32 * 2 * 16 * 8192);
+    assert!(trainable("q,v") < trainable("all-linear"));
+    for (args, expected) in [
+        (
+            &["--model", "gpt2", "--lora-rank", "8", "--lora-targets", "q"][..],
+            "computes q, k and v with one linear",
+        ),
+        (
+            &[
+                "--model",
+                "gpt2",
+                "--lora-rank",
+                "8",
+                "--lora-targets",
+                "lm_head",
+            ][..],
+            "not a linear of a transformer block",
+        ),
+        (
+            &["--model", "gpt2", "--lora-rank", "8", "--lora-dropout", "1"][..],
+            "must be a probability",
+        ),
+    ] {
+        let mut full = vec!["plan"];
+        full.extend_from_slice(args);
+        let out = gpumem(&full);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}

@@ -121,21 +121,13 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
             list.push((
                 "--lora-rank 16".into(),
                 "trains adapters only: a different fine-tune, not full training",
-                with(&|x| {
-                    x.lora = Some(Lora {
-                        rank: 16,
-                        base: BaseQuant::None,
-                    })
-                }),
+                with(&|x| x.lora = Some(Lora::new(16, BaseQuant::None))),
             ));
             list.push((
                 "--qlora".into(),
                 "4-bit frozen base: ~20-30% slower steps, small quality loss",
                 with(&|x| {
-                    x.lora = Some(Lora {
-                        rank: 16,
-                        base: BaseQuant::Nf4,
-                    });
+                    x.lora = Some(Lora::new(16, BaseQuant::Nf4));
                     if x.dtype == Dtype::Fp32 {
                         x.dtype = Dtype::Bf16;
                     }

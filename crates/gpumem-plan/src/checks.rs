@@ -173,6 +173,9 @@ fn check_tensor_parallel(model: &ModelSpec, t: &TransformerSpec, tp: u64) -> Res
 
 /// A LoRA rank above the model width adds more parameters than the matrices it adapts.
 fn check_lora_rank(model: &ModelSpec, t: &TransformerSpec, workload: &Workload) -> Result<()> {
+    if let Some(lora) = workload.lora {
+        lora.targets.check(t, &model.name)?;
+    }
     match workload.lora {
         Some(lora) if lora.rank > t.hidden => Err(PlanError::InvalidValue {
             name: "lora-rank".into(),

@@ -290,7 +290,9 @@ pub(crate) fn trainable_params(
     counts: &ParamCounts,
 ) -> u64 {
     match (&model.arch, workload.lora) {
-        (Architecture::Transformer(spec), Some(lora)) => spec.lora_params(lora.rank),
+        (Architecture::Transformer(spec), Some(lora)) => {
+            crate::lora::lora_params(spec, lora.rank, lora.targets)
+        }
         // Training leaves out what no gradient reaches (a frozen vision tower, the tower layers
         // after the one a vision-language model reads).
         _ if workload.mode == Mode::Train => build_units(model, workload, 1)
@@ -349,12 +351,15 @@ pub(crate) fn model_states(
     let share = full_params / counts.total().max(1) as f64;
     let weight_bytes = workload.dtype.bytes() as f64;
     let lora = workload.lora;
+    // PEFT keeps its adapters in fp32 whatever the base's dtype (`autocast_adapter_dtype`), so
+    // their gradients and optimizer states are fp32 too.
+    let trained_bytes = if lora.is_some() { 4.0 } else { weight_bytes };
     let mut weights = match lora {
         Some(l) => {
             let quantised = counts.block_linear as f64 * share;
             quantised * base_weight_bytes(l.base, workload.dtype)
                 + (full_params - quantised) * weight_bytes
-                + trainable as f64 * share * weight_bytes
+                + trainable as f64 * share * trained_bytes
         }
         // A quantised checkpoint stores its block linears in its format.
         None => match workload.quant {
@@ -389,7 +394,7 @@ pub(crate) fn model_states(
     }
     let master = workload.amp.is_some() && workload.dtype != Dtype::Fp32;
     // Optimizer states follow the parameter dtype unless a fp32 master copy exists.
-    let state_bytes = if master { 4.0 } else { weight_bytes };
+    let state_bytes = if master { 4.0 } else { trained_bytes };
     let largest_trainable = match (lora, &model.arch) {
         (Some(l), Architecture::Transformer(spec)) => {
             (l.rank * spec.hidden.max(spec.intermediate)) as f64
@@ -426,7 +431,7 @@ pub(crate) fn model_states(
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Fused)
         | (Optimizer::Sgd | Optimizer::Adam8bit | Optimizer::None, _) => 0.0,
     };
-    let grad_bytes = weight_bytes;
+    let grad_bytes = trained_bytes;
     // Gradient bytes per parameter of a unit: only the trainable share (LoRA adapters) gets one.
     let mut grad_per_param = grad_bytes / tp * trainable_local / trained_params.max(1.0);
     let gradients_full = trainable_local * grad_bytes;

@@ -494,7 +494,11 @@ impl<'a> TransformerGraph<'a> {
                     causal: spec.decoder,
                     cached_keys: window,
                 };
-                units.push(self.block(shape, None, layer));
+                let mut block = self.block(shape, None, layer);
+                if index == 0 {
+                    block.saved -= self.frozen_prefix(shape, layer);
+                }
+                units.push(block);
             }
         }
         if spec.head == Head::AttentionPool && self.training {
@@ -527,7 +531,12 @@ impl<'a> TransformerGraph<'a> {
 
     /// Saved bytes per normalised element of an input of `input` bytes per element.
     fn norm_element_bytes(&self, input: f64) -> f64 {
+        // Under LoRA the norms' weights are frozen: the product with the weight saves nothing,
+        // so an RMSNorm keeps only the fp32 values its variance reads (LayerNorm saves its
+        // input either way).
+        let frozen = self.training && self.workload.lora.is_some();
         match self.spec.norm {
+            Norm::RmsNorm | Norm::RmsNormOffset | Norm::RmsNormScaledInput if frozen => 4.0,
             Norm::LayerNorm => input,
             // The fp32 copy the variance reads and the fp32 normalised values (scaled by
             // `1 + weight` before the cast back).
@@ -1076,7 +1085,10 @@ impl<'a> TransformerGraph<'a> {
             + key_bytes
             + tally.core
             + autocast_weights
-            + tokens * self.lora_fp32_inputs(layer);
+            + tokens * {
+                let change = self.lora_inputs(layer);
+                change.attention + change.mlp
+            };
         let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
         // No-grad forward: the hidden states the family's block code holds (block input, norm
         // output, residual sum, attention output) beside what each sublayer computes; the
@@ -1215,29 +1227,71 @@ impl<'a> TransformerGraph<'a> {
         (queries * per_query + keys * per_key) * act / self.split.tp + kernel
     }
 
-    /// Extra bytes per token a block saves under LoRA over half-precision base weights: PEFT
-    /// keeps its adapters in fp32 (`autocast_adapter_dtype=True`, its default) and casts each
-    /// adapted linear's input to fp32 (`_cast_input_dtype`), so every adapter's `lora_A` saves
-    /// its own fp32 copy, where the frozen base linear saves nothing and the planner's linear
-    /// inputs count one shared tensor in the activation dtype per input. Dense blocks (q, k, v
-    /// or a fused qkv, o, and the MLP's linears); measured on CPU with peft 0.21.
-    fn lora_fp32_inputs(&self, layer: LayerKind) -> f64 {
-        let spec = self.spec;
+    /// Bytes per token a block's saved inputs change by under LoRA (`lora::saved_change`):
+    /// frozen linears save nothing, each adapter its own input (PEFT's fp32 copy over a
+    /// half-precision base, or dropout's output and mask). Measured on CPU with peft 0.21.
+    fn lora_inputs(&self, layer: LayerKind) -> crate::lora::SavedChange {
+        let Some(lora) = self.workload.lora.filter(|_| self.training) else {
+            return Default::default();
+        };
         let half_base = self.bytes.residual < 4.0;
-        if self.workload.lora.is_none() || !half_base || !self.training || layer.moe {
+        // The output projection reads the attention kernel's output, which the kernel saves
+        // anyway, unless eager attention (or per-head queries) makes a merged copy for it.
+        let o_input_shared = self.workload.attention != Attention::Eager
+            && !self.materialises_scores()
+            && !self.spec.head_layout_queries;
+        let block = crate::lora::LoraBlock {
+            act: self.bytes.act,
+            half_base,
+            o_input_shared,
+        };
+        let change = crate::lora::saved_change(self.spec, layer, &lora, block);
+        crate::lora::SavedChange {
+            attention: change.attention / self.split.tp,
+            mlp: change.mlp / self.split.tp,
+        }
+    }
+
+    /// What the first block of a decoder saves under LoRA that no gradient needs: autograd
+    /// records from the first adapter on, and the block's input (the frozen embeddings' output)
+    /// requires none. Its first norm records nothing; when no attention linear carries an
+    /// adapter, neither does the attention, nor (blocks in sequence) the second norm; with a
+    /// parallel residual (GPT-NeoX, Phi) both norms read the input, and an MLP without
+    /// adapters records nothing either.
+    fn frozen_prefix(&self, shape: AttentionShape, layer: LayerKind) -> f64 {
+        let spec = self.spec;
+        let Some(lora) = self.workload.lora.filter(|_| self.training) else {
+            return 0.0;
+        };
+        if spec.post_norm || spec.vision.is_some() || spec.dual.is_some() {
             return 0.0;
         }
-        let (h, qw) = (spec.hidden as f64, spec.query_width() as f64);
-        let f = spec.routed_intermediate(layer) as f64;
-        let qkv_linears = if spec.fused_qkv { 1.0 } else { 3.0 };
-        let mlp_in_linears = if spec.gated_mlp && !spec.fused_gate_up {
-            2.0
-        } else {
-            1.0
+        let tokens = self.batch * shape.queries;
+        let norm = tokens * self.norm_saved() / self.split.sequence;
+        let change = self.lora_inputs(layer);
+        let mut prefix = match (spec.parallel_residual, spec.shared_block_norm) {
+            (true, false) => {
+                2.0 * norm - tokens * self.bytes.residual * spec.hidden as f64 / self.split.sequence
+            }
+            _ => norm,
         };
-        let copies = 4.0 * ((qkv_linears + mlp_in_linears) * h + qw + f);
-        let shared = self.bytes.act * (2.0 * h + qw + f);
-        (copies - shared).max(0.0) / self.split.tp
+        if !crate::lora::adapts_attention(lora.targets) {
+            let mut tally = Tally::default();
+            let attention = self.attention(shape, false, &mut tally);
+            prefix += tokens
+                * (tally.sharded / self.split.tp
+                    + tally.replicated / self.split.sequence
+                    + change.attention)
+                + attention.key_saved
+                + tally.core;
+            if !spec.parallel_residual {
+                prefix += norm;
+            }
+        }
+        if spec.parallel_residual && !crate::lora::adapts_mlp(lora.targets) {
+            prefix += tokens * (self.mlp(layer) / self.split.tp + change.mlp);
+        }
+        prefix
     }
 
     /// The LM head of a training step whose loss reads the logits in chunks (`saved`: what

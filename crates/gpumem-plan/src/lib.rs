@@ -20,6 +20,7 @@ pub mod gpu;
 mod graph;
 pub mod hf;
 pub mod limits;
+pub mod lora;
 pub mod model;
 pub mod names;
 pub mod quant;

@@ -831,37 +831,6 @@ impl TransformerSpec {
             (None, None) => own,
         }
     }
-
-    /// Trainable parameters that rank-`rank` LoRA adapters add to every linear layer of every
-    /// block (of the language model; a vision tower stays frozen). A fused projection (GPT-2's
-    /// `c_attn`, GPT-NeoX's `query_key_value`, Phi-3's `qkv_proj` and `gate_up_proj`) is one
-    /// linear, so one adapter, as PEFT's `all-linear` adapts it.
-    pub fn lora_params(&self, rank: u64) -> u64 {
-        let per_block = |layer: LayerKind| {
-            let mut sides = 0;
-            let mut add = |i: u64, o: u64, n: u64| sides += (i + o) * n;
-            self.attention_linears(&mut add);
-            self.mlp_linears(layer, &mut add);
-            let h = self.hidden;
-            if self.fused_qkv && self.latent.is_none() {
-                // One h → (q | k | v) adapter instead of three with an h-wide input each.
-                sides -= 2 * h;
-            }
-            if self.fused_gate_up && self.gated_mlp && !layer.moe {
-                // One h → (gate | up) adapter instead of two.
-                sides -= h;
-            }
-            sides
-        };
-        let moe_layers = self.moe_layers();
-        let dense_blocks = self.layers - moe_layers + self.encoder_layers;
-        rank * (dense_blocks * per_block(LayerKind::default())
-            + moe_layers
-                * per_block(LayerKind {
-                    sliding: false,
-                    moe: true,
-                }))
-    }
 }
 
 /// One convolution (+ BatchNorm) of a ResNet, as shapes.

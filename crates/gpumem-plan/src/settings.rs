@@ -2,7 +2,8 @@
 //! and their conversion into a typed [`Workload`].
 
 use crate::error::{PlanError, Result};
-use crate::model::ModelSpec;
+use crate::lora::LoraTargets;
+use crate::model::{Architecture, ModelSpec};
 use crate::quant::{CheckpointQuant, QuantFormat, Quantization};
 use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
@@ -135,6 +136,19 @@ pub struct Settings {
     /// QLoRA: LoRA over a 4-bit NF4 base.
     #[cfg_attr(feature = "clap", arg(long))]
     pub qlora: bool,
+    /// The block linears that carry LoRA adapters, comma-separated: q, k, v, o, gate, up, down,
+    /// qkv, gate_up, the module names of PEFT's target_modules (q_proj, v_proj, c_attn,
+    /// query_key_value, fc1, …) or all-linear; PEFT's own default for Llama-family models is
+    /// q_proj,v_proj [default: all-linear].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "LIST"))]
+    pub lora_targets: Option<String>,
+    /// Dropout probability on each LoRA adapter's input (PEFT's lora_dropout): each adapter then
+    /// saves its dropout's output and mask [default: 0].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "P", allow_negative_numbers = true)
+    )]
+    pub lora_dropout: Option<f64>,
     /// Loss of a training step: hf (the model's own from labels: cross-entropy over every
     /// position, upcast to fp32 for causal LMs), none (backward from logits.sum(), the outputs
     /// kept through backward, as forward/backward benchmarks run), chunked (litgpt: LM head and
@@ -215,6 +229,12 @@ impl Settings {
     pub fn resolve(&self, model: &ModelSpec) -> Result<Resolved> {
         let mut workload = self.build(model.torch_dtype)?;
         self.quantize(model.quantization.as_ref(), &model.name, &mut workload)?;
+        // Module names are the family's (GPT-NeoX's `dense` is the attention output, BERT's
+        // every output projection).
+        if let (Some(lora), Architecture::Transformer(spec)) = (workload.lora.as_mut(), &model.arch)
+        {
+            lora.targets = self.lora_targets(&spec.model_type)?;
+        }
         // A model's default image is the one it was trained at.
         if let (None, Some(size)) = (self.image_size, model.native_image_size()) {
             workload.image_size = size;
@@ -222,6 +242,28 @@ impl Settings {
         let mut warnings = self.ignored(model, workload.mode);
         warnings.extend(self.lower_default_seq(model, &mut workload));
         Ok(Resolved { workload, warnings })
+    }
+
+    /// `--lora-targets` read with `model_type`'s module names (all-linear without the flag).
+    fn lora_targets(&self, model_type: &str) -> Result<LoraTargets> {
+        self.lora_targets
+            .as_deref()
+            .map_or(Ok(LoraTargets::default()), |text| {
+                LoraTargets::parse(text, model_type)
+            })
+    }
+
+    /// `--lora-dropout`: a probability below 1.
+    fn lora_dropout(&self) -> Result<f64> {
+        match self.lora_dropout {
+            None => Ok(0.0),
+            Some(p) if (0.0..1.0).contains(&p) => Ok(p),
+            Some(p) => Err(PlanError::InvalidValue {
+                name: "lora-dropout".into(),
+                value: p.to_string(),
+                reason: "must be a probability from 0 up to (not including) 1".into(),
+            }),
+        }
     }
 
     /// The quantisation of the weights: `--quant`, else the checkpoint's `quantization_config`.
@@ -350,10 +392,14 @@ impl Settings {
         } else {
             self.lora_rank.map(|_| BaseQuant::None)
         };
-        let lora = lora_base.map(|base| Lora {
-            rank: self.lora_rank.unwrap_or(DEFAULT_LORA_RANK),
-            base,
-        });
+        let lora = match lora_base {
+            Some(base) => Some(Lora {
+                targets: self.lora_targets("")?,
+                dropout: self.lora_dropout()?,
+                ..Lora::new(self.lora_rank.unwrap_or(DEFAULT_LORA_RANK), base)
+            }),
+            None => None,
+        };
         let checkpointing = self.checkpointing()?;
         let default_dtype = match mode {
             Mode::Train => d.dtype,
@@ -467,6 +513,8 @@ impl Settings {
         let inference = mode != Mode::Train;
         let fsdp_inactive = inference || !self.fsdp;
         let one_gpu = "one GPU creates no NCCL communicator".to_string();
+        let no_lora = self.lora_rank.is_none() && !self.qlora;
+        let no_adapters = "no LoRA adapters are planned (add --lora-rank or --qlora)".to_string();
         let no_fsdp = "it sets up PyTorch FSDP, planned for training with --fsdp".to_string();
         let tokens = format!(
             "{} reads tokens, not images: its input is --seq",
@@ -486,6 +534,16 @@ impl Settings {
                 "--freeze-vision-tower",
                 inference && self.freeze_vision_tower,
                 &no_training,
+            ),
+            (
+                "--lora-targets",
+                self.lora_targets.is_some() && no_lora,
+                &no_adapters,
+            ),
+            (
+                "--lora-dropout",
+                self.lora_dropout.is_some() && (no_lora || inference),
+                if no_lora { &no_adapters } else { &no_training },
             ),
             (
                 "--optimizer-impl",

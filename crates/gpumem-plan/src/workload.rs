@@ -262,13 +262,29 @@ pub enum BaseQuant {
     Nf4,
 }
 
-/// Low-rank adapters on every linear layer of the transformer blocks; the base is frozen.
+/// Low-rank adapters on linear layers of the transformer blocks; the base is frozen.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Lora {
     /// Adapter rank r: each targeted `in × out` matrix gains `r·(in + out)` trainable parameters.
     pub rank: u64,
     /// Storage of the frozen base.
     pub base: BaseQuant,
+    /// The linears that carry adapters (all of a block's by default).
+    pub targets: crate::lora::LoraTargets,
+    /// Dropout on each adapter's input (PEFT's `lora_dropout`; 0: none).
+    pub dropout: f64,
+}
+
+impl Lora {
+    /// Adapters of `rank` on every block linear over a `base`, without dropout.
+    pub fn new(rank: u64, base: BaseQuant) -> Self {
+        Lora {
+            rank,
+            base,
+            targets: Default::default(),
+            dropout: 0.0,
+        }
+    }
 }
 
 /// The parallel layout: `gpus = data × tensor × pipeline` ranks over `nodes` machines.

@@ -59,6 +59,10 @@ class Settings:
     # `lora_rank` (`--lora-rank R`): PEFT LoRA adapters of rank R (alpha 2R, no dropout) on
     # every linear layer (`target_modules="all-linear"`), the base frozen; needs peft.
     lora_rank: int | None = None
+    # `lora_targets` (`--lora-targets`): PEFT's `target_modules` as a comma-separated list of
+    # module names (None: "all-linear"); `lora_dropout` (`--lora-dropout`): its `lora_dropout`.
+    lora_targets: str | None = None
+    lora_dropout: float | None = None
     # `freeze_vision_tower` (`--freeze-vision-tower`): the vision tower of a vision-language
     # model or dual encoder gets `requires_grad_(False)` before training (LLaVA's fine-tuning
     # stage, LiT), so its forward records nothing for backward.
@@ -72,7 +76,8 @@ class Settings:
         if out["no_cache"] is None:
             del out["no_cache"]
         for key in ("labels", "grad_ckpt_every", "grad_ckpt_per_op", "transformers", "loss",
-                    "lora_rank", "freeze_vision_tower", "loss_chunk"):
+                    "lora_rank", "freeze_vision_tower", "loss_chunk", "lora_targets",
+                    "lora_dropout"):
             if not out[key]:
                 del out[key]
         return out

@@ -42,7 +42,7 @@ def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device:
         wl = build(config_path, s.dtype, s.attn, s.grad_ckpt, device, s.image_size,
                    s.grad_ckpt_every, s.grad_ckpt_per_op)
         if s.lora_rank:
-            wl.model = _with_lora(wl.model, s.lora_rank)
+            wl.model = _with_lora(wl.model, s.lora_rank, s.lora_targets, s.lora_dropout or 0.0)
         if s.freeze_vision_tower:
             _vision_tower(wl.model).requires_grad_(False)
         if s.mode == "train":
@@ -68,13 +68,15 @@ def _vision_tower(model: Any) -> Any:
     raise ValueError(f"{type(model).__name__} has no vision tower to freeze")
 
 
-def _with_lora(model: Any, rank: int) -> Any:
-    """`model` with PEFT LoRA adapters of `rank` on every linear layer (alpha 2 x rank, no
-    dropout), the base frozen, as `get_peft_model` makes it (adapters in fp32 over a
-    half-precision base: PEFT's `autocast_adapter_dtype` default)."""
+def _with_lora(model: Any, rank: int, targets: str | None, dropout: float) -> Any:
+    """`model` with PEFT LoRA adapters of `rank` (alpha 2 x rank) on `targets` (module names,
+    comma-separated; None: every linear layer) with `dropout` on their inputs, the base frozen,
+    as `get_peft_model` makes it (adapters in fp32 over a half-precision base: PEFT's
+    `autocast_adapter_dtype` default)."""
     peft = require("peft")
-    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-                             target_modules="all-linear")
+    modules: str | list[str] = targets.split(",") if targets else "all-linear"
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout,
+                             target_modules=modules)
     return peft.get_peft_model(model, config)
 
 

@@ -1,0 +1,327 @@
+//! LoRA adapters on a chosen set of a block's linears (`--lora-targets`) and their dropout
+//! (`--lora-dropout`), as PEFT builds them: which linears carry an adapter decides the trainable
+//! parameters and which inputs are saved for backward — a frozen linear saves nothing, each
+//! adapter saves its own input (PEFT's fp32 copy over a half-precision base, or dropout's output
+//! and mask).
+
+use crate::error::{PlanError, Result};
+use crate::model::{LayerKind, TransformerSpec};
+use serde::{Serialize, Serializer};
+
+/// A set of a block's linears by role, as a bit set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraTargets(u8);
+
+const Q: u8 = 1;
+const K: u8 = 2;
+const V: u8 = 4;
+const O: u8 = 8;
+const GATE: u8 = 16;
+const UP: u8 = 32;
+const DOWN: u8 = 64;
+const ALL: u8 = Q | K | V | O | GATE | UP | DOWN;
+
+/// Role names in the order they are printed.
+const ROLES: [(u8, &str); 7] = [
+    (Q, "q"),
+    (K, "k"),
+    (V, "v"),
+    (O, "o"),
+    (GATE, "gate"),
+    (UP, "up"),
+    (DOWN, "down"),
+];
+
+impl Serialize for LoraTargets {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_string())
+    }
+}
+
+impl std::fmt::Display for LoraTargets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0 == ALL {
+            return f.write_str("all-linear");
+        }
+        let names: Vec<&str> = ROLES
+            .iter()
+            .filter(|(bit, _)| self.0 & bit != 0)
+            .map(|(_, name)| *name)
+            .collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+impl Default for LoraTargets {
+    /// Every linear of the blocks (PEFT's `target_modules="all-linear"`).
+    fn default() -> Self {
+        LoraTargets(ALL)
+    }
+}
+
+/// What a module name of a PEFT `target_modules` list (or one of our role names) adapts in a
+/// block of `model_type`; None for a name no supported family uses.
+fn roles_of(name: &str, model_type: &str) -> Option<u8> {
+    Some(match name {
+        "all-linear" => ALL,
+        "q" | "q_proj" | "query" => Q,
+        "k" | "k_proj" | "key" => K,
+        "v" | "v_proj" | "value" => V,
+        "o" | "o_proj" | "out_proj" => O,
+        "gate" | "gate_proj" | "w1" | "wi_0" => GATE,
+        "up" | "up_proj" | "w3" | "wi_1" | "fc1" | "c_fc" | "dense_h_to_4h" | "wi" => UP,
+        "down" | "down_proj" | "w2" | "fc2" | "dense_4h_to_h" | "wo" => DOWN,
+        "qkv" | "qkv_proj" | "c_attn" | "query_key_value" => Q | K | V,
+        "gate_up" | "gate_up_proj" => GATE | UP,
+        // GPT-2 and BigCode name both the attention's and the MLP's output projection `c_proj`;
+        // BERT names three linears `dense`, GPT-NeoX and Phi the attention's output only.
+        "c_proj" => O | DOWN,
+        "dense" if matches!(model_type, "bert" | "roberta") => O | UP | DOWN,
+        "dense" => O,
+        _ => return None,
+    })
+}
+
+impl LoraTargets {
+    /// Parses a comma-separated list of role names (q, k, v, o, gate, up, down, qkv, gate_up),
+    /// module names as PEFT configs write them for `model_type`'s family (q_proj, c_attn,
+    /// query_key_value, …) or `all-linear`.
+    pub fn parse(text: &str, model_type: &str) -> Result<Self> {
+        let mut roles = 0;
+        for name in text.split(',').map(str::trim) {
+            roles |= roles_of(name, model_type).ok_or_else(|| PlanError::InvalidValue {
+                name: "lora-targets".into(),
+                value: name.to_string(),
+                reason: "not a linear of a transformer block; accepted: all-linear, q, k, v, o, \
+                         gate, up, down, qkv, gate_up, or the module names of PEFT's \
+                         target_modules (q_proj, v_proj, c_attn, query_key_value, fc1, …)"
+                    .into(),
+            })?;
+        }
+        Ok(LoraTargets(roles))
+    }
+
+    /// Whether every linear of a block is adapted.
+    pub fn all(self) -> bool {
+        self.0 == ALL
+    }
+
+    /// Checks the set against `spec`: a role the family has not (a gate in a plain MLP), or
+    /// part of a fused projection (q alone in GPT-2's `c_attn`), is an error; `all-linear`
+    /// adapts whatever the family has.
+    pub fn check(self, spec: &TransformerSpec, model: &str) -> Result<()> {
+        if self.all() {
+            return Ok(());
+        }
+        let invalid = |reason: String| PlanError::InvalidValue {
+            name: "lora-targets".into(),
+            value: self.to_string(),
+            reason,
+        };
+        if spec.latent.is_some() {
+            return Err(invalid(format!(
+                "{model}'s latent attention is adapted as a whole: use all-linear"
+            )));
+        }
+        if !spec.gated_mlp && self.0 & GATE != 0 {
+            return Err(invalid(format!(
+                "{model}'s MLP has no gate projection (its linears: up, down)"
+            )));
+        }
+        let partial = |group: u8| self.0 & group != 0 && self.0 & group != group;
+        if spec.fused_qkv && partial(Q | K | V) {
+            return Err(invalid(format!(
+                "{model} computes q, k and v with one linear: adapt all three (qkv) or none"
+            )));
+        }
+        if spec.fused_gate_up && spec.gated_mlp && partial(GATE | UP) {
+            return Err(invalid(format!(
+                "{model} computes gate and up with one linear: adapt both (gate_up) or neither"
+            )));
+        }
+        Ok(())
+    }
+
+    fn has(self, roles: u8) -> bool {
+        self.0 & roles != 0
+    }
+}
+
+/// The linears of one block of kind `layer` as (roles, inputs, outputs, how many): one entry
+/// per module PEFT would adapt (a fused projection is one module).
+fn block_linears(spec: &TransformerSpec, layer: LayerKind) -> Vec<(u8, u64, u64, u64)> {
+    let (h, qw, kv) = (spec.hidden, spec.query_width(), spec.kv_width());
+    let mut out = Vec::new();
+    match spec.latent {
+        Some(l) => {
+            if l.query_rank > 0 {
+                out.push((Q, h, l.query_rank, 1));
+                out.push((Q, l.query_rank, qw, 1));
+            } else {
+                out.push((Q, h, qw, 1));
+            }
+            out.push((K | V, h, l.kv_rank + l.rope_dim, 1));
+            out.push((K | V, l.kv_rank, spec.heads * (l.nope_dim + l.value_dim), 1));
+            out.push((O, spec.value_width(), h, 1));
+        }
+        None if spec.fused_qkv => {
+            out.push((Q | K | V, h, qw + 2 * kv, 1));
+            out.push((O, qw, h, 1));
+        }
+        None => {
+            out.extend([(Q, h, qw, 1), (K, h, kv, 1), (V, h, kv, 1), (O, qw, h, 1)]);
+        }
+    }
+    let mut mlp = |width: u64, count: u64| {
+        if spec.gated_mlp && spec.fused_gate_up && !layer.moe {
+            out.push((GATE | UP, h, 2 * width, count));
+        } else if spec.gated_mlp {
+            out.extend([(GATE, h, width, count), (UP, h, width, count)]);
+        } else {
+            out.push((UP, h, width, count));
+        }
+        out.push((DOWN, width, h, count));
+    };
+    if layer.moe {
+        mlp(spec.intermediate, spec.experts);
+        if spec.moe.shared_intermediate > 0 {
+            mlp(spec.moe.shared_intermediate, 1);
+        }
+    } else {
+        mlp(spec.routed_intermediate(layer), 1);
+    }
+    out
+}
+
+/// Trainable parameters of rank-`rank` adapters on `targets` in every block (of the language
+/// model; a vision tower stays frozen).
+pub fn lora_params(spec: &TransformerSpec, rank: u64, targets: LoraTargets) -> u64 {
+    let per_block = |layer: LayerKind| -> u64 {
+        block_linears(spec, layer)
+            .into_iter()
+            .filter(|(roles, ..)| targets.has(*roles))
+            .map(|(_, i, o, n)| (i + o) * n)
+            .sum()
+    };
+    let moe = LayerKind {
+        sliding: false,
+        moe: true,
+    };
+    let moe_layers = (0..spec.layers).filter(|&i| spec.layer_kind(i).moe).count() as u64;
+    let dense_blocks = spec.layers - moe_layers + spec.encoder_layers;
+    rank * (dense_blocks * per_block(LayerKind::default()) + moe_layers * per_block(moe))
+}
+
+/// Bytes per token a dense block's saved inputs change by under LoRA, against full training
+/// (where each input group — the norm output q/k/v read, the attention output o reads, the norm
+/// output the MLP's first linears read, the activation down reads — is one tensor of `act`
+/// bytes per element, saved by the trained linears):
+/// * a group none of whose linears is adapted is saved by nothing (its linears are frozen);
+/// * with dropout (`p > 0`), each adapter saves its dropout's fp32 output and 1-byte mask
+///   instead of the input;
+/// * without, each adapter over a half-precision base saves its own fp32 copy of the input
+///   (PEFT's `autocast_adapter_dtype`), and over an fp32 base the input itself (one tensor).
+///
+/// With `o_input_shared`, the output projection's input is the attention kernel's output, which
+/// the kernel saves whether or not o is adapted. Each adapter also saves its `lora_A` output
+/// (`rank` fp32 values per token) for `lora_B`.
+pub struct LoraBlock {
+    /// Bytes per activation element.
+    pub act: f64,
+    /// The base weights are in half precision (PEFT then casts each adapter's input to fp32).
+    pub half_base: bool,
+    /// The output projection reads what the attention kernel saves anyway.
+    pub o_input_shared: bool,
+}
+
+/// Bytes per token a block's saved tensors change by under LoRA (see [`LoraBlock`]), for its
+/// attention's linears and for its MLP's (a mixture of experts' MLP is left as it is).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SavedChange {
+    /// q, k, v and o.
+    pub attention: f64,
+    /// The MLP's linears.
+    pub mlp: f64,
+}
+
+/// See [`LoraBlock`] and [`SavedChange`].
+pub fn saved_change(
+    spec: &TransformerSpec,
+    layer: LayerKind,
+    lora: &crate::workload::Lora,
+    block: LoraBlock,
+) -> SavedChange {
+    let LoraBlock {
+        act,
+        half_base,
+        o_input_shared,
+    } = block;
+    let (targets, dropout) = (lora.targets, lora.dropout);
+    let (h, qw) = (spec.hidden as f64, spec.query_width() as f64);
+    let f = spec.routed_intermediate(layer) as f64;
+    let linears = block_linears(spec, layer);
+    let group = |group: u8, width: f64| {
+        let adapted = linears
+            .iter()
+            .filter(|(roles, ..)| roles & group != 0 && targets.has(*roles))
+            .count() as f64;
+        let input = if group == O && o_input_shared {
+            0.0
+        } else {
+            act * width
+        };
+        let inputs = if adapted == 0.0 {
+            -input
+        } else if dropout > 0.0 {
+            adapted * 5.0 * width - input
+        } else if half_base {
+            adapted * 4.0 * width - input
+        } else {
+            0.0
+        };
+        // Each adapter's `lora_A` output, saved by its `lora_B`.
+        inputs + adapted * 4.0 * lora.rank as f64
+    };
+    SavedChange {
+        attention: group(Q | K | V, h) + group(O, qw),
+        mlp: if layer.moe {
+            0.0
+        } else {
+            group(GATE | UP, h) + group(DOWN, f)
+        },
+    }
+}
+
+/// Whether any of an attention's linears (q, k, v, o) carries an adapter.
+pub fn adapts_attention(targets: LoraTargets) -> bool {
+    targets.has(Q | K | V | O)
+}
+
+/// Whether any of an MLP's linears (gate, up, down) carries an adapter.
+pub fn adapts_mlp(targets: LoraTargets) -> bool {
+    targets.has(GATE | UP | DOWN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_role_and_module_names() {
+        let peft_default = LoraTargets::parse("q_proj,v_proj", "llama").unwrap();
+        assert_eq!(peft_default.to_string(), "q,v");
+        assert_eq!(
+            LoraTargets::parse("c_proj", "gpt2").unwrap().to_string(),
+            "o,down"
+        );
+        assert_eq!(
+            LoraTargets::parse("dense", "gpt_neox").unwrap().to_string(),
+            "o"
+        );
+        assert!(LoraTargets::parse("all-linear", "llama").unwrap().all());
+        let err = LoraTargets::parse("q,lm_head", "llama")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lm_head") && err.contains("accepted"), "{err}");
+    }
+}
