@@ -12,7 +12,7 @@ from gpumem_devtools.capture_trace import TRACES as TRACE_TABLE
 from gpumem_devtools.measure_peak import CONFIG_DIR as PLAN_CONFIG_DIR
 from gpumem_devtools.measure_peak import (LORA_HELDOUT, LOSSES_HELDOUT, MULTIMODAL_HELDOUT,
                                           architectures_grid, case_id, diffusion_grid, grid,
-                                          heldout_grid, lora_grid, losses_grid,
+                                          heldout_grid, litgpt_grid, lora_grid, losses_grid,
                                           multimodal_grid, notes, settings_grid)
 from gpumem_devtools.settings import (AMP_NAMES, ATTN_IMPLS, DTYPE_NAMES, MODES, OPTIMIZER_IMPLS,
                                       OPTIMIZERS, Settings)
@@ -29,7 +29,7 @@ TORCHVISION = "0.29.2+cu132"  # what the committed measurements were made with
 
 def _workloads() -> list[tuple[str, Settings]]:
     return (grid() + heldout_grid() + architectures_grid() + multimodal_grid() + settings_grid()
-            + diffusion_grid() + lora_grid() + losses_grid()
+            + diffusion_grid() + lora_grid() + losses_grid() + litgpt_grid()
             + [(cfg, s) for cfg, s, _ in TRACE_TABLE.values()])
 
 
@@ -157,6 +157,8 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     assert len(losses) == len(set(losses)) == 10
     assert losses[-3:] == [case_id(n, s) for n, s in LOSSES_HELDOUT]
     assert all(s.loss in ("chunked", "chunked-fp32") for _, s in losses_grid())
+    litgpt = [case_id(n, s) for n, s in litgpt_grid()]
+    assert len(litgpt) == len(set(litgpt)) == 5 and all(i.endswith("-litgpt") for i in litgpt)
     assert case_id("tinyllama-8l", Settings("train", 4, 512, optimizer="none", attn="sdpa",
                                             grad_ckpt_every=2)) == \
         "tinyllama-8l-train-b4-s512-fp32-no-optimizer-ckpt-every2-sdpa"

@@ -422,3 +422,40 @@ fn lora_targets_and_dropout_are_planned_and_checked() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn litgpt_framework_plans_its_own_lora() {
+    let peak = |framework: &str| {
+        let out = gpumem(&[
+            "plan",
+            "--model",
+            "llama-2-7b",
+            "--dtype",
+            "bf16",
+            "--batch",
+            "2",
+            "--seq",
+            "512",
+            "--lora-rank",
+            "32",
+            "--lora-targets",
+            "q,v",
+            "--lora-dropout",
+            "0.05",
+            "--loss",
+            "chunked",
+            "--framework",
+            framework,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{framework}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["peak_allocated_bytes"].as_u64().unwrap()
+    };
+    // One bf16 dropout and lora_A over q and v against PEFT's two fp32 adapters.
+    assert!(peak("litgpt") < peak("hf"));
+    let out = gpumem(&["plan", "--model", "gpt2", "--framework", "nemo"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("accepted: hf, litgpt"), "{stderr}");
+}

@@ -353,7 +353,13 @@ pub(crate) fn model_states(
     let lora = workload.lora;
     // PEFT keeps its adapters in fp32 whatever the base's dtype (`autocast_adapter_dtype`), so
     // their gradients and optimizer states are fp32 too.
-    let trained_bytes = if lora.is_some() { 4.0 } else { weight_bytes };
+    // litgpt keeps them in the model's dtype.
+    let peft = workload.framework == crate::workload::Framework::Hf;
+    let trained_bytes = if lora.is_some() && peft {
+        4.0
+    } else {
+        weight_bytes
+    };
     let mut weights = match lora {
         Some(l) => {
             let quantised = counts.block_linear as f64 * share;

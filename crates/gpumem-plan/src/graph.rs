@@ -11,7 +11,9 @@ use crate::single_gpu::{
     nf4_dequantised_bytes, old_release_cache_width, per_op_saved_matmul_widths,
     upcast_all_logits_before_4_45,
 };
-use crate::workload::{Attention, BaseQuant, Checkpointing, Dtype, Loss, Mode, Target, Workload};
+use crate::workload::{
+    Attention, BaseQuant, Checkpointing, Dtype, Framework, Loss, Mode, Target, Workload,
+};
 
 /// One step of the forward pass, in bytes for the whole micro-batch on one GPU.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -811,6 +813,11 @@ impl<'a> TransformerGraph<'a> {
             0.0
         };
         key_side += expanded;
+        if repeats > 1 && !materialised && self.workload.framework == Framework::Litgpt {
+            // litgpt repeats grouped keys and values to every head before SDPA, which saves
+            // the repeated copies instead.
+            key_side += act * 2.0 * q - act * (kv + value);
+        }
         // T5's relative position bias (batch 1) lives through its stack: the self-attention's in
         // the weight dtype, the decoder's cross-attention zeros in the activation dtype.
         let stack_bias = if spec.relative_attention_buckets > 0 {
@@ -1244,6 +1251,7 @@ impl<'a> TransformerGraph<'a> {
             act: self.bytes.act,
             half_base,
             o_input_shared,
+            litgpt: self.workload.framework == Framework::Litgpt,
         };
         let change = crate::lora::saved_change(self.spec, layer, &lora, block);
         crate::lora::SavedChange {

@@ -232,6 +232,10 @@ pub struct LoraBlock {
     pub half_base: bool,
     /// The output projection reads what the attention kernel saves anyway.
     pub o_input_shared: bool,
+    /// litgpt's LoRA: adapters in the activation dtype (no fp32 copy); the fused qkv linear
+    /// has one `lora_A` (behind one dropout) for its enabled projections, and its `lora_B`
+    /// output (the enabled projections' widths) is saved as well.
+    pub litgpt: bool,
 }
 
 /// Bytes per token a block's saved tensors change by under LoRA (see [`LoraBlock`]), for its
@@ -255,11 +259,13 @@ pub fn saved_change(
         act,
         half_base,
         o_input_shared,
+        litgpt,
     } = block;
     let (targets, dropout) = (lora.targets, lora.dropout);
     let (h, qw) = (spec.hidden as f64, spec.query_width() as f64);
     let f = spec.routed_intermediate(layer) as f64;
     let linears = block_linears(spec, layer);
+    let rank = lora.rank as f64;
     let group = |group: u8, width: f64| {
         let adapted = linears
             .iter()
@@ -270,6 +276,11 @@ pub fn saved_change(
         } else {
             act * width
         };
+        if litgpt {
+            return litgpt_group(
+                spec, group, targets, adapted, dropout, act, rank, width, input,
+            );
+        }
         let inputs = if adapted == 0.0 {
             -input
         } else if dropout > 0.0 {
@@ -280,7 +291,7 @@ pub fn saved_change(
             0.0
         };
         // Each adapter's `lora_A` output, saved by its `lora_B`.
-        inputs + adapted * 4.0 * lora.rank as f64
+        inputs + adapted * 4.0 * rank
     };
     SavedChange {
         attention: group(Q | K | V, h) + group(O, qw),
@@ -290,6 +301,42 @@ pub fn saved_change(
             group(GATE | UP, h) + group(DOWN, f)
         },
     }
+}
+
+/// [`saved_change`] of one input group under litgpt's LoRA (adapters in the activation dtype):
+/// one adapter reads the group's input, behind one dropout (its output and a 1-byte mask, or
+/// the input itself without dropout); q, k and v share one `lora_A` of `rank` rows per enabled
+/// projection, whose `lora_B` output (the enabled projections' widths) is saved too.
+#[allow(clippy::too_many_arguments)]
+fn litgpt_group(
+    spec: &TransformerSpec,
+    group: u8,
+    targets: LoraTargets,
+    adapted: f64,
+    dropout: f64,
+    act: f64,
+    rank: f64,
+    width: f64,
+    input: f64,
+) -> f64 {
+    if adapted == 0.0 {
+        return -input;
+    }
+    let inputs = if dropout > 0.0 {
+        (act + 1.0) * width - input
+    } else {
+        0.0
+    };
+    let low_rank = if group == Q | K | V {
+        let (qw, kv) = (spec.query_width() as f64, spec.kv_width() as f64);
+        let enabled = [(Q, qw), (K, kv), (V, kv)]
+            .into_iter()
+            .filter(|(role, _)| targets.has(*role));
+        enabled.map(|(_, out)| act * (rank + out)).sum::<f64>()
+    } else {
+        adapted * act * rank
+    };
+    inputs + low_rank
 }
 
 /// Whether any of an attention's linears (q, k, v, o) carries an adapter.

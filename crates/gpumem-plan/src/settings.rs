@@ -157,6 +157,12 @@ pub struct Settings {
     /// (Liger-Kernel's fused linear cross-entropy: no logits kept) [default: hf].
     #[cfg_attr(feature = "clap", arg(long))]
     pub loss: Option<String>,
+    /// Whose model and LoRA code runs the training step: hf (transformers models, PEFT's LoRA
+    /// with fp32 adapters) or litgpt (its own models: one LoRA lora_A and dropout for the
+    /// fused qkv, adapters in the model's dtype, grouped-query keys and values repeated to every
+    /// head) [default: hf].
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub framework: Option<String>,
     /// Positions per chunk of `--loss chunked` / `chunked-fp32` [default: 128 (litgpt's
     /// lm_head_chunk_size) / an eighth of --seq (torchtune's 8 output chunks)].
     #[cfg_attr(feature = "clap", arg(long, value_name = "POSITIONS"))]
@@ -452,6 +458,8 @@ impl Settings {
             labels: self.labels,
             loss: pick(&self.loss, "loss", choices::LOSSES)?.unwrap_or(d.loss),
             loss_chunk: self.loss_chunk,
+            framework: pick(&self.framework, "framework", choices::FRAMEWORKS)?
+                .unwrap_or(d.framework),
             transformers: self
                 .transformers
                 .as_deref()

@@ -90,6 +90,18 @@ impl Loss {
     }
 }
 
+/// Whose model and LoRA code runs a training step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Framework {
+    /// Hugging Face transformers models, PEFT's LoRA (fp32 adapters, one per linear).
+    Hf,
+    /// litgpt's own models: one fused qkv linear whose LoRA has one `lora_A` (and one dropout)
+    /// for the enabled q/k/v, adapters in the model's dtype, and grouped-query keys and values
+    /// repeated to every head before SDPA.
+    Litgpt,
+}
+
 /// PyTorch's optimizer-step implementations differ in their temporaries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -385,6 +397,8 @@ pub struct Workload {
     /// Positions per chunk of a chunked loss (None: the framework's default, litgpt's 128 or
     /// torchtune's eighth of the sequence).
     pub loss_chunk: Option<u64>,
+    /// Whose model and LoRA code runs the step.
+    pub framework: Framework,
     /// The transformers release whose inference behaviour is planned; None: today's (the
     /// latest).
     pub transformers: Option<TransformersRelease>,
@@ -419,6 +433,7 @@ impl Default for Workload {
             labels: false,
             loss: Loss::Hf,
             loss_chunk: None,
+            framework: Framework::Hf,
             transformers: None,
             quant: None,
             freeze_vision_tower: false,
@@ -593,6 +608,9 @@ pub mod choices {
     pub const FSDP_VERSIONS: &[(&str, FsdpVersion)] =
         &[("1", FsdpVersion::V1), ("2", FsdpVersion::V2)];
     /// `--fsdp-mp` (a half-precision `param_dtype`).
+    /// `--framework`.
+    pub const FRAMEWORKS: &[(&str, Framework)] =
+        &[("hf", Framework::Hf), ("litgpt", Framework::Litgpt)];
     /// `--loss`.
     pub const LOSSES: &[(&str, Loss)] = &[
         ("hf", Loss::Hf),

@@ -177,3 +177,8 @@ fn planner_matches_pytorch_measurements_of_lora() {
 fn planner_matches_pytorch_measurements_of_chunked_losses() {
     check_measured_set("measured_losses.jsonl");
 }
+
+#[test]
+fn planner_matches_pytorch_measurements_of_litgpt() {
+    check_measured_set("measured_litgpt.jsonl");
+}

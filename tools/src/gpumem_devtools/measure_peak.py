@@ -45,6 +45,7 @@ SETTINGS_OUT = "testdata/plan/measured_settings.jsonl"
 DIFFUSION_OUT = "testdata/plan/measured_diffusion.jsonl"
 LORA_OUT = "testdata/plan/measured_lora.jsonl"
 LOSSES_OUT = "testdata/plan/measured_losses.jsonl"
+LITGPT_OUT = "testdata/plan/measured_litgpt.jsonl"
 STEPS = 2
 
 
@@ -466,6 +467,31 @@ def losses_grid() -> list[tuple[str, Settings]]:
     ] + LOSSES_HELDOUT
 
 
+def litgpt_grid() -> list[tuple[str, Settings]]:
+    """(config name, Settings) of the litgpt set (`--litgpt`, measured_litgpt.jsonl): litgpt's own
+    Llama model trained as its finetune/lora.py and full.py do (bf16-true, 128-position logit
+    chunks, AdamW foreach), LoRA on q and v or every linear with dropout 0.05, and full
+    fine-tuning; the cases of `LITGPT_HELDOUT` close the list (measured after the mechanism was
+    written)."""
+    litgpt = {"loss": "chunked", "framework": "litgpt", "dtype": "bf16", "no_cache": True}
+    qv = {"lora_targets": "q,v", "lora_dropout": 0.05}
+    return [
+        ("tinyllama-8l", T(4, 512, lora_rank=8, **qv, **litgpt)),
+        ("tinyllama-8l", T(2, 1024, lora_rank=8, **qv, **litgpt)),
+    ] + LITGPT_HELDOUT
+
+
+# Measured after the litgpt mechanism was written, not worked from.
+LITGPT_HELDOUT: list[tuple[str, Settings]] = [
+    ("llama-8l", T(2, 256, lora_rank=16, lora_targets="q,v", lora_dropout=0.05,
+                   loss="chunked", framework="litgpt", dtype="bf16", no_cache=True)),
+    ("tinyllama-8l", T(2, 512, lora_rank=8, lora_dropout=0.05, loss="chunked",
+                       framework="litgpt", dtype="bf16", no_cache=True)),
+    ("tinyllama-8l", T(2, 512, loss="chunked", framework="litgpt", dtype="bf16",
+                       no_cache=True)),
+]
+
+
 LOSSES_HELDOUT: list[tuple[str, Settings]] = [
     ("tinyllama-8l", T(2, 512, dtype="bf16", optimizer="none", optimizer_impl=None,
                        **{"loss": "chunked", "no_cache": True})),
@@ -534,6 +560,8 @@ def case_id(name: str, s: Settings) -> str:
         parts.append(f"chunk{s.loss_chunk}")
     if s.freeze_vision_tower:
         parts.append("frozen-tower")
+    if s.framework:
+        parts.append(s.framework)
     return "-".join(parts)
 
 
@@ -619,7 +647,12 @@ def notes(name: str, s: Settings, device: str, threads: int,
                    "adapters fp32 over a half-precision base (autocast_adapter_dtype)")
     if s.freeze_vision_tower:
         out.append("vision tower requires_grad_(False) before the optimizer is built")
-    if s.loss == "chunked":
+    if s.framework == "litgpt":
+        out.append("litgpt.lora.GPT (the config as a litgpt Config), bf16-true, "
+                   "model.max_seq_length = seq, mark_only_lora_as_trainable, "
+                   "model(ids, lm_head_chunk_size=128), chunked_cross_entropy, AdamW foreach "
+                   "on the trainable parameters")
+    elif s.loss == "chunked":
         out.append("loss as litgpt's finetune loop: body without cache, lm_head per "
                    f"{s.loss_chunk or 128} positions, chunks[-1][..., :-1, :], "
                    "litgpt.utils.chunked_cross_entropy(chunks, ids[..., 1:]); chunks kept "
@@ -663,7 +696,12 @@ def measure(config_path: Path, s: Settings, device: str) -> tuple[int, str | Non
                              f"{installed}")
     rec = recorder_for(device)
     with rec:
-        run(config_path, s, rec, STEPS, device)
+        if s.framework == "litgpt":
+            from .litgpt_run import run_litgpt
+
+            run_litgpt(config_path, s, rec, STEPS, device)
+        else:
+            run(config_path, s, rec, STEPS, device)
     tl = rec.timeline()
     start = tl.boundary_times("step")[-1]
     end = tl.boundary_times("end")[-1]
@@ -844,6 +882,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--losses", action="store_true",
                     help=f"measure the chunked-loss set (default --out: {LOSSES_OUT}; pip "
                          "install litgpt torchtune)")
+    ap.add_argument("--litgpt", action="store_true",
+                    help=f"measure litgpt's own model (default --out: {LITGPT_OUT}; pip install "
+                         "litgpt)")
     ap.add_argument("--list", action="store_true", help="print the case ids and exit")
     ap.add_argument("--redo", action="store_true", help="re-measure cases already in --out")
     ap.add_argument("--device", type=device, default="cpu", help="cpu (default), cuda or cuda:N")
@@ -861,6 +902,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              else diffusion_grid() if args.diffusion
              else lora_grid() if args.lora
              else losses_grid() if args.losses
+             else litgpt_grid() if args.litgpt
              else heldout_grid() if args.heldout else grid())
     cases = [(n, s, case_id(n, s)) for n, s in table]
     if args.only is not None:
@@ -882,13 +924,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.self_test:
             self_test(root)
             return 0
-        vers = versions(args.diffusion, args.lora, args.losses)
+        vers = versions(args.diffusion, args.lora, args.losses or args.litgpt)
         default_out = (ARCHITECTURES_OUT if args.architectures
                        else MULTIMODAL_OUT if args.multimodal
                        else SETTINGS_OUT if args.settings
                        else DIFFUSION_OUT if args.diffusion
                        else LORA_OUT if args.lora
                        else LOSSES_OUT if args.losses
+                       else LITGPT_OUT if args.litgpt
                        else HELDOUT_OUT if args.heldout else DEFAULT_OUT)
         out = args.out or root / default_out
         _measure_cases(root, out, cases, table, args.redo, args.device,
@@ -917,8 +960,8 @@ def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, s
         done[cid] = {"id": cid, "config": cfg, "settings": s.as_dict(),
                      "measured": {"peak_allocated_bytes": peak, "phase": phase},
                      "versions": vers, "notes": notes(name, s, device, threads, tv)}
-        if (name, s) in MULTIMODAL_HELDOUT or (name, s) in LORA_HELDOUT or (
-                name, s) in LOSSES_HELDOUT:
+        if any((name, s) in held for held in (MULTIMODAL_HELDOUT, LORA_HELDOUT, LOSSES_HELDOUT,
+                                               LITGPT_HELDOUT)):
             done[cid]["heldout"] = True
         gc.collect()
         print(f"{cid}: {peak / 2**20:.1f} MiB ({phase}) in {time.time() - t0:.1f}s", flush=True)

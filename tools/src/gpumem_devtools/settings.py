@@ -70,6 +70,9 @@ class Settings:
     # `loss_chunk` (`--loss-chunk N`): positions per chunk of `loss="chunked"` (litgpt,
     # default 128) or `"chunked-fp32"` (torchtune, default: 8 chunks along the sequence).
     loss_chunk: int | None = None
+    # `framework` (`--framework litgpt`): the step runs litgpt's own model and LoRA
+    # (litgpt_run.py) instead of a transformers model with PEFT.
+    framework: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -77,7 +80,7 @@ class Settings:
             del out["no_cache"]
         for key in ("labels", "grad_ckpt_every", "grad_ckpt_per_op", "transformers", "loss",
                     "lora_rank", "freeze_vision_tower", "loss_chunk", "lora_targets",
-                    "lora_dropout"):
+                    "lora_dropout", "framework"):
             if not out[key]:
                 del out[key]
         return out
