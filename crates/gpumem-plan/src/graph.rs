@@ -537,9 +537,13 @@ impl<'a> TransformerGraph<'a> {
         // so an RMSNorm keeps only the fp32 values its variance reads (LayerNorm saves its
         // input either way).
         let frozen = self.training && self.workload.lora.is_some();
+        let litgpt = self.workload.framework == Framework::Litgpt;
         match self.spec.norm {
             Norm::RmsNorm | Norm::RmsNormOffset | Norm::RmsNormScaledInput if frozen => 4.0,
             Norm::LayerNorm => input,
+            // litgpt's RMSNorm multiplies the fp32 normalised values by the weight in fp32
+            // (`x_normed * weight.float()`): both fp32 tensors are saved.
+            Norm::RmsNorm | Norm::RmsNormOffset if litgpt => 8.0,
             // The fp32 copy the variance reads and the fp32 normalised values (scaled by
             // `1 + weight` before the cast back).
             Norm::RmsNormOffset => 8.0,

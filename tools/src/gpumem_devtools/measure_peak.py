@@ -478,6 +478,9 @@ def litgpt_grid() -> list[tuple[str, Settings]]:
     return [
         ("tinyllama-8l", T(4, 512, lora_rank=8, **qv, **litgpt)),
         ("tinyllama-8l", T(2, 1024, lora_rank=8, **qv, **litgpt)),
+        # Measured as held out: the full fine-tune found litgpt's RMSNorm saving its fp32
+        # normalised values (-3.22 % before), so it is worked from.
+        ("tinyllama-8l", T(2, 512, **litgpt)),
     ] + LITGPT_HELDOUT
 
 
@@ -487,8 +490,10 @@ LITGPT_HELDOUT: list[tuple[str, Settings]] = [
                    loss="chunked", framework="litgpt", dtype="bf16", no_cache=True)),
     ("tinyllama-8l", T(2, 512, lora_rank=8, lora_dropout=0.05, loss="chunked",
                        framework="litgpt", dtype="bf16", no_cache=True)),
-    ("tinyllama-8l", T(2, 512, loss="chunked", framework="litgpt", dtype="bf16",
-                       no_cache=True)),
+    # Measured after litgpt's full-fine-tune RMSNorm was modelled.
+    ("llama-8l", T(2, 512, loss="chunked", framework="litgpt", dtype="bf16", no_cache=True)),
+    ("tinyllama-8l", T(1, 1024, lora_rank=16, lora_targets="q,k,v,o", loss="chunked",
+                       framework="litgpt", dtype="bf16", no_cache=True)),
 ]
 
 
