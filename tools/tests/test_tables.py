@@ -158,7 +158,7 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     assert losses[-3:] == [case_id(n, s) for n, s in LOSSES_HELDOUT]
     assert all(s.loss in ("chunked", "chunked-fp32") for _, s in losses_grid())
     litgpt = [case_id(n, s) for n, s in litgpt_grid()]
-    assert len(litgpt) == len(set(litgpt)) == 6 and all(i.endswith("-litgpt") for i in litgpt)
+    assert len(litgpt) == len(set(litgpt)) == 7 and all(i.endswith("-litgpt") for i in litgpt)
     assert case_id("tinyllama-8l", Settings("train", 4, 512, optimizer="none", attn="sdpa",
                                             grad_ckpt_every=2)) == \
         "tinyllama-8l-train-b4-s512-fp32-no-optimizer-ckpt-every2-sdpa"
