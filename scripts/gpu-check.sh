@@ -19,26 +19,92 @@
 #                gpumem.cupy.use() against PyTorch's allocator (scripts/gpu-python.sh; needs
 #                TORCH_PYTHON or the network to install torch)
 #
+# A GPU machine without a Rust toolchain (a lent cloud box, a cluster node) runs the same checks
+# from a bundle built elsewhere:
+#   scripts/gpu-check.sh --bundle DIR        (here, no GPU needed) builds every test binary, the
+#                                            gpumem binary and the Python wheel into DIR
+#   scripts/gpu-check.sh --from-bundle DIR   (there) runs them; needs bash, and for the Python
+#                                            check a python3 with CUDA PyTorch (TORCH_PYTHON)
+# A bundle's binaries are x86-64 Linux, built with this machine's glibc; the tests read no file
+# of the source tree.
+#
 # Exit status: 0 all passed; 1 something failed (or did not build); 77 no NVIDIA GPU here, so
-# nothing was run (said plainly). Arguments go to the test binaries as a name filter
-# (e.g. `scripts/gpu-check.sh vmm`). Environment: GPUMEM_CUDA_DEVICE (the device ordinal the
-# tests use, default 0); GPUMEM_GPU_CHECK_FORCE=1 runs the checks even where no GPU is seen
-# (to try this script itself); logs go to target/gpu-check/.
+# nothing was run (said plainly). Arguments after the mode go to the test binaries as a name
+# filter (e.g. `scripts/gpu-check.sh vmm`). Environment: GPUMEM_CUDA_DEVICE (the device ordinal
+# the tests use, default 0); GPUMEM_GPU_CHECK_FORCE=1 runs the checks even where no GPU is seen
+# (to try this script itself); logs go to target/gpu-check/ (GPUMEM_GPU_CHECK_LOGS overrides).
 set -uo pipefail
+say() { echo "gpu-check.sh: $*" >&2; }
+mode=cargo
+bundle=""
+case "${1:-}" in
+  --bundle | --from-bundle)
+    [ -n "${2:-}" ] || { say "$1 needs a directory (e.g. $1 target/gpu-bundle)"; exit 2; }
+    mode="${1#--}"
+    bundle="$(mkdir -p "$2" && cd "$2" && pwd)" || { say "$1: cannot use $2 as a directory"; exit 2; }
+    shift 2
+    ;;
+  --*)
+    say "unknown option $1: the modes are --bundle DIR and --from-bundle DIR (or none)"
+    exit 2
+    ;;
+esac
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-say() { echo "gpu-check.sh: $*" >&2; }
 
-# The checks: "name|command". Add a line for each new check that needs a GPU.
+# The checks: "name|what cargo builds|the test binary's arguments". What cargo builds is a
+# `cargo test`/`cargo bench` selection, or `script PATH` for a script run as it is. Add a line
+# for each new check that needs a GPU.
 checks=(
-  "gpumem-cuda|cargo test -p gpumem-cuda --locked --no-fail-fast -- --include-ignored --test-threads=1 --skip mock_scenarios --skip mock_without_a_device"
-  "gpumem-cli|cargo test -p gpumem-cli --locked --no-fail-fast --test devices_cli -- --include-ignored --test-threads=1 --nocapture"
-  "gpumem-array|cargo test -p gpumem-array --locked --no-fail-fast --test cuda -- --include-ignored --test-threads=1"
-  "bench-arrays|cargo bench -p gpumem-bench --locked --bench arrays -- cuda --warm-up-time 1 --measurement-time 2"
-  "gpumem-watch|cargo test -p gpumem-watch --locked --no-fail-fast --lib -- --include-ignored --test-threads=1 --nocapture"
-  "watch-cli|bash scripts/watch-gpu-check.sh"
-  "gpumem-python|bash scripts/gpu-python.sh"
+  "gpumem-cuda|test -p gpumem-cuda|--include-ignored --test-threads=1 --skip mock_scenarios --skip mock_without_a_device"
+  "gpumem-cli|test -p gpumem-cli --test devices_cli|--include-ignored --test-threads=1 --nocapture"
+  "gpumem-array|test -p gpumem-array --test cuda|--include-ignored --test-threads=1"
+  "bench-arrays|bench -p gpumem-bench --bench arrays|cuda --warm-up-time 1 --measurement-time 2"
+  "gpumem-watch|test -p gpumem-watch --lib|--include-ignored --test-threads=1 --nocapture"
+  "watch-cli|script scripts/watch-gpu-check.sh|"
+  "gpumem-python|script scripts/gpu-python.sh|"
 )
+
+# --bundle: every test binary (named in cargo's JSON messages), the gpumem binary, the wheel,
+# and the scripts, laid out like the repository so that the scripts find each other.
+if [ "$mode" = bundle ]; then
+  rm -rf "${bundle:?}"/{bin,wheel,scripts,python,checks.txt}
+  mkdir -p "$bundle/bin" "$bundle/scripts" "$bundle/python/checks"
+  for entry in "${checks[@]}"; do
+    IFS='|' read -r name selection _ <<<"$entry"
+    [[ "$selection" == script* ]] && continue
+    say "building $name: cargo $selection"
+    # shellcheck disable=SC2086 # the selection is a word list on purpose
+    cargo $selection --locked --no-run --message-format=json-render-diagnostics >"$bundle/cargo.json" \
+      || { say "$name did not build"; exit 1; }
+    # Test and bench harnesses only (binaries built for the tests are named "bin").
+    grep '"executable":"/' "$bundle/cargo.json" | grep -v '"kind":\["bin"\]' | while read -r message; do
+      executable="$(sed 's/.*"executable":"\([^"]*\)".*/\1/' <<<"$message")"
+      target="$(sed 's/.*"target":{[^}]*"name":"\([^"]*\)".*/\1/' <<<"$message")"
+      if grep -q '"kind":\["lib"\]' <<<"$message"; then label="unittests src/lib.rs"
+      elif grep -q '"kind":\["bench"\]' <<<"$message"; then label="benches/$target.rs"
+      else label="tests/$target.rs"; fi
+      file="bin/$name-$(basename "$executable")"
+      cp "$executable" "$bundle/$file" && strip "$bundle/$file"
+      echo "$name|$label|$file" >>"$bundle/checks.txt"
+    done
+  done
+  rm -f "$bundle/cargo.json"
+  cargo build -p gpumem-cli --locked --quiet && cp target/debug/gpumem "$bundle/bin/gpumem" \
+    && strip "$bundle/bin/gpumem" || { say "the gpumem binary did not build"; exit 1; }
+  bash scripts/gpu-python.sh --build-wheel "$bundle/wheel" || { say "the wheel did not build"; exit 1; }
+  cp scripts/gpu-check.sh scripts/watch-gpu-check.sh scripts/gpu-python.sh "$bundle/scripts/"
+  cp python/checks/torch_gpu.py "$bundle/python/checks/"
+  say "bundle in $bundle ($(du -sh "$bundle" | cut -f1)); on the GPU machine:"
+  say "  $bundle/scripts/gpu-check.sh --from-bundle $bundle"
+  exit 0
+fi
+if [ "$mode" = from-bundle ]; then
+  [ -f "$bundle/checks.txt" ] || { say "$bundle holds no checks.txt: make it with --bundle"; exit 2; }
+  export GPUMEM_BIN="$bundle/bin/gpumem"
+  GPUMEM_WHEEL="$(ls "$bundle"/wheel/gpumem-*.whl 2>/dev/null | head -1)"
+  export GPUMEM_WHEEL
+fi
 
 gpu_list=""
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -58,28 +124,54 @@ else
   echo "$gpu_list" | sed 's/^/  /' >&2
 fi
 
-logs="$repo/target/gpu-check"
+# Runs one check, its output on stdout (cargo's "Running SUITE" lines included, which the
+# table reads); its status is the check's.
+run_check() { # name selection arguments [filter...]
+  local name="$1" selection="$2" arguments="$3" status=0 label file
+  shift 3
+  if [[ "$selection" == script* ]]; then
+    echo "     Running ${selection##*/}"
+    bash "${selection#script }"
+    return
+  fi
+  if [ "$mode" = cargo ]; then
+    # shellcheck disable=SC2086 # word lists on purpose
+    cargo $selection --locked --no-fail-fast -- $arguments "$@"
+    return
+  fi
+  [[ "$selection" == bench* ]] && arguments="--bench $arguments"
+  while IFS='|' read -r _ label file; do
+    echo "     Running $label ($file)"
+    # shellcheck disable=SC2086 # word lists on purpose
+    "$bundle/$file" $arguments "$@" || status=1
+  done < <(grep "^$name|" "$bundle/checks.txt")
+  return "$status"
+}
+
+logs="${GPUMEM_GPU_CHECK_LOGS:-$repo/target/gpu-check}"
 mkdir -p "$logs"
 rows=()
 failed=0
 passed=0
 for entry in "${checks[@]}"; do
-  name="${entry%%|*}"
-  command="${entry#*|}"
+  IFS='|' read -r name selection arguments <<<"$entry"
   log="$logs/$name.log"
-  say "running $name: $command $*"
-  # shellcheck disable=SC2086 # the command is a word list on purpose
-  $command "$@" 2>&1 | tee "$log"
+  say "running $name ($mode): $selection $arguments $*"
+  run_check "$name" "$selection" "$arguments" "$@" 2>&1 | tee "$log"
   status=${PIPESTATUS[0]}
   # One row per test: "suite test result", from cargo's "Running <suite>" and "test <name> ... <r>".
   mapfile -t results < <(awk '
     /^ *Running unittests / { suite = "unit"; next }
     /^ *Running / { suite = $2; sub(/^tests\//, "", suite); next }
     /^ *Doc-tests / { suite = "doc"; next }
-    /^test .* \.\.\. (ok|FAILED|ignored)/ {
-      r = ($NF == "ok") ? "passed" : ($NF == "FAILED") ? "FAILED" : "ignored"
-      print suite, $2, r
-    }' "$log")
+    function verdict(word) { return word == "ok" ? "passed" : word == "FAILED" ? "FAILED" : "ignored" }
+    /^test .* \.\.\. / {
+      if ($NF ~ /^(ok|FAILED|ignored)$/) { print suite, $2, verdict($NF); pending = "" }
+      else pending = $2  # --nocapture: the test printed before its verdict
+      next
+    }
+    pending != "" && /^(ok|FAILED|ignored)$/ { print suite, pending, verdict($1); pending = "" }
+    ' "$log")
   if [ "${#results[@]}" -eq 0 ] && [[ "$name" == bench-* ]] && [ "$status" -eq 0 ]; then
     rows+=("$name - (benchmark ran; figures in its log) passed")
     passed=$((passed + 1))

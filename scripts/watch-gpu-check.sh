@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # `gpumem diagnose`, `gpumem exporter` and `gpumem top` on this machine's real GPUs (NVML), as
 # scripts/gpu-check.sh runs them; prints one "test NAME ... ok|FAILED" line per check. Needs
-# an NVIDIA driver, tmux and curl.
+# an NVIDIA driver, tmux and curl. GPUMEM_BIN names a gpumem binary built already (else cargo
+# builds one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-cargo build -p gpumem-cli --locked -q || exit 1
-gpumem="$PWD/target/debug/gpumem"
+if [ -n "${GPUMEM_BIN:-}" ]; then
+  gpumem="$GPUMEM_BIN"
+else
+  cargo build -p gpumem-cli --locked -q || exit 1
+  gpumem="$PWD/target/debug/gpumem"
+fi
 failed=0
 result() { # name status
   if [ "$2" -eq 0 ]; then echo "test $1 ... ok"; else echo "test $1 ... FAILED"; failed=1; fi

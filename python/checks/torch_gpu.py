@@ -1,5 +1,5 @@
 """PyTorch and CuPy on gpumem, on an NVIDIA GPU (run by scripts/gpu-python.sh from
-scripts/gpu-check.sh; it has never run: no GPU was available where it was written).
+scripts/gpu-check.sh; results of its run on an H200 are in docs/gpu.md).
 
 For a small GPT-2-style transformer and a small ResNet, a few training steps run twice, each in
 its own process (an allocator is chosen before CUDA starts): with PyTorch's own caching
@@ -12,7 +12,11 @@ allocator and with ``gpumem.torch.use()``. Checked:
 - a forced OOM (a hard limit just above what is reserved) raises ``torch.OutOfMemoryError``
   carrying gpumem's explanation;
 - CuPy (when installed): an array workload with ``gpumem.cupy.use()`` gives numpy's result and
-  leaves no allocation behind.
+  leaves no allocation behind;
+- a third run with PyTorch's allocator records its history from the start: the snapshot that
+  PyTorch itself writes, replayed through gpumem's ``torch`` policy (``gpumem replay``), must
+  give PyTorch's own ``max_memory_reserved`` to the byte, and the ``gpumem`` policy's replay
+  of the same snapshot is reported beside it (``--keep DIR`` keeps these snapshots).
 
 Each check prints ``test NAME ... ok|FAILED|ignored`` (the lines scripts/gpu-check.sh tables),
 then the figures; all results go to the JSON file given by ``--out``.
@@ -121,6 +125,8 @@ def train(model_name: str, allocator: str, snapshot_path: str | None) -> dict[st
         gt.use(policy="gpumem", history=200_000 if snapshot_path else 0)
     import torch
 
+    if allocator == "torch" and snapshot_path:
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = False  # cacheInfo is not available to a pluggable allocator
     torch.backends.cudnn.deterministic = True
@@ -149,7 +155,23 @@ def train(model_name: str, allocator: str, snapshot_path: str | None) -> dict[st
         result["oom"] = forced_oom(torch, gt)
     else:
         result["peak_reserved"] = torch.cuda.max_memory_reserved()
+        result["peak_allocated"] = torch.cuda.max_memory_allocated()
+        if snapshot_path:
+            with open(snapshot_path, "wb") as f:
+                pickle.dump(torch.cuda.memory._snapshot(), f)
     return result
+
+
+def replayed(snapshot: str) -> dict[str, Any]:
+    """`gpumem replay SNAPSHOT --json` (this Python's gpumem package): peak reserved and
+    allocated per policy."""
+    done = subprocess.run([sys.executable, "-m", "gpumem", "replay", snapshot, "--json"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"gpumem replay {snapshot} failed:\n{done.stderr}")
+    return {p["policy"]: {"peak_reserved": p["peak_reserved_bytes"],
+                          "peak_allocated": p["peak_allocated_bytes"]}
+            for p in json.loads(done.stdout)["policies"]}
 
 
 def forced_oom(torch: Any, gt: Any) -> dict[str, Any]:
@@ -238,9 +260,12 @@ def main() -> int:
     parser.add_argument("--allocator", choices=["torch", "gpumem"], default="torch")
     parser.add_argument("--snapshot")
     parser.add_argument("--out", default="target/gpu-check/python-results.json")
+    parser.add_argument("--keep", help="a folder to keep the recorded PyTorch snapshots in")
     args = parser.parse_args()
     if args.child:
         return child(args)
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
     results: dict[str, Any] = {}
     all_ok = True
     with tempfile.TemporaryDirectory(prefix="gpumem-gpu-") as scratch:
@@ -270,6 +295,24 @@ def main() -> int:
                 f"{1000 * torch_run['step_seconds']:.2f} ms ({100 * slower:+.1f} %)")
             ok, detail = memory_viz_renders(snapshot)
             all_ok &= report(f"{model}_snapshot_opens_in_memory_viz", ok, detail)
+            recorded_snapshot = os.path.join(args.keep or scratch, f"{model}-torch.pickle")
+            try:
+                recorded = run_child(model, "torch", scratch, recorded_snapshot)
+                replay = replayed(recorded_snapshot)
+            except RuntimeError as error:
+                all_ok &= report(f"{model}_replay_gives_pytorch_reserved", False,
+                                 str(error)[-3000:])
+                continue
+            results[model]["torch_recorded"] = recorded
+            results[model]["replay"] = replay
+            real = recorded["peak_reserved"]
+            all_ok &= report(
+                f"{model}_replay_gives_pytorch_reserved", replay["torch"]["peak_reserved"] == real,
+                f"PyTorch max_memory_reserved {real} B, its snapshot replayed: torch policy "
+                f"{replay['torch']['peak_reserved']} B, allocated {recorded['peak_allocated']} "
+                f"B vs {replay['torch']['peak_allocated']} B; gpumem policy "
+                f"{replay['gpumem']['peak_reserved'] / MIB:.1f} MiB, expandable "
+                f"{replay['expandable']['peak_reserved'] / MIB:.1f} MiB")
             oom = gpumem_run["oom"]
             all_ok &= report(f"{model}_forced_oom_is_torch_oom_with_explanation",
                              bool(oom.get("is_torch_oom") and oom.get("explained")),

@@ -242,3 +242,24 @@ def test_settings_added_fields_are_written_only_when_set() -> None:
     assert not Settings("infer", 2, 64, no_cache=False).passes_no_cache(True)
     assert not Settings("train", 2, 64).passes_no_cache(True)
     assert Settings("train", 2, 64, no_cache=True).passes_no_cache(True)
+
+
+@pytest.mark.parametrize("name, cases", [
+    ("measured_cuda.jsonl", grid()), ("measured_cuda_heldout.jsonl", heldout_grid()),
+    ("measured_cuda_architectures.jsonl", architectures_grid())])
+def test_cuda_rows_are_grid_cases_in_order(name: str, cases: list[tuple[str, Settings]]) -> None:
+    """The GPU-measured sets (one run on an H200): each row a case of its grid, in grid order,
+    with the CUDA notes and both of PyTorch's peaks."""
+    rows = [json.loads(line) for line in (REPO / "testdata" / "plan" / name).read_text()
+            .splitlines()]
+    by_id = {case_id(n, s): (n, s) for n, s in cases}
+    order = list(by_id)
+    assert [order.index(r["id"]) for r in rows] == sorted(order.index(r["id"]) for r in rows)
+    for row in rows:
+        config, s = by_id[row["id"]]
+        assert row["config"] == f"{PLAN_CONFIG_DIR}/{config}.json"
+        assert row["settings"] == s.as_dict()
+        assert row["notes"] == notes(config, s, "cuda", 8, "0.26.0+cu130"), row["id"]
+        measured = row["measured"]
+        assert 0 < measured["peak_allocated_bytes"] <= measured["peak_allocated_bytes_whole_run"]
+        assert measured["peak_allocated_bytes_whole_run"] <= measured["peak_reserved_bytes"]

@@ -7,14 +7,29 @@ use common::{gpumem, json_of};
 
 /// Whether a CUDA driver is loadable here, decided without gpumem: a GPU machine must then
 /// list and test its devices, a machine without must say so plainly.
+/// It looks where the dynamic loader looks: the usual library folders, the driver folder
+/// container runtimes mount, `LD_LIBRARY_PATH`, and the loader's cache.
 fn cuda_driver_present() -> bool {
-    [
-        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-        "/usr/lib64/libcuda.so.1",
-        "/usr/lib/libcuda.so.1",
+    let mut folders: Vec<String> = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/nvidia/lib64",
+        "/usr/local/nvidia/lib",
     ]
-    .iter()
-    .any(|p| std::path::Path::new(p).exists())
+    .map(String::from)
+    .to_vec();
+    if let Ok(path) = std::env::var("LD_LIBRARY_PATH") {
+        folders.extend(path.split(':').filter(|f| !f.is_empty()).map(String::from));
+    }
+    let in_cache = std::process::Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libcuda.so.1 "));
+    in_cache
+        || folders
+            .iter()
+            .any(|f| std::path::Path::new(f).join("libcuda.so.1").exists())
 }
 
 #[test]

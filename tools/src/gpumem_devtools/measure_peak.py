@@ -637,7 +637,7 @@ def notes(name: str, s: Settings, device: str, threads: int,
         out.append("HF generate, greedy, min_new_tokens=max_new_tokens, DynamicCache; "
                    "prefill keeps last-token logits only")
     if name.startswith("resnet"):
-        out.append(f"torchvision {torchvision_version}, oneDNN conv on CPU")
+        out.append(f"torchvision {torchvision_version}" + (", oneDNN conv on CPU" if cpu else ""))
     if name in configs.DIFFUSION_CONFIGS:
         out.append("diffusers AttnProcessor2_0 (SDPA); latents image/8, random timesteps; UNet: 77 random text hidden states; "
                    "DiT: random class labels")
@@ -689,8 +689,13 @@ def versions(diffusers: bool = False, peft: bool = False,
     return out
 
 
-def measure(config_path: Path, s: Settings, device: str) -> tuple[int, str | None]:
-    """(peak live bytes in the last step, phase of the peak)."""
+def measure(config_path: Path, s: Settings, device: str
+            ) -> tuple[int, str | None, dict[str, int]]:
+    """(peak live bytes in the last step, phase of the peak, what CUDA's allocator reports).
+
+    On CUDA the cache is emptied and the peak statistics reset first, so the last item's
+    `peak_reserved_bytes` and `peak_allocated_bytes_whole_run` are those of a fresh process
+    that ran only this case (the CUDA context and cuBLAS's own memory are not in them)."""
     from .recorder import recorder_for
     from .workloads import run
 
@@ -699,6 +704,12 @@ def measure(config_path: Path, s: Settings, device: str) -> tuple[int, str | Non
         if installed != s.transformers:
             raise ValueError(f"case needs transformers {s.transformers}, this environment has "
                              f"{installed}")
+    torch = require("torch")
+    cuda = device_type(device) == "cuda"
+    if cuda:
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     rec = recorder_for(device)
     with rec:
         if s.framework == "litgpt":
@@ -711,7 +722,9 @@ def measure(config_path: Path, s: Settings, device: str) -> tuple[int, str | Non
     start = tl.boundary_times("step")[-1]
     end = tl.boundary_times("end")[-1]
     peak, t = tl.peak_between(start, end)
-    return peak, tl.phase_at(t)
+    allocator = {"peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+                 "peak_allocated_bytes_whole_run": torch.cuda.max_memory_allocated()} if cuda else {}
+    return peak, tl.phase_at(t), allocator
 
 
 def self_test(root: Path) -> None:
@@ -941,9 +954,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = args.out or root / default_out
         _measure_cases(root, out, cases, table, args.redo, args.device,
                        torch.get_num_threads(), vers)
-    except MissingDependency as err:
+    except (MissingDependency, CaseFailures) as err:
         return fail(ap.prog, err)
     return 0
+
+
+class CaseFailures(Exception):
+    """Cases that raised while being measured (each was reported as it failed; the others
+    were measured and written)."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        super().__init__(f"{len(ids)} case(s) failed: {', '.join(ids)}")
 
 
 def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, str]],
@@ -955,15 +976,21 @@ def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, s
     if out.exists():
         done = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     order = {case_id(n, s): i for i, (n, s) in enumerate(table)}
+    failed: list[str] = []
     for name, s, cid in cases:
         if cid in done and not redo:
             continue
         t0 = time.time()
         cfg = f"{CONFIG_DIR}/{name}.json"
-        peak, phase = measure(root / cfg, s, device)
+        try:
+            peak, phase, allocator = measure(root / cfg, s, device)
+        except Exception as err:  # noqa: BLE001 - one failed case must not lose the others
+            failed.append(cid)
+            print(f"{cid}: FAILED: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            continue
         tv = require("torchvision").__version__ if name.startswith("resnet") else None
         done[cid] = {"id": cid, "config": cfg, "settings": s.as_dict(),
-                     "measured": {"peak_allocated_bytes": peak, "phase": phase},
+                     "measured": {"peak_allocated_bytes": peak, "phase": phase, **allocator},
                      "versions": vers, "notes": notes(name, s, device, threads, tv)}
         if any((name, s) in held for held in (MULTIMODAL_HELDOUT, LORA_HELDOUT, LOSSES_HELDOUT,
                                                LITGPT_HELDOUT)):
@@ -973,6 +1000,8 @@ def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, s
         rows = sorted(done.values(), key=lambda r: order.get(r["id"], len(order)))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if failed:
+        raise CaseFailures(failed)
 
 
 if __name__ == "__main__":

@@ -195,14 +195,35 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
     if type(model).__name__ != arch:
         raise ValueError(f"{config_path}: built {type(model).__name__}, config names {arch}")
     if grad_ckpt:
-        model.activation_checkpointing_enable()
+        checkpointing_enable(model)
     elif grad_ckpt_every:
-        model.activation_checkpointing_enable(every_n_layers=grad_ckpt_every)
+        checkpointing_enable(model, every_n_layers=grad_ckpt_every)
     elif grad_ckpt_per_op:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={
+        checkpointing_enable(model, checkpoint_kwargs={
             "use_reentrant": False, "context_fn": per_op_checkpoint_context})
     return Workload(model, kind, cfg.get("vocab_size"), cfg.get("image_size"),
                     len(cfg["id2label"]) if "id2label" in cfg else None, mel_bins)
+
+
+def checkpointing_enable(model: Any, every_n_layers: int | None = None,
+                         checkpoint_kwargs: dict[str, Any] | None = None) -> None:
+    """Activation checkpointing of every layer (or every `every_n_layers`-th), as
+    transformers names it: `activation_checkpointing_enable` in newer releases,
+    `gradient_checkpointing_enable` (use_reentrant=False, today's default) before, which has
+    no every-n-layers choice."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        extra: dict[str, Any] = {}
+        if every_n_layers is not None:
+            extra["every_n_layers"] = every_n_layers
+        if checkpoint_kwargs is not None:
+            extra["activation_checkpointing_kwargs"] = checkpoint_kwargs
+        model.activation_checkpointing_enable(**extra)
+        return
+    if every_n_layers is not None:
+        raise ValueError("checkpointing every n-th layer needs a transformers release with "
+                         "activation_checkpointing_enable")
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs=checkpoint_kwargs or {"use_reentrant": False})
 
 
 def _build_dual_encoder(cfg: dict[str, Any], config_path: str | Path, kwargs: dict[str, Any],
@@ -244,7 +265,7 @@ def _build_vlm(cfg: dict[str, Any], config_path: str | Path, kwargs: dict[str, A
     if type(model).__name__ != arch:
         raise ValueError(f"{config_path}: built {type(model).__name__}, config names {arch}")
     if grad_ckpt:
-        model.activation_checkpointing_enable()
+        checkpointing_enable(model)
     vision = hf_cfg.vision_config
     return Workload(model, "vlm", hf_cfg.text_config.vocab_size, vision.image_size, None,
                     image_token=hf_cfg.image_token_id, image_tokens=hf_cfg.image_seq_length)

@@ -5,9 +5,11 @@
 
 use std::process::{Command, Output};
 
-/// Runs the built `gpumem` binary with `args`.
+/// Runs the built `gpumem` binary with `args`: `GPUMEM_BIN` when set (a test binary run away
+/// from its build tree, as `scripts/gpu-check.sh --from-bundle` does), else cargo's.
 pub fn gpumem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpumem"))
+    let binary = std::env::var_os("GPUMEM_BIN").unwrap_or(env!("CARGO_BIN_EXE_gpumem").into());
+    Command::new(binary)
         .args(args)
         .output()
         .expect("the gpumem binary runs")
