@@ -13,6 +13,7 @@ use crate::single_gpu::{
 };
 use crate::workload::{
     Attention, BaseQuant, Checkpointing, Dtype, Framework, Loss, Mode, Target, Workload,
+    GROUPED_KEYS_TO_SDPA_SINCE,
 };
 
 /// One step of the forward pass, in bytes for the whole micro-batch on one GPU.
@@ -731,13 +732,28 @@ impl<'a> TransformerGraph<'a> {
     /// Does SDPA fall back to its math path (scores materialised)? PyTorch's CPU flash kernel
     /// takes one head width for queries, keys and values, and latent attention's values are
     /// narrower than its keys (the CPU traces show the math path's matmul and softmax); CUDA's
-    /// memory-efficient kernel takes different widths.
+    /// memory-efficient kernel takes different widths. On CUDA, transformers hands grouped
+    /// keys to SDPA as they are (`enable_gqa`) when it builds no mask (causal, no sliding
+    /// window; earlier releases repeat them first); in fp32 no fused kernel takes them (flash needs half precision, the
+    /// memory-efficient kernel has no grouped keys), so the math path runs (measured on an
+    /// H200: docs/gpu.md).
     fn sdpa_math_fallback(&self) -> bool {
-        self.workload.target == Target::Cpu
-            && self
+        match self.workload.target {
+            Target::Cpu => self
                 .spec
                 .latent
-                .is_some_and(|l| l.nope_dim + l.rope_dim != l.value_dim)
+                .is_some_and(|l| l.nope_dim + l.rope_dim != l.value_dim),
+            Target::Gpu => {
+                self.workload.compute_dtype() == Dtype::Fp32
+                    && self.spec.kv_heads < self.spec.heads
+                    && self.spec.sliding.is_none()
+                    && self.spec.decoder
+                    && self
+                        .workload
+                        .transformers
+                        .is_none_or(|release| release >= GROUPED_KEYS_TO_SDPA_SINCE)
+            }
+        }
     }
 
     /// Does this attention materialise the score matrix?
@@ -900,9 +916,26 @@ impl<'a> TransformerGraph<'a> {
             transient += scores * score.input + mask;
             // The head-merging copy is saved by the output projection.
             tally.sharded += act * q;
+            // CUDA's math path on grouped keys (SDPA: no probabilities returned) scales copies
+            // of the queries and of the keys repeated to every head, and turns the causal mask
+            // into an fp32 bias.
+            let cuda_math = self.workload.target == Target::Gpu
+                && self.workload.attention == Attention::Sdpa
+                && self.sdpa_math_fallback();
+            let (scaled, returned) = if cuda_math {
+                (
+                    4.0 * q_local * (query_tokens + key_tokens) + 4.0 * shape.queries * shape.keys,
+                    0.0,
+                )
+            } else {
+                (0.0, scores * score.returned())
+            };
             (
-                projections + expanded / self.split.tp * key_tokens + scores * score.no_grad_peak(),
-                scores * score.returned(),
+                projections
+                    + expanded / self.split.tp * key_tokens
+                    + scores * score.no_grad_peak()
+                    + scaled,
+                returned,
                 mask,
             )
         } else {

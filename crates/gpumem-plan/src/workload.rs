@@ -178,6 +178,14 @@ pub const LAST_TOKEN_LOGITS_SINCE: TransformersRelease = TransformersRelease {
     patch: 0,
 };
 
+/// The first transformers release taken to hand grouped keys to SDPA unrepeated
+/// (`enable_gqa`, its attention-interface rewrite); earlier ones repeat them (`repeat_kv`).
+pub const GROUPED_KEYS_TO_SDPA_SINCE: TransformersRelease = TransformersRelease {
+    major: 4,
+    minor: 48,
+    patch: 0,
+};
+
 impl TransformersRelease {
     /// Parses `MAJOR.MINOR` or `MAJOR.MINOR.PATCH` (e.g. `4.44.2`), with a typed error naming
     /// the accepted form.
