@@ -36,8 +36,10 @@ import time
 from typing import Any
 
 MIB = 1 << 20
-STEPS = 8
-WARMUP = 2
+# Enough steps that the GPU's clocks have settled before the timed ones: with 8 steps of
+# 10-15 ms after 2 warm-ups, two runs on an H200 disagreed by 20 % (docs/gpu.md).
+STEPS = 40
+WARMUP = 10
 
 
 def gpt2_model(torch: Any) -> tuple[Any, Any]:

@@ -103,7 +103,10 @@ class CudaRecorder:
 
     def __enter__(self) -> "CudaRecorder":
         torch.cuda.synchronize()
-        torch.cuda.memory._record_memory_history(max_entries=self.max_entries)
+        # No stack traces (context=None): only sizes, addresses and streams are read, and
+        # capturing Python stacks from the autograd engine's thread during checkpointed
+        # recomputation failed inside PyTorch 2.11's run_backward on an H200 (docs/gpu.md).
+        torch.cuda.memory._record_memory_history(max_entries=self.max_entries, context=None)
         self._stream = torch.cuda.Stream()
         return self
 
