@@ -100,7 +100,11 @@ pub fn run(args: PlanArgs) -> Result<(), CommandError> {
 /// The plan's output (JSON or the table), and the error to report after it when nothing fits.
 fn plan(a: &PlanFlags) -> Result<(String, Option<PlanError>), PlanError> {
     let model = model(a)?;
-    let resolved = a.settings.resolve(&model)?;
+    let settings = Settings {
+        gpu: a.gpu.clone(),
+        ..a.settings.clone()
+    };
+    let resolved = settings.resolve(&model)?;
     let workload = resolved.workload;
     let gpu = a.gpu.as_deref().map(find_gpu).transpose()?;
     let overheads = Overheads {

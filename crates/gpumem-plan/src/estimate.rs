@@ -16,7 +16,8 @@ use crate::workload::{
 };
 use serde::Serialize;
 
-/// CUDA context, kernels and cuBLAS workspace of one process (CUDA ≥ 11.7 with lazy loading).
+/// CUDA context and kernels of one process (CUDA ≥ 11.7 with lazy loading); the cuBLAS
+/// workspaces are PyTorch allocations (`Breakdown::blas_workspace`).
 pub const DEFAULT_CONTEXT_BYTES: u64 = 500 << 20;
 
 /// Share of allocated bytes the caching allocator keeps reserved on top (block rounding and
@@ -88,6 +89,9 @@ pub struct Breakdown {
     pub kv_cache: u64,
     /// Short-lived tensors: logits and loss, gradients of activations, optimizer-step buffers.
     pub temporaries: u64,
+    /// cuBLAS workspaces, allocated through PyTorch's allocator at the first matrix product of
+    /// each thread and stream and kept: the forward's, and the autograd engine's in training.
+    pub blas_workspace: u64,
     /// CUDA context, kernels and framework, outside the allocator.
     pub framework: u64,
     /// NCCL communicator buffers, outside the allocator (in nvidia-smi, not in reserved).
@@ -105,6 +109,7 @@ impl Breakdown {
             + self.activations
             + self.kv_cache
             + self.temporaries
+            + self.blas_workspace
     }
 
     /// Named entries, largest first, for printing.
@@ -116,6 +121,7 @@ impl Breakdown {
             ("activations", self.activations),
             ("kv_cache", self.kv_cache),
             ("temporaries", self.temporaries),
+            ("blas_workspace", self.blas_workspace),
             ("framework", self.framework),
             ("communication", self.communication),
             ("allocator", self.allocator),
@@ -212,6 +218,10 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
             simulate_inference(model, &units, &states, workload)
         }
     };
+    let workspace = blas_workspaces(workload);
+    for (_, phase) in peaks.iter_mut() {
+        phase.blas_workspace = workspace;
+    }
     let (peak_phase, mut breakdown) = peaks
         .iter()
         .copied()
@@ -256,6 +266,17 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
         trainable_params: trainable,
         warnings,
     })
+}
+
+/// The cuBLAS workspaces of a step: one for the thread that runs the forward, and one more in
+/// training for the autograd engine's device thread, which runs the backward (seen on an H200:
+/// 32 MiB each, docs/gpu.md).
+pub fn blas_workspaces(workload: &Workload) -> u64 {
+    let threads = match workload.mode {
+        Mode::Train => 2,
+        Mode::Infer | Mode::Generate => 1,
+    };
+    threads * workload.blas_workspace
 }
 
 impl Estimate {

@@ -48,6 +48,26 @@ pub const GPUS: &[(&str, u64)] = &[
     ("mi300x", 196_592),
 ];
 
+/// The cuBLAS (hipBLAS) workspace PyTorch allocates through its caching allocator for each
+/// thread and stream that runs a matrix product, on the GPU of catalogue name `gpu`: 32 MiB on
+/// Hopper and Blackwell, `:4096:2:16:8` (8 MiB + 128 KiB) on earlier NVIDIA GPUs, 128 MiB on
+/// MI300 and 32 MiB on other AMD GPUs (PyTorch's defaults without `CUBLAS_WORKSPACE_CONFIG`).
+/// A GPU known only by its size, or none, is planned with Hopper's.
+pub fn blas_workspace_bytes(gpu: Option<&str>) -> u64 {
+    const HOPPER: u64 = 32 * MIB;
+    match gpu {
+        Some(name) if name.starts_with("mi300") => 128 * MIB,
+        Some(name)
+            if name.starts_with("h1") || name.starts_with("h2") || name.starts_with("b2") =>
+        {
+            HOPPER
+        }
+        Some(name) if name.starts_with("mi") => HOPPER,
+        Some(name) if GPUS.iter().any(|(known, _)| *known == name) => 8 * MIB + 128 * 1024,
+        _ => HOPPER,
+    }
+}
+
 /// Looks a GPU up by name ("H100", "rtx4090", "A100-80GB") or reads a size ("24GB", "80GiB").
 pub fn find_gpu(name: &str) -> Result<Gpu> {
     if let Some(bytes) = parse_size(name)? {

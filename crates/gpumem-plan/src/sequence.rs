@@ -10,7 +10,9 @@
 
 use crate::distributed::reduced_at_backward_end;
 use crate::error::Result;
-use crate::estimate::{kept_and_recomputed, model_states, trainable_params, States};
+use crate::estimate::{
+    blas_workspaces, kept_and_recomputed, model_states, trainable_params, States,
+};
 use crate::graph::{build_units, Unit};
 use crate::model::{Architecture, ModelSpec};
 use crate::workload::{Mode, Workload};
@@ -64,6 +66,11 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
         .iter()
         .map(|u| out.pieces(shapes.share(u) * states.weights, shapes.tensor))
         .collect();
+    // The cuBLAS workspaces, from the first matrix product to the end of the process.
+    let threads = blas_workspaces(workload) / workload.blas_workspace.max(1);
+    let workspaces: Vec<u64> = (0..threads)
+        .filter_map(|_| out.alloc(workload.blas_workspace as f64))
+        .collect();
     match workload.mode {
         Mode::Train => train(&mut out, &units, &states, workload, &shapes),
         Mode::Infer | Mode::Generate => {
@@ -74,6 +81,7 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
         }
     }
     weights.into_iter().for_each(|w| out.free_all(w));
+    out.free_all(workspaces);
     out.free_all(persistent);
     Ok(out.events)
 }

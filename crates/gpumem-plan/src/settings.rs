@@ -189,6 +189,10 @@ pub struct Settings {
     /// `cpu` reproduces PyTorch-on-CPU measurements (validation data only; not a flag) [default: gpu].
     #[cfg_attr(feature = "clap", arg(skip))]
     pub target: Option<String>,
+    /// The GPU planned for (a catalogue name or a size), whose generation sets the cuBLAS
+    /// workspace; `gpumem plan` fills it from `--gpu` [default: a Hopper GPU's workspace].
+    #[cfg_attr(feature = "clap", arg(skip))]
+    pub gpu: Option<String>,
 }
 
 /// Parses a count typed on the command line; a negative number gets the same reason as in the
@@ -454,6 +458,13 @@ impl Settings {
                 nccl_buffsize: self.nccl_buffsize.unwrap_or(d.layout.nccl_buffsize),
             },
             target,
+            blas_workspace: match target {
+                Target::Cpu => 0,
+                Target::Gpu => {
+                    let gpu = self.gpu.as_deref().map(crate::gpu::find_gpu).transpose()?;
+                    crate::gpu::blas_workspace_bytes(gpu.as_ref().map(|g| g.name.as_str()))
+                }
+            },
             use_cache: !self.no_cache,
             labels: self.labels,
             loss: pick(&self.loss, "loss", choices::LOSSES)?.unwrap_or(d.loss),

@@ -416,6 +416,10 @@ pub struct Workload {
     /// Training leaves the vision tower (of a vision-language model or dual encoder) frozen:
     /// it runs without recording anything for backward and gets no gradient.
     pub freeze_vision_tower: bool,
+    /// The cuBLAS workspace PyTorch allocates through its caching allocator for each thread
+    /// and stream that runs a matrix product ([`crate::gpu::blas_workspace_bytes`]; 0 on the
+    /// CPU).
+    pub blas_workspace: u64,
 }
 
 impl Default for Workload {
@@ -437,6 +441,7 @@ impl Default for Workload {
             lora: None,
             layout: Layout::single(),
             target: Target::Gpu,
+            blas_workspace: crate::gpu::blas_workspace_bytes(None),
             use_cache: true,
             labels: false,
             loss: Loss::Hf,
