@@ -218,7 +218,7 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
             simulate_inference(model, &units, &states, workload)
         }
     };
-    let workspace = blas_workspaces(workload);
+    let workspace = blas_workspace_count(workload.mode) * workload.blas_workspace;
     for (_, phase) in peaks.iter_mut() {
         phase.blas_workspace = workspace;
     }
@@ -268,15 +268,14 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
     })
 }
 
-/// The cuBLAS workspaces of a step: one for the thread that runs the forward, and one more in
-/// training for the autograd engine's device thread, which runs the backward (seen on an H200:
-/// 32 MiB each, docs/gpu.md).
-pub fn blas_workspaces(workload: &Workload) -> u64 {
-    let threads = match workload.mode {
+/// How many cuBLAS workspaces a step makes: one for the thread that runs the forward, and one
+/// more in training for the autograd engine's device thread, which runs the backward (seen on
+/// an H200, docs/gpu.md).
+pub fn blas_workspace_count(mode: Mode) -> u64 {
+    match mode {
         Mode::Train => 2,
         Mode::Infer | Mode::Generate => 1,
-    };
-    threads * workload.blas_workspace
+    }
 }
 
 impl Estimate {

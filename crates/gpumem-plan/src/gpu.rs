@@ -11,62 +11,56 @@ pub struct Gpu {
     pub name: String,
     /// Device memory as reported by nvidia-smi / rocm-smi, bytes.
     pub memory_bytes: u64,
+    /// The cuBLAS (hipBLAS) workspace PyTorch allocates on it through its caching allocator
+    /// for each thread and stream that runs a matrix product (PyTorch's default without
+    /// `CUBLAS_WORKSPACE_CONFIG`).
+    pub blas_workspace_bytes: u64,
 }
 
 const MIB: u64 = 1 << 20;
 
-/// Known GPUs: (name, MiB reported by the driver). Aliases map to the same capacity.
-pub const GPUS: &[(&str, u64)] = &[
-    ("h100", 81_559),
-    ("h100-80gb", 81_559),
-    ("h100-sxm", 81_559),
-    ("h100-pcie", 81_559),
-    ("h100-nvl", 95_830),
-    ("h200", 143_771),
-    ("b200", 183_359),
-    ("a100-40gb", 40_960),
-    ("a100-80gb", 81_920),
-    ("a100", 81_920),
-    ("l4", 23_034),
-    ("l40", 46_068),
-    ("l40s", 46_068),
-    ("a10g", 23_028),
-    ("a10", 23_028),
-    ("a6000", 49_140),
-    ("rtx-a6000", 49_140),
-    ("rtx-6000-ada", 49_140),
-    ("rtx-4090", 24_564),
-    ("rtx-4080", 16_376),
-    ("rtx-3090", 24_576),
-    ("rtx-3080", 10_240),
-    ("t4", 15_360),
-    ("v100", 16_384),
-    ("v100-16gb", 16_384),
-    ("v100-32gb", 32_768),
-    ("mi250", 65_536),
-    ("mi250x", 65_536),
-    ("mi300x", 196_592),
-];
+/// cuBLAS's workspace on Hopper and Blackwell: 32 MiB.
+pub const HOPPER_WORKSPACE: u64 = 32 * MIB;
+/// cuBLAS's workspace on earlier NVIDIA GPUs: `:4096:2:16:8`, 8 MiB + 128 KiB.
+const PRE_HOPPER_WORKSPACE: u64 = 8 * MIB + 128 * 1024;
+/// hipBLAS's workspace on MI300 (gfx942): 128 MiB.
+const MI300_WORKSPACE: u64 = 128 * MIB;
+/// hipBLAS's workspace on other AMD GPUs: 32 MiB.
+const ROCM_WORKSPACE: u64 = 32 * MIB;
 
-/// The cuBLAS (hipBLAS) workspace PyTorch allocates through its caching allocator for each
-/// thread and stream that runs a matrix product, on the GPU of catalogue name `gpu`: 32 MiB on
-/// Hopper and Blackwell, `:4096:2:16:8` (8 MiB + 128 KiB) on earlier NVIDIA GPUs, 128 MiB on
-/// MI300 and 32 MiB on other AMD GPUs (PyTorch's defaults without `CUBLAS_WORKSPACE_CONFIG`).
-/// A GPU known only by its size, or none, is planned with Hopper's.
-pub fn blas_workspace_bytes(gpu: Option<&str>) -> u64 {
-    const HOPPER: u64 = 32 * MIB;
-    match gpu {
-        Some(name) if name.starts_with("mi300") => 128 * MIB,
-        Some(name)
-            if name.starts_with("h1") || name.starts_with("h2") || name.starts_with("b2") =>
-        {
-            HOPPER
-        }
-        Some(name) if name.starts_with("mi") => HOPPER,
-        Some(name) if GPUS.iter().any(|(known, _)| *known == name) => 8 * MIB + 128 * 1024,
-        _ => HOPPER,
-    }
-}
+/// Known GPUs: (name, MiB reported by the driver, cuBLAS workspace). Aliases map to the same
+/// capacity. A GPU known only by its size is planned with [`HOPPER_WORKSPACE`].
+pub const GPUS: &[(&str, u64, u64)] = &[
+    ("h100", 81_559, HOPPER_WORKSPACE),
+    ("h100-80gb", 81_559, HOPPER_WORKSPACE),
+    ("h100-sxm", 81_559, HOPPER_WORKSPACE),
+    ("h100-pcie", 81_559, HOPPER_WORKSPACE),
+    ("h100-nvl", 95_830, HOPPER_WORKSPACE),
+    ("h200", 143_771, HOPPER_WORKSPACE),
+    ("b200", 183_359, HOPPER_WORKSPACE),
+    ("a100-40gb", 40_960, PRE_HOPPER_WORKSPACE),
+    ("a100-80gb", 81_920, PRE_HOPPER_WORKSPACE),
+    ("a100", 81_920, PRE_HOPPER_WORKSPACE),
+    ("l4", 23_034, PRE_HOPPER_WORKSPACE),
+    ("l40", 46_068, PRE_HOPPER_WORKSPACE),
+    ("l40s", 46_068, PRE_HOPPER_WORKSPACE),
+    ("a10g", 23_028, PRE_HOPPER_WORKSPACE),
+    ("a10", 23_028, PRE_HOPPER_WORKSPACE),
+    ("a6000", 49_140, PRE_HOPPER_WORKSPACE),
+    ("rtx-a6000", 49_140, PRE_HOPPER_WORKSPACE),
+    ("rtx-6000-ada", 49_140, PRE_HOPPER_WORKSPACE),
+    ("rtx-4090", 24_564, PRE_HOPPER_WORKSPACE),
+    ("rtx-4080", 16_376, PRE_HOPPER_WORKSPACE),
+    ("rtx-3090", 24_576, PRE_HOPPER_WORKSPACE),
+    ("rtx-3080", 10_240, PRE_HOPPER_WORKSPACE),
+    ("t4", 15_360, PRE_HOPPER_WORKSPACE),
+    ("v100", 16_384, PRE_HOPPER_WORKSPACE),
+    ("v100-16gb", 16_384, PRE_HOPPER_WORKSPACE),
+    ("v100-32gb", 32_768, PRE_HOPPER_WORKSPACE),
+    ("mi250", 65_536, ROCM_WORKSPACE),
+    ("mi250x", 65_536, ROCM_WORKSPACE),
+    ("mi300x", 196_592, MI300_WORKSPACE),
+];
 
 /// Looks a GPU up by name ("H100", "rtx4090", "A100-80GB") or reads a size ("24GB", "80GiB").
 pub fn find_gpu(name: &str) -> Result<Gpu> {
@@ -74,6 +68,7 @@ pub fn find_gpu(name: &str) -> Result<Gpu> {
         return Ok(Gpu {
             name: name.to_string(),
             memory_bytes: bytes,
+            blas_workspace_bytes: HOPPER_WORKSPACE,
         });
     }
     let key = normalise(name)
@@ -82,12 +77,13 @@ pub fn find_gpu(name: &str) -> Result<Gpu> {
         .replace("rtx--", "rtx-");
     let compact = |s: &str| s.replace('-', "");
     GPUS.iter()
-        .find(|(known, _)| compact(known) == compact(&key))
-        .map(|(known, mib)| Gpu {
+        .find(|(known, _, _)| compact(known) == compact(&key))
+        .map(|&(known, mib, workspace)| Gpu {
             name: known.to_string(),
             memory_bytes: mib * MIB,
+            blas_workspace_bytes: workspace,
         })
-        .ok_or_else(|| unknown("GPU", name, GPUS.iter().map(|(n, _)| *n)))
+        .ok_or_else(|| unknown("GPU", name, GPUS.iter().map(|(n, _, _)| *n)))
 }
 
 /// Parses "24GB" (1e9), "24GiB"/"24G" (2^30) or "24000MB"/"MiB"; `None` if it is not a size.
@@ -133,6 +129,12 @@ mod tests {
         assert_eq!(find_gpu("NVIDIA H100").unwrap().name, "h100");
         assert_eq!(find_gpu("24GB").unwrap().memory_bytes, 24_000_000_000);
         assert_eq!(find_gpu("80GiB").unwrap().memory_bytes, 80 << 30);
+        assert_eq!(find_gpu("h200").unwrap().blas_workspace_bytes, 32 << 20);
+        assert_eq!(
+            find_gpu("a100").unwrap().blas_workspace_bytes,
+            (8 << 20) + (128 << 10)
+        );
+        assert_eq!(find_gpu("24GB").unwrap().blas_workspace_bytes, 32 << 20);
         let err = find_gpu("h10").unwrap_err().to_string();
         assert!(err.contains("did you mean"), "{err}");
         assert!(find_gpu("0GB").is_err());

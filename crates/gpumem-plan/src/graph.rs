@@ -734,9 +734,9 @@ impl<'a> TransformerGraph<'a> {
     /// narrower than its keys (the CPU traces show the math path's matmul and softmax); CUDA's
     /// memory-efficient kernel takes different widths. On CUDA, transformers hands grouped
     /// keys to SDPA as they are (`enable_gqa`) when it builds no mask (causal, no sliding
-    /// window; earlier releases repeat them first); in fp32 no fused kernel takes them (flash needs half precision, the
-    /// memory-efficient kernel has no grouped keys), so the math path runs (measured on an
-    /// H200: docs/gpu.md).
+    /// window; earlier releases repeat them first); in fp32 no fused kernel takes them (flash
+    /// needs half precision, the memory-efficient kernel has no grouped keys), so the math
+    /// path runs (measured on an H200: docs/gpu.md).
     fn sdpa_math_fallback(&self) -> bool {
         match self.workload.target {
             Target::Cpu => self

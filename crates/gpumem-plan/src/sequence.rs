@@ -11,7 +11,7 @@
 use crate::distributed::reduced_at_backward_end;
 use crate::error::Result;
 use crate::estimate::{
-    blas_workspaces, kept_and_recomputed, model_states, trainable_params, States,
+    blas_workspace_count, kept_and_recomputed, model_states, trainable_params, States,
 };
 use crate::graph::{build_units, Unit};
 use crate::model::{Architecture, ModelSpec};
@@ -67,8 +67,7 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
         .map(|u| out.pieces(shapes.share(u) * states.weights, shapes.tensor))
         .collect();
     // The cuBLAS workspaces, from the first matrix product to the end of the process.
-    let threads = blas_workspaces(workload) / workload.blas_workspace.max(1);
-    let workspaces: Vec<u64> = (0..threads)
+    let workspaces: Vec<u64> = (0..blas_workspace_count(workload.mode))
         .filter_map(|_| out.alloc(workload.blas_workspace as f64))
         .collect();
     match workload.mode {

@@ -460,10 +460,10 @@ impl Settings {
             target,
             blas_workspace: match target {
                 Target::Cpu => 0,
-                Target::Gpu => {
-                    let gpu = self.gpu.as_deref().map(crate::gpu::find_gpu).transpose()?;
-                    crate::gpu::blas_workspace_bytes(gpu.as_ref().map(|g| g.name.as_str()))
-                }
+                Target::Gpu => match self.gpu.as_deref() {
+                    Some(name) => crate::gpu::find_gpu(name)?.blas_workspace_bytes,
+                    None => d.blas_workspace,
+                },
             },
             use_cache: !self.no_cache,
             labels: self.labels,

@@ -417,8 +417,8 @@ pub struct Workload {
     /// it runs without recording anything for backward and gets no gradient.
     pub freeze_vision_tower: bool,
     /// The cuBLAS workspace PyTorch allocates through its caching allocator for each thread
-    /// and stream that runs a matrix product ([`crate::gpu::blas_workspace_bytes`]; 0 on the
-    /// CPU).
+    /// and stream that runs a matrix product (by the GPU, [`crate::gpu::Gpu`]; Hopper's when
+    /// none is named; 0 on the CPU).
     pub blas_workspace: u64,
 }
 
@@ -441,7 +441,7 @@ impl Default for Workload {
             lora: None,
             layout: Layout::single(),
             target: Target::Gpu,
-            blas_workspace: crate::gpu::blas_workspace_bytes(None),
+            blas_workspace: crate::gpu::HOPPER_WORKSPACE,
             use_cache: true,
             labels: false,
             loss: Loss::Hf,

@@ -694,8 +694,9 @@ def measure(config_path: Path, s: Settings, device: str
     """(peak live bytes in the last step, phase of the peak, what CUDA's allocator reports).
 
     On CUDA the cache is emptied and the peak statistics reset first, so the last item's
-    `peak_reserved_bytes` and `peak_allocated_bytes_whole_run` are those of a fresh process
-    that ran only this case (the CUDA context and cuBLAS's own memory are not in them)."""
+    `peak_reserved_bytes` and `peak_allocated_bytes_whole_run` cover this case alone, except
+    for what the process keeps from earlier cases: the segments of the cuBLAS workspaces it
+    made (in reserved, not in the recorded peak)."""
     from .recorder import recorder_for
     from .workloads import run
 
