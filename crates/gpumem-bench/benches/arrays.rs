@@ -8,8 +8,9 @@
 //! - `alloc-free/…`: a 1 MiB `DeviceArray::empty` and its drop (through the pool) against the
 //!   backend's raw `malloc` + `free`;
 //! - `batches/…`: 8 batches of 4 MiB through `DeviceContext::batches` against uploading each
-//!   batch synchronously with `upload` (wall time: the machinery's cost; the overlap itself is
-//!   measured on the simulated device's virtual clocks, printed at the end).
+//!   batch synchronously with `upload`, both until the device has finished every copy (wall
+//!   time: the machinery's cost; the overlap itself is measured on the simulated device's
+//!   virtual clocks, printed at the end).
 //!
 //! `cargo bench -p gpumem-bench --bench arrays` (filter: `-- sim`, `-- wgpu`, …).
 
@@ -272,6 +273,9 @@ fn batch_iteration(c: &mut Criterion, recorder: &Recorder, name: &str, gpu: &Dev
                 for batch in &host {
                     black_box(upload(gpu, batch).expect("upload"));
                 }
+                // A copy from pageable memory may return before its DMA ends: wait for every
+                // copy, as the batch iterator does when it is dropped.
+                gpu.device().synchronize().expect("synchronize");
             })
         })
     });
@@ -281,6 +285,7 @@ fn batch_iteration(c: &mut Criterion, recorder: &Recorder, name: &str, gpu: &Dev
                 for batch in gpu.batches(&host).expect("batches") {
                     black_box(batch.expect("batch"));
                 }
+                gpu.device().synchronize().expect("synchronize");
             })
         })
     });
