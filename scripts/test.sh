@@ -3,6 +3,10 @@
 # Needs only a Rust toolchain (rustup); no GPU, no PyTorch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A cold build on CI gains nothing from incremental compilation's bookkeeping.
+if [ -n "${CI:-}" ]; then
+  export CARGO_INCREMENTAL=0
+fi
 if command -v rustup >/dev/null 2>&1; then
   rustup component add rustfmt clippy >/dev/null 2>&1 || true
 fi
