@@ -50,12 +50,49 @@ pub struct Unit {
     /// Tokens per sequence the unit's cache keeps at most (a sliding-window layer keeps the
     /// last `window − 1`); None: every token.
     pub kv_window: Option<f64>,
+    /// Single tensors inside the byte totals above, for the allocation sequence.
+    pub whole: WholeTensors,
     /// Parameters of the unit (their gradients appear when its backward runs).
     pub params: u64,
     /// Of `params`, those that get no gradient or optimizer state in training: frozen ones
     /// (Whisper's sinusoidal encoder positions), or all of a unit no gradient reaches (a vision
     /// tower's layers after the one LLaVA reads its features from).
     pub untrained_params: u64,
+}
+
+/// The largest single tensors inside a unit's byte totals. The allocation sequence
+/// ([`crate::sequence`]) allocates each of them whole and cuts only the rest of a total into
+/// typical-size pieces: the caching allocator's segments follow real tensor sizes, and a
+/// unit's largest tensors (the loss's vocabulary-wide ones) decide how many it needs.
+/// Zero: no such tensor.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WholeTensors {
+    /// Parts of `saved` made of tensors larger than a hidden state: the loss's
+    /// log-probabilities; a block's score matrices and MLP intermediates.
+    pub saved: [SavedGroup; 2],
+    /// In `forward_transient`: the logits and their fp32 copy.
+    pub forward_transient: [f64; 2],
+    /// In `backward_transient`: the gradients of nll_loss and of log_softmax.
+    pub backward_transient: [f64; 2],
+    /// In `gradient_transient`: the logits' gradient.
+    pub gradient_transient: f64,
+    /// The gradient transient's whole tensor is the last of the backward transient's, kept
+    /// alive rather than made anew (log_softmax's gradient is the logits' when no cast
+    /// follows).
+    pub gradient_continues: bool,
+    /// Parameters of the unit's largest weight (the vocabulary matrix of an embedding table
+    /// or an untied LM head): that weight, its gradient and each optimizer state are one
+    /// tensor.
+    pub params: u64,
+}
+
+/// Saved bytes of one kind, kept as tensors of one size.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SavedGroup {
+    /// Bytes of all of them.
+    pub bytes: f64,
+    /// Bytes of one.
+    pub tensor: f64,
 }
 
 impl Unit {
@@ -159,6 +196,9 @@ struct AttentionMemory {
     /// The gradients of its queries, keys and values, which its backward makes together (a
     /// cross-attention's keys and values span the encoder's tokens).
     input_gradients: f64,
+    /// Bytes of one score matrix in the activation dtype (the size of the tensors its core
+    /// saves).
+    score_matrix: f64,
 }
 
 /// Bytes per score element of eager attention's softmax, by the tensors that exist.
@@ -512,11 +552,20 @@ impl<'a> TransformerGraph<'a> {
         // A tied LM head's backward makes the word embedding's gradient: it exists from the
         // head's backward on, not from the embedding's (which then accumulates into it).
         let lm_head = matches!(spec.head, Head::CausalLm | Head::Seq2SeqLm | Head::MaskedLm);
+        // The vocabulary matrices are single tensors: the word embedding's, and an untied LM
+        // head's (a tied one is the embedding's, counted with the head from here on).
+        units[0].whole.params = (spec.vocab * spec.word_width()).min(units[0].params);
         if spec.tied_embeddings && lm_head && units.len() > 1 {
             let shared = (spec.vocab * spec.hidden).min(units[0].params);
             units[0].params -= shared;
+            units[0].whole.params = 0;
             if let Some(head) = units.last_mut() {
                 head.params += shared;
+                head.whole.params = shared;
+            }
+        } else if matches!(spec.head, Head::CausalLm | Head::Seq2SeqLm) {
+            if let Some(head) = units.last_mut() {
+                head.whole.params = (spec.vocab * spec.hidden).min(head.params);
             }
         }
         units
@@ -996,6 +1045,7 @@ impl<'a> TransformerGraph<'a> {
             kv_cache,
             score_gradients,
             input_gradients: act / self.split.tp * (query_tokens * q + key_tokens * (kv + value)),
+            score_matrix: act * scores,
         }
     }
 
@@ -1004,8 +1054,24 @@ impl<'a> TransformerGraph<'a> {
     fn mlp(&self, layer: LayerKind) -> f64 {
         let spec = self.spec;
         let (act, h) = (self.bytes.act, spec.hidden as f64);
-        let f = spec.routed_intermediate(layer) as f64;
         let consumers = if spec.gated_mlp { 2.0 } else { 1.0 };
+        // Each expert gathers its tokens (`hidden_states[token_idx]`, saved by its first linear)
+        // and scales its output by the routing weight (the product saves that output); the
+        // router saves its fp32 softmax.
+        let routing = if layer.moe {
+            4.0 * spec.experts as f64 + 2.0 * spec.experts_per_token as f64 * act * h
+        } else {
+            0.0
+        };
+        self.bytes.linear_input(h, consumers) + self.mlp_intermediates(layer) + routing
+    }
+
+    /// Saved bytes per token of an MLP's intermediate-width tensors (the activation's input
+    /// and output, the gated product, dropout's mask and output).
+    fn mlp_intermediates(&self, layer: LayerKind) -> f64 {
+        let spec = self.spec;
+        let act = self.bytes.act;
+        let f = spec.routed_intermediate(layer) as f64;
         let mut per_expert = f * match spec.activation {
             Activation::Gelu | Activation::GeluTanh | Activation::Silu => 2.0 * act,
             Activation::Relu => act,
@@ -1026,15 +1092,7 @@ impl<'a> TransformerGraph<'a> {
                 0.0
             };
         }
-        // Each expert gathers its tokens (`hidden_states[token_idx]`, saved by its first linear)
-        // and scales its output by the routing weight (the product saves that output); the
-        // router saves its fp32 softmax.
-        let routing = if layer.moe {
-            4.0 * spec.experts as f64 + 2.0 * spec.experts_per_token as f64 * act * h
-        } else {
-            0.0
-        };
-        self.bytes.linear_input(h, consumers) + per_expert + routing
+        per_expert
     }
 
     /// Bytes an MLP of kind `layer` has alive at its no-grad peak for `tokens` tokens, besides
@@ -1196,6 +1254,24 @@ impl<'a> TransformerGraph<'a> {
             inference_live: inference_live + dequantised,
             kv_cache: own.kv_cache + cross.kv_cache,
             kv_window: shape.cached_keys,
+            whole: WholeTensors {
+                saved: [
+                    SavedGroup {
+                        bytes: tally.core,
+                        tensor: own.score_matrix,
+                    },
+                    // A mixture of experts saves per-expert slices, not whole intermediates.
+                    if layer.moe {
+                        SavedGroup::default()
+                    } else {
+                        SavedGroup {
+                            bytes: tokens * self.mlp_intermediates(layer) / self.split.tp,
+                            tensor: tokens * act * f,
+                        }
+                    },
+                ],
+                ..WholeTensors::default()
+            },
             params: spec.block_params(has_cross, layer),
             ..Unit::default()
         }
@@ -1550,9 +1626,23 @@ impl<'a> TransformerGraph<'a> {
                         // copy live until log_softmax has run.
                         forward_transient: logits + fp32_copy + softcap,
                         // Gradients of nll_loss and of log_softmax, with log_softmax's output still saved.
-                        backward_transient: 2.0 * tokens * vocab * loss_bytes,
+                        backward_transient: 2.0 * log_probs,
                         // The logits' gradient (cast back to the logits dtype) feeds the LM head.
                         gradient_transient: logits,
+                        whole: WholeTensors {
+                            saved: [
+                                SavedGroup {
+                                    bytes: log_probs,
+                                    tensor: log_probs,
+                                },
+                                SavedGroup::default(),
+                            ],
+                            forward_transient: [logits, fp32_copy],
+                            backward_transient: [log_probs, log_probs],
+                            gradient_transient: logits,
+                            gradient_continues: loss_bytes == act,
+                            params: 0,
+                        },
                         params,
                         ..Unit::default()
                     }

@@ -763,7 +763,7 @@ impl TransformerSpec {
         largest
     }
 
-    fn word_width(&self) -> u64 {
+    pub(crate) fn word_width(&self) -> u64 {
         if self.embed_projection > 0 {
             self.embed_projection
         } else {

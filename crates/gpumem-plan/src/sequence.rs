@@ -3,10 +3,14 @@
 //! already allocated), so that an allocator policy can be replayed over it to predict reserved
 //! memory (block rounding, segment sizes and fragmentation), not only allocated memory.
 //!
-//! Tensors are modelled at the granularity the planner knows: a unit's weights, gradients and
-//! optimizer states as tensors of the model's typical matrix size, its saved activations as
-//! hidden-state-sized tensors, each transient as one tensor. The live bytes of the sequence
-//! follow the estimate (the `sequence_follows_the_estimate` test checks it).
+//! Tensors are modelled at the granularity the planner knows: a unit's largest tensors whole
+//! (the vocabulary matrix with its gradient and optimizer states, the loss's logits,
+//! log-probabilities and their gradients), a block's saved score matrices and MLP
+//! intermediates at their own size, the rest of its weights, gradients and optimizer states as
+//! tensors of the model's typical matrix size and its other saved activations as
+//! hidden-state-sized tensors. The live bytes of the sequence follow the estimate (the
+//! `sequence_follows_the_estimate` test checks it); the reserved memory its replay predicts is
+//! checked against real traces (`crates/gpumem-replay/tests/planned.rs`).
 
 use crate::distributed::reduced_at_backward_end;
 use crate::error::Result;
@@ -15,7 +19,7 @@ use crate::estimate::{
 };
 use crate::graph::{build_units, Unit};
 use crate::model::{Architecture, ModelSpec};
-use crate::workload::{Mode, Workload};
+use crate::workload::{Mode, Sharding, Workload};
 use serde::Serialize;
 
 /// One event of a planned allocation sequence.
@@ -64,7 +68,10 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
         .collect();
     let weights: Vec<Vec<u64>> = units
         .iter()
-        .map(|u| out.pieces(shapes.share(u) * states.weights, shapes.tensor))
+        .map(|u| {
+            let whole = [shapes.whole_param(u) * shapes.weight_per_param];
+            out.tensors(shapes.share(u) * states.weights, &whole, shapes.tensor)
+        })
         .collect();
     // The cuBLAS workspaces, from the first matrix product to the end of the process.
     let workspaces: Vec<u64> = (0..blas_workspace_count(workload.mode))
@@ -94,8 +101,16 @@ struct Shapes {
     /// Bytes of the largest single activation (the fp32 logits of a language model): a
     /// transient larger than this is several tensors.
     largest: f64,
+    /// Bytes of a typical tensor live inside a unit of the body in a no-grad forward: a
+    /// transformer's hidden state; a convolution's or diffusion block's output.
+    live: f64,
     /// Parameters of all units.
     params: f64,
+    /// Weight bytes per parameter (its share of all the weights on this GPU).
+    weight_per_param: f64,
+    /// Whether each parameter is one tensor on this GPU (nothing sharded or split): only then
+    /// is a unit's largest weight allocated whole.
+    whole_params: bool,
 }
 
 impl Shapes {
@@ -124,11 +139,28 @@ impl Shapes {
             }
         };
         let activation = hidden.max(512.0);
+        let largest = widest.max(activation);
+        let layout = &workload.layout;
         Shapes {
             tensor: (matrix * per_param).max(512.0),
             activation,
-            largest: widest.max(activation),
+            largest,
+            live: match model.arch {
+                Architecture::Transformer(_) => activation,
+                Architecture::Resnet(_) | Architecture::Diffusion(_) => largest,
+            },
             params,
+            weight_per_param: per_param,
+            whole_params: layout.sharding == Sharding::None && layout.tp == 1 && !layout.offload,
+        }
+    }
+
+    /// Parameters of `unit`'s largest weight where it is one tensor (`Unit::whole`).
+    fn whole_param(&self, unit: &Unit) -> f64 {
+        if self.whole_params {
+            unit.whole.params as f64
+        } else {
+            0.0
         }
     }
 
@@ -169,6 +201,22 @@ impl Emitter {
         (0..count as u64).filter_map(|_| self.alloc(size)).collect()
     }
 
+    /// Allocates `total` bytes: each of `wholes` as one tensor (as far as the total reaches),
+    /// the rest as pieces of `piece` bytes.
+    fn tensors(&mut self, total: f64, wholes: &[f64], piece: f64) -> Vec<u64> {
+        let mut left = total;
+        let mut ids = Vec::new();
+        for &whole in wholes {
+            let bytes = whole.min(left);
+            if bytes >= 1.0 {
+                ids.extend(self.alloc(bytes));
+                left -= bytes;
+            }
+        }
+        ids.extend(self.pieces(left, piece));
+        ids
+    }
+
     fn free(&mut self, id: Option<u64>) {
         if let Some(id) = id {
             self.events.push(PlannedEvent::Free { id });
@@ -188,12 +236,13 @@ impl Emitter {
 fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload, shapes: &Shapes) {
     let accumulating = workload.grad_accum > 1 || workload.keep_grads;
     let grad = |u: &Unit| u.trained_params() as f64 * states.grad_per_param;
+    let gradient_tensors = |out: &mut Emitter, u: &Unit| {
+        let whole = [shapes.whole_param(u) * states.grad_per_param];
+        out.tensors(grad(u), &whole, shapes.tensor)
+    };
     let mut kept_gradients: Vec<Vec<u64>> = Vec::new();
     if accumulating {
-        kept_gradients = units
-            .iter()
-            .map(|u| out.pieces(grad(u), shapes.tensor))
-            .collect();
+        kept_gradients = units.iter().map(|u| gradient_tensors(out, u)).collect();
     }
     let mut optimizer = Vec::new();
     for index in 0..STEPS {
@@ -204,8 +253,26 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
         // Gathered units (FSDP) while the forward runs, then while the backward runs.
         let gathered = out.alloc(states.buffers.forward_weights);
         for (unit, &(keep, _)) in units.iter().zip(&kept) {
-            let transient = out.pieces(unit.forward_transient, shapes.largest);
-            saved.push(out.pieces(keep, shapes.activation));
+            let whole = &unit.whole;
+            let transient = out.tensors(
+                unit.forward_transient,
+                &whole.forward_transient,
+                shapes.largest,
+            );
+            saved.push(if keep < unit.saved {
+                // Recomputed in backward: what is kept is the block input.
+                out.pieces(keep, shapes.activation)
+            } else {
+                let mut ids = Vec::new();
+                let mut rest = keep;
+                for group in whole.saved.iter().filter(|g| g.tensor >= 1.0) {
+                    let bytes = group.bytes.min(rest);
+                    ids.extend(out.pieces(bytes, group.tensor));
+                    rest -= bytes;
+                }
+                ids.extend(out.pieces(rest, shapes.activation));
+                ids
+            });
             out.free_all(transient);
             held.push(out.alloc(unit.held));
         }
@@ -228,19 +295,45 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             // Recomputation re-creates activation-sized tensors; the gradients of its outputs
             // start the unit's backward.
             let recomputed = out.pieces(recompute, shapes.activation);
-            let starting = out.pieces(unit.backward_transient, shapes.largest);
+            let whole = &unit.whole;
+            let mut starting = out.tensors(
+                unit.backward_transient,
+                &whole.backward_transient,
+                shapes.largest,
+            );
+            // The last whole tensor of the backward's start that lives on as the gradient.
+            let continued = whole
+                .backward_transient
+                .iter()
+                .filter(|&&bytes| bytes >= 1.0)
+                .count()
+                .checked_sub(1)
+                .filter(|_| whole.gradient_continues)
+                .map(|last| starting.remove(last));
             out.free_all(unit_saved);
             out.free_all(recomputed);
             // The gradient flowing on (e.g. the logits' gradient into the LM head) comes before
             // the parameter gradients it produces.
-            let finishing = out.pieces(unit.gradient_transient, shapes.largest);
+            let finishing = match continued {
+                Some(id) => {
+                    let rest = unit.gradient_transient - whole.gradient_transient;
+                    let mut ids = out.pieces(rest, shapes.largest);
+                    ids.push(id);
+                    ids
+                }
+                None => out.tensors(
+                    unit.gradient_transient,
+                    &[whole.gradient_transient],
+                    shapes.largest,
+                ),
+            };
             out.free_all(starting);
             if index == last && last > 0 {
                 gathered.push(out.alloc(buffers.backward_weights - buffers.backward_start_weights));
                 gathered.push(out.alloc(buffers.backward_gradients));
             }
             if !accumulating && !reduced_at_backward_end(workload, unit) {
-                gradients.push(out.pieces(grad(unit), shapes.tensor));
+                gradients.push(gradient_tensors(out, unit));
             }
             out.free_all(finishing);
         }
@@ -252,14 +345,21 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             .filter(|u| reduced_at_backward_end(workload, u))
         {
             if !accumulating {
-                gradients.push(out.pieces(grad(unit), shapes.tensor));
+                gradients.push(gradient_tensors(out, unit));
             }
         }
         out.free(reducing);
         if index == 0 {
+            // Each optimizer state of a whole weight is one tensor of the weight's size
+            // (AdamW's two moments, SGD's momentum); smaller states (8-bit, factored) are not.
+            let per_param = states.optimizer / shapes.params;
+            let count = (per_param / shapes.weight_per_param).floor().min(4.0) as usize;
             optimizer = units
                 .iter()
-                .map(|u| out.pieces(shapes.share(u) * states.optimizer, shapes.tensor))
+                .map(|u| {
+                    let whole = vec![shapes.whole_param(u) * shapes.weight_per_param; count];
+                    out.tensors(shapes.share(u) * states.optimizer, &whole, shapes.tensor)
+                })
                 .collect();
         }
         let temporaries: Vec<Vec<u64>> = units
@@ -286,7 +386,12 @@ fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes) {
             // The body returns before the head runs, releasing what it held.
             body.drain(..).for_each(|b| out.free(b));
         }
-        let live = out.pieces(unit.inference_live, shapes.largest);
+        let piece = if index == last {
+            shapes.largest
+        } else {
+            shapes.live
+        };
+        let live = out.pieces(unit.inference_live, piece);
         cache.push(out.pieces(unit.kv_cache, shapes.activation));
         // What the unit returns exists beside its last live tensors (logits and the copy
         // they were made from).
@@ -399,5 +504,42 @@ mod tests {
                 .filter(|e| matches!(e, PlannedEvent::Free { .. }));
             assert_eq!(allocs.count(), frees.count(), "{name}");
         }
+    }
+
+    /// The vocabulary matrix (tied in GPT-2), its gradient and AdamW's two moments are one
+    /// tensor each, and so are the loss's fp32 log-probabilities and their gradients; with
+    /// FSDP, whose flat parameters hold a shard of many weights, the matrix is not whole.
+    #[test]
+    fn the_largest_tensors_are_allocated_whole() {
+        let sizes = |workload: &Workload, model: &ModelSpec| -> Vec<u64> {
+            allocation_sequence(model, workload)
+                .unwrap()
+                .iter()
+                .filter_map(|e| match e {
+                    PlannedEvent::Alloc { bytes, .. } => Some(*bytes),
+                    _ => None,
+                })
+                .collect()
+        };
+        let (model, workload) = planned("gpt2", "train", 4, 512, "fp32");
+        let sizes_single = sizes(&workload, &model);
+        let count = |bytes: u64| sizes_single.iter().filter(|&&b| b == bytes).count();
+        let vocabulary = 50257 * 768 * 4;
+        // Weight (allocated once), two steps' gradients, AdamW's two moments.
+        assert_eq!(count(vocabulary), 1 + 2 + 2);
+        let log_probs = 4 * 512 * 50257 * 4;
+        // Per step: the logits, log-probabilities, nll_loss's and log_softmax's gradients (the
+        // last is the logits' gradient: fp32 needs no cast).
+        assert_eq!(count(log_probs), 2 * 4);
+
+        let fsdp = Settings {
+            batch: Some(4),
+            seq: Some(512),
+            gpus: Some(2),
+            fsdp: true,
+            ..Settings::default()
+        };
+        let workload = fsdp.resolve(&model).unwrap().workload;
+        assert!(!sizes(&workload, &model).contains(&vocabulary));
     }
 }

@@ -41,6 +41,8 @@ fn settings(meta: &BTreeMap<String, String>) -> Settings {
 
 #[test]
 fn planned_reserved_against_real_traces() {
+    // `testdata/traces/`: the replay set; `testdata/traces/sequence/`: eager attention,
+    // half precision and no-grad forwards, captured to check the planned sequence.
     let traces = [
         "gpt2-124m-train-b4-s256",
         "gpt2-12l-train-b4-s256",
@@ -50,12 +52,19 @@ fn planned_reserved_against_real_traces() {
         "resnet50-train-b8-img128",
         "gpt2-12l-infer-b8-s256",
         "tinyllama-8l-generate-b4-s128-new64",
+        "sequence/tinyllama-2l-train-b4-s256-bf16-eager",
+        "sequence/phi3-4l-train-b2-s256-bf16-eager",
+        "sequence/starcoder-4l-train-b2-s256-bf16-eager",
+        "sequence/qwen3-4l-infer-b4-s512-bf16-eager",
+        "sequence/gemma2-4l-infer-b4-s512-bf16-eager",
+        "sequence/llama-8l-infer-b8-s512-bf16-sdpa",
     ];
     let options = ReplayOptions::default();
     println!(
-        "{:<44} {:>14} {:>14} {:>14} {:>14} {:>9}",
+        "{:<54} {:>14} {:>14} {:>14} {:>14} {:>9}",
         "trace", "real alloc", "planned alloc", "real reserved", "plan reserved", "error"
     );
+    let mut errors = Vec::new();
     for name in traces {
         let path = repo().join(format!("testdata/traces/{name}.jsonl.gz"));
         let real = gpumem_trace::read_path(&path, ReadOptions::default()).unwrap();
@@ -68,7 +77,7 @@ fn planned_reserved_against_real_traces() {
         let measured = replay_peaks(&real, PolicyKind::Torch, &options).unwrap();
         let error = planned.peak_reserved_bytes as f64 / measured.peak_reserved_bytes as f64 - 1.0;
         println!(
-            "{name:<44} {:>14} {:>14} {:>14} {:>14} {:>+8.1}%",
+            "{name:<54} {:>14} {:>14} {:>14} {:>14} {:>+8.1}%",
             measured.peak_allocated_bytes,
             peak_live_bytes(&events),
             measured.peak_reserved_bytes,
@@ -82,17 +91,24 @@ fn planned_reserved_against_real_traces() {
             allocated.abs() < 0.05,
             "{name}: allocated off by {allocated}"
         );
-        // Reserved: the sequence's tensors are coarser than the real ones (docs/plan.md says
-        // by how much); the bound catches a replay that stops following the plan.
         assert!(
             planned.peak_reserved_bytes >= planned.peak_allocated_bytes,
             "{name}"
         );
-        assert!(
-            (-0.10..0.20).contains(&error),
-            "{name}: reserved off by {error}"
-        );
+        errors.push(error.abs());
     }
+    // Reserved: docs/plan.md says where the sequence's tensors are still coarser than the
+    // real ones (a no-grad forward's MLP intermediates, checkpointed blocks).
+    errors.sort_by(f64::total_cmp);
+    let median = errors[errors.len() / 2];
+    let max = errors[errors.len() - 1];
+    println!(
+        "reserved: median |error| {:.1} %, max {:.1} %",
+        100.0 * median,
+        100.0 * max
+    );
+    assert!(median < 0.03, "median |error| {median}");
+    assert!(max < 0.18, "max |error| {max}");
 }
 
 #[test]
