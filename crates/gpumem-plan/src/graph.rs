@@ -76,6 +76,8 @@ pub struct WholeTensors {
     pub backward_transient: [f64; 2],
     /// In `gradient_transient`: the logits' gradient.
     pub gradient_transient: f64,
+    /// In `inference_live`: a no-grad MLP's intermediates, where they make the block's peak.
+    pub live: SavedGroup,
     /// The gradient transient's whole tensor is the last of the backward transient's, kept
     /// alive rather than made anew (log_softmax's gradient is the logits' when no cast
     /// follows).
@@ -1216,6 +1218,14 @@ impl<'a> TransformerGraph<'a> {
             own.inference_kept
         };
         let mlp_live = hidden * held.at_mlp as f64 + self.mlp_no_grad_live(tokens, layer) + kept;
+        let mlp_intermediates = if !layer.moe && mlp_live >= attention_live.max(cross_live) {
+            SavedGroup {
+                bytes: self.mlp_no_grad_live(tokens, layer),
+                tensor: tokens * act * f,
+            }
+        } else {
+            SavedGroup::default()
+        };
         let inference_live =
             attention_live.max(cross_live).max(mlp_live) + own.stack_held + cross.stack_held;
         // The score gradients exist in the attention's backward, after the MLP's (and, where
@@ -1270,6 +1280,7 @@ impl<'a> TransformerGraph<'a> {
                         }
                     },
                 ],
+                live: mlp_intermediates,
                 ..WholeTensors::default()
             },
             params: spec.block_params(has_cross, layer),
@@ -1641,7 +1652,7 @@ impl<'a> TransformerGraph<'a> {
                             backward_transient: [log_probs, log_probs],
                             gradient_transient: logits,
                             gradient_continues: loss_bytes == act,
-                            params: 0,
+                            ..WholeTensors::default()
                         },
                         params,
                         ..Unit::default()

@@ -391,7 +391,10 @@ fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes) {
         } else {
             shapes.live
         };
-        let live = out.pieces(unit.inference_live, piece);
+        let group = &unit.whole.live;
+        let whole = group.bytes.min(unit.inference_live);
+        let mut live = out.pieces(whole, group.tensor.max(1.0));
+        live.extend(out.pieces(unit.inference_live - whole, piece));
         cache.push(out.pieces(unit.kv_cache, shapes.activation));
         // What the unit returns exists beside its last live tensors (logits and the copy
         // they were made from).

@@ -98,7 +98,7 @@ fn planned_reserved_against_real_traces() {
         errors.push(error.abs());
     }
     // Reserved: docs/plan.md says where the sequence's tensors are still coarser than the
-    // real ones (a no-grad forward's MLP intermediates, checkpointed blocks).
+    // real ones (checkpointed blocks, weights other than the vocabulary matrix).
     errors.sort_by(f64::total_cmp);
     let median = errors[errors.len() / 2];
     let max = errors[errors.len() - 1];
@@ -108,7 +108,7 @@ fn planned_reserved_against_real_traces() {
         100.0 * max
     );
     assert!(median < 0.03, "median |error| {median}");
-    assert!(max < 0.18, "max |error| {max}");
+    assert!(max < 0.09, "max |error| {max}");
 }
 
 #[test]
