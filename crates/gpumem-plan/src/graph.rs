@@ -86,6 +86,9 @@ pub struct WholeTensors {
     /// or an untied LM head): that weight, its gradient and each optimizer state are one
     /// tensor.
     pub params: u64,
+    /// The unit is a dense block: its parameters are the matrices of
+    /// `TransformerSpec::block_matrices` (and small vectors), each one tensor.
+    pub block_matrices: bool,
 }
 
 /// Saved bytes of one kind, kept as tensors of one size.
@@ -1281,6 +1284,7 @@ impl<'a> TransformerGraph<'a> {
                     },
                 ],
                 live: mlp_intermediates,
+                block_matrices: !layer.moe,
                 ..WholeTensors::default()
             },
             params: spec.block_params(has_cross, layer),

@@ -753,6 +753,21 @@ impl TransformerSpec {
         weights
     }
 
+    /// Elements of each weight matrix of a dense block, a fused q/k/v projection as one: the
+    /// tensors its parameters, gradients and optimizer states are.
+    pub fn block_matrices(&self) -> Vec<u64> {
+        let mut attention = Vec::new();
+        self.attention_linears(&mut |i, o, n| attention.extend((0..n).map(|_| i * o)));
+        if self.fused_qkv && self.latent.is_none() {
+            let qkv: u64 = attention.drain(..3).sum();
+            attention.insert(0, qkv);
+        }
+        self.mlp_linears(LayerKind::default(), &mut |i, o, n| {
+            attention.extend((0..n).map(|_| i * o))
+        });
+        attention
+    }
+
     /// Elements of the largest weight matrix of a block of kind `layer` (one expert's for a
     /// mixture): the largest one bitsandbytes dequantises at a time under QLoRA.
     pub fn largest_block_matrix(&self, layer: LayerKind) -> u64 {

@@ -69,7 +69,7 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
     let weights: Vec<Vec<u64>> = units
         .iter()
         .map(|u| {
-            let whole = [shapes.whole_param(u) * shapes.weight_per_param];
+            let whole = shapes.param_tensors(u, shapes.weight_per_param, 1);
             out.tensors(shapes.share(u) * states.weights, &whole, shapes.tensor)
         })
         .collect();
@@ -109,8 +109,10 @@ struct Shapes {
     /// Weight bytes per parameter (its share of all the weights on this GPU).
     weight_per_param: f64,
     /// Whether each parameter is one tensor on this GPU (nothing sharded or split): only then
-    /// is a unit's largest weight allocated whole.
+    /// are a unit's weights allocated at their real sizes.
     whole_params: bool,
+    /// Elements of each weight matrix of a dense transformer block.
+    block_matrices: Vec<u64>,
 }
 
 impl Shapes {
@@ -152,16 +154,47 @@ impl Shapes {
             params,
             weight_per_param: per_param,
             whole_params: layout.sharding == Sharding::None && layout.tp == 1 && !layout.offload,
+            block_matrices: match &model.arch {
+                Architecture::Transformer(t) => t.block_matrices(),
+                Architecture::Resnet(_) | Architecture::Diffusion(_) => Vec::new(),
+            },
         }
     }
 
-    /// Parameters of `unit`'s largest weight where it is one tensor (`Unit::whole`).
-    fn whole_param(&self, unit: &Unit) -> f64 {
-        if self.whole_params {
-            unit.whole.params as f64
+    /// Bytes of one of `unit`'s transient tensors in training: a block's are at most its
+    /// largest saved kind (a score matrix, an MLP intermediate) or a hidden state; other
+    /// units' (the loss's) up to the largest activation.
+    fn transient(&self, unit: &Unit) -> f64 {
+        let saved = unit
+            .whole
+            .saved
+            .iter()
+            .map(|g| g.tensor)
+            .fold(0.0, f64::max);
+        if unit.whole.block_matrices {
+            saved.max(self.activation)
         } else {
-            0.0
+            self.largest
         }
+    }
+
+    /// The single tensors among `unit`'s parameter-sized tensors of `per_param` bytes per
+    /// parameter, `copies` of each (an optimizer's states): its vocabulary matrix, or a dense
+    /// block's weight matrices. Empty where parameters are sharded or split.
+    fn param_tensors(&self, unit: &Unit, per_param: f64, copies: usize) -> Vec<f64> {
+        if !self.whole_params {
+            return Vec::new();
+        }
+        let matrices: &[u64] = if unit.whole.block_matrices {
+            &self.block_matrices
+        } else {
+            std::slice::from_ref(&unit.whole.params)
+        };
+        matrices
+            .iter()
+            .filter(|&&m| m > 0)
+            .flat_map(|&m| std::iter::repeat_n(m as f64 * per_param, copies))
+            .collect()
     }
 
     /// The share of the model's parameters in `unit`.
@@ -237,7 +270,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
     let accumulating = workload.grad_accum > 1 || workload.keep_grads;
     let grad = |u: &Unit| u.trained_params() as f64 * states.grad_per_param;
     let gradient_tensors = |out: &mut Emitter, u: &Unit| {
-        let whole = [shapes.whole_param(u) * states.grad_per_param];
+        let whole = shapes.param_tensors(u, states.grad_per_param, 1);
         out.tensors(grad(u), &whole, shapes.tensor)
     };
     let mut kept_gradients: Vec<Vec<u64>> = Vec::new();
@@ -257,7 +290,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             let transient = out.tensors(
                 unit.forward_transient,
                 &whole.forward_transient,
-                shapes.largest,
+                shapes.transient(unit),
             );
             saved.push(if keep < unit.saved {
                 // Recomputed in backward: what is kept is the block input.
@@ -299,7 +332,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             let mut starting = out.tensors(
                 unit.backward_transient,
                 &whole.backward_transient,
-                shapes.largest,
+                shapes.transient(unit),
             );
             // The last whole tensor of the backward's start that lives on as the gradient.
             let continued = whole
@@ -317,14 +350,14 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             let finishing = match continued {
                 Some(id) => {
                     let rest = unit.gradient_transient - whole.gradient_transient;
-                    let mut ids = out.pieces(rest, shapes.largest);
+                    let mut ids = out.pieces(rest, shapes.transient(unit));
                     ids.push(id);
                     ids
                 }
                 None => out.tensors(
                     unit.gradient_transient,
                     &[whole.gradient_transient],
-                    shapes.largest,
+                    shapes.transient(unit),
                 ),
             };
             out.free_all(starting);
@@ -357,7 +390,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             optimizer = units
                 .iter()
                 .map(|u| {
-                    let whole = vec![shapes.whole_param(u) * shapes.weight_per_param; count];
+                    let whole = shapes.param_tensors(u, shapes.weight_per_param, count);
                     out.tensors(shapes.share(u) * states.optimizer, &whole, shapes.tensor)
                 })
                 .collect();
