@@ -3,12 +3,12 @@
 //! already allocated), so that an allocator policy can be replayed over it to predict reserved
 //! memory (block rounding, segment sizes and fragmentation), not only allocated memory.
 //!
-//! Tensors are modelled at the granularity the planner knows: a unit's largest tensors whole
-//! (the vocabulary matrix with its gradient and optimizer states, the loss's logits,
-//! log-probabilities and their gradients), a block's saved score matrices and MLP
-//! intermediates at their own size, the rest of its weights, gradients and optimizer states as
-//! tensors of the model's typical matrix size and its other saved activations as
-//! hidden-state-sized tensors. The live bytes of the sequence follow the estimate (the
+//! Tensors are modelled at the granularity the planner knows, because the caching allocator's
+//! segments follow tensor sizes: the vocabulary matrix and a dense block's weight matrices,
+//! each with its gradient and optimizer states, the loss's logits, log-probabilities and their
+//! gradients, and a block's saved score matrices and MLP intermediates at their own sizes;
+//! what the planner knows only as a total (other weights, other saved activations) as tensors
+//! of the model's typical matrix size or of a hidden state. The live bytes of the sequence follow the estimate (the
 //! `sequence_follows_the_estimate` test checks it); the reserved memory its replay predicts is
 //! checked against real traces (`crates/gpumem-replay/tests/planned.rs`).
 
@@ -341,7 +341,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
                 .filter(|&&bytes| bytes >= 1.0)
                 .count()
                 .checked_sub(1)
-                .filter(|_| whole.gradient_continues)
+                .filter(|&last| whole.gradient_continues && last < starting.len())
                 .map(|last| starting.remove(last));
             out.free_all(unit_saved);
             out.free_all(recomputed);
