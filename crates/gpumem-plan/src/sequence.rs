@@ -382,23 +382,24 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             }
         }
         out.free(reducing);
-        if index == 0 {
-            // Each optimizer state of a whole weight is one tensor of the weight's size
-            // (AdamW's two moments, SGD's momentum); smaller states (8-bit, factored) are not.
-            let per_param = states.optimizer / shapes.params;
+        // Each optimizer state and step temporary of a whole weight is one tensor of the
+        // weight's size (AdamW's two moments, SGD's momentum, foreach's per-parameter
+        // results); smaller ones (8-bit states, factored second moments) are not.
+        let per_param_tensors = |out: &mut Emitter, total: f64| -> Vec<Vec<u64>> {
+            let per_param = total / shapes.params;
             let count = (per_param / shapes.weight_per_param).floor().min(4.0) as usize;
-            optimizer = units
+            units
                 .iter()
                 .map(|u| {
                     let whole = shapes.param_tensors(u, shapes.weight_per_param, count);
-                    out.tensors(shapes.share(u) * states.optimizer, &whole, shapes.tensor)
+                    out.tensors(shapes.share(u) * total, &whole, shapes.tensor)
                 })
-                .collect();
+                .collect()
+        };
+        if index == 0 {
+            optimizer = per_param_tensors(out, states.optimizer);
         }
-        let temporaries: Vec<Vec<u64>> = units
-            .iter()
-            .map(|u| out.pieces(shapes.share(u) * states.step_temporaries, shapes.tensor))
-            .collect();
+        let temporaries = per_param_tensors(out, states.step_temporaries);
         temporaries.into_iter().for_each(|t| out.free_all(t));
         gradients.into_iter().for_each(|g| out.free_all(g));
         held.into_iter().for_each(|h| out.free(h));
@@ -542,8 +543,8 @@ mod tests {
         }
     }
 
-    /// The vocabulary matrix (tied in GPT-2), its gradient and AdamW's two moments are one
-    /// tensor each, and so are the loss's fp32 log-probabilities and their gradients; with
+    /// The vocabulary matrix (tied in GPT-2), its gradient, AdamW's two moments and its foreach
+    /// temporary are one tensor each, and so are the loss's fp32 log-probabilities and their gradients; with
     /// FSDP, whose flat parameters hold a shard of many weights, the matrix is not whole.
     #[test]
     fn the_largest_tensors_are_allocated_whole() {
@@ -561,8 +562,9 @@ mod tests {
         let sizes_single = sizes(&workload, &model);
         let count = |bytes: u64| sizes_single.iter().filter(|&&b| b == bytes).count();
         let vocabulary = 50257 * 768 * 4;
-        // Weight (allocated once), two steps' gradients, AdamW's two moments.
-        assert_eq!(count(vocabulary), 1 + 2 + 2);
+        // Weight (allocated once), two steps' gradients, AdamW's two moments, and each step's
+        // foreach temporary.
+        assert_eq!(count(vocabulary), 1 + 2 + 2 + 2);
         let log_probs = 4 * 512 * 50257 * 4;
         // Per step: the logits, log-probabilities, nll_loss's and log_softmax's gradients (the
         // last is the logits' gradient: fp32 needs no cast).

@@ -117,8 +117,8 @@ fn planned_reserved_against_real_traces() {
         100.0 * median,
         100.0 * max
     );
-    assert!(median < 0.035, "median |error| {median}");
-    assert!(max < 0.17, "max |error| {max}");
+    assert!(median < 0.025, "median |error| {median}");
+    assert!(max < 0.11, "max |error| {max}");
 }
 
 #[test]
