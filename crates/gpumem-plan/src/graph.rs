@@ -60,10 +60,11 @@ pub struct Unit {
     pub untrained_params: u64,
 }
 
-/// The largest single tensors inside a unit's byte totals. The allocation sequence
-/// ([`crate::sequence`]) allocates each of them whole and cuts only the rest of a total into
-/// typical-size pieces: the caching allocator's segments follow real tensor sizes, and a
-/// unit's largest tensors (the loss's vocabulary-wide ones) decide how many it needs.
+/// The single tensors inside a unit's byte totals whose sizes the planner knows. The
+/// allocation sequence ([`crate::sequence`]) allocates them at those sizes and cuts only the
+/// rest of a total into typical-size pieces: the caching allocator's segments follow real
+/// tensor sizes, and the largest tensors (the loss's vocabulary-wide ones, the vocabulary
+/// matrix, a block's weight matrices and score matrices) decide how many it needs.
 /// Zero: no such tensor.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct WholeTensors {
@@ -87,7 +88,8 @@ pub struct WholeTensors {
     /// tensor.
     pub params: u64,
     /// The unit is a dense block: its parameters are the matrices of
-    /// `TransformerSpec::block_matrices` (and small vectors), each one tensor.
+    /// `TransformerSpec::block_matrices`, each one tensor, and what its total holds besides
+    /// (norms, biases, a decoder's cross-attention).
     pub block_matrices: bool,
 }
 
@@ -1220,11 +1222,14 @@ impl<'a> TransformerGraph<'a> {
         } else {
             own.inference_kept
         };
-        let mlp_live = hidden * held.at_mlp as f64 + self.mlp_no_grad_live(tokens, layer) + kept;
+        let mlp_own_live = self.mlp_no_grad_live(tokens, layer);
+        let mlp_live = hidden * held.at_mlp as f64 + mlp_own_live + kept;
+        // One tensor of the MLP's intermediate width.
+        let intermediate = tokens * act * f;
         let mlp_intermediates = if !layer.moe && mlp_live >= attention_live.max(cross_live) {
             SavedGroup {
-                bytes: self.mlp_no_grad_live(tokens, layer),
-                tensor: tokens * act * f,
+                bytes: mlp_own_live,
+                tensor: intermediate,
             }
         } else {
             SavedGroup::default()
@@ -1279,7 +1284,7 @@ impl<'a> TransformerGraph<'a> {
                     } else {
                         SavedGroup {
                             bytes: tokens * self.mlp_intermediates(layer) / self.split.tp,
-                            tensor: tokens * act * f,
+                            tensor: intermediate,
                         }
                     },
                 ],

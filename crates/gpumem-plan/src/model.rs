@@ -756,16 +756,16 @@ impl TransformerSpec {
     /// Elements of each weight matrix of a dense block, a fused q/k/v projection as one: the
     /// tensors its parameters, gradients and optimizer states are.
     pub fn block_matrices(&self) -> Vec<u64> {
-        let mut attention = Vec::new();
-        self.attention_linears(&mut |i, o, n| attention.extend((0..n).map(|_| i * o)));
+        let mut matrices = Vec::new();
+        self.attention_linears(&mut |i, o, n| matrices.extend((0..n).map(|_| i * o)));
         if self.fused_qkv && self.latent.is_none() {
-            let qkv: u64 = attention.drain(..3).sum();
-            attention.insert(0, qkv);
+            let qkv: u64 = matrices.drain(..3).sum();
+            matrices.insert(0, qkv);
         }
         self.mlp_linears(LayerKind::default(), &mut |i, o, n| {
-            attention.extend((0..n).map(|_| i * o))
+            matrices.extend((0..n).map(|_| i * o))
         });
-        attention
+        matrices
     }
 
     /// Elements of the largest weight matrix of a block of kind `layer` (one expert's for a

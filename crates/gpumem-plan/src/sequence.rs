@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::estimate::{
     blas_workspace_count, kept_and_recomputed, model_states, trainable_params, States,
 };
-use crate::graph::{build_units, Unit};
+use crate::graph::{build_units, SavedGroup, Unit};
 use crate::model::{Architecture, ModelSpec};
 use crate::workload::{Mode, Sharding, Workload};
 use serde::Serialize;
@@ -234,20 +234,35 @@ impl Emitter {
         (0..count as u64).filter_map(|_| self.alloc(size)).collect()
     }
 
-    /// Allocates `total` bytes: each of `wholes` as one tensor (as far as the total reaches),
-    /// the rest as pieces of `piece` bytes.
-    fn tensors(&mut self, total: f64, wholes: &[f64], piece: f64) -> Vec<u64> {
+    /// Allocates `total` bytes: each group's bytes (as far as the total reaches) as tensors
+    /// of the group's size, the rest as pieces of `piece` bytes.
+    fn grouped(
+        &mut self,
+        total: f64,
+        groups: impl IntoIterator<Item = SavedGroup>,
+        piece: f64,
+    ) -> Vec<u64> {
         let mut left = total;
         let mut ids = Vec::new();
-        for &whole in wholes {
-            let bytes = whole.min(left);
+        for group in groups.into_iter().filter(|g| g.tensor >= 1.0) {
+            let bytes = group.bytes.min(left);
             if bytes >= 1.0 {
-                ids.extend(self.alloc(bytes));
+                ids.extend(self.pieces(bytes, group.tensor));
                 left -= bytes;
             }
         }
         ids.extend(self.pieces(left, piece));
         ids
+    }
+
+    /// Allocates `total` bytes: each of `wholes` as one tensor (as far as the total reaches),
+    /// the rest as pieces of `piece` bytes.
+    fn tensors(&mut self, total: f64, wholes: &[f64], piece: f64) -> Vec<u64> {
+        let groups = wholes.iter().map(|&bytes| SavedGroup {
+            bytes,
+            tensor: bytes,
+        });
+        self.grouped(total, groups, piece)
     }
 
     fn free(&mut self, id: Option<u64>) {
@@ -296,15 +311,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
                 // Recomputed in backward: what is kept is the block input.
                 out.pieces(keep, shapes.activation)
             } else {
-                let mut ids = Vec::new();
-                let mut rest = keep;
-                for group in whole.saved.iter().filter(|g| g.tensor >= 1.0) {
-                    let bytes = group.bytes.min(rest);
-                    ids.extend(out.pieces(bytes, group.tensor));
-                    rest -= bytes;
-                }
-                ids.extend(out.pieces(rest, shapes.activation));
-                ids
+                out.grouped(keep, whole.saved, shapes.activation)
             });
             out.free_all(transient);
             held.push(out.alloc(unit.held));
@@ -425,10 +432,7 @@ fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes) {
         } else {
             shapes.live
         };
-        let group = &unit.whole.live;
-        let whole = group.bytes.min(unit.inference_live);
-        let mut live = out.pieces(whole, group.tensor.max(1.0));
-        live.extend(out.pieces(unit.inference_live - whole, piece));
+        let live = out.grouped(unit.inference_live, [unit.whole.live], piece);
         cache.push(out.pieces(unit.kv_cache, shapes.activation));
         // What the unit returns exists beside its last live tensors (logits and the copy
         // they were made from).
