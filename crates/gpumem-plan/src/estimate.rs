@@ -9,7 +9,8 @@ use crate::error::Result;
 use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
 use crate::model::{Architecture, ModelSpec, ParamCounts};
 use crate::quant::{QuantFormat, Quantization};
-use crate::single_gpu::{model_buffer_bytes, old_release_buffer_bytes, old_release_tuple_cache};
+use crate::releases::OldRelease;
+use crate::single_gpu::model_buffer_bytes;
 use crate::warning::Warning;
 use crate::workload::{
     BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload,
@@ -401,10 +402,10 @@ pub(crate) fn model_states(
     if let Architecture::Transformer(spec) = &model.arch {
         weights += model_buffer_bytes(spec);
     }
-    // Planning an older transformers release's inference: the buffers its modelling code had.
-    if let (Architecture::Transformer(spec), Some(release)) = (&model.arch, workload.transformers) {
-        if workload.mode != Mode::Train && release.full_prompt_logits() {
-            weights += old_release_buffer_bytes(spec, weight_bytes) * share;
+    // Planning an older transformers release: the buffers its modelling code had.
+    if let Architecture::Transformer(spec) = &model.arch {
+        if let Some(old) = OldRelease::of(spec, workload) {
+            weights += old.buffer_bytes(weight_bytes) * share;
         }
     }
     let trainable_local = if lora.is_some() {
@@ -742,9 +743,9 @@ fn simulate_inference(
     let layer_kv = step_units.iter().map(|u| u.kv_cache).fold(0.0, f64::max) * cached_tokens;
     let mut decode = pass(&step_units, cache_base);
     // An old release's tuple cache: the previous step's whole cache lives beside the new one.
-    let tuple_cache = match (&model.arch, workload.transformers) {
-        (Architecture::Transformer(spec), Some(release)) => {
-            release.full_prompt_logits() && old_release_tuple_cache(spec)
+    let tuple_cache = match &model.arch {
+        Architecture::Transformer(spec) => {
+            OldRelease::of(spec, workload).is_some_and(|old| old.tuple_cache())
         }
         _ => false,
     };

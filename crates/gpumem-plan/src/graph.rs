@@ -7,10 +7,8 @@ use crate::model::{
     Activation, Architecture, ContrastiveLoss, ConvShape, DualEncoder, Head, LayerKind, ModelSpec,
     Norm, Patches, ResnetSpec, TransformerSpec,
 };
-use crate::single_gpu::{
-    nf4_dequantised_bytes, old_release_cache_width, per_op_saved_matmul_widths,
-    upcast_all_logits_before_4_45,
-};
+use crate::releases::OldRelease;
+use crate::single_gpu::{nf4_dequantised_bytes, per_op_saved_matmul_widths};
 use crate::workload::{
     Attention, BaseQuant, Checkpointing, Dtype, Framework, Loss, Mode, Target, Workload,
     GROUPED_KEYS_TO_SDPA_SINCE,
@@ -226,12 +224,14 @@ struct ScoreBytes {
     softcap: f64,
     /// Dropout on the probabilities in training: a 1-byte mask and the output.
     dropout: f64,
+    /// The masked scores an old release's clamp (`torch.max`) saves for backward.
+    clamp: f64,
 }
 
 impl ScoreBytes {
     /// Saved for backward: the softmax output, its cast, the dropout mask and output.
     fn saved(&self) -> f64 {
-        self.probs + self.cast + self.dropout + self.softcap
+        self.probs + self.cast + self.dropout + self.softcap + self.clamp
     }
 
     /// Peak in a no-grad forward: the input stays named while the softmax makes its fp32 copy
@@ -741,6 +741,29 @@ impl<'a> TransformerGraph<'a> {
     /// Bytes per score element of eager attention's softmax under this workload.
     fn score_bytes(&self) -> ScoreBytes {
         let input = self.bytes.act;
+        let dropout = if self.dropout_active(self.spec.attention_dropout) {
+            1.0 + input
+        } else {
+            0.0
+        };
+        let old = self.old_release();
+        let clamp = if old.is_some_and(|o| o.clamps_scores()) {
+            input
+        } else {
+            0.0
+        };
+        if old.is_some_and(|o| o.fp32_rotary()) && input < 4.0 {
+            // fp32 queries and keys: fp32 scores and softmax, cast to the values' dtype.
+            return ScoreBytes {
+                input: 4.0,
+                probs: 4.0,
+                conversion: 0.0,
+                cast: input,
+                softcap: 0.0,
+                dropout,
+                clamp,
+            };
+        }
         // SDPA's math fallback on CPU computes in fp32: the scores and their softmax.
         let math = self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback();
         if math {
@@ -750,14 +773,15 @@ impl<'a> TransformerGraph<'a> {
                 conversion: 0.0,
                 cast: 0.0,
                 softcap: 0.0,
-                dropout: if self.dropout_active(self.spec.attention_dropout) {
-                    5.0
-                } else {
-                    0.0
-                },
+                dropout: if dropout > 0.0 { 5.0 } else { 0.0 },
+                clamp,
             };
         }
-        let probs = if self.spec.softmax_fp32 || self.workload.amp.is_some() {
+        // OPT before 4.49 upcast the softmax of fp16 scores only (bf16 ran in bf16).
+        let upcasts = self.spec.softmax_fp32
+            && !(old.is_some_and(|o| o.upcasts_fp16_softmax_only())
+                && self.workload.compute_dtype() != Dtype::Fp16);
+        let probs = if upcasts || self.workload.amp.is_some() {
             4.0
         } else {
             input
@@ -777,11 +801,8 @@ impl<'a> TransformerGraph<'a> {
             } else {
                 0.0
             },
-            dropout: if self.dropout_active(self.spec.attention_dropout) {
-                1.0 + input
-            } else {
-                0.0
-            },
+            dropout,
+            clamp,
         }
     }
 
@@ -850,6 +871,21 @@ impl<'a> TransformerGraph<'a> {
         // gradient-free cos/sin tables save only the tables, so the raw projections are freed.
         tally.sharded += act * q;
         key_side += act * (kv + value);
+        let materialised = self.materialises_scores();
+        // An old release's fp32 rotary: eager attention saves the fp32 queries and keys its
+        // scores are made from; the SDPA path saves half-precision casts, while the fp32 keys
+        // stay referenced as the layer's cache (`present`) in training too.
+        let old_key_bytes = if self.old_release().is_some_and(|o| o.fp32_rotary()) {
+            if materialised {
+                tally.sharded += (4.0 - act) * q;
+                key_side += (4.0 - act) * kv;
+            } else if self.cache_copies() {
+                key_side += 4.0 * kv;
+            }
+            4.0
+        } else {
+            act
+        };
         if spec.qk_norm {
             // The family's RMSNorm over each head's q and k.
             tally.sharded += self.norm_element_bytes(act) * (q + kv);
@@ -864,14 +900,23 @@ impl<'a> TransformerGraph<'a> {
                 + (4.0 + act) * kvr
                 + act * (spec.heads * (l.nope_dim + l.value_dim)) as f64;
         }
-        let materialised = self.materialises_scores();
         if self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback() {
             // The math path saves its fp32 copies of the scaled queries and keys, and of the
             // values when they are in half precision.
             tally.sharded += 4.0 * q;
             key_side += 4.0 * kv + if act < 4.0 { 4.0 * value } else { 0.0 };
         }
-        if self.cache_copies()
+        let cache_holds_views = self
+            .old_release()
+            .is_some_and(|o| o.cache_holds_own_tensors());
+        if spec.fused_qkv && !cross && cache_holds_views && self.cache_copies() {
+            // An old release's cache holds the layer's own tensors, so the attention saves the
+            // values as views of the fused projection, which stays alive whole (no copies of k
+            // and v); beside rotated queries and keys, its q and k parts are extra.
+            if spec.rotary_fraction > 0.0 {
+                key_side += act * (q + kv);
+            }
+        } else if self.cache_copies()
             && !materialised
             && spec.fused_qkv
             && spec.rotary_fraction == 0.0
@@ -1028,18 +1073,23 @@ impl<'a> TransformerGraph<'a> {
         // latent attention caches its compressed latent and rotary key, shared by all heads. A
         // sliding-window layer keeps a view of its last window, so the prefill's whole copy
         // stays alive; decoding then keeps only the window (`Unit::kv_window`).
-        let cache_width = match spec.latent {
-            Some(_) => spec.cache_width() as f64,
-            // A prompt's cache of views that keep the whole fused projection alive (an old
-            // release's tuple cache; decoding concatenates copies of k and v).
-            None if shape.queries > 1.0 && !cross && self.old_logits().0 => {
-                let fused = old_release_cache_width(spec) as f64;
-                fused.max(spec.cache_width() as f64) / self.split.tp
+        let old = self.old_release();
+        let cache_bytes = match spec.latent {
+            Some(_) => act * spec.cache_width() as f64 * self.split.tp,
+            None => {
+                let copies = old_key_bytes * kv + act * value;
+                match old {
+                    // A prompt's cache of the layer's own tensors (an old release's), whose
+                    // views keep a fused projection alive; decoding concatenates copies.
+                    Some(old) if shape.queries > 1.0 && !cross => {
+                        old.prompt_cache_bytes(act, old_key_bytes).max(copies)
+                    }
+                    _ => copies,
+                }
             }
-            None => spec.cache_width() as f64 / self.split.tp,
-        };
+        } / self.split.tp;
         let kv_cache = if cached {
-            act * cache_width * key_tokens
+            cache_bytes * key_tokens
         } else {
             0.0
         };
@@ -1545,11 +1595,14 @@ impl<'a> TransformerGraph<'a> {
     /// Do this run's logits cover every prompt position in generate's prefill (transformers
     /// before 4.45), and does the family's forward then upcast them all to fp32?
     fn old_logits(&self) -> (bool, bool) {
-        let old = self
-            .workload
-            .transformers
-            .is_some_and(|release| release.full_prompt_logits());
-        (old, old && upcast_all_logits_before_4_45(self.spec))
+        self.old_release().map_or((false, false), |old| {
+            (old.full_prompt_logits(), old.upcast_all_logits())
+        })
+    }
+
+    /// The older transformers release this run plans, if any.
+    fn old_release(&self) -> Option<OldRelease<'a>> {
+        OldRelease::of(self.spec, self.workload)
     }
 
     fn head(&self) -> Unit {
@@ -1675,9 +1728,15 @@ impl<'a> TransformerGraph<'a> {
                         (logits, 0.0)
                     };
                     // Generation copies the last logits to fp32 and a logits processor makes
-                    // another fp32 tensor before picking the token.
+                    // another fp32 tensor before picking the token; some releases first clone
+                    // all the logits the model returned.
                     let selection = if self.workload.mode == Mode::Generate {
-                        2.0 * 4.0 * self.batch * vocab
+                        let clone = if self.old_release().is_some_and(|o| o.clones_all_logits()) {
+                            logits
+                        } else {
+                            0.0
+                        };
+                        2.0 * 4.0 * self.batch * vocab + clone
                     } else {
                         0.0
                     };

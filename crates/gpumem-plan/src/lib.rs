@@ -24,6 +24,7 @@ pub mod lora;
 pub mod model;
 pub mod names;
 pub mod quant;
+mod releases;
 pub mod safetensors;
 pub mod sequence;
 pub mod settings;

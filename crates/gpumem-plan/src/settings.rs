@@ -167,9 +167,11 @@ pub struct Settings {
     /// lm_head_chunk_size) / an eighth of --seq (torchtune's 8 output chunks)].
     #[cfg_attr(feature = "clap", arg(long, value_name = "POSITIONS"))]
     pub loss_chunk: Option<u64>,
-    /// transformers release whose inference is planned, MAJOR.MINOR[.PATCH]: before 4.45
-    /// generate's prefill computes the logits of every prompt position (and Llama-family
-    /// forwards upcast all logits to fp32) [default: latest].
+    /// transformers release whose modelling code is planned, MAJOR.MINOR[.PATCH]: generate's
+    /// prefill computes every prompt position's logits before the family took `logits_to_keep`
+    /// (Llama family 4.45, GPT-NeoX 4.49, GPT-2 4.53, OPT and BigCode 5.0; Llama-family forwards
+    /// upcast them all to fp32 before 4.45), tuple KV caches, per-layer causal-mask buffers,
+    /// OPT's clamped eager scores, GPT-NeoX's fp32 rotary [default: latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub transformers: Option<String>,
     /// Inference from a quantised checkpoint, FORMAT[:OPTION,...]: int8 (bitsandbytes
@@ -688,14 +690,6 @@ impl Settings {
                 flag: "--loss-chunk",
                 reason: "only --loss chunked and chunked-fp32 split the logits into chunks of \
                          positions (fused sizes its own chunks)"
-                    .into(),
-            });
-        }
-        if mode == Mode::Train && self.transformers.is_some() {
-            warnings.push(Warning::Ignored {
-                flag: "--transformers",
-                reason: "the release changes the logits of inference and generate; training is \
-                         planned as today's transformers runs it"
                     .into(),
             });
         }

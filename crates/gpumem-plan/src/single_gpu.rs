@@ -1,7 +1,7 @@
 //! Mechanisms of single-GPU settings that change what a block keeps or briefly holds:
 //! torchtitan's per-op selective checkpointing (which matmul outputs it saves), the
-//! bitsandbytes 4-bit dequantisation buffers under QLoRA, and the families whose forward upcast
-//! all logits to fp32 before transformers 4.45.
+//! bitsandbytes 4-bit dequantisation buffers under QLoRA, and the buffers today's modelling code
+//! registers beside a family's parameters.
 
 use crate::model::{LayerKind, TransformerSpec};
 
@@ -116,19 +116,6 @@ pub(crate) fn nf4_dequantised_bytes(elements: f64, compute_bytes: f64) -> f64 {
     elements * (compute_bytes + 4.0 / 64.0)
 }
 
-/// `model_type`s whose `ForCausalLM.forward` ran `logits = logits.float()` on every position
-/// in transformers before 4.45 (read from the 4.44.2 sources: llama, mistral, mixtral, gemma,
-/// gemma2, phi, phi3, qwen2; GPT-2, GPT-NeoX, OPT and BigCode kept the logits in the model
-/// dtype). PR huggingface/transformers#31292 upcast only when labels are given.
-const UPCAST_ALL_LOGITS_BEFORE_4_45: &[&str] = &[
-    "llama", "mistral", "mixtral", "gemma", "gemma2", "phi", "phi3", "qwen2",
-];
-
-/// Did `spec`'s family upcast all logits to fp32 in its forward before transformers 4.45?
-pub(crate) fn upcast_all_logits_before_4_45(spec: &TransformerSpec) -> bool {
-    UPCAST_ALL_LOGITS_BEFORE_4_45.contains(&spec.model_type.as_str())
-}
-
 /// Bytes of the buffers today's modelling code of `spec`'s family registers beside its
 /// parameters: GPTBigCode's model keeps a boolean causal mask of `max_positions²`
 /// (`self.bias = nn.Buffer(torch.tril(...))`, transformers 5.x), 64 MiB for StarCoder's 8192
@@ -139,42 +126,4 @@ pub(crate) fn model_buffer_bytes(spec: &TransformerSpec) -> f64 {
         "gpt_bigcode" => positions * positions,
         _ => 0.0,
     }
-}
-
-/// Bytes of the per-layer buffers that transformers 4.44.2's modelling code of `spec`'s
-/// family registers and later releases dropped (read from its sources): GPT-2's and GPT-NeoX's
-/// attention keep a boolean causal mask of `max_positions²` (`register_buffer("bias",
-/// torch.tril(...))`), Qwen2's attention its own rotary `cos_cached` and `sin_cached` tables
-/// (`max_positions × head_dim` each) in the weight dtype.
-pub(crate) fn old_release_buffer_bytes(spec: &TransformerSpec, weight_bytes: f64) -> f64 {
-    let positions = spec.max_positions.unwrap_or(0) as f64;
-    let per_layer = match spec.model_type.as_str() {
-        "gpt2" | "gpt_neox" => positions * positions,
-        "qwen2" => 2.0 * positions * spec.head_dim as f64 * weight_bytes,
-        _ => 0.0,
-    };
-    per_layer * spec.layers as f64
-}
-
-/// Elements per token and layer of what transformers 4.44.2's tuple KV cache keeps alive after
-/// a prompt, where it differs from keys plus values: GPT-2's attention splits its fused `c_attn`
-/// output and returns `present = (key, value)` as views of it (`_split_heads` is `view` +
-/// `permute`), so the whole q|k|v projection stays referenced; 0 for the other families.
-pub(crate) fn old_release_cache_width(spec: &TransformerSpec) -> u64 {
-    match spec.model_type.as_str() {
-        "gpt2" => spec.query_width() + spec.kv_width() + spec.value_width(),
-        _ => 0,
-    }
-}
-
-/// Did `spec`'s family decode with a tuple KV cache in transformers 4.44.2 (no
-/// `_supports_cache_class`: GPT-2, GPT-NeoX, OPT, BigCode)? Each decode step's forward then
-/// concatenates every layer's keys and values into new tensors while the previous step's tuple
-/// stays referenced by `generate` until the step returns: two whole caches at its end (a
-/// `DynamicCache` replaces one layer at a time).
-pub(crate) fn old_release_tuple_cache(spec: &TransformerSpec) -> bool {
-    matches!(
-        spec.model_type.as_str(),
-        "gpt2" | "gpt_neox" | "opt" | "gpt_bigcode"
-    )
 }

@@ -169,15 +169,6 @@ pub struct TransformersRelease {
     pub patch: u64,
 }
 
-/// The first transformers release whose `generate` asks the model for the last position's
-/// logits only in the prefill (`num_logits_to_keep`, PR huggingface/transformers#31292), and whose
-/// Llama-family forwards stopped upcasting all logits to fp32 unless a loss is computed.
-pub const LAST_TOKEN_LOGITS_SINCE: TransformersRelease = TransformersRelease {
-    major: 4,
-    minor: 45,
-    patch: 0,
-};
-
 /// The first transformers release taken to hand grouped keys to SDPA unrepeated
 /// (`enable_gqa`, its attention-interface rewrite); earlier ones repeat them (`repeat_kv`).
 pub const GROUPED_KEYS_TO_SDPA_SINCE: TransformersRelease = TransformersRelease {
@@ -215,12 +206,6 @@ impl TransformersRelease {
                     .into(),
             )),
         }
-    }
-
-    /// Does this release's `generate` compute (and its Llama-family forwards upcast) the logits
-    /// of every prompt position in the prefill?
-    pub fn full_prompt_logits(self) -> bool {
-        self < LAST_TOKEN_LOGITS_SINCE
     }
 }
 
@@ -407,8 +392,8 @@ pub struct Workload {
     pub loss_chunk: Option<u64>,
     /// Whose model and LoRA code runs the step.
     pub framework: Framework,
-    /// The transformers release whose inference behaviour is planned; None: today's (the
-    /// latest).
+    /// The transformers release whose modelling code is planned (see `releases`); None:
+    /// today's (the latest).
     pub transformers: Option<TransformersRelease>,
     /// Inference from a quantised checkpoint: how its block linears are stored (None: in
     /// `dtype`). Training plans a quantised base through [`Lora::base`].

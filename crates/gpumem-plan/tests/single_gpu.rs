@@ -129,16 +129,13 @@ fn two_checkpointing_policies_are_a_conflict() {
 fn transformers_release_parses_or_names_the_accepted_form() {
     let parsed = TransformersRelease::parse("4.44.2").unwrap();
     assert_eq!(parsed.to_string(), "4.44.2");
-    assert!(parsed.full_prompt_logits());
-    assert!(TransformersRelease::parse("4.44")
-        .unwrap()
-        .full_prompt_logits());
-    assert!(!TransformersRelease::parse("4.45")
-        .unwrap()
-        .full_prompt_logits());
-    assert!(!TransformersRelease::parse("5.23.0")
-        .unwrap()
-        .full_prompt_logits());
+    assert_eq!(
+        TransformersRelease::parse("4.44").unwrap(),
+        TransformersRelease::parse("4.44.0").unwrap()
+    );
+    assert!(
+        TransformersRelease::parse("4.44.2").unwrap() < TransformersRelease::parse("4.45").unwrap()
+    );
     for bad in [
         "4",
         "4.x",
@@ -180,6 +177,92 @@ fn old_transformers_generate_keeps_all_prompt_logits() {
         },
     );
     assert_eq!(same.peak_allocated_bytes, today.peak_allocated_bytes);
+}
+
+/// `model` planned under transformers `release` (None: today's) in fp16.
+fn plan_release(model: &str, release: Option<&str>, base: Settings) -> Estimate {
+    plan(
+        model,
+        &Settings {
+            transformers: release.map(Into::into),
+            dtype: Some("fp16".into()),
+            ..base
+        },
+    )
+}
+
+#[test]
+fn each_family_computes_all_prompt_logits_until_its_own_release() {
+    // GPT-2 took `logits_to_keep` in 4.53, OPT in 5.0, the Llama family in 4.45; 4.45 and
+    // 4.46's generate also cloned all the logits the model returned.
+    let generate = || Settings {
+        new_tokens: Some(16),
+        ..settings("generate", 4, 1000)
+    };
+    let peak = |model: &str, release: &str| {
+        plan_release(model, Some(release), generate()).peak_allocated_bytes as f64
+    };
+    let gpt2_logits = 4.0 * 1000.0 * 50257.0 * 2.0;
+    let cloned = peak("gpt2", "4.46") - peak("gpt2", "4.47");
+    assert!(
+        (cloned - gpt2_logits).abs() < 0.02 * gpt2_logits,
+        "{cloned} vs {gpt2_logits}"
+    );
+    // (Without them the prefill peaks elsewhere, so less than the whole logits apart.)
+    assert!(peak("gpt2", "4.52") - peak("gpt2", "4.53") > 0.5 * gpt2_logits);
+    assert!(peak("opt-350m", "4.57") - peak("opt-350m", "5.0") > 4.0 * 1000.0 * 50272.0);
+    // The Llama family returned the last position's logits from 4.45: only the clone of those.
+    let llama = peak("llama-3.1-8b", "4.46") - peak("llama-3.1-8b", "4.47");
+    assert!(llama.abs() <= 4.0 * 128_256.0 * 2.0 + 1.0, "{llama}");
+}
+
+#[test]
+fn old_gpt_neox_keeps_causal_mask_buffers_and_fp32_rotary_keys() {
+    let train = Settings {
+        optimizer: Some("none".into()),
+        loss: Some("none".into()),
+        attn: Some("sdpa".into()),
+        ..settings("train", 2, 512)
+    };
+    let weights = |release| {
+        plan_release("pythia-410m", release, train.clone())
+            .breakdown
+            .weights
+    };
+    // 24 layers × a boolean 2048 × 2048 mask until 4.49, in training too.
+    let masks = 24 * 2048 * 2048;
+    assert_eq!(weights(Some("4.48")) - weights(Some("4.49")), masks);
+    assert_eq!(weights(Some("4.49")), weights(None));
+    // Before 4.45 the rotary runs in fp32: the layer returns fp32 keys (its cache), held
+    // through backward beside the half-precision copies SDPA saves.
+    let peak =
+        |release| plan_release("pythia-410m", Some(release), train.clone()).peak_allocated_bytes;
+    let fp32_keys = 24.0 * 2.0 * 512.0 * 1024.0 * 4.0;
+    let extra = peak("4.44") as f64 - peak("4.45") as f64;
+    assert!(
+        extra > 0.9 * fp32_keys && extra < 1.1 * fp32_keys,
+        "{extra} vs {fp32_keys}"
+    );
+}
+
+#[test]
+fn old_opt_eager_attention_saves_its_clamped_scores() {
+    let train = Settings {
+        optimizer: Some("none".into()),
+        loss: Some("none".into()),
+        attn: Some("eager".into()),
+        ..settings("train", 4, 1024)
+    };
+    let peak =
+        |release| plan_release("opt-350m", Some(release), train.clone()).peak_allocated_bytes;
+    // `torch.max(scores + mask, min)` until 4.49 saves one more fp16 score matrix per layer
+    // (24 layers, 16 heads); most of them are alive at the backward peak.
+    let scores = 24.0 * 4.0 * 16.0 * 1024.0 * 1024.0 * 2.0;
+    let extra = peak("4.48") as f64 - peak("4.49") as f64;
+    assert!(
+        extra > 0.8 * scores && extra <= scores * 1.01,
+        "{extra} vs {scores}"
+    );
 }
 
 #[test]
@@ -233,7 +316,8 @@ fn flags_a_mode_ignores_are_warnings() {
     };
     let flags = ignored_flags("gpt2", &train);
     assert!(flags.contains(&"--optimizer-impl"), "{flags:?}");
-    assert!(flags.contains(&"--transformers"), "{flags:?}");
+    // An old release changes training too (its buffers and attention code): not ignored.
+    assert!(!flags.contains(&"--transformers"), "{flags:?}");
 }
 
 #[test]

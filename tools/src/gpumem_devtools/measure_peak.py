@@ -389,6 +389,22 @@ def settings_grid() -> list[tuple[str, Settings]]:
     # ... and a plain forward returns those fp32 logits.
     cases["tinyllama-8l"] += [I(4, 512, dtype="bf16", no_cache=True, **old)]
     cases["gpt2-12l"] += [I(4, 256, no_cache=True, **old)]
+    # Families whose code changed later than the Llama family's (per-family release
+    # boundaries in `releases.rs`): under 4.44.2 GPT-NeoX's rotary runs in fp32 and OPT's eager
+    # attention clamps its scores; under 4.46.3 GPT-2 and OPT still compute the whole prompt's
+    # logits and keep tuple caches, GPT-NeoX its per-layer causal-mask buffers (`--only tf4.4`).
+    bare_old = {"optimizer": "none", "optimizer_impl": None, "loss": "none", "dtype": "fp16"}
+    cases["pythia-6l"] = [G(2, 256, 32, **old), T(2, 256, **bare_old, **old),
+                          T(2, 256, attn="eager", **bare_old, **old),
+                          I(4, 512, dtype="fp16", no_cache=False, **old)]
+    cases["opt-6l"] = [G(2, 256, 32, dtype="bf16", attn="eager", **old),
+                       T(2, 256, attn="eager", **bare_old, **old)]
+    new = {"transformers": "4.46.3"}
+    cases["opt-6l"] += [G(2, 256, 32, dtype="fp16", **new),
+                        G(2, 256, 32, dtype="fp16", attn="eager", **new),
+                        T(1, 512, attn="eager", **bare_old, **new)]
+    cases["pythia-6l"] += [G(2, 256, 32, dtype="fp16", **new), T(2, 256, **bare_old, **new)]
+    cases["gpt2-12l"] += [G(4, 256, 32, **new), T(4, 256, **bare_old, **new)]
     ordered = [(name, s) for name, lst in cases.items() for s in lst]
     # No loss module (`--loss none`): forward and backward from `outputs.logits.sum()` with the
     # outputs kept through backward, as the transformers docs' SDPA training benchmarks run.

@@ -1,0 +1,168 @@
+//! What older transformers releases' modelling code did differently, family by family, and the
+//! first release of each family that stopped (`--transformers`). Every boundary is read from the
+//! released sources (`transformers/models/<family>/modeling_<family>.py` of each release); the
+//! memory each change makes is measured on CPU under the old release (`measured_settings.jsonl`,
+//! the `tf4.44.2` and `tf4.46.3` cases).
+//!
+//! The Llama family moved first (4.45: last-token logits in generate, no fp32 upcast of all
+//! logits); GPT-NeoX, GPT-2, OPT and BigCode kept their older code for several releases more.
+
+use crate::model::TransformerSpec;
+use crate::workload::{TransformersRelease, Workload};
+
+/// A release as `(major, minor)`, for the tables below.
+type Since = (u64, u64);
+
+/// The first release whose `generate` asks the family's model for the last position's logits
+/// only in the prefill (`num_logits_to_keep` / `logits_to_keep` in its `ForCausalLM.forward`;
+/// PR huggingface/transformers#31292 for the Llama family). Before it the prefill computes the
+/// logits of every prompt position.
+fn last_token_logits_since(model_type: &str) -> Since {
+    match model_type {
+        "gpt_neox" => (4, 49),
+        "gpt2" => (4, 53),
+        "opt" | "gpt_bigcode" => (5, 0),
+        _ => (4, 45),
+    }
+}
+
+/// `model_type`s whose `ForCausalLM.forward` ran `logits = logits.float()` on every position
+/// before 4.45 (read from the 4.44.2 sources: llama, mistral, mixtral, gemma, gemma2, phi, phi3,
+/// qwen2; GPT-2, GPT-NeoX, OPT and BigCode kept the logits in the model dtype). PR #31292 upcast
+/// only when labels are given.
+const UPCAST_ALL_LOGITS_BEFORE_4_45: &[&str] = &[
+    "llama", "mistral", "mixtral", "gemma", "gemma2", "phi", "phi3", "qwen2",
+];
+
+/// The first release whose family decodes with a cache class (`DynamicCache`) instead of a
+/// tuple of per-layer `(key, value)` tensors; None: the family never had a tuple cache.
+fn cache_class_since(model_type: &str) -> Option<Since> {
+    match model_type {
+        "gpt_neox" => Some((4, 45)),
+        "opt" => Some((4, 49)),
+        "gpt2" => Some((4, 52)),
+        "gpt_bigcode" => Some((4, 56)),
+        _ => None,
+    }
+}
+
+/// A transformers release other than today's, as it runs one family's model.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OldRelease<'a> {
+    spec: &'a TransformerSpec,
+    release: TransformersRelease,
+}
+
+impl<'a> OldRelease<'a> {
+    /// The release `workload` plans for `spec`'s family; None: today's (no `--transformers`).
+    pub(crate) fn of(spec: &'a TransformerSpec, workload: &Workload) -> Option<Self> {
+        workload
+            .transformers
+            .map(|release| OldRelease { spec, release })
+    }
+
+    fn before(&self, (major, minor): Since) -> bool {
+        (self.release.major, self.release.minor) < (major, minor)
+    }
+
+    fn family(&self) -> &str {
+        self.spec.model_type.as_str()
+    }
+
+    /// Does `generate`'s prefill compute the logits of every prompt position?
+    pub(crate) fn full_prompt_logits(&self) -> bool {
+        self.before(last_token_logits_since(self.family()))
+    }
+
+    /// Does `generate` clone all the logits the model returned before taking the last
+    /// position's (`outputs.logits.clone()[:, -1, :].float()`, 4.45 and 4.46)? A whole-prompt
+    /// copy where the family returns every position's logits.
+    pub(crate) fn clones_all_logits(&self) -> bool {
+        !self.before((4, 45)) && self.before((4, 47))
+    }
+
+    /// Does the family's forward upcast all logits to fp32 (not only for a loss)?
+    pub(crate) fn upcast_all_logits(&self) -> bool {
+        self.before((4, 45)) && UPCAST_ALL_LOGITS_BEFORE_4_45.contains(&self.family())
+    }
+
+    /// Does the family decode with a tuple cache? Each decode step's forward then concatenates
+    /// every layer's keys and values into new tensors while the previous step's tuple stays
+    /// referenced by `generate` until the step returns: two whole caches at its end (a
+    /// `DynamicCache` replaces one layer at a time).
+    pub(crate) fn tuple_cache(&self) -> bool {
+        cache_class_since(self.family()).is_some_and(|since| self.before(since))
+    }
+
+    /// Does a prompt's cache hold the layer's own key and value tensors (a tuple cache, or a
+    /// `DynamicCache` before 4.56, whose first update stored them as they were)? Since 4.56 it
+    /// concatenates them onto an empty tensor: copies.
+    pub(crate) fn cache_holds_own_tensors(&self) -> bool {
+        self.tuple_cache() || self.before((4, 56))
+    }
+
+    /// Bytes per token and layer that a prompt's cache keeps alive where its tensors are views:
+    /// a fused q|k|v projection split by `view`/`permute` (GPT-2, BigCode, GPT-NeoX, Phi-3)
+    /// stays referenced whole behind its key and value views, beside a rotated key (a new
+    /// tensor, `key_bytes` per element); 0 where the cache holds nothing larger than its keys
+    /// and values.
+    pub(crate) fn prompt_cache_bytes(&self, act: f64, key_bytes: f64) -> f64 {
+        let spec = self.spec;
+        if !(spec.fused_qkv && self.cache_holds_own_tensors()) {
+            return 0.0;
+        }
+        let (q, kv, value) = (
+            spec.query_width() as f64,
+            spec.kv_width() as f64,
+            spec.value_width() as f64,
+        );
+        let rotated_key = if spec.rotary_fraction > 0.0 {
+            key_bytes * kv
+        } else {
+            0.0
+        };
+        act * (q + kv + value) + rotated_key
+    }
+
+    /// Bytes of the per-layer buffers the release registers and later ones dropped: GPT-2's
+    /// attention (before 5.2) and GPT-NeoX's (before 4.49) keep a boolean causal mask of
+    /// `max_positions²` (`register_buffer("bias", torch.tril(...))`); Qwen2's attention (before
+    /// 4.45) its own rotary `cos_cached` and `sin_cached` tables (`max_positions × head_dim`
+    /// each) in the weight dtype. In every mode: they are part of the model.
+    pub(crate) fn buffer_bytes(&self, weight_bytes: f64) -> f64 {
+        let spec = self.spec;
+        let positions = spec.max_positions.unwrap_or(0) as f64;
+        let per_layer = match self.family() {
+            "gpt2" if self.before((5, 2)) => positions * positions,
+            "gpt_neox" if self.before((4, 49)) => positions * positions,
+            "qwen2" if self.before((4, 45)) => {
+                2.0 * positions * spec.head_dim as f64 * weight_bytes
+            }
+            _ => 0.0,
+        };
+        per_layer * spec.layers as f64
+    }
+
+    /// Does eager attention clamp the masked scores (OPT before 4.49:
+    /// `torch.max(scores + mask, finfo.min)`)? `maximum` saves its input for backward, one more
+    /// score matrix in the activation dtype, and its output exists beside it.
+    pub(crate) fn clamps_scores(&self) -> bool {
+        self.family() == "opt" && self.before((4, 49))
+    }
+
+    /// Does eager attention upcast the softmax for fp16 scores only (OPT before 4.49:
+    /// `softmax(..., dtype=float32).to(float16)` when the scores are fp16, a plain softmax in
+    /// bf16)?
+    pub(crate) fn upcasts_fp16_softmax_only(&self) -> bool {
+        self.family() == "opt" && self.before((4, 49))
+    }
+
+    /// Does the rotary embedding run in fp32 (GPT-NeoX before 4.45: its `cos_cached` and
+    /// `sin_cached` tables stay fp32 in a half-precision model, so the rotated queries and keys,
+    /// concatenated with their pass-through part, come out fp32)? The fp32 keys are what the
+    /// layer returns as its cache (`present`), the SDPA path casts both back, and eager
+    /// attention computes its scores from them in fp32.
+    pub(crate) fn fp32_rotary(&self) -> bool {
+        self.family() == "gpt_neox" && self.before((4, 45))
+    }
+}
