@@ -1073,21 +1073,16 @@ impl<'a> TransformerGraph<'a> {
         // latent attention caches its compressed latent and rotary key, shared by all heads. A
         // sliding-window layer keeps a view of its last window, so the prefill's whole copy
         // stays alive; decoding then keeps only the window (`Unit::kv_window`).
-        let old = self.old_release();
-        let cache_bytes = match spec.latent {
-            Some(_) => act * spec.cache_width() as f64 * self.split.tp,
-            None => {
-                let copies = old_key_bytes * kv + act * value;
-                match old {
-                    // A prompt's cache of the layer's own tensors (an old release's), whose
-                    // views keep a fused projection alive; decoding concatenates copies.
-                    Some(old) if shape.queries > 1.0 && !cross => {
-                        old.prompt_cache_bytes(act, old_key_bytes).max(copies)
-                    }
-                    _ => copies,
-                }
+        let copies = (old_key_bytes * kv + act * value) / self.split.tp;
+        let cache_bytes = match (spec.latent, self.old_release()) {
+            (Some(_), _) => act * spec.cache_width() as f64,
+            // A prompt's cache of the layer's own tensors (an old release's), whose views keep
+            // a fused projection alive; decoding concatenates copies.
+            (None, Some(old)) if shape.queries > 1.0 && !cross => {
+                (old.prompt_cache_bytes(act, old_key_bytes) / self.split.tp).max(copies)
             }
-        } / self.split.tp;
+            (None, _) => copies,
+        };
         let kv_cache = if cached {
             cache_bytes * key_tokens
         } else {
@@ -1592,8 +1587,9 @@ impl<'a> TransformerGraph<'a> {
         nf4_dequantised_bytes(elements, self.bytes.act)
     }
 
-    /// Do this run's logits cover every prompt position in generate's prefill (transformers
-    /// before 4.45), and does the family's forward then upcast them all to fp32?
+    /// Do this run's logits cover every prompt position in generate's prefill (a release
+    /// before the family's `logits_to_keep`), and does the family's forward then upcast them
+    /// all to fp32?
     fn old_logits(&self) -> (bool, bool) {
         self.old_release().map_or((false, false), |old| {
             (old.full_prompt_logits(), old.upcast_all_logits())
