@@ -630,6 +630,9 @@ impl ConfigFields<'_> {
             }
             "gpt_neox" => {
                 spec.fused_qkv = true;
+                // The rotated queries are `torch.cat([rotated, passed], dim=-1)`: contiguous
+                // per head.
+                spec.head_layout_queries = true;
                 spec.parallel_residual = self.bool_or(&["use_parallel_residual"], true);
                 spec.rotary_fraction = self.f64_or(&["rotary_pct", "partial_rotary_factor"], 0.25);
                 spec.activation = self.activation(&["hidden_act"], "gelu")?;
@@ -706,6 +709,8 @@ impl ConfigFields<'_> {
             }
             "phi" => {
                 spec.parallel_residual = true;
+                // `torch.cat((query_rot, query_pass), dim=-1)`: queries contiguous per head.
+                spec.head_layout_queries = true;
                 spec.shared_block_norm = true;
                 spec.rotary_fraction = self.f64_or(&["partial_rotary_factor"], 0.5);
                 spec.activation = self.activation(&["hidden_act"], "gelu_new")?;
@@ -936,6 +941,9 @@ impl ConfigFields<'_> {
             // One qkv_proj and one gate_up_proj, no biases; dropouts by Phi's names.
             spec.fused_qkv = true;
             spec.fused_gate_up = true;
+            // Its rotary concatenates the rotated and passed parts (`torch.cat`, even when
+            // nothing passes): queries contiguous per head.
+            spec.head_layout_queries = true;
             spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.0);
             spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.0);
         }

@@ -362,7 +362,8 @@ pub struct TransformerSpec {
     pub rescaled_output: bool,
     /// Whisper's audio front end (the encoder reads mel frames, not tokens).
     pub audio: Option<AudioStem>,
-    /// The attention makes its queries contiguous per head before the kernel (Whisper): the
+    /// The attention makes its queries contiguous per head before the kernel (Whisper's
+    /// `contiguous()`; GPT-NeoX, Phi and Phi-3 build rotated queries with `torch.cat`): the
     /// kernel's output then comes in head layout, and merging the heads for the output
     /// projection is a copy (which that projection saves).
     pub head_layout_queries: bool,
