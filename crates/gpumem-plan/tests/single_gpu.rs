@@ -217,6 +217,31 @@ fn each_family_computes_all_prompt_logits_until_its_own_release() {
 }
 
 #[test]
+fn the_latest_release_named_plans_as_today() {
+    for model in [
+        "gpt2",
+        "pythia-410m",
+        "opt-350m",
+        "llama-3.1-8b",
+        "phi-3-mini-4k-instruct",
+    ] {
+        for mode in ["train", "infer", "generate"] {
+            let base = || Settings {
+                new_tokens: Some(16),
+                ..settings(mode, 2, 512)
+            };
+            let today = plan_release(model, None, base());
+            let named = plan_release(model, Some("5.23.0"), base());
+            assert_eq!(
+                named.peak_allocated_bytes, today.peak_allocated_bytes,
+                "{model} {mode}"
+            );
+            assert_eq!(named.breakdown, today.breakdown, "{model} {mode}");
+        }
+    }
+}
+
+#[test]
 fn old_gpt_neox_keeps_causal_mask_buffers_and_fp32_rotary_keys() {
     let train = Settings {
         optimizer: Some("none".into()),
