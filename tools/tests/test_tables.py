@@ -151,7 +151,7 @@ def test_case_ids_are_unique_and_descriptive() -> None:
         case_id(n, s) for n, s in MULTIMODAL_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
     single = [case_id(n, s) for n, s in settings_grid()]
-    assert len(single) == len(set(single)) == 51
+    assert len(single) == len(set(single)) == 53
     assert not (set(ids) | set(heldout) | set(architectures)) & set(single)
     losses = [case_id(n, s) for n, s in losses_grid()]
     assert len(losses) == len(set(losses)) == 10

@@ -1190,6 +1190,9 @@ impl<'a> TransformerGraph<'a> {
     fn mlp_backward_intermediates(&self) -> f64 {
         match (self.spec.gated_mlp, self.spec.activation) {
             (false, Activation::QuickGelu) => 2.0,
+            // ReLU saves its output, which is also the next linear's saved input: that
+            // linear's backward frees nothing before ReLU's gradient is made beside its own.
+            (false, Activation::Relu) => 2.0,
             _ => 1.0,
         }
     }

@@ -71,6 +71,12 @@ _OPT_125M: Config = {
     "num_hidden_layers": 12, "pad_token_id": 1, "use_cache": True, "vocab_size": 50272,
     "word_embed_proj_dim": 768,
 }
+# facebook/opt-350m: post-norm (do_layer_norm_before false), 512-wide embeddings projected to
+# the 1024-wide body and back (word_embed_proj_dim).
+_OPT_350M: Config = {
+    **_OPT_125M, "do_layer_norm_before": False, "ffn_dim": 4096, "hidden_size": 1024,
+    "num_attention_heads": 16, "num_hidden_layers": 24, "word_embed_proj_dim": 512,
+}
 _PYTHIA_70M: Config = {
     "architectures": ["GPTNeoXForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 0,
     "eos_token_id": 0, "hidden_act": "gelu", "hidden_dropout": 0.0, "hidden_size": 512,
@@ -108,6 +114,9 @@ HF_CONFIGS: dict[str, tuple[str, Config, Config]] = {
     "opt-2l": ("facebook/opt-125m", _OPT_125M,
                {"hidden_size": 256, "ffn_dim": 1024, "num_attention_heads": 4,
                 "num_hidden_layers": 2, "word_embed_proj_dim": 256}),
+    # OPT-350m's own shape at 4 of its 24 layers (the docs' SDPA benchmark model).
+    "opt-350m-4l": ("facebook/opt-350m", _OPT_350M,
+                    {"num_hidden_layers": 4, "vocab_size": 4096}),
     "pythia-2l": ("EleutherAI/pythia-70m", _PYTHIA_70M,
                   {"hidden_size": 256, "intermediate_size": 1024, "num_attention_heads": 4,
                    "num_hidden_layers": 2}),

@@ -414,6 +414,10 @@ def settings_grid() -> list[tuple[str, Settings]]:
         ("tinyllama-8l", T(4, 512, dtype="bf16", **bare)),
         ("opt-2l", T(4, 256, dtype="fp16", attn="eager", **bare)),
         ("opt-2l", T(4, 256, dtype="fp16", **bare)),
+        # OPT-350m's own shape (post-norm, 512-wide embeddings projected to 1024, ReLU MLP of
+        # 4096), whose peak falls in the MLP's backward, as the docs' OPT-350m rows train it.
+        ("opt-350m-4l", T(2, 512, dtype="fp16", attn="eager", **bare)),
+        ("opt-350m-4l", T(2, 512, dtype="fp16", **bare)),
         ("pythia-2l", T(2, 512, dtype="fp16", **bare)),
         ("qwen2.5-2l", T(2, 512, dtype="bf16", **bare)),
     ]
