@@ -36,7 +36,7 @@ def _workloads() -> list[tuple[str, Settings]]:
 def _measured_names() -> list[str]:
     """Configs of the measured grids."""
     return sorted({n for n, _ in grid() + heldout_grid() + architectures_grid()
-                   + multimodal_grid() + diffusion_grid()})
+                   + multimodal_grid() + diffusion_grid() + settings_grid()})
 
 
 def test_config_names() -> None:
