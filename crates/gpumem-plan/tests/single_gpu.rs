@@ -241,14 +241,20 @@ fn the_latest_release_named_plans_as_today() {
     }
 }
 
-#[test]
-fn old_gpt_neox_keeps_causal_mask_buffers_and_fp32_rotary_keys() {
-    let train = Settings {
+/// A forward and backward without optimizer or loss module (`logits.sum()`), as the
+/// transformers docs' SDPA benchmarks run.
+fn bare_step(attn: &str, batch: u64, seq: u64) -> Settings {
+    Settings {
         optimizer: Some("none".into()),
         loss: Some("none".into()),
-        attn: Some("sdpa".into()),
-        ..settings("train", 2, 512)
-    };
+        attn: Some(attn.into()),
+        ..settings("train", batch, seq)
+    }
+}
+
+#[test]
+fn old_gpt_neox_keeps_causal_mask_buffers_and_fp32_rotary_keys() {
+    let train = bare_step("sdpa", 2, 512);
     let weights = |release| {
         plan_release("pythia-410m", release, train.clone())
             .breakdown
@@ -272,12 +278,7 @@ fn old_gpt_neox_keeps_causal_mask_buffers_and_fp32_rotary_keys() {
 
 #[test]
 fn old_opt_eager_attention_saves_its_clamped_scores() {
-    let train = Settings {
-        optimizer: Some("none".into()),
-        loss: Some("none".into()),
-        attn: Some("eager".into()),
-        ..settings("train", 4, 1024)
-    };
+    let train = bare_step("eager", 4, 1024);
     let peak =
         |release| plan_release("opt-350m", Some(release), train.clone()).peak_allocated_bytes;
     // `torch.max(scores + mask, min)` until 4.49 saves one more fp16 score matrix per layer
