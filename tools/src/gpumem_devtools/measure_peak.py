@@ -609,7 +609,12 @@ def notes(name: str, s: Settings, device: str, threads: int,
             out.append("no optimizer: forward, backward, model.zero_grad(set_to_none=True)")
         else:
             out.append("zero_grad(set_to_none=True) after optimizer.step as HF Trainer")
-        if name.startswith("resnet"):
+        if s.loss == "none":
+            out.append("loss: none, backward from outputs.logits.sum() with the outputs kept "
+                       "through backward")
+        elif s.loss:
+            pass  # the chunked losses are described below
+        elif name.startswith("resnet"):
             out.append("loss: F.cross_entropy(logits, labels)")
         elif name in configs.DIFFUSION_CONFIGS:
             pass
