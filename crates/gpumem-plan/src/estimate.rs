@@ -652,7 +652,7 @@ fn simulate_training(
         let finishing = with(
             extra,
             gradients + grown,
-            saved + held,
+            saved + held + unit.saved_through_gradients.min(*keep),
             unit.gradient_transient + transient_gradients,
         );
         for live in [starting, finishing] {

@@ -38,6 +38,10 @@ pub struct Unit {
     /// Short-lived bytes while the unit's parameter gradients are produced (its own saved tensors
     /// are released by then).
     pub gradient_transient: f64,
+    /// Of `saved`, the bytes still referenced while the unit's parameter gradients are
+    /// produced: the LM head's weight gradient comes from its matmul's backward, while that
+    /// matmul's input and the final norm's saved tensors (whose backward comes after) live.
+    pub saved_through_gradients: f64,
     /// Peak bytes alive inside the unit in a no-grad forward (besides weights and KV cache).
     pub inference_live: f64,
     /// Bytes a no-grad forward keeps referenced from this unit on while the model's body runs,
@@ -116,6 +120,7 @@ impl Unit {
             checkpoint: Some(0.0),
             backward_transient: 0.0,
             gradient_transient: 0.0,
+            saved_through_gradients: 0.0,
             untrained_params: self.params,
             ..self
         }
@@ -1658,6 +1663,11 @@ impl<'a> TransformerGraph<'a> {
                 };
                 let saved_per_token =
                     final_norm + transform + rescale + self.bytes.linear_input(h, 1.0);
+                // What the head's matmul and the final norm save: alive while the head's
+                // backward makes the gradient of its input and then of its weight (the final
+                // norm's backward comes after).
+                let head_saved = tokens * saved_per_token + autocast_weight(lm_weights);
+                let input_gradient = tokens * act * h;
                 if self.training && self.workload.loss == Loss::None {
                     // `outputs.logits.sum().backward()`: the outputs (and so the logits) stay
                     // referenced until backward has run; sum's gradient is an expanded scalar,
@@ -1671,36 +1681,31 @@ impl<'a> TransformerGraph<'a> {
                     };
                     Unit {
                         name: "head",
-                        saved: tokens * saved_per_token + autocast_weight(lm_weights) + softcap,
+                        saved: head_saved + softcap,
                         held: logits,
                         forward_transient: softcap + autocast_sum,
                         backward_transient: logits,
-                        gradient_transient: logits,
+                        gradient_transient: logits + input_gradient,
+                        saved_through_gradients: head_saved,
                         params,
                         ..Unit::default()
                     }
                 } else if self.training && self.workload.loss.chunked() {
-                    self.chunked_loss_head(
-                        tokens,
-                        vocab,
-                        tokens * saved_per_token + autocast_weight(lm_weights) + softcap,
-                        params,
-                    )
+                    self.chunked_loss_head(tokens, vocab, head_saved + softcap, params)
                 } else if self.training {
                     let log_probs = tokens * vocab * loss_bytes;
                     Unit {
                         name: "head",
-                        saved: tokens * saved_per_token
-                            + log_probs
-                            + autocast_weight(lm_weights)
-                            + softcap,
+                        saved: head_saved + log_probs + softcap,
                         // Only the loss leaves the model (as in the HF Trainer): logits and their fp32
                         // copy live until log_softmax has run.
                         forward_transient: logits + fp32_copy + softcap,
                         // Gradients of nll_loss and of log_softmax, with log_softmax's output still saved.
                         backward_transient: 2.0 * log_probs,
-                        // The logits' gradient (cast back to the logits dtype) feeds the LM head.
-                        gradient_transient: logits,
+                        // The logits' gradient (cast back to the logits dtype) feeds the LM head,
+                        // whose backward makes its input's gradient before its weight's.
+                        gradient_transient: logits + input_gradient,
+                        saved_through_gradients: head_saved,
                         whole: WholeTensors {
                             saved: [
                                 SavedGroup {

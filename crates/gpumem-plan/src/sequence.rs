@@ -354,7 +354,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             out.free_all(recomputed);
             // The gradient flowing on (e.g. the logits' gradient into the LM head) comes before
             // the parameter gradients it produces.
-            let finishing = match continued {
+            let mut finishing = match continued {
                 Some(id) => {
                     let rest = unit.gradient_transient - whole.gradient_transient;
                     let mut ids = out.pieces(rest, shapes.transient(unit));
@@ -367,6 +367,9 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
                     shapes.transient(unit),
                 ),
             };
+            // What the unit still saves while its parameter gradients are made, in
+            // activation-sized pieces in place of the tensors freed above.
+            finishing.extend(out.pieces(unit.saved_through_gradients, shapes.activation));
             out.free_all(starting);
             if index == last && last > 0 {
                 gathered.push(out.alloc(buffers.backward_weights - buffers.backward_start_weights));

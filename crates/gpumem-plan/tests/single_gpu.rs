@@ -5,8 +5,8 @@
 use gpumem_plan::sequence::peak_live_bytes;
 use gpumem_plan::workload::TransformersRelease;
 use gpumem_plan::{
-    allocation_sequence, estimate, find_model, Estimate, Overheads, Phase, PlanError, Settings,
-    Warning,
+    allocation_sequence, estimate, find_model, load_config, Estimate, Overheads, Phase, PlanError,
+    Settings, Warning,
 };
 
 fn settings(mode: &str, batch: u64, seq: u64) -> Settings {
@@ -380,6 +380,40 @@ fn allocation_sequence_follows_the_new_settings() {
             "{case:?}: sequence {peak}, estimate {allocated}"
         );
     }
+}
+
+#[test]
+fn lm_head_weight_gradient_is_made_while_its_input_is_saved() {
+    // `logits.sum().backward()` on a two-layer Qwen2.5 (bf16, tied 32768-token head, as the
+    // measured case qwen2.5-2l-…-loss-none): the backward peaks in the LM head's matmul
+    // backward. The head's input and the final norm's saved tensors (whose backward comes
+    // later) are still referenced there, beside the input's gradient made first, the
+    // materialised logits gradient and the head unit's parameter gradients (the vocabulary
+    // matrix's and the final norm weight's).
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/plan/configs/qwen2.5-2l.json"
+    );
+    let model = load_config(std::path::Path::new(path)).unwrap();
+    let workload = bare_step("sdpa", 2, 512).resolve(&model).unwrap().workload;
+    let e = estimate(&model, &workload, &Overheads::default()).unwrap();
+    assert_eq!(e.peak_phase, Phase::Backward);
+    let phase = |p| {
+        e.phases
+            .iter()
+            .find(|x| x.phase == p)
+            .unwrap()
+            .allocated_bytes
+    };
+    let tokens = 2 * 512;
+    let (hidden, vocab) = (448, 32_768);
+    let logits_gradient = tokens * vocab * 2;
+    let input_gradient = tokens * hidden * 2;
+    let head_gradient = (vocab + 1) * hidden * 2;
+    assert_eq!(
+        phase(Phase::Backward) - phase(Phase::ForwardEnd),
+        logits_gradient + input_gradient + head_gradient
+    );
 }
 
 #[test]
