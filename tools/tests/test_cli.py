@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO, SMALL, TRACES, files_under
 
 import gpumem_devtools
-from gpumem_devtools import capture_trace, convert_trace, measure_peak
+from gpumem_devtools import capture_trace, measure_peak
 
 Main = Callable[[Sequence[str] | None], int]
 COMMANDS = {"gpumem-capture-trace": "capture_trace", "gpumem-convert-trace": "convert_trace",

@@ -226,6 +226,35 @@ def checkpointing_enable(model: Any, every_n_layers: int | None = None,
         gradient_checkpointing_kwargs=checkpoint_kwargs or {"use_reentrant": False})
 
 
+# Ops whose outputs torchtitan's per-op selective checkpointing saves (`_save_list` of
+# torchtitan's `apply_ac`, "op" option): matmuls and the CUDA attention kernels. The CPU flash
+# kernel is added here as their counterpart, so that CPU runs save what CUDA runs would.
+_PER_OP_SAVED = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+
+
+def per_op_checkpoint_context() -> Any:
+    """torchtitan's per-op policy for one checkpointed region: save the outputs of the ops in
+    `_PER_OP_SAVED` except every second `mm` (counted separately in forward and recompute),
+    recompute everything else."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            counts[mode] += 1
+        save = func in _PER_OP_SAVED and not (
+            func == torch.ops.aten.mm.default and counts[mode] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def _build_dual_encoder(cfg: dict[str, Any], config_path: str | Path, kwargs: dict[str, Any],
                         image_size: int | None, device: str) -> Workload:
     """A CLIPModel or SiglipModel: the image size comes from its vision config, the vocabulary
