@@ -200,6 +200,9 @@ struct AttentionMemory {
     stack_held: f64,
     /// KV-cache bytes it adds in a no-grad forward that keeps a cache.
     kv_cache: f64,
+    /// Of `key_saved`, the keys and values a training forward's cache holds until the step
+    /// ends, because the caller keeps the outputs through backward (`--loss none`).
+    cache_held: f64,
     /// Bytes alive at the start of its backward when the softmax ran in the activation dtype:
     /// the gradients of the probabilities and of the scores, one score matrix each.
     score_gradients: f64,
@@ -732,6 +735,13 @@ impl<'a> TransformerGraph<'a> {
             )
     }
 
+    /// Does the training step keep its forward's KV cache until backward ends? With
+    /// `--loss none` the caller holds the model's outputs through backward, and the cache copies
+    /// every layer made are among them.
+    fn outputs_hold_cache(&self) -> bool {
+        self.cache_copies() && self.workload.loss == Loss::None
+    }
+
     /// Does this no-grad forward keep a KV cache? Generation always (decoder-only LMs); a plain
     /// forward of a decoder when `use_cache` is on in the config and the call (`DynamicCache`
     /// concatenates copies of every layer's keys and values, and the output returns them).
@@ -874,8 +884,14 @@ impl<'a> TransformerGraph<'a> {
         };
         // q, k, v (rotated when RoPE is used) are saved by the attention. RoPE's products with the
         // gradient-free cos/sin tables save only the tables, so the raw projections are freed.
-        tally.sharded += act * q;
-        key_side += act * (kv + value);
+        // SDPA's math path copies half-precision inputs to fp32 and saves only its copies
+        // (counted below).
+        let math_path = self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback();
+        let inputs_saved = !(math_path && act < 4.0);
+        if inputs_saved {
+            tally.sharded += act * q;
+            key_side += act * (kv + value);
+        }
         let materialised = self.materialises_scores();
         // An old release's fp32 rotary: eager attention saves the fp32 queries and keys its
         // scores are made from; the SDPA path saves half-precision casts, while the fp32 keys
@@ -897,15 +913,22 @@ impl<'a> TransformerGraph<'a> {
         }
         if let Some(l) = spec.latent {
             // The low-rank path: q_a output and its RMSNorm, the kv latent (with the rotary
-            // key) and its RMSNorm, and the decompressed per-head keys and values of kv_b.
+            // key) and its RMSNorm, and the decompressed per-head keys and values of kv_b,
+            // kept whole where a fused kernel saves the values as views of it (eager
+            // attention's matmul and SDPA's math path save copies).
             let (qr, kvr) = (l.query_rank as f64, l.kv_rank as f64);
+            let decompressed = if inputs_saved && !self.materialises_scores() {
+                act * (spec.heads * (l.nope_dim + l.value_dim)) as f64
+            } else {
+                0.0
+            };
             tally.sharded += act * qr
                 + (4.0 + act) * qr
                 + act * (kvr + l.rope_dim as f64)
                 + (4.0 + act) * kvr
-                + act * (spec.heads * (l.nope_dim + l.value_dim)) as f64;
+                + decompressed;
         }
-        if self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback() {
+        if math_path {
             // The math path saves its fp32 copies of the scaled queries and keys, and of the
             // values when they are in half precision.
             tally.sharded += 4.0 * q;
@@ -914,10 +937,19 @@ impl<'a> TransformerGraph<'a> {
         let cache_holds_views = self
             .old_release()
             .is_some_and(|o| o.cache_holds_own_tensors());
-        if spec.fused_qkv && !cross && cache_holds_views && self.cache_copies() {
-            // An old release's cache holds the layer's own tensors, so the attention saves the
-            // values as views of the fused projection, which stays alive whole (no copies of k
-            // and v); beside rotated queries and keys, its q and k parts are extra.
+        // Does the kernel receive the values as a view of a fused projection? Not when the
+        // cache hands it copies (today's releases, cache on), nor when grouped values are
+        // repeated first (eager attention, SDPA's math path).
+        let values_view_fused = spec.fused_qkv
+            && !cross
+            && (cache_holds_views || !self.cache_copies())
+            && !(spec.heads > spec.kv_heads
+                && (materialised
+                    || (self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback())));
+        if values_view_fused {
+            // The saved values keep the whole fused projection alive; beside rotated queries
+            // and keys (new tensors), its q and k parts are extra. (Without rotary, q, k and
+            // v are all views of it, as counted.)
             if spec.rotary_fraction > 0.0 {
                 key_side += act * (q + kv);
             }
@@ -1093,6 +1125,18 @@ impl<'a> TransformerGraph<'a> {
         } else {
             0.0
         };
+        // The copies the kernel saves are the cache's own tensors. (An old release's cache of
+        // views keeps its fused projection instead, and latent attention's cache is not what
+        // the kernel saves: neither is counted here.)
+        let cache_held = if self.outputs_hold_cache()
+            && !cross
+            && spec.latent.is_none()
+            && !(spec.fused_qkv && cache_holds_views)
+        {
+            copies * key_tokens
+        } else {
+            0.0
+        };
         AttentionMemory {
             key_saved: key_side / self.split.tp * key_tokens,
             forward_transient: transient,
@@ -1100,6 +1144,7 @@ impl<'a> TransformerGraph<'a> {
             inference_kept: kept,
             stack_held: stack_bias + stack_mask,
             kv_cache,
+            cache_held,
             score_gradients,
             input_gradients: act / self.split.tp * (query_tokens * q + key_tokens * (kv + value)),
             score_matrix: act * scores,
@@ -1114,9 +1159,14 @@ impl<'a> TransformerGraph<'a> {
         let consumers = if spec.gated_mlp { 2.0 } else { 1.0 };
         // Each expert gathers its tokens (`hidden_states[token_idx]`, saved by its first linear)
         // and scales its output by the routing weight (the product saves that output); the
-        // router saves its fp32 softmax.
+        // router saves its fp32 softmax (and its input's fp32 copy, where it upcasts that).
         let routing = if layer.moe {
-            4.0 * spec.experts as f64 + 2.0 * spec.experts_per_token as f64 * act * h
+            let upcast_input = if spec.moe.fp32_router && act < 4.0 {
+                4.0 * h
+            } else {
+                0.0
+            };
+            4.0 * spec.experts as f64 + 2.0 * spec.experts_per_token as f64 * act * h + upcast_input
         } else {
             0.0
         };
@@ -1231,7 +1281,7 @@ impl<'a> TransformerGraph<'a> {
         let cross = cross
             .map(|c| self.attention(c, true, &mut tally))
             .unwrap_or_default();
-        let key_bytes = own.key_saved + cross.key_saved;
+        let key_bytes = own.key_saved + cross.key_saved - own.cache_held;
         let transient = own.forward_transient.max(cross.forward_transient);
         tally.sharded += self.mlp(layer);
         if self.dropout_active(spec.hidden_dropout) {
@@ -1316,7 +1366,7 @@ impl<'a> TransformerGraph<'a> {
             attention_core: tally.core,
             checkpoint: Some(tokens * self.bytes.residual * h / self.split.sequence),
             per_op_saved: self.per_op_saved(shape, cross_shape, layer),
-            held: 0.0,
+            held: own.cache_held,
             forward_transient: transient + tokens * act * f + dequantised,
             // Saved tensors are released as their node runs: one intermediate's gradient at a
             // time (and a QLoRA base weight dequantised again for the input's gradient).
@@ -1684,7 +1734,9 @@ impl<'a> TransformerGraph<'a> {
                         saved: head_saved + softcap,
                         held: logits,
                         forward_transient: softcap + autocast_sum,
-                        backward_transient: logits,
+                        // Soft-capping's backward makes tanh's gradient while the gradient of
+                        // the final `· cap` still lives: two logits-sized gradients.
+                        backward_transient: logits + softcap,
                         gradient_transient: logits + input_gradient,
                         saved_through_gradients: head_saved,
                         params,

@@ -1001,6 +1001,7 @@ impl ConfigFields<'_> {
                     )?,
                     shared_intermediate: experts("n_shared_experts")?.unwrap_or(0)
                         * spec.intermediate,
+                    fp32_router: true,
                 };
                 // attention_bias covers q_a, kv_a and o.
                 spec.out_bias = spec.qkv_bias;

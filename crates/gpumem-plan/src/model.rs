@@ -148,6 +148,9 @@ pub struct MoeLayout {
     /// Width of the shared experts every token passes through (DeepSeek: `n_shared_experts ×
     /// moe_intermediate_size`); 0 without.
     pub shared_intermediate: u64,
+    /// The router upcasts its input and weight to fp32 before its linear (DeepSeek-V2/V3's
+    /// `F.linear(x.float(), w.float())`): in half-precision training it saves the fp32 input.
+    pub fp32_router: bool,
 }
 
 /// Sliding-window attention on some layers (Gemma 2/3): those layers' KV cache keeps the last
