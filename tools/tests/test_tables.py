@@ -11,9 +11,10 @@ from gpumem_devtools.capture_trace import CONFIG_DIR as TRACE_CONFIG_DIR
 from gpumem_devtools.capture_trace import TRACES as TRACE_TABLE
 from gpumem_devtools.measure_peak import CONFIG_DIR as PLAN_CONFIG_DIR
 from gpumem_devtools.measure_peak import (LORA_HELDOUT, LOSSES_HELDOUT, MULTIMODAL_HELDOUT,
-                                          architectures_grid, case_id, diffusion_grid, grid,
-                                          heldout_grid, litgpt_grid, lora_grid, losses_grid,
-                                          multimodal_grid, notes, settings_grid)
+                                          SETTINGS_HELDOUT, architectures_grid, case_id,
+                                          diffusion_grid, grid, heldout_grid, litgpt_grid,
+                                          lora_grid, losses_grid, multimodal_grid, notes,
+                                          settings_grid)
 from gpumem_devtools.settings import (AMP_NAMES, ATTN_IMPLS, DTYPE_NAMES, MODES, OPTIMIZER_IMPLS,
                                       OPTIMIZERS, Settings)
 
@@ -151,7 +152,9 @@ def test_case_ids_are_unique_and_descriptive() -> None:
         case_id(n, s) for n, s in MULTIMODAL_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
     single = [case_id(n, s) for n, s in settings_grid()]
-    assert len(single) == len(set(single)) == 53
+    assert len(single) == len(set(single)) == 59
+    assert len(SETTINGS_HELDOUT) == 3 and single[-3:] == [
+        case_id(n, s) for n, s in SETTINGS_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(single)
     losses = [case_id(n, s) for n, s in losses_grid()]
     assert len(losses) == len(set(losses)) == 10
@@ -203,7 +206,8 @@ def test_measured_rows_are_the_grid_in_order(path: Path,
         assert row["settings"] == s.as_dict()
         assert row["notes"] == notes(name, s, "cpu", 2, TORCHVISION), row["id"]
         assert row["measured"]["peak_allocated_bytes"] > 0
-        assert row.get("heldout", False) == ((name, s) in MULTIMODAL_HELDOUT + LORA_HELDOUT)
+        assert row.get("heldout", False) == (
+            (name, s) in MULTIMODAL_HELDOUT + LORA_HELDOUT + SETTINGS_HELDOUT)
 
 
 def test_notes_on_cuda() -> None:

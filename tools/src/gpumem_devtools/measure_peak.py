@@ -420,7 +420,29 @@ def settings_grid() -> list[tuple[str, Settings]]:
         ("opt-350m-4l", T(2, 512, dtype="fp16", **bare)),
         ("pythia-2l", T(2, 512, dtype="fp16", **bare)),
         ("qwen2.5-2l", T(2, 512, dtype="bf16", **bare)),
-    ]
+    ] + SETTINGS_NEWER + SETTINGS_HELDOUT
+
+
+# The settings over the newer architectures (logit soft-capping and sliding windows, fused
+# qkv, multi-query attention with biases, experts, latent attention), planned before they were
+# measured (session 10). These three were then worked from (their first errors: -5.33 %,
+# -1.67 %, +2.63 %): soft-capping's backward, the fused projection kept by its value views,
+# and latent attention's SDPA math path and fp32 router.
+SETTINGS_NEWER: list[tuple[str, Settings]] = [
+    ("gemma2-4l", T(2, 512, dtype="bf16", attn="eager", optimizer="none", optimizer_impl=None,
+                    loss="none")),
+    ("phi3-4l", T(2, 512, dtype="bf16", optimizer="none", optimizer_impl=None,
+                  grad_ckpt_every=2)),
+    ("deepseekv3-4l", T(2, 256, dtype="bf16", optimizer="none", optimizer_impl=None,
+                        grad_ckpt_every=2)),
+]
+# ... and these three were not.
+SETTINGS_HELDOUT: list[tuple[str, Settings]] = [
+    ("qwen3-4l", T(2, 512, dtype="bf16", attn="eager", optimizer="none", optimizer_impl=None,
+                   loss="none")),
+    ("starcoder-4l", T(2, 512, dtype="bf16", grad_ckpt_per_op=True)),
+    ("mixtral-4l", T(2, 256, dtype="bf16", optimizer="none", optimizer_impl=None, loss="none")),
+]
 
 
 def lora_grid() -> list[tuple[str, Settings]]:
@@ -1019,7 +1041,7 @@ def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, s
                      "measured": {"peak_allocated_bytes": peak, "phase": phase, **allocator},
                      "versions": vers, "notes": notes(name, s, device, threads, tv)}
         if any((name, s) in held for held in (MULTIMODAL_HELDOUT, LORA_HELDOUT, LOSSES_HELDOUT,
-                                               LITGPT_HELDOUT)):
+                                               LITGPT_HELDOUT, SETTINGS_HELDOUT)):
             done[cid]["heldout"] = True
         gc.collect()
         print(f"{cid}: {peak / 2**20:.1f} MiB ({phase}) in {time.time() - t0:.1f}s", flush=True)
