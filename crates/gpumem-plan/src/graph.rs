@@ -917,7 +917,7 @@ impl<'a> TransformerGraph<'a> {
             // kept whole where a fused kernel saves the values as views of it (eager
             // attention's matmul and SDPA's math path save copies).
             let (qr, kvr) = (l.query_rank as f64, l.kv_rank as f64);
-            let decompressed = if inputs_saved && !self.materialises_scores() {
+            let decompressed = if inputs_saved && !materialised {
                 act * (spec.heads * (l.nope_dim + l.value_dim)) as f64
             } else {
                 0.0
@@ -943,9 +943,7 @@ impl<'a> TransformerGraph<'a> {
         let values_view_fused = spec.fused_qkv
             && !cross
             && (cache_holds_views || !self.cache_copies())
-            && !(spec.heads > spec.kv_heads
-                && (materialised
-                    || (self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback())));
+            && !(spec.heads > spec.kv_heads && (materialised || math_path));
         if values_view_fused {
             // The saved values keep the whole fused projection alive; beside rotated queries
             // and keys (new tensors), its q and k parts are extra. (Without rotary, q, k and
