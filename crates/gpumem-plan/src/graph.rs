@@ -735,6 +735,13 @@ impl<'a> TransformerGraph<'a> {
             )
     }
 
+    /// Are the queries contiguous per head when they reach the kernel (the family's own code,
+    /// or litgpt's attention, which builds its rotated queries with `torch.cat`)? The kernel's
+    /// output then comes in head layout and merging the heads is a copy.
+    fn head_layout_queries(&self) -> bool {
+        self.spec.head_layout_queries || self.workload.framework == Framework::Litgpt
+    }
+
     /// Does the training step keep its forward's KV cache until backward ends? With
     /// `--loss none` the caller holds the model's outputs through backward, and the cache copies
     /// every layer made are among them.
@@ -937,13 +944,15 @@ impl<'a> TransformerGraph<'a> {
         let cache_holds_views = self
             .old_release()
             .is_some_and(|o| o.cache_holds_own_tensors());
-        // Does the kernel receive the values as a view of a fused projection? Not when the
-        // cache hands it copies (today's releases, cache on), nor when grouped values are
-        // repeated first (eager attention, SDPA's math path).
-        let values_view_fused = spec.fused_qkv
+        // Does the kernel receive the values as a view of a fused projection (the family's, or
+        // litgpt's fused qkv for every model)? Not when the cache hands it copies (today's
+        // releases, cache on), nor when grouped values are repeated first (eager attention,
+        // SDPA's math path, litgpt's `repeat_interleave`).
+        let litgpt = self.workload.framework == Framework::Litgpt;
+        let values_view_fused = (spec.fused_qkv || litgpt)
             && !cross
             && (cache_holds_views || !self.cache_copies())
-            && !(spec.heads > spec.kv_heads && (materialised || math_path));
+            && !(spec.heads > spec.kv_heads && (materialised || math_path || litgpt));
         if values_view_fused {
             // The saved values keep the whole fused projection alive; beside rotated queries
             // and keys (new tensors), its q and k parts are extra. (Without rotary, q, k and
@@ -1077,7 +1086,7 @@ impl<'a> TransformerGraph<'a> {
         } else {
             // Kernel output + fp32 log-sum-exp; the output is in the layout the output projection
             // reads unless the queries were made contiguous per head (then the merge copies).
-            let merge_copy = if spec.head_layout_queries {
+            let merge_copy = if self.head_layout_queries() {
                 act * q
             } else {
                 0.0
@@ -1480,7 +1489,7 @@ impl<'a> TransformerGraph<'a> {
         // anyway, unless eager attention (or per-head queries) makes a merged copy for it.
         let o_input_shared = self.workload.attention != Attention::Eager
             && !self.materialises_scores()
-            && !self.spec.head_layout_queries;
+            && !self.head_layout_queries();
         let block = crate::lora::LoraBlock {
             act: self.bytes.act,
             half_base,

@@ -233,8 +233,8 @@ pub struct LoraBlock {
     /// The output projection reads what the attention kernel saves anyway.
     pub o_input_shared: bool,
     /// litgpt's LoRA: adapters in the activation dtype (no fp32 copy); the fused qkv linear
-    /// has one `lora_A` (behind one dropout) for its enabled projections, and its `lora_B`
-    /// output (the enabled projections' widths) is saved as well.
+    /// has one `lora_A` (behind one dropout) of `rank` rows per enabled projection, and unless
+    /// all of q, k, v are enabled its `lora_B` output (their widths) is saved as well.
     pub litgpt: bool,
 }
 
@@ -304,9 +304,9 @@ pub fn saved_change(
 }
 
 /// [`saved_change`] of one input group under litgpt's LoRA (adapters in the activation dtype):
-/// one adapter reads the group's input, behind one dropout (its output and a 1-byte mask, or
-/// the input itself without dropout); q, k and v share one `lora_A` of `rank` rows per enabled
-/// projection, whose `lora_B` output (the enabled projections' widths) is saved too.
+/// each adapted linear's adapter reads the group's input behind its own dropout (its output and
+/// a 1-byte mask, or the input itself without dropout); q, k and v share one `lora_A` of `rank` rows per enabled
+/// projection, whose `lora_B` output is saved when only some of them are enabled.
 #[allow(clippy::too_many_arguments)]
 fn litgpt_group(
     spec: &TransformerSpec,
@@ -322,17 +322,30 @@ fn litgpt_group(
     if adapted == 0.0 {
         return -input;
     }
+    // One adapter per linear, each behind its own dropout; q, k, v are one fused linear.
+    let adapters = if group == Q | K | V { 1.0 } else { adapted };
     let inputs = if dropout > 0.0 {
-        (act + 1.0) * width - input
+        adapters * (act + 1.0) * width - input
     } else {
         0.0
     };
+    // The shared `lora_A`'s output (`rank` rows per enabled projection), which the `lora_B`
+    // convolutions save. When only some of q, k, v are enabled, `zero_pad` copies the
+    // convolutions' output (the enabled widths) into a zero tensor with `index_copy_`, which
+    // saves it.
     let low_rank = if group == Q | K | V {
         let (qw, kv) = (spec.query_width() as f64, spec.kv_width() as f64);
-        let enabled = [(Q, qw), (K, kv), (V, kv)]
+        let enabled: Vec<f64> = [(Q, qw), (K, kv), (V, kv)]
             .into_iter()
-            .filter(|(role, _)| targets.has(*role));
-        enabled.map(|(_, out)| act * (rank + out)).sum::<f64>()
+            .filter(|(role, _)| targets.has(*role))
+            .map(|(_, out)| out)
+            .collect();
+        let padded = if enabled.len() < 3 {
+            act * enabled.iter().sum::<f64>()
+        } else {
+            0.0
+        };
+        enabled.len() as f64 * act * rank + padded
     } else {
         adapted * act * rank
     };
@@ -352,6 +365,45 @@ pub fn adapts_mlp(targets: LoraTargets) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Architecture;
+    use crate::workload::{BaseQuant, Lora};
+
+    #[test]
+    fn litgpt_saves_lora_b_output_only_when_qkv_is_partly_adapted() {
+        // litgpt 0.5.13, measured on CPU (llama-8l shapes: 512 wide, 2 of 8 key/value heads):
+        // with q, k and v all adapted `zero_pad` returns the `lora_B` output unsaved; with only
+        // some, its `index_copy_` saves it. The MLP's two input linears each have a dropout.
+        let model = crate::catalogue::find_model("llama-3.2-1b").unwrap();
+        let Architecture::Transformer(spec) = &model.arch else {
+            panic!("a transformer")
+        };
+        let layer = spec.layer_kind(0);
+        let change = |targets: &str, dropout: f64| {
+            let lora = Lora {
+                targets: LoraTargets::parse(targets, "llama").unwrap(),
+                dropout,
+                ..Lora::new(16, BaseQuant::None)
+            };
+            let block = LoraBlock {
+                act: 2.0,
+                half_base: true,
+                o_input_shared: false,
+                litgpt: true,
+            };
+            saved_change(spec, layer, &lora, block)
+        };
+        let (q, kv) = (spec.query_width() as f64, spec.kv_width() as f64);
+        let partly = change("q,v", 0.0).attention;
+        let whole = change("q,k,v", 0.0).attention;
+        assert_eq!(partly - whole, 2.0 * (q + kv) - 2.0 * 16.0);
+        // With dropout, gate's and up's adapters each save a dropout output and a 1-byte mask
+        // of the hidden input (3 bytes per element) in place of the input itself (2), and
+        // down's adapter one of the intermediate.
+        let h = spec.hidden as f64;
+        let mlp = change("gate,up,down", 0.1).mlp - change("gate,up,down", 0.0).mlp;
+        let f = spec.intermediate as f64;
+        assert_eq!(mlp, (2.0 * 3.0 - 2.0) * h + (3.0 - 2.0) * f);
+    }
 
     #[test]
     fn parses_role_and_module_names() {
