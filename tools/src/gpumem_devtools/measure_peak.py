@@ -442,6 +442,18 @@ SETTINGS_HELDOUT: list[tuple[str, Settings]] = [
                    loss="none")),
     ("starcoder-4l", T(2, 512, dtype="bf16", grad_ckpt_per_op=True)),
     ("mixtral-4l", T(2, 256, dtype="bf16", optimizer="none", optimizer_impl=None, loss="none")),
+    # A second batch, planned before it was measured after the mechanisms of the first.
+    ("gemma3-6l", T(2, 512, dtype="bf16", optimizer="none", optimizer_impl=None,
+                    grad_ckpt_every=3)),
+    ("qwen3moe-4l", T(2, 256, dtype="bf16", optimizer="none", optimizer_impl=None,
+                      loss="none")),
+    ("starcoder-4l", T(2, 512, dtype="bf16", attn="eager", optimizer="none",
+                       optimizer_impl=None, loss="none")),
+    ("phi3-4l", T(2, 512, dtype="bf16", attn="eager", optimizer="none", optimizer_impl=None,
+                  loss="none")),
+    ("deepseekv3-4l", T(2, 256, dtype="bf16", attn="eager", optimizer="none",
+                        optimizer_impl=None, loss="none")),
+    ("qwen3-4l", T(2, 512, dtype="bf16", grad_ckpt_per_op=True)),
 ]
 
 
