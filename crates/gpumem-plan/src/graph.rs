@@ -602,7 +602,7 @@ impl<'a> TransformerGraph<'a> {
         // so an RMSNorm keeps only the fp32 values its variance reads (LayerNorm saves its
         // input either way).
         let frozen = self.training && self.workload.lora.is_some();
-        let litgpt = self.workload.framework == Framework::Litgpt;
+        let litgpt = self.litgpt();
         match self.spec.norm {
             Norm::RmsNorm | Norm::RmsNormOffset | Norm::RmsNormScaledInput if frozen => 4.0,
             Norm::LayerNorm => input,
@@ -739,7 +739,12 @@ impl<'a> TransformerGraph<'a> {
     /// or litgpt's attention, which builds its rotated queries with `torch.cat`)? The kernel's
     /// output then comes in head layout and merging the heads is a copy.
     fn head_layout_queries(&self) -> bool {
-        self.spec.head_layout_queries || self.workload.framework == Framework::Litgpt
+        self.spec.head_layout_queries || self.litgpt()
+    }
+
+    /// Does the step run litgpt's own model (`--framework litgpt`) rather than the family's?
+    fn litgpt(&self) -> bool {
+        self.workload.framework == Framework::Litgpt
     }
 
     /// Does the training step keep its forward's KV cache until backward ends? With
@@ -948,7 +953,7 @@ impl<'a> TransformerGraph<'a> {
         // litgpt's fused qkv for every model)? Not when the cache hands it copies (today's
         // releases, cache on), nor when grouped values are repeated first (eager attention,
         // SDPA's math path, litgpt's `repeat_interleave`).
-        let litgpt = self.workload.framework == Framework::Litgpt;
+        let litgpt = self.litgpt();
         let values_view_fused = (spec.fused_qkv || litgpt)
             && !cross
             && (cache_holds_views || !self.cache_copies())
@@ -978,7 +983,7 @@ impl<'a> TransformerGraph<'a> {
             0.0
         };
         key_side += expanded;
-        if repeats > 1 && !materialised && self.workload.framework == Framework::Litgpt {
+        if repeats > 1 && !materialised && litgpt {
             // litgpt repeats grouped keys and values to every head before SDPA, which saves
             // the repeated copies instead.
             key_side += act * 2.0 * q - act * (kv + value);
@@ -1494,7 +1499,7 @@ impl<'a> TransformerGraph<'a> {
             act: self.bytes.act,
             half_base,
             o_input_shared,
-            litgpt: self.workload.framework == Framework::Litgpt,
+            litgpt: self.litgpt(),
         };
         let change = crate::lora::saved_change(self.spec, layer, &lora, block);
         crate::lora::SavedChange {
