@@ -5,8 +5,8 @@
 use gpumem_plan::sequence::peak_live_bytes;
 use gpumem_plan::workload::TransformersRelease;
 use gpumem_plan::{
-    allocation_sequence, estimate, find_model, load_config, Estimate, Overheads, Phase, PlanError,
-    Settings, Warning,
+    allocation_sequence, estimate, find_model, Estimate, Overheads, Phase, PlanError, Settings,
+    Warning,
 };
 
 fn settings(mode: &str, batch: u64, seq: u64) -> Settings {
@@ -390,30 +390,14 @@ fn lm_head_weight_gradient_is_made_while_its_input_is_saved() {
     // later) are still referenced there, beside the input's gradient made first, the
     // materialised logits gradient and the head unit's parameter gradients (the vocabulary
     // matrix's and the final norm weight's).
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../testdata/plan/configs/qwen2.5-2l.json"
-    );
-    let model = load_config(std::path::Path::new(path)).unwrap();
-    let workload = bare_step("sdpa", 2, 512).resolve(&model).unwrap().workload;
-    let e = estimate(&model, &workload, &Overheads::default()).unwrap();
-    assert_eq!(e.peak_phase, Phase::Backward);
-    let phase = |p| {
-        e.phases
-            .iter()
-            .find(|x| x.phase == p)
-            .unwrap()
-            .allocated_bytes
-    };
+    let model = test_config("qwen2.5-2l", |_| {});
+    let growth = backward_over_forward_end(&model, &bare_step("sdpa", 2, 512));
     let tokens = 2 * 512;
     let (hidden, vocab) = (448, 32_768);
     let logits_gradient = tokens * vocab * 2;
     let input_gradient = tokens * hidden * 2;
     let head_gradient = (vocab + 1) * hidden * 2;
-    assert_eq!(
-        phase(Phase::Backward) - phase(Phase::ForwardEnd),
-        logits_gradient + input_gradient + head_gradient
-    );
+    assert_eq!(growth, logits_gradient + input_gradient + head_gradient);
 }
 
 /// The config `name` of `testdata/plan/configs/` with `edit` applied to its JSON.
@@ -435,21 +419,42 @@ fn peak_of(model: &gpumem_plan::ModelSpec, settings: &Settings) -> u64 {
         .peak_allocated_bytes
 }
 
+/// Planned peaks of `settings` with the model's KV cache on and with `--no-cache`.
+fn peaks_with_and_without_cache(model: &gpumem_plan::ModelSpec, settings: &Settings) -> (u64, u64) {
+    let without = Settings {
+        no_cache: true,
+        ..settings.clone()
+    };
+    (peak_of(model, settings), peak_of(model, &without))
+}
+
+/// How far the backward's peak rises above the end of the forward, for a step whose peak is in
+/// backward.
+fn backward_over_forward_end(model: &gpumem_plan::ModelSpec, settings: &Settings) -> u64 {
+    let workload = settings.resolve(model).unwrap().workload;
+    let e = estimate(model, &workload, &Overheads::default()).unwrap();
+    assert_eq!(e.peak_phase, Phase::Backward);
+    let phase = |p| {
+        e.phases
+            .iter()
+            .find(|x| x.phase == p)
+            .unwrap()
+            .allocated_bytes
+    };
+    phase(Phase::Backward) - phase(Phase::ForwardEnd)
+}
+
 #[test]
 fn kept_outputs_hold_the_kv_cache_through_backward() {
     // `--loss none` keeps the outputs, and with them every layer's cache copies of k and v,
     // until backward ends (measured: OPT-350m's shape, peak in the first block's backward).
     // Without the cache the kernel's saved k and v go with each block's backward.
     let model = test_config("opt-350m-4l", |_| {});
-    let with_cache = Settings {
+    let fp16 = Settings {
         dtype: Some("fp16".into()),
         ..bare_step("sdpa", 2, 512)
     };
-    let without = Settings {
-        no_cache: true,
-        ..with_cache.clone()
-    };
-    let (cached, uncached) = (peak_of(&model, &with_cache), peak_of(&model, &without));
+    let (cached, uncached) = peaks_with_and_without_cache(&model, &fp16);
     // At most the other three layers' k and v (fp16, 1024 wide) stay on top.
     let three_layers = 3 * 2 * 2 * 512 * 1024 * 2;
     assert!(
@@ -465,18 +470,9 @@ fn soft_capped_logits_hold_two_gradients_in_their_backward() {
     // held logits and tanh's saved output (measured: gemma2-4l, -5.33 % before), the step's
     // peak here.
     let model = test_config("gemma2-4l", |_| {});
-    let workload = bare_step("eager", 2, 512).resolve(&model).unwrap().workload;
-    let e = estimate(&model, &workload, &Overheads::default()).unwrap();
-    let phase = |p| {
-        e.phases
-            .iter()
-            .find(|x| x.phase == p)
-            .unwrap()
-            .allocated_bytes
-    };
     let logits = 2 * 512 * 8192 * 2;
     assert_eq!(
-        phase(Phase::Backward) - phase(Phase::ForwardEnd),
+        backward_over_forward_end(&model, &bare_step("eager", 2, 512)),
         2 * logits
     );
 }
@@ -491,13 +487,10 @@ fn values_viewing_a_fused_projection_keep_it_whole() {
         optimizer: Some("none".into()),
         ..settings("train", 2, 512)
     };
-    let uncached = Settings {
-        no_cache: true,
-        ..plain.clone()
-    };
+    let (cached, uncached) = peaks_with_and_without_cache(&model, &plain);
     // Four layers' q (768) and k (256) parts, bf16.
     let parts = 4 * 2 * 512 * (768 + 256) * 2;
-    assert_eq!(peak_of(&model, &uncached) - peak_of(&model, &plain), parts);
+    assert_eq!(uncached - cached, parts);
 }
 
 #[test]
