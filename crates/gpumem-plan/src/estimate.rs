@@ -451,10 +451,11 @@ pub(crate) fn model_states(
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::ForLoop) => {
             2.0 * largest_trainable * state_bytes
         }
-        // torch.optim.Adafactor builds the full variance estimate row_var @ col_var: for all
-        // parameters at once (foreach) or one parameter at a time.
-        (Optimizer::Adafactor, OptimizerImpl::Foreach) => trainable_local * 4.0,
-        (Optimizer::Adafactor, _) => largest_trainable * 4.0,
+        // torch.optim.Adafactor builds the full variance estimate row_var @ col_var, in its
+        // factors' dtype (the gradient's): for all parameters at once (foreach) or one
+        // parameter at a time.
+        (Optimizer::Adafactor, OptimizerImpl::Foreach) => trainable_local * state_bytes,
+        (Optimizer::Adafactor, _) => largest_trainable * state_bytes,
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Fused)
         | (Optimizer::Sgd | Optimizer::Adam8bit | Optimizer::None, _) => 0.0,
     };
