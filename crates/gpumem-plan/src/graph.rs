@@ -1630,7 +1630,7 @@ impl<'a> TransformerGraph<'a> {
             _ => {
                 let factor = (self.spec.vocab as f64 / h).ceil().max(1.0);
                 let rows = ((tokens / factor).ceil() as u64).next_power_of_two() as f64;
-                let head_input = tokens * self.bytes.linear_input(h, 1.0);
+                let head_input = tokens * self.head_input();
                 Unit {
                     saved: saved - head_input + tokens * h * act + head_gradient,
                     // The chunk's logits and the per-row fp32 loss.
@@ -1669,6 +1669,16 @@ impl<'a> TransformerGraph<'a> {
     /// The older transformers release this run plans, if any.
     fn old_release(&self) -> Option<OldRelease<'a>> {
         OldRelease::of(self.spec, self.workload)
+    }
+
+    /// Bytes per token the LM head's matmul saves of its input: the input, for its weight's
+    /// gradient; nothing when the head is frozen (LoRA).
+    fn head_input(&self) -> f64 {
+        if self.workload.lora.is_none() {
+            self.bytes.linear_input(self.spec.hidden as f64, 1.0)
+        } else {
+            0.0
+        }
     }
 
     fn head(&self) -> Unit {
@@ -1724,7 +1734,7 @@ impl<'a> TransformerGraph<'a> {
                     logits_tokens * vocab * 4.0
                 };
                 let saved_per_token =
-                    final_norm + transform + rescale + self.bytes.linear_input(h, 1.0);
+                    final_norm + transform + rescale + self.head_input();
                 // What the head's matmul and the final norm save: alive while the head's
                 // backward makes the gradient of its input and then of its weight (the final
                 // norm's backward comes after).
