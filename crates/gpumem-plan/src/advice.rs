@@ -127,7 +127,7 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
                 "--qlora".into(),
                 "4-bit frozen base: ~20-30% slower steps, small quality loss",
                 with(&|x| {
-                    x.lora = Some(Lora::new(16, BaseQuant::Nf4));
+                    x.lora = Some(Lora::new(16, BaseQuant::QLORA));
                     if x.dtype == Dtype::Fp32 {
                         x.dtype = Dtype::Bf16;
                     }

@@ -342,14 +342,30 @@ fn pipeline_stages(model: &ModelSpec, workload: &Workload) -> Vec<(Vec<Unit>, f6
     vec![(first, in_flight), (last, 1.0)]
 }
 
-/// Bytes per weight of the frozen base under LoRA quantisation (NF4 with double-quantised scales).
+/// Parameters of an LM head litgpt stores in its 4-bit base: Lightning's bitsandbytes plugin
+/// replaces every `nn.Linear` its model builds, the untied head's too (transformers keeps the
+/// output embedding unquantised).
+fn four_bit_head_params(model: &ModelSpec, workload: &Workload) -> u64 {
+    match &model.arch {
+        Architecture::Transformer(spec)
+            if workload.framework == crate::workload::Framework::Litgpt
+                && workload.four_bit_base().is_some()
+                && !spec.tied_embeddings
+                && matches!(spec.head, crate::model::Head::CausalLm) =>
+        {
+            spec.vocab * spec.hidden
+        }
+        _ => 0,
+    }
+}
+
+/// Bytes per weight of the frozen base under LoRA quantisation.
 fn base_weight_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
     match quant {
         BaseQuant::None => dtype.bytes() as f64,
         BaseQuant::Int8 => Quantization::of(QuantFormat::Int8).bytes_per_weight(),
-        // QLoRA's NF4 with double-quantised absmax.
-        BaseQuant::Nf4 => Quantization {
-            double_quant: true,
+        BaseQuant::Nf4 { double_quant } => Quantization {
+            double_quant,
             ..Quantization::of(QuantFormat::Nf4)
         }
         .bytes_per_weight(),
@@ -383,7 +399,8 @@ pub(crate) fn model_states(
     };
     let mut weights = match lora {
         Some(l) => {
-            let quantised = counts.block_linear as f64 * share;
+            let quantised =
+                (counts.block_linear + four_bit_head_params(model, workload)) as f64 * share;
             quantised * base_weight_bytes(l.base, workload.dtype)
                 + (full_params - quantised) * weight_bytes
                 + trainable as f64 * share * trained_bytes

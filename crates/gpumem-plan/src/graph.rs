@@ -8,9 +8,9 @@ use crate::model::{
     Norm, Patches, ResnetSpec, TransformerSpec,
 };
 use crate::releases::OldRelease;
-use crate::single_gpu::{nf4_dequantised_bytes, per_op_saved_matmul_widths};
+use crate::single_gpu::per_op_saved_matmul_widths;
 use crate::workload::{
-    Attention, BaseQuant, Checkpointing, Dtype, Framework, Loss, Mode, Target, Workload,
+    Attention, Checkpointing, Dtype, Framework, Loss, Mode, Target, Workload,
     GROUPED_KEYS_TO_SDPA_SINCE,
 };
 
@@ -562,7 +562,7 @@ impl<'a> TransformerGraph<'a> {
         if spec.head == Head::AttentionPool && self.training {
             units.extend(self.attention_pool());
         } else {
-            units.push(self.head());
+            units.push(self.four_bit_head(self.head()));
         }
         // A tied LM head's backward makes the word embedding's gradient: it exists from the
         // head's backward on, not from the embedding's (which then accumulates into it).
@@ -1500,6 +1500,7 @@ impl<'a> TransformerGraph<'a> {
             half_base,
             o_input_shared,
             litgpt: self.litgpt(),
+            base_saves_inputs: self.workload.four_bit_base_saves_inputs(),
         };
         let change = crate::lora::saved_change(self.spec, layer, &lora, block);
         crate::lora::SavedChange {
@@ -1546,6 +1547,12 @@ impl<'a> TransformerGraph<'a> {
         }
         if spec.parallel_residual && !crate::lora::adapts_mlp(lora.targets) {
             prefix += tokens * (self.mlp(layer) / self.split.tp + change.mlp);
+        }
+        // A 4-bit base that keeps its inputs keeps none that needs no gradient: the first
+        // block's q, k and v read one.
+        if crate::lora::adapts_attention(lora.targets) && self.workload.four_bit_base_saves_inputs()
+        {
+            prefix += tokens * self.bytes.act * spec.hidden as f64 / self.split.sequence;
         }
         prefix
     }
@@ -1642,19 +1649,47 @@ impl<'a> TransformerGraph<'a> {
     }
 
     /// Bytes of the block's largest quantised weight dequantised while its matmul runs: a
-    /// quantised checkpoint's inference (see `Quantization::dequantised_bytes`), or QLoRA's NF4
-    /// base: always with gradients; without, only for more than one token (a single token runs
-    /// the `gemv_4bit` kernel on the packed weight).
+    /// quantised checkpoint's inference (see `Quantization::dequantised_bytes`), or QLoRA's
+    /// 4-bit base ([`Workload::four_bit_base`]).
     fn dequantised(&self, layer: LayerKind, tokens: f64) -> f64 {
         let elements = self.spec.largest_block_matrix(layer) as f64 / self.split.tp;
+        self.dequantised_weight(elements, tokens)
+    }
+
+    /// Bytes a quantised weight of `elements` allocates while its matmul runs on `tokens`
+    /// tokens: a quantised checkpoint in inference; QLoRA's 4-bit base always with gradients
+    /// (`MatMul4Bit` dequantises in forward and again for the input's gradient), without them
+    /// only for more than one token (a single token runs `gemv_4bit` on the packed weight).
+    fn dequantised_weight(&self, elements: f64, tokens: f64) -> f64 {
         if let Some(quant) = self.workload.quant.filter(|_| !self.training) {
             return quant.dequantised_bytes(elements, tokens, self.workload.dtype);
         }
-        let nf4 = self.workload.lora.is_some_and(|l| l.base == BaseQuant::Nf4);
-        if !nf4 || (!self.training && tokens <= 1.0) {
+        let Some((quant, stored)) = self.workload.four_bit_base() else {
             return 0.0;
+        };
+        let tokens = if self.training {
+            tokens.max(2.0)
+        } else {
+            tokens
+        };
+        quant.dequantised_bytes(elements, tokens, stored)
+    }
+
+    /// The LM head of a litgpt QLoRA step: Lightning's bitsandbytes plugin replaces every
+    /// `nn.Linear` built under `init_module`, the head's too, so the head's forward and its
+    /// input's gradient dequantise its whole weight (once per chunk of a chunked loss).
+    /// Unchanged otherwise (transformers keeps the output embedding unquantised).
+    fn four_bit_head(&self, head: Unit) -> Unit {
+        if !self.litgpt() || !self.training || head.name != "head" {
+            return head;
         }
-        nf4_dequantised_bytes(elements, self.bytes.act)
+        let elements = (self.spec.vocab * self.spec.hidden) as f64 / self.split.tp;
+        let dequantised = self.dequantised_weight(elements, self.batch * self.decoder_sequence());
+        Unit {
+            forward_transient: head.forward_transient + dequantised,
+            backward_transient: head.backward_transient + dequantised,
+            ..head
+        }
     }
 
     /// Do this run's logits cover every prompt position in generate's prefill (a release
@@ -1672,10 +1707,14 @@ impl<'a> TransformerGraph<'a> {
     }
 
     /// Bytes per token the LM head's matmul saves of its input: the input, for its weight's
-    /// gradient; nothing when the head is frozen (LoRA).
+    /// gradient; nothing when the head is frozen (LoRA), unless it is a 4-bit linear that keeps
+    /// its input anyway (litgpt quantises its head; bitsandbytes before 0.43.2).
     fn head_input(&self) -> f64 {
+        let h = self.spec.hidden as f64;
         if self.workload.lora.is_none() {
-            self.bytes.linear_input(self.spec.hidden as f64, 1.0)
+            self.bytes.linear_input(h, 1.0)
+        } else if self.litgpt() && self.workload.four_bit_base_saves_inputs() {
+            self.bytes.act * h
         } else {
             0.0
         }
@@ -1733,8 +1772,7 @@ impl<'a> TransformerGraph<'a> {
                 } else {
                     logits_tokens * vocab * 4.0
                 };
-                let saved_per_token =
-                    final_norm + transform + rescale + self.head_input();
+                let saved_per_token = final_norm + transform + rescale + self.head_input();
                 // What the head's matmul and the final norm save: alive while the head's
                 // backward makes the gradient of its input and then of its weight (the final
                 // norm's backward comes after).

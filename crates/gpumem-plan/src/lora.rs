@@ -236,6 +236,9 @@ pub struct LoraBlock {
     /// has one `lora_A` (behind one dropout) of `rank` rows per enabled projection, and unless
     /// all of q, k, v are enabled its `lora_B` output (their widths) is saved as well.
     pub litgpt: bool,
+    /// Each frozen linear keeps its input, adapted or not: a bitsandbytes 4-bit base before
+    /// 0.43.2 (its `MatMul4Bit` held `ctx.tensors = (A, B)`), so no input group is freed.
+    pub base_saves_inputs: bool,
 }
 
 /// Bytes per token a block's saved tensors change by under LoRA (see [`LoraBlock`]), for its
@@ -260,6 +263,7 @@ pub fn saved_change(
         half_base,
         o_input_shared,
         litgpt,
+        base_saves_inputs,
     } = block;
     let (targets, dropout) = (lora.targets, lora.dropout);
     let (h, qw) = (spec.hidden as f64, spec.query_width() as f64);
@@ -271,22 +275,24 @@ pub fn saved_change(
             .iter()
             .filter(|(roles, ..)| roles & group != 0 && targets.has(*roles))
             .count() as f64;
-        let input = if group == O && o_input_shared {
+        // The group's input as full training saves it, which the frozen linears free unless
+        // they keep it themselves (or the attention kernel saves it anyway).
+        let freed = if (group == O && o_input_shared) || base_saves_inputs {
             0.0
         } else {
             act * width
         };
         if litgpt {
             return litgpt_group(
-                spec, group, targets, adapted, dropout, act, rank, width, input,
+                spec, group, targets, adapted, dropout, act, rank, width, freed,
             );
         }
         let inputs = if adapted == 0.0 {
-            -input
+            -freed
         } else if dropout > 0.0 {
-            adapted * 5.0 * width - input
+            adapted * 5.0 * width - freed
         } else if half_base {
-            adapted * 4.0 * width - input
+            adapted * 4.0 * width - freed
         } else {
             0.0
         };
@@ -317,15 +323,15 @@ fn litgpt_group(
     act: f64,
     rank: f64,
     width: f64,
-    input: f64,
+    freed: f64,
 ) -> f64 {
     if adapted == 0.0 {
-        return -input;
+        return -freed;
     }
     // One adapter per linear, each behind its own dropout; q, k, v are one fused linear.
     let adapters = if group == Q | K | V { 1.0 } else { adapted };
     let inputs = if dropout > 0.0 {
-        adapters * (act + 1.0) * width - input
+        adapters * (act + 1.0) * width - freed
     } else {
         0.0
     };
@@ -389,6 +395,7 @@ mod tests {
                 half_base: true,
                 o_input_shared: false,
                 litgpt: true,
+                base_saves_inputs: false,
             };
             saved_change(spec, layer, &lora, block)
         };

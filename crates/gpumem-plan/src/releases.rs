@@ -8,7 +8,7 @@
 //! logits); GPT-NeoX, GPT-2, OPT and BigCode kept their older code for several releases more.
 
 use crate::model::TransformerSpec;
-use crate::workload::{TransformersRelease, Workload};
+use crate::workload::{Release, Workload};
 
 /// A release as `(major, minor)`, for the tables below.
 type Since = (u64, u64);
@@ -50,7 +50,7 @@ fn cache_class_since(model_type: &str) -> Option<Since> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OldRelease<'a> {
     spec: &'a TransformerSpec,
-    release: TransformersRelease,
+    release: Release,
 }
 
 impl<'a> OldRelease<'a> {

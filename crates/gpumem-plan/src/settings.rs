@@ -8,8 +8,8 @@ use crate::quant::{CheckpointQuant, QuantFormat, Quantization};
 use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
-    BaseQuant, Checkpointing, Dtype, Layout, Lora, Loss, Mode, Optimizer, OptimizerImpl, Sharding,
-    Target, TransformersRelease, Workload,
+    BaseQuant, Checkpointing, Dtype, Layout, Lora, Loss, Mode, Optimizer, OptimizerImpl, Release,
+    Sharding, Target, Workload,
 };
 use serde::Deserialize;
 
@@ -174,6 +174,11 @@ pub struct Settings {
     /// OPT's clamped eager scores, GPT-NeoX's fp32 rotary [default: latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub transformers: Option<String>,
+    /// bitsandbytes release a QLoRA base (--qlora, or --quant fp4/nf4 with --lora-rank) runs
+    /// with, MAJOR.MINOR[.PATCH]: before 0.43.2 each frozen 4-bit linear keeps its input for
+    /// backward [default: latest].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
+    pub bitsandbytes: Option<String>,
     /// Inference from a quantised checkpoint, FORMAT[:OPTION,...]: int8 (bitsandbytes
     /// LLM.int8), fp4 | nf4 (bitsandbytes 4-bit; options double, compute=fp32|bf16|fp16), gptq |
     /// awq (options bits=2|3|4|8, group=N), fp8 (option block=N weights per scale), or none
@@ -252,6 +257,16 @@ impl Settings {
             workload.image_size = size;
         }
         let mut warnings = self.ignored(model, workload.mode);
+        if self.bitsandbytes.is_some()
+            && (workload.mode != Mode::Train || workload.four_bit_base().is_none())
+        {
+            warnings.push(Warning::Ignored {
+                flag: "--bitsandbytes",
+                reason: "only the 4-bit base of a QLoRA training step (--qlora, or --quant \
+                         fp4/nf4 with --lora-rank) is planned by bitsandbytes release"
+                    .into(),
+            });
+        }
         warnings.extend(self.lower_default_seq(model, &mut workload));
         Ok(Resolved { workload, warnings })
     }
@@ -314,12 +329,14 @@ impl Settings {
         }
         let base = match quant.format {
             QuantFormat::Int8 => BaseQuant::Int8,
-            QuantFormat::Fp4 | QuantFormat::Nf4 => BaseQuant::Nf4,
+            QuantFormat::Fp4 | QuantFormat::Nf4 => BaseQuant::Nf4 {
+                double_quant: quant.double_quant,
+            },
             _ => BaseQuant::None,
         };
         let reason = match workload.lora.as_mut() {
             Some(lora) if base != BaseQuant::None => {
-                // Planned as QLoRA's base (NF4 with double-quantised scales for 4-bit).
+                // Planned as QLoRA's base (4-bit with the absmax storage --quant names).
                 lora.base = base;
                 return Ok(());
             }
@@ -398,7 +415,7 @@ impl Settings {
             Some(other) => return Err(crate::names::unknown("target", other, ["gpu", "cpu"])),
         };
         let lora_base = if self.qlora {
-            Some(BaseQuant::Nf4)
+            Some(BaseQuant::QLORA)
         } else if self.lora_base_int8 {
             Some(BaseQuant::Int8)
         } else {
@@ -476,7 +493,12 @@ impl Settings {
             transformers: self
                 .transformers
                 .as_deref()
-                .map(TransformersRelease::parse)
+                .map(|text| Release::parse("transformers", text))
+                .transpose()?,
+            bitsandbytes: self
+                .bitsandbytes
+                .as_deref()
+                .map(|text| Release::parse("bitsandbytes", text))
                 .transpose()?,
             quant: None,
             freeze_vision_tower: self.freeze_vision_tower,

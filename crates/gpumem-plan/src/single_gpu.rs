@@ -107,15 +107,6 @@ pub(crate) fn per_op_saved_matmul_widths(
     (per_query, per_key)
 }
 
-/// Bytes per dequantised weight element of a bitsandbytes NF4 linear: `dequantize_4bit`
-/// (bitsandbytes/functional.py) first dequantises the double-quantised absmax into fp32 (one per
-/// 64-weight block), then writes the weight in the compute dtype; `MatMul4Bit.forward`
-/// (bitsandbytes/autograd/_functions.py) runs `linear(A, dequantize_4bit(B, state).to(A.dtype).t())`
-/// and `backward` dequantises again for `grad_A`.
-pub(crate) fn nf4_dequantised_bytes(elements: f64, compute_bytes: f64) -> f64 {
-    elements * (compute_bytes + 4.0 / 64.0)
-}
-
 /// Bytes of the buffers today's modelling code of `spec`'s family registers beside its
 /// parameters: GPTBigCode's model keeps a boolean causal mask of `max_positions²`
 /// (`self.bias = nn.Buffer(torch.tril(...))`, transformers 5.x), 64 MiB for StarCoder's 8192

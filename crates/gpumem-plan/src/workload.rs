@@ -158,9 +158,10 @@ impl Checkpointing {
     }
 }
 
-/// A transformers release (`--transformers`), for the behaviours that changed between releases.
+/// A release of a library whose memory behaviour changed between versions: transformers
+/// (`--transformers`) or bitsandbytes (`--bitsandbytes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct TransformersRelease {
+pub struct Release {
     /// Major version.
     pub major: u64,
     /// Minor version.
@@ -171,16 +172,27 @@ pub struct TransformersRelease {
 
 /// The first transformers release taken to hand grouped keys to SDPA unrepeated
 /// (`enable_gqa`, its attention-interface rewrite); earlier ones repeat them (`repeat_kv`).
-pub const GROUPED_KEYS_TO_SDPA_SINCE: TransformersRelease = TransformersRelease {
-    major: 4,
-    minor: 48,
-    patch: 0,
-};
+pub const GROUPED_KEYS_TO_SDPA_SINCE: Release = Release::new(4, 48, 0);
 
-impl TransformersRelease {
-    /// Parses `MAJOR.MINOR` or `MAJOR.MINOR.PATCH` (e.g. `4.44.2`), with a typed error naming
-    /// the accepted form.
-    pub fn parse(text: &str) -> Result<Self> {
+/// The first bitsandbytes release whose 4-bit matmul (`MatMul4Bit`) no longer keeps its input
+/// for backward (bitsandbytes PR #1270, "delete useless buffered activation"): before it,
+/// `ctx.tensors = (A, B)` held every frozen 4-bit linear's input until its backward ran,
+/// though only the weight is needed for the input's gradient.
+pub const BNB_4BIT_MATMUL_FREES_INPUT_SINCE: Release = Release::new(0, 43, 2);
+
+impl Release {
+    /// The release `major.minor.patch`.
+    pub const fn new(major: u64, minor: u64, patch: u64) -> Self {
+        Release {
+            major,
+            minor,
+            patch,
+        }
+    }
+
+    /// Parses `library`'s release as `MAJOR.MINOR` or `MAJOR.MINOR.PATCH` (e.g. `4.44.2`),
+    /// with a typed error naming the flag and the accepted form.
+    pub fn parse(library: &str, text: &str) -> Result<Self> {
         let parts: Vec<&str> = text.trim().split('.').collect();
         let numbers: Option<Vec<u64>> = parts
             .iter()
@@ -190,26 +202,23 @@ impl TransformersRelease {
                     .flatten()
             })
             .collect();
-        let release = |major, minor, patch| Self {
-            major,
-            minor,
-            patch,
-        };
+        let any = |major: u64, minor: u64| major > 0 || minor > 0;
         match numbers.as_deref() {
-            Some(&[major, minor]) if major > 0 => Ok(release(major, minor, 0)),
-            Some(&[major, minor, patch]) if major > 0 => Ok(release(major, minor, patch)),
+            Some(&[major, minor]) if any(major, minor) => Ok(Self::new(major, minor, 0)),
+            Some(&[major, minor, patch]) if any(major, minor) => Ok(Self::new(major, minor, patch)),
             _ => Err(invalid(
-                "transformers",
+                library,
                 text,
-                "must be a transformers release as MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. 4.44.2 \
-                 (no pre-release suffix)"
-                    .into(),
+                format!(
+                    "must be a {library} release as MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. \
+                     4.44.2 or 0.42.0 (no pre-release suffix)"
+                ),
             )),
         }
     }
 }
 
-impl std::fmt::Display for TransformersRelease {
+impl std::fmt::Display for Release {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
     }
@@ -263,8 +272,22 @@ pub enum BaseQuant {
     None,
     /// bitsandbytes int8 (LLM.int8).
     Int8,
-    /// bitsandbytes NF4 with double quantization (QLoRA).
-    Nf4,
+    /// bitsandbytes 4-bit (NF4, or FP4 of the same size), its absmax double-quantised
+    /// (`bnb_4bit_use_double_quant`, litgpt's `bnb.nf4-dq`) or one fp32 per 64 weights.
+    Nf4 {
+        /// Double-quantised absmax: int8 with one fp32 scale per 256 blocks.
+        double_quant: bool,
+    },
+}
+
+impl BaseQuant {
+    /// QLoRA's base as its paper trains it: NF4 with double-quantised absmax (`--qlora`).
+    pub const QLORA: BaseQuant = BaseQuant::Nf4 { double_quant: true };
+
+    /// Whether the base is stored in bitsandbytes 4-bit.
+    pub fn four_bit(self) -> bool {
+        matches!(self, BaseQuant::Nf4 { .. })
+    }
 }
 
 /// Low-rank adapters on linear layers of the transformer blocks; the base is frozen.
@@ -394,7 +417,10 @@ pub struct Workload {
     pub framework: Framework,
     /// The transformers release whose modelling code is planned (see `releases`); None:
     /// today's (the latest).
-    pub transformers: Option<TransformersRelease>,
+    pub transformers: Option<Release>,
+    /// The bitsandbytes release a QLoRA base runs with (see
+    /// [`BNB_4BIT_MATMUL_FREES_INPUT_SINCE`]); None: today's (the latest).
+    pub bitsandbytes: Option<Release>,
     /// Inference from a quantised checkpoint: how its block linears are stored (None: in
     /// `dtype`). Training plans a quantised base through [`Lora::base`].
     pub quant: Option<crate::quant::Quantization>,
@@ -433,6 +459,7 @@ impl Default for Workload {
             loss_chunk: None,
             framework: Framework::Hf,
             transformers: None,
+            bitsandbytes: None,
             quant: None,
             freeze_vision_tower: false,
         }
@@ -446,6 +473,37 @@ pub const MAX_NCCL_BUFFSIZE: u64 = 1 << 30;
 pub const MAX_SIZE: u64 = 1 << 24;
 
 impl Workload {
+    /// The 4-bit base of a QLoRA training step as bitsandbytes runs it: its quantisation,
+    /// computing in the activations' dtype, and the dtype its quantisation state records (what
+    /// `dequantize_4bit` writes before the cast to the compute dtype): the model's under
+    /// transformers, fp16 under litgpt (Lightning's `_Linear4bit.quantize` casts each weight
+    /// to half before quantising it). None without one.
+    pub fn four_bit_base(&self) -> Option<(crate::quant::Quantization, Dtype)> {
+        let Some(BaseQuant::Nf4 { double_quant }) = self.lora.map(|l| l.base) else {
+            return None;
+        };
+        let quant = crate::quant::Quantization {
+            double_quant,
+            compute: self.compute_dtype(),
+            ..crate::quant::Quantization::of(crate::quant::QuantFormat::Nf4)
+        };
+        let stored = match self.framework {
+            Framework::Litgpt => Dtype::Fp16,
+            Framework::Hf => self.dtype,
+        };
+        Some((quant, stored))
+    }
+
+    /// Whether each frozen 4-bit linear of a QLoRA base keeps its input for backward: a
+    /// bitsandbytes release before [`BNB_4BIT_MATMUL_FREES_INPUT_SINCE`] (training only).
+    pub fn four_bit_base_saves_inputs(&self) -> bool {
+        self.mode == Mode::Train
+            && self.four_bit_base().is_some()
+            && self
+                .bitsandbytes
+                .is_some_and(|release| release < BNB_4BIT_MATMUL_FREES_INPUT_SINCE)
+    }
+
     /// The dtype activations are computed in: the autocast dtype if any, else the dtype the
     /// modules' parameters have while they run ([`Workload::module_dtype`]).
     pub fn compute_dtype(&self) -> Dtype {

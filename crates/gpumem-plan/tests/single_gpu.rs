@@ -3,7 +3,7 @@
 //! errors, warnings, and what they change in the estimate and the allocation sequence.
 
 use gpumem_plan::sequence::peak_live_bytes;
-use gpumem_plan::workload::TransformersRelease;
+use gpumem_plan::workload::Release;
 use gpumem_plan::{
     allocation_sequence, estimate, find_model, Estimate, Overheads, Phase, PlanError, Settings,
     Warning,
@@ -126,15 +126,16 @@ fn two_checkpointing_policies_are_a_conflict() {
 }
 
 #[test]
-fn transformers_release_parses_or_names_the_accepted_form() {
-    let parsed = TransformersRelease::parse("4.44.2").unwrap();
+fn library_release_parses_or_names_the_accepted_form() {
+    let parsed = Release::parse("transformers", "4.44.2").unwrap();
     assert_eq!(parsed.to_string(), "4.44.2");
     assert_eq!(
-        TransformersRelease::parse("4.44").unwrap(),
-        TransformersRelease::parse("4.44.0").unwrap()
+        Release::parse("transformers", "4.44").unwrap(),
+        Release::parse("transformers", "4.44.0").unwrap()
     );
     assert!(
-        TransformersRelease::parse("4.44.2").unwrap() < TransformersRelease::parse("4.45").unwrap()
+        Release::parse("transformers", "4.44.2").unwrap()
+            < Release::parse("transformers", "4.45").unwrap()
     );
     for bad in [
         "4",
@@ -142,16 +143,23 @@ fn transformers_release_parses_or_names_the_accepted_form() {
         "v4.44",
         "4.45.0.dev0",
         "",
-        "0.1",
+        "0.0",
         "4..1",
         "99999999.1",
     ] {
-        let err = TransformersRelease::parse(bad).unwrap_err();
+        let err = Release::parse("transformers", bad).unwrap_err();
         assert!(
             err.to_string().contains("MAJOR.MINOR or MAJOR.MINOR.PATCH"),
             "{bad}: {err}"
         );
     }
+    // bitsandbytes releases start at 0.
+    assert!(
+        Release::parse("bitsandbytes", "0.42.0").unwrap()
+            < Release::parse("bitsandbytes", "0.43.2").unwrap()
+    );
+    let err = Release::parse("bitsandbytes", "0.42.0rc1").unwrap_err();
+    assert!(err.to_string().contains("bitsandbytes"), "{err}");
 }
 
 #[test]
@@ -323,6 +331,96 @@ fn qlora_dequantises_one_base_weight_at_a_time() {
     );
 }
 
+/// litgpt's QLoRA fine-tune of Llama 2 7B as its 2023 resource table ran it (q and v
+/// adapters with dropout, chunked loss, one micro-batch of 1304 tokens) over an NF4 base.
+fn litgpt_qlora(bitsandbytes: Option<&str>, double_quant: bool) -> Settings {
+    Settings {
+        optimizer: Some("adamw".into()),
+        framework: Some("litgpt".into()),
+        loss: Some("chunked".into()),
+        lora_rank: Some(8),
+        lora_targets: Some("q,v".into()),
+        lora_dropout: Some(0.05),
+        quant: Some(if double_quant { "nf4:double" } else { "nf4" }.into()),
+        bitsandbytes: bitsandbytes.map(Into::into),
+        ..settings("train", 1, 1304)
+    }
+}
+
+#[test]
+fn old_bitsandbytes_keeps_every_four_bit_linear_input() {
+    let today = plan("llama-2-7b", &litgpt_qlora(None, false));
+    let old = plan("llama-2-7b", &litgpt_qlora(Some("0.42.0"), false));
+    // From 0.43.2 on the 4-bit matmul keeps nothing but its packed weight.
+    let fixed = plan("llama-2-7b", &litgpt_qlora(Some("0.43.2"), false));
+    assert_eq!(fixed.peak_allocated_bytes, today.peak_allocated_bytes);
+    // Before it, every frozen linear keeps its input: per block and token the norm output q,
+    // k and v read, the attention output o reads, the norm output the MLP reads and the
+    // activation down reads (bf16), except the first block's q/k/v input, which needs no
+    // gradient (the embeddings are frozen); and litgpt's 4-bit LM head keeps the final norm's
+    // output, which a frozen bf16 head does not save.
+    let (h, f, layers, tokens) = (4096.0, 11008.0, 32.0, 1304.0);
+    let kept = tokens * 2.0 * (layers * (3.0 * h + f) - h + h);
+    assert_eq!(old.peak_phase, today.peak_phase);
+    let more = old.breakdown.activations as f64 - today.breakdown.activations as f64;
+    assert!((more - kept).abs() < 1.0, "{more} vs {kept}");
+}
+
+#[test]
+fn adafactor_variance_estimate_is_in_the_gradients_dtype() {
+    // torch.optim.Adafactor's step builds `row_var @ col_var`, in the factors' dtype (the
+    // gradients'), for every parameter at once (foreach) or one at a time (for-loop).
+    let step = |dtype: &str, implementation: &str| {
+        let s = Settings {
+            optimizer: Some("adafactor".into()),
+            optimizer_impl: Some(implementation.into()),
+            dtype: Some(dtype.into()),
+            ..settings("train", 1, 128)
+        };
+        let e = plan("gpt2", &s);
+        let step = e.phases.iter().find(|p| p.phase == Phase::OptimizerStep);
+        step.unwrap().allocated_bytes as f64
+    };
+    let fp32 = step("fp32", "foreach") - step("fp32", "forloop");
+    let bf16 = step("bf16", "foreach") - step("bf16", "forloop");
+    assert!(fp32 > 0.0);
+    assert!((bf16 / fp32 - 0.5).abs() < 1e-9, "{bf16} vs {fp32}");
+}
+
+#[test]
+fn litgpt_stores_its_lm_head_in_four_bits_without_double_quantisation() {
+    // `bnb.nf4` keeps one fp32 absmax per 64 weights, `bnb.nf4-dq` an int8 one (and an fp32
+    // scale per 256 blocks): 0.5 + 4/64 against about 0.5 + 1/64 bytes per weight.
+    let single = plan("llama-2-7b", &litgpt_qlora(Some("0.41.1"), false));
+    let double = plan("llama-2-7b", &litgpt_qlora(Some("0.41.1"), true));
+    // Lightning replaces every nn.Linear, the LM head's (32000 x 4096) too: the blocks' linears
+    // and the head are 4-bit, the embeddings and norms bf16.
+    let quantised = 32.0 * (4.0 * 4096.0 * 4096.0 + 3.0 * 4096.0 * 11008.0) + 32000.0 * 4096.0;
+    let saved = single.breakdown.weights as f64 - double.breakdown.weights as f64;
+    let per_weight = 4.0 / 64.0 - (1.0 / 64.0 + 4.0 / (64.0 * 256.0));
+    assert!(
+        (saved - quantised * per_weight).abs() < 16.0,
+        "{saved} vs {}",
+        quantised * per_weight
+    );
+    // transformers' QLoRA keeps its output embedding in bf16.
+    let hf = Settings {
+        framework: None,
+        lora_targets: Some("q_proj,v_proj".into()),
+        ..litgpt_qlora(Some("0.41.1"), false)
+    };
+    let hf = plan("llama-2-7b", &hf);
+    let head = 32000.0 * 4096.0 * (2.0 - (0.5 + 4.0 / 64.0));
+    let lighter = hf.breakdown.weights as f64 - single.breakdown.weights as f64;
+    // PEFT's adapters are fp32 (litgpt's bf16): 4,194,304 of them here.
+    let adapters = 4_194_304.0 * (4.0 - 2.0);
+    assert!(
+        (lighter - head - adapters).abs() < 16.0,
+        "{lighter} vs {}",
+        head + adapters
+    );
+}
+
 #[test]
 fn flags_a_mode_ignores_are_warnings() {
     let infer = Settings {
@@ -342,6 +440,25 @@ fn flags_a_mode_ignores_are_warnings() {
     };
     let flags = ignored_flags("gpt2", &train);
     assert!(flags.contains(&"--optimizer-impl"), "{flags:?}");
+    // Only a 4-bit QLoRA base in training depends on the bitsandbytes release.
+    let full = Settings {
+        bitsandbytes: Some("0.42.0".into()),
+        ..settings("train", 1, 128)
+    };
+    assert!(ignored_flags("gpt2", &full).contains(&"--bitsandbytes"));
+    let qlora = Settings {
+        qlora: true,
+        ..full.clone()
+    };
+    assert!(!ignored_flags("gpt2", &qlora).contains(&"--bitsandbytes"));
+    let infer = Settings {
+        quant: Some("nf4".into()),
+        ..Settings {
+            mode: Some("infer".into()),
+            ..full
+        }
+    };
+    assert!(ignored_flags("gpt2", &infer).contains(&"--bitsandbytes"));
     // An old release changes training too (its buffers and attention code): not ignored.
     assert!(!flags.contains(&"--transformers"), "{flags:?}");
 }
