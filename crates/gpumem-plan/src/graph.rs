@@ -1584,20 +1584,23 @@ impl<'a> TransformerGraph<'a> {
                 (positions / per_chunk).ceil(),
             )
         };
-        // From the second chunk's backward on, the head's weight gradient of that chunk is
-        // made from the chunk's logit gradient and then added to the one the earlier chunks
-        // made (beside the out-of-place sum), while the log-probabilities of the chunks still
-        // to come stay saved.
+        // Every chunk's loss backward runs before the head's matmuls (autograd takes the
+        // latest-made nodes first), so all chunks' logit gradients exist, in the logits' dtype
+        // (an upcast's backward casts back). From the second chunk's matmul backward on, the
+        // head's weight gradient of that chunk is made and then added to the one the earlier
+        // chunks made (beside the out-of-place sum: the gradient reaches the weight through a
+        // transpose, a view, which autograd does not accumulate in place), while the logit
+        // gradients of the chunks still to come wait.
         let head_gradient = if self.workload.lora.is_none() {
             vocab * h * self.bytes.residual
         } else {
             0.0
         };
-        let accumulating = |chunk: f64, chunks: f64, log_bytes: f64| {
+        let accumulating = |chunk: f64, chunks: f64| {
             if chunks < 2.0 {
                 return chunk * act;
             }
-            let waiting = (chunks - 2.0) * chunk * log_bytes;
+            let waiting = (chunks - 2.0) * chunk * act;
             (chunk * act + head_gradient).max(ACCUMULATION_COPIES * head_gradient) + waiting
         };
         let unit = Unit {
@@ -1618,7 +1621,7 @@ impl<'a> TransformerGraph<'a> {
                     held: logits * act,
                     forward_transient: copy,
                     backward_transient: 2.0 * chunk * log_bytes,
-                    gradient_transient: accumulating(chunk, chunks, log_bytes),
+                    gradient_transient: accumulating(chunk, chunks),
                     ..unit
                 }
             }
@@ -1630,7 +1633,7 @@ impl<'a> TransformerGraph<'a> {
                     saved: saved + logits * 4.0,
                     forward_transient: logits * act + copy,
                     backward_transient: 2.0 * 4.0 * chunk,
-                    gradient_transient: accumulating(chunk, chunks, 4.0),
+                    gradient_transient: accumulating(chunk, chunks),
                     ..unit
                 }
             }
@@ -1803,7 +1806,18 @@ impl<'a> TransformerGraph<'a> {
                         ..Unit::default()
                     }
                 } else if self.training && self.workload.loss.chunked() {
-                    self.chunked_loss_head(tokens, vocab, head_saved + softcap, params)
+                    let head = self.chunked_loss_head(tokens, vocab, head_saved + softcap, params);
+                    // Chunk by chunk, the head's weight gradient is made (and summed) while the
+                    // chunks' inputs and the final norm's saved tensors are still referenced.
+                    let through = if self.workload.loss == Loss::Fused {
+                        0.0
+                    } else {
+                        head_saved
+                    };
+                    Unit {
+                        saved_through_gradients: through,
+                        ..head
+                    }
                 } else if self.training {
                     let log_probs = tokens * vocab * loss_bytes;
                     Unit {
