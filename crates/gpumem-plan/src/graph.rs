@@ -1312,7 +1312,8 @@ impl<'a> TransformerGraph<'a> {
             + tokens * {
                 let change = self.lora_inputs(layer);
                 change.attention + change.mlp
-            };
+            }
+            + self.lora_folded_experts(layer);
         let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
         // No-grad forward: the hidden states the family's block code holds (block input, norm
         // output, residual sum, attention output) beside what each sublayer computes; the
@@ -1506,6 +1507,22 @@ impl<'a> TransformerGraph<'a> {
         crate::lora::SavedChange {
             attention: change.attention / self.split.tp,
             mlp: change.mlp / self.split.tp,
+        }
+    }
+
+    /// Bytes a mixture of experts saves for the weights PEFT folds its router's and experts'
+    /// adapters into (`lora::adapted_experts_bytes`).
+    fn lora_folded_experts(&self, layer: LayerKind) -> f64 {
+        match self
+            .workload
+            .lora
+            .filter(|_| self.training && !self.litgpt())
+        {
+            Some(lora) => {
+                crate::lora::adapted_experts_bytes(self.spec, layer, &lora, self.bytes.act)
+                    / self.split.tp
+            }
+            None => 0.0,
         }
     }
 

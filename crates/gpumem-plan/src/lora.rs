@@ -10,19 +10,21 @@ use serde::{Serialize, Serializer};
 
 /// A set of a block's linears by role, as a bit set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoraTargets(u8);
+pub struct LoraTargets(u16);
 
-const Q: u8 = 1;
-const K: u8 = 2;
-const V: u8 = 4;
-const O: u8 = 8;
-const GATE: u8 = 16;
-const UP: u8 = 32;
-const DOWN: u8 = 64;
-const ALL: u8 = Q | K | V | O | GATE | UP | DOWN;
+const Q: u16 = 1;
+const K: u16 = 2;
+const V: u16 = 4;
+const O: u16 = 8;
+const GATE: u16 = 16;
+const UP: u16 = 32;
+const DOWN: u16 = 64;
+/// A mixture of experts' router (its `gate`).
+const ROUTER: u16 = 128;
+const ALL: u16 = Q | K | V | O | GATE | UP | DOWN | ROUTER;
 
 /// Role names in the order they are printed.
-const ROLES: [(u8, &str); 7] = [
+const ROLES: [(u16, &str); 8] = [
     (Q, "q"),
     (K, "k"),
     (V, "v"),
@@ -30,6 +32,7 @@ const ROLES: [(u8, &str); 7] = [
     (GATE, "gate"),
     (UP, "up"),
     (DOWN, "down"),
+    (ROUTER, "router"),
 ];
 
 impl Serialize for LoraTargets {
@@ -59,11 +62,26 @@ impl Default for LoraTargets {
     }
 }
 
+/// Whether transformers 5.x stores `model_type`'s experts as fused 3-D parameters, onto which
+/// PEFT (its v5 conversion, `_MOE_TARGET_MODULE_MAPPING`) maps the MLP names of a target list
+/// (and the router's `gate`): the routed experts' gate/up and down stacks are then adapted
+/// through `target_parameters`, and the dense linears of the same names (shared experts, the
+/// first dense layers) are no longer targeted at all, `all-linear` included.
+fn fused_experts(model_type: &str) -> bool {
+    matches!(
+        model_type,
+        "mixtral" | "qwen2_moe" | "qwen3_moe" | "deepseek_v2" | "deepseek_v3" | "olmoe"
+    )
+}
+
 /// What a module name of a PEFT `target_modules` list (or one of our role names) adapts in a
-/// block of `model_type`; None for a name no supported family uses.
-fn roles_of(name: &str, model_type: &str) -> Option<u8> {
+/// block of `model_type`; None for a name no supported family uses. In a mixture of experts
+/// (`fused_experts`), the MLP roles are its routed experts' and `gate` is the router.
+fn roles_of(name: &str, model_type: &str) -> Option<u16> {
     Some(match name {
         "all-linear" => ALL,
+        "router" => ROUTER,
+        "gate" if fused_experts(model_type) => ROUTER,
         "q" | "q_proj" | "query" => Q,
         "k" | "k_proj" | "key" => K,
         "v" | "v_proj" | "value" => V,
@@ -128,7 +146,7 @@ impl LoraTargets {
                 "{model}'s MLP has no gate projection (its linears: up, down)"
             )));
         }
-        let partial = |group: u8| self.0 & group != 0 && self.0 & group != group;
+        let partial = |group: u16| self.0 & group != 0 && self.0 & group != group;
         if spec.fused_qkv && partial(Q | K | V) {
             return Err(invalid(format!(
                 "{model} computes q, k and v with one linear: adapt all three (qkv) or none"
@@ -139,17 +157,28 @@ impl LoraTargets {
                 "{model} computes gate and up with one linear: adapt both (gate_up) or neither"
             )));
         }
+        if spec.experts > 1 && partial(GATE | UP) {
+            return Err(invalid(format!(
+                "{model} stores its experts' gate and up in one fused parameter (PEFT refuses to \
+                 adapt one without the other): adapt both or neither"
+            )));
+        }
+        if spec.experts <= 1 && self.0 & ROUTER != 0 {
+            return Err(invalid(format!(
+                "{model} has no mixture of experts to route"
+            )));
+        }
         Ok(())
     }
 
-    fn has(self, roles: u8) -> bool {
+    fn has(self, roles: u16) -> bool {
         self.0 & roles != 0
     }
 }
 
 /// The linears of one block of kind `layer` as (roles, inputs, outputs, how many): one entry
 /// per module PEFT would adapt (a fused projection is one module).
-fn block_linears(spec: &TransformerSpec, layer: LayerKind) -> Vec<(u8, u64, u64, u64)> {
+fn block_linears(spec: &TransformerSpec, layer: LayerKind) -> Vec<(u16, u64, u64, u64)> {
     let (h, qw, kv) = (spec.hidden, spec.query_width(), spec.kv_width());
     let mut out = Vec::new();
     match spec.latent {
@@ -172,21 +201,33 @@ fn block_linears(spec: &TransformerSpec, layer: LayerKind) -> Vec<(u8, u64, u64,
             out.extend([(Q, h, qw, 1), (K, h, kv, 1), (V, h, kv, 1), (O, qw, h, 1)]);
         }
     }
+    // In a mixture of experts the MLP names select the routed experts: its dense MLPs (shared
+    // experts, first dense layers) cannot be targeted (role 0).
+    let dense = |roles: u16| if spec.experts > 1 { 0 } else { roles };
     let mut mlp = |width: u64, count: u64| {
         if spec.gated_mlp && spec.fused_gate_up && !layer.moe {
-            out.push((GATE | UP, h, 2 * width, count));
+            out.push((dense(GATE | UP), h, 2 * width, count));
         } else if spec.gated_mlp {
-            out.extend([(GATE, h, width, count), (UP, h, width, count)]);
+            out.extend([(dense(GATE), h, width, count), (dense(UP), h, width, count)]);
         } else {
-            out.push((UP, h, width, count));
+            out.push((dense(UP), h, width, count));
         }
-        out.push((DOWN, width, h, count));
+        out.push((dense(DOWN), width, h, count));
     };
     if layer.moe {
-        mlp(spec.intermediate, spec.experts);
         if spec.moe.shared_intermediate > 0 {
             mlp(spec.moe.shared_intermediate, 1);
         }
+        // PEFT's adapter on a fused expert stack has rank `rank × experts` (each expert its own
+        // `rank` rows); the gate/up stack gets twice the rank (its `rank_pattern`).
+        let (h, f, experts) = (spec.hidden, spec.intermediate, spec.experts);
+        if spec.gated_mlp {
+            out.push((GATE | UP, h, 2 * f, 2 * experts));
+        } else {
+            out.push((UP, h, f, experts));
+        }
+        out.push((DOWN, f, h, experts));
+        out.push((ROUTER, h, experts, 1));
     } else {
         mlp(spec.routed_intermediate(layer), 1);
     }
@@ -270,11 +311,8 @@ pub fn saved_change(
     let f = spec.routed_intermediate(layer) as f64;
     let linears = block_linears(spec, layer);
     let rank = lora.rank as f64;
-    let group = |group: u8, width: f64| {
-        let adapted = linears
-            .iter()
-            .filter(|(roles, ..)| roles & group != 0 && targets.has(*roles))
-            .count() as f64;
+    // One input of `width`, read by `adapted` adapters among the linears of `group`.
+    let input = |group: u16, adapted: f64, width: f64| {
         // The group's input as full training saves it, which the frozen linears free unless
         // they keep it themselves (or the attention kernel saves it anyway).
         let freed = if (group == O && o_input_shared) || base_saves_inputs {
@@ -299,14 +337,100 @@ pub fn saved_change(
         // Each adapter's `lora_A` output, saved by its `lora_B`.
         inputs + adapted * 4.0 * rank
     };
+    let group = |group: u16, width: f64| {
+        let adapted = linears
+            .iter()
+            .filter(|(roles, ..)| roles & group != 0 && targets.has(*roles))
+            .count() as f64;
+        input(group, adapted, width)
+    };
+    let attention = match spec.latent {
+        // Latent attention, adapted as a whole: q_a and kv_a read the block's input, q_b and
+        // kv_b each their own normalised low-rank input, o the values.
+        Some(l) if !litgpt => {
+            let queries = if l.query_rank > 0 {
+                input(Q, 1.0, l.query_rank as f64)
+            } else {
+                0.0
+            };
+            input(Q | K | V, 2.0, h)
+                + queries
+                + input(K | V, 1.0, l.kv_rank as f64)
+                + group(O, spec.value_width() as f64)
+        }
+        _ => group(Q | K | V, h) + group(O, qw),
+    };
     SavedChange {
-        attention: group(Q | K | V, h) + group(O, qw),
-        mlp: if layer.moe {
-            0.0
-        } else {
+        attention,
+        mlp: if !layer.moe {
             group(GATE | UP, h) + group(DOWN, f)
+        } else {
+            frozen_experts_change(spec, targets, act)
         },
     }
+}
+
+/// [`saved_change`] of a mixture-of-experts MLP as transformers 5.x runs it (`grouped_mm` over
+/// fused expert parameters). PEFT folds an adapter into its weight, which then needs a gradient
+/// as in full training; a weight without one is frozen and saves nothing for it:
+/// * a frozen router: neither the norm output it reads nor its fp32 copy of it;
+/// * frozen gate/up stacks: no expert's gathered copy of its tokens;
+/// * frozen down stacks: no gated product; the shared experts are always frozen (their names
+///   select the routed experts), so theirs is not saved either.
+///
+/// The gate/up output, the activation's output, each expert's output (scaled by its routing
+/// weight) and the router's probabilities stay.
+fn frozen_experts_change(spec: &TransformerSpec, targets: LoraTargets, act: f64) -> f64 {
+    let h = spec.hidden as f64;
+    let k = spec.experts_per_token as f64;
+    let mut freed = act * spec.moe.shared_intermediate as f64;
+    if !targets.has(ROUTER) {
+        let upcast = if spec.moe.fp32_router && act < 4.0 {
+            4.0 * h
+        } else {
+            0.0
+        };
+        freed += act * h + upcast;
+    }
+    if !targets.has(GATE | UP) {
+        freed += k * act * h;
+    }
+    if !targets.has(DOWN) {
+        freed += k * act * spec.intermediate as f64;
+    }
+    -freed
+}
+
+/// Bytes a mixture-of-experts layer of kind `layer` saves per step for PEFT's adapters on its
+/// router and experts, whatever the tokens: for each adapted weight (the experts' gate/up and
+/// down stacks, the router's) `nn.utils.parametrize` folds the adapter in with one `baddbmm`
+/// (`W + scaling · lhs @ rhs`), whose output the expert matmuls save, and the product saves
+/// its two factors, cast to the weights' dtype (`act` bytes per element).
+pub fn adapted_experts_bytes(
+    spec: &TransformerSpec,
+    layer: LayerKind,
+    lora: &crate::workload::Lora,
+    act: f64,
+) -> f64 {
+    if !layer.moe {
+        return 0.0;
+    }
+    let rank = lora.rank as f64;
+    // In a mixture of experts only the routed experts and the router carry MLP roles.
+    block_linears(spec, layer)
+        .into_iter()
+        .filter(|(roles, ..)| roles & (GATE | UP | DOWN | ROUTER) != 0 && lora.targets.has(*roles))
+        .map(|(roles, inputs, outputs, count)| {
+            let (i, o) = (inputs as f64, outputs as f64);
+            // The gate/up stack counts twice (twice the rank), but its weight is one.
+            let weights = if roles == ROUTER {
+                1.0
+            } else {
+                spec.experts as f64
+            };
+            act * (weights * i * o + rank * count as f64 * (i + o))
+        })
+        .sum()
 }
 
 /// [`saved_change`] of one input group under litgpt's LoRA (adapters in the activation dtype):
@@ -316,7 +440,7 @@ pub fn saved_change(
 #[allow(clippy::too_many_arguments)]
 fn litgpt_group(
     spec: &TransformerSpec,
-    group: u8,
+    group: u16,
     targets: LoraTargets,
     adapted: f64,
     dropout: f64,
@@ -429,5 +553,66 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("lm_head") && err.contains("accepted"), "{err}");
+    }
+
+    /// A shrunk mixture of experts of the measured sets (`testdata/plan/configs`).
+    fn moe_config(name: &str) -> TransformerSpec {
+        let path = format!(
+            "{}/../../testdata/plan/configs/{name}.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let model = crate::catalogue::load_config(std::path::Path::new(&path)).unwrap();
+        let Architecture::Transformer(spec) = model.arch else {
+            panic!("a transformer")
+        };
+        *spec
+    }
+
+    #[test]
+    fn all_linear_adapts_fused_experts_and_router_as_peft_does() {
+        // PEFT 0.21 over transformers 5.23 (`get_peft_model(..., LoraConfig(r=8,
+        // target_modules="all-linear"))`): trainable parameters counted on the real models.
+        for (name, peft) in [("mixtral-4l", 1_827_072), ("qwen3moe-4l", 1_565_184)] {
+            let spec = moe_config(name);
+            assert_eq!(
+                lora_params(&spec, 8, LoraTargets::default()),
+                peft,
+                "{name}"
+            );
+        }
+        // Attention-only targets leave router and experts without adapters.
+        let spec = moe_config("mixtral-4l");
+        let qv = LoraTargets::parse("q_proj,v_proj", "mixtral").unwrap();
+        assert_eq!(lora_params(&spec, 8, qv), 4 * 8 * (2 * 512 + 512 + 128));
+    }
+
+    #[test]
+    fn experts_save_their_folded_weights_or_nothing_frozen_needs() {
+        let spec = moe_config("qwen3moe-4l");
+        let layer = spec.layer_kind(1);
+        assert!(layer.moe);
+        let (h, f, e, k) = (512.0, 256.0, 16.0, 4.0);
+        let all = Lora::new(16, BaseQuant::None);
+        // Each layer saves its folded gate/up (h x 2f) and down (f x h) stacks, the router's
+        // folded weight (h x E) and every adapter's two factors in bf16.
+        let factors = 16.0 * (2.0 * e * (h + 2.0 * f) + e * (f + h) + (h + e));
+        let folded = e * 3.0 * h * f + h * e + factors;
+        assert_eq!(adapted_experts_bytes(&spec, layer, &all, 2.0), 2.0 * folded);
+        // Without adapters on them, the experts and the router keep neither the norm output,
+        // nor the gathered tokens, nor the gated products.
+        let qv = Lora {
+            targets: LoraTargets::parse("q_proj,v_proj", "qwen3_moe").unwrap(),
+            ..all
+        };
+        assert_eq!(adapted_experts_bytes(&spec, layer, &qv, 2.0), 0.0);
+        let block = LoraBlock {
+            act: 2.0,
+            half_base: true,
+            o_input_shared: true,
+            litgpt: false,
+            base_saves_inputs: false,
+        };
+        let mlp = saved_change(&spec, layer, &qv, block).mlp;
+        assert_eq!(mlp, -2.0 * (h + k * (f + h)));
     }
 }
