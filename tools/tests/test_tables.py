@@ -152,13 +152,13 @@ def test_case_ids_are_unique_and_descriptive() -> None:
         case_id(n, s) for n, s in MULTIMODAL_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
     single = [case_id(n, s) for n, s in settings_grid()]
-    assert len(single) == len(set(single)) == 65
-    assert len(SETTINGS_HELDOUT) == 9 and single[-9:] == [
+    assert len(single) == len(set(single)) == 72
+    assert len(SETTINGS_HELDOUT) == 15 and single[-15:] == [
         case_id(n, s) for n, s in SETTINGS_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(single)
     losses = [case_id(n, s) for n, s in losses_grid()]
-    assert len(losses) == len(set(losses)) == 10
-    assert losses[-3:] == [case_id(n, s) for n, s in LOSSES_HELDOUT]
+    assert len(losses) == len(set(losses)) == 13
+    assert len(LOSSES_HELDOUT) == 4 and losses[-4:] == [case_id(n, s) for n, s in LOSSES_HELDOUT]
     assert all(s.loss in ("chunked", "chunked-fp32") for _, s in losses_grid())
     litgpt = [case_id(n, s) for n, s in litgpt_grid()]
     assert len(litgpt) == len(set(litgpt)) == 7 and all(i.endswith("-litgpt") for i in litgpt)
