@@ -283,7 +283,8 @@ pub struct LoraBlock {
 }
 
 /// Bytes per token a block's saved tensors change by under LoRA (see [`LoraBlock`]), for its
-/// attention's linears and for its MLP's (a mixture of experts' MLP is left as it is).
+/// attention's linears and for its MLP's (a mixture of experts' router and experts as PEFT
+/// adapts them, see [`adapted_experts_bytes`] for what they save per step).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SavedChange {
     /// q, k, v and o.
