@@ -616,4 +616,38 @@ mod tests {
         let mlp = saved_change(&spec, layer, &qv, block).mlp;
         assert_eq!(mlp, -2.0 * (h + k * (f + h)));
     }
+
+    #[test]
+    fn mixture_of_experts_names_select_router_and_fused_stacks() {
+        let spec = moe_config("mixtral-4l");
+        // Mixtral's `gate` is its router; w1 and w3 are fused into one stack, so one alone is
+        // refused as PEFT refuses it.
+        let router = LoraTargets::parse("gate", "mixtral").unwrap();
+        assert_eq!(router.to_string(), "router");
+        assert!(router.check(&spec, "mixtral-4l").is_ok());
+        assert_eq!(lora_params(&spec, 8, router), 4 * 8 * (512 + 8));
+        let w1 = LoraTargets::parse("w1", "mixtral").unwrap();
+        let err = w1.check(&spec, "mixtral-4l").unwrap_err().to_string();
+        assert!(err.contains("fused"), "{err}");
+        assert!(LoraTargets::parse("w1,w3,w2", "mixtral")
+            .unwrap()
+            .check(&spec, "mixtral-4l")
+            .is_ok());
+        // A dense model's `gate` is its MLP's gate projection, and it has no router.
+        assert_eq!(
+            LoraTargets::parse("gate", "llama").unwrap().to_string(),
+            "gate"
+        );
+        let model = crate::catalogue::find_model("llama-3.2-1b").unwrap();
+        let Architecture::Transformer(dense) = &model.arch else {
+            panic!("a transformer")
+        };
+        let err = LoraTargets::parse("router", "llama")
+            .unwrap()
+            .check(dense, "llama");
+        assert!(err
+            .unwrap_err()
+            .to_string()
+            .contains("no mixture of experts"));
+    }
 }
