@@ -175,6 +175,19 @@ fn check_tensor_parallel(model: &ModelSpec, t: &TransformerSpec, tp: u64) -> Res
 fn check_lora_rank(model: &ModelSpec, t: &TransformerSpec, workload: &Workload) -> Result<()> {
     if let Some(lora) = workload.lora {
         lora.targets.check(t, &model.name)?;
+        let peft = workload.framework == crate::workload::Framework::Hf;
+        if peft && lora.dropout > 0.0 && lora.targets.adapts_parameters(t) {
+            return Err(PlanError::InvalidValue {
+                name: "lora-dropout".into(),
+                value: lora.dropout.to_string(),
+                reason: format!(
+                    "PEFT adapts {}'s router and fused experts as parameters (its ParamWrapper), \
+                     which refuses dropout: pass --lora-dropout 0, or --lora-targets without \
+                     the router and MLP names (e.g. q_proj,k_proj,v_proj,o_proj)",
+                    model.name
+                ),
+            });
+        }
     }
     match workload.lora {
         Some(lora) if lora.rank > t.hidden => Err(PlanError::InvalidValue {

@@ -693,3 +693,23 @@ fn chunked_loss_heads_keep_their_inputs_while_the_weight_gradient_is_summed() {
     case("phi3-4l", "chunked", "none", 293_988_100.0);
     case("gemma3-6l", "chunked-fp32", "adamw", 287_620_426.0);
 }
+
+#[test]
+fn dropout_on_a_mixture_of_experts_router_or_experts_is_refused_as_peft_refuses_it() {
+    // PEFT's ParamWrapper (fused experts, router) raises on lora_dropout != 0 (peft 0.21).
+    let model = test_config("qwen3moe-4l", |_| {});
+    let lora = |targets: Option<&str>| Settings {
+        lora_rank: Some(8),
+        lora_dropout: Some(0.1),
+        lora_targets: targets.map(Into::into),
+        ..settings("train", 2, 256)
+    };
+    let checked = |s: Settings| gpumem_plan::check(&model, &s.resolve(&model).unwrap().workload);
+    let err = checked(lora(None)).unwrap_err().to_string();
+    assert!(
+        err.contains("lora-dropout") && err.contains("ParamWrapper"),
+        "{err}"
+    );
+    // Attention adapters are modules: dropout is theirs to take.
+    assert!(checked(lora(Some("q_proj,v_proj"))).is_ok());
+}
