@@ -1561,6 +1561,11 @@ impl<'a> TransformerGraph<'a> {
             if !spec.parallel_residual {
                 prefix += norm;
             }
+            // Nor do the experts' inputs need a gradient.
+            if !self.litgpt() {
+                prefix += crate::lora::folds_read_by_the_input(spec, layer, &lora, self.bytes.act)
+                    / self.split.tp;
+            }
         }
         if spec.parallel_residual && !crate::lora::adapts_mlp(lora.targets) {
             prefix += tokens * (self.mlp(layer) / self.split.tp + change.mlp);

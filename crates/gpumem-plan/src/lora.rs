@@ -174,6 +174,12 @@ impl LoraTargets {
     fn has(self, roles: u16) -> bool {
         self.0 & roles != 0
     }
+
+    /// Whether PEFT adapts a parameter, not a module, of `spec`: a mixture of experts' router
+    /// or fused expert stacks (its `ParamWrapper`, which takes no dropout).
+    pub fn adapts_parameters(self, spec: &TransformerSpec) -> bool {
+        spec.experts > 1 && self.has(GATE | UP | DOWN | ROUTER)
+    }
 }
 
 /// The linears of one block of kind `layer` as (roles, inputs, outputs, how many): one entry
@@ -434,6 +440,36 @@ pub fn adapted_experts_bytes(
         .sum()
 }
 
+/// Bytes of [`adapted_experts_bytes`] a block does not keep when its MLP input needs no
+/// gradient (the first block, with no adapter before its MLP): a matmul keeps its folded weight
+/// only for its input's gradient, so the router's and the gate/up stack's are dropped (the down
+/// stack reads the experts' activations, which depend on the gate/up weight).
+pub fn folds_read_by_the_input(
+    spec: &TransformerSpec,
+    layer: LayerKind,
+    lora: &crate::workload::Lora,
+    act: f64,
+) -> f64 {
+    if !layer.moe {
+        return 0.0;
+    }
+    block_linears(spec, layer)
+        .into_iter()
+        .filter(|(roles, ..)| {
+            (*roles == ROUTER || *roles == GATE | UP || (*roles == UP && !spec.gated_mlp))
+                && lora.targets.has(*roles)
+        })
+        .map(|(roles, inputs, outputs, _)| {
+            let weights = if roles == ROUTER {
+                1.0
+            } else {
+                spec.experts as f64
+            };
+            act * weights * inputs as f64 * outputs as f64
+        })
+        .sum()
+}
+
 /// [`saved_change`] of one input group under litgpt's LoRA (adapters in the activation dtype):
 /// each adapted linear's adapter reads the group's input behind its own dropout (its output and
 /// a 1-byte mask, or the input itself without dropout); q, k and v share one `lora_A` of `rank` rows per enabled
@@ -599,6 +635,13 @@ mod tests {
         let factors = 16.0 * (2.0 * e * (h + 2.0 * f) + e * (f + h) + (h + e));
         let folded = e * 3.0 * h * f + h * e + factors;
         assert_eq!(adapted_experts_bytes(&spec, layer, &all, 2.0), 2.0 * folded);
+        // A first block whose MLP input needs no gradient keeps neither the router's nor the
+        // gate/up stack's folded weight (only the down stack's, read by the activations).
+        let read_by_input = e * h * 2.0 * f + h * e;
+        assert_eq!(
+            folds_read_by_the_input(&spec, layer, &all, 2.0),
+            2.0 * read_by_input
+        );
         // Without adapters on them, the experts and the router keep neither the norm output,
         // nor the gathered tokens, nor the gated products.
         let qv = Lora {
