@@ -157,8 +157,8 @@ def test_case_ids_are_unique_and_descriptive() -> None:
         case_id(n, s) for n, s in SETTINGS_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(single)
     losses = [case_id(n, s) for n, s in losses_grid()]
-    assert len(losses) == len(set(losses)) == 13
-    assert len(LOSSES_HELDOUT) == 4 and losses[-4:] == [case_id(n, s) for n, s in LOSSES_HELDOUT]
+    assert len(losses) == len(set(losses)) == 14
+    assert len(LOSSES_HELDOUT) == 5 and losses[-5:] == [case_id(n, s) for n, s in LOSSES_HELDOUT]
     assert all(s.loss in ("chunked", "chunked-fp32") for _, s in losses_grid())
     litgpt = [case_id(n, s) for n, s in litgpt_grid()]
     assert len(litgpt) == len(set(litgpt)) == 7 and all(i.endswith("-litgpt") for i in litgpt)
