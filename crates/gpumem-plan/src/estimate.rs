@@ -342,14 +342,11 @@ fn pipeline_stages(model: &ModelSpec, workload: &Workload) -> Vec<(Vec<Unit>, f6
     vec![(first, in_flight), (last, 1.0)]
 }
 
-/// Parameters of an LM head litgpt stores in its 4-bit base: Lightning's bitsandbytes plugin
-/// replaces every `nn.Linear` its model builds, the untied head's too (transformers keeps the
-/// output embedding unquantised).
+/// Parameters of an untied LM head stored in the 4-bit base ([`Workload::four_bit_lm_head`]).
 fn four_bit_head_params(model: &ModelSpec, workload: &Workload) -> u64 {
     match &model.arch {
         Architecture::Transformer(spec)
-            if workload.framework == crate::workload::Framework::Litgpt
-                && workload.four_bit_base().is_some()
+            if workload.four_bit_lm_head()
                 && !spec.tied_embeddings
                 && matches!(spec.head, crate::model::Head::CausalLm) =>
         {

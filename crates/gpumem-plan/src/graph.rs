@@ -1705,7 +1705,7 @@ impl<'a> TransformerGraph<'a> {
     /// input's gradient dequantise its whole weight (once per chunk of a chunked loss).
     /// Unchanged otherwise (transformers keeps the output embedding unquantised).
     fn four_bit_head(&self, head: Unit) -> Unit {
-        if !self.litgpt() || !self.training || head.name != "head" {
+        if !self.workload.four_bit_lm_head() || !self.training || head.name != "head" {
             return head;
         }
         let elements = (self.spec.vocab * self.spec.hidden) as f64 / self.split.tp;
@@ -1738,7 +1738,7 @@ impl<'a> TransformerGraph<'a> {
         let h = self.spec.hidden as f64;
         if self.workload.lora.is_none() {
             self.bytes.linear_input(h, 1.0)
-        } else if self.litgpt() && self.workload.four_bit_base_saves_inputs() {
+        } else if self.workload.four_bit_lm_head() && self.workload.four_bit_base_saves_inputs() {
             self.bytes.act * h
         } else {
             0.0

@@ -408,21 +408,17 @@ fn frozen_experts_change(spec: &TransformerSpec, targets: LoraTargets, act: f64)
     -freed
 }
 
-/// Bytes a mixture-of-experts layer of kind `layer` saves per step for PEFT's adapters on its
-/// router and experts, whatever the tokens: for each adapted weight (the experts' gate/up and
-/// down stacks, the router's) `nn.utils.parametrize` folds the adapter in with one `baddbmm`
-/// (`W + scaling · lhs @ rhs`), whose output the expert matmuls save, and the product saves
-/// its two factors, cast to the weights' dtype (`act` bytes per element).
-pub fn adapted_experts_bytes(
+/// The weights PEFT folds adapters into in a mixture-of-experts layer of kind `layer` (the
+/// experts' gate/up and down stacks, the router's), as (roles, elements of the folded weight,
+/// elements of its two factors); empty for a dense layer.
+fn folded_weights(
     spec: &TransformerSpec,
     layer: LayerKind,
     lora: &crate::workload::Lora,
-    act: f64,
-) -> f64 {
+) -> Vec<(u16, f64, f64)> {
     if !layer.moe {
-        return 0.0;
+        return Vec::new();
     }
-    let rank = lora.rank as f64;
     // In a mixture of experts only the routed experts and the router carry MLP roles.
     block_linears(spec, layer)
         .into_iter()
@@ -435,8 +431,29 @@ pub fn adapted_experts_bytes(
             } else {
                 spec.experts as f64
             };
-            act * (weights * i * o + rank * count as f64 * (i + o))
+            (
+                roles,
+                weights * i * o,
+                lora.rank as f64 * count as f64 * (i + o),
+            )
         })
+        .collect()
+}
+
+/// Bytes a mixture-of-experts layer of kind `layer` saves per step for PEFT's adapters on its
+/// router and experts, whatever the tokens: for each adapted weight `nn.utils.parametrize`
+/// folds the adapter in with one `baddbmm` (`W + scaling · lhs @ rhs`), whose output the expert
+/// matmuls save, and the product saves its two factors, cast to the weights' dtype (`act` bytes
+/// per element).
+pub fn adapted_experts_bytes(
+    spec: &TransformerSpec,
+    layer: LayerKind,
+    lora: &crate::workload::Lora,
+    act: f64,
+) -> f64 {
+    folded_weights(spec, layer, lora)
+        .into_iter()
+        .map(|(_, weight, factors)| act * (weight + factors))
         .sum()
 }
 
@@ -450,23 +467,10 @@ pub fn folds_read_by_the_input(
     lora: &crate::workload::Lora,
     act: f64,
 ) -> f64 {
-    if !layer.moe {
-        return 0.0;
-    }
-    block_linears(spec, layer)
+    folded_weights(spec, layer, lora)
         .into_iter()
-        .filter(|(roles, ..)| {
-            (*roles == ROUTER || *roles == GATE | UP || (*roles == UP && !spec.gated_mlp))
-                && lora.targets.has(*roles)
-        })
-        .map(|(roles, inputs, outputs, _)| {
-            let weights = if roles == ROUTER {
-                1.0
-            } else {
-                spec.experts as f64
-            };
-            act * weights * inputs as f64 * outputs as f64
-        })
+        .filter(|(roles, ..)| roles & DOWN == 0)
+        .map(|(_, weight, _)| act * weight)
         .sum()
 }
 

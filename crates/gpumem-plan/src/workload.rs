@@ -494,6 +494,13 @@ impl Workload {
         Some((quant, stored))
     }
 
+    /// Whether the 4-bit base includes the LM head: litgpt's does (Lightning's bitsandbytes
+    /// plugin replaces every `nn.Linear` its model builds); transformers keeps the output
+    /// embedding unquantised.
+    pub fn four_bit_lm_head(&self) -> bool {
+        self.framework == Framework::Litgpt && self.four_bit_base().is_some()
+    }
+
     /// Whether each frozen 4-bit linear of a QLoRA base keeps its input for backward: a
     /// bitsandbytes release before [`BNB_4BIT_MATMUL_FREES_INPUT_SINCE`] (training only).
     pub fn four_bit_base_saves_inputs(&self) -> bool {
