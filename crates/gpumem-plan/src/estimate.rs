@@ -613,11 +613,12 @@ fn simulate_training(
     let mut forward = Breakdown::default();
     let mut saved = 0.0;
     let mut held = 0.0;
+    let mut forward_held = 0.0;
     for (unit, (keep, _)) in units.iter().zip(&kept) {
         let live = with(
             in_forward,
             gradients_in_forward,
-            saved + held + keep,
+            saved + held + forward_held + keep,
             unit.forward_transient,
         );
         if live.allocated() > forward.allocated() {
@@ -625,8 +626,14 @@ fn simulate_training(
         }
         saved += keep * in_flight;
         held += unit.held;
+        forward_held += unit.forward_held;
     }
-    let forward_end = with(in_forward, gradients_in_forward, saved + held, 0.0);
+    let forward_end = with(
+        in_forward,
+        gradients_in_forward,
+        saved + held + forward_held,
+        0.0,
+    );
 
     let mut backward = Breakdown::default();
     let mut gradients = gradients_in_forward;

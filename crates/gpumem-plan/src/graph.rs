@@ -30,6 +30,9 @@ pub struct Unit {
     pub per_op_saved: f64,
     /// Bytes the unit's output keeps alive until the step ends (logits held by the model output).
     pub held: f64,
+    /// Bytes the model's output keeps alive until the forward returns, released before backward
+    /// (the caller keeps only the loss): cache copies of k and v that no kernel saves.
+    pub forward_held: f64,
     /// Short-lived bytes at the unit's forward peak, on top of what it saves.
     pub forward_transient: f64,
     /// Short-lived bytes at the start of the unit's backward, before its parameter gradients
@@ -203,6 +206,9 @@ struct AttentionMemory {
     /// Of `key_saved`, the keys and values a training forward's cache holds until the step
     /// ends, because the caller keeps the outputs through backward (`--loss none`).
     cache_held: f64,
+    /// The k and v copies a training cache holds that the kernel does not save (see
+    /// `Unit::forward_held`).
+    forward_held: f64,
     /// Bytes alive at the start of its backward when the softmax ran in the activation dtype:
     /// the gradients of the probabilities and of the scores, one score matrix each.
     score_gradients: f64,
@@ -497,9 +503,12 @@ impl<'a> TransformerGraph<'a> {
                 }
                 _ => 0.0,
             };
-            for _ in 0..spec.encoder_layers {
+            for index in 0..spec.encoder_layers {
                 let mut block = self.block(encoder, None, LayerKind::default());
                 block.inference_live += stem_output;
+                if index == 0 {
+                    block.saved -= self.frozen_prefix(encoder, LayerKind::default());
+                }
                 units.push(block);
             }
             if self.training && spec.final_norm {
@@ -536,6 +545,7 @@ impl<'a> TransformerGraph<'a> {
                 let mut block = self.block(decoder, Some(cross), LayerKind::default());
                 if index == 0 {
                     block.held += encoder_output;
+                    block.saved -= self.frozen_prefix(decoder, LayerKind::default());
                 }
                 units.push(block);
             }
@@ -600,11 +610,18 @@ impl<'a> TransformerGraph<'a> {
     fn norm_element_bytes(&self, input: f64) -> f64 {
         // Under LoRA the norms' weights are frozen: the product with the weight saves nothing,
         // so an RMSNorm keeps only the fp32 values its variance reads (LayerNorm saves its
-        // input either way).
+        // input either way), and T5's `x * rsqrt(var)` its half-precision x beside them.
         let frozen = self.training && self.workload.lora.is_some();
         let litgpt = self.litgpt();
+        let scaled_input = if self.spec.norm == Norm::RmsNormScaledInput && input < 4.0 {
+            input
+        } else {
+            0.0
+        };
         match self.spec.norm {
-            Norm::RmsNorm | Norm::RmsNormOffset | Norm::RmsNormScaledInput if frozen => 4.0,
+            Norm::RmsNorm | Norm::RmsNormOffset | Norm::RmsNormScaledInput if frozen => {
+                4.0 + scaled_input
+            }
             Norm::LayerNorm => input,
             // litgpt's RMSNorm multiplies the fp32 normalised values by the weight in fp32
             // (`x_normed * weight.float()`): both fp32 tensors are saved.
@@ -614,14 +631,7 @@ impl<'a> TransformerGraph<'a> {
             Norm::RmsNormOffset => 8.0,
             // The fp32 copy and the cast of the normalised values that the weight scales;
             // `x * rsqrt(var)` (T5) saves a half-precision x beside the fp32 copy.
-            Norm::RmsNorm | Norm::RmsNormScaledInput => {
-                let scaled_input = if self.spec.norm == Norm::RmsNormScaledInput && input < 4.0 {
-                    input
-                } else {
-                    0.0
-                };
-                4.0 + input + scaled_input
-            }
+            Norm::RmsNorm | Norm::RmsNormScaledInput => 4.0 + input + scaled_input,
         }
     }
 
@@ -699,6 +709,11 @@ impl<'a> TransformerGraph<'a> {
         } else {
             0.0
         };
+        // Under LoRA the embeddings (and an audio or patch stem) are frozen and read nothing
+        // that needs a gradient: autograd records none of their operations.
+        if self.training && self.workload.lora.is_some() {
+            saved = 0.0;
+        }
         let rotary = 2.0 * position_rows * spec.rotary_fraction * spec.head_dim as f64;
         let body_held = tokens * spec.held.embeddings as f64 * self.bytes.residual * h
             + positions
@@ -729,6 +744,22 @@ impl<'a> TransformerGraph<'a> {
             && self.workload.use_cache
             && !matches!(self.workload.loss, Loss::Chunked | Loss::ChunkedFp32)
             && self.spec.is_causal_lm()
+            && matches!(
+                self.workload.checkpointing,
+                Checkpointing::None | Checkpointing::Selective
+            )
+    }
+
+    /// Does this attention of a training step pass its k and v through a cache beside what
+    /// its kernel saves? An encoder-decoder's decoder attentions, self and cross, when
+    /// `use_cache` is on (the `EncoderDecoderCache` of T5 and Whisper fills in training too).
+    /// (A decoder-only LM's cache copies are counted with its projections: `cache_copies`.)
+    fn training_cache(&self, shape: AttentionShape, cross: bool) -> bool {
+        self.training
+            && self.spec.is_encoder_decoder()
+            && (shape.causal || cross)
+            && self.spec.use_cache
+            && self.workload.use_cache
             && matches!(
                 self.workload.checkpointing,
                 Checkpointing::None | Checkpointing::Selective
@@ -791,16 +822,22 @@ impl<'a> TransformerGraph<'a> {
                 clamp,
             };
         }
-        // SDPA's math fallback on CPU computes in fp32: the scores and their softmax.
+        // SDPA's math fallback computes in fp32: the scores and their softmax. Its dropout is
+        // `at::dropout`: CUDA's fused kernel keeps a 1-byte mask, CPU's `_dropout` a noise
+        // tensor of the probabilities' dtype (`empty_like(input).bernoulli_`).
         let math = self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback();
         if math {
+            let mask = match self.workload.target {
+                Target::Cpu => 4.0,
+                Target::Gpu => 1.0,
+            };
             return ScoreBytes {
                 input: 4.0,
                 probs: 4.0,
                 conversion: 0.0,
                 cast: 0.0,
                 softcap: 0.0,
-                dropout: if dropout > 0.0 { 5.0 } else { 0.0 },
+                dropout: if dropout > 0.0 { mask + 4.0 } else { 0.0 },
                 clamp,
             };
         }
@@ -840,13 +877,17 @@ impl<'a> TransformerGraph<'a> {
     /// keys to SDPA as they are (`enable_gqa`) when it builds no mask (causal, no sliding
     /// window; earlier releases repeat them first); in fp32 no fused kernel takes them (flash
     /// needs half precision, the memory-efficient kernel has no grouped keys), so the math
-    /// path runs (measured on an H200: docs/gpu.md).
+    /// path runs (measured on an H200: docs/gpu.md). PyTorch's CPU flash kernel takes no
+    /// dropout either (`check_for_dropout` among its constraints): attention dropout in
+    /// training runs the math path on CPU.
     fn sdpa_math_fallback(&self) -> bool {
         match self.workload.target {
-            Target::Cpu => self
-                .spec
-                .latent
-                .is_some_and(|l| l.nope_dim + l.rope_dim != l.value_dim),
+            Target::Cpu => {
+                self.spec
+                    .latent
+                    .is_some_and(|l| l.nope_dim + l.rope_dim != l.value_dim)
+                    || self.dropout_active(self.spec.attention_dropout)
+            }
             Target::Gpu => {
                 self.workload.compute_dtype() == Dtype::Fp32
                     && self.spec.kv_heads < self.spec.heads
@@ -871,8 +912,6 @@ impl<'a> TransformerGraph<'a> {
                 self.spec.eager_only
                     || self.sdpa_math_fallback()
                     || (self.training && self.spec.relative_attention_buckets > 0)
-                    || (self.workload.target == Target::Cpu
-                        && self.dropout_active(self.spec.attention_dropout))
             }
         }
     }
@@ -896,13 +935,16 @@ impl<'a> TransformerGraph<'a> {
         };
         // q, k, v (rotated when RoPE is used) are saved by the attention. RoPE's products with the
         // gradient-free cos/sin tables save only the tables, so the raw projections are freed.
-        // SDPA's math path copies half-precision inputs to fp32 and saves only its copies
-        // (counted below).
+        // SDPA's math path scales copies of the queries and keys (and copies half-precision
+        // inputs to fp32 first), which its matmuls save instead (counted below); fp32 values
+        // are saved as they are.
         let math_path = self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback();
         let inputs_saved = !(math_path && act < 4.0);
-        if inputs_saved {
+        if !math_path {
             tally.sharded += act * q;
             key_side += act * (kv + value);
+        } else if inputs_saved {
+            key_side += act * value;
         }
         let materialised = self.materialises_scores();
         // An old release's fp32 rotary: eager attention saves the fp32 queries and keys its
@@ -946,6 +988,13 @@ impl<'a> TransformerGraph<'a> {
             tally.sharded += 4.0 * q;
             key_side += 4.0 * kv + if act < 4.0 { 4.0 * value } else { 0.0 };
         }
+        // The math path's own copies are what it saves: the cache kept in training holds its
+        // concatenated k (and half-precision v) beside them until the forward returns.
+        let forward_held = if math_path && self.training_cache(shape, cross) {
+            key_tokens * act * (kv + if inputs_saved { 0.0 } else { value }) / self.split.tp
+        } else {
+            0.0
+        };
         let cache_holds_views = self
             .old_release()
             .is_some_and(|o| o.cache_holds_own_tensors());
@@ -1157,6 +1206,7 @@ impl<'a> TransformerGraph<'a> {
             stack_held: stack_bias + stack_mask,
             kv_cache,
             cache_held,
+            forward_held,
             score_gradients,
             input_gradients: act / self.split.tp * (query_tokens * q + key_tokens * (kv + value)),
             score_matrix: act * scores,
@@ -1309,9 +1359,11 @@ impl<'a> TransformerGraph<'a> {
             + key_bytes
             + tally.core
             + autocast_weights
-            + tokens * {
-                let change = self.lora_inputs(layer);
-                change.attention + change.mlp
+            + {
+                let change = self.lora_inputs(layer, has_cross);
+                let encoder_tokens = cross_shape.map_or(0.0, |c| self.batch * c.keys);
+                tokens * (change.attention + change.mlp + change.cross_queries)
+                    + encoder_tokens * change.cross_keys
             }
             + self.lora_folded_experts(layer);
         let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
@@ -1380,7 +1432,12 @@ impl<'a> TransformerGraph<'a> {
             checkpoint: Some(tokens * self.bytes.residual * h / self.split.sequence),
             per_op_saved: self.per_op_saved(shape, cross_shape, layer),
             held: own.cache_held,
-            forward_transient: transient + tokens * act * f + dequantised,
+            forward_held: own.forward_held + cross.forward_held,
+            forward_transient: (transient + tokens * act * f).max(self.adapter_transient(
+                layer,
+                tokens,
+                cross_shape.map_or(0.0, |c| self.batch * c.keys),
+            )) + dequantised,
             // Saved tensors are released as their node runs: one intermediate's gradient at a
             // time (and a QLoRA base weight dequantised again for the input's gradient).
             backward_transient: largest_intermediate + residual_gradient + dequantised,
@@ -1486,7 +1543,7 @@ impl<'a> TransformerGraph<'a> {
     /// Bytes per token a block's saved inputs change by under LoRA (`lora::saved_change`):
     /// frozen linears save nothing, each adapter its own input (PEFT's fp32 copy over a
     /// half-precision base, or dropout's output and mask). Measured on CPU with peft 0.21.
-    fn lora_inputs(&self, layer: LayerKind) -> crate::lora::SavedChange {
+    fn lora_inputs(&self, layer: LayerKind, cross_attention: bool) -> crate::lora::SavedChange {
         let Some(lora) = self.workload.lora.filter(|_| self.training) else {
             return Default::default();
         };
@@ -1502,12 +1559,53 @@ impl<'a> TransformerGraph<'a> {
             o_input_shared,
             litgpt: self.litgpt(),
             base_saves_inputs: self.workload.four_bit_base_saves_inputs(),
+            cross_attention,
         };
         let change = crate::lora::saved_change(self.spec, layer, &lora, block);
+        let tp = self.split.tp;
         crate::lora::SavedChange {
-            attention: change.attention / self.split.tp,
-            mlp: change.mlp / self.split.tp,
+            attention: change.attention / tp,
+            mlp: change.mlp / tp,
+            cross_queries: change.cross_queries / tp,
+            cross_keys: change.cross_keys / tp,
         }
+    }
+
+    /// Short-lived bytes of the widest adapter's forward (`lora::adapter_widths`) over `tokens`
+    /// of the block and `encoder_tokens` a cross-attention reads:
+    /// * before `lora_A`, with dropout: the input's fp32 cast over a half-precision base (PEFT;
+    ///   without dropout the cast is what `lora_A` saves), and on CPU the mask `native_dropout`
+    ///   first makes in its input's dtype;
+    /// * after `lora_B`: its output and the scaled copy (fp32 under PEFT, the activation dtype
+    ///   under litgpt). Adding the scaled fp32 output to a half-precision base output makes an
+    ///   fp32 sum; on CPU `TensorIterator` first copies the half-precision operand to fp32 (it
+    ///   "creates temporaries for CPU operations"; CUDA kernels cast as they read).
+    fn adapter_transient(&self, layer: LayerKind, tokens: f64, encoder_tokens: f64) -> f64 {
+        let Some(lora) = self.workload.lora.filter(|_| self.training) else {
+            return 0.0;
+        };
+        let cpu = self.workload.target == Target::Cpu;
+        let half_base = self.bytes.residual < 4.0;
+        let litgpt = self.litgpt();
+        let adapter_dtype = if litgpt { self.bytes.act } else { 4.0 };
+        let before = if lora.dropout > 0.0 {
+            let cast = if half_base && !litgpt { 4.0 } else { 0.0 };
+            cast + if cpu { adapter_dtype } else { 0.0 }
+        } else {
+            0.0
+        };
+        let after = 2.0 * adapter_dtype
+            + if cpu && half_base && !litgpt {
+                4.0
+            } else {
+                0.0
+            };
+        let (own, cross) =
+            crate::lora::adapter_widths(self.spec, layer, lora.targets, encoder_tokens > 0.0);
+        let bytes = |tokens: f64, w: crate::lora::AdapterWidths| {
+            tokens * (before * w.input).max(after * w.output)
+        };
+        bytes(tokens, own).max(bytes(encoder_tokens, cross)) / self.split.tp
     }
 
     /// Bytes a mixture of experts saves for the weights PEFT folds its router's and experts'
@@ -1542,7 +1640,7 @@ impl<'a> TransformerGraph<'a> {
         }
         let tokens = self.batch * shape.queries;
         let norm = tokens * self.norm_saved() / self.split.sequence;
-        let change = self.lora_inputs(layer);
+        let change = self.lora_inputs(layer, false);
         let mut prefix = match (spec.parallel_residual, spec.shared_block_norm) {
             (true, false) => {
                 2.0 * norm - tokens * self.bytes.residual * spec.hidden as f64 / self.split.sequence

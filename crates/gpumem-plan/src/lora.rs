@@ -240,23 +240,37 @@ fn block_linears(spec: &TransformerSpec, layer: LayerKind) -> Vec<(u16, u64, u64
     out
 }
 
+/// The linears of an encoder-decoder's cross-attention, in the entries of [`block_linears`]:
+/// q and o on the decoder's side, k and v reading the encoder's output (the same width in every
+/// supported family). PEFT's names select them as they select the self-attention's.
+fn cross_linears(spec: &TransformerSpec) -> [(u16, u64, u64, u64); 4] {
+    let (h, qw, kv) = (spec.hidden, spec.query_width(), spec.kv_width());
+    [(Q, h, qw, 1), (K, h, kv, 1), (V, h, kv, 1), (O, qw, h, 1)]
+}
+
 /// Trainable parameters of rank-`rank` adapters on `targets` in every block (of the language
-/// model; a vision tower stays frozen).
+/// model; a vision tower stays frozen), an encoder-decoder's cross-attentions included.
 pub fn lora_params(spec: &TransformerSpec, rank: u64, targets: LoraTargets) -> u64 {
-    let per_block = |layer: LayerKind| -> u64 {
-        block_linears(spec, layer)
-            .into_iter()
+    let sum = |linears: &[(u16, u64, u64, u64)]| -> u64 {
+        linears
+            .iter()
             .filter(|(roles, ..)| targets.has(*roles))
             .map(|(_, i, o, n)| (i + o) * n)
             .sum()
     };
+    let per_block = |layer: LayerKind| sum(&block_linears(spec, layer));
     let moe = LayerKind {
         sliding: false,
         moe: true,
     };
     let moe_layers = (0..spec.layers).filter(|&i| spec.layer_kind(i).moe).count() as u64;
     let dense_blocks = spec.layers - moe_layers + spec.encoder_layers;
-    rank * (dense_blocks * per_block(LayerKind::default()) + moe_layers * per_block(moe))
+    let cross = if spec.is_encoder_decoder() {
+        spec.layers * sum(&cross_linears(spec))
+    } else {
+        0
+    };
+    rank * (dense_blocks * per_block(LayerKind::default()) + moe_layers * per_block(moe) + cross)
 }
 
 /// Bytes per token a dense block's saved inputs change by under LoRA, against full training
@@ -286,6 +300,9 @@ pub struct LoraBlock {
     /// Each frozen linear keeps its input, adapted or not: a bitsandbytes 4-bit base before
     /// 0.43.2 (its `MatMul4Bit` held `ctx.tensors = (A, B)`), so no input group is freed.
     pub base_saves_inputs: bool,
+    /// The block is an encoder-decoder's decoder block, whose cross-attention reads the
+    /// encoder's output.
+    pub cross_attention: bool,
 }
 
 /// Bytes per token a block's saved tensors change by under LoRA (see [`LoraBlock`]), for its
@@ -297,6 +314,12 @@ pub struct SavedChange {
     pub attention: f64,
     /// The MLP's linears.
     pub mlp: f64,
+    /// A cross-attention's q and o, per decoder token.
+    pub cross_queries: f64,
+    /// A cross-attention's k and v, per encoder token: each adapter copies the encoder's
+    /// output for itself (PEFT's fp32 copy, or dropout's output and mask), in every decoder
+    /// block, while the output itself stays saved (it is the encoder's, read by every block).
+    pub cross_keys: f64,
 }
 
 /// See [`LoraBlock`] and [`SavedChange`].
@@ -312,21 +335,16 @@ pub fn saved_change(
         o_input_shared,
         litgpt,
         base_saves_inputs,
+        cross_attention,
     } = block;
     let (targets, dropout) = (lora.targets, lora.dropout);
     let (h, qw) = (spec.hidden as f64, spec.query_width() as f64);
     let f = spec.routed_intermediate(layer) as f64;
     let linears = block_linears(spec, layer);
     let rank = lora.rank as f64;
-    // One input of `width`, read by `adapted` adapters among the linears of `group`.
-    let input = |group: u16, adapted: f64, width: f64| {
-        // The group's input as full training saves it, which the frozen linears free unless
-        // they keep it themselves (or the attention kernel saves it anyway).
-        let freed = if (group == O && o_input_shared) || base_saves_inputs {
-            0.0
-        } else {
-            act * width
-        };
+    // One input of `width`, read by `adapted` adapters among the linears of `group`, of which
+    // full training saves `freed` bytes that frozen linears do not.
+    let copies = |group: u16, adapted: f64, width: f64, freed: f64| {
         if litgpt {
             return litgpt_group(
                 spec, group, targets, adapted, dropout, act, rank, width, freed,
@@ -344,12 +362,27 @@ pub fn saved_change(
         // Each adapter's `lora_A` output, saved by its `lora_B`.
         inputs + adapted * 4.0 * rank
     };
-    let group = |group: u16, width: f64| {
-        let adapted = linears
+    // The group's input as full training saves it, which the frozen linears free unless they
+    // keep it themselves (or the attention kernel saves it anyway).
+    let input = |group: u16, adapted: f64, width: f64| {
+        let kept = (group == O && o_input_shared) || base_saves_inputs;
+        copies(group, adapted, width, if kept { 0.0 } else { act * width })
+    };
+    let adapted_in = |linears: &[(u16, u64, u64, u64)], group: u16| {
+        linears
             .iter()
             .filter(|(roles, ..)| roles & group != 0 && targets.has(*roles))
-            .count() as f64;
-        input(group, adapted, width)
+            .count() as f64
+    };
+    let group = |group: u16, width: f64| input(group, adapted_in(&linears, group), width);
+    let (cross_queries, cross_keys) = if cross_attention {
+        let cross = cross_linears(spec);
+        (
+            input(Q, adapted_in(&cross, Q), h) + input(O, adapted_in(&cross, O), qw),
+            copies(K | V, adapted_in(&cross, K | V), h, 0.0),
+        )
+    } else {
+        (0.0, 0.0)
     };
     let attention = match spec.latent {
         // Latent attention, adapted as a whole: q_a and kv_a read the block's input, q_b and
@@ -374,6 +407,8 @@ pub fn saved_change(
         } else {
             frozen_experts_change(spec, targets, act)
         },
+        cross_queries,
+        cross_keys,
     }
 }
 
@@ -523,6 +558,54 @@ fn litgpt_group(
     inputs + low_rank
 }
 
+/// The widest input and output of a block's adapters (elements per token they read), the
+/// short-lived tensors of an adapter's forward: its input's fp32 cast and dropout's mask before
+/// `lora_A`, `lora_B`'s output and its scaled copy after (PEFT's
+/// `result + lora_B(lora_A(dropout(x))) * scaling`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AdapterWidths {
+    /// The widest input.
+    pub input: f64,
+    /// The widest output.
+    pub output: f64,
+}
+
+/// [`AdapterWidths`] of a block of kind `layer`, as (per token of the block, per encoder token
+/// for a cross-attention's k and v). Adapters folded into a mixture of experts' weights have
+/// none.
+pub fn adapter_widths(
+    spec: &TransformerSpec,
+    layer: LayerKind,
+    targets: LoraTargets,
+    cross_attention: bool,
+) -> (AdapterWidths, AdapterWidths) {
+    let folded = |roles: u16| spec.experts > 1 && roles & (GATE | UP | DOWN | ROUTER) != 0;
+    let widest = |linears: &[(u16, u64, u64, u64)], group: u16| {
+        let adapted = linears
+            .iter()
+            .filter(|(roles, ..)| roles & group != 0 && targets.has(*roles) && !folded(*roles));
+        adapted.fold(AdapterWidths::default(), |w, &(_, input, output, _)| {
+            AdapterWidths {
+                input: w.input.max(input as f64),
+                output: w.output.max(output as f64),
+            }
+        })
+    };
+    let own = widest(&block_linears(spec, layer), ALL);
+    if !cross_attention {
+        return (own, AdapterWidths::default());
+    }
+    let cross = cross_linears(spec);
+    let queries = widest(&cross, Q | O);
+    (
+        AdapterWidths {
+            input: own.input.max(queries.input),
+            output: own.output.max(queries.output),
+        },
+        widest(&cross, K | V),
+    )
+}
+
 /// Whether any of an attention's linears (q, k, v, o) carries an adapter.
 pub fn adapts_attention(targets: LoraTargets) -> bool {
     targets.has(Q | K | V | O)
@@ -561,6 +644,7 @@ mod tests {
                 o_input_shared: false,
                 litgpt: true,
                 base_saves_inputs: false,
+                cross_attention: false,
             };
             saved_change(spec, layer, &lora, block)
         };
@@ -659,6 +743,7 @@ mod tests {
             o_input_shared: true,
             litgpt: false,
             base_saves_inputs: false,
+            cross_attention: false,
         };
         let mlp = saved_change(&spec, layer, &qv, block).mlp;
         assert_eq!(mlp, -2.0 * (h + k * (f + h)));
@@ -696,5 +781,49 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("no mixture of experts"));
+    }
+
+    #[test]
+    fn cross_attention_adapters_copy_the_encoder_output_in_every_decoder_block() {
+        // Whisper, q_proj and v_proj over a bf16 base (traced on CPU, peft 0.21.2): the
+        // decoder's cross-attention q adapter copies its norm output per decoder token, its v
+        // adapter the encoder's output per encoder token, in every decoder block; the frozen o
+        // frees the merged heads it would save; k reads the encoder output without an adapter.
+        let model = crate::catalogue::find_model("whisper-tiny").unwrap();
+        let Architecture::Transformer(spec) = &model.arch else {
+            panic!("a transformer")
+        };
+        let layer = spec.layer_kind(0);
+        let lora = Lora {
+            targets: LoraTargets::parse("q_proj,v_proj", "whisper").unwrap(),
+            ..Lora::new(16, BaseQuant::None)
+        };
+        let block = |cross_attention: bool, dropout: f64| {
+            let lora = Lora { dropout, ..lora };
+            let block = LoraBlock {
+                act: 2.0,
+                half_base: true,
+                o_input_shared: false,
+                litgpt: false,
+                base_saves_inputs: false,
+                cross_attention,
+            };
+            saved_change(spec, layer, &lora, block)
+        };
+        let h = spec.hidden as f64;
+        let lora_a = 4.0 * 16.0;
+        let decoder = block(true, 0.0);
+        assert_eq!(decoder.cross_keys, 4.0 * h + lora_a);
+        assert_eq!(decoder.cross_queries, (4.0 - 2.0) * h + lora_a - 2.0 * h);
+        // With dropout each copy is dropout's fp32 output and its 1-byte mask.
+        assert_eq!(block(true, 0.1).cross_keys, 5.0 * h + lora_a);
+        // An encoder block has no cross-attention.
+        let encoder = block(false, 0.0);
+        assert_eq!((encoder.cross_keys, encoder.cross_queries), (0.0, 0.0));
+        assert_eq!(encoder.attention, decoder.attention);
+        // The cross-attention's adapters are trainable parameters too.
+        let self_only = (spec.encoder_layers + spec.layers) * 2 * (h as u64 + h as u64) * 16;
+        let cross = spec.layers * 2 * 2 * h as u64 * 16;
+        assert_eq!(lora_params(spec, 16, lora.targets), self_only + cross);
     }
 }

@@ -297,6 +297,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
         out.events.push(PlannedEvent::Step { index });
         let mut saved = Vec::with_capacity(units.len());
         let mut held = Vec::new();
+        let mut forward_held = Vec::new();
         let kept = kept_and_recomputed(units, workload.checkpointing);
         // Gathered units (FSDP) while the forward runs, then while the backward runs.
         let gathered = out.alloc(states.buffers.forward_weights);
@@ -315,8 +316,11 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             });
             out.free_all(transient);
             held.push(out.alloc(unit.held));
+            forward_held.push(out.alloc(unit.forward_held));
         }
         out.free(gathered);
+        // The model's output, dropped once the loss is taken.
+        forward_held.into_iter().for_each(|h| out.free(h));
         // FSDP's gathered units and unsharded gradients in backward, as the estimate has them:
         // the root and one block when it starts, one more block and the gradient buffers once
         // the head's gradients appear, only the root and the head's gradients in the

@@ -201,22 +201,28 @@ fn dual_encoder_configs_take_the_tower_defaults() {
 }
 
 /// LoRA's trainable parameters equal PEFT's (`get_peft_model(model, LoraConfig(r=16,
-/// target_modules="all-linear"))`, peft 0.21.2, counted on the meta device): a fused projection
+/// target_modules=...))`, peft 0.21.2, counted on the meta device): a fused projection
 /// (GPT-2's `c_attn`, GPT-NeoX's `query_key_value`, Phi-3's `qkv_proj` and `gate_up_proj`) is
-/// one linear with one adapter.
+/// one linear with one adapter; an encoder-decoder's names select its decoder's
+/// cross-attention linears as well (Whisper's `encoder_attn`, T5's `EncDecAttention`).
 #[test]
 fn lora_trainable_parameters_match_peft() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/plan/configs/");
-    for (config, peft) in [
-        ("gpt2-12l", 786_432),
-        ("pythia-6l", 786_432),
-        ("phi3-4l", 720_896),
-        ("tinyllama-8l", 581_632),
+    for (config, targets, peft) in [
+        ("gpt2-12l", "all-linear", 786_432),
+        ("pythia-6l", "all-linear", 786_432),
+        ("phi3-4l", "all-linear", 720_896),
+        ("tinyllama-8l", "all-linear", 581_632),
+        ("whisper-4l", "all-linear", 1_081_344),
+        ("whisper-4l", "q_proj,v_proj", 294_912),
+        ("t5-small-4l", "all-linear", 1_441_792),
+        ("t5-small-4l", "q,v", 393_216),
     ] {
         let model = gpumem_plan::load_config(std::path::Path::new(&format!("{root}{config}.json")))
             .unwrap();
         let workload = gpumem_plan::Settings {
             lora_rank: Some(16),
+            lora_targets: Some(targets.to_string()),
             seq: Some(128),
             ..Default::default()
         }
@@ -224,6 +230,6 @@ fn lora_trainable_parameters_match_peft() {
         .unwrap()
         .workload;
         let plan = gpumem_plan::estimate(&model, &workload, &Default::default()).unwrap();
-        assert_eq!(plan.trainable_params, peft, "{config}");
+        assert_eq!(plan.trainable_params, peft, "{config} {targets}");
     }
 }

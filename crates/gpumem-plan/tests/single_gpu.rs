@@ -695,6 +695,52 @@ fn chunked_loss_heads_keep_their_inputs_while_the_weight_gradient_is_summed() {
 }
 
 #[test]
+fn encoder_decoder_lora_copies_the_encoder_output_and_holds_the_decoder_cache() {
+    // Anchored on three measured steps (`measured_lora.jsonl`, traced by module), each peaking
+    // in forward: Whisper's cross-attention v adapters copy the 1500-position encoder output
+    // in every decoder block (-5.7 % without); T5 under SDPA on CPU runs the math path (dropout
+    // is on), its frozen norms keep their half-precision input, and the decoder's cache holds
+    // k and v copies until the forward returns (-10.3 % and -27.0 % without).
+    let case = |config: &str, settings: Settings, measured: f64| {
+        let settings = Settings {
+            target: Some("cpu".into()),
+            ..settings
+        };
+        let planned = peak_of(&test_config(config, |_| {}), &settings) as f64;
+        let error = (planned - measured) / measured;
+        assert!(
+            error.abs() < 0.006,
+            "{config}: {planned} vs {measured} ({error:+.4})"
+        );
+    };
+    let lora =
+        |rank: u64, targets: Option<&str>, dropout: Option<f64>, batch: u64, seq: u64| Settings {
+            lora_rank: Some(rank),
+            lora_targets: targets.map(Into::into),
+            lora_dropout: dropout,
+            ..settings("train", batch, seq)
+        };
+    case(
+        "whisper-4l",
+        lora(16, Some("q_proj,v_proj"), None, 2, 64),
+        238_389_728.0,
+    );
+    case(
+        "t5-small-4l",
+        Settings {
+            dtype: Some("fp32".into()),
+            ..lora(16, Some("q,v"), None, 4, 256)
+        },
+        724_720_016.0,
+    );
+    case(
+        "t5-small-4l",
+        lora(8, None, Some(0.05), 2, 256),
+        458_549_240.0,
+    );
+}
+
+#[test]
 fn dropout_on_a_mixture_of_experts_router_or_experts_is_refused_as_peft_refuses_it() {
     // PEFT's ParamWrapper (fused experts, router) raises on lora_dropout != 0 (peft 0.21).
     let model = test_config("qwen3moe-4l", |_| {});
