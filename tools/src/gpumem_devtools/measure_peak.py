@@ -510,6 +510,16 @@ def lora_grid() -> list[tuple[str, Settings]]:
         # before the experts needs a gradient, so their router's and gate/up stack's folded
         # weights are not kept (-0.76 %).
         ("mixtral-4l", T(2, 256, dtype="bf16", lora_rank=8, lora_targets="gate,w1,w3,w2")),
+        # An encoder-decoder (session 12, measured ad hoc at -5.66 %): PEFT's names select the
+        # decoder's cross-attention linears too, and each cross-attention adapter on k or v
+        # copies the encoder's output (1500 positions) for itself.
+        ("whisper-4l", T(2, 64, dtype="bf16", lora_rank=16, lora_targets="q_proj,v_proj")),
+        # Measured as held out (session 12, -10.3 % and -27.0 %), then traced: on CPU SDPA
+        # runs its math path when attention dropout is on (fp32 noise, scaled q and k saved
+        # instead of q and k), T5's frozen norm keeps its half-precision input, and the
+        # decoder's cache holds k and v copies until the forward returns.
+        ("t5-small-4l", T(4, 256, lora_rank=16, lora_targets="q,v")),
+        ("t5-small-4l", T(2, 256, dtype="bf16", lora_rank=8, lora_dropout=0.05)),
     ] + LORA_HELDOUT
 
 
@@ -538,6 +548,12 @@ LORA_HELDOUT: list[tuple[str, Settings]] = [
     ("mixtral-4l", T(2, 256, dtype="bf16", lora_rank=8)),
     # Planned after all of session 11's LoRA mechanisms: frozen and adapted experts again.
     ("qwen3moe-4l", T(2, 256, dtype="bf16", lora_rank=16, lora_targets="q_proj,v_proj")),
+    # Encoder-decoders, planned after the cross-attention adapters were modelled (session 12).
+    ("whisper-4l", T(2, 128, dtype="bf16", lora_rank=8, lora_dropout=0.05)),
+    ("whisper-4l", T(4, 96, lora_rank=16, lora_targets="q_proj,k_proj,v_proj,out_proj")),
+    # T5 under SDPA, planned after the T5 cases above were traced.
+    ("t5-small-2l", T(4, 512, dtype="bf16", lora_rank=16, lora_targets="q,k,v,o")),
+    ("t5-small-4l", T(2, 384, lora_rank=8, lora_targets="wi,wo", lora_dropout=0.1)),
 ]
 
 
