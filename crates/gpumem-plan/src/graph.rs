@@ -1425,14 +1425,22 @@ impl<'a> TransformerGraph<'a> {
             .max(tokens * act * f * self.mlp_backward_intermediates())
             .max(attention_backward);
         let dequantised = self.dequantised(layer, tokens);
+        // The cache copies the outputs hold: through backward with `--loss none` (the caller
+        // keeps the outputs), else until the forward returns. As (held, forward_held).
+        let cache_copies = own.forward_held + cross.forward_held;
+        let outputs_held = if self.workload.loss == Loss::None {
+            (cache_copies, 0.0)
+        } else {
+            (0.0, cache_copies)
+        };
         Unit {
             name: "block",
             saved,
             attention_core: tally.core,
             checkpoint: Some(tokens * self.bytes.residual * h / self.split.sequence),
             per_op_saved: self.per_op_saved(shape, cross_shape, layer),
-            held: own.cache_held,
-            forward_held: own.forward_held + cross.forward_held,
+            held: own.cache_held + outputs_held.0,
+            forward_held: outputs_held.1,
             forward_transient: (transient + tokens * act * f).max(self.adapter_transient(
                 layer,
                 tokens,
