@@ -465,6 +465,12 @@ SETTINGS_HELDOUT: list[tuple[str, Settings]] = [
     ("gemma2-4l", T(2, 512, dtype="bf16", attn="eager", grad_ckpt_per_op=True)),
     ("starcoder-4l", T(2, 512, amp="bf16")),
     ("qwen3-4l", I(4, 512, dtype="bf16", attn="eager", no_cache=True)),
+    # A fourth batch (session 12): encoder-decoders trained under SDPA (the math path on CPU,
+    # with T5's dropout), under autocast and under checkpointing, planned before measuring.
+    ("t5-small-4l", T(4, 256)),
+    ("t5-small-2l", T(2, 512, dtype="bf16")),
+    ("t5-small-4l", T(2, 256, amp="bf16")),
+    ("whisper-4l", T(2, 128, dtype="bf16", grad_ckpt=True)),
 ]
 
 
