@@ -243,9 +243,16 @@ struct ScoreBytes {
 }
 
 impl ScoreBytes {
-    /// Saved for backward: the softmax output, its cast, the dropout mask and output.
+    /// Saved for backward: the softmax output, and what the matmul with the values saves: the
+    /// cast, or with dropout its mask and output (dropout runs on the cast, or under autocast
+    /// on the fp32 probabilities, whose half-precision copy for the matmul is the same size).
     fn saved(&self) -> f64 {
-        self.probs + self.cast + self.dropout + self.softcap + self.clamp
+        let into_values = if self.dropout > 0.0 {
+            self.dropout
+        } else {
+            self.cast
+        };
+        self.probs + into_values + self.softcap + self.clamp
     }
 
     /// Peak in a no-grad forward: the input stays named while the softmax makes its fp32 copy
@@ -512,12 +519,18 @@ impl<'a> TransformerGraph<'a> {
                 units.push(block);
             }
             if self.training && spec.final_norm {
-                // The encoder's final norm saves its input (the last residual sum) and its
-                // output, which every cross-attention's key and value projections read.
+                // The encoder's final norm saves its input (the last residual sum), and its
+                // output is what every cross-attention's key and value projections read: saved
+                // by them, or under autocast (each saves its own half-precision copy) held by
+                // the model's output until the forward returns.
                 if let Some(last) = units.last_mut() {
-                    last.saved += self.batch
-                        * seq
-                        * (self.norm_saved() + self.bytes.linear_input(spec.hidden as f64, 1.0));
+                    let (tokens, h) = (self.batch * seq, spec.hidden as f64);
+                    last.saved += tokens * self.norm_saved();
+                    if self.bytes.autocast {
+                        last.forward_held += tokens * self.bytes.residual * h;
+                    } else {
+                        last.saved += tokens * self.bytes.residual * h;
+                    }
                 }
             }
             // The encoder's output is returned (`encoder_last_hidden_state`), and the
@@ -928,6 +941,11 @@ impl<'a> TransformerGraph<'a> {
         let key_tokens = self.batch * shape.keys;
         let mut key_side = 0.0; // saved bytes per key token (cross attention reads the encoder)
         let projections_from_norm = if cross || spec.fused_qkv { 1.0 } else { 3.0 };
+        if cross && self.bytes.autocast {
+            // Under autocast a cross-attention's k and v each save their own half-precision
+            // copy of the encoder's output, in every decoder block.
+            key_side += 2.0 * act * h;
+        }
         tally.sharded += if spec.post_norm && !cross {
             0.0
         } else {
@@ -1350,7 +1368,7 @@ impl<'a> TransformerGraph<'a> {
             tally.replicated += h;
         }
         let autocast_weights = if self.bytes.autocast {
-            act * spec.block_linear_params(layer) as f64 / self.split.tp
+            act * spec.block_linear_params(layer, has_cross) as f64 / self.split.tp
         } else {
             0.0
         };

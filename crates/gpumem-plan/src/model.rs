@@ -747,12 +747,16 @@ impl TransformerSpec {
             }
     }
 
-    /// Weights of the linear layers of one block of kind `layer` (what LoRA adapts and autocast
-    /// copies).
-    pub fn block_linear_params(&self, layer: LayerKind) -> u64 {
+    /// Weights of the linear layers of one block of kind `layer` (what autocast copies and a
+    /// quantised checkpoint stores in few bits), with `cross` an encoder-decoder's decoder
+    /// block, whose cross-attention has the self-attention's linears.
+    pub fn block_linear_params(&self, layer: LayerKind, cross: bool) -> u64 {
         let mut weights = 0;
         let mut add = |i: u64, o: u64, n: u64| weights += i * o * n;
         self.attention_linears(&mut add);
+        if cross {
+            self.attention_linears(&mut add);
+        }
         self.mlp_linears(layer, &mut add);
         weights
     }
@@ -821,8 +825,10 @@ impl TransformerSpec {
         let mut widest = |i: u64, o: u64, _: u64| largest_tensor = largest_tensor.max(i * o);
         self.attention_linears(&mut widest);
         self.mlp_linears(if moe_layers > 0 { moe } else { dense }, &mut widest);
-        let block_linear = (self.encoder_layers + dense_layers) * self.block_linear_params(dense)
-            + moe_layers * self.block_linear_params(moe);
+        let cross = self.is_encoder_decoder();
+        let block_linear = self.encoder_layers * self.block_linear_params(dense, false)
+            + dense_layers * self.block_linear_params(dense, cross)
+            + moe_layers * self.block_linear_params(moe, false);
         let own = ParamCounts {
             embeddings: self.params_of_embeddings(),
             body: encoder + decoder + stacks * self.relative_attention_buckets * self.heads,
