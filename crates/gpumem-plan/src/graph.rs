@@ -1139,10 +1139,25 @@ impl<'a> TransformerGraph<'a> {
             let cuda_math = self.workload.target == Target::Gpu
                 && self.workload.attention == Attention::Sdpa
                 && self.sdpa_math_fallback();
+            let cpu_math = self.workload.target == Target::Cpu
+                && self.workload.attention == Attention::Sdpa
+                && self.sdpa_math_fallback();
             let (scaled, returned) = if cuda_math {
                 (
                     4.0 * q_local * (query_tokens + key_tokens) + 4.0 * shape.queries * shape.keys,
                     0.0,
+                )
+            } else if cpu_math {
+                // CPU's math path keeps fp32 copies of half-precision q, k and v for the whole
+                // call, and scales a copy of the queries.
+                let copies = if act < 4.0 {
+                    4.0 * (q_local * query_tokens + (kv_local + value / self.split.tp) * key_tokens)
+                } else {
+                    0.0
+                };
+                (
+                    copies + 4.0 * q_local * query_tokens,
+                    scores * score.returned(),
                 )
             } else {
                 (0.0, scores * score.returned())
