@@ -153,7 +153,7 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
     single = [case_id(n, s) for n, s in settings_grid()]
     assert len(single) == len(set(single)) == 76
-    assert len(SETTINGS_HELDOUT) == 18 and single[-18:] == [
+    assert len(SETTINGS_HELDOUT) == 17 and single[-17:] == [
         case_id(n, s) for n, s in SETTINGS_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(single)
     losses = [case_id(n, s) for n, s in losses_grid()]
