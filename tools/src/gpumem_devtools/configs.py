@@ -55,6 +55,18 @@ _T5_SMALL: Config = {
     "num_layers": 6, "pad_token_id": 0, "relative_attention_num_buckets": 32,
     "vocab_size": 32128,
 }
+# T5 v1.1's shape, as FLAN-T5 uses it: a gated GELU MLP (wi_0, wi_1), 6 heads of 64 (narrower
+# than d_model), an untied LM head.
+_FLAN_T5_SMALL: Config = {
+    "architectures": ["T5ForConditionalGeneration"], "d_ff": 1024, "d_kv": 64, "d_model": 512,
+    "decoder_start_token_id": 0, "dense_act_fn": "gelu_new", "dropout_rate": 0.1,
+    "eos_token_id": 1, "feed_forward_proj": "gated-gelu", "initializer_factor": 1.0,
+    "is_encoder_decoder": True, "is_gated_act": True, "layer_norm_epsilon": 1e-06,
+    "model_type": "t5", "n_positions": 512, "num_decoder_layers": 8, "num_heads": 6,
+    "num_layers": 8, "pad_token_id": 0, "relative_attention_max_distance": 128,
+    "relative_attention_num_buckets": 32, "tie_word_embeddings": False, "use_cache": True,
+    "vocab_size": 32128,
+}
 _VIT_BASE: Config = {
     "architectures": ["ViTForImageClassification"], "attention_probs_dropout_prob": 0.0,
     "hidden_act": "gelu", "hidden_dropout_prob": 0.0, "hidden_size": 768, "image_size": 224,
@@ -152,6 +164,8 @@ HF_CONFIGS: dict[str, tuple[str, Config, Config]] = {
                    "num_hidden_layers": 6, "vocab_size": 4096}),
     "t5-small-4l": ("google-t5/t5-small", _T5_SMALL,
                     {"num_layers": 4, "num_decoder_layers": 4, "vocab_size": 4096}),
+    "flan-t5-small-4l": ("google/flan-t5-small", _FLAN_T5_SMALL,
+                         {"num_layers": 4, "num_decoder_layers": 4, "vocab_size": 4096}),
     "bert-6l": ("google-bert/bert-base-uncased", _BERT_BASE,
                 {"hidden_size": 384, "intermediate_size": 1536, "num_attention_heads": 6,
                  "num_hidden_layers": 6, "vocab_size": 8192,

@@ -476,6 +476,7 @@ SETTINGS_HELDOUT: list[tuple[str, Settings]] = [
     ("t5-small-4l", T(4, 256)),
     ("t5-small-2l", T(2, 512, dtype="bf16")),
     ("whisper-4l", T(2, 128, dtype="bf16", grad_ckpt=True)),
+    ("flan-t5-small-4l", T(2, 256, dtype="bf16")),
 ]
 
 
@@ -565,6 +566,10 @@ LORA_HELDOUT: list[tuple[str, Settings]] = [
     # T5 under SDPA, planned after the T5 cases above were traced.
     ("t5-small-2l", T(4, 512, dtype="bf16", lora_rank=16, lora_targets="q,k,v,o")),
     ("t5-small-4l", T(2, 384, lora_rank=8, lora_targets="wi,wo", lora_dropout=0.1)),
+    # T5 v1.1's shape (FLAN-T5: gated GELU, narrower heads, untied head), planned after all of
+    # session 12's mechanisms.
+    ("flan-t5-small-4l", T(4, 256, dtype="bf16", lora_rank=16, lora_targets="q,v")),
+    ("flan-t5-small-4l", T(2, 256, lora_rank=8, lora_dropout=0.05)),
 ]
 
 
