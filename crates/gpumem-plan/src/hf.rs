@@ -762,7 +762,14 @@ impl ConfigFields<'_> {
                 (spec.qkv_bias, spec.out_bias, spec.mlp_bias) = (false, false, false);
                 let proj = self.str_or(&["feed_forward_proj"], "relu");
                 spec.gated_mlp = proj.starts_with("gated-");
-                spec.activation = self.activation(&["feed_forward_proj"], "relu")?;
+                // `T5Config` takes the activation from `feed_forward_proj` (any `dense_act_fn`
+                // in the file is overwritten) and, for compatibility, runs "gated-gelu" with
+                // `gelu_new` (T5 v1.1, FLAN-T5): the tanh approximation in Python ops.
+                spec.activation = if proj == "gated-gelu" {
+                    Activation::GeluTanhPython
+                } else {
+                    self.activation(&["feed_forward_proj"], "relu")?
+                };
                 spec.relative_attention_buckets = self
                     .optional_u64(
                         "relative_attention_num_buckets",
@@ -780,6 +787,10 @@ impl ConfigFields<'_> {
                     spec.embedding_dropout,
                 ) = (dropout, dropout, dropout, dropout);
                 spec.head = Head::Seq2SeqLm;
+                // A T5 v1.1 / FLAN-T5 config says `tie_word_embeddings: false`: its checkpoint
+                // stores its own LM head, which `from_pretrained` keeps untied (transformers
+                // 5.x's T5Config forces the flag on, but loading finds both weights present and
+                // different), and its decoder output is not rescaled.
                 spec.rescaled_output = spec.tied_embeddings;
             }
             "whisper" => self.whisper(&mut spec, need_positions()?)?,

@@ -72,6 +72,19 @@ fn t5_and_vit() {
     assert_eq!(total("vit-large"), 304_326_632);
 }
 
+/// T5 v1.1's shape (FLAN-T5), shrunk to 4 + 4 layers and 4096 tokens: a gated GELU MLP and its
+/// own LM head, as `from_pretrained` keeps a checkpoint's separate `lm_head.weight` (the
+/// transformers 5.23 model built from the config, the head untied: 26,226,048).
+#[test]
+fn t5_v1_1_keeps_its_own_lm_head() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testdata/plan/configs/flan-t5-small-4l.json"
+    );
+    let model = gpumem_plan::load_config(std::path::Path::new(path)).unwrap();
+    assert_eq!(model.params().total(), 26_226_048);
+}
+
 #[test]
 fn torchvision_resnets() {
     assert_eq!(total("resnet18"), 11_689_512);
@@ -217,6 +230,7 @@ fn lora_trainable_parameters_match_peft() {
         ("whisper-4l", "q_proj,v_proj", 294_912),
         ("t5-small-4l", "all-linear", 1_441_792),
         ("t5-small-4l", "q,v", 393_216),
+        ("flan-t5-small-4l", "all-linear", 1_277_952),
     ] {
         let model = gpumem_plan::load_config(std::path::Path::new(&format!("{root}{config}.json")))
             .unwrap();

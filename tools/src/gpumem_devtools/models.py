@@ -194,6 +194,8 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
     model = auto.from_config(hf_cfg, **kwargs).to(device)
     if type(model).__name__ != arch:
         raise ValueError(f"{config_path}: built {type(model).__name__}, config names {arch}")
+    if cfg.get("model_type") == "t5" and cfg.get("tie_word_embeddings") is False:
+        _untie_lm_head(model)
     if grad_ckpt:
         checkpointing_enable(model)
     elif grad_ckpt_every:
@@ -203,6 +205,21 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
             "use_reentrant": False, "context_fn": per_op_checkpoint_context})
     return Workload(model, kind, cfg.get("vocab_size"), cfg.get("image_size"),
                     len(cfg["id2label"]) if "id2label" in cfg else None, mel_bins)
+
+
+def _untie_lm_head(model: Any) -> None:
+    """Give the LM head its own weight, as `from_pretrained` leaves it for a checkpoint that
+    stores a separate one: transformers 5.x's T5Config forces `tie_word_embeddings=True`
+    (T5 v1.1 and FLAN-T5 configs say False), so `from_config` ties the head, but loading finds
+    `lm_head.weight` and `shared.weight` both present and different and does not tie them."""
+    torch = require("torch")
+    weight = model.lm_head.weight
+    model.lm_head.weight = torch.nn.Parameter(weight.detach().clone(),
+                                              requires_grad=weight.requires_grad)
+    # Nothing ties it again (`tie_weights()` reads this mapping).
+    tied = getattr(model, "all_tied_weights_keys", None)
+    if isinstance(tied, dict):
+        tied.pop("lm_head.weight", None)
 
 
 def checkpointing_enable(model: Any, every_n_layers: int | None = None,
