@@ -267,3 +267,15 @@ def test_cuda_rows_are_grid_cases_in_order(name: str, cases: list[tuple[str, Set
         measured = row["measured"]
         assert 0 < measured["peak_allocated_bytes"] <= measured["peak_allocated_bytes_whole_run"]
         assert measured["peak_allocated_bytes_whole_run"] <= measured["peak_reserved_bytes"]
+
+
+def test_inference_cases_of_cached_models_state_their_cache() -> None:
+    """A measured forward of a model with a KV cache runs with `use_cache=False` unless the case
+    says otherwise; a row that leaves `no_cache` unset would be planned with the cache. (The
+    replay traces' headers are read with the harness's own default.)"""
+    from gpumem_devtools import configs
+    traces = {case_id(cfg, s) for cfg, s, _ in TRACE_TABLE.values()}
+    unstated = [case_id(n, s) for n, s in _workloads() if case_id(n, s) not in traces
+                if s.mode == "infer" and s.no_cache is None
+                and configs.model_kind(configs.config_dict(n)) in configs.KV_CACHE_KINDS]
+    assert not unstated, unstated
