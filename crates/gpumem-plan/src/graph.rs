@@ -1136,12 +1136,8 @@ impl<'a> TransformerGraph<'a> {
             // CUDA's math path on grouped keys (SDPA: no probabilities returned) scales copies
             // of the queries and of the keys repeated to every head, and turns the causal mask
             // into an fp32 bias.
-            let cuda_math = self.workload.target == Target::Gpu
-                && self.workload.attention == Attention::Sdpa
-                && self.sdpa_math_fallback();
-            let cpu_math = self.workload.target == Target::Cpu
-                && self.workload.attention == Attention::Sdpa
-                && self.sdpa_math_fallback();
+            let cuda_math = math_path && self.workload.target == Target::Gpu;
+            let cpu_math = math_path && self.workload.target == Target::Cpu;
             let (scaled, returned) = if cuda_math {
                 (
                     4.0 * q_local * (query_tokens + key_tokens) + 4.0 * shape.queries * shape.keys,

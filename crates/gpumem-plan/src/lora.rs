@@ -203,9 +203,7 @@ fn block_linears(spec: &TransformerSpec, layer: LayerKind) -> Vec<(u16, u64, u64
             out.push((Q | K | V, h, qw + 2 * kv, 1));
             out.push((O, qw, h, 1));
         }
-        None => {
-            out.extend([(Q, h, qw, 1), (K, h, kv, 1), (V, h, kv, 1), (O, qw, h, 1)]);
-        }
+        None => out.extend(separate_projections(spec)),
     }
     // In a mixture of experts the MLP names select the routed experts: its dense MLPs (shared
     // experts, first dense layers) cannot be targeted (role 0).
@@ -240,10 +238,11 @@ fn block_linears(spec: &TransformerSpec, layer: LayerKind) -> Vec<(u16, u64, u64
     out
 }
 
-/// The linears of an encoder-decoder's cross-attention, in the entries of [`block_linears`]:
-/// q and o on the decoder's side, k and v reading the encoder's output (the same width in every
-/// supported family). PEFT's names select them as they select the self-attention's.
-fn cross_linears(spec: &TransformerSpec) -> [(u16, u64, u64, u64); 4] {
+/// An attention's separate q, k, v and o projections, in the entries of [`block_linears`]: a
+/// self-attention's without fused or latent projections, and an encoder-decoder's
+/// cross-attention's (k and v read the encoder's output, of the same width in every supported
+/// family), whose linears PEFT's names select as they select the self-attention's.
+fn separate_projections(spec: &TransformerSpec) -> [(u16, u64, u64, u64); 4] {
     let (h, qw, kv) = (spec.hidden, spec.query_width(), spec.kv_width());
     [(Q, h, qw, 1), (K, h, kv, 1), (V, h, kv, 1), (O, qw, h, 1)]
 }
@@ -266,7 +265,7 @@ pub fn lora_params(spec: &TransformerSpec, rank: u64, targets: LoraTargets) -> u
     let moe_layers = (0..spec.layers).filter(|&i| spec.layer_kind(i).moe).count() as u64;
     let dense_blocks = spec.layers - moe_layers + spec.encoder_layers;
     let cross = if spec.is_encoder_decoder() {
-        spec.layers * sum(&cross_linears(spec))
+        spec.layers * sum(&separate_projections(spec))
     } else {
         0
     };
@@ -376,7 +375,7 @@ pub fn saved_change(
     };
     let group = |group: u16, width: f64| input(group, adapted_in(&linears, group), width);
     let (cross_queries, cross_keys) = if cross_attention {
-        let cross = cross_linears(spec);
+        let cross = separate_projections(spec);
         (
             input(Q, adapted_in(&cross, Q), h) + input(O, adapted_in(&cross, O), qw),
             copies(K | V, adapted_in(&cross, K | V), h, 0.0),
@@ -595,7 +594,7 @@ pub fn adapter_widths(
     if !cross_attention {
         return (own, AdapterWidths::default());
     }
-    let cross = cross_linears(spec);
+    let cross = separate_projections(spec);
     let queries = widest(&cross, Q | O);
     (
         AdapterWidths {
