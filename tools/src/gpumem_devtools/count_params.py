@@ -37,6 +37,10 @@ def count(config: dict[str, Any]) -> tuple[str, int]:
             fields = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
             hf_config = transformers.AutoConfig.for_model(**fields)
             model = getattr(transformers, config["architectures"][0])(hf_config)
+            if config["model_type"] == "t5" and config.get("tie_word_embeddings") is False:
+                # As from_pretrained leaves a T5 v1.1 checkpoint's own LM head.
+                from .models import untie_lm_head
+                untie_lm_head(model)
     return type(model).__name__, sum(p.numel() for p in model.parameters())
 
 

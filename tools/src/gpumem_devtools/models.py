@@ -195,7 +195,7 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
     if type(model).__name__ != arch:
         raise ValueError(f"{config_path}: built {type(model).__name__}, config names {arch}")
     if cfg.get("model_type") == "t5" and cfg.get("tie_word_embeddings") is False:
-        _untie_lm_head(model)
+        untie_lm_head(model)
     if grad_ckpt:
         checkpointing_enable(model)
     elif grad_ckpt_every:
@@ -207,7 +207,7 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
                     len(cfg["id2label"]) if "id2label" in cfg else None, mel_bins)
 
 
-def _untie_lm_head(model: Any) -> None:
+def untie_lm_head(model: Any) -> None:
     """Give the LM head its own weight, as `from_pretrained` leaves it for a checkpoint that
     stores a separate one: transformers 5.x's T5Config forces `tie_word_embeddings=True`
     (T5 v1.1 and FLAN-T5 configs say False), so `from_config` ties the head, but loading finds
