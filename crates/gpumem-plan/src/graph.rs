@@ -1369,6 +1369,8 @@ impl<'a> TransformerGraph<'a> {
         let own = self.attention(shape, false, &mut tally);
         let cross_shape = cross;
         let has_cross = cross.is_some();
+        // The tokens a cross-attention's keys and values span (the encoder's).
+        let encoder_tokens = cross.map_or(0.0, |c| self.batch * c.keys);
         let cross = cross
             .map(|c| self.attention(c, true, &mut tally))
             .unwrap_or_default();
@@ -1390,7 +1392,6 @@ impl<'a> TransformerGraph<'a> {
             + autocast_weights
             + {
                 let change = self.lora_inputs(layer, has_cross);
-                let encoder_tokens = cross_shape.map_or(0.0, |c| self.batch * c.keys);
                 tokens * (change.attention + change.mlp + change.cross_queries)
                     + encoder_tokens * change.cross_keys
             }
@@ -1473,7 +1474,7 @@ impl<'a> TransformerGraph<'a> {
             forward_transient: (transient + tokens * act * f).max(self.adapter_transient(
                 layer,
                 tokens,
-                cross_shape.map_or(0.0, |c| self.batch * c.keys),
+                encoder_tokens,
             )) + dequantised,
             // Saved tensors are released as their node runs: one intermediate's gradient at a
             // time (and a QLoRA base weight dequantised again for the input's gradient).

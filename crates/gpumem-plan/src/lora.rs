@@ -626,10 +626,7 @@ mod tests {
         // litgpt 0.5.13, measured on CPU (llama-8l shapes: 512 wide, 2 of 8 key/value heads):
         // with q, k and v all adapted `zero_pad` returns the `lora_B` output unsaved; with only
         // some, its `index_copy_` saves it. The MLP's two input linears each have a dropout.
-        let model = crate::catalogue::find_model("llama-3.2-1b").unwrap();
-        let Architecture::Transformer(spec) = &model.arch else {
-            panic!("a transformer")
-        };
+        let spec = &catalogue_transformer("llama-3.2-1b");
         let layer = spec.layer_kind(0);
         let change = |targets: &str, dropout: f64| {
             let lora = Lora {
@@ -680,6 +677,15 @@ mod tests {
     }
 
     /// A shrunk mixture of experts of the measured sets (`testdata/plan/configs`).
+    /// The transformer of catalogue model `name`.
+    fn catalogue_transformer(name: &str) -> TransformerSpec {
+        let model = crate::catalogue::find_model(name).unwrap();
+        let Architecture::Transformer(spec) = model.arch else {
+            panic!("a transformer")
+        };
+        *spec
+    }
+
     fn moe_config(name: &str) -> TransformerSpec {
         let path = format!(
             "{}/../../testdata/plan/configs/{name}.json",
@@ -769,10 +775,7 @@ mod tests {
             LoraTargets::parse("gate", "llama").unwrap().to_string(),
             "gate"
         );
-        let model = crate::catalogue::find_model("llama-3.2-1b").unwrap();
-        let Architecture::Transformer(dense) = &model.arch else {
-            panic!("a transformer")
-        };
+        let dense = &catalogue_transformer("llama-3.2-1b");
         let err = LoraTargets::parse("router", "llama")
             .unwrap()
             .check(dense, "llama");
@@ -788,10 +791,7 @@ mod tests {
         // decoder's cross-attention q adapter copies its norm output per decoder token, its v
         // adapter the encoder's output per encoder token, in every decoder block; the frozen o
         // frees the merged heads it would save; k reads the encoder output without an adapter.
-        let model = crate::catalogue::find_model("whisper-tiny").unwrap();
-        let Architecture::Transformer(spec) = &model.arch else {
-            panic!("a transformer")
-        };
+        let spec = &catalogue_transformer("whisper-tiny");
         let layer = spec.layer_kind(0);
         let lora = Lora {
             targets: LoraTargets::parse("q_proj,v_proj", "whisper").unwrap(),
