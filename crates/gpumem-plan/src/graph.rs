@@ -374,6 +374,18 @@ impl<'a> TransformerGraph<'a> {
         self.training && p > 0.0
     }
 
+    /// The staging buffer a linear's bias gradient takes on a GPU: `grad.sum(0)` over `rows`
+    /// gradient rows of `cols` outputs ([`crate::gpu::column_sum_staging_bytes`]); nothing on
+    /// the CPU, outside training, or where the base weights are frozen (LoRA).
+    fn bias_gradient_staging(&self, rows: f64, cols: f64) -> f64 {
+        match self.workload.cores {
+            Some(cores) if self.training && self.workload.lora.is_none() => {
+                crate::gpu::column_sum_staging_bytes(rows as u64, cols as u64, &cores) as f64
+            }
+            _ => 0.0,
+        }
+    }
+
     /// Sequence length of the (decoder or only) stack.
     fn sequence(&self) -> f64 {
         match self.spec.patches {
@@ -1123,7 +1135,12 @@ impl<'a> TransformerGraph<'a> {
         let mut score_gradients = 0.0;
         let (inference, kept, stack_mask) = if materialised {
             let score = self.score_bytes();
-            if score.probs == score.input {
+            if self.workload.target == Target::Gpu {
+                // CUDA's softmax backward first makes `grad * output` (SoftMax.cu): the
+                // probabilities' gradient, that product and the scores' gradient, each in
+                // the probabilities' dtype.
+                score_gradients = 3.0 * scores * score.probs;
+            } else if score.probs == score.input {
                 score_gradients = 2.0 * scores * score.input;
             }
             core += scores * score.saved();
@@ -1451,8 +1468,18 @@ impl<'a> TransformerGraph<'a> {
         let attention_backward = (score_gradients - released_before_attention)
             .max(cross.input_gradients - released_before_attention)
             - residual_gradient / 2.0;
+        // On the GPU the first MLP linear's bias gradient is summed from its output's gradient
+        // through a staging buffer, after the activation's and the second linear's backward
+        // have released the intermediates they saved.
+        let first_mlp_bias = if spec.mlp_bias && !spec.gated_mlp && !layer.moe {
+            let staging = self.bias_gradient_staging(tokens, f);
+            staging + tokens * (act * f - self.mlp_intermediates(layer) / self.split.tp)
+        } else {
+            0.0
+        };
         let largest_intermediate = (tally.core / 2.0)
             .max(tokens * act * f * self.mlp_backward_intermediates())
+            .max(first_mlp_bias)
             .max(attention_backward);
         let dequantised = self.dequantised(layer, tokens);
         // The cache copies the outputs hold: through backward with `--loss none` (the caller
@@ -1927,12 +1954,29 @@ impl<'a> TransformerGraph<'a> {
                 // Causal LMs upcast logits before the loss; autocast runs cross-entropy in fp32;
                 // masked-LM and T5 heads take the loss in the activation dtype.
                 let upcast = spec.head == Head::CausalLm || self.workload.amp.is_some();
-                let loss_bytes = if upcast { 4.0 } else { act };
-                let fp32_copy = if loss_bytes == act {
+                // Except CUDA's autocast on half-precision logits that the model does not
+                // upcast: `cross_entropy` names the logits' dtype for its log_softmax, which so
+                // runs (and saves its output) in half precision, and nll_loss, an fp32 op,
+                // saves the fp32 copy of the log-probabilities it reads. CPU's autocast casts
+                // the logits to fp32 before log_softmax.
+                let half_log_probs = upcast
+                    && spec.head != Head::CausalLm
+                    && self.workload.target == Target::Gpu
+                    && act < 4.0;
+                let loss_bytes = if upcast && !half_log_probs { 4.0 } else { act };
+                let fp32_copy = if loss_bytes == act && !half_log_probs {
                     0.0
                 } else {
                     logits_tokens * vocab * 4.0
                 };
+                // A masked-LM decoder's (or a biased LM head's) bias gradient sums the logits'
+                // gradient through a staging buffer beside the input's gradient.
+                let logits_gradient = logits
+                    + if spec.head == Head::MaskedLm || spec.lm_head_bias {
+                        self.bias_gradient_staging(logits_tokens, vocab)
+                    } else {
+                        0.0
+                    };
                 let saved_per_token = final_norm + transform + rescale + self.head_input();
                 // What the head's matmul and the final norm save: alive while the head's
                 // backward makes the gradient of its input and then of its weight (the final
@@ -1958,7 +2002,7 @@ impl<'a> TransformerGraph<'a> {
                         // Soft-capping's backward makes tanh's gradient while the gradient of
                         // the final `· cap` still lives: two logits-sized gradients.
                         backward_transient: logits + softcap,
-                        gradient_transient: logits + input_gradient,
+                        gradient_transient: logits_gradient + input_gradient,
                         saved_through_gradients: head_saved,
                         params,
                         ..Unit::default()
@@ -1976,6 +2020,37 @@ impl<'a> TransformerGraph<'a> {
                         saved_through_gradients: through,
                         ..head
                     }
+                } else if self.training && half_log_probs {
+                    // Saved: the half-precision log-probabilities and nll_loss's fp32 copy of
+                    // them, beside which nll_loss's backward makes its fp32 gradient; the casts
+                    // and log_softmax's backward that follow hold less.
+                    let log_probs = tokens * vocab * act;
+                    Unit {
+                        name: "head",
+                        saved: head_saved + log_probs + fp32_copy + softcap,
+                        forward_transient: logits + softcap,
+                        backward_transient: fp32_copy,
+                        gradient_transient: logits_gradient + input_gradient,
+                        saved_through_gradients: head_saved,
+                        whole: WholeTensors {
+                            saved: [
+                                SavedGroup {
+                                    bytes: log_probs,
+                                    tensor: log_probs,
+                                },
+                                SavedGroup {
+                                    bytes: fp32_copy,
+                                    tensor: fp32_copy,
+                                },
+                            ],
+                            forward_transient: [logits, 0.0],
+                            backward_transient: [fp32_copy, 0.0],
+                            gradient_transient: logits,
+                            ..WholeTensors::default()
+                        },
+                        params,
+                        ..Unit::default()
+                    }
                 } else if self.training {
                     let log_probs = tokens * vocab * loss_bytes;
                     Unit {
@@ -1988,7 +2063,7 @@ impl<'a> TransformerGraph<'a> {
                         backward_transient: 2.0 * log_probs,
                         // The logits' gradient (cast back to the logits dtype) feeds the LM head,
                         // whose backward makes its input's gradient before its weight's.
-                        gradient_transient: logits + input_gradient,
+                        gradient_transient: logits_gradient + input_gradient,
                         saved_through_gradients: head_saved,
                         whole: WholeTensors {
                             saved: [

@@ -414,6 +414,10 @@ impl Settings {
             Some("cpu") => Target::Cpu,
             Some(other) => return Err(crate::names::unknown("target", other, ["gpu", "cpu"])),
         };
+        let gpu = match target {
+            Target::Gpu => self.gpu.as_deref().map(crate::gpu::find_gpu).transpose()?,
+            Target::Cpu => None,
+        };
         let lora_base = if self.qlora {
             Some(BaseQuant::QLORA)
         } else if self.lora_base_int8 {
@@ -479,10 +483,13 @@ impl Settings {
             target,
             blas_workspace: match target {
                 Target::Cpu => 0,
-                Target::Gpu => match self.gpu.as_deref() {
-                    Some(name) => crate::gpu::find_gpu(name)?.blas_workspace_bytes,
-                    None => d.blas_workspace,
-                },
+                Target::Gpu => gpu
+                    .as_ref()
+                    .map_or(d.blas_workspace, |g| g.blas_workspace_bytes),
+            },
+            cores: match target {
+                Target::Cpu => None,
+                Target::Gpu => gpu.as_ref().map_or(d.cores, |g| Some(g.cores)),
             },
             use_cache: !self.no_cache,
             labels: self.labels,

@@ -431,6 +431,10 @@ pub struct Workload {
     /// and stream that runs a matrix product (by the GPU, [`crate::gpu::Gpu`]; Hopper's when
     /// none is named; 0 on the CPU).
     pub blas_workspace: u64,
+    /// The GPU's multiprocessors, which size the staging buffers of PyTorch's reductions
+    /// ([`crate::gpu::column_sum_staging_bytes`]); the H100's when no GPU is named; None on
+    /// the CPU, whose reductions stage nothing.
+    pub cores: Option<crate::gpu::Cores>,
 }
 
 impl Default for Workload {
@@ -453,6 +457,7 @@ impl Default for Workload {
             layout: Layout::single(),
             target: Target::Gpu,
             blas_workspace: crate::gpu::HOPPER_WORKSPACE,
+            cores: Some(crate::gpu::H100_CORES),
             use_cache: true,
             labels: false,
             loss: Loss::Hf,

@@ -462,3 +462,110 @@ fn fsdp_accumulation_keeps_unsharded_gradients() {
     assert!(fsdp_gap > 10e9, "{fsdp_gap}");
     assert!(zero3_gap < 3e9, "{zero3_gap}");
 }
+
+/// A shrunk checkpoint's config.json from `testdata/plan/configs`.
+fn config(name: &str) -> gpumem_plan::ModelSpec {
+    let path = format!(
+        "{}/../../testdata/plan/configs/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    gpumem_plan::load_config(std::path::Path::new(&path)).unwrap()
+}
+
+/// Peak allocated bytes in each phase of a training step of `model` on `gpu` (`None`: on the
+/// CPU) in `dtype` with `amp` and `attn`.
+fn step_phases(
+    model: &gpumem_plan::ModelSpec,
+    gpu: Option<&str>,
+    (dtype, amp, attn): (&str, Option<&str>, &str),
+    (batch, seq): (u64, u64),
+) -> Vec<(Phase, u64)> {
+    let settings = Settings {
+        target: Some(if gpu.is_some() { "gpu" } else { "cpu" }.into()),
+        gpu: gpu.map(Into::into),
+        dtype: Some(dtype.into()),
+        amp: amp.map(Into::into),
+        attn: Some(attn.into()),
+        ..train(batch, seq)
+    };
+    estimate(
+        model,
+        &settings.to_workload().unwrap(),
+        &Overheads::default(),
+    )
+    .unwrap()
+    .phases
+    .iter()
+    .map(|p| (p.phase, p.allocated_bytes))
+    .collect()
+}
+
+fn phase_peak(phases: &[(Phase, u64)], phase: Phase) -> u64 {
+    phases.iter().find(|p| p.0 == phase).unwrap().1
+}
+
+#[test]
+fn gpu_bias_gradients_stage_partial_sums_by_multiprocessor() {
+    // A masked-LM decoder's bias gradient sums 2048 rows of the logits' gradient (vocabulary
+    // 8192) through a staging buffer sized by the GPU's multiprocessors (132 on an H100 SXM,
+    // 114 on a PCIe card, which has the same memory and cuBLAS workspace), at the backward's
+    // peak.
+    let bert = config("bert-6l");
+    let backward = |gpu| {
+        phase_peak(
+            &step_phases(&bert, Some(gpu), ("bf16", None, "sdpa"), (4, 512)),
+            Phase::Backward,
+        )
+    };
+    let staging = |gpu| {
+        let cores = gpumem_plan::find_gpu(gpu).unwrap().cores;
+        gpumem_plan::column_sum_staging_bytes(2048, 8192, &cores)
+    };
+    assert!(staging("h100-pcie") > 0 && staging("h100") > staging("h100-pcie"));
+    assert_eq!(
+        backward("h100") - backward("h100-pcie"),
+        staging("h100") - staging("h100-pcie")
+    );
+}
+
+#[test]
+fn cuda_autocast_keeps_half_log_probabilities_of_unupcast_logits() {
+    // Under CUDA's autocast a masked-LM's bf16 logits go through log_softmax in bf16 (its saved
+    // output) and nll_loss saves an fp32 copy: 2 bytes per logit more than the CPU's fp32
+    // log-probabilities, beyond what the GPU adds without autocast (its cuBLAS workspaces).
+    let bert = config("bert-6l");
+    let gpu_excess = |dtype, amp| {
+        let at_forward_end = |gpu| {
+            phase_peak(
+                &step_phases(&bert, gpu, (dtype, amp, "sdpa"), (4, 512)),
+                Phase::ForwardEnd,
+            )
+        };
+        at_forward_end(Some("h100")) - at_forward_end(None)
+    };
+    assert_eq!(
+        gpu_excess("fp32", Some("bf16")) - gpu_excess("bf16", None),
+        2 * 2048 * 8192
+    );
+}
+
+#[test]
+fn cuda_softmax_backward_makes_the_gradient_output_product() {
+    // CUDA's softmax backward first makes `grad * output`: in an fp32 eager attention's
+    // backward one more score-sized tensor than on the CPU (8 heads × 2048² scores), beyond
+    // what the GPU holds at the forward's end (its cuBLAS workspaces).
+    let llama = config("llama-8l");
+    let gpu_excess = |phase| {
+        let peak = |gpu| {
+            phase_peak(
+                &step_phases(&llama, gpu, ("fp32", None, "eager"), (1, 2048)),
+                phase,
+            )
+        };
+        peak(Some("h100")) - peak(None)
+    };
+    assert_eq!(
+        gpu_excess(Phase::Backward) - gpu_excess(Phase::ForwardEnd),
+        8 * 2048 * 2048 * 4
+    );
+}

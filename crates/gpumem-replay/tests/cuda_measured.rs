@@ -1,6 +1,7 @@
 //! The planner against PyTorch runs measured on a real GPU (an NVIDIA H200, PyTorch 2.11 with
-//! CUDA 13, transformers 5.17; `gpumem-measure-peak --device cuda`, run by hand on a lent
-//! machine): `testdata/plan/measured_cuda*.jsonl`. Each row holds the peak allocated bytes of
+//! CUDA 13, transformers 5.17, PEFT 0.21; `gpumem-measure-peak --device cuda`, run by hand on
+//! lent machines, the LoRA, settings and multimodal grids on 2026-11-27):
+//! `testdata/plan/measured_cuda*.jsonl`, six grids. Each row holds the peak allocated bytes of
 //! the last step (from PyTorch's own allocation history) and PyTorch's `max_memory_reserved`
 //! over the whole run; the plan's reserved is its allocation sequence replayed through the
 //! `torch` policy. Run with `--nocapture` for the table.
@@ -103,12 +104,20 @@ fn summary(errors: &mut [f64]) -> (f64, f64) {
 /// Goal for the median |error| of the planned peak allocated bytes over each file.
 const ALLOCATED_MEDIAN_GOAL: f64 = 0.01;
 
+/// Bound on any one case's |error| of the planned peak allocated bytes: where the planner
+/// stands today (the worst, T5's half-precision SDPA, is 15.05 % low), so that no change makes
+/// a case worse unnoticed.
+const ALLOCATED_MAX_BOUND: f64 = 0.16;
+
 #[test]
 fn planner_against_h200_measurements() {
     for file in [
         "measured_cuda.jsonl",
         "measured_cuda_heldout.jsonl",
         "measured_cuda_architectures.jsonl",
+        "measured_cuda_lora.jsonl",
+        "measured_cuda_settings.jsonl",
+        "measured_cuda_multimodal.jsonl",
     ] {
         let (mut allocated, mut reserved) = errors(file);
         let (am, ax) = summary(&mut allocated);
@@ -125,6 +134,11 @@ fn planner_against_h200_measurements() {
             am <= ALLOCATED_MEDIAN_GOAL,
             "{file}: median |error| of allocated {:.2}%",
             100.0 * am
+        );
+        assert!(
+            ax <= ALLOCATED_MAX_BOUND,
+            "{file}: max |error| of allocated {:.2}%",
+            100.0 * ax
         );
     }
 }
