@@ -147,7 +147,10 @@ pub fn column_sum_staging_bytes(rows: u64, cols: u64, cores: &Cores) -> u64 {
         (32, 16, 1)
     };
     // Each thread loads up to four neighbouring outputs at once.
-    let vector = [4, 2, 1].into_iter().find(|v| cols.is_multiple_of(*v)).unwrap_or(1);
+    let vector = [4, 2, 1]
+        .into_iter()
+        .find(|v| cols.is_multiple_of(*v))
+        .unwrap_or(1);
     let max_threads = MAX_THREADS / vector;
     let power_of_two_below = |n: u64| {
         if n < max_threads {

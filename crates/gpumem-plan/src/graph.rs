@@ -822,7 +822,7 @@ impl<'a> TransformerGraph<'a> {
     }
 
     /// Bytes per score element of eager attention's softmax under this workload.
-    fn score_bytes(&self) -> ScoreBytes {
+    fn score_bytes(&self, cross: bool) -> ScoreBytes {
         let input = self.bytes.act;
         let dropout = if self.dropout_active(self.spec.attention_dropout) {
             1.0 + input
@@ -850,7 +850,7 @@ impl<'a> TransformerGraph<'a> {
         // SDPA's math fallback computes in fp32: the scores and their softmax. Its dropout is
         // `at::dropout`: CUDA's fused kernel keeps a 1-byte mask, CPU's `_dropout` a noise
         // tensor of the probabilities' dtype (`empty_like(input).bernoulli_`).
-        let math = self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback();
+        let math = self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback(cross);
         if math {
             let mask = match self.workload.target {
                 Target::Cpu => 4.0,
@@ -902,10 +902,13 @@ impl<'a> TransformerGraph<'a> {
     /// keys to SDPA as they are (`enable_gqa`) when it builds no mask (causal, no sliding
     /// window; earlier releases repeat them first); in fp32 no fused kernel takes them (flash
     /// needs half precision, the memory-efficient kernel has no grouped keys), so the math
-    /// path runs (measured on an H200: docs/gpu.md). PyTorch's CPU flash kernel takes no
-    /// dropout either (`check_for_dropout` among its constraints): attention dropout in
-    /// training runs the math path on CPU.
-    fn sdpa_math_fallback(&self) -> bool {
+    /// path runs (measured on an H200: docs/gpu.md). A self-attention with T5's relative
+    /// position bias (an additive per-head mask) runs it on CUDA too, in training and in
+    /// inference, in every dtype; its cross-attention, which has no bias, runs a fused kernel
+    /// (the H200's op logs). PyTorch's CPU flash kernel takes no dropout either
+    /// (`check_for_dropout` among its constraints): attention dropout in training runs the
+    /// math path on CPU. `cross`: the attention is a cross-attention.
+    fn sdpa_math_fallback(&self, cross: bool) -> bool {
         match self.workload.target {
             Target::Cpu => {
                 self.spec
@@ -914,29 +917,33 @@ impl<'a> TransformerGraph<'a> {
                     || self.dropout_active(self.spec.attention_dropout)
             }
             Target::Gpu => {
-                self.workload.compute_dtype() == Dtype::Fp32
-                    && self.spec.kv_heads < self.spec.heads
-                    && self.spec.sliding.is_none()
-                    && self.spec.decoder
-                    && self
-                        .workload
-                        .transformers
-                        .is_none_or(|release| release >= GROUPED_KEYS_TO_SDPA_SINCE)
+                (self.spec.relative_attention_buckets > 0 && !cross)
+                    || self.workload.compute_dtype() == Dtype::Fp32
+                        && self.spec.kv_heads < self.spec.heads
+                        && self.spec.sliding.is_none()
+                        && self.spec.decoder
+                        && self
+                            .workload
+                            .transformers
+                            .is_none_or(|release| release >= GROUPED_KEYS_TO_SDPA_SINCE)
             }
         }
     }
 
-    /// Does this attention materialise the score matrix?
-    fn materialises_scores(&self) -> bool {
+    /// Does this attention (a cross-attention where `cross`) materialise the score matrix?
+    fn materialises_scores(&self, cross: bool) -> bool {
         match self.workload.attention {
             Attention::Eager => true,
             Attention::Flash => false,
-            // T5's relative position bias has no fused kernel path in transformers when its
-            // gradient is needed; without gradients SDPA takes it as an additive mask.
+            // PyTorch's CPU flash kernel takes T5's relative position bias as an additive
+            // mask but gives it no gradient: in training every attention of the model runs the
+            // math path on CPU.
             Attention::Sdpa => {
                 self.spec.eager_only
-                    || self.sdpa_math_fallback()
-                    || (self.training && self.spec.relative_attention_buckets > 0)
+                    || self.sdpa_math_fallback(cross)
+                    || (self.workload.target == Target::Cpu
+                        && self.training
+                        && self.spec.relative_attention_buckets > 0)
             }
         }
     }
@@ -968,7 +975,8 @@ impl<'a> TransformerGraph<'a> {
         // SDPA's math path scales copies of the queries and keys (and copies half-precision
         // inputs to fp32 first), which its matmuls save instead (counted below); fp32 values
         // are saved as they are.
-        let math_path = self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback();
+        let math_path =
+            self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback(cross);
         let inputs_saved = !(math_path && act < 4.0);
         if !math_path {
             tally.sharded += act * q;
@@ -976,7 +984,7 @@ impl<'a> TransformerGraph<'a> {
         } else if inputs_saved {
             key_side += act * value;
         }
-        let materialised = self.materialises_scores();
+        let materialised = self.materialises_scores(cross);
         // An old release's fp32 rotary: eager attention saves the fp32 queries and keys its
         // scores are made from; the SDPA path saves half-precision casts, while the fp32 keys
         // stay referenced as the layer's cache (`present`) in training too.
@@ -1134,7 +1142,7 @@ impl<'a> TransformerGraph<'a> {
         let mut transient = 0.0;
         let mut score_gradients = 0.0;
         let (inference, kept, stack_mask) = if materialised {
-            let score = self.score_bytes();
+            let score = self.score_bytes(cross);
             if self.workload.target == Target::Gpu {
                 // CUDA's softmax backward first makes `grad * output` (SoftMax.cu): the
                 // probabilities' gradient, that product and the scores' gradient, each in
@@ -1150,28 +1158,27 @@ impl<'a> TransformerGraph<'a> {
             transient += scores * score.input + mask;
             // The head-merging copy is saved by the output projection.
             tally.sharded += act * q;
-            // CUDA's math path on grouped keys (SDPA: no probabilities returned) scales copies
-            // of the queries and of the keys repeated to every head, and turns the causal mask
-            // into an fp32 bias.
-            let cuda_math = math_path && self.workload.target == Target::Gpu;
-            let cpu_math = math_path && self.workload.target == Target::Cpu;
-            let (scaled, returned) = if cuda_math {
-                (
-                    4.0 * q_local * (query_tokens + key_tokens) + 4.0 * shape.queries * shape.keys,
-                    0.0,
-                )
-            } else if cpu_math {
-                // CPU's math path keeps fp32 copies of half-precision q, k and v for the whole
-                // call, and scales a copy of the queries.
-                let copies = if act < 4.0 {
-                    4.0 * (q_local * query_tokens + (kv_local + value / self.split.tp) * key_tokens)
+            // The math path keeps fp32 copies of half-precision q, k and v for the whole call,
+            // and scales a copy of the queries.
+            let copies = if act < 4.0 {
+                4.0 * (q_local * query_tokens + (kv_local + value / self.split.tp) * key_tokens)
+            } else {
+                0.0
+            };
+            let scaled_queries = 4.0 * q_local * query_tokens;
+            let (scaled, returned) = if math_path && self.workload.target == Target::Gpu {
+                // CUDA's (SDPA: no probabilities returned; grouped keys and values repeated to
+                // every head, counted as `expanded`) also turns `is_causal` (no mask given)
+                // into an fp32 bias, and `_safe_softmax` marks the masked scores in a 1-byte
+                // tensor beside the biased scores and the probabilities (the H200's op logs).
+                let causal_bias = if shape.causal && spec.relative_attention_buckets == 0 {
+                    4.0 * shape.queries * shape.keys
                 } else {
                     0.0
                 };
-                (
-                    copies + 4.0 * q_local * query_tokens,
-                    scores * score.returned(),
-                )
+                (copies + scaled_queries + causal_bias + scores, 0.0)
+            } else if math_path {
+                (copies + scaled_queries, scores * score.returned())
             } else {
                 (0.0, scores * score.returned())
             };
@@ -1595,13 +1602,15 @@ impl<'a> TransformerGraph<'a> {
         let (per_query, per_key) = per_op_saved_matmul_widths(spec, layer, cross.is_some());
         let queries = self.batch * shape.queries;
         let keys = cross.map_or(0.0, |c| self.batch * c.keys);
-        let kernel = if self.workload.attention == Attention::Sdpa && !self.materialises_scores() {
-            let attentions = if cross.is_some() { 2.0 } else { 1.0 };
+        let fused =
+            |cross| self.workload.attention == Attention::Sdpa && !self.materialises_scores(cross);
+        let attentions = [fused(false), cross.is_some() && fused(true)]
+            .into_iter()
+            .filter(|&f| f)
+            .count() as f64;
+        let kernel =
             attentions * queries * (act * spec.query_width() as f64 + 4.0 * spec.heads as f64)
-                / self.split.tp
-        } else {
-            0.0
-        };
+                / self.split.tp;
         (queries * per_query + keys * per_key) * act / self.split.tp + kernel
     }
 
@@ -1616,7 +1625,7 @@ impl<'a> TransformerGraph<'a> {
         // The output projection reads the attention kernel's output, which the kernel saves
         // anyway, unless eager attention (or per-head queries) makes a merged copy for it.
         let o_input_shared = self.workload.attention != Attention::Eager
-            && !self.materialises_scores()
+            && !self.materialises_scores(false)
             && !self.head_layout_queries();
         let block = crate::lora::LoraBlock {
             act: self.bytes.act,

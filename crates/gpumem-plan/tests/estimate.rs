@@ -569,3 +569,55 @@ fn cuda_softmax_backward_makes_the_gradient_output_product() {
         8 * 2048 * 2048 * 4
     );
 }
+
+/// Peak allocated bytes of a step of `model` in `mode` on `target` ("gpu": an H100), in
+/// `dtype` with `attn`, less its cuBLAS workspaces.
+fn step_without_workspace(
+    model: &gpumem_plan::ModelSpec,
+    mode: &str,
+    target: &str,
+    (dtype, attn): (&str, &str),
+    (batch, seq): (u64, u64),
+) -> u64 {
+    let settings = Settings {
+        mode: Some(mode.into()),
+        target: Some(target.into()),
+        dtype: Some(dtype.into()),
+        attn: Some(attn.into()),
+        ..train(batch, seq)
+    };
+    let e = estimate(
+        model,
+        &settings.to_workload().unwrap(),
+        &Overheads::default(),
+    )
+    .unwrap();
+    e.peak_allocated_bytes - e.breakdown.blas_workspace
+}
+
+#[test]
+fn cuda_t5_self_attention_runs_sdpa_math_path_in_inference() {
+    // T5's relative position bias sends its self-attentions to SDPA's math path on CUDA even
+    // without gradients (the CPU's flash kernel takes it as a mask): bf16 inference
+    // materialises fp32 scores there, so what the GPU holds beyond the CPU grows with the
+    // square of the sequence.
+    let t5 = config("t5-small-4l");
+    let excess = |seq| {
+        let peak =
+            |target| step_without_workspace(&t5, "infer", target, ("bf16", "sdpa"), (4, seq));
+        peak("gpu") as i64 - peak("cpu") as i64
+    };
+    assert!(excess(256) > 0);
+    assert!(excess(512) as f64 > 3.5 * excess(256) as f64);
+}
+
+#[test]
+fn cuda_t5_cross_attention_runs_a_fused_kernel_in_training() {
+    // On CUDA a T5 decoder's cross-attention (no position bias) runs a fused kernel that
+    // saves no scores, where eager attention saves 9 bytes per fp32 score (probabilities,
+    // dropout's mask and output): 4 decoder layers × 4 × 8 heads × 256² scores.
+    let t5 = config("t5-small-4l");
+    let peak = |attn| step_without_workspace(&t5, "train", "gpu", ("fp32", attn), (4, 256));
+    let cross_scores = 4 * 4 * 8 * 256 * 256 * 9;
+    assert!(peak("eager") - peak("sdpa") > cross_scores * 4 / 5);
+}
