@@ -798,6 +798,17 @@ impl<'a> TransformerGraph<'a> {
         self.spec.head_layout_queries || self.litgpt()
     }
 
+    /// Does a fused SDPA kernel return its output in head layout, so that merging the heads
+    /// copies it? Flash attention (and cuDNN's) lays its output out as the queries are;
+    /// CUDA's memory-efficient kernel, which fp32 runs (the others need half precision),
+    /// allocates it token-major whatever the queries' layout (`_efficient_attention_forward`;
+    /// the H200's op logs show no merge copy in fp32).
+    fn fused_output_in_head_layout(&self) -> bool {
+        self.head_layout_queries()
+            && !(self.workload.target == Target::Gpu
+                && self.workload.compute_dtype() == Dtype::Fp32)
+    }
+
     /// Does the step run litgpt's own model (`--framework litgpt`) rather than the family's?
     fn litgpt(&self) -> bool {
         self.workload.framework == Framework::Litgpt
@@ -1193,7 +1204,7 @@ impl<'a> TransformerGraph<'a> {
         } else {
             // Kernel output + fp32 log-sum-exp; the output is in the layout the output projection
             // reads unless the queries were made contiguous per head (then the merge copies).
-            let merge_copy = if self.head_layout_queries() {
+            let merge_copy = if self.fused_output_in_head_layout() {
                 act * q
             } else {
                 0.0
@@ -1626,7 +1637,7 @@ impl<'a> TransformerGraph<'a> {
         // anyway, unless eager attention (or per-head queries) makes a merged copy for it.
         let o_input_shared = self.workload.attention != Attention::Eager
             && !self.materialises_scores(false)
-            && !self.head_layout_queries();
+            && !self.fused_output_in_head_layout();
         let block = crate::lora::LoraBlock {
             act: self.bytes.act,
             half_base,

@@ -621,3 +621,35 @@ fn cuda_t5_cross_attention_runs_a_fused_kernel_in_training() {
     let cross_scores = 4 * 4 * 8 * 256 * 256 * 9;
     assert!(peak("eager") - peak("sdpa") > cross_scores * 4 / 5);
 }
+
+#[test]
+fn cuda_memory_efficient_attention_returns_token_major_output() {
+    // Whisper makes its queries contiguous per head. CPU's flash kernel returns its output in
+    // that layout, so merging the heads copies it for the output projection to save; CUDA's
+    // memory-efficient kernel (fp32) allocates it token-major and the merge is a view: one
+    // fp32 hidden-sized tensor less per attention: 4 encoder layers over 4 × 1500 audio
+    // frames, 4 decoder layers (self- and cross-attention) over 4 × 128 tokens, width 384.
+    let whisper = config("whisper-4l");
+    let settings = |target: &str| Settings {
+        target: Some(target.into()),
+        dtype: Some("fp32".into()),
+        attn: Some("sdpa".into()),
+        ..train(4, 128)
+    };
+    let at_forward_end = |target| {
+        let e = estimate(
+            &whisper,
+            &settings(target).to_workload().unwrap(),
+            &Overheads::default(),
+        )
+        .unwrap();
+        let phases: Vec<_> = e
+            .phases
+            .iter()
+            .map(|p| (p.phase, p.allocated_bytes))
+            .collect();
+        phase_peak(&phases, Phase::ForwardEnd) as i64 - e.breakdown.blas_workspace as i64
+    };
+    let merges = (4 * 4 * 1500 + 4 * 2 * 4 * 128) * 384 * 4;
+    assert_eq!(at_forward_end("cpu") - at_forward_end("gpu"), merges);
+}
