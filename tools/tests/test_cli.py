@@ -13,11 +13,12 @@ import pytest
 from conftest import REPO, SMALL, TRACES, files_under
 
 import gpumem_devtools
-from gpumem_devtools import capture_trace, measure_peak
+from gpumem_devtools import capture_trace, measure_peak, op_log
 
 Main = Callable[[Sequence[str] | None], int]
 COMMANDS = {"gpumem-capture-trace": "capture_trace", "gpumem-convert-trace": "convert_trace",
-            "gpumem-measure-peak": "measure_peak", "gpumem-count-params": "count_params"}
+            "gpumem-measure-peak": "measure_peak", "gpumem-count-params": "count_params",
+            "gpumem-op-log": "op_log"}
 
 
 def _usage_error(main: Main, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -251,3 +252,47 @@ def test_distributed_bad_regex_is_a_usage_error(capsys: pytest.CaptureFixture[st
     from gpumem_devtools import measure_distributed
     err = _usage_error(measure_distributed.main, ["--only", "("], capsys)
     assert "not a valid regular expression" in err
+
+
+# --- op_log --------------------------------------------------------------------------------
+
+OP_LOG = REPO / "testdata" / "plan" / "oplogs" / "h200.jsonl.gz"
+
+
+def test_op_log_shows_the_ops_around_a_peak(capsys: pytest.CaptureFixture[str]) -> None:
+    # The H200's log of whisper-4l fp32 training: its peak is the loss's backward.
+    case = "whisper-4l-train-b4-s128-fp32-adamw-foreach-sdpa"
+    assert op_log.main(["--show", str(OP_LOG), case, "--around", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == case
+    assert lines[1].startswith("peak 1,173,963,776 B at op 3720 of 5107")
+    peak = [line for line in lines if line.startswith(">")]
+    assert len(peak) == 1 and "_log_softmax_backward_data" in peak[0]
+    assert len([line for line in lines if line[1:7].strip().isdigit()]) == 4 + 1 + 1
+
+
+def test_op_log_names_what_it_cannot_show(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert op_log.main(["--show", str(OP_LOG), "gpt2-nope"]) == 1
+    err = capsys.readouterr().err
+    assert "has no case gpt2-nope" in err and "whisper-4l-train-b4-s128" in err
+    plain = tmp_path / "plain.jsonl.gz"
+    plain.write_text('{"id": "x"}\n')
+    assert op_log.main(["--show", str(plain)]) == 1
+    assert "not a gzipped JSON-lines op log" in capsys.readouterr().err
+    import gzip
+    with gzip.open(plain, "wt") as f:
+        f.write('{"id": "x"}\n')
+    assert op_log.main(["--show", str(plain)]) == 1
+    assert "line 1 is not a case with an id and its ops" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cpu", "--out", "o.gz", "gpt2-2l-train-b4-s256-fp32-adamw-sdpa"],
+     "--device cpu: the log reads CUDA's allocator; use cuda or cuda:N"),
+    (["gpt2-2l-train"], "give --out FILE and at least one CASE_ID (or --show FILE)"),
+    (["--out", "o.gz", "gpt2-nope"], "no such case: gpt2-nope (gpumem-measure-peak --list)"),
+])
+def test_op_log_argument_errors(argv: list[str], message: str,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert _usage_error(op_log.main, argv, capsys).endswith(message)

@@ -99,3 +99,34 @@ def test_measure_one_case(fake_repo: Path, tmp_path: Path) -> None:
     assert measure_peak.main(["--repo", str(fake_repo), "--only", f"^{case}$",
                               "--out", str(out)]) == 0
     assert out.read_bytes() == before
+
+
+def test_op_log_records_each_operator_with_the_counters_it_is_given() -> None:
+    import torch
+
+    from gpumem_devtools import op_log
+
+    # Stand-in counters: each read of `allocated` advances it by 100, the peak is 1000 more.
+    state = {"allocated": 0, "resets": 0}
+
+    def allocated() -> int:
+        state["allocated"] += 100
+        return state["allocated"]
+
+    def reset() -> None:
+        state["resets"] += 1
+
+    log = op_log.op_logger(allocated, lambda: state["allocated"] + 1000, reset)
+    a = torch.ones(4, 3)
+    with log:
+        log.boundary("step")
+        (a @ a.T).sum()
+    names = [op[0] for op in log.ops]
+    assert names[0] == "#step" and "mm" in names and names[-1] == "sum"
+    mm = log.ops[names.index("mm")]
+    assert mm[1] < mm[3] < mm[2]
+    assert mm[4] == [[4, 4], "float32", 64]
+    assert mm[5][0] == [[4, 3], "float32", 48]
+    assert state["resets"] == len(log.ops) - 1
+    assert op_log.last_step(log.ops) == 0
+    assert op_log.show(log.ops, 2).startswith("peak ")

@@ -142,3 +142,46 @@ fn planner_against_h200_measurements() {
         );
     }
 }
+
+/// Every column sum (a linear's bias gradient, `grad.sum(0)` over a contiguous
+/// `rows × cols` gradient) in the H200's op logs (`gpumem-op-log`,
+/// `testdata/plan/oplogs/h200.jsonl.gz`) took, beyond its output, the staging the planner
+/// gives it: PyTorch's own allocations, not our arithmetic's.
+#[test]
+fn column_sum_staging_matches_the_h200_op_logs() {
+    use std::collections::BTreeMap;
+    use std::io::{BufRead, BufReader};
+    let file = std::fs::File::open(repo().join("testdata/plan/oplogs/h200.jsonl.gz")).unwrap();
+    let h200 = gpumem_plan::find_gpu("h200").unwrap().cores;
+    // (rows, cols) → the peak above the op's end, each time it ran.
+    let mut seen: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
+    for line in BufReader::new(flate2::read::GzDecoder::new(file)).lines() {
+        let case: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+        for op in case["ops"].as_array().unwrap() {
+            let (name, peak, after) = (&op[0], op[2].as_u64(), op[3].as_u64());
+            let input = &op[5][0];
+            let shape: Vec<u64> = input[0]
+                .as_array()
+                .map(|dims| dims.iter().filter_map(|d| d.as_u64()).collect())
+                .unwrap_or_default();
+            let output = op[4][0].as_array().map_or(0, Vec::len);
+            if name == "sum"
+                && shape.len() == 2
+                && output == 2
+                && op[4][0][0] == serde_json::json!(1)
+            {
+                let extra = peak.unwrap() - after.unwrap();
+                seen.entry((shape[0], shape[1])).or_default().push(extra);
+            }
+        }
+    }
+    assert!(seen.keys().any(|&(rows, _)| rows >= 1024), "{seen:?}");
+    for (&(rows, cols), extras) in &seen {
+        let planned = gpumem_plan::column_sum_staging_bytes(rows, cols, &h200);
+        println!("{rows} × {cols}: planned {planned}, logged {extras:?}");
+        assert!(
+            extras.contains(&planned),
+            "{rows} × {cols}: planned {planned}, logged {extras:?}"
+        );
+    }
+}
