@@ -197,7 +197,8 @@ pub struct Settings {
     #[cfg_attr(feature = "clap", arg(skip))]
     pub target: Option<String>,
     /// The GPU planned for (a catalogue name or a size), whose generation sets the cuBLAS
-    /// workspace; `gpumem plan` fills it from `--gpu` [default: a Hopper GPU's workspace].
+    /// workspace and whose multiprocessors size reductions' staging buffers; `gpumem plan`
+    /// fills it from `--gpu` [default: an H100's workspace and multiprocessors].
     #[cfg_attr(feature = "clap", arg(skip))]
     pub gpu: Option<String>,
 }
