@@ -1095,9 +1095,14 @@ impl<'a> TransformerGraph<'a> {
             0.0
         };
         // A causal mask (b × q × k in the activation dtype) lives through the whole forward; a
-        // model with sliding-window layers builds a second one for them.
+        // model with sliding-window layers builds a second one for them. Where CUDA's math
+        // path takes grouped keys, transformers built none (`is_causal`): the kernel makes
+        // its own bias.
         let masks = if spec.sliding.is_some() { 2.0 } else { 1.0 };
-        let mask = if shape.causal {
+        let kernel_causal = math_path
+            && self.workload.target == Target::Gpu
+            && spec.relative_attention_buckets == 0;
+        let mask = if shape.causal && !kernel_causal {
             masks * act * self.batch * shape.queries * shape.keys
         } else {
             0.0
@@ -1182,7 +1187,7 @@ impl<'a> TransformerGraph<'a> {
                 // every head, counted as `expanded`) also turns `is_causal` (no mask given)
                 // into an fp32 bias, and `_safe_softmax` marks the masked scores in a 1-byte
                 // tensor beside the biased scores and the probabilities (the H200's op logs).
-                let causal_bias = if shape.causal && spec.relative_attention_buckets == 0 {
+                let causal_bias = if shape.causal && kernel_causal {
                     4.0 * shape.queries * shape.keys
                 } else {
                     0.0
