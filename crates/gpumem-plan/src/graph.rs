@@ -832,7 +832,8 @@ impl<'a> TransformerGraph<'a> {
         }
     }
 
-    /// Bytes per score element of eager attention's softmax under this workload.
+    /// Bytes per score element of a materialised attention's softmax under this workload (a
+    /// cross-attention's where `cross`: SDPA's path can differ between the two).
     fn score_bytes(&self, cross: bool) -> ScoreBytes {
         let input = self.bytes.act;
         let dropout = if self.dropout_active(self.spec.attention_dropout) {
