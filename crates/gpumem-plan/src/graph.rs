@@ -2046,47 +2046,25 @@ impl<'a> TransformerGraph<'a> {
                         saved_through_gradients: through,
                         ..head
                     }
-                } else if self.training && half_log_probs {
-                    // Saved: the half-precision log-probabilities and nll_loss's fp32 copy of
-                    // them, beside which nll_loss's backward makes its fp32 gradient; the casts
-                    // and log_softmax's backward that follow hold less.
-                    let log_probs = tokens * vocab * act;
-                    Unit {
-                        name: "head",
-                        saved: head_saved + log_probs + fp32_copy + softcap,
-                        forward_transient: logits + softcap,
-                        backward_transient: fp32_copy,
-                        gradient_transient: logits_gradient + input_gradient,
-                        saved_through_gradients: head_saved,
-                        whole: WholeTensors {
-                            saved: [
-                                SavedGroup {
-                                    bytes: log_probs,
-                                    tensor: log_probs,
-                                },
-                                SavedGroup {
-                                    bytes: fp32_copy,
-                                    tensor: fp32_copy,
-                                },
-                            ],
-                            forward_transient: [logits, 0.0],
-                            backward_transient: [fp32_copy, 0.0],
-                            gradient_transient: logits,
-                            ..WholeTensors::default()
-                        },
-                        params,
-                        ..Unit::default()
-                    }
                 } else if self.training {
                     let log_probs = tokens * vocab * loss_bytes;
+                    // Kept: nll_loss's fp32 copy of half-precision log-probabilities, beside
+                    // which its backward makes its fp32 gradient (the casts and log_softmax's
+                    // backward that follow hold less). Otherwise the fp32 copy of the logits
+                    // is transient, and backward starts with the gradients of nll_loss and of
+                    // log_softmax beside log_softmax's saved output.
+                    let (kept_copy, forward_copy, backward_start) = if half_log_probs {
+                        (fp32_copy, 0.0, [fp32_copy, 0.0])
+                    } else {
+                        (0.0, fp32_copy, [log_probs, log_probs])
+                    };
                     Unit {
                         name: "head",
-                        saved: head_saved + log_probs + softcap,
+                        saved: head_saved + log_probs + kept_copy + softcap,
                         // Only the loss leaves the model (as in the HF Trainer): logits and their fp32
                         // copy live until log_softmax has run.
-                        forward_transient: logits + fp32_copy + softcap,
-                        // Gradients of nll_loss and of log_softmax, with log_softmax's output still saved.
-                        backward_transient: 2.0 * log_probs,
+                        forward_transient: logits + forward_copy + softcap,
+                        backward_transient: backward_start.iter().sum(),
                         // The logits' gradient (cast back to the logits dtype) feeds the LM head,
                         // whose backward makes its input's gradient before its weight's.
                         gradient_transient: logits_gradient + input_gradient,
@@ -2097,12 +2075,15 @@ impl<'a> TransformerGraph<'a> {
                                     bytes: log_probs,
                                     tensor: log_probs,
                                 },
-                                SavedGroup::default(),
+                                SavedGroup {
+                                    bytes: kept_copy,
+                                    tensor: kept_copy,
+                                },
                             ],
-                            forward_transient: [logits, fp32_copy],
-                            backward_transient: [log_probs, log_probs],
+                            forward_transient: [logits, forward_copy],
+                            backward_transient: backward_start,
                             gradient_transient: logits,
-                            gradient_continues: loss_bytes == act,
+                            gradient_continues: loss_bytes == act && !half_log_probs,
                             ..WholeTensors::default()
                         },
                         params,

@@ -472,15 +472,16 @@ fn config(name: &str) -> gpumem_plan::ModelSpec {
     gpumem_plan::load_config(std::path::Path::new(&path)).unwrap()
 }
 
-/// Peak allocated bytes in each phase of a training step of `model` on `gpu` (`None`: on the
-/// CPU) in `dtype` with `amp` and `attn`.
-fn step_phases(
+/// A step of `model` in `mode` on `gpu` (`None`: on the CPU) in `dtype` with `amp` and `attn`.
+fn step_on(
     model: &gpumem_plan::ModelSpec,
+    mode: &str,
     gpu: Option<&str>,
     (dtype, amp, attn): (&str, Option<&str>, &str),
     (batch, seq): (u64, u64),
-) -> Vec<(Phase, u64)> {
+) -> Estimate {
     let settings = Settings {
+        mode: Some(mode.into()),
         target: Some(if gpu.is_some() { "gpu" } else { "cpu" }.into()),
         gpu: gpu.map(Into::into),
         dtype: Some(dtype.into()),
@@ -494,14 +495,20 @@ fn step_phases(
         &Overheads::default(),
     )
     .unwrap()
-    .phases
-    .iter()
-    .map(|p| (p.phase, p.allocated_bytes))
-    .collect()
 }
 
-fn phase_peak(phases: &[(Phase, u64)], phase: Phase) -> u64 {
-    phases.iter().find(|p| p.0 == phase).unwrap().1
+/// Peak allocated bytes of `e` in `phase`.
+fn phase_peak(e: &Estimate, phase: Phase) -> u64 {
+    e.phases
+        .iter()
+        .find(|p| p.phase == phase)
+        .unwrap()
+        .allocated_bytes
+}
+
+/// Peak allocated bytes of `e` less its cuBLAS workspaces.
+fn without_workspace(e: &Estimate) -> u64 {
+    e.peak_allocated_bytes - e.breakdown.blas_workspace
 }
 
 #[test]
@@ -513,7 +520,7 @@ fn gpu_bias_gradients_stage_partial_sums_by_multiprocessor() {
     let bert = config("bert-6l");
     let backward = |gpu| {
         phase_peak(
-            &step_phases(&bert, Some(gpu), ("bf16", None, "sdpa"), (4, 512)),
+            &step_on(&bert, "train", Some(gpu), ("bf16", None, "sdpa"), (4, 512)),
             Phase::Backward,
         )
     };
@@ -537,7 +544,7 @@ fn cuda_autocast_keeps_half_log_probabilities_of_unupcast_logits() {
     let gpu_excess = |dtype, amp| {
         let at_forward_end = |gpu| {
             phase_peak(
-                &step_phases(&bert, gpu, (dtype, amp, "sdpa"), (4, 512)),
+                &step_on(&bert, "train", gpu, (dtype, amp, "sdpa"), (4, 512)),
                 Phase::ForwardEnd,
             )
         };
@@ -558,7 +565,7 @@ fn cuda_softmax_backward_makes_the_gradient_output_product() {
     let gpu_excess = |phase| {
         let peak = |gpu| {
             phase_peak(
-                &step_phases(&llama, gpu, ("fp32", None, "eager"), (1, 2048)),
+                &step_on(&llama, "train", gpu, ("fp32", None, "eager"), (1, 2048)),
                 phase,
             )
         };
@@ -570,31 +577,6 @@ fn cuda_softmax_backward_makes_the_gradient_output_product() {
     );
 }
 
-/// Peak allocated bytes of a step of `model` in `mode` on `target` ("gpu": an H100), in
-/// `dtype` with `attn`, less its cuBLAS workspaces.
-fn step_without_workspace(
-    model: &gpumem_plan::ModelSpec,
-    mode: &str,
-    target: &str,
-    (dtype, attn): (&str, &str),
-    (batch, seq): (u64, u64),
-) -> u64 {
-    let settings = Settings {
-        mode: Some(mode.into()),
-        target: Some(target.into()),
-        dtype: Some(dtype.into()),
-        attn: Some(attn.into()),
-        ..train(batch, seq)
-    };
-    let e = estimate(
-        model,
-        &settings.to_workload().unwrap(),
-        &Overheads::default(),
-    )
-    .unwrap();
-    e.peak_allocated_bytes - e.breakdown.blas_workspace
-}
-
 #[test]
 fn cuda_t5_self_attention_runs_sdpa_math_path_in_inference() {
     // T5's relative position bias sends its self-attentions to SDPA's math path on CUDA even
@@ -603,9 +585,16 @@ fn cuda_t5_self_attention_runs_sdpa_math_path_in_inference() {
     // square of the sequence.
     let t5 = config("t5-small-4l");
     let excess = |seq| {
-        let peak =
-            |target| step_without_workspace(&t5, "infer", target, ("bf16", "sdpa"), (4, seq));
-        peak("gpu") as i64 - peak("cpu") as i64
+        let peak = |gpu| {
+            without_workspace(&step_on(
+                &t5,
+                "infer",
+                gpu,
+                ("bf16", None, "sdpa"),
+                (4, seq),
+            ))
+        };
+        peak(Some("h100")) as i64 - peak(None) as i64
     };
     assert!(excess(256) > 0);
     assert!(excess(512) as f64 > 3.5 * excess(256) as f64);
@@ -617,7 +606,15 @@ fn cuda_t5_cross_attention_runs_a_fused_kernel_in_training() {
     // saves no scores, where eager attention saves 9 bytes per fp32 score (probabilities,
     // dropout's mask and output): 4 decoder layers × 4 × 8 heads × 256² scores.
     let t5 = config("t5-small-4l");
-    let peak = |attn| step_without_workspace(&t5, "train", "gpu", ("fp32", attn), (4, 256));
+    let peak = |attn| {
+        without_workspace(&step_on(
+            &t5,
+            "train",
+            Some("h100"),
+            ("fp32", None, attn),
+            (4, 256),
+        ))
+    };
     let cross_scores = 4 * 4 * 8 * 256 * 256 * 9;
     assert!(peak("eager") - peak("sdpa") > cross_scores * 4 / 5);
 }
@@ -630,26 +627,10 @@ fn cuda_memory_efficient_attention_returns_token_major_output() {
     // fp32 hidden-sized tensor less per attention: 4 encoder layers over 4 × 1500 audio
     // frames, 4 decoder layers (self- and cross-attention) over 4 × 128 tokens, width 384.
     let whisper = config("whisper-4l");
-    let settings = |target: &str| Settings {
-        target: Some(target.into()),
-        dtype: Some("fp32".into()),
-        attn: Some("sdpa".into()),
-        ..train(4, 128)
-    };
-    let at_forward_end = |target| {
-        let e = estimate(
-            &whisper,
-            &settings(target).to_workload().unwrap(),
-            &Overheads::default(),
-        )
-        .unwrap();
-        let phases: Vec<_> = e
-            .phases
-            .iter()
-            .map(|p| (p.phase, p.allocated_bytes))
-            .collect();
-        phase_peak(&phases, Phase::ForwardEnd) as i64 - e.breakdown.blas_workspace as i64
+    let at_forward_end = |gpu| {
+        let e = step_on(&whisper, "train", gpu, ("fp32", None, "sdpa"), (4, 128));
+        phase_peak(&e, Phase::ForwardEnd) as i64 - e.breakdown.blas_workspace as i64
     };
     let merges = (4 * 4 * 1500 + 4 * 2 * 4 * 128) * 384 * 4;
-    assert_eq!(at_forward_end("cpu") - at_forward_end("gpu"), merges);
+    assert_eq!(at_forward_end(None) - at_forward_end(Some("h100")), merges);
 }
