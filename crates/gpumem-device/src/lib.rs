@@ -58,6 +58,7 @@
 
 pub mod address_map;
 mod error;
+pub mod hazards;
 mod in_flight;
 mod pinned;
 pub mod sim;
@@ -65,6 +66,7 @@ pub mod vmm_ledger;
 
 pub use address_map::{AddressMap, AddressSet};
 pub use error::{BackendCode, DeviceError};
+pub use hazards::{Hazard, HazardChecker, HazardKind};
 pub use in_flight::InFlight;
 pub use pinned::{HostStorage, PinnedBuffer};
 
