@@ -431,6 +431,15 @@ impl SimState {
         }
     }
 
+    /// Completes the work of every stream, the host waiting for it on the virtual clocks.
+    fn complete_everything(&mut self) {
+        for entry in self.streams.values_mut() {
+            entry.1 = entry.0;
+        }
+        let end = self.time.makespan();
+        self.time.host_waits(end);
+    }
+
     /// The host waits for the work issued to `stream` so far (on the virtual clocks).
     fn host_waits_for(&mut self, stream: StreamId) {
         let end = self.time.now(stream);
@@ -564,6 +573,8 @@ impl Device for SimDevice {
         Ok(ptr)
     }
 
+    /// Frees the region after all queued work has completed, as `cudaFree` synchronises the
+    /// device (the host's clock waits for every stream).
     fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
         let mut s = self.lock();
         s.counters.free += 1;
@@ -575,6 +586,7 @@ impl Device for SimDevice {
                 what: "free of an address that no live malloc returned".into(),
             })?;
         s.used -= region.size;
+        s.complete_everything();
         Ok(())
     }
 
@@ -728,11 +740,7 @@ impl Device for SimDevice {
     fn synchronize(&self) -> Result<(), DeviceError> {
         let mut s = self.lock();
         s.counters.synchronize += 1;
-        for entry in s.streams.values_mut() {
-            entry.1 = entry.0;
-        }
-        let end = s.time.makespan();
-        s.time.host_waits(end);
+        s.complete_everything();
         Ok(())
     }
 

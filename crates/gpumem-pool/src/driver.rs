@@ -12,7 +12,9 @@ use std::sync::Arc;
 use gpumem_device::Device;
 
 use crate::events::EventSink;
-use crate::policy::{AllocRequest, Block, Exhausted, Policy, ReleaseTarget, Upstream};
+use crate::policy::{
+    AllocRequest, Block, Exhausted, FreedInFlight, Policy, ReleaseTarget, Upstream,
+};
 use crate::stats::MemoryStats;
 
 /// A policy, its device and the upstream layers (hard limit, statistics, events).
@@ -22,6 +24,7 @@ pub struct PolicyDriver {
     hard_limit: Option<u64>,
     stats: MemoryStats,
     events: EventSink,
+    freed: FreedInFlight,
 }
 
 impl PolicyDriver {
@@ -37,6 +40,7 @@ impl PolicyDriver {
             hard_limit,
             stats,
             events: EventSink::default(),
+            freed: FreedInFlight::default(),
         }
     }
 
@@ -46,10 +50,19 @@ impl PolicyDriver {
         self.with_upstream(|policy, up| policy.allocate(request, up))
     }
 
-    /// Gives a block from [`PolicyDriver::allocate`] back to the policy.
+    /// Gives a block from [`PolicyDriver::allocate`] back to the policy. Work queued on its
+    /// stream before the free may still use it: the policy may reuse it on that stream at once,
+    /// but not unmap, release or lend it elsewhere before that work is known complete.
     #[inline]
     pub fn free(&mut self, block: Block) {
+        self.freed.freed_on(block.stream);
         self.with_upstream(|policy, up| policy.free(block, up))
+    }
+
+    /// The host has seen every stream's work complete (after a device synchronisation): memory
+    /// freed so far is no longer in use.
+    pub fn device_synchronized(&mut self) {
+        self.freed.all_settled();
     }
 
     /// Gives cached memory back to the device; returns the bytes released.
@@ -68,6 +81,7 @@ impl PolicyDriver {
             self.hard_limit,
             &mut self.stats,
             &mut self.events,
+            &mut self.freed,
         );
         f(self.policy.as_mut(), &mut up)
     }

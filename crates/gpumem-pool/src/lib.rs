@@ -56,8 +56,8 @@ pub use gpumem_snapshot::{Action, TraceEntry};
 pub use history::History;
 pub use oom::{Advice, OomError, PoolFacts};
 pub use policy::{
-    AllocRequest, Block, BlockHandle, BlockView, Exhausted, Policy, ReleaseTarget, SegmentView,
-    Upstream, UpstreamError,
+    AllocRequest, Block, BlockHandle, BlockView, Exhausted, FreedInFlight, Policy, ReleaseTarget,
+    SegmentView, Upstream, UpstreamError,
 };
 pub use pool::{Allocation, Pool, PoolError, PoolStatus};
 pub use registry::{global_registry, DeviceRegistry};

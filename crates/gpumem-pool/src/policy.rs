@@ -8,7 +8,7 @@
 //! layers the hard limit, segment statistics, device-call counts and history over the raw
 //! device, the way RMM stacks adaptors over an upstream resource.
 
-use gpumem_device::{Device, DeviceError, DevicePtr, PhysicalHandle, StreamId};
+use gpumem_device::{Device, DeviceError, DevicePtr, EventId, PhysicalHandle, StreamId};
 
 use crate::events::EventSink;
 use crate::stats::{MemoryStats, SizeClass};
@@ -201,32 +201,149 @@ impl UpstreamError {
     }
 }
 
+/// The streams on which memory was handed back to the policy since the host last saw that
+/// stream's work complete.
+///
+/// The pool returns a freed block to its policy at once, as PyTorch does: the block's own
+/// stream may reuse it straight away, since that stream runs its work in order. But the work
+/// queued before the free may still be running, so the block's memory must not be unmapped,
+/// released or lent to another stream until the host has seen that work complete (a
+/// synchronisation) or the other stream has been ordered after it (an event). A stream listed
+/// here may have such work; one that is not has none.
+#[derive(Debug, Default)]
+pub struct FreedInFlight {
+    streams: Vec<StreamId>,
+}
+
+impl FreedInFlight {
+    /// A block of `stream` was handed back to the policy.
+    pub fn freed_on(&mut self, stream: StreamId) {
+        if !self.streams.contains(&stream) {
+            self.streams.push(stream);
+        }
+    }
+
+    /// Whether memory freed on `stream` may still be used by queued work.
+    pub fn may_be_in_use(&self, stream: StreamId) -> bool {
+        self.streams.contains(&stream)
+    }
+
+    /// The host has seen all work of `stream` complete.
+    pub fn settled(&mut self, stream: StreamId) {
+        self.streams.retain(|&s| s != stream);
+    }
+
+    /// The host has seen all work of every stream complete.
+    pub fn all_settled(&mut self) {
+        self.streams.clear();
+    }
+}
+
 /// The device as a policy reaches it: each call checks the hard limit, updates segment and
 /// reserved-bytes statistics and device-call counts, and emits the pool's segment events. Every
 /// device call a policy makes goes through here, so the counts in
 /// [`MemoryStats::device_calls`] are exact on every backend.
+///
+/// It also knows which streams may still be using memory they freed ([`FreedInFlight`]):
+/// before a policy unmaps, releases or moves memory of a stream, it asks
+/// [`Upstream::may_be_in_use`] and, if so, waits ([`Upstream::settle_stream`]) or orders the
+/// new use after the old with an event ([`Upstream::record_event`],
+/// [`Upstream::stream_wait_event`]).
 pub struct Upstream<'a> {
     device: &'a dyn Device,
     hard_limit: Option<u64>,
     /// Statistics, for policies that keep policy-specific ones (inactive splits, oversize).
     pub stats: &'a mut MemoryStats,
     events: &'a mut EventSink,
+    freed: &'a mut FreedInFlight,
 }
 
 impl<'a> Upstream<'a> {
-    /// Layers the limit, statistics and event emission over `device`.
+    /// Layers the limit, statistics, event emission and the streams' freed memory over
+    /// `device`.
     pub fn new(
         device: &'a dyn Device,
         hard_limit: Option<u64>,
         stats: &'a mut MemoryStats,
         events: &'a mut EventSink,
+        freed: &'a mut FreedInFlight,
     ) -> Self {
         Upstream {
             device,
             hard_limit,
             stats,
             events,
+            freed,
         }
+    }
+
+    /// Whether memory freed on `stream` may still be used by work queued before its free.
+    pub fn may_be_in_use(&self, stream: StreamId) -> bool {
+        self.freed.may_be_in_use(stream)
+    }
+
+    /// Waits until the work queued on `stream` has completed, if memory freed there may still
+    /// be in use: what must come before unmapping or releasing that memory (unlike
+    /// `cudaFree`, `cuMemUnmap` and `cuMemRelease` do not wait for the GPU).
+    pub fn settle_stream(&mut self, stream: StreamId) -> Result<(), UpstreamError> {
+        if self.freed.may_be_in_use(stream) {
+            self.synchronize_stream(stream)?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the work queued on `stream` has completed (`cudaStreamSynchronize`), as
+    /// PyTorch does before it unmaps an expandable segment's pages; if the device cannot wait
+    /// for that stream (one it does not know), waits for the whole device.
+    pub fn synchronize_stream(&mut self, stream: StreamId) -> Result<(), UpstreamError> {
+        self.stats.device_calls.synchronize += 1;
+        if self.device.synchronize_stream(stream).is_err() {
+            return self.synchronize_device();
+        }
+        self.freed.settled(stream);
+        Ok(())
+    }
+
+    /// Waits until the work queued on every stream has completed (`cudaDeviceSynchronize`):
+    /// the fallback when a stream cannot be waited for or ordered by an event.
+    pub fn synchronize_device(&mut self) -> Result<(), UpstreamError> {
+        self.stats.device_calls.synchronize += 1;
+        self.device.synchronize()?;
+        self.freed.all_settled();
+        Ok(())
+    }
+
+    /// Records an event on `stream` after the work queued so far.
+    pub fn record_event(&mut self, stream: StreamId) -> Result<EventId, UpstreamError> {
+        self.stats.device_calls.record_event += 1;
+        Ok(self.device.record_event(stream)?)
+    }
+
+    /// Makes work issued to `stream` from now on wait for `event`, without blocking the host.
+    pub fn stream_wait_event(
+        &mut self,
+        stream: StreamId,
+        event: EventId,
+    ) -> Result<(), UpstreamError> {
+        self.stats.device_calls.stream_wait_event += 1;
+        Ok(self.device.stream_wait_event(stream, event)?)
+    }
+
+    /// Whether `event` has completed; never blocks.
+    pub fn event_completed(&mut self, event: EventId) -> Result<bool, UpstreamError> {
+        self.stats.device_calls.event_query += 1;
+        Ok(self.device.event_completed(event)?)
+    }
+
+    /// Blocks until `event` has completed.
+    pub fn wait_event(&mut self, event: EventId) -> Result<(), UpstreamError> {
+        self.stats.device_calls.synchronize += 1;
+        Ok(self.device.wait_event(event)?)
+    }
+
+    /// Returns an event from [`Upstream::record_event`].
+    pub fn destroy_event(&mut self, event: EventId) -> Result<(), UpstreamError> {
+        Ok(self.device.destroy_event(event)?)
     }
 
     /// The raw device, for queries (memory info, granularity).
@@ -298,6 +415,8 @@ impl<'a> Upstream<'a> {
     ) -> Result<(), UpstreamError> {
         self.stats.device_calls.free += 1;
         self.device.free(ptr)?;
+        // cudaFree waits for the whole device before it frees.
+        self.freed.all_settled();
         self.stats.num_device_free += 1;
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, size);

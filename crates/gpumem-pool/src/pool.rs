@@ -348,9 +348,11 @@ impl Pool {
     /// A synchronisation point: waits for the device, returns completed cross-stream frees to
     /// the cache, and releases cached memory above the soft limit.
     pub fn synchronize(&self) -> Result<(), PoolError> {
-        self.device.synchronize()?;
+        // Under the lock, so that no block freed during the wait counts as settled by it.
         let mut guard = self.lock();
         let inner = &mut *guard;
+        self.device.synchronize()?;
+        inner.driver.device_synchronized();
         self.process_events(inner, false)?;
         if let Some(soft) = inner.soft_limit {
             let reserved = inner.driver.stats().reserved_bytes.all.current;

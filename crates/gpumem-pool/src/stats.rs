@@ -181,6 +181,16 @@ pub struct DeviceCalls {
     pub map: u64,
     /// Unmappings (`cuMemUnmap`).
     pub unmap: u64,
+    /// Waits for the device, a stream or an event (`cudaStreamSynchronize`,
+    /// `cudaEventSynchronize`) so that memory could be unmapped or released; `cudaFree`'s own
+    /// implicit synchronisation is counted under `free`.
+    pub synchronize: u64,
+    /// Events recorded to order a later use of memory after earlier work.
+    pub record_event: u64,
+    /// Streams made to wait for such an event (`cudaStreamWaitEvent`).
+    pub stream_wait_event: u64,
+    /// Queries whether such an event has completed (`cudaEventQuery`).
+    pub event_query: u64,
 }
 
 impl DeviceCalls {
@@ -194,7 +204,13 @@ impl DeviceCalls {
         self.free + self.release_physical + self.unmap
     }
 
-    fn named(&self) -> [(&'static str, u64); 8] {
+    /// Synchronisations, `cudaFree`'s implicit ones included: each stalls the host until the
+    /// GPU has caught up.
+    pub fn synchronizing(&self) -> u64 {
+        self.synchronize + self.free
+    }
+
+    fn named(&self) -> [(&'static str, u64); 12] {
         [
             ("malloc", self.malloc),
             ("free", self.free),
@@ -204,6 +220,10 @@ impl DeviceCalls {
             ("release_physical", self.release_physical),
             ("map", self.map),
             ("unmap", self.unmap),
+            ("synchronize", self.synchronize),
+            ("record_event", self.record_event),
+            ("stream_wait_event", self.stream_wait_event),
+            ("event_query", self.event_query),
         ]
     }
 }
@@ -397,7 +417,7 @@ mod tests {
         ] {
             assert!(m.contains_key(key), "{key}");
         }
-        assert_eq!(m.len(), 9 * 3 * 4 + 2 * 4 + 6 + 8);
+        assert_eq!(m.len(), 9 * 3 * 4 + 2 * 4 + 6 + 12);
         assert_eq!(m["device_calls.map"], 0);
     }
 }

@@ -283,3 +283,48 @@ fn pressure_across_streams_waits_for_the_work_in_flight() {
         }
     }
 }
+
+/// gpumem's stitching on growth under queued work: the freed block's chunks move under the
+/// big block at once, ordered by one event, and their old addresses are unmapped only once
+/// the host has seen that work complete — no synchronisation on the way.
+#[test]
+fn stitching_under_queued_work_waits_for_an_event_not_the_host() {
+    let mut rig = Rig::new(PolicyKind::Gpumem, true, PoolOptions::default());
+    for op in [
+        Op::Alloc {
+            size: 128 * MIB,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 2 * MIB,
+            stream: 0,
+        },
+        Op::Free { pick: 0 },
+        Op::Alloc {
+            size: 200 * MIB,
+            stream: 0,
+        },
+    ] {
+        rig.apply(&op);
+    }
+    let calls = rig.pool.stats().device_calls;
+    assert_eq!(calls.record_event, 1, "one event for the whole stitch");
+    assert_eq!((calls.synchronize, calls.unmap), (0, 0));
+    assert_eq!(rig.pool.stats().reserved_bytes.all.current, 202 * MIB);
+    rig.apply(&Op::Alloc {
+        size: 512,
+        stream: 0,
+    });
+    assert_eq!(
+        rig.pool.stats().device_calls.unmap,
+        0,
+        "the freed block's kernels are still queued"
+    );
+    rig.apply(&Op::Synchronize);
+    rig.apply(&Op::Alloc {
+        size: 512,
+        stream: 0,
+    });
+    assert_eq!(rig.pool.stats().device_calls.unmap, 32, "now unmapped");
+    assert!(rig.checker.take_hazards().is_empty());
+}

@@ -34,6 +34,7 @@
 //! [`slabs`] (the small arena's slabs, lent by the large arena). The sizes and thresholds
 //! above are the defaults of [`GpumemSettings`].
 
+mod deferred;
 mod malloc_segments;
 mod paged;
 mod pages;
@@ -48,6 +49,7 @@ use std::collections::HashMap;
 use gpumem_device::{DevicePtr, StreamId};
 use gpumem_snapshot::SettingValue;
 
+use self::deferred::DeferredUnmaps;
 use self::malloc_segments::MallocSegments;
 use self::paged::PagedReservation;
 use self::slabs::SlabLoans;
@@ -73,6 +75,8 @@ pub struct GpumemPolicy {
     /// Whether the device has VMM, learnt at the first request (a policy serves one device):
     /// asked on every request, and a device query is a dynamic call.
     vmm: Option<bool>,
+    /// Old addresses of moved chunks, unmapped once the work that may use them is done.
+    deferred: DeferredUnmaps,
 }
 
 impl GpumemPolicy {
@@ -285,8 +289,38 @@ impl GpumemPolicy {
             .position(|a| a.stream == stream && a.pool == pool)
     }
 
-    /// Frees idle memory across all arenas until `want` bytes are given back.
+    /// Places a request in its stream's arena of its kind, growing it as needed.
+    fn place(&mut self, req: AllocRequest, up: &mut Upstream<'_>) -> Result<Block, Box<Exhausted>> {
+        let pool = SizeClass::for_request(req.size);
+        let size = req
+            .size
+            .checked_next_multiple_of(ROUNDING)
+            .ok_or_else(|| too_large(req.size, up))?;
+        let vmm = *self.vmm.get_or_insert_with(|| up.granularity().is_some());
+        let kind = arena_pool(pool, size, vmm, self.settings.slab_max_request);
+        let a = self.arena(req.stream, kind, up)?;
+        let node = match self.arenas[a].backing {
+            ArenaBacking::Paged(_) => self.place_paged(a, size, up)?,
+            ArenaBacking::Segments(_) => self.place_in_segment(a, size, up)?,
+            ArenaBacking::Slabs(_) => self.place_in_slab(a, size, up)?,
+        };
+        Ok(Block {
+            addr: self.arenas[a].index.offset(node),
+            size,
+            requested: req.size,
+            stream: req.stream,
+            size_class: pool,
+            handle: block_handle(node, kind),
+        })
+    }
+
+    /// Frees idle memory across all arenas until `want` bytes are given back. Old addresses
+    /// of moved chunks are unmapped first (waiting for their work), so that the memory
+    /// released is really given back.
     fn release_idle(&mut self, want: u64, up: &mut Upstream<'_>) -> u64 {
+        if !self.deferred.is_empty() {
+            self.deferred.settle(true, up);
+        }
         let mut released = 0;
         for arena in &mut self.arenas {
             if released >= want {
@@ -324,27 +358,12 @@ impl Policy for GpumemPolicy {
         req: AllocRequest,
         up: &mut Upstream<'_>,
     ) -> Result<Block, Box<Exhausted>> {
-        let pool = SizeClass::for_request(req.size);
-        let size = req
-            .size
-            .checked_next_multiple_of(ROUNDING)
-            .ok_or_else(|| too_large(req.size, up))?;
-        let vmm = *self.vmm.get_or_insert_with(|| up.granularity().is_some());
-        let kind = arena_pool(pool, size, vmm, self.settings.slab_max_request);
-        let a = self.arena(req.stream, kind, up)?;
-        let node = match self.arenas[a].backing {
-            ArenaBacking::Paged(_) => self.place_paged(a, size, up)?,
-            ArenaBacking::Segments(_) => self.place_in_segment(a, size, up)?,
-            ArenaBacking::Slabs(_) => self.place_in_slab(a, size, up)?,
-        };
-        Ok(Block {
-            addr: self.arenas[a].index.offset(node),
-            size,
-            requested: req.size,
-            stream: req.stream,
-            size_class: pool,
-            handle: block_handle(node, kind),
-        })
+        if !self.deferred.is_empty() {
+            self.deferred.settle(false, up);
+        }
+        let block = self.place(req, up);
+        self.deferred.close();
+        block
     }
 
     fn free(&mut self, block: Block, _up: &mut Upstream<'_>) {

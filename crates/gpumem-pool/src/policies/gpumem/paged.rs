@@ -135,7 +135,7 @@ impl PagedReservation {
     }
 
     /// Gives back idle chunks, highest addresses first, until `want` bytes are freed; returns
-    /// the bytes freed.
+    /// the bytes freed. Work queued on `stream` that may still use them is waited for first.
     pub(super) fn release_idle(
         &mut self,
         index: &Tlsf,
@@ -144,8 +144,12 @@ impl PagedReservation {
         pool: SizeClass,
         stream: StreamId,
     ) -> u64 {
+        let idle = self.idle_chunks(index);
+        if idle.is_empty() || want == 0 || up.settle_stream(stream).is_err() {
+            return 0;
+        }
         let mut released = 0;
-        for (p, _, _) in self.idle_chunks(index).into_iter().rev() {
+        for (p, _, _) in idle.into_iter().rev() {
             if released >= want {
                 break;
             }
@@ -229,16 +233,25 @@ impl GpumemPolicy {
         size: u64,
         up: &mut Upstream<'_>,
     ) -> Result<NodeId, Exhausted> {
-        let arena = &mut self.arenas[a];
-        let index = &mut arena.index;
-        let Some(node) = index.allocate(size).or_else(|| match &mut arena.backing {
-            ArenaBacking::Paged(paged) => {
-                paged.restore_retired(index).then(|| index.allocate(size))?
+        let mut node = self.arenas[a].index.allocate(size);
+        if node.is_none()
+            && self.arenas[a]
+                .paged()
+                .is_some_and(|p| !p.retired.is_empty())
+        {
+            // Retired ranges come back only once their old mappings are gone.
+            self.deferred.settle(true, up);
+            let arena = &mut self.arenas[a];
+            if let ArenaBacking::Paged(paged) = &mut arena.backing {
+                if paged.restore_retired(&mut arena.index) {
+                    node = arena.index.allocate(size);
+                }
             }
-            ArenaBacking::Segments(_) | ArenaBacking::Slabs(_) => None,
-        }) else {
+        }
+        let Some(node) = node else {
             return Err(too_large(size, up));
         };
+        let arena = &mut self.arenas[a];
         let addr = arena.index.offset(node);
         if let Some(paged) = arena.paged() {
             let (first, end) = paged.pages.pages_touching(addr, size);
@@ -392,6 +405,9 @@ impl GpumemPolicy {
 
     /// Moves an idle chunk to page `p` of arena `a`, and takes its old address range out of
     /// its arena's index for good, so that nothing placed there later needs mapping again.
+    /// If work queued on the donor's stream may still use the chunk, its old address is
+    /// unmapped only once that work is done, and arena `a`'s stream (if another) is ordered
+    /// after it ([`super::deferred`]).
     fn move_chunk(
         &mut self,
         donor: &Donor,
@@ -399,13 +415,29 @@ impl GpumemPolicy {
         p: u64,
         up: &mut Upstream<'_>,
     ) -> Result<(), UpstreamError> {
+        let to_stream = self.arenas[a].stream;
         let arena = &mut self.arenas[donor.arena];
-        let pool = arena.pool;
+        let (pool, from_stream) = (arena.pool, arena.stream);
         let ArenaBacking::Paged(from) = &mut arena.backing else {
             return Ok(());
         };
         let page = from.pages.page_size();
-        let chunk = from.pages.take(donor.page, up)?;
+        let mut in_use = up.may_be_in_use(from_stream);
+        if in_use
+            && self
+                .deferred
+                .order_after(from_stream, to_stream, up)
+                .is_err()
+        {
+            // No event to order by: wait for the whole device instead.
+            up.synchronize_device()?;
+            in_use = false;
+        }
+        let chunk = if in_use {
+            from.pages.detach(donor.page)?
+        } else {
+            from.pages.take(donor.page, up)?
+        };
         let range = (from.pages.address(donor.page), chunk.pages * page);
         if arena.index.carve(donor.node, range.0, range.1) {
             from.retired.push(range);
@@ -413,10 +445,23 @@ impl GpumemPolicy {
         let ArenaBacking::Paged(to) = &mut self.arenas[a].backing else {
             return Ok(());
         };
-        if let Err(e) = to.pages.map_moved(p, chunk, up) {
-            // The chunk is mapped nowhere now: give it back so reserved stays exact.
-            let _ = up.release_physical(chunk.handle, chunk.pages * page, pool);
-            return Err(e);
+        let moved = to.pages.map_moved(p, chunk, up);
+        let bytes = chunk.pages * page;
+        match (moved, in_use) {
+            (Ok(()), true) => self.deferred.unmap_later(from_stream, range.0, bytes, None),
+            (Ok(()), false) => {}
+            (Err(e), true) => {
+                // Mapped only at its old address now: unmap and give it back once unused.
+                let release = Some((chunk.handle, pool));
+                self.deferred
+                    .unmap_later(from_stream, range.0, bytes, release);
+                return Err(e);
+            }
+            (Err(e), false) => {
+                // The chunk is mapped nowhere now: give it back so reserved stays exact.
+                let _ = up.release_physical(chunk.handle, bytes, pool);
+                return Err(e);
+            }
         }
         Ok(())
     }

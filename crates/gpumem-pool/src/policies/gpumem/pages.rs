@@ -175,6 +175,15 @@ impl PageMap {
         Ok(chunk)
     }
 
+    /// Takes the idle chunk starting at page `p` out of the table but leaves it mapped, for a
+    /// caller that maps it elsewhere now and unmaps it here once the work that may still use
+    /// it has completed; reserved memory is unchanged.
+    pub(crate) fn detach(&mut self, p: u64) -> Result<Chunk, UpstreamError> {
+        let chunk = self.chunk(p)?;
+        self.remove(p, chunk);
+        Ok(chunk)
+    }
+
     /// Unmaps the idle chunk starting at page `p` and releases it: reserved memory shrinks by
     /// its size, which is returned.
     pub(crate) fn release(

@@ -253,6 +253,11 @@ impl TorchPolicy {
             .map_while(|h| *h)
             .collect();
         let start = segment.chunk_addr(begin);
+        // PyTorch's `unmapHandles`: unlike cudaFree, unmapping does not wait for the GPU, so
+        // the segment's stream is synchronised first.
+        if !handles.is_empty() && up.synchronize_stream(node.stream).is_err() {
+            return 0;
+        }
         let released =
             up.unmap_release_chunks(start, chunk, &handles, node.pool, node.stream) as u64;
         // The device may have refused a chunk: only those before it are unmapped.
