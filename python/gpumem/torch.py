@@ -3,7 +3,7 @@
 Three lines switch PyTorch's CUDA allocator to gpumem (before the first CUDA tensor)::
 
     import gpumem.torch
-    gpumem.torch.use(policy="gpumem", hard_limit="70GiB", history=100_000)
+    gpumem.torch.use(hard_limit="70GiB", history=100_000)
     model = model.cuda()  # allocations now come from gpumem's pool
 
 The library PyTorch loads is this package's extension module itself (``library_path()``), so
@@ -71,7 +71,7 @@ def use(policy: str | None = None, *, soft_limit: str | int | None = None,
         hard_limit: str | int | None = None, history: int | None = None) -> None:
     """Makes gpumem PyTorch's CUDA allocator for this process.
 
-    ``policy`` is ``"gpumem"`` (the default), ``"torch"``, ``"expandable"`` or ``"none"``;
+    ``policy`` is ``"expandable"`` (the default), ``"torch"``, ``"gpumem"`` or ``"none"``;
     limits take the ``GPUMEM_*_LIMIT`` forms (``"70GiB"``, ``"80GB"``, ``"90%"``, bytes, or
     ``"none"``); ``history`` is the number of events recorded for :func:`snapshot` (0: off).
     Settings left as None come from the environment (``GPUMEM_POOL``, ``GPUMEM_HARD_LIMIT``, …).

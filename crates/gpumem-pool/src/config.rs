@@ -1,7 +1,8 @@
 //! Pool configuration, from the library API or from the environment.
 //!
 //! Environment variables (read by [`PoolConfig::from_env`]):
-//! - `GPUMEM_POOL` = `none` | `torch` | `expandable` | `gpumem` (default `gpumem`);
+//! - `GPUMEM_POOL` = `none` | `torch` | `expandable` | `gpumem` (default `expandable`, which needs a
+//!   device with virtual memory management);
 //! - `GPUMEM_SOFT_LIMIT`: cached memory above it is released at synchronisation points;
 //! - `GPUMEM_HARD_LIMIT`: reserved memory never exceeds it; an allocation beyond it is an OOM;
 //! - `GPUMEM_HISTORY`: number of events to record for snapshots (0 or unset: off);
@@ -26,9 +27,10 @@ pub enum PolicyKind {
     None,
     /// PyTorch's native caching allocator policy (the compatibility baseline).
     Torch,
-    /// PyTorch's policy with expandable segments over virtual-memory mapping.
+    /// PyTorch's policy with expandable segments over virtual-memory mapping (the default:
+    /// the policy that passed the GPU checks with PyTorch's own figures).
     Expandable,
-    /// gpumem's own policy (the default).
+    /// gpumem's own policy.
     Gpumem,
 }
 
@@ -49,12 +51,12 @@ const BUILT_IN: [(PolicyKind, &str, &str); 4] = [
     (
         PolicyKind::Expandable,
         "expandable",
-        "PyTorch's allocator with expandable_segments:True",
+        "PyTorch's allocator with expandable_segments:True (default; needs VMM)",
     ),
     (
         PolicyKind::Gpumem,
         "gpumem",
-        "gpumem's own policy: TLSF over per-stream VA, pages mapped on demand (default)",
+        "gpumem's own policy: TLSF over per-stream VA, pages mapped on demand",
     ),
 ];
 
@@ -148,7 +150,7 @@ pub struct PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
-            policy: PolicyKind::Gpumem,
+            policy: PolicyKind::Expandable,
             torch: TorchSettings::default(),
             gpumem: GpumemSettings::default(),
             options: PoolOptions::default(),

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpumem_device::{AddressMap, Device, DeviceError, DevicePtr, EventId, StreamId};
 
-use crate::config::{ConfigError, PoolConfig, PoolOptions};
+use crate::config::{ConfigError, PolicyKind, PoolConfig, PoolOptions};
 use crate::driver::PolicyDriver;
 use crate::events::PoolObserver;
 use crate::oom::{OomError, PoolFacts};
@@ -120,7 +120,20 @@ struct PendingFree {
 
 impl Pool {
     /// A pool of the built-in policy `config` names, with its settings, limits and history.
+    /// `expandable` (the default) is refused on a device without virtual memory management,
+    /// with an error that names the policies that run there.
     pub fn new(device: Arc<dyn Device>, config: PoolConfig) -> Result<Pool, PoolError> {
+        if config.policy == PolicyKind::Expandable && device.vmm().is_none() {
+            return Err(PoolError::Config(ConfigError {
+                source_name: "the pool policy (GPUMEM_POOL; expandable when unset)".into(),
+                value: "expandable".into(),
+                problem: format!(
+                    "expandable segments need virtual memory management, which {} lacks",
+                    device.name()
+                ),
+                accepted: "torch, gpumem or none on this device".into(),
+            }));
+        }
         let policy = config.policy.build(&config)?;
         Pool::with_policy(device, policy, config.options)
     }
@@ -348,11 +361,9 @@ impl Pool {
     /// A synchronisation point: waits for the device, returns completed cross-stream frees to
     /// the cache, and releases cached memory above the soft limit.
     pub fn synchronize(&self) -> Result<(), PoolError> {
-        // Under the lock, so that no block freed during the wait counts as settled by it.
+        self.device.synchronize()?;
         let mut guard = self.lock();
         let inner = &mut *guard;
-        self.device.synchronize()?;
-        inner.driver.device_synchronized();
         self.process_events(inner, false)?;
         if let Some(soft) = inner.soft_limit {
             let reserved = inner.driver.stats().reserved_bytes.all.current;

@@ -46,9 +46,15 @@ fn reserved(pool: &Pool) -> u64 {
 }
 
 #[test]
-fn it_is_the_default_policy() {
+fn it_is_chosen_by_name_not_by_default() {
+    // The default is `expandable` until gpumem's policy has passed the GPU checks
+    // (scripts/gpu-check.sh, docs/gpu.md).
     let pool = Pool::new(device(SimConfig::host(64 * MIB)), PoolConfig::default()).unwrap();
-    assert_eq!(pool.policy_name(), PolicyKind::Gpumem.as_str());
+    assert_eq!(pool.policy_name(), PolicyKind::Expandable.as_str());
+    assert_eq!(
+        gpumem(&device(SimConfig::host(64 * MIB))).policy_name(),
+        "gpumem"
+    );
 }
 
 #[test]

@@ -126,8 +126,29 @@ fn the_backend_out_of_memory_code_makes_the_pool_free_its_cache_and_retry() {
 
 #[test]
 fn a_policy_that_needs_virtual_memory_says_the_backend_lacks_it() {
-    let (_, pool) = pool(PolicyKind::Expandable);
-    let err = pool.allocate(MIB, StreamId::DEFAULT).unwrap_err();
+    for config in [
+        PoolConfig::default(),
+        PoolConfig {
+            policy: PolicyKind::Expandable,
+            ..PoolConfig::default()
+        },
+    ] {
+        let Err(err) = Pool::new(Arc::new(Minimal::default()), config) else {
+            panic!("expandable segments were made without VMM");
+        };
+        let text = err.to_string();
+        assert!(matches!(err, PoolError::Config(_)), "{text}");
+        assert!(
+            text.contains("minimal") && text.contains("torch, gpumem or none"),
+            "{text}"
+        );
+    }
+    // Asked for directly, the policy still says what the backend lacks.
+    let policy = PolicyKind::Expandable
+        .build(&PoolConfig::default())
+        .unwrap();
+    let pool = Pool::with_policy(Arc::new(Minimal::default()), policy, Default::default());
+    let err = pool.unwrap().allocate(MIB, StreamId::DEFAULT).unwrap_err();
     assert!(
         matches!(&err, PoolError::Device(DeviceError::Unsupported { backend, .. }) if backend == "minimal"),
         "{err}"

@@ -202,9 +202,14 @@ fn a_device_without_virtual_memory_is_an_error_not_a_panic() {
         ..SimConfig::host(64 * MIB)
     };
     let dev = Arc::new(SimDevice::new(config).unwrap());
-    let pool = expandable(&dev, "", None);
-    let err = pool.allocate(MIB, S0).unwrap_err();
-    assert!(matches!(err, PoolError::Device(_)), "{err}");
+    let config = PoolConfig {
+        policy: PolicyKind::Expandable,
+        ..PoolConfig::default()
+    };
+    let Err(err) = Pool::new(dev, config) else {
+        panic!("expandable segments were made without VMM");
+    };
+    assert!(matches!(err, PoolError::Config(_)), "{err}");
     assert!(err.to_string().contains("virtual memory"), "{err}");
 }
 
