@@ -5,11 +5,16 @@
 //! This is what `gpumem selftest` runs on a user's own device (the simulated one, CUDA or
 //! wgpu): the simulated device shows the pool's logic is right; a real device also shows that
 //! the backend's allocations, mappings and copies are.
+//!
+//! The device is watched by a [`HazardChecker`], and every block is used by a declared kernel
+//! on its stream when it is written and again right before its free, as a training step uses
+//! its tensors: a policy that unmapped, released or lent memory to another stream while such
+//! work could still be running fails the hazard check.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpumem_device::{Device, DeviceError, DevicePtr, StreamId};
+use gpumem_device::{Device, DeviceError, DevicePtr, HazardChecker, StreamId};
 use gpumem_pool::{Pool, PoolError, PoolOptions};
 use gpumem_trace::{Event, Trace};
 use serde::Serialize;
@@ -102,19 +107,31 @@ fn extents(size: u64, limit: u64) -> Vec<(u64, u64)> {
 
 /// Writes and reads the device through one pool, counting the bytes it verified.
 struct Tester<'a> {
-    device: &'a dyn Device,
+    device: &'a HazardChecker,
     limit: u64,
     bytes: u64,
 }
 
+/// The run time declared for each kernel that uses a block (the checker's model only).
+const KERNEL_NS: u64 = 10_000;
+
 impl Tester<'_> {
+    /// Writes the block's pattern, then a kernel on its stream uses the whole block.
     fn write(&self, block: &Written) -> Result<(), DeviceError> {
         for (from, len) in extents(block.size, self.limit) {
             let bytes = pattern(block.tag, len, from);
             self.device
                 .copy_to_device(block.ptr + from, &bytes, StreamId::DEFAULT)?;
         }
-        Ok(())
+        self.use_block(block)
+    }
+
+    /// A kernel on the default stream that touches the whole block and is still queued when
+    /// the host goes on.
+    fn use_block(&self, block: &Written) -> Result<(), DeviceError> {
+        let range = [(block.ptr, block.size)];
+        self.device
+            .launch(StreamId::DEFAULT, &range, KERNEL_NS, block.tag)
     }
 
     /// Reads the block back; `Ok(None)` if it holds its pattern, else what differed.
@@ -166,14 +183,15 @@ pub fn selftest(
     bytes_per_block: u64,
 ) -> Result<SelftestReport, SelftestError> {
     let started = Instant::now();
+    let checker = Arc::new(HazardChecker::new(device.clone()));
     let pool = pool_of(
-        device.clone(),
+        checker.clone(),
         policy,
         &ReplayOptions::default(),
         PoolOptions::default(),
     )?;
     let mut tester = Tester {
-        device: device.as_ref(),
+        device: &checker,
         limit: bytes_per_block.max(2),
         bytes: 0,
     };
@@ -193,6 +211,19 @@ pub fn selftest(
     pool.reset_peak_stats();
     checks.push(replay_with_bytes(&pool, &mut tester, trace)?);
     pool.empty_cache()?;
+    let hazards = checker.take_hazards();
+    checks.push(Check {
+        name: "no memory unmapped, released or lent to another stream under queued work".into(),
+        passed: hazards.is_empty(),
+        detail: match hazards.first() {
+            None => format!(
+                "every block used by a queued kernel at its allocation and before its free; \
+                 {} host synchronisations",
+                checker.synchronizations()
+            ),
+            Some(first) => format!("{} hazards, the first: {first}", hazards.len()),
+        },
+    });
     let calls = pool.stats().device_calls;
     Ok(SelftestReport {
         device: device.name(),
@@ -229,6 +260,7 @@ fn round_trips(pool: &Pool, tester: &mut Tester<'_>) -> Result<Check, SelftestEr
     let mut sizes = Vec::new();
     for (i, block) in live.drain(..).enumerate() {
         if i % 2 == 0 {
+            tester.use_block(&block)?;
             pool.free(block.ptr)?;
             sizes.push(block.size);
         } else {
@@ -246,6 +278,7 @@ fn round_trips(pool: &Pool, tester: &mut Tester<'_>) -> Result<Check, SelftestEr
         }
     }
     for block in kept {
+        tester.use_block(&block)?;
         pool.free(block.ptr)?;
     }
     Ok(Check {
@@ -286,6 +319,7 @@ fn replay_with_bytes(
                         if let Some(what) = tester.verify(&block)? {
                             failure.get_or_insert(format!("event {index}: {what}"));
                         }
+                        tester.use_block(&block)?;
                     }
                     pool.free(block.ptr)?;
                 }
@@ -298,6 +332,7 @@ fn replay_with_bytes(
             if let Some(what) = tester.verify(&block)? {
                 failure.get_or_insert(what);
             }
+            tester.use_block(&block)?;
         }
         pool.free(block.ptr)?;
     }
@@ -345,7 +380,7 @@ mod tests {
                 let device: Arc<dyn Device> = Arc::new(SimDevice::new(config).unwrap());
                 let report = selftest(device, &policy, &trace, 4096).unwrap();
                 assert!(report.passed(), "{policy} vmm {vmm}: {:#?}", report.checks);
-                assert_eq!(report.checks.len(), 3);
+                assert_eq!(report.checks.len(), 4);
                 assert!(report.bytes_verified > 400_000, "{}", report.bytes_verified);
                 assert!(report.device_alloc_calls > 0);
                 assert!(report.device_free_calls > 0, "the cache was emptied");
