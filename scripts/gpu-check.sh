@@ -18,6 +18,9 @@
 #   gpumem-python PyTorch (GPT-2-shaped and ResNet training) and CuPy on gpumem.torch.use() /
 #                gpumem.cupy.use() against PyTorch's allocator (scripts/gpu-python.sh; needs
 #                TORCH_PYTHON or the network to install torch)
+#   allocators   a Llama-shaped and a variable-length GPT-2 training run, Llama-shaped serving
+#                and ResNet-50 under PyTorch's three allocators and gpumem's three policies,
+#                gpumem's snapshots replayed, memcheck (scripts/gpu-allocators.sh; TORCH_PYTHON)
 #
 # A GPU machine without a Rust toolchain (a lent cloud box, a cluster node) runs the same checks
 # from a bundle built elsewhere:
@@ -63,6 +66,7 @@ checks=(
   "gpumem-watch|test -p gpumem-watch --lib|--include-ignored --test-threads=1 --nocapture"
   "watch-cli|script scripts/watch-gpu-check.sh|"
   "gpumem-python|script scripts/gpu-python.sh|"
+  "allocators|script scripts/gpu-allocators.sh|"
 )
 
 # --bundle: every test binary (named in cargo's JSON messages), the gpumem binary, the wheel,
@@ -93,8 +97,13 @@ if [ "$mode" = bundle ]; then
   cargo build -p gpumem-cli --locked --quiet && cp target/debug/gpumem "$bundle/bin/gpumem" \
     && strip "$bundle/bin/gpumem" || { say "the gpumem binary did not build"; exit 1; }
   bash scripts/gpu-python.sh --build-wheel "$bundle/wheel" || { say "the wheel did not build"; exit 1; }
-  cp scripts/gpu-check.sh scripts/watch-gpu-check.sh scripts/gpu-python.sh "$bundle/scripts/"
-  cp python/checks/torch_gpu.py "$bundle/python/checks/"
+  # compute-sanitizer for the allocators check's memcheck runs (CUDA 13.0, as the H200 had).
+  python3 -m pip download -q --no-deps -d "$bundle/wheel" \
+    "${GPUMEM_SANITIZER_SPEC:-nvidia-cuda-sanitizer-api>=13.0,<13.1}" \
+    || say "no compute-sanitizer wheel: the memcheck runs will say not installed"
+  cp scripts/gpu-check.sh scripts/watch-gpu-check.sh scripts/gpu-python.sh \
+    scripts/gpu-allocators.sh "$bundle/scripts/"
+  cp python/checks/torch_gpu.py python/checks/allocators_gpu.py "$bundle/python/checks/"
   say "bundle in $bundle ($(du -sh "$bundle" | cut -f1)); on the GPU machine:"
   say "  $bundle/scripts/gpu-check.sh --from-bundle $bundle"
   exit 0
