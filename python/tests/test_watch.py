@@ -57,7 +57,7 @@ def test_a_c_abi_process_publishes_its_real_figures(tmp_path):
         report = ask(str(tmp_path / f"{child.pid}.sock"))
         assert report["pid"] == child.pid
         [pool] = report["pools"]
-        assert (pool["device"], pool["allocated"], pool["policy"]) == (0, 3 * MIB, "gpumem")
+        assert (pool["device"], pool["allocated"], pool["policy"]) == (0, 3 * MIB, "expandable")
         assert pool["reserved"] >= pool["allocated"]
         # The watching side finds it by itself, as `gpumem diagnose --pid` would.
         listed = [name for name in os.listdir(tmp_path) if name.endswith(".sock")]
