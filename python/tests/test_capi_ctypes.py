@@ -127,6 +127,9 @@ def test_misuse_is_an_error_code_with_a_message_and_frees_nothing():
     assert "device -1 is not valid" in last_error()
     assert stats(device) == before, "a refused free changed the pool"
     # PyTorch's free cannot fail back: it reports and frees nothing.
+    LIB.gpumem_torch_free(ptr, 1000, device, 0x55)
+    assert "allocated for stream 0 but freed on stream 85" in last_error()
+    assert stats(device) == before, "a free on the wrong stream changed the pool"
     LIB.gpumem_torch_free(ptr, 7, device, None)
     assert "freed with 7 bytes" in last_error()
     assert stats(device)["allocation.all.current"] == 1

@@ -20,7 +20,8 @@ typedef enum GpumemStatus {
   // The allocation does not fit, even after freeing the cache; [`gpumem_last_oom`]
   // explains.
   GPUMEM_OUT_OF_MEMORY = 1,
-  // An argument is not valid (a null string, an unknown policy, a bad size or ordinal).
+  // An argument is not valid (a null string, an unknown policy, a bad size or ordinal, a
+  // free on another stream than the allocation's).
   GPUMEM_INVALID_ARGUMENT = 2,
   // A pointer that is not a live allocation of the device's pool (never allocated, already
   // freed, or of another device).
@@ -58,9 +59,12 @@ void *gpumem_torch_pool_alloc(size_t size, int device, void *stream);
 
 // PyTorch's `CUDAPluggableAllocator` free function: `ptr`, `size`, `device` and `stream` are
 // what PyTorch recorded at allocation. NULL is ignored. It cannot fail back to PyTorch (it
-// runs in tensor destructors): misuse — an unknown pointer, a wrong size or device — frees
+// runs in tensor destructors): misuse — an unknown pointer, a wrong size, device or stream — frees
 // nothing, sets the last error and prints it to stderr.
-void gpumem_torch_free(void *ptr, size_t size, int device, void *stream);
+void gpumem_torch_free(void *ptr,
+                       size_t size,
+                       int device,
+                       void *stream);
 
 // CuPy's `CFunctionAllocator` allocation function (`param` is unused; pass 0): `size` bytes
 // on `device`'s default stream. Returns NULL on failure with the reason in

@@ -38,9 +38,16 @@ pub fn allocate(size: u64, device: i64, stream: u64) -> Result<DevicePtr, CapiEr
         })
 }
 
-/// Frees `ptr` of `device`, checking its size when `size` is given: a pointer of another
-/// device's pool, an unknown one or a wrong size is an error and frees nothing. 0 is a no-op.
-pub fn free(ptr: DevicePtr, size: Option<u64>, device: i64) -> Result<(), CapiError> {
+/// Frees `ptr` of `device`, checking its size when `size` is given and its stream (a raw
+/// `cudaStream_t`) when `stream` is: a pointer of another device's pool, an unknown one, a
+/// wrong size or another stream than its allocation's is an error and frees nothing. 0 is a
+/// no-op.
+pub fn free(
+    ptr: DevicePtr,
+    size: Option<u64>,
+    device: i64,
+    stream: Option<u64>,
+) -> Result<(), CapiError> {
     if ptr == 0 {
         return Ok(());
     }
@@ -68,6 +75,21 @@ pub fn free(ptr: DevicePtr, size: Option<u64>, device: i64) -> Result<(), CapiEr
             allocated: live.size,
             given,
         });
+    }
+    if let Some(handle) = stream {
+        let given = entry.stream(handle);
+        match entry.pool.allocation_stream(ptr) {
+            Some(allocated_on) if allocated_on != given => {
+                return Err(CapiError::WrongStream {
+                    device,
+                    ptr,
+                    allocated_on: allocated_on.0,
+                    given: given.0,
+                    handle,
+                })
+            }
+            _ => {}
+        }
     }
     entry.pool.free(ptr).map_err(pool_error(device))
 }

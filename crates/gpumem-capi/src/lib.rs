@@ -49,7 +49,8 @@ pub enum GpumemStatus {
     /// The allocation does not fit, even after freeing the cache; [`gpumem_last_oom`]
     /// explains.
     GpumemOutOfMemory = 1,
-    /// An argument is not valid (a null string, an unknown policy, a bad size or ordinal).
+    /// An argument is not valid (a null string, an unknown policy, a bad size or ordinal, a
+    /// free on another stream than the allocation's).
     GpumemInvalidArgument = 2,
     /// A pointer that is not a live allocation of the device's pool (never allocated, already
     /// freed, or of another device).
@@ -73,9 +74,9 @@ impl CapiError {
             CapiError::UnknownBackend(_) | CapiError::SimCapacity { .. } => {
                 GpumemStatus::GpumemConfig
             }
-            CapiError::DeviceOrdinal(_) | CapiError::InvalidArgument { .. } => {
-                GpumemStatus::GpumemInvalidArgument
-            }
+            CapiError::DeviceOrdinal(_)
+            | CapiError::InvalidArgument { .. }
+            | CapiError::WrongStream { .. } => GpumemStatus::GpumemInvalidArgument,
             CapiError::Open { .. } => GpumemStatus::GpumemDevice,
             CapiError::Pool { source, .. } => match source {
                 PoolError::OutOfMemory(_) => GpumemStatus::GpumemOutOfMemory,
@@ -164,7 +165,7 @@ pub extern "C" fn gpumem_torch_pool_alloc(
 
 /// PyTorch's `CUDAPluggableAllocator` free function: `ptr`, `size`, `device` and `stream` are
 /// what PyTorch recorded at allocation. NULL is ignored. It cannot fail back to PyTorch (it
-/// runs in tensor destructors): misuse — an unknown pointer, a wrong size or device — frees
+/// runs in tensor destructors): misuse — an unknown pointer, a wrong size, device or stream — frees
 /// nothing, sets the last error and prints it to stderr.
 #[no_mangle]
 pub extern "C" fn gpumem_torch_free(
@@ -173,8 +174,8 @@ pub extern "C" fn gpumem_torch_free(
     device: c_int,
     stream: *mut c_void,
 ) {
-    let _ = stream;
-    if let Err(e) = api::free(ptr as DevicePtr, Some(size as u64), device.into()) {
+    let stream = Some(stream as u64);
+    if let Err(e) = api::free(ptr as DevicePtr, Some(size as u64), device.into(), stream) {
         fail(&e);
         eprintln!("gpumem: {e}");
     }
@@ -198,7 +199,7 @@ pub extern "C" fn gpumem_cupy_malloc(
 #[no_mangle]
 pub extern "C" fn gpumem_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
     let _ = param;
-    if let Err(e) = api::free(ptr as DevicePtr, None, device.into()) {
+    if let Err(e) = api::free(ptr as DevicePtr, None, device.into(), None) {
         fail(&e);
     }
 }
@@ -233,7 +234,7 @@ pub const GPUMEM_ANY_SIZE: usize = !0;
 #[no_mangle]
 pub extern "C" fn gpumem_free(ptr: *mut c_void, size: usize, device: c_int) -> GpumemStatus {
     let size = (size != GPUMEM_ANY_SIZE).then_some(size as u64);
-    status(api::free(ptr as DevicePtr, size, device.into()))
+    status(api::free(ptr as DevicePtr, size, device.into(), None))
 }
 
 /// This thread's last error message ("" if none): valid until the next gpumem call on this

@@ -83,6 +83,20 @@ pub enum CapiError {
         /// The size given to free.
         given: u64,
     },
+    /// A free that names another stream than the one the pointer was allocated for.
+    #[error("device {device}: {ptr:#x} was allocated for stream {allocated_on} but freed on stream {given} (handle {handle:#x}); nothing was freed")]
+    WrongStream {
+        /// The ordinal.
+        device: usize,
+        /// The pointer.
+        ptr: DevicePtr,
+        /// The pool's stream of the allocation.
+        allocated_on: u64,
+        /// The pool's stream for the handle given to free.
+        given: u64,
+        /// The `cudaStream_t` given to free.
+        handle: u64,
+    },
     /// A free on another device than the pointer's.
     #[error(
         "{ptr:#x} was freed on device {given} but belongs to device {owner}; nothing was freed"

@@ -327,6 +327,12 @@ impl Pool {
         })
     }
 
+    /// The stream the live allocation at `ptr` was made for, if this pool handed it out and it
+    /// is not freed: for callers that check that a free names the allocation's stream.
+    pub fn allocation_stream(&self, ptr: DevicePtr) -> Option<StreamId> {
+        self.lock().live.get(&ptr).map(|live| live.stream)
+    }
+
     /// Changes the soft and hard limits at run time (`None`: no limit), resolved against the
     /// device's total memory as [`PoolOptions`] are; an error, and nothing changed, if the soft
     /// limit is above the hard one. Cached memory above a lowered hard limit is released now;
@@ -361,9 +367,11 @@ impl Pool {
     /// A synchronisation point: waits for the device, returns completed cross-stream frees to
     /// the cache, and releases cached memory above the soft limit.
     pub fn synchronize(&self) -> Result<(), PoolError> {
-        self.device.synchronize()?;
+        // Under the lock, so that no block freed during the wait counts as settled by it.
         let mut guard = self.lock();
         let inner = &mut *guard;
+        self.device.synchronize()?;
+        inner.driver.device_synchronized();
         self.process_events(inner, false)?;
         if let Some(soft) = inner.soft_limit {
             let reserved = inner.driver.stats().reserved_bytes.all.current;
