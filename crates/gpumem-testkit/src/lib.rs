@@ -1,9 +1,11 @@
 //! Deterministic helpers shared by gpumem's tests and benchmarks: one random generator, so
 //! that synthetic workloads are the same on every machine and in every crate without a
-//! random-number dependency.
+//! random-number dependency, and the [`conformance`] suite that every device backend runs.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+
+pub mod conformance;
 
 /// A small deterministic generator (SplitMix64), so that workloads are the same on every
 /// machine without a dependency.
@@ -28,6 +30,13 @@ impl Rng {
     /// Uniform in `0..n` (n > 0).
     pub fn below(&mut self, n: u64) -> u64 {
         ((self.next_u64() as u128 * n as u128) >> 64) as u64
+    }
+
+    /// Fills `out` with random bytes.
+    pub fn fill_bytes(&mut self, out: &mut [u8]) {
+        for chunk in out.chunks_mut(8) {
+            chunk.copy_from_slice(&self.next_u64().to_le_bytes()[..chunk.len()]);
+        }
     }
 
     /// Uniform in `[0, 1)`.
