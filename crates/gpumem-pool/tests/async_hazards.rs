@@ -328,3 +328,137 @@ fn stitching_under_queued_work_waits_for_an_event_not_the_host() {
     assert_eq!(rig.pool.stats().device_calls.unmap, 32, "now unmapped");
     assert!(rig.checker.take_hazards().is_empty());
 }
+
+/// A simulated device whose `unmap` fails while `refuse` is set.
+struct FlakyUnmap {
+    sim: SimDevice,
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+impl Device for FlakyUnmap {
+    fn name(&self) -> String {
+        "flaky unmap".into()
+    }
+    fn mem_info(&self) -> Result<gpumem_device::MemInfo, gpumem_device::DeviceError> {
+        self.sim.mem_info()
+    }
+    fn malloc(&self, size: u64) -> Result<u64, gpumem_device::DeviceError> {
+        self.sim.malloc(size)
+    }
+    fn free(&self, ptr: u64) -> Result<(), gpumem_device::DeviceError> {
+        self.sim.free(ptr)
+    }
+    fn vmm(&self) -> Option<&dyn gpumem_device::VirtualMemory> {
+        Some(self)
+    }
+    fn record_event(
+        &self,
+        stream: StreamId,
+    ) -> Result<gpumem_device::EventId, gpumem_device::DeviceError> {
+        self.sim.record_event(stream)
+    }
+    fn event_completed(
+        &self,
+        event: gpumem_device::EventId,
+    ) -> Result<bool, gpumem_device::DeviceError> {
+        self.sim.event_completed(event)
+    }
+    fn wait_event(&self, event: gpumem_device::EventId) -> Result<(), gpumem_device::DeviceError> {
+        self.sim.wait_event(event)
+    }
+    fn destroy_event(
+        &self,
+        event: gpumem_device::EventId,
+    ) -> Result<(), gpumem_device::DeviceError> {
+        self.sim.destroy_event(event)
+    }
+    fn synchronize(&self) -> Result<(), gpumem_device::DeviceError> {
+        self.sim.synchronize()
+    }
+    fn synchronize_stream(&self, stream: StreamId) -> Result<(), gpumem_device::DeviceError> {
+        self.sim.synchronize_stream(stream)
+    }
+}
+
+impl gpumem_device::VirtualMemory for FlakyUnmap {
+    fn granularity(&self) -> u64 {
+        self.sim.vmm().unwrap().granularity()
+    }
+    fn reserve(&self, size: u64) -> Result<u64, gpumem_device::DeviceError> {
+        self.sim.vmm().unwrap().reserve(size)
+    }
+    fn release_reservation(&self, ptr: u64, size: u64) -> Result<(), gpumem_device::DeviceError> {
+        self.sim.vmm().unwrap().release_reservation(ptr, size)
+    }
+    fn create_physical(
+        &self,
+        size: u64,
+    ) -> Result<gpumem_device::PhysicalHandle, gpumem_device::DeviceError> {
+        self.sim.vmm().unwrap().create_physical(size)
+    }
+    fn release_physical(
+        &self,
+        handle: gpumem_device::PhysicalHandle,
+    ) -> Result<(), gpumem_device::DeviceError> {
+        self.sim.vmm().unwrap().release_physical(handle)
+    }
+    fn map(
+        &self,
+        ptr: u64,
+        handle: gpumem_device::PhysicalHandle,
+    ) -> Result<(), gpumem_device::DeviceError> {
+        self.sim.vmm().unwrap().map(ptr, handle)
+    }
+    fn unmap(&self, ptr: u64, size: u64) -> Result<(), gpumem_device::DeviceError> {
+        if self.refuse.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(gpumem_device::DeviceError::InvalidValue(
+                "unmap refused".into(),
+            ));
+        }
+        self.sim.vmm().unwrap().unmap(ptr, size)
+    }
+}
+
+/// A device that refuses the deferred unmaps for a while: nothing is lost, reserved stays
+/// what the device holds, and the unmaps happen once it accepts them again.
+#[test]
+fn a_refused_deferred_unmap_loses_nothing_and_is_tried_again() {
+    use std::sync::atomic::Ordering;
+    let flaky = Arc::new(FlakyUnmap {
+        sim: SimDevice::new(SimConfig::address_only(CAPACITY)).unwrap(),
+        refuse: false.into(),
+    });
+    let config = PoolConfig {
+        policy: PolicyKind::Gpumem,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(flaky.clone(), config).unwrap();
+    let used = || CAPACITY - flaky.mem_info().unwrap().free;
+    let a = pool.allocate(128 * MIB, StreamId::DEFAULT).unwrap();
+    let keep = pool.allocate(2 * MIB, StreamId::DEFAULT).unwrap();
+    flaky.sim.enqueue_work(StreamId::DEFAULT).unwrap();
+    pool.free(a.ptr).unwrap();
+    let big = pool.allocate(200 * MIB, StreamId::DEFAULT).unwrap();
+    flaky.refuse.store(true, Ordering::Relaxed);
+    pool.synchronize().unwrap();
+    let probe = pool.allocate(512, StreamId::DEFAULT).unwrap();
+    let stats = pool.stats();
+    assert!(stats.device_calls.unmap > 0, "the unmaps were tried");
+    assert_eq!(
+        stats.reserved_bytes.all.current,
+        used(),
+        "reserved is what the device holds"
+    );
+    flaky.refuse.store(false, Ordering::Relaxed);
+    let again = pool.allocate(512, StreamId::DEFAULT).unwrap();
+    for b in [probe, again, big, keep] {
+        pool.free(b.ptr).unwrap();
+    }
+    pool.empty_cache().unwrap();
+    assert_eq!(pool.stats().reserved_bytes.all.current, 0);
+    assert_eq!(
+        used(),
+        0,
+        "every chunk went back once the device took the unmaps"
+    );
+}
