@@ -314,6 +314,29 @@ fn print_table(
             fits
         ))?;
     }
+    print_initial_states(reports)
+}
+
+/// For a trace recorded mid-process, how each policy began from the memory held when the
+/// recording began: the segments it took over, and why it did not take over the others.
+fn print_initial_states(reports: &[PolicyReport]) -> Result<(), CommandError> {
+    for r in reports {
+        let Some(state) = &r.initial_state else {
+            continue;
+        };
+        let mut line = format!(
+            "{}: began from {} of the {} segments held when recording began ({} reserved)",
+            r.policy,
+            state.adopted_segments,
+            state.segments,
+            Bytes(state.adopted_bytes)
+        );
+        for note in &state.notes {
+            line.push_str("; ");
+            line.push_str(note);
+        }
+        output::print(&line)?;
+    }
     Ok(())
 }
 

@@ -37,6 +37,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod adopt;
 mod config;
 mod driver;
 mod events;
@@ -49,6 +50,7 @@ mod registry;
 mod size;
 mod stats;
 
+pub use adopt::{AdoptError, BlockToAdopt, LayoutError, SegmentToAdopt};
 pub use config::{ConfigError, PolicyKind, PoolConfig, PoolOptions};
 pub use driver::PolicyDriver;
 pub use events::{EventSink, PoolEvent, PoolObserver};

@@ -170,6 +170,24 @@ pub trait Policy: Send {
 
     /// Size of the largest cached block that could serve a request without growing.
     fn largest_free_block(&self) -> u64;
+
+    /// Takes over `segment`, memory a process held before this policy's pool began (a trace
+    /// recorded mid-process): obtains a segment of its size through `up`, places its live
+    /// blocks at their offsets and caches the rest as this policy would have left it. Returns
+    /// the live blocks, in the order of `segment.blocks`, which the pool then holds as live
+    /// allocations. Nothing is obtained when the layout is refused. By default a policy
+    /// cannot ([`crate::AdoptError::Unsupported`]), and the caller allocates the
+    /// blocks instead.
+    fn adopt_segment(
+        &mut self,
+        _segment: &crate::adopt::SegmentToAdopt,
+        _up: &mut Upstream<'_>,
+    ) -> Result<Vec<Block>, crate::adopt::AdoptError> {
+        Err(crate::adopt::AdoptError::Unsupported {
+            policy: self.name(),
+            what: "segments held before it began: it lays memory out its own way",
+        })
+    }
 }
 
 /// Why the upstream refused device memory.

@@ -607,6 +607,78 @@ impl Pool {
         inner.last_oom = Some(error.clone());
         PoolError::OutOfMemory(error)
     }
+
+    /// Takes over `segment`, memory a process held before this pool began (a trace recorded
+    /// mid-process, replayed from where that process stood): the policy reserves a segment of
+    /// its size, places its live blocks at their offsets and caches the rest
+    /// ([`Policy::adopt_segment`]); the pool then holds those blocks as live allocations,
+    /// counted and recorded as allocations are. Returns them in the order of
+    /// `segment.blocks`. If the device or the hard limit refuses, the cache is freed and the
+    /// policy tried again, as for an allocation, before an explained out-of-memory error.
+    /// A policy that cannot lay memory out as asked returns
+    /// [`crate::AdoptError::Unsupported`] and nothing changes.
+    pub fn adopt_segment(
+        &self,
+        segment: &crate::adopt::SegmentToAdopt,
+    ) -> Result<Vec<Allocation>, crate::adopt::AdoptError> {
+        use crate::adopt::AdoptError;
+        segment.check()?;
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let adopt = |policy: &mut dyn Policy, up: &mut crate::policy::Upstream<'_>| {
+            policy.adopt_segment(segment, up)
+        };
+        let blocks = match inner.driver.with_upstream(adopt) {
+            Err(AdoptError::Upstream(cause)) if cause.is_out_of_memory() => {
+                self.process_events(inner, true)?;
+                let retry = inner.driver.with_upstream(|policy, up| {
+                    policy.release_cached(ReleaseTarget::All, up);
+                    adopt(policy, up)
+                });
+                match retry {
+                    Err(AdoptError::Upstream(cause)) if cause.is_out_of_memory() => {
+                        let request = AllocRequest {
+                            size: segment.size,
+                            stream: segment.stream,
+                        };
+                        let failure = Exhausted {
+                            attempted: segment.size,
+                            cause,
+                        };
+                        return Err(self.out_of_memory(inner, request, failure).into());
+                    }
+                    other => other,
+                }
+            }
+            other => other,
+        };
+        let blocks = blocks.map_err(|error| match error {
+            AdoptError::Upstream(UpstreamError::Device(e)) => PoolError::Device(e).into(),
+            other => other,
+        })?;
+        let mut allocations = Vec::with_capacity(blocks.len());
+        for block in blocks {
+            let s = inner.driver.stats_mut();
+            s.allocation.increase(block.size_class, 1);
+            s.allocated_bytes.increase(block.size_class, block.size);
+            s.requested_bytes
+                .increase(block.size_class, block.requested);
+            s.active.increase(block.size_class, 1);
+            s.active_bytes.increase(block.size_class, block.size);
+            inner.driver.events_mut().emit(
+                Action::Alloc,
+                block.addr,
+                block.requested,
+                block.stream,
+            );
+            inner.live.insert(block.addr, LiveBlock::new(&block));
+            allocations.push(Allocation {
+                ptr: block.addr,
+                size: block.requested,
+            });
+        }
+        Ok(allocations)
+    }
 }
 
 /// A snapshot of how the pool and the device are used, printable like CUDA.jl's `pool_status`

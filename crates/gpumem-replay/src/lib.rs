@@ -7,10 +7,13 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod initial_state;
 pub mod planned;
 pub mod selftest;
 pub mod timeline;
 pub mod tune;
+
+pub use initial_state::InitialState;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -149,6 +152,10 @@ pub struct PolicyReport {
     pub events: usize,
     /// Replay speed, events per second of wall time.
     pub events_per_second: f64,
+    /// For a trace recorded mid-process, how the replay began from the memory held when its
+    /// recording began; `None` for a trace without [`Trace::initial_segments`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initial_state: Option<InitialState>,
 }
 
 impl PolicyReport {
@@ -377,6 +384,7 @@ struct Run {
     stats: MemoryStats,
     /// Where the replay ran out of memory, if it did.
     oom: Option<FirstOom>,
+    initial_state: Option<InitialState>,
     events: usize,
     seconds: f64,
 }
@@ -496,13 +504,8 @@ fn run(
             });
         }
     };
-    let (_, oom) = drive(
-        &pool,
-        &trace.events,
-        &mut AddressMap::default(),
-        Mismatch::Reject,
-        &mut on_event,
-    )?;
+    let (_, oom, initial_state) =
+        initial_state::drive_trace(&pool, trace, &mut AddressMap::default(), &mut on_event)?;
     progress(Progress {
         policy: policy.name(),
         done: total,
@@ -513,6 +516,7 @@ fn run(
         stats: pool.stats(),
         pool,
         oom,
+        initial_state,
         events: total,
         seconds,
     })
@@ -543,13 +547,7 @@ fn steady_state_calls(
     let pool = new_pool(policy, UNLIMITED_CAPACITY, options, 0)?;
     let mut live = AddressMap::default();
     let mut ignore = |_| {};
-    drive(
-        &pool,
-        &trace.events,
-        &mut live,
-        Mismatch::Reject,
-        &mut ignore,
-    )?;
+    initial_state::drive_trace(&pool, trace, &mut live, &mut ignore)?;
     let mut most = 0;
     for _ in 0..STEADY_REPEATS {
         let repeated = &trace.events[second_step..];
@@ -594,6 +592,7 @@ impl Run {
             smallest_capacity_bytes: None,
             events: self.events,
             events_per_second: self.events as f64 / self.seconds.max(1e-9),
+            initial_state: self.initial_state.clone(),
         }
     }
 }
@@ -620,6 +619,7 @@ mod tests {
                 smallest_capacity_bytes: None,
                 events: 0,
                 events_per_second: 0.0,
+                initial_state: None,
             })
             .collect()
     }

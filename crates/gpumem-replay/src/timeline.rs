@@ -6,8 +6,9 @@ use gpumem_device::AddressMap;
 use gpumem_pool::SegmentView;
 use gpumem_trace::Trace;
 
+use crate::initial_state::{drive_trace, drive_until};
 use crate::{
-    drive, new_pool, Mismatch, PolicySource, Progress, ReplayError, ReplayOptions, PROGRESS_EVERY,
+    new_pool, PolicySource, Progress, ReplayError, ReplayOptions, PROGRESS_EVERY,
     UNLIMITED_CAPACITY,
 };
 
@@ -64,13 +65,7 @@ pub fn timeline(
             });
         }
     };
-    drive(
-        &pool,
-        &trace.events,
-        &mut AddressMap::default(),
-        Mismatch::Reject,
-        &mut on_event,
-    )?;
+    drive_trace(&pool, trace, &mut AddressMap::default(), &mut on_event)?;
     Ok(line)
 }
 
@@ -85,13 +80,7 @@ pub fn segments_after(
 ) -> Result<SegmentMap, ReplayError> {
     let pool = new_pool(&policy, UNLIMITED_CAPACITY, options, 0)?;
     let end = event_index.saturating_add(1).min(trace.events.len());
-    drive(
-        &pool,
-        &trace.events[..end],
-        &mut AddressMap::default(),
-        Mismatch::Reject,
-        &mut |_| {},
-    )?;
+    drive_until(&pool, trace, end, &mut AddressMap::default(), &mut |_| {})?;
     let mut segments = pool.segments();
     segments.sort_by_key(|s| s.address);
     Ok(SegmentMap {

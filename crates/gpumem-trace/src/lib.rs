@@ -34,5 +34,7 @@ mod trace;
 
 pub use error::ReadError;
 pub use formats::{read, read_path, write, write_path, Format, ReadOptions};
-pub use snapshot::{Frame, Snapshot, StackId, Stacks};
-pub use trace::{Event, Trace, TraceMeta, TraceSummary, ValidationError, Violation};
+pub use snapshot::{Frame, SegmentType, Snapshot, StackId, Stacks};
+pub use trace::{
+    Event, InitialBlock, InitialSegment, Trace, TraceMeta, TraceSummary, ValidationError, Violation,
+};

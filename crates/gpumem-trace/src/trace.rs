@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use gpumem_device::AddressMap;
-use gpumem_snapshot::{StackId, Stacks};
+use gpumem_snapshot::{SegmentType, StackId, Stacks};
 
 use thiserror::Error;
 
@@ -59,6 +59,52 @@ pub struct Trace {
     /// `k`-th alloc's stack is `alloc_stacks[k]`): a side table of 4 bytes per alloc, empty
     /// when the trace has no frames; see [`Trace::alloc_stack`].
     pub alloc_stacks: Vec<Option<StackId>>,
+    /// The segments that held memory when recording began (a trace recorded in a process
+    /// that had already allocated), in address order, each with the blocks live in it then.
+    ///
+    /// Those blocks are also allocated by the first events of [`Trace::events`], one alloc per
+    /// block in the same order (segment after segment, blocks in address order; see
+    /// [`Trace::initial_allocs`]), so that whatever ignores this field sees them allocated at
+    /// the start. A replay whose policy can take segments over places them here instead: the
+    /// segments reserved as they were, the blocks at their offsets, the rest cached. Empty
+    /// for a trace recorded from the start and for formats that cannot say.
+    pub initial_segments: Vec<InitialSegment>,
+}
+
+/// A segment (device allocation) that existed when a trace's recording began.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InitialSegment {
+    /// Base address, in the trace's addresses.
+    pub address: u64,
+    /// Bytes reserved from the device (PyTorch's `total_size`).
+    pub size: u64,
+    /// Stream the segment serves, and the stream of its blocks' allocs.
+    pub stream: u64,
+    /// The pool the segment serves (PyTorch's small or large pool).
+    pub pool: SegmentType,
+    /// Whether it is a mapped range of an expandable segment.
+    pub expandable: bool,
+    /// The blocks live in it when recording began, in address order.
+    pub blocks: Vec<InitialBlock>,
+}
+
+/// A block that was live in an [`InitialSegment`] when recording began.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitialBlock {
+    /// Start address, in the trace's addresses (the address its alloc and free name).
+    pub address: u64,
+    /// Bytes the caller asked for: the size of its alloc among the first events.
+    pub requested: u64,
+    /// Bytes the block occupied in its segment, when the source recorded them; otherwise a
+    /// replaying policy rounds `requested` as it would have.
+    pub size: Option<u64>,
+}
+
+impl InitialBlock {
+    /// The bytes the block surely occupies: its recorded size, or at least its request.
+    pub fn extent(&self) -> u64 {
+        self.size.unwrap_or(self.requested)
+    }
 }
 
 /// Aggregate numbers of a trace, for reports and sanity checks.
@@ -107,13 +153,43 @@ pub enum Violation {
         /// The size of the allocation being freed.
         allocated: u64,
     },
+    /// An initial segment that is empty, or that overlaps or precedes the one before it.
+    #[error(
+        "initial segment at {addr:#x} is empty, or overlaps or precedes the segment before it"
+    )]
+    InitialSegmentOverlap {
+        /// The segment's address.
+        addr: u64,
+    },
+    /// An initial block outside its segment, or that overlaps or precedes the block before it.
+    #[error("initial block at {addr:#x} lies outside its segment at {segment:#x}, or overlaps or precedes the block before it")]
+    InitialBlockMisplaced {
+        /// The block's address.
+        addr: u64,
+        /// The address of the segment it is listed in.
+        segment: u64,
+    },
+    /// An initial block that asks for no bytes, or whose recorded size is below its request.
+    #[error("initial block at {addr:#x} requests no bytes, or occupies fewer than it requests")]
+    InitialBlockSize {
+        /// The block's address.
+        addr: u64,
+    },
+    /// The event where an initial block's alloc belongs is not that alloc.
+    #[error("initial block at {addr:#x}: this event should be its alloc (its address, requested size and its segment's stream)")]
+    InitialAllocMissing {
+        /// The block's address.
+        addr: u64,
+    },
 }
 
 /// An invalid event found by [`Trace::validate`], with its position.
 #[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
 #[error("event {index}: {violation}")]
 pub struct ValidationError {
-    /// Index of the offending event in [`Trace::events`].
+    /// Index of the offending event in [`Trace::events`]; for a fault of
+    /// [`Trace::initial_segments`], the index of the alloc of the block at fault, or of the
+    /// first block of the segment at fault (where its allocs begin).
     pub index: usize,
     /// What is wrong with it.
     pub violation: Violation,
@@ -127,7 +203,14 @@ impl Trace {
             events,
             stacks: Stacks::default(),
             alloc_stacks: Vec::new(),
+            initial_segments: Vec::new(),
         }
+    }
+
+    /// How many of the first events allocate the blocks of [`Trace::initial_segments`]: the
+    /// number of those blocks.
+    pub fn initial_allocs(&self) -> usize {
+        self.initial_segments.iter().map(|s| s.blocks.len()).sum()
     }
 
     /// The stack of the `ordinal`-th [`Event::Alloc`] (counting allocs only, from 0), if the
@@ -164,14 +247,65 @@ impl Trace {
         summary
     }
 
-    /// Checks that every free releases a live address and no alloc reuses a live one.
+    /// Checks that every free releases a live address and no alloc reuses a live one, and
+    /// that [`Trace::initial_segments`] are laid out without overlaps, their blocks inside
+    /// them and allocated, in order, by the first events.
     ///
     /// Returns the first offending event. Readers only return traces that pass this check.
     pub fn validate(&self) -> Result<(), ValidationError> {
+        self.validate_initial_segments()?;
         let mut live = LiveBlocks::default();
         for (index, event) in self.events.iter().enumerate() {
             live.apply(event)
                 .map_err(|violation| ValidationError { index, violation })?;
+        }
+        Ok(())
+    }
+
+    /// The part of [`Trace::validate`] about [`Trace::initial_segments`]: laid out without
+    /// overlaps, their blocks inside them, and the first events their blocks' allocs, in
+    /// order. Costs one step per initial block, not per event.
+    pub fn validate_initial_segments(&self) -> Result<(), ValidationError> {
+        let mut index = 0;
+        let mut segment_end = 0;
+        for (position, segment) in self.initial_segments.iter().enumerate() {
+            let fault = move |violation| ValidationError { index, violation };
+            let end = segment.address.checked_add(segment.size);
+            let after_previous = position == 0 || segment.address >= segment_end;
+            let Some(end) = end.filter(|_| segment.size > 0 && after_previous) else {
+                return Err(fault(Violation::InitialSegmentOverlap {
+                    addr: segment.address,
+                }));
+            };
+            segment_end = end;
+            let mut free_from = segment.address;
+            for block in &segment.blocks {
+                let fault = move |violation| ValidationError { index, violation };
+                if block.requested == 0 || block.size.is_some_and(|size| size < block.requested) {
+                    return Err(fault(Violation::InitialBlockSize {
+                        addr: block.address,
+                    }));
+                }
+                let block_end = block.address.checked_add(block.extent());
+                if block.address < free_from || block_end.is_none_or(|block_end| block_end > end) {
+                    return Err(fault(Violation::InitialBlockMisplaced {
+                        addr: block.address,
+                        segment: segment.address,
+                    }));
+                }
+                free_from = block_end.unwrap_or(end);
+                let alloc = Event::Alloc {
+                    addr: block.address,
+                    size: block.requested,
+                    stream: segment.stream,
+                };
+                if self.events.get(index) != Some(&alloc) {
+                    return Err(fault(Violation::InitialAllocMissing {
+                        addr: block.address,
+                    }));
+                }
+                index += 1;
+            }
         }
         Ok(())
     }

@@ -2,6 +2,11 @@
 //!
 //! Line 1 is a header,
 //! `{"gpumem_trace": 1, "name": str, "source": str, "device_total": int|null, "meta": {str: str}}`,
+//! with, for a trace recorded in a process that already held memory, its
+//! [`Trace::initial_segments`] as `"initial_segments": [{"address": int, "size": int,
+//! "stream": int, "pool": "small"|"large", "expandable": bool, "blocks": [{"address": int,
+//! "requested": int, "size": int}]}]` (`stream`, `expandable`, `blocks` and a block's `size`
+//! optional; the blocks' allocs are the first events, as in the trace),
 //! then one event per line:
 //! `{"op":"alloc","addr":int,"size":int,"stream":int}`,
 //! `{"op":"free","addr":int,"size":int,"stream":int}` (size optional, checked against the
@@ -14,7 +19,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ReadError;
-use crate::trace::{Event, LiveBlocks, Trace, TraceMeta};
+use crate::snapshot::SegmentType;
+use crate::trace::{Event, InitialBlock, InitialSegment, LiveBlocks, Trace, TraceMeta, Violation};
 
 /// The version this module reads and writes.
 pub const VERSION: u64 = 1;
@@ -36,6 +42,8 @@ struct HeaderIn {
     device_total: Option<u64>,
     #[serde(default)]
     meta: BTreeMap<String, String>,
+    #[serde(default)]
+    initial_segments: Vec<SegmentEntry>,
 }
 
 /// The header line, as written (borrows the trace's metadata).
@@ -46,6 +54,87 @@ struct HeaderOut<'a> {
     source: &'a str,
     device_total: Option<u64>,
     meta: &'a BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    initial_segments: Vec<SegmentEntry>,
+}
+
+/// An initial segment in the header.
+#[derive(Serialize, Deserialize)]
+struct SegmentEntry {
+    address: u64,
+    size: u64,
+    #[serde(default)]
+    stream: u64,
+    pool: PoolName,
+    #[serde(default)]
+    expandable: bool,
+    #[serde(default)]
+    blocks: Vec<BlockEntry>,
+}
+
+/// The pool of an initial segment, as PyTorch names it.
+#[derive(Serialize, Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum PoolName {
+    Small,
+    Large,
+}
+
+/// A block of an initial segment in the header.
+#[derive(Serialize, Deserialize)]
+struct BlockEntry {
+    address: u64,
+    requested: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    size: Option<u64>,
+}
+
+impl From<&InitialSegment> for SegmentEntry {
+    fn from(segment: &InitialSegment) -> Self {
+        SegmentEntry {
+            address: segment.address,
+            size: segment.size,
+            stream: segment.stream,
+            pool: match segment.pool {
+                SegmentType::Small => PoolName::Small,
+                SegmentType::Large => PoolName::Large,
+            },
+            expandable: segment.expandable,
+            blocks: segment
+                .blocks
+                .iter()
+                .map(|block| BlockEntry {
+                    address: block.address,
+                    requested: block.requested,
+                    size: block.size,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<SegmentEntry> for InitialSegment {
+    fn from(entry: SegmentEntry) -> Self {
+        InitialSegment {
+            address: entry.address,
+            size: entry.size,
+            stream: entry.stream,
+            pool: match entry.pool {
+                PoolName::Small => SegmentType::Small,
+                PoolName::Large => SegmentType::Large,
+            },
+            expandable: entry.expandable,
+            blocks: entry
+                .blocks
+                .into_iter()
+                .map(|block| InitialBlock {
+                    address: block.address,
+                    requested: block.requested,
+                    size: block.size,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The `op` of an event line.
@@ -195,7 +284,7 @@ pub fn read_native(reader: impl Read) -> Result<Trace, ReadError> {
     let mut line = Vec::with_capacity(256);
     let mut line_number = 0u64;
 
-    let meta = loop {
+    let (meta, initial_segments) = loop {
         line.clear();
         if reader.read_until(b'\n', &mut line)? == 0 {
             return Err(ReadError::Empty {
@@ -207,9 +296,13 @@ pub fn read_native(reader: impl Read) -> Result<Trace, ReadError> {
             break parse_header(&line, line_number)?;
         }
     };
+    let header_line = line_number;
 
     let mut live = LiveBlocks::default();
     let mut events = Vec::new();
+    // The lines of the events that must allocate the initial segments' blocks.
+    let initial_allocs: usize = initial_segments.iter().map(|s| s.blocks.len()).sum();
+    let mut initial_lines = Vec::with_capacity(initial_allocs);
     loop {
         line.clear();
         if reader.read_until(b'\n', &mut line)? == 0 {
@@ -219,9 +312,29 @@ pub fn read_native(reader: impl Read) -> Result<Trace, ReadError> {
         if is_blank(&line) {
             continue;
         }
+        if initial_lines.len() < initial_allocs {
+            initial_lines.push(line_number);
+        }
         events.push(parse_event(&line, line_number, &mut live)?);
     }
-    Ok(Trace::new(meta, events))
+    let mut trace = Trace::new(meta, events);
+    trace.initial_segments = initial_segments;
+    trace.validate_initial_segments().map_err(|error| {
+        // A missing alloc is reported at the event in its place (after the last event if the
+        // trace is shorter); a layout fault at the header.
+        let line = match error.violation {
+            Violation::InitialAllocMissing { .. } => initial_lines
+                .get(error.index)
+                .copied()
+                .unwrap_or(line_number),
+            _ => header_line,
+        };
+        ReadError::InvalidEvent {
+            line,
+            violation: error.violation,
+        }
+    })?;
+    Ok(trace)
 }
 
 /// Writes `trace` as a native trace (uncompressed; [`crate::write_path`] compresses `.gz`).
@@ -235,6 +348,11 @@ pub fn write_native(trace: &Trace, writer: impl Write) -> std::io::Result<()> {
         source: &trace.meta.source,
         device_total: trace.meta.device_total,
         meta: &trace.meta.extra,
+        initial_segments: trace
+            .initial_segments
+            .iter()
+            .map(SegmentEntry::from)
+            .collect(),
     };
     serde_json::to_writer(&mut writer, &header)?;
     writer.write_all(b"\n")?;
@@ -275,7 +393,10 @@ fn is_blank(line: &[u8]) -> bool {
     line.trim_ascii().is_empty()
 }
 
-fn parse_header(line: &[u8], line_number: u64) -> Result<TraceMeta, ReadError> {
+fn parse_header(
+    line: &[u8],
+    line_number: u64,
+) -> Result<(TraceMeta, Vec<InitialSegment>), ReadError> {
     let header: HeaderIn = serde_json::from_slice(line).map_err(|error| ReadError::Malformed {
         line: line_number,
         expected: HEADER_EXPECTED,
@@ -286,12 +407,14 @@ fn parse_header(line: &[u8], line_number: u64) -> Result<TraceMeta, ReadError> {
             found: header.gpumem_trace,
         });
     }
-    Ok(TraceMeta {
+    let meta = TraceMeta {
         name: header.name,
         source: header.source,
         device_total: header.device_total,
         extra: header.meta,
-    })
+    };
+    let initial = header.initial_segments.into_iter().map(Into::into);
+    Ok((meta, initial.collect()))
 }
 
 fn parse_event(line: &[u8], line_number: u64, live: &mut LiveBlocks) -> Result<Event, ReadError> {
@@ -337,7 +460,6 @@ fn parse_event(line: &[u8], line_number: u64, live: &mut LiveBlocks) -> Result<E
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::Violation;
 
     fn sample() -> Trace {
         let mut extra = BTreeMap::new();

@@ -9,6 +9,7 @@
 
 mod decode;
 mod document;
+mod initial;
 mod unpickle;
 
 use std::collections::BTreeMap;
@@ -22,6 +23,7 @@ pub use gpumem_snapshot::{
 use crate::error::ReadError;
 use gpumem_device::AddressSet;
 
+use self::initial::{DumpSegment, SegmentHistory};
 use crate::trace::{saturating_sum, Event, LiveBlocks, Trace, TraceMeta};
 
 /// Where a snapshot reader hands what it reads, piece by piece, in the order of the input
@@ -117,6 +119,8 @@ fn read_into(reader: impl Read, sink: &mut dyn SnapshotSink) -> Result<(), ReadE
 /// A snapshot holding `trace` as the event trace of `device` (`device_traces` gets
 /// `device + 1` lists); no segments, as a trace knows nothing of them, so memory_viz's
 /// Active Memory Timeline applies but not its segment views (a pool's own snapshot has both).
+/// A trace's [`Trace::initial_segments`] are not written: their blocks are allocated by its
+/// first events, which are.
 ///
 /// Each free becomes `free_requested` followed by `free_completed`, as PyTorch records
 /// it; steps are dropped (snapshots have no step marker); `time_us` is the event's index.
@@ -164,14 +168,21 @@ pub fn from_trace(trace: &Trace, device: usize) -> Snapshot {
 /// The block trace of one device: `alloc` → [`Event::Alloc`], `free_completed` (or a bare
 /// `free`) → [`Event::Free`]; other actions are ignored.
 ///
-/// `device` defaults to the first device with a non-empty trace. Memory allocated before
-/// recording began gets its alloc synthesised at the start, so that live bytes are right
-/// throughout: for a free of an address the trace never allocated (size from the free),
-/// and for a block still allocated in `segments` that the trace never mentions (its
-/// requested size; memory_viz shows both as "initially allocated"). `meta.extra` holds
-/// their number and bytes (`synthesized_allocs`, `synthesized_alloc_bytes`, of which
-/// `synthesized_from_segments`), the device, its segment count and reserved bytes. An alloc's
-/// `frames` become its entry in [`Trace::alloc_stacks`] (synthesised allocs have none).
+/// `device` defaults to the first device with a non-empty trace. A snapshot recorded in a
+/// process that had allocated before (`_record_memory_history` called mid-process) starts
+/// with memory the trace never created; the trace carries it as that process held it:
+/// [`Trace::initial_segments`] are the segments that existed when recording began — freed or
+/// unmapped by the trace without having been created by it, or in `segments` without a
+/// `segment_alloc`/`segment_map` of the trace — each with the blocks live in it then: those
+/// whose first mention is their free (the free's size is their request), and those still
+/// allocated in `segments` that the trace never mentions (their size and request). Each such
+/// block also gets its alloc synthesised at the start of the events (memory_viz shows them
+/// as "initially allocated"), so that live bytes are right throughout; a block no segment
+/// holds gets only that alloc. `meta.extra` holds their number and bytes
+/// (`synthesized_allocs`, `synthesized_alloc_bytes`, of which `synthesized_from_segments`),
+/// the initial segments and their bytes (`initial_segments`, `initial_segment_bytes`), the
+/// device, its segment count and reserved bytes at the dump. An alloc's `frames` become its
+/// entry in [`Trace::alloc_stacks`] (synthesised allocs have none).
 pub fn to_trace(snapshot: &Snapshot, device: Option<usize>) -> Result<Trace, ReadError> {
     let mut builder = TraceBuilder::new(device);
     builder.stacks = snapshot.stacks.clone();
@@ -187,16 +198,6 @@ pub fn to_trace(snapshot: &Snapshot, device: Option<usize>) -> Result<Trace, Rea
     builder.finish()
 }
 
-/// What [`TraceBuilder`] keeps of a segment: enough to count it and to synthesise the
-/// allocations of its blocks that the trace never mentions.
-struct SegmentSummary {
-    device: u64,
-    total_size: u64,
-    stream: u64,
-    /// Address and requested size of each block that is not inactive.
-    active_blocks: Vec<(u64, u64)>,
-}
-
 /// Builds the block trace of one device from a snapshot's pieces as they are read (see
 /// [`to_trace`] for what it holds).
 struct TraceBuilder {
@@ -207,15 +208,15 @@ struct TraceBuilder {
     devices: usize,
     live: LiveBlocks,
     seen: AddressSet,
-    /// Allocations synthesised for frees of addresses the trace never allocated.
-    synthesized: Vec<Event>,
+    /// Segments created and released, and blocks freed that the trace never allocated.
+    history: SegmentHistory,
     events: Vec<Event>,
     /// The stack of each alloc of `events`, in order; empty until the first stack.
     alloc_stacks: Vec<Option<StackId>>,
     /// How many allocs `events` holds.
     allocs: usize,
     stacks: Stacks,
-    segments: Vec<SegmentSummary>,
+    segments: Vec<DumpSegment>,
 }
 
 impl TraceBuilder {
@@ -226,7 +227,7 @@ impl TraceBuilder {
             devices: 0,
             live: LiveBlocks::default(),
             seen: AddressSet::default(),
-            synthesized: Vec::new(),
+            history: SegmentHistory::default(),
             events: Vec::new(),
             alloc_stacks: Vec::new(),
             allocs: 0,
@@ -245,24 +246,24 @@ impl TraceBuilder {
             }
             _ => self.chosen.unwrap_or(0),
         };
-        let device_segments: Vec<&SegmentSummary> = self
+        let device_segments: Vec<&DumpSegment> = self
             .segments
             .iter()
             .filter(|segment| segment.device == device as u64)
             .collect();
-        let synthesized_from_frees = self.synthesized.len();
-        for segment in &device_segments {
-            for &(address, requested_size) in &segment.active_blocks {
-                if self.seen.insert(address) {
-                    self.synthesized.push(Event::Alloc {
-                        addr: address,
-                        size: requested_size,
-                        stream: segment.stream,
-                    });
-                }
-            }
-        }
-        let synthesized = self.synthesized;
+        let initial = self.history.resolve(&device_segments, &mut self.seen);
+        let mut synthesized: Vec<Event> = initial
+            .segments
+            .iter()
+            .flat_map(|segment| {
+                segment.blocks.iter().map(|block| Event::Alloc {
+                    addr: block.address,
+                    size: block.requested,
+                    stream: segment.stream,
+                })
+            })
+            .collect();
+        synthesized.extend(initial.orphans);
         let synthesized_bytes = saturating_sum(synthesized.iter().map(|event| match event {
             Event::Alloc { size, .. } => *size,
             _ => 0,
@@ -285,7 +286,15 @@ impl TraceBuilder {
             ),
             (
                 "synthesized_from_segments".to_owned(),
-                (synthesized.len() - synthesized_from_frees).to_string(),
+                initial.from_segments.to_string(),
+            ),
+            (
+                "initial_segments".to_owned(),
+                initial.segments.len().to_string(),
+            ),
+            (
+                "initial_segment_bytes".to_owned(),
+                saturating_sum(initial.segments.iter().map(|segment| segment.size)).to_string(),
             ),
         ]);
         let mut alloc_stacks = self.alloc_stacks;
@@ -305,21 +314,25 @@ impl TraceBuilder {
         );
         trace.stacks = self.stacks;
         trace.alloc_stacks = alloc_stacks;
+        trace.initial_segments = initial.segments;
         Ok(trace)
     }
 }
 
 impl SnapshotSink for TraceBuilder {
     fn segment(&mut self, segment: SnapshotSegment) -> Result<(), ReadError> {
-        self.segments.push(SegmentSummary {
+        self.segments.push(DumpSegment {
             device: segment.device,
+            address: segment.address,
             total_size: segment.total_size,
             stream: segment.stream,
+            segment_type: segment.segment_type,
+            expandable: segment.is_expandable,
             active_blocks: segment
                 .blocks
                 .iter()
                 .filter(|block| block.state != BlockState::Inactive)
-                .map(|block| (block.address, block.requested_size))
+                .map(|block| (block.address, block.size, block.requested_size))
                 .collect(),
         });
         Ok(())
@@ -351,11 +364,16 @@ impl SnapshotSink for TraceBuilder {
             Action::FreeCompleted | Action::Free => {
                 if self.seen.insert(addr) {
                     // First sight of this address is its free: allocated before recording.
-                    self.synthesized.push(Event::Alloc { addr, size, stream });
+                    self.history.freed_unseen(addr, size, stream, index);
                 } else {
                     self.live.free(addr).map_err(invalid)?;
                 }
                 self.events.push(Event::Free { addr, stream });
+            }
+            Action::SegmentAlloc | Action::SegmentMap => self.history.created(addr, size),
+            Action::SegmentFree | Action::SegmentUnmap => {
+                let unmap = entry.action == Action::SegmentUnmap;
+                self.history.released(addr, size, stream, unmap, index);
             }
             _ => {}
         }

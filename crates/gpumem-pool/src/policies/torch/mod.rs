@@ -20,6 +20,7 @@
 //! - Expandable large-pool chunks are `large_segment_size` (20 MiB by default).
 //! - No CUDA-graph private pools and no free-memory callbacks.
 
+mod adopt;
 mod blocks;
 mod expandable;
 pub mod rounding;
@@ -629,5 +630,13 @@ impl Policy for TorchPolicy {
         self.small
             .largest_free_block()
             .max(self.large.largest_free_block())
+    }
+
+    fn adopt_segment(
+        &mut self,
+        segment: &crate::adopt::SegmentToAdopt,
+        up: &mut Upstream<'_>,
+    ) -> Result<Vec<Block>, crate::adopt::AdoptError> {
+        self.adopt(segment, up)
     }
 }
