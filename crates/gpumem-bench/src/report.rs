@@ -271,15 +271,20 @@ pub fn ops_markdown(t: &OpsTable) -> String {
     s
 }
 
-/// Replays `trace` through each of `policies` `reps` times and keeps, per policy, the report
-/// of the fastest run (the memory numbers are deterministic).
-pub fn measure_replay(trace: &Trace, policies: &[PolicyKind], reps: u32) -> Vec<PolicyReport> {
+/// Replays `trace` through each of `policies` `reps` times with `options` and keeps, per
+/// policy, the report of the fastest run (the memory numbers are deterministic).
+pub fn measure_replay(
+    trace: &Trace,
+    policies: &[PolicyKind],
+    reps: u32,
+    options: &ReplayOptions,
+) -> Vec<PolicyReport> {
     policies
         .iter()
         .filter_map(|&p| {
             let mut best: Option<PolicyReport> = None;
             for _ in 0..reps.max(1) {
-                match replay(trace, p, &ReplayOptions::default(), &mut |_| {}) {
+                match replay(trace, p, options, &mut |_| {}) {
                     Ok(r) => {
                         if best
                             .as_ref()

@@ -118,7 +118,12 @@ fn the_report_renders_every_allocator_and_replays() {
         assert!(md.contains(&format!("| {} |", a.name())), "{md}");
     }
     assert!((table.ratio(Allocator::OffsetAllocator).unwrap() - 1.0).abs() < 1e-9);
-    let reports = measure_replay(&synthetic_training_trace(2_000), &PolicyKind::ALL, 1);
+    let reports = measure_replay(
+        &synthetic_training_trace(2_000),
+        &PolicyKind::ALL,
+        1,
+        &Default::default(),
+    );
     assert_eq!(reports.len(), PolicyKind::ALL.len());
     assert!(reports.iter().all(|r| r.oom.is_none() && r.events > 0));
 }

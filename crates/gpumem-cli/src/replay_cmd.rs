@@ -170,6 +170,7 @@ pub fn run(args: ReplayArgs) -> Result<(), CommandError> {
                 0
             },
             smallest_capacity: args.smallest_capacity,
+            placement_only: false,
         };
         let bar = progress_bar(trace.events.len() as u64);
         let mut on_progress = |p: Progress| {
@@ -281,13 +282,14 @@ fn print_table(
         (true, None) => format!(" {:>15}", "not found"),
     };
     output::print(&format!(
-        "{:<11} {:>13} {:>14} {:>11} {:>13} {:>17} {:>12}{}  {}",
+        "{:<11} {:>13} {:>14} {:>11} {:>13} {:>17} {:>10} {:>12}{}  {}",
         "policy",
         "peak alloc",
         "peak reserved",
         "utilization",
         "device calls",
         "steady calls/step",
+        "syncs/step",
         "Mevents/s",
         if searched {
             format!(" {:>15}", "smallest device")
@@ -300,18 +302,29 @@ fn print_table(
         let per_step = r
             .steady_state_alloc_calls_per_step
             .map_or("-".to_string(), |c| c.to_string());
+        let syncs = r
+            .steady_state_syncs_per_step
+            .map_or("-".to_string(), |c| c.to_string());
         let fits = r.fits(capacity);
         output::print(&format!(
-            "{:<11} {:>13} {:>14} {:>10.1}% {:>13} {:>17} {:>12.2}{}  {}",
+            "{:<11} {:>13} {:>14} {:>10.1}% {:>13} {:>17} {:>10} {:>12.2}{}  {}",
             r.policy,
             Bytes(r.peak_allocated_bytes).to_string(),
             Bytes(r.peak_reserved_bytes).to_string(),
             100.0 * r.utilization,
             r.device_calls,
             per_step,
+            syncs,
             r.events_per_second / 1e6,
             smallest(r),
             fits
+        ))?;
+    }
+    for r in reports.iter().filter(|r| r.hazards > 0) {
+        output::print(&format!(
+            "{}: {} times memory was unmapped, released or lent to another stream while queued \
+             work could still use it: on a GPU, an illegal memory access or silent corruption",
+            r.policy, r.hazards
         ))?;
     }
     print_initial_states(reports)

@@ -121,13 +121,14 @@ fn print_table(trace: &Trace, report: &TuneReport) -> Result<(), CommandError> {
     let capacity = report.capacity_bytes;
     let fits_header = capacity.map_or("fits".to_string(), |c| format!("fits {}", Bytes(c)));
     output::print(&format!(
-        "\n{:<3} {:<11} {:>14} {:>12} {:>13} {:>17}{}  {}",
+        "\n{:<3} {:<11} {:>14} {:>12} {:>13} {:>17} {:>10}{}  {}",
         "#",
         "policy",
         "peak reserved",
         "utilization",
         "device calls",
         "steady calls/step",
+        "syncs/step",
         if fit {
             format!(" {:>15} {:>12}", "smallest device", "margin")
         } else {
@@ -139,6 +140,9 @@ fn print_table(trace: &Trace, report: &TuneReport) -> Result<(), CommandError> {
         let per_step = r
             .steady_state_alloc_calls_per_step
             .map_or("-".to_string(), |c| c.to_string());
+        let syncs = r
+            .steady_state_syncs_per_step
+            .map_or("-".to_string(), |c| c.to_string());
         let fit_cells = match fit {
             false => String::new(),
             true => format!(
@@ -149,13 +153,14 @@ fn print_table(trace: &Trace, report: &TuneReport) -> Result<(), CommandError> {
             ),
         };
         output::print(&format!(
-            "{:<3} {:<11} {:>14} {:>11.1}% {:>13} {:>17}{}  {}",
+            "{:<3} {:<11} {:>14} {:>11.1}% {:>13} {:>17} {:>10}{}  {}",
             rank,
             name,
             Bytes(r.peak_reserved_bytes).to_string(),
             100.0 * r.utilization,
             r.device_calls,
             per_step,
+            syncs,
             fit_cells,
             r.fits(capacity)
         ))

@@ -58,14 +58,14 @@ fn selftest_passes_every_policy_on_the_sim() {
         ["none", "torch", "expandable", "gpumem"]
     );
     for report in &reports {
-        assert_eq!(report["checks"].as_array().unwrap().len(), 3);
+        assert_eq!(report["checks"].as_array().unwrap().len(), 4);
         assert!(report["bytes_verified"].as_u64().unwrap() > 0);
     }
     let out = gpumem(&["selftest", "--policy", "gpumem", "--bytes-per-block", "512"]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("gpumem on sim"), "{text}");
-    assert_eq!(text.matches("  ok   ").count(), 3, "{text}");
+    assert_eq!(text.matches("  ok   ").count(), 4, "{text}");
 }
 
 #[test]

@@ -19,7 +19,7 @@ fn lists_every_policy_with_the_default() {
             .unwrap_or_else(|| panic!("{kind} missing:\n{text}"));
         assert!(line.contains(kind.description()), "{line}");
     }
-    assert!(text.contains("default for pools: gpumem"), "{text}");
+    assert!(text.contains("default for pools: expandable"), "{text}");
 
     let out = gpumem(&["policies", "--json"]);
     assert!(out.status.success());
@@ -31,7 +31,7 @@ fn lists_every_policy_with_the_default() {
         .filter(|p| p["default"] == true)
         .map(|p| p["name"].as_str().unwrap())
         .collect();
-    assert_eq!(defaults, ["gpumem"]);
+    assert_eq!(defaults, ["expandable"]);
 
     let out = gpumem(&["policies", "--bogus"]);
     assert_eq!(out.status.code(), Some(2));

@@ -247,7 +247,7 @@ fn the_report_draws_in_a_browser_with_the_replays_figures() {
             &dom,
             &format!("<tr data-rank=\"0\" data-policy=\"{name}\">"),
         );
-        assert_eq!(cells.len(), 5, "{cells:?}");
+        assert_eq!(cells.len(), 6, "{cells:?}");
         for (field, value) in cells {
             match &p[&field] {
                 serde_json::Value::Null => assert_eq!(value, "null", "{name} {field}"),

@@ -59,7 +59,8 @@ fn alloc(py: Python<'_>, size: u64, device: i64, stream: u64) -> PyResult<u64> {
 #[pyfunction]
 #[pyo3(signature = (ptr, size=None, device=0))]
 fn free(py: Python<'_>, ptr: u64, size: Option<u64>, device: i64) -> PyResult<()> {
-    py.detach(|| api::free(ptr, size, device, None)).map_err(py_error)
+    py.detach(|| api::free(ptr, size, device, None))
+        .map_err(py_error)
 }
 
 /// `device`'s statistics with `torch.cuda.memory_stats()`'s keys.

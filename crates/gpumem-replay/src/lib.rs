@@ -19,12 +19,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpumem_device::sim::{SimConfig, SimDevice};
-use gpumem_device::{AddressMap, Device, DeviceError, StreamId};
+use gpumem_device::{AddressMap, Device, DeviceError, HazardChecker, StreamId};
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::policies::GpumemSettings;
 use gpumem_pool::{
-    Bytes, ConfigError, MemoryStats, OomError, Policy, PolicyKind, Pool, PoolConfig, PoolError,
-    PoolOptions,
+    Action, Bytes, ConfigError, DeviceCalls, MemoryStats, OomError, Policy, PolicyKind, Pool,
+    PoolConfig, PoolError, PoolEvent, PoolObserver, PoolOptions,
 };
 use gpumem_trace::{Event, Trace};
 use serde::Serialize;
@@ -52,6 +52,11 @@ pub struct ReplayOptions {
     /// Also search the smallest device capacity on which the trace runs
     /// ([`smallest_capacity`]): a few more replays per policy.
     pub smallest_capacity: bool,
+    /// Replay placement only, without the model of asynchronous execution (no kernels, no
+    /// hazard checking; [`PolicyReport::hazards`] stays 0): several times faster, for passes
+    /// that need only peaks and out-of-memory points (the capacity search, tuning's
+    /// screening, the planner). Placement, peaks and device calls are the same either way.
+    pub placement_only: bool,
 }
 
 /// What a replay runs: a named source of fresh policies (every replay pass needs its own).
@@ -139,6 +144,19 @@ pub struct PolicyReport {
     /// repeated on the warm pool (`None` with fewer than 2 steps): what the policy costs per
     /// step in steady state. The whole trace's calls are in `device_alloc_calls`.
     pub steady_state_alloc_calls_per_step: Option<u64>,
+    /// The most memory-API calls of any step in steady state (as above), allocating and
+    /// freeing: malloc, free, create, map, unmap, release.
+    pub steady_state_device_calls_per_step: Option<u64>,
+    /// The most synchronisations of any step in steady state (as above): each stalls the host
+    /// until the GPU has caught up (`cudaFree`'s implicit one included).
+    pub steady_state_syncs_per_step: Option<u64>,
+    /// Synchronisations the pool made over the whole trace, `cudaFree`'s included.
+    pub synchronizations: u64,
+    /// Memory the policy unmapped, released or lent to another stream while work queued
+    /// before its free could still use it, in the replay's model of asynchronous execution
+    /// (each block used by a kernel on its stream at its allocation and right before its
+    /// free, on a GPU that finishes work only when the host waits): must be 0.
+    pub hazards: usize,
     /// Steps marked in the trace.
     pub steps: u64,
     /// Allocations that needed the whole cache freed first.
@@ -293,6 +311,7 @@ pub fn smallest_capacity(
         capacity: None,
         history_capacity: 0,
         smallest_capacity: false,
+        placement_only: true,
         ..options.clone()
     };
     let mut fits = |capacity: u64| -> Result<bool, ReplayError> {
@@ -326,15 +345,20 @@ pub fn smallest_capacity(
 }
 
 /// Replays `trace` once through `policy` on an unlimited device: its peak allocated and
-/// reserved bytes and device calls, without the steady-state pass, capacity checks or search
-/// that [`replay`] adds (what a planner needs, at a third of the cost).
+/// reserved bytes and device calls, without the steady-state pass, capacity checks, search
+/// and asynchronous model that [`replay`] adds (what a planner needs, at a fraction of the
+/// cost).
 pub fn replay_peaks(
     trace: &Trace,
     policy: impl PolicySource,
     options: &ReplayOptions,
 ) -> Result<PolicyReport, ReplayError> {
     let policy: &dyn PolicySource = &policy;
-    Ok(run(trace, policy, UNLIMITED_CAPACITY, options, &mut |_| {})?.report(policy, trace, None))
+    let options = ReplayOptions {
+        placement_only: true,
+        ..options.clone()
+    };
+    Ok(run(trace, policy, UNLIMITED_CAPACITY, &options, &mut |_| {})?.report(policy, trace, None))
 }
 
 /// Replays `trace` through each of `policies`, in order.
@@ -385,11 +409,14 @@ struct Run {
     /// Where the replay ran out of memory, if it did.
     oom: Option<FirstOom>,
     initial_state: Option<InitialState>,
+    /// Hazards the checker found (see [`PolicyReport::hazards`]).
+    hazards: usize,
     events: usize,
     seconds: f64,
 }
 
-/// A fresh pool of `policy` on an address-only device of `capacity` bytes.
+/// A fresh pool of `policy` on an address-only device of `capacity` bytes, for placement
+/// only (see [`new_checked_pool`] for the asynchronous model).
 fn new_pool(
     policy: &dyn PolicySource,
     capacity: u64,
@@ -403,6 +430,62 @@ fn new_pool(
     };
     pool_of(device, policy, options, pool_options)
         .map_err(|source| ReplayError::Pool { index: 0, source })
+}
+
+/// A fresh pool of `policy` on an address-only device of `capacity` bytes that runs the
+/// trace's work asynchronously: the device is a simulated GPU that finishes work only when the
+/// host waits for it, watched by a [`HazardChecker`], and every block is used by a kernel on its
+/// stream when it is allocated and right before it is freed ([`KernelsOnBlocks`]). Returns the
+/// checker too, for the hazards it found.
+fn new_checked_pool(
+    policy: &dyn PolicySource,
+    capacity: u64,
+    options: &ReplayOptions,
+    history_capacity: usize,
+) -> Result<(Pool, Arc<HazardChecker>), ReplayError> {
+    let sim = Arc::new(SimDevice::new(SimConfig::address_only(capacity))?);
+    let work = sim.clone();
+    let checker = Arc::new(HazardChecker::new(sim).with_work(Box::new(
+        move |stream, duration_ns| work.enqueue_timed_work(stream, duration_ns),
+    )));
+    let pool_options = PoolOptions {
+        history_capacity,
+        ..PoolOptions::default()
+    };
+    let pool = pool_of(checker.clone(), policy, options, pool_options)
+        .map_err(|source| ReplayError::Pool { index: 0, source })?;
+    pool.add_observer(Box::new(KernelsOnBlocks {
+        checker: checker.clone(),
+        kernels: 0,
+    }));
+    Ok((pool, checker))
+}
+
+/// The work of a replayed trace: a kernel on a block's stream right after it is handed out and
+/// right before its free is requested, each reading or writing the bytes asked for.
+struct KernelsOnBlocks {
+    checker: Arc<HazardChecker>,
+    /// Kernels declared so far: each one's label.
+    kernels: u64,
+}
+
+/// A kernel's nominal run time: its bytes at 2 TB/s, at least 5 µs.
+fn kernel_ns(bytes: u64) -> u64 {
+    (bytes / 2_000).max(5_000)
+}
+
+impl PoolObserver for KernelsOnBlocks {
+    fn on_event(&mut self, event: &PoolEvent) {
+        if matches!(event.action, Action::Alloc | Action::FreeRequested) && event.size > 0 {
+            self.kernels += 1;
+            let range = [(event.addr, event.size)];
+            // The checker records the use before the simulated device queues the work; a
+            // device refusal (it knows the stream) changes nothing the replay reports.
+            let _ = self
+                .checker
+                .launch(event.stream, &range, kernel_ns(event.size), self.kernels);
+        }
+    }
 }
 
 /// A fresh pool over `device` running a policy of `policy`, made with `options`' settings.
@@ -492,7 +575,17 @@ fn run(
     options: &ReplayOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Run, ReplayError> {
-    let pool = new_pool(policy, capacity, options, options.history_capacity)?;
+    let (pool, checker) = match options.placement_only {
+        true => (
+            new_pool(policy, capacity, options, options.history_capacity)?,
+            None,
+        ),
+        false => {
+            let (pool, checker) =
+                new_checked_pool(policy, capacity, options, options.history_capacity)?;
+            (pool, Some(checker))
+        }
+    };
     let total = trace.events.len();
     let started = Instant::now();
     let mut on_event = |index: usize| {
@@ -517,6 +610,7 @@ fn run(
         pool,
         oom,
         initial_state,
+        hazards: checker.map_or(0, |c| c.hazards().len()),
         events: total,
         seconds,
     })
@@ -533,30 +627,75 @@ fn steady_state_calls(
     trace: &Trace,
     policy: &dyn PolicySource,
     options: &ReplayOptions,
-) -> Result<Option<u64>, ReplayError> {
-    let Some(second_step) = trace
+) -> Result<Option<SteadyState>, ReplayError> {
+    let steps: Vec<usize> = trace
         .events
         .iter()
         .enumerate()
         .filter(|(_, e)| matches!(e, Event::Step { .. }))
-        .nth(1)
         .map(|(i, _)| i)
-    else {
+        .collect();
+    if steps.len() < 2 {
         return Ok(None);
-    };
+    }
     let pool = new_pool(policy, UNLIMITED_CAPACITY, options, 0)?;
     let mut live = AddressMap::default();
     let mut ignore = |_| {};
     initial_state::drive_trace(&pool, trace, &mut live, &mut ignore)?;
-    let mut most = 0;
+    let mut most = SteadyState::default();
+    // Step by step from the second step marker on, each step up to the next marker (the last
+    // one up to the end), so that every step's calls are counted on their own.
+    let bounds: Vec<(usize, usize)> = steps[1..]
+        .iter()
+        .zip(steps[2..].iter().chain([&trace.events.len()]))
+        .map(|(&from, &to)| (from, to))
+        .collect();
     for _ in 0..STEADY_REPEATS {
-        let repeated = &trace.events[second_step..];
-        let (calls, _) = drive(&pool, repeated, &mut live, Mismatch::Tolerate, &mut ignore)?;
-        // The first entry is the tail of the previous pass before the repeated range's first
-        // step marker: empty, since the range starts at one.
-        most = most.max(calls.into_iter().max().unwrap_or(0));
+        for &(from, to) in &bounds {
+            let before = pool.stats().device_calls;
+            drive(
+                &pool,
+                &trace.events[from..to],
+                &mut live,
+                Mismatch::Tolerate,
+                &mut ignore,
+            )?;
+            most = most.max(&SteadyState::between(&before, &pool.stats().device_calls));
+        }
     }
     Ok(Some(most))
+}
+
+/// What one step costs in device calls: the most of any step in steady state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SteadyState {
+    /// Allocating calls (malloc, create, map).
+    alloc_calls: u64,
+    /// Every memory-API call.
+    device_calls: u64,
+    /// Synchronisations, `cudaFree`'s included.
+    syncs: u64,
+}
+
+impl SteadyState {
+    /// The calls made between two readings of the pool's counters.
+    fn between(before: &DeviceCalls, after: &DeviceCalls) -> SteadyState {
+        let all = |c: &DeviceCalls| c.allocating() + c.freeing();
+        SteadyState {
+            alloc_calls: after.allocating() - before.allocating(),
+            device_calls: all(after) - all(before),
+            syncs: after.synchronizing() - before.synchronizing(),
+        }
+    }
+
+    /// Each count the larger of the two.
+    fn max(&self, other: &SteadyState) -> SteadyState {
+        SteadyState {
+            alloc_calls: self.alloc_calls.max(other.alloc_calls),
+            device_calls: self.device_calls.max(other.device_calls),
+            syncs: self.syncs.max(other.syncs),
+        }
+    }
 }
 
 impl Run {
@@ -564,7 +703,7 @@ impl Run {
         &self,
         policy: &dyn PolicySource,
         trace: &Trace,
-        steady: Option<u64>,
+        steady: Option<SteadyState>,
     ) -> PolicyReport {
         let s = &self.stats;
         let peak_allocated = s.allocated_bytes.all.peak;
@@ -581,7 +720,11 @@ impl Run {
             },
             device_calls: s.device_calls.allocating() + s.device_calls.freeing(),
             device_alloc_calls: s.device_calls.allocating(),
-            steady_state_alloc_calls_per_step: steady,
+            steady_state_alloc_calls_per_step: steady.map(|s| s.alloc_calls),
+            steady_state_device_calls_per_step: steady.map(|s| s.device_calls),
+            steady_state_syncs_per_step: steady.map(|s| s.syncs),
+            synchronizations: s.device_calls.synchronizing(),
+            hazards: self.hazards,
             steps: trace
                 .events
                 .iter()
@@ -613,6 +756,10 @@ mod tests {
                 device_calls: 0,
                 device_alloc_calls: 0,
                 steady_state_alloc_calls_per_step: None,
+                steady_state_device_calls_per_step: None,
+                steady_state_syncs_per_step: None,
+                synchronizations: 0,
+                hazards: 0,
                 steps: 0,
                 num_alloc_retries: 0,
                 oom: None,

@@ -224,7 +224,7 @@ fn figures_table(out: &mut String, rank: &RankReport, capacity: Option<u64>) {
     let _ = writeln!(
         out,
         "<div class=\"scroll\"><table class=\"figures\"><tr><th>policy</th><th>peak allocated</th><th>peak reserved</th>\
-         <th>utilization</th><th>device calls</th><th>steady calls/step</th><th class=\"left\">{}</th></tr>",
+         <th>utilization</th><th>device calls</th><th>steady calls/step</th><th>syncs/step</th><th class=\"left\">{}</th></tr>",
         esc(&fits)
     );
     for p in &rank.policies {
@@ -234,7 +234,7 @@ fn figures_table(out: &mut String, rank: &RankReport, capacity: Option<u64>) {
             .map_or("-".to_string(), |c| c.to_string());
         let _ = writeln!(
             out,
-            "<tr data-rank=\"{}\" data-policy=\"{}\"><td>{}</td>{}{}{}{}{}<td class=\"left\">{}</td></tr>",
+            "<tr data-rank=\"{}\" data-policy=\"{}\"><td>{}</td>{}{}{}{}{}{}<td class=\"left\">{}</td></tr>",
             rank.rank,
             esc(&f.policy),
             esc(&f.policy),
@@ -252,10 +252,27 @@ fn figures_table(out: &mut String, rank: &RankReport, capacity: Option<u64>) {
                     .map_or("null".to_string(), |c| c.to_string()),
                 &steady
             ),
+            number_cell(
+                "steady_state_syncs_per_step",
+                f.steady_state_syncs_per_step
+                    .map_or("null".to_string(), |c| c.to_string()),
+                &f.steady_state_syncs_per_step
+                    .map_or("-".to_string(), |c| c.to_string())
+            ),
             esc(&f.fits(capacity))
         );
     }
     out.push_str("</table></div>\n");
+    for p in rank.policies.iter().filter(|p| p.report.hazards > 0) {
+        let _ = writeln!(
+            out,
+            "<p class=\"warning\">{}: {} times memory was unmapped, released or lent to another \
+             stream while queued work could still use it (the replay's model of asynchronous \
+             execution): on a GPU, an illegal memory access or silent corruption.</p>",
+            esc(&p.report.policy),
+            p.report.hazards
+        );
+    }
 }
 
 fn oom_section(out: &mut String, rank: &RankReport, capacity: Option<u64>) {
@@ -392,7 +409,7 @@ fn tune_section(out: &mut String, tune: &TuneReport) {
         "<h3>PyTorch allocator settings (gpumem tune)</h3>\n<p class=\"note\">Objective: {}. {} settings \
          replayed in {:.2} s{}. Each row's figures are those of <code>gpumem replay --pytorch-alloc-conf</code> \
          with its setting.</p>\n<div class=\"scroll\"><table class=\"tune\"><tr><th>#</th><th>policy</th><th>peak reserved</th>\
-         <th>utilization</th><th>device calls</th><th>steady calls/step</th><th class=\"left\">fits</th></tr>\n",
+         <th>utilization</th><th>device calls</th><th>steady calls/step</th><th>syncs/step</th><th class=\"left\">fits</th></tr>\n",
         tune.objective,
         tune.replays,
         tune.seconds,
@@ -403,21 +420,20 @@ fn tune_section(out: &mut String, tune: &TuneReport) {
     );
     let row = |out: &mut String, rank: &str, name: &str, r: &PolicyReport, setting: &str| {
         let class = if rank == "1" { " class=\"best\"" } else { "" };
-        let steady = r
-            .steady_state_alloc_calls_per_step
-            .map_or("-".to_string(), |c| c.to_string());
+        let per_step = |calls: Option<u64>| calls.map_or("-".to_string(), |c| c.to_string());
         let margin = margin_bytes(capacity, r)
             .map_or(String::new(), |m| format!(" (margin {})", signed_bytes(m)));
         let _ = writeln!(
             out,
-            "<tr{class}><td>{}</td><td>{}</td>{}<td>{:.1} %</td><td>{}</td><td>{}</td>\
-             <td class=\"left\">{}{}</td></tr>\n<tr{class}><td></td><td class=\"left setting\" colspan=\"6\"><code>{}</code></td></tr>",
+            "<tr{class}><td>{}</td><td>{}</td>{}<td>{:.1} %</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td class=\"left\">{}{}</td></tr>\n<tr{class}><td></td><td class=\"left setting\" colspan=\"7\"><code>{}</code></td></tr>",
             esc(rank),
             esc(name),
             bytes_cell("peak_reserved_bytes", r.peak_reserved_bytes),
             100.0 * r.utilization,
             r.device_calls,
-            steady,
+            per_step(r.steady_state_alloc_calls_per_step),
+            per_step(r.steady_state_syncs_per_step),
             esc(&r.fits(capacity)),
             esc(&margin),
             esc(setting)

@@ -11,6 +11,9 @@
 //!   --budget SECS      give up on an allocator after this long per input (default 10)
 //!   --check            check every allocation for overlaps while profiling
 //!   --no-ops | --no-replay
+//!   --asynchronous     replay with the model of asynchronous execution (hazard checking), as
+//!                      `gpumem replay` does; without it, placement only (the engine that
+//!                      tuning, the capacity search and the planner run)
 //! ```
 
 #![deny(unsafe_code)]
@@ -26,6 +29,7 @@ use gpumem_bench::report::{
 use gpumem_bench::{default_trace_dir, from_trace, load_traces, standard_mix, Allocator};
 use gpumem_bench::{synthetic_training_trace, workload::MIX_LIVE_COUNTS};
 use gpumem_pool::PolicyKind;
+use gpumem_replay::ReplayOptions;
 
 const USAGE: &str = "\
 cargo run --release -p gpumem-bench --bin bench-report [-- OPTIONS]
@@ -36,6 +40,9 @@ cargo run --release -p gpumem-bench --bin bench-report [-- OPTIONS]
   --budget SECS      give up on an allocator after this long per input (default 10)
   --check            check every allocation for overlaps while profiling
   --no-ops | --no-replay
+  --asynchronous     replay with the model of asynchronous execution (hazard checking), as
+                     `gpumem replay` does; without it, placement only (the engine that
+                     tuning, the capacity search and the planner run)
   --update FILE      also write the results between the markers
                      <!-- bench-report:begin --> and <!-- bench-report:end --> of FILE
                      (docs/benchmarks.md)";
@@ -48,6 +55,8 @@ struct Args {
     replay: bool,
     opts: OpsOptions,
     update: Option<PathBuf>,
+    /// Replays run the model of asynchronous execution.
+    asynchronous: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -59,6 +68,7 @@ fn parse() -> Result<Args, String> {
         replay: true,
         opts: OpsOptions::default(),
         update: None,
+        asynchronous: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -95,6 +105,7 @@ fn parse() -> Result<Args, String> {
             "--update" => a.update = Some(PathBuf::from(value("--update")?)),
             "--no-ops" => a.ops = false,
             "--no-replay" => a.replay = false,
+            "--asynchronous" => a.asynchronous = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -157,7 +168,14 @@ fn main() -> ExitCode {
     if args.replay {
         for t in &traces {
             eprintln!("replay: {} ({} events)", t.meta.name, t.events.len());
-            replays.push((t.meta.name.clone(), measure_replay(t, &PolicyKind::ALL, 3)));
+            let options = ReplayOptions {
+                placement_only: !args.asynchronous,
+                ..ReplayOptions::default()
+            };
+            replays.push((
+                t.meta.name.clone(),
+                measure_replay(t, &PolicyKind::ALL, 3, &options),
+            ));
         }
     }
 

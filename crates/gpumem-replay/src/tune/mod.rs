@@ -336,6 +336,7 @@ impl Search<'_> {
         let kind = policy_of(settings);
         let options = ReplayOptions {
             torch: settings.clone(),
+            placement_only: true,
             ..ReplayOptions::default()
         };
         let mut quiet = |_| {};
