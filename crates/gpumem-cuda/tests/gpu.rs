@@ -144,3 +144,9 @@ fn a_stream_waits_for_an_event_of_another() {
     dev.free(a).unwrap();
     dev.free(b).unwrap();
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver; scripts/gpu-check.sh runs them"]
+fn the_conformance_suite_passes_on_the_gpu() {
+    common::the_conformance_suite_passes(&open());
+}

@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use gpumem_cuda::{CudaDevice, CUDA_ERROR_NO_DEVICE};
 use gpumem_device::{Device, DeviceError};
-use gpumem_testkit::conformance::{self, Offers};
 
 /// Set in the child process that loads the mock.
 const IN_CHILD: &str = "GPUMEM_CUDA_MOCK_CHILD";
@@ -126,29 +125,13 @@ fn mock_scenarios() {
     common::a_pool_over_the_gpu_runs_every_policy(&dev);
     common::device_out_of_memory_makes_the_pool_reclaim_and_retry(&dev);
     common::every_device_opens_and_describes_itself();
-    the_conformance_suite_passes(&dev);
+    common::the_conformance_suite_passes(&dev);
     // Page-locked memory is zeroed here (the mock hands it out filled with 0xAB) and
     // outlives the device that allocated it.
     let buf = dev.alloc_pinned(4096).unwrap();
     assert!(buf.iter().all(|&b| b == 0));
     drop(dev);
     assert_eq!(buf.len(), 4096);
-}
-
-/// The conformance suite (`gpumem_testkit::conformance`), each scenario on a freshly opened
-/// device of the same ordinal, with VMM as the mock reports it (checked by the suite).
-fn the_conformance_suite_passes(dev: &Arc<CudaDevice>) {
-    let offers = Offers {
-        vmm: dev.info().vmm_supported(),
-        streams: true,
-        copies: true,
-    };
-    let ordinal = dev.ordinal();
-    let report = conformance::run(offers, &|| {
-        Arc::new(CudaDevice::open(ordinal).unwrap()).into()
-    });
-    eprintln!("{report}");
-    assert!(report.failures.is_empty(), "{report}");
 }
 
 #[test]

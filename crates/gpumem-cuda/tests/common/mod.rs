@@ -373,3 +373,19 @@ pub fn a_foreign_stream_is_used_once_adopted_and_left_to_its_owner(dev: &Arc<Cud
     assert!(dev.synchronize_stream(foreign).is_err(), "forgotten");
     owner.destroy_stream(foreign).unwrap();
 }
+
+/// The conformance suite (`gpumem_testkit::conformance`), each scenario on a freshly opened
+/// device of the same ordinal, with VMM as the mock reports it (checked by the suite).
+pub fn the_conformance_suite_passes(dev: &Arc<CudaDevice>) {
+    let offers = gpumem_testkit::conformance::Offers {
+        vmm: dev.info().vmm_supported(),
+        streams: true,
+        copies: true,
+    };
+    let ordinal = dev.ordinal();
+    let report = gpumem_testkit::conformance::run(offers, &|| {
+        Arc::new(CudaDevice::open(ordinal).unwrap()).into()
+    });
+    eprintln!("{report}");
+    assert!(report.failures.is_empty(), "{report}");
+}
