@@ -228,6 +228,12 @@ impl Pool {
                 }
             }
         };
+        Ok(Self::hand_out(inner, &block))
+    }
+
+    /// Hands `block` to the caller: counts it, records its allocation event and files it
+    /// among the live blocks.
+    fn hand_out(inner: &mut Inner, block: &Block) -> Allocation {
         let s = inner.driver.stats_mut();
         s.allocation.increase(block.size_class, 1);
         s.allocated_bytes.increase(block.size_class, block.size);
@@ -238,12 +244,12 @@ impl Pool {
         inner
             .driver
             .events_mut()
-            .emit(Action::Alloc, block.addr, block.requested, stream);
-        inner.live.insert(block.addr, LiveBlock::new(&block));
-        Ok(Allocation {
+            .emit(Action::Alloc, block.addr, block.requested, block.stream);
+        inner.live.insert(block.addr, LiveBlock::new(block));
+        Allocation {
             ptr: block.addr,
-            size,
-        })
+            size: block.requested,
+        }
     }
 
     /// Frees an allocation. If other streams used it ([`Pool::record_stream`]), the block
@@ -658,24 +664,7 @@ impl Pool {
         })?;
         let mut allocations = Vec::with_capacity(blocks.len());
         for block in blocks {
-            let s = inner.driver.stats_mut();
-            s.allocation.increase(block.size_class, 1);
-            s.allocated_bytes.increase(block.size_class, block.size);
-            s.requested_bytes
-                .increase(block.size_class, block.requested);
-            s.active.increase(block.size_class, 1);
-            s.active_bytes.increase(block.size_class, block.size);
-            inner.driver.events_mut().emit(
-                Action::Alloc,
-                block.addr,
-                block.requested,
-                block.stream,
-            );
-            inner.live.insert(block.addr, LiveBlock::new(&block));
-            allocations.push(Allocation {
-                ptr: block.addr,
-                size: block.requested,
-            });
+            allocations.push(Self::hand_out(inner, &block));
         }
         Ok(allocations)
     }

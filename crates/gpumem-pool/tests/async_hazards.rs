@@ -185,28 +185,25 @@ impl Rig {
         }
     }
 
+    /// Panics with every hazard found since the last call, if there is one.
+    fn assert_no_hazards(&self, what: &str) {
+        let hazards = self.checker.take_hazards();
+        let lines: Vec<String> = hazards.iter().map(ToString::to_string).collect();
+        assert!(hazards.is_empty(), "{what}: {}", lines.join("\n"));
+    }
+
     /// Runs `ops`, frees everything and empties the cache; panics on the first hazard.
     fn run(mut self, ops: &[Op]) {
         let policy = self.pool.policy_name();
         for op in ops {
             self.apply(op);
-            let hazards = self.checker.take_hazards();
-            assert!(
-                hazards.is_empty(),
-                "{policy}: {}",
-                hazards
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
+            self.assert_no_hazards(policy);
         }
         while !self.live.is_empty() {
             self.apply(&Op::Free { pick: 0 });
         }
         self.apply(&Op::EmptyCache);
-        let hazards = self.checker.take_hazards();
-        assert!(hazards.is_empty(), "{policy}: {hazards:?}");
+        self.assert_no_hazards(policy);
         assert_eq!(self.pool.stats().reserved_bytes.all.current, 0, "{policy}");
     }
 }
@@ -270,16 +267,7 @@ fn pressure_across_streams_waits_for_the_work_in_flight() {
             for op in &ops {
                 rig.apply(op);
             }
-            let hazards = rig.checker.take_hazards();
-            assert!(
-                hazards.is_empty(),
-                "{policy} (vmm {vmm}): {}",
-                hazards
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
+            rig.assert_no_hazards(&format!("{policy} (vmm {vmm})"));
         }
     }
 }
