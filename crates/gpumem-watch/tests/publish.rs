@@ -43,7 +43,7 @@ fn published_pools_are_found_and_report_real_figures() {
     let stats = pool.stats();
     assert_eq!(published.pid, std::process::id());
     assert_eq!(published.device, 3);
-    assert_eq!(published.policy, "gpumem");
+    assert_eq!(published.policy, "expandable");
     assert_eq!(published.allocated, stats.allocated_bytes.all.current);
     assert_eq!(published.reserved, stats.reserved_bytes.all.current);
     assert_eq!(published.num_ooms, 1);
