@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use gpumem_device::sim::{SimConfig, SimDevice};
 use gpumem_device::StreamId;
-use gpumem_pool::{Limit, Pool, PoolConfig, PoolStatus};
+use gpumem_pool::{Limit, PolicyKind, Pool, PoolConfig, PoolStatus};
 
 use crate::{GpuSample, PoolSample, ProcessSample, Sample};
 
@@ -201,7 +201,11 @@ fn pool(
 fn simulated_oom() -> String {
     let attempt = || -> Option<String> {
         let device = Arc::new(SimDevice::new(SimConfig::address_only(TOTAL)).ok()?);
-        let mut config = PoolConfig::default();
+        // The sample's second pool runs PyTorch's policy: its explanation says so too.
+        let mut config = PoolConfig {
+            policy: PolicyKind::Torch,
+            ..PoolConfig::default()
+        };
         config.options.hard_limit = Some(Limit::Bytes(4 * GIB));
         let pool = Pool::new(device, config).ok()?;
         let held: Vec<_> = std::iter::from_fn(|| pool.allocate(300 << 20, StreamId::DEFAULT).ok())
