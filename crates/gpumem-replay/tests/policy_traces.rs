@@ -129,12 +129,9 @@ fn real_traces() -> Vec<PathBuf> {
 
 /// Real traces on which the `gpumem` policy is known to miss the target, with why: the test
 /// requires exactly these misses, so a fix has to remove its entry and a new miss fails.
-/// GPT-2 on the H200: 778 MiB allocated at the peak, 806 MiB reserved (96.6 %); its ~64 MiB
-/// logits are below the 128 MiB from which a growing block stitches idle chunks, so it maps
-/// fresh pages while 14 MiB of idle chunks wait elsewhere. Stitching from 64 MiB reaches
-/// 98.3 % there, but then the synthetic checkpointing trace makes 17 calls per step in steady
-/// state (docs/gpumem-policy.md, "Gaps").
-const KNOWN_BELOW_TARGET: [&str; 1] = ["h200-gpt2-train.snapshot"];
+/// (GPT-2 on the H200 was one until its ~64 MiB logits could stitch idle chunks of leftover
+/// holes: docs/gpumem-policy.md, "Stitching".)
+const KNOWN_BELOW_TARGET: [&str; 0] = [];
 
 #[test]
 fn real_traces_reach_the_target_utilisation() {

@@ -11,7 +11,9 @@
 //!   device call at all.
 //! - Growth by a big block (≥ 128 MiB, e.g. logits) that fits no free range: idle chunks of the
 //!   arena move under it before fresh memory is mapped, and their old range leaves the index
-//!   for good — stitched once, reused from then on.
+//!   for good — stitched once, reused from then on. A smaller growing block takes only the
+//!   idle chunks of leftover holes (small, and not exactly one freed block), whose retirement
+//!   displaces nothing that repeats.
 //! - Pressure (device out of memory or the hard limit): an allocation that needs fresh pages
 //!   takes what the device and the limit still grant, then *moves* idle chunks of any stream's
 //!   arena under itself — unmap there, map here, no new memory — stitching scattered free

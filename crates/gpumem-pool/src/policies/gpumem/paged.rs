@@ -65,6 +65,15 @@ fn clip(blocks: &[BlockView], start: u64, stop: u64) -> Vec<BlockView> {
         .collect()
 }
 
+/// Whether the free node `node` of `index` is a leftover hole for a block touching `block`
+/// bytes of pages: at most `1 / divisor` of it (0: never), and not exactly one block handed
+/// back (which a repeated request of that size would fit again). Retiring a chunk of such a
+/// hole displaces nothing that repeats: the holes that repeated shapes refill are whole
+/// blocks, or as large as the blocks that refill them.
+fn is_leftover_hole(index: &Tlsf, node: NodeId, block: u64, divisor: u64) -> bool {
+    divisor > 0 && !index.is_whole_block(node) && index.size(node).saturating_mul(divisor) <= block
+}
+
 impl PagedReservation {
     /// Reserves an arena's address space, `va_per_device_byte` times the device's memory in
     /// pages of `page` bytes, and adds it to `index` as one free span.
@@ -327,10 +336,16 @@ impl GpumemPolicy {
             };
             // Stitch first: an idle chunk that fits the gap moves here — from this arena when a
             // big block grows it, from any arena of the pool under pressure.
+            // A smaller block growing its arena takes only chunks of leftover holes.
             let list = donors.get_or_insert_with(|| self.idle_chunks_of(pool));
-            let growing_big = (end - first) * page >= self.settings.stitch_on_growth_min;
+            let block = (end - first) * page;
+            let growing_big = block >= self.settings.stitch_on_growth_min;
+            let (index, divisor) = (&self.arenas[a].index, self.settings.stitch_hole_divisor);
             let fits = |d: &Donor| {
-                d.chunk.pages <= gap && (pressure.is_some() || (growing_big && d.arena == a))
+                d.chunk.pages <= gap
+                    && (pressure.is_some()
+                        || (d.arena == a
+                            && (growing_big || is_leftover_hole(index, d.node, block, divisor))))
             };
             if let Some(i) = list.iter().rposition(fits) {
                 let donor = list[i];

@@ -57,6 +57,9 @@ struct RangeNode {
     offset: u64,
     size: u64,
     state: State,
+    /// A free node that is exactly one block handed back, merged with nothing: the hole a
+    /// repeated request of that size fits exactly again.
+    whole_block: bool,
     /// Neighbours in the free list of the node's class (free nodes only).
     class_prev: Option<NodeId>,
     class_next: Option<NodeId>,
@@ -110,6 +113,7 @@ impl Default for Tlsf {
                 offset: 0,
                 size: 0,
                 state: State::Spare,
+                whole_block: false,
                 class_prev: None,
                 class_next: None,
                 addr_prev: None,
@@ -179,15 +183,19 @@ impl Tlsf {
     pub(crate) fn free(&mut self, id: NodeId) -> NodeId {
         debug_assert!(self.nodes[id].state == State::Used);
         let mut id = id;
+        let mut whole_block = true;
         if let Some(next) = self.nodes[id].addr_next.filter(|&next| self.is_free(next)) {
             self.unfile(next);
             self.absorb(id, next);
+            whole_block = false;
         }
         if let Some(prev) = self.nodes[id].addr_prev.filter(|&prev| self.is_free(prev)) {
             self.unfile(prev);
             self.absorb(prev, id);
             id = prev;
+            whole_block = false;
         }
+        self.nodes[id].whole_block = whole_block;
         self.file(id);
         id
     }
@@ -216,6 +224,7 @@ impl Tlsf {
             let left = &mut self.nodes[id];
             left.size = offset - node.offset;
             left.addr_next = None;
+            left.whole_block = false;
             self.file(id);
         } else {
             if let Some(prev) = node.addr_prev {
@@ -257,8 +266,14 @@ impl Tlsf {
         }
         // Handed out for a moment, then freed: the free path merges and files it.
         self.nodes[id].state = State::Used;
-        self.free(id);
+        let merged = self.free(id);
+        self.nodes[merged].whole_block = false;
         true
+    }
+
+    /// Whether a free node is exactly one block handed back, merged with nothing.
+    pub(crate) fn is_whole_block(&self, id: NodeId) -> bool {
+        self.nodes[id].whole_block
     }
 
     /// Start of a node's range.
@@ -353,6 +368,7 @@ impl Tlsf {
             offset,
             size,
             state: State::Free,
+            whole_block: false,
             class_prev: None,
             class_next: None,
             addr_prev,
@@ -588,6 +604,24 @@ mod tests {
         let left = t.free(left);
         assert!(t.carve(left, 0, 3000), "a whole node can be carved");
         assert_eq!(t.free_bytes(), 5000);
+    }
+
+    #[test]
+    fn a_freed_block_merged_with_nothing_is_a_whole_block_until_merged_or_split() {
+        let mut t = Tlsf::default();
+        t.add_span(0, 10_000).unwrap();
+        let [a, b, c] = [1000, 1000, 1000].map(|n| t.allocate(n).unwrap());
+        let hole = t.free(b);
+        assert!(t.is_whole_block(hole), "between two live blocks");
+        let tail = t.free_nodes().find(|&id| t.offset(id) == 3000).unwrap();
+        assert!(!t.is_whole_block(tail), "the rest of a split");
+        let merged = t.free(a);
+        assert!(!t.is_whole_block(merged), "two blocks merged");
+        let again = t.allocate(2000).unwrap();
+        assert_eq!(t.offset(again), 0);
+        t.free(c);
+        let freed = t.free(again);
+        assert!(!t.is_whole_block(freed), "merged with the free tail");
     }
 
     #[test]
