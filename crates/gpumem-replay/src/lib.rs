@@ -416,48 +416,52 @@ struct Run {
 }
 
 /// A fresh pool of `policy` on an address-only device of `capacity` bytes, for placement
-/// only (see [`new_checked_pool`] for the asynchronous model).
+/// only (see [`replay_pool`] for the asynchronous model).
 fn new_pool(
     policy: &dyn PolicySource,
     capacity: u64,
     options: &ReplayOptions,
     history_capacity: usize,
 ) -> Result<Pool, ReplayError> {
-    let device = Arc::new(SimDevice::new(SimConfig::address_only(capacity))?);
-    let pool_options = PoolOptions {
-        history_capacity,
-        ..PoolOptions::default()
-    };
-    pool_of(device, policy, options, pool_options)
-        .map_err(|source| ReplayError::Pool { index: 0, source })
+    Ok(replay_pool(policy, capacity, options, history_capacity, false)?.0)
 }
 
-/// A fresh pool of `policy` on an address-only device of `capacity` bytes that runs the
-/// trace's work asynchronously: the device is a simulated GPU that finishes work only when the
-/// host waits for it, watched by a [`HazardChecker`], and every block is used by a kernel on its
-/// stream when it is allocated and right before it is freed ([`KernelsOnBlocks`]). Returns the
-/// checker too, for the hazards it found.
-fn new_checked_pool(
+/// A fresh pool of `policy` on an address-only device of `capacity` bytes. With
+/// `asynchronous`, the trace's work runs asynchronously: the device is a simulated GPU that
+/// finishes work only when the host waits for it, watched by a [`HazardChecker`] (returned too,
+/// for the hazards it finds), and every block is used by a kernel on its stream when it is
+/// allocated and right before it is freed ([`KernelsOnBlocks`]).
+fn replay_pool(
     policy: &dyn PolicySource,
     capacity: u64,
     options: &ReplayOptions,
     history_capacity: usize,
-) -> Result<(Pool, Arc<HazardChecker>), ReplayError> {
+    asynchronous: bool,
+) -> Result<(Pool, Option<Arc<HazardChecker>>), ReplayError> {
     let sim = Arc::new(SimDevice::new(SimConfig::address_only(capacity))?);
-    let work = sim.clone();
-    let checker = Arc::new(HazardChecker::new(sim).with_work(Box::new(
-        move |stream, duration_ns| work.enqueue_timed_work(stream, duration_ns),
-    )));
+    let checker =
+        asynchronous.then(|| {
+            let work = sim.clone();
+            Arc::new(HazardChecker::new(sim.clone()).with_work(Box::new(
+                move |stream, duration_ns| work.enqueue_timed_work(stream, duration_ns),
+            )))
+        });
+    let device: Arc<dyn Device> = match &checker {
+        Some(checker) => checker.clone(),
+        None => sim,
+    };
     let pool_options = PoolOptions {
         history_capacity,
         ..PoolOptions::default()
     };
-    let pool = pool_of(checker.clone(), policy, options, pool_options)
+    let pool = pool_of(device, policy, options, pool_options)
         .map_err(|source| ReplayError::Pool { index: 0, source })?;
-    pool.add_observer(Box::new(KernelsOnBlocks {
-        checker: checker.clone(),
-        kernels: 0,
-    }));
+    if let Some(checker) = &checker {
+        pool.add_observer(Box::new(KernelsOnBlocks {
+            checker: checker.clone(),
+            kernels: 0,
+        }));
+    }
     Ok((pool, checker))
 }
 
@@ -575,17 +579,13 @@ fn run(
     options: &ReplayOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Run, ReplayError> {
-    let (pool, checker) = match options.placement_only {
-        true => (
-            new_pool(policy, capacity, options, options.history_capacity)?,
-            None,
-        ),
-        false => {
-            let (pool, checker) =
-                new_checked_pool(policy, capacity, options, options.history_capacity)?;
-            (pool, Some(checker))
-        }
-    };
+    let (pool, checker) = replay_pool(
+        policy,
+        capacity,
+        options,
+        options.history_capacity,
+        !options.placement_only,
+    )?;
     let total = trace.events.len();
     let started = Instant::now();
     let mut on_event = |index: usize| {

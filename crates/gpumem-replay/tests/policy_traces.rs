@@ -127,12 +127,6 @@ fn real_traces() -> Vec<PathBuf> {
     paths
 }
 
-/// Real traces on which the `gpumem` policy is known to miss the target, with why: the test
-/// requires exactly these misses, so a fix has to remove its entry and a new miss fails.
-/// (GPT-2 on the H200 was one until its ~64 MiB logits could stitch idle chunks of leftover
-/// holes: docs/gpumem-policy.md, "Stitching".)
-const KNOWN_BELOW_TARGET: [&str; 0] = [];
-
 #[test]
 fn real_traces_reach_the_target_utilisation() {
     let paths = real_traces();
@@ -144,24 +138,7 @@ fn real_traces_reach_the_target_utilisation() {
         let (ours, torch) = compare(name, &trace.events);
         check(name, &ours, &torch, TARGET_UTILISATION, &mut failures);
     }
-    let missed: Vec<&str> = KNOWN_BELOW_TARGET
-        .into_iter()
-        .filter(|name| {
-            failures
-                .iter()
-                .any(|f| f.starts_with(&format!("{name}: utilisation")))
-        })
-        .collect();
-    failures.retain(|f| {
-        !missed
-            .iter()
-            .any(|name| f.starts_with(&format!("{name}: utilisation")))
-    });
     assert!(failures.is_empty(), "{failures:#?}");
-    assert_eq!(
-        missed, KNOWN_BELOW_TARGET,
-        "a known miss now reaches the target: remove it from KNOWN_BELOW_TARGET"
-    );
 }
 
 /// Builds traces: hands out trace addresses and records events.
