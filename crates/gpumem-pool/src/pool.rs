@@ -401,6 +401,14 @@ impl Pool {
         self.lock().last_oom.as_deref().cloned()
     }
 
+    /// Whether a panic struck while the pool's state was locked (in the policy, an observer,
+    /// the statistics): its state may be half-updated. The pool goes on serving — later calls
+    /// take the lock over — so a caller that can refuse it (the C library, through
+    /// [`crate::DeviceRegistry::unusable`]) asks this after catching a panic.
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.is_poisoned()
+    }
+
     /// Sets every peak statistic to its current value.
     pub fn reset_peak_stats(&self) {
         self.lock().driver.stats_mut().reset_peaks();
