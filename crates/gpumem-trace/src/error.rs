@@ -79,6 +79,36 @@ pub enum ReadError {
         found: String,
     },
 
+    /// The input decodes, but its top level is not a memory snapshot's: a dict with neither
+    /// `segments` nor `device_traces`, a list that is not a list of segments, or a scalar.
+    /// Refused rather than read as an empty trace, which would replay as a table of zeros.
+    #[error(
+        "the {encoding} holds {found}: not a PyTorch memory snapshot, which is a dict with \
+         `segments` and/or `device_traces` (torch.cuda.memory._snapshot()) or, from PyTorch \
+         1.13, a list of segment dicts (torch.cuda.memory_snapshot())"
+    )]
+    NotASnapshot {
+        /// How the input was encoded.
+        encoding: SnapshotEncoding,
+        /// What its top level is, e.g. `a dict with keys a, b` or `a list of 3 integers`.
+        found: String,
+    },
+
+    /// The input nests containers deeper than any memory snapshot does; refused where the
+    /// limit is passed, before anything walks the nesting.
+    #[error(
+        "{encoding} byte {offset}: containers nested more than {limit} deep; a PyTorch memory \
+         snapshot nests fewer than 10 levels, so this is not one"
+    )]
+    NestedTooDeep {
+        /// How the input was encoded.
+        encoding: SnapshotEncoding,
+        /// Byte offset of the opcode (pickle) or bracket (JSON) that passes the limit.
+        offset: u64,
+        /// The deepest nesting accepted.
+        limit: usize,
+    },
+
     /// A snapshot event that cannot follow the events before it.
     #[error("snapshot device_traces[{device}][{index}]: {violation}")]
     InvalidSnapshotEvent {
@@ -105,6 +135,24 @@ pub enum ReadError {
         /// What the detector saw.
         reason: String,
     },
+}
+
+/// How a snapshot document is encoded, for the errors that name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotEncoding {
+    /// A pickle (`torch.cuda.memory._dump_snapshot`, or `pickle.dump` of the snapshot).
+    Pickle,
+    /// JSON (`json.dump` of the snapshot, or an exporter's).
+    Json,
+}
+
+impl std::fmt::Display for SnapshotEncoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Pickle => "pickle",
+            Self::Json => "JSON document",
+        })
+    }
 }
 
 impl ReadError {

@@ -32,7 +32,7 @@ pub mod formats;
 pub mod snapshot;
 mod trace;
 
-pub use error::ReadError;
+pub use error::{ReadError, SnapshotEncoding};
 pub use formats::{read, read_path, write, write_path, Format, ReadOptions};
 pub use snapshot::{Frame, SegmentType, Snapshot, StackId, Stacks};
 pub use trace::{

@@ -8,12 +8,12 @@ use std::cell::Ref;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::document::{ContainerArena, Document, Value};
+use super::document::{ContainerArena, Document, Value, MAX_NESTING};
 use super::{
     Action, BlockState, FrameId, SegmentType, SettingValue, SnapshotBlock, SnapshotSegment,
     SnapshotSink, StackId, Stacks, TraceEntry,
 };
-use crate::error::ReadError;
+use crate::error::{ReadError, SnapshotEncoding};
 use crate::trace::saturating_sum;
 
 /// How deep and how large an `allocator_settings` value may be (PyTorch's is two levels
@@ -155,11 +155,53 @@ impl<'v, 'p> DictFields<'v, 'p> {
     }
 }
 
+/// The keys by which a top-level dict is a snapshot (either will do: a snapshot with
+/// `device_traces` alone is a trace, one with `segments` alone the memory at one moment).
+const SNAPSHOT_KEYS: [&str; 2] = ["segments", "device_traces"];
+/// The keys by which a dict is a segment (the first item of a PyTorch 1.13 snapshot).
+const SEGMENT_KEYS: [&str; 3] = ["address", "total_size", "blocks"];
+
+/// Whether `entries` has a string key among `names`.
+fn has_key(entries: &[(Value, Value)], names: &[&str]) -> bool {
+    entries
+        .iter()
+        .any(|(key, _)| matches!(key, Value::Str(key) if names.contains(&&**key)))
+}
+
+/// Refuses a document whose top level is not a snapshot's: a dict needs `segments` or
+/// `device_traces`; a list (PyTorch 1.13's segments) needs a segment dict first, or no items
+/// (1.13 writes an empty list when no memory is reserved).
+fn check_is_snapshot(root: &Value, encoding: SnapshotEncoding) -> Result<(), ReadError> {
+    let is_snapshot = match root {
+        Value::Dict(entries) => has_key(&entries.borrow(), &SNAPSHOT_KEYS),
+        Value::List(items) => match items.borrow().first() {
+            None => true,
+            Some(Value::Dict(segment)) => has_key(&segment.borrow(), &SEGMENT_KEYS),
+            Some(_) => false,
+        },
+        _ => false,
+    };
+    if is_snapshot {
+        Ok(())
+    } else {
+        Err(ReadError::NotASnapshot {
+            encoding,
+            found: root.describe(),
+        })
+    }
+}
+
 /// Hands the snapshot in `root` to `sink`: its segments, the entries of each device's trace
 /// (in order), the number of devices and the allocator settings; a list at the top level is
 /// the segments alone (PyTorch 1.13). Lists the streaming
-/// unpickler already handed on ([`Value::Streamed`]) are passed over.
-pub(super) fn deliver(root: &Value, sink: &mut dyn SnapshotSink) -> Result<(), ReadError> {
+/// unpickler already handed on ([`Value::Streamed`]) are passed over. A top level that is not
+/// a snapshot's is an error ([`ReadError::NotASnapshot`], naming `encoding`).
+pub(super) fn deliver(
+    root: &Value,
+    encoding: SnapshotEncoding,
+    sink: &mut dyn SnapshotSink,
+) -> Result<(), ReadError> {
+    check_is_snapshot(root, encoding)?;
     if let Value::List(items) = root {
         // PyTorch 1.13's `memory_snapshot()`: the segments alone, no trace.
         let mut devices = 0;
@@ -496,14 +538,60 @@ fn setting(
     })
 }
 
-/// The same document model from JSON.
-pub(super) fn from_json(value: serde_json::Value) -> Document {
+/// The same document model from the JSON text `bytes`. Nesting deeper than [`MAX_NESTING`]
+/// is refused before parsing (serde_json's own limit, 128, would otherwise answer with a
+/// message that says nothing of snapshots).
+pub(super) fn from_json(bytes: &[u8]) -> Result<Document, ReadError> {
+    if let Some(offset) = nesting_passes_limit(bytes, MAX_NESTING) {
+        return Err(ReadError::NestedTooDeep {
+            encoding: SnapshotEncoding::Json,
+            offset: offset as u64,
+            limit: MAX_NESTING,
+        });
+    }
+    let value = serde_json::from_slice(bytes).map_err(|error| ReadError::Malformed {
+        line: error.line() as u64,
+        expected: "a JSON memory snapshot",
+        detail: error.to_string(),
+    })?;
     let mut arena = ContainerArena::default();
     let root = json_value(value, &mut arena);
-    Document::new(root, arena)
+    Ok(Document::new(root, arena))
 }
 
-/// One JSON value (serde_json bounds the nesting, and so this recursion, at 128 levels).
+/// The offset of the first `[` or `{` of the JSON text `bytes` that opens a container nested
+/// more than `limit` deep; `None` if none does. Brackets in strings do not count; any other
+/// syntax error is left to the parser.
+fn nesting_passes_limit(bytes: &[u8], limit: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (offset, &byte) in bytes.iter().enumerate() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return Some(offset);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// One JSON value (the nesting, and so this recursion, is at most [`MAX_NESTING`] deep).
 fn json_value(value: serde_json::Value, arena: &mut ContainerArena) -> Value {
     match value {
         serde_json::Value::Null => Value::None,

@@ -16,6 +16,15 @@ use std::rc::Rc;
 
 use gpumem_snapshot::{FrameId, StackId};
 
+/// How deep containers may nest in a snapshot document (`[[]]` is 2 deep). PyTorch's nest
+/// at most 9 levels (1.13: segments, segment, blocks, block, history, entry, frames, frame;
+/// `allocator_settings` a few), so the limit refuses only what is no snapshot, and bounds
+/// the nesting that anything walking a document (JSON's conversion) may meet.
+pub(crate) const MAX_NESTING: usize = 100;
+
+/// How many keys of a dict an error message names.
+const KEYS_SHOWN: usize = 8;
+
 /// A list (also a tuple or a set) whose items may still be appended to while unpickling.
 pub(crate) type List = Rc<RefCell<Vec<Value>>>;
 /// A dict as its entries in insertion order (a later entry for a key wins).
@@ -76,6 +85,65 @@ impl Value {
         }
     }
 
+    /// The plural of [`Self::type_name`], for describing a list's items.
+    fn plural_type_name(&self) -> &'static str {
+        match self {
+            Self::None => "Nones",
+            Self::Bool(_) => "bools",
+            Self::Int(_) | Self::Unsigned(_) | Self::HugeInt => "integers",
+            Self::Float(_) => "floats",
+            Self::Str(_) => "strings",
+            Self::Bytes => "byte strings",
+            Self::List(_) | Self::Streamed(_) | Self::Stack(_) => "lists",
+            Self::Dict(_) | Self::Frame(_) => "dicts",
+            Self::NotKept => "values the reader did not keep",
+        }
+    }
+
+    /// What the value is, with a look one level inside a container (`a dict with keys a, b`,
+    /// `a list of 3 integers`), for the error saying a document is not a snapshot.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Self::Dict(entries) => {
+                let entries = entries.borrow();
+                if entries.is_empty() {
+                    return "an empty dict".to_owned();
+                }
+                format!("a dict with {}", keys(&entries))
+            }
+            Self::List(items) => {
+                let items = items.borrow();
+                let mut kinds: Vec<&str> = Vec::new();
+                for item in items.iter() {
+                    if !kinds.contains(&item.plural_type_name()) {
+                        kinds.push(item.plural_type_name());
+                    }
+                }
+                let first_dict = match items.first() {
+                    Some(Self::Dict(entries)) if !entries.borrow().is_empty() => {
+                        format!(", the first with {}", keys(&entries.borrow()))
+                    }
+                    _ => String::new(),
+                };
+                match (items.as_slice(), kinds.as_slice()) {
+                    ([], _) => "an empty list".to_owned(),
+                    // A dict's description does not look further in: no recursion.
+                    ([only @ Self::Dict(_)], _) => {
+                        format!("a list of one item, {}", only.describe())
+                    }
+                    ([only], _) => format!("a list of one item, {}", only.type_name()),
+                    (_, [kind]) => format!("a list of {} {kind}{first_dict}", items.len()),
+                    (_, kinds) => format!(
+                        "a list of {} items ({}){first_dict}",
+                        items.len(),
+                        kinds.join(", ")
+                    ),
+                }
+            }
+            other => other.type_name().to_owned(),
+        }
+    }
+
     /// An integer value, in the narrowest variant that holds it.
     pub(crate) fn int(number: i128) -> Self {
         if let Ok(signed) = i64::try_from(number) {
@@ -86,6 +154,25 @@ impl Value {
             Self::HugeInt
         }
     }
+}
+
+/// The keys of a dict's entries, for [`Value::describe`]: `keys a, b` (the first
+/// [`KEYS_SHOWN`], then how many more), a key that is not a string by its type.
+fn keys(entries: &[(Value, Value)]) -> String {
+    let names: Vec<&str> = entries
+        .iter()
+        .take(KEYS_SHOWN)
+        .map(|(key, _)| match key {
+            Value::Str(name) => name,
+            other => other.type_name(),
+        })
+        .collect();
+    let more = match entries.len().saturating_sub(KEYS_SHOWN) {
+        0 => String::new(),
+        more => format!(" and {more} more"),
+    };
+    let noun = if entries.len() == 1 { "key" } else { "keys" };
+    format!("{noun} {}{more}", names.join(", "))
 }
 
 /// Owns every container of a document and empties them all when dropped (see the module

@@ -20,7 +20,7 @@ pub use gpumem_snapshot::{
     SnapshotSegment, StackId, Stacks, TraceEntry,
 };
 
-use crate::error::ReadError;
+use crate::error::{ReadError, SnapshotEncoding};
 use gpumem_device::AddressSet;
 
 use self::initial::{DumpSegment, SegmentHistory};
@@ -71,7 +71,9 @@ impl SnapshotSink for Snapshot {
     }
 }
 
-/// Reads a snapshot written as a pickle (protocols 0–5) or as JSON (first byte `{`).
+/// Reads a snapshot written as a pickle (protocols 0–5) or as JSON (first byte `{` or `[`).
+/// A document that is not a snapshot ([`ReadError::NotASnapshot`]) or nests deeper than any
+/// snapshot ([`ReadError::NestedTooDeep`]) is an error.
 pub fn read(reader: impl Read) -> Result<Snapshot, ReadError> {
     let mut snapshot = Snapshot::default();
     read_into(reader, &mut snapshot)?;
@@ -87,13 +89,14 @@ pub fn read_trace(reader: impl Read, device: Option<usize>) -> Result<Trace, Rea
     builder.finish()
 }
 
-/// Reads a snapshot (pickle, or JSON if its first non-blank byte is `{`) into `sink`.
+/// Reads a snapshot (pickle, or JSON if its first non-blank byte is `{` or `[`, neither of
+/// which is a pickle opcode) into `sink`.
 fn read_into(reader: impl Read, sink: &mut dyn SnapshotSink) -> Result<(), ReadError> {
     let mut reader = BufReader::new(reader);
     let json = loop {
         let head = reader.fill_buf()?;
         match head.iter().position(|byte| !byte.is_ascii_whitespace()) {
-            Some(at) => break head[at] == b'{',
+            Some(at) => break matches!(head[at], b'{' | b'['),
             None if head.is_empty() => break false,
             None => {
                 let blank = head.len();
@@ -104,15 +107,14 @@ fn read_into(reader: impl Read, sink: &mut dyn SnapshotSink) -> Result<(), ReadE
     if json {
         let mut bytes = Vec::new();
         reader.read_to_end(&mut bytes)?;
-        let json = serde_json::from_slice(&bytes).map_err(|error| ReadError::Malformed {
-            line: error.line() as u64,
-            expected: "a JSON memory snapshot",
-            detail: error.to_string(),
-        })?;
-        decode::deliver(&decode::from_json(json).root, sink)
+        decode::deliver(
+            &decode::from_json(&bytes)?.root,
+            SnapshotEncoding::Json,
+            sink,
+        )
     } else {
         let rest = unpickle::unpickle(reader, sink)?;
-        decode::deliver(&rest.root, sink)
+        decode::deliver(&rest.root, SnapshotEncoding::Pickle, sink)
     }
 }
 

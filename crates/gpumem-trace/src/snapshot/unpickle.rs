@@ -20,7 +20,9 @@
 //! error only where the reader needs the value. So memory follows the trace being built, not
 //! the file. Building is iterative, and only plain data is accepted (no
 //! globals, no object construction), so any input ends in the sink's result or an error
-//! naming the byte offset.
+//! naming the byte offset. Containers nested deeper than [`MAX_NESTING`] are refused where the
+//! limit is passed: nothing here recurses, but no snapshot is that deep, and a clear error
+//! beats a puzzling one about the top level's shape.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -29,9 +31,9 @@ use std::io::{ErrorKind, Read};
 use std::rc::Rc;
 
 use super::decode::{self, Path};
-use super::document::{ContainerArena, Document, Value};
+use super::document::{ContainerArena, Document, Value, MAX_NESTING};
 use super::SnapshotSink;
-use crate::error::ReadError;
+use crate::error::{ReadError, SnapshotEncoding};
 use gpumem_device::AddressMap;
 
 /// Decodes a snapshot pickle from `reader`, handing its segments and trace entries to `sink`
@@ -55,6 +57,8 @@ enum Fault {
     Bad(String),
     /// A decoded piece does not have the snapshot's shape (already a complete error).
     Shape(ReadError),
+    /// A container would nest more than [`MAX_NESTING`] deep.
+    TooDeep,
 }
 
 impl From<String> for Fault {
@@ -296,6 +300,11 @@ impl fmt::Display for Role {
 struct Item {
     value: Value,
     role: Role,
+    /// How deep the value nests (a scalar 0, `[]` 1, `[[]]` 2), counting what was added to it
+    /// on the stack; a memo reference counts as deep as its container was when memoised, so
+    /// this may under-count a pickle that fills containers after memoising them (every
+    /// pickler does), never over-count: a real snapshot is never refused.
+    depth: u32,
 }
 
 impl Item {
@@ -303,7 +312,19 @@ impl Item {
         Self {
             value,
             role: Role::Scalar,
+            depth: 0,
         }
+    }
+
+    /// Records that an item `child_depth` deep goes into this container, which is then at
+    /// least one deeper; an error if that passes [`MAX_NESTING`].
+    fn nest(&mut self, child_depth: u32) -> Step<()> {
+        let depth = child_depth.saturating_add(1);
+        if depth as usize > MAX_NESTING {
+            return Err(Fault::TooDeep);
+        }
+        self.depth = self.depth.max(depth);
+        Ok(())
     }
 
     /// The kind of container this is, if it is one that items can be added to.
@@ -439,6 +460,11 @@ impl<'s, R: Read> Unpickler<'s, R> {
         match fault {
             Fault::Io(error) => ReadError::Io(error),
             Fault::Shape(error) => error,
+            Fault::TooDeep => ReadError::NestedTooDeep {
+                encoding: SnapshotEncoding::Pickle,
+                offset,
+                limit: MAX_NESTING,
+            },
             Fault::Bad(detail) => ReadError::Pickle {
                 offset,
                 detail: match opcode {
@@ -481,6 +507,7 @@ impl<'s, R: Read> Unpickler<'s, R> {
                 let copy = Item {
                     value: top.value.clone(),
                     role: top.role,
+                    depth: top.depth,
                 };
                 self.stack.push(copy);
             }
@@ -716,7 +743,7 @@ impl<'s, R: Read> Unpickler<'s, R> {
     fn memoize(&mut self, id: u64) -> Step<()> {
         let unneeded = self.unneeded_value();
         let top = self.top()?;
-        let (role, value) = (top.role, top.value.clone());
+        let (role, value, depth) = (top.role, top.value.clone(), top.depth);
         let kept = match (role, &value) {
             // CPython's empty and one-character strings are singletons, shared with any
             // other place that holds the same text: the first of each is kept (a pickler that
@@ -747,7 +774,7 @@ impl<'s, R: Read> Unpickler<'s, R> {
                     Value::List(_) | Value::Dict(_) => Role::Kept,
                     _ => Role::Scalar,
                 };
-                self.memo.insert(id, Item { value, role });
+                self.memo.insert(id, Item { value, role, depth });
             }
             None if !new_id => {
                 self.memo.remove(&id);
@@ -791,6 +818,7 @@ impl<'s, R: Read> Unpickler<'s, R> {
             Some(item) => Item {
                 value: item.value.clone(),
                 role: item.role,
+                depth: item.depth,
             },
             None if self.memo_ids.contains(id) => Item::scalar(Value::NotKept),
             None => return Err(format!("memo id {id} was never stored").into()),
@@ -895,7 +923,11 @@ impl<'s, R: Read> Unpickler<'s, R> {
                 Kind::Dict => Value::Dict(Rc::new(RefCell::new(Vec::new()))),
             },
         };
-        self.stack.push(Item { value, role });
+        self.stack.push(Item {
+            value,
+            role,
+            depth: 1,
+        });
         match kind {
             _ if items.is_empty() => Ok(()),
             Kind::List => self.append(items),
@@ -944,17 +976,22 @@ impl<'s, R: Read> Unpickler<'s, R> {
     }
 
     /// Sets the key-value pairs `items` (keys and values alternating) in the dict on top of
-    /// the stack; skipped containers are dropped.
+    /// the stack; a skipped container is dropped (its key stays, as not kept).
     fn set_items(&mut self, items: Vec<Item>) -> Step<()> {
         if !items.len().is_multiple_of(2) {
             return Err("odd number of items for a dict".into());
         }
         let floor = self.floor();
         let Self { stack, sink, .. } = self;
-        let dict = match stack.last() {
-            Some(dict) if stack.len() > floor => dict,
-            _ => return Err("stack underflow".into()),
-        };
+        if stack.len() <= floor {
+            return Err("stack underflow".into());
+        }
+        let dict = stack.last_mut().ok_or("stack underflow")?;
+        let deepest = items.iter().map(|item| item.depth).max();
+        if let Some(deepest) = deepest {
+            dict.nest(deepest)?;
+        }
+        let dict = &*dict;
         let entries = match &dict.value {
             Value::Dict(entries) => entries,
             Value::NotKept if dict.role == Role::Skipped => return Ok(()),
@@ -975,6 +1012,8 @@ impl<'s, R: Read> Unpickler<'s, R> {
                 .ok_or("sets an item of a list")?;
             check_place(&value, place)?;
             if place == Role::Skipped && value.role != Role::Scalar {
+                // The key stays, so that an error can name it (a dict that is no snapshot).
+                entries.push((key.value, Value::NotKept));
                 continue;
             }
             if place == Role::Frames {
@@ -996,6 +1035,7 @@ impl<'s, R: Read> Unpickler<'s, R> {
 /// Adds `item` to the list `list`: a segment or trace entry is decoded and handed to the
 /// sink, an item of a skipped list dropped, anything else stored.
 fn add_to_list(list: &mut Item, item: Item, sink: &mut dyn SnapshotSink) -> Step<()> {
+    list.nest(item.depth)?;
     let index = match &list.value {
         Value::List(items) => items.borrow().len(),
         Value::Streamed(count) => *count,
@@ -1225,14 +1265,52 @@ mod tests {
         assert!(unpickle_bytes(b"\x80\x06.").is_err());
     }
 
-    #[test]
-    fn deep_nesting_neither_recurses_nor_overflows() {
-        let depth = 1_000_000;
+    /// `depth` nested lists in protocol 0 (MARK ... LIST).
+    fn nested_lists(depth: usize) -> Vec<u8> {
         let mut pickle = vec![b'('; depth];
         pickle.extend(std::iter::repeat_n(b'l', depth));
         pickle.push(b'.');
+        pickle
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_refused_where_it_passes() {
+        assert!(unpickle_bytes(&nested_lists(MAX_NESTING)).is_ok());
+        let depth = 1_000_000;
+        let error = unpickle_bytes(&nested_lists(depth)).unwrap_err();
+        let ReadError::NestedTooDeep { offset, limit, .. } = error else {
+            panic!("{error}")
+        };
+        // The LIST opcode that makes the 101st level: after the MARKs and 100 LISTs.
+        assert_eq!((offset, limit), ((depth + MAX_NESTING) as u64, MAX_NESTING));
+    }
+
+    #[test]
+    fn nesting_built_through_the_memo_drops_without_recursion() {
+        // x = [] (memo 0); then a million times: y = [], memo i, y.append(<memo i - 1>),
+        // pop y: each list is counted 2 deep (what it held when memoised, plus one), though
+        // the chain is a million deep; dropping it must not recurse.
+        let depth = 1_000_000u32;
+        let mut pickle = b"\x80\x02]r\x00\x00\x00\x000".to_vec();
+        for id in 1..depth {
+            pickle.push(b']');
+            pickle.push(b'r');
+            pickle.extend(id.to_le_bytes());
+            pickle.push(b'j');
+            pickle.extend((id - 1).to_le_bytes());
+            pickle.extend(b"a0");
+        }
+        pickle.push(b'j');
+        pickle.extend((depth - 1).to_le_bytes());
+        pickle.push(b'.');
         let document = unpickle_bytes(&pickle).unwrap();
+        let Value::List(root) = &document.root else {
+            panic!()
+        };
+        let (weak, first) = (Rc::downgrade(root), root.borrow()[0].clone());
         drop(document);
+        drop(first);
+        assert!(weak.upgrade().is_none(), "the chain was freed");
     }
 
     #[test]
