@@ -88,7 +88,7 @@ impl NvmlSource {
         };
         let pcie_max_bytes_per_s = match (device.max_pcie_link_gen(), device.max_pcie_link_width())
         {
-            (Ok(generation), Ok(width)) => pcie_bytes_per_s(generation, width),
+            (Ok(generation), Ok(width)) => crate::sample::pcie_bytes_per_s(generation, width),
             _ => None,
         };
         let processes = device
@@ -135,32 +135,9 @@ impl SampleSource for NvmlSource {
     }
 }
 
-/// What a PCIe link of `generation` and `width` lanes carries per direction, bytes per
-/// second, after line encoding (gen 1–2: 8b/10b; gen 3+: 128b/130b; gen 6 about the same
-/// per-lane payload rate doubling); `None` for a generation we do not know.
-pub fn pcie_bytes_per_s(generation: u32, width: u32) -> Option<u64> {
-    let per_lane: u64 = match generation {
-        1 => 250_000_000,
-        2 => 500_000_000,
-        3 => 984_615_384,
-        4 => 1_969_230_769,
-        5 => 3_938_461_538,
-        6 => 7_876_923_077,
-        _ => return None,
-    };
-    Some(per_lane * u64::from(width))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pcie_gen4_x16_is_about_31_gb_per_second() {
-        let bytes = pcie_bytes_per_s(4, 16).unwrap();
-        assert!((31_000_000_000..32_000_000_000).contains(&bytes), "{bytes}");
-        assert_eq!(pcie_bytes_per_s(9, 16), None);
-    }
 
     #[test]
     fn without_a_driver_opening_nvml_is_a_sentence_not_a_panic() {

@@ -38,7 +38,7 @@ pub fn healthy_at(gpus: u32, processes: u32, t: u64) -> Sample {
                 memory_util: 60.0 + wobble,
                 pcie_rx_bytes_per_s: 2_000_000_000,
                 pcie_tx_bytes_per_s: 500_000_000,
-                pcie_max_bytes_per_s: crate::nvml::pcie_bytes_per_s(5, 16),
+                pcie_max_bytes_per_s: crate::sample::pcie_bytes_per_s(5, 16),
                 power_watts: 600.0 + 10.0 * wobble,
                 processes: (0..processes)
                     .map(|p| ProcessSample {
