@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::publish::{ask, endpoint_dir, PublishError};
-use crate::{NvmlSource, PoolSample, Sample, SampleSource, WatchError};
+#[cfg(feature = "nvml")]
+use crate::NvmlSource;
+use crate::{PoolSample, Sample, SampleSource, WatchError};
 
 /// The pools of every process publishing in one directory.
 pub struct PoolEndpoints {
@@ -76,6 +78,7 @@ impl SampleSource for PoolEndpoints {
 }
 
 /// What is happening now: NVML's GPUs (when a driver is there) and the published pools.
+#[cfg(feature = "nvml")]
 pub struct LiveSource {
     nvml: Option<NvmlSource>,
     pools: PoolEndpoints,
@@ -83,6 +86,7 @@ pub struct LiveSource {
     no_gpu: Option<String>,
 }
 
+#[cfg(feature = "nvml")]
 impl LiveSource {
     /// NVML if it loads, and the pools of this user's endpoint directory. Without a driver the
     /// source still reports pools; [`LiveSource::no_gpu`] says why GPUs are missing.
@@ -104,6 +108,7 @@ impl LiveSource {
     }
 }
 
+#[cfg(feature = "nvml")]
 impl SampleSource for LiveSource {
     fn next_sample(&mut self) -> Result<Option<Sample>, WatchError> {
         let mut sample = match &mut self.nvml {

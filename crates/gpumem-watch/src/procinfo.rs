@@ -1,8 +1,10 @@
 //! Who runs a process and what it is, from `/proc` (Linux); empty strings where unreadable.
 
+#[cfg(feature = "nvml")]
 use std::os::unix::fs::MetadataExt;
 
 /// The owner's user name and the command line of `pid`.
+#[cfg(feature = "nvml")]
 pub(crate) fn user_and_command(pid: u32) -> (String, String) {
     let dir = format!("/proc/{pid}");
     let user = std::fs::metadata(&dir)
@@ -26,6 +28,7 @@ pub(crate) fn is_alive(pid: u32) -> bool {
 }
 
 /// The name `/etc/passwd` gives `uid`, or the number.
+#[cfg(feature = "nvml")]
 fn user_name(uid: u32) -> String {
     std::fs::read_to_string("/etc/passwd")
         .ok()
@@ -42,9 +45,11 @@ fn user_name(uid: u32) -> String {
 
 /// Clock ticks per second of `/proc/<pid>/stat`'s times (`USER_HZ`, 100 on Linux's
 /// mainstream architectures).
+#[cfg(feature = "nvml")]
 pub(crate) const TICKS_PER_SECOND: f64 = 100.0;
 
 /// CPU time `pid` has used so far (user + system), in clock ticks.
+#[cfg(feature = "nvml")]
 pub(crate) fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command (field 2) may hold spaces and parentheses: count fields after the last ')'.
@@ -55,7 +60,7 @@ pub(crate) fn cpu_ticks(pid: u32) -> Option<u64> {
     Some(utime + stime)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "nvml"))]
 mod tests {
     #[test]
     fn this_process_has_a_name_and_counts_cpu_time() {
