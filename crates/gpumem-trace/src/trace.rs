@@ -1,8 +1,7 @@
 //! The in-memory trace: allocator events plus metadata, its summary and its validation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use gpumem_device::AddressMap;
 use gpumem_snapshot::{SegmentType, StackId, Stacks};
 
 use thiserror::Error;
@@ -317,7 +316,7 @@ impl Trace {
 /// them) and the writers that need a free's size.
 #[derive(Debug, Default)]
 pub(crate) struct LiveBlocks {
-    sizes: AddressMap<u64>,
+    sizes: HashMap<u64, u64>,
     /// Exact even for absurd inputs (sizes near `u64::MAX`), so no reader can overflow.
     live_bytes: u128,
 }

@@ -16,9 +16,7 @@
 //! its segment was), is kept as a bare allocation at the start, as before segments were
 //! inferred.
 
-use std::collections::BTreeMap;
-
-use gpumem_device::AddressSet;
+use std::collections::{BTreeMap, HashSet};
 
 use super::SegmentType;
 use crate::trace::{Event, InitialBlock, InitialSegment};
@@ -188,7 +186,11 @@ impl SegmentHistory {
     /// The segments and live blocks at the start of recording, given the dump-time segments of
     /// the device and the addresses the trace mentions (`seen`, which gains the addresses of
     /// blocks taken from `segments`).
-    pub(super) fn resolve(self, segments: &[&DumpSegment], seen: &mut AddressSet) -> InitialState {
+    pub(super) fn resolve(
+        self,
+        segments: &[&DumpSegment],
+        seen: &mut HashSet<u64>,
+    ) -> InitialState {
         let mut pieces = self.released;
         for segment in segments {
             let end = segment.address.saturating_add(segment.total_size);

@@ -12,7 +12,7 @@ mod document;
 mod initial;
 mod unpickle;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
 
 pub use gpumem_snapshot::{
@@ -21,7 +21,6 @@ pub use gpumem_snapshot::{
 };
 
 use crate::error::{ReadError, SnapshotEncoding};
-use gpumem_device::AddressSet;
 
 use self::initial::{DumpSegment, SegmentHistory};
 use crate::trace::{saturating_sum, Event, LiveBlocks, Trace, TraceMeta};
@@ -209,7 +208,7 @@ struct TraceBuilder {
     chosen: Option<usize>,
     devices: usize,
     live: LiveBlocks,
-    seen: AddressSet,
+    seen: HashSet<u64>,
     /// Segments created and released, and blocks freed that the trace never allocated.
     history: SegmentHistory,
     events: Vec<Event>,
@@ -228,7 +227,7 @@ impl TraceBuilder {
             chosen: requested,
             devices: 0,
             live: LiveBlocks::default(),
-            seen: AddressSet::default(),
+            seen: HashSet::new(),
             history: SegmentHistory::default(),
             events: Vec::new(),
             alloc_stacks: Vec::new(),

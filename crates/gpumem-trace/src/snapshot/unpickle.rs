@@ -25,7 +25,7 @@
 //! beats a puzzling one about the top level's shape.
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io::{ErrorKind, Read};
 use std::rc::Rc;
@@ -34,7 +34,6 @@ use super::decode::{self, Path};
 use super::document::{ContainerArena, Document, Value, MAX_NESTING};
 use super::SnapshotSink;
 use crate::error::{ReadError, SnapshotEncoding};
-use gpumem_device::AddressMap;
 
 /// Decodes a snapshot pickle from `reader`, handing its segments and trace entries to `sink`
 /// as they are read, and returns the rest of the document (the top-level dict, whose
@@ -383,9 +382,8 @@ struct Unpickler<'s, R> {
     input: Input<R>,
     stack: Vec<Item>,
     marks: Vec<usize>,
-    /// The memo's kept values (strings and free-form containers), by id (ids are small
-    /// integers: the address hasher spreads them as well as it spreads addresses).
-    memo: AddressMap<Item>,
+    /// The memo's kept values (strings and free-form containers), by id.
+    memo: HashMap<u64, Item>,
     /// Every id the pickle memoised, kept or not.
     memo_ids: IdSet,
     /// Short strings seen so far, shared rather than allocated again (dict keys repeat in
@@ -424,7 +422,7 @@ impl<'s, R: Read> Unpickler<'s, R> {
             input: Input::new(reader),
             stack: Vec::new(),
             marks: Vec::new(),
-            memo: AddressMap::default(),
+            memo: HashMap::new(),
             memo_ids: IdSet::default(),
             strings: HashSet::new(),
             singletons: HashSet::new(),
