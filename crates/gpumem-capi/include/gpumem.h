@@ -36,6 +36,12 @@ typedef enum GpumemStatus {
   GPUMEM_IO = 7,
   // The policy cannot change while allocations are live.
   GPUMEM_BUSY = 8,
+  // gpumem panicked inside this call (a bug): [`gpumem_last_error`] names the entry point
+  // and the panic, and says whether a pool was left unusable.
+  GPUMEM_INTERNAL = 9,
+  // The device's pool is unusable after an earlier internal error (a panic that struck
+  // while its state was locked); [`gpumem_last_error`] says which. Restart the process.
+  GPUMEM_UNUSABLE = 10,
 } GpumemStatus;
 
 #ifdef __cplusplus
@@ -44,10 +50,11 @@ extern "C" {
 
 // PyTorch's `CUDAPluggableAllocator` allocation function: `size` bytes on `device` for use on
 // `stream` (PyTorch's current `cudaStream_t`, which becomes the pool's stream for the block).
-// Returns NULL for a zero-byte request. On failure it throws a C++ exception — a
-// `c10::OutOfMemoryError` (Python: `torch.OutOfMemoryError`) for an OOM, carrying gpumem's
-// explanation, a `std::runtime_error` otherwise — because PyTorch would put a NULL return
-// into a tensor; call it only from C++ that expects that (use [`gpumem_alloc`] from C).
+// Returns NULL for a zero-byte request. On failure it throws a C++ exception, because
+// PyTorch would put a NULL return into a tensor: a `c10::OutOfMemoryError` (Python:
+// `torch.OutOfMemoryError`) for an OOM, carrying gpumem's explanation, a `std::runtime_error`
+// (Python: `RuntimeError`) for any other error, a caught panic included. Call it only from
+// C++ that expects that (use [`gpumem_alloc`] from C).
 void *gpumem_torch_alloc(size_t size, int device, void *stream);
 
 // The allocation function for a `torch.cuda.MemPool` backed by gpumem: as
@@ -173,6 +180,19 @@ enum GpumemStatus gpumem_snapshot(int device, const char *path);
 // # Safety
 // `dir` must be NULL or a NUL-terminated string.
 enum GpumemStatus gpumem_publish(const char *dir);
+
+#if defined(GPUMEM_FAULT_INJECTION)
+// Arms one panic in the next call of `entry_point` (any thread; the call after it runs
+// normally). With `while_pool_locked` 0 the panic strikes as the call begins, before it
+// touches any state, so the pools stay usable; otherwise it strikes inside the pool while
+// its state is locked (at the pool's next event: only the allocation and free entry points
+// are accepted), which leaves that device's pool unusable. Arming again replaces the armed
+// panic. Returns `GPUMEM_INVALID_ARGUMENT` for a NULL, unknown or unaccepted name.
+//
+// # Safety
+// `entry_point` must be NULL or a NUL-terminated string.
+enum GpumemStatus gpumem_test_inject_panic(const char *entry_point, int while_pool_locked);
+#endif
 
 #ifdef __cplusplus
 }  // extern "C"

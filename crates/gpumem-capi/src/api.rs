@@ -6,11 +6,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpumem_device::DevicePtr;
-use gpumem_pool::PoolError;
+use gpumem_pool::{Pool, PoolError};
 
-use crate::state::{self, CapiError, Change, DevicePool};
+use crate::state::{self, CapiError, Change};
 
-fn pool_of(device: i64) -> Result<(usize, Arc<DevicePool>), CapiError> {
+/// The checked ordinal and its pool (made on first use; an error if a panic left it
+/// unusable).
+fn pool_of(device: i64) -> Result<(usize, Arc<Pool>), CapiError> {
     let device = state::ordinal(device)?;
     Ok((device, state::device_pool(device)?))
 }
@@ -20,22 +22,13 @@ fn pool_error(device: usize) -> impl FnOnce(PoolError) -> CapiError {
 }
 
 /// Allocates `size` bytes on `device` for use on `stream` (a raw `cudaStream_t`, 0 for the
-/// default stream); 0 for a zero-byte request. An OOM's explanation is kept for
+/// default stream); 0 for a zero-byte request. An OOM's explanation stays with the pool for
 /// [`last_oom`].
 pub fn allocate(size: u64, device: i64, stream: u64) -> Result<DevicePtr, CapiError> {
-    let (device, entry) = pool_of(device)?;
-    let stream = entry.stream(stream);
-    entry
-        .pool
-        .allocate(size, stream)
+    let (device, pool) = pool_of(device)?;
+    pool.allocate(size, state::stream(device, stream))
         .map(|a| a.ptr)
-        .map_err(|source| {
-            let error = CapiError::Pool { device, source };
-            if error.is_out_of_memory() {
-                entry.note_oom(&error.to_string());
-            }
-            error
-        })
+        .map_err(pool_error(device))
 }
 
 /// Frees `ptr` of `device`, checking its size when `size` is given and its stream (a raw
@@ -51,11 +44,11 @@ pub fn free(
     if ptr == 0 {
         return Ok(());
     }
-    let (device, entry) = pool_of(device)?;
-    let Some(live) = entry.pool.allocation(ptr) else {
+    let (device, pool) = pool_of(device)?;
+    let Some(live) = pool.allocation(ptr) else {
         let owner = state::all_pools()
             .into_iter()
-            .find(|(d, other)| *d != device && other.pool.allocation(ptr).is_some());
+            .find(|(d, other)| *d != device && other.allocation(ptr).is_some());
         return Err(match owner {
             Some((owner, _)) => CapiError::WrongDevice {
                 ptr,
@@ -77,8 +70,8 @@ pub fn free(
         });
     }
     if let Some(handle) = stream {
-        let given = entry.stream(handle);
-        match entry.pool.allocation_stream(ptr) {
+        let given = state::stream(device, handle);
+        match pool.allocation_stream(ptr) {
             Some(allocated_on) if allocated_on != given => {
                 return Err(CapiError::WrongStream {
                     device,
@@ -91,54 +84,58 @@ pub fn free(
             _ => {}
         }
     }
-    entry.pool.free(ptr).map_err(pool_error(device))
+    pool.free(ptr).map_err(pool_error(device))
 }
 
 /// `device`'s statistics with `torch.cuda.memory_stats()`'s keys (plus `device_calls.*`).
 pub fn memory_stats(device: i64) -> Result<BTreeMap<String, u64>, CapiError> {
-    Ok(pool_of(device)?.1.pool.stats().to_map())
+    Ok(pool_of(device)?.1.stats().to_map())
 }
 
 /// `device`'s pool summary (`pool_status`): usage, limits, fragmentation.
 pub fn pool_status(device: i64) -> Result<String, CapiError> {
-    let (d, entry) = pool_of(device)?;
-    let status = entry.pool.status().map_err(pool_error(d))?;
+    let (d, pool) = pool_of(device)?;
+    let status = pool.status().map_err(pool_error(d))?;
     Ok(format!("device {d}, policy {}\n{status}", status.policy))
 }
 
-/// The explanation of `device`'s last OOM, if one happened.
+/// The explanation of `device`'s last OOM, if one happened: the pool's record, worded as the
+/// allocation's error was.
 pub fn last_oom(device: i64) -> Result<Option<String>, CapiError> {
-    Ok(pool_of(device)?.1.last_oom())
+    let (device, pool) = pool_of(device)?;
+    Ok(pool.last_oom().map(|oom| {
+        let source = PoolError::OutOfMemory(Box::new(oom));
+        CapiError::Pool { device, source }.to_string()
+    }))
 }
 
 /// Gives `device`'s cached memory back; returns the bytes released.
 pub fn empty_cache(device: i64) -> Result<u64, CapiError> {
-    let (d, entry) = pool_of(device)?;
-    entry.pool.empty_cache().map_err(pool_error(d))
+    let (d, pool) = pool_of(device)?;
+    pool.empty_cache().map_err(pool_error(d))
 }
 
 /// Sets every peak statistic of `device` to its current value.
 pub fn reset_peak_stats(device: i64) -> Result<(), CapiError> {
-    pool_of(device)?.1.pool.reset_peak_stats();
+    pool_of(device)?.1.reset_peak_stats();
     Ok(())
 }
 
 /// Starts (`capacity` > 0 events) or stops (0) recording `device`'s history.
 pub fn set_history(device: i64, capacity: usize) -> Result<(), CapiError> {
-    pool_of(device)?.1.pool.set_history_capacity(capacity);
+    pool_of(device)?.1.set_history_capacity(capacity);
     Ok(())
 }
 
 /// The policy `device`'s pool runs.
 pub fn policy(device: i64) -> Result<&'static str, CapiError> {
-    Ok(pool_of(device)?.1.pool.policy_name())
+    Ok(pool_of(device)?.1.policy_name())
 }
 
 /// Writes `device`'s pool as a PyTorch memory snapshot to `path` (pickle; JSON for `.json`).
 pub fn snapshot(device: i64, path: &str) -> Result<(), CapiError> {
     pool_of(device)?
         .1
-        .pool
         .snapshot()
         .write_path(path)
         .map_err(|source| CapiError::Io {
@@ -189,10 +186,6 @@ pub fn publish(dir: Option<&str>) -> Result<String, CapiError> {
 /// What `device`'s pool publishes about itself (allocated, reserved, largest free block,
 /// fragmentation, policy, limits, OOMs), as `gpumem top` and `diagnose` see it.
 pub fn pool_sample(device: i64) -> Result<gpumem_publish::PoolSample, CapiError> {
-    let (d, entry) = pool_of(device)?;
-    Ok(gpumem_publish::pool_sample(
-        std::process::id(),
-        d,
-        &entry.pool,
-    )?)
+    let (d, pool) = pool_of(device)?;
+    Ok(gpumem_publish::pool_sample(std::process::id(), d, &pool)?)
 }

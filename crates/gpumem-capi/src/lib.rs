@@ -21,6 +21,15 @@
 //! `capacity` bytes (always NUL-terminated when `capacity > 0`), so a caller can ask with
 //! `capacity = 0` first.
 //!
+//! No entry point lets a panic out: a panic inside gpumem (a bug) is caught where the call
+//! entered, and becomes the call's failure — [`GpumemStatus::GpumemInternal`], NULL or 0, a
+//! C++ `std::runtime_error` from [`gpumem_torch_alloc`] — with [`gpumem_last_error`] naming the
+//! entry point and the panic. A pool the panic struck while its state was locked is unusable
+//! from then on: every later call on its device fails with [`GpumemStatus::GpumemUnusable`]
+//! and the reason, instead of going on with state that may be half-updated; the other pools,
+//! and that one when the panic struck outside its locked state, go on working. The
+//! `fault-injection` feature (tests only) adds `gpumem_test_inject_panic` to provoke one.
+//!
 //! The header `include/gpumem.h` is generated from this file by cbindgen (a test regenerates
 //! it and fails when the committed one differs).
 
@@ -29,14 +38,19 @@
 #![warn(missing_docs)]
 
 pub mod api;
+#[cfg(feature = "fault-injection")]
+mod fault;
 mod state;
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::panic::AssertUnwindSafe;
 
 use gpumem_device::DevicePtr;
 use gpumem_pool::PoolError;
 use gpumem_publish::PublishError;
 
+#[cfg(feature = "fault-injection")]
+pub use fault::gpumem_test_inject_panic;
 pub use state::{CapiError, GPUMEM_MAX_DEVICES};
 
 /// What a gpumem C call returns: 0 for success, otherwise what went wrong
@@ -65,6 +79,12 @@ pub enum GpumemStatus {
     GpumemIo = 7,
     /// The policy cannot change while allocations are live.
     GpumemBusy = 8,
+    /// gpumem panicked inside this call (a bug): [`gpumem_last_error`] names the entry point
+    /// and the panic, and says whether a pool was left unusable.
+    GpumemInternal = 9,
+    /// The device's pool is unusable after an earlier internal error (a panic that struck
+    /// while its state was locked); [`gpumem_last_error`] says which. Restart the process.
+    GpumemUnusable = 10,
 }
 
 impl CapiError {
@@ -88,6 +108,8 @@ impl CapiError {
             CapiError::WrongDevice { .. } => GpumemStatus::GpumemUnknownPointer,
             CapiError::PolicyBusy { .. } => GpumemStatus::GpumemBusy,
             CapiError::Io { .. } => GpumemStatus::GpumemIo,
+            CapiError::Panic { .. } => GpumemStatus::GpumemInternal,
+            CapiError::Unusable { .. } => GpumemStatus::GpumemUnusable,
             CapiError::Publish(PublishError::BadEnv { .. }) => GpumemStatus::GpumemConfig,
             CapiError::Publish(_) => GpumemStatus::GpumemIo,
         }
@@ -105,6 +127,65 @@ fn status(result: Result<(), CapiError>) -> GpumemStatus {
         Ok(()) => GpumemStatus::GpumemOk,
         Err(e) => fail(&e),
     }
+}
+
+/// What an entry point returns when its body panicked: its return type's failure (the
+/// error's status, NULL, 0, nothing), the panic being the last error by then.
+trait PanicReturn {
+    /// The failure value for the caught panic `error`.
+    fn after_panic(error: &CapiError) -> Self;
+}
+
+impl PanicReturn for GpumemStatus {
+    fn after_panic(error: &CapiError) -> Self {
+        error.status()
+    }
+}
+
+impl PanicReturn for *mut c_void {
+    fn after_panic(_: &CapiError) -> Self {
+        std::ptr::null_mut()
+    }
+}
+
+impl PanicReturn for usize {
+    fn after_panic(_: &CapiError) -> Self {
+        0
+    }
+}
+
+impl PanicReturn for () {
+    fn after_panic(_: &CapiError) -> Self {}
+}
+
+impl PanicReturn for *const c_char {
+    fn after_panic(_: &CapiError) -> Self {
+        c"".as_ptr()
+    }
+}
+
+/// Runs the body of the entry point `entry` with panics caught: a panic becomes
+/// [`CapiError::Panic`], and the pools it struck while their state was locked are marked
+/// unusable ([`state::panicked`]). Nothing unwinds out of gpumem into C, C++ or Python.
+fn catch<R>(entry: &'static str, body: impl FnOnce() -> R) -> Result<R, CapiError> {
+    // Unwind safety is handled rather than assumed: the library's own mutexes hold values
+    // replaced whole and are taken over when poisoned, and a pool whose lock a panic poisoned
+    // is refused from then on (the registry's `unusable`).
+    std::panic::catch_unwind(AssertUnwindSafe(|| {
+        #[cfg(feature = "fault-injection")]
+        let _fault = fault::enter(entry);
+        body()
+    }))
+    .map_err(|payload| state::panicked(entry, &*payload))
+}
+
+/// [`catch`] for entry points that report errors by return value: a panic is recorded as the
+/// last error and the entry point returns its failure value.
+fn guard<R: PanicReturn>(entry: &'static str, body: impl FnOnce() -> R) -> R {
+    catch(entry, body).unwrap_or_else(|error| {
+        fail(&error);
+        R::after_panic(&error)
+    })
 }
 
 /// An allocation for callers that take NULL as failure: the reason goes to the last error.
@@ -125,17 +206,23 @@ extern "C-unwind" {
 
 /// PyTorch's `CUDAPluggableAllocator` allocation function: `size` bytes on `device` for use on
 /// `stream` (PyTorch's current `cudaStream_t`, which becomes the pool's stream for the block).
-/// Returns NULL for a zero-byte request. On failure it throws a C++ exception — a
-/// `c10::OutOfMemoryError` (Python: `torch.OutOfMemoryError`) for an OOM, carrying gpumem's
-/// explanation, a `std::runtime_error` otherwise — because PyTorch would put a NULL return
-/// into a tensor; call it only from C++ that expects that (use [`gpumem_alloc`] from C).
+/// Returns NULL for a zero-byte request. On failure it throws a C++ exception, because
+/// PyTorch would put a NULL return into a tensor: a `c10::OutOfMemoryError` (Python:
+/// `torch.OutOfMemoryError`) for an OOM, carrying gpumem's explanation, a `std::runtime_error`
+/// (Python: `RuntimeError`) for any other error, a caught panic included. Call it only from
+/// C++ that expects that (use [`gpumem_alloc`] from C).
 #[no_mangle]
 pub extern "C-unwind" fn gpumem_torch_alloc(
     size: usize,
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    let error = match api::allocate(size as u64, device.into(), stream as u64) {
+    let allocated = catch("gpumem_torch_alloc", || {
+        api::allocate(size as u64, device.into(), stream as u64)
+    });
+    // A panic is thrown as the other errors are, here, outside `catch`: a C++ exception
+    // must not unwind through `catch_unwind`.
+    let error = match allocated.and_then(|result| result) {
         Ok(ptr) => return ptr as *mut c_void,
         Err(error) => error,
     };
@@ -160,7 +247,9 @@ pub extern "C" fn gpumem_torch_pool_alloc(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    allocate_or_null(size, device, stream as u64)
+    guard("gpumem_torch_pool_alloc", || {
+        allocate_or_null(size, device, stream as u64)
+    })
 }
 
 /// PyTorch's `CUDAPluggableAllocator` free function: `ptr`, `size`, `device` and `stream` are
@@ -174,11 +263,13 @@ pub extern "C" fn gpumem_torch_free(
     device: c_int,
     stream: *mut c_void,
 ) {
-    let stream = Some(stream as u64);
-    if let Err(e) = api::free(ptr as DevicePtr, Some(size as u64), device.into(), stream) {
-        fail(&e);
-        eprintln!("gpumem: {e}");
-    }
+    guard("gpumem_torch_free", || {
+        let stream = Some(stream as u64);
+        if let Err(e) = api::free(ptr as DevicePtr, Some(size as u64), device.into(), stream) {
+            fail(&e);
+            eprintln!("gpumem: {e}");
+        }
+    })
 }
 
 /// CuPy's `CFunctionAllocator` allocation function (`param` is unused; pass 0): `size` bytes
@@ -191,7 +282,7 @@ pub extern "C" fn gpumem_cupy_malloc(
     device: c_int,
 ) -> *mut c_void {
     let _ = param;
-    allocate_or_null(size, device, 0)
+    guard("gpumem_cupy_malloc", || allocate_or_null(size, device, 0))
 }
 
 /// CuPy's `CFunctionAllocator` free function. NULL is ignored; an unknown pointer frees
@@ -199,9 +290,11 @@ pub extern "C" fn gpumem_cupy_malloc(
 #[no_mangle]
 pub extern "C" fn gpumem_cupy_free(param: *mut c_void, ptr: *mut c_void, device: c_int) {
     let _ = param;
-    if let Err(e) = api::free(ptr as DevicePtr, None, device.into(), None) {
-        fail(&e);
-    }
+    guard("gpumem_cupy_free", || {
+        if let Err(e) = api::free(ptr as DevicePtr, None, device.into(), None) {
+            fail(&e);
+        }
+    })
 }
 
 /// Allocates `size` bytes on `device` for use on `stream` (a `cudaStream_t`; NULL is the
@@ -216,13 +309,18 @@ pub unsafe extern "C" fn gpumem_alloc(
     stream: *mut c_void,
     out: *mut *mut c_void,
 ) -> GpumemStatus {
-    if out.is_null() {
-        return fail(&invalid("out", "NULL", "a pointer to store the address in"));
-    }
-    let result = api::allocate(size as u64, device.into(), stream as u64);
-    // SAFETY: `out` is non-null and, by the contract, writable.
-    unsafe { *out = *result.as_ref().unwrap_or(&0) as *mut c_void };
-    status(result.map(|_| ()))
+    guard("gpumem_alloc", || {
+        if out.is_null() {
+            return fail(&invalid("out", "NULL", "a pointer to store the address in"));
+        }
+        // SAFETY: `out` is non-null and, by the contract, writable. NULL first, so that it
+        // is NULL if the allocation panics.
+        unsafe { *out = std::ptr::null_mut() };
+        let result = api::allocate(size as u64, device.into(), stream as u64);
+        // SAFETY: as above.
+        unsafe { *out = *result.as_ref().unwrap_or(&0) as *mut c_void };
+        status(result.map(|_| ()))
+    })
 }
 
 /// `size` for [`gpumem_free`] when the caller does not know the allocation's size: no check.
@@ -233,8 +331,10 @@ pub const GPUMEM_ANY_SIZE: usize = !0;
 /// a wrong device frees nothing and returns an error.
 #[no_mangle]
 pub extern "C" fn gpumem_free(ptr: *mut c_void, size: usize, device: c_int) -> GpumemStatus {
-    let size = (size != GPUMEM_ANY_SIZE).then_some(size as u64);
-    status(api::free(ptr as DevicePtr, size, device.into(), None))
+    guard("gpumem_free", || {
+        let size = (size != GPUMEM_ANY_SIZE).then_some(size as u64);
+        status(api::free(ptr as DevicePtr, size, device.into(), None))
+    })
 }
 
 /// This thread's last error message ("" if none): valid until the next gpumem call on this
@@ -243,7 +343,9 @@ pub extern "C" fn gpumem_free(ptr: *mut c_void, size: usize, device: c_int) -> G
 pub extern "C" fn gpumem_last_error() -> *const c_char {
     // The CString lives in a thread-local that is only replaced by a later failure on this
     // thread, so the pointer stays valid as documented.
-    state::with_last_error(|text| text.as_ptr())
+    guard("gpumem_last_error", || {
+        state::with_last_error(|text| text.as_ptr())
+    })
 }
 
 /// A text result into `buffer` (at most `capacity` bytes, NUL-terminated): the bytes the
@@ -284,13 +386,15 @@ pub unsafe extern "C" fn gpumem_memory_stats(
     buffer: *mut c_char,
     capacity: usize,
 ) -> usize {
-    let json = api::memory_stats(device.into()).map(|stats| {
-        let object: serde_json::Map<String, serde_json::Value> =
-            stats.into_iter().map(|(k, v)| (k, v.into())).collect();
-        serde_json::Value::Object(object).to_string()
-    });
-    // SAFETY: forwarded from the caller.
-    unsafe { text_out(json, buffer, capacity) }
+    guard("gpumem_memory_stats", || {
+        let json = api::memory_stats(device.into()).map(|stats| {
+            let object: serde_json::Map<String, serde_json::Value> =
+                stats.into_iter().map(|(k, v)| (k, v.into())).collect();
+            serde_json::Value::Object(object).to_string()
+        });
+        // SAFETY: forwarded from the caller.
+        unsafe { text_out(json, buffer, capacity) }
+    })
 }
 
 /// `device`'s pool summary (`pool_status`: usage, limits, fragmentation) as text, into
@@ -304,8 +408,10 @@ pub unsafe extern "C" fn gpumem_pool_status(
     buffer: *mut c_char,
     capacity: usize,
 ) -> usize {
-    // SAFETY: forwarded from the caller.
-    unsafe { text_out(api::pool_status(device.into()), buffer, capacity) }
+    guard("gpumem_pool_status", || {
+        // SAFETY: forwarded from the caller.
+        unsafe { text_out(api::pool_status(device.into()), buffer, capacity) }
+    })
 }
 
 /// The explanation of `device`'s last OOM (what was asked, held and free, what to try), or ""
@@ -319,9 +425,11 @@ pub unsafe extern "C" fn gpumem_last_oom(
     buffer: *mut c_char,
     capacity: usize,
 ) -> usize {
-    let text = api::last_oom(device.into()).map(Option::unwrap_or_default);
-    // SAFETY: forwarded from the caller.
-    unsafe { text_out(text, buffer, capacity) }
+    guard("gpumem_last_oom", || {
+        let text = api::last_oom(device.into()).map(Option::unwrap_or_default);
+        // SAFETY: forwarded from the caller.
+        unsafe { text_out(text, buffer, capacity) }
+    })
 }
 
 /// The name of the policy `device`'s pool runs (`gpumem`, `torch`, `expandable`, `none`), into
@@ -335,9 +443,11 @@ pub unsafe extern "C" fn gpumem_policy(
     buffer: *mut c_char,
     capacity: usize,
 ) -> usize {
-    let name = api::policy(device.into()).map(str::to_string);
-    // SAFETY: forwarded from the caller.
-    unsafe { text_out(name, buffer, capacity) }
+    guard("gpumem_policy", || {
+        let name = api::policy(device.into()).map(str::to_string);
+        // SAFETY: forwarded from the caller.
+        unsafe { text_out(name, buffer, capacity) }
+    })
 }
 
 /// Gives `device`'s cached memory back to the device (`torch.cuda.empty_cache`); stores the
@@ -347,26 +457,32 @@ pub unsafe extern "C" fn gpumem_policy(
 /// `released` must be NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn gpumem_empty_cache(device: c_int, released: *mut u64) -> GpumemStatus {
-    let result = api::empty_cache(device.into());
-    if let (Ok(bytes), false) = (&result, released.is_null()) {
-        // SAFETY: non-null and, by the contract, writable.
-        unsafe { *released = *bytes };
-    }
-    status(result.map(|_| ()))
+    guard("gpumem_empty_cache", || {
+        let result = api::empty_cache(device.into());
+        if let (Ok(bytes), false) = (&result, released.is_null()) {
+            // SAFETY: non-null and, by the contract, writable.
+            unsafe { *released = *bytes };
+        }
+        status(result.map(|_| ()))
+    })
 }
 
 /// Sets every peak statistic of `device` to its current value
 /// (`torch.cuda.reset_peak_memory_stats`).
 #[no_mangle]
 pub extern "C" fn gpumem_reset_peak_stats(device: c_int) -> GpumemStatus {
-    status(api::reset_peak_stats(device.into()))
+    guard("gpumem_reset_peak_stats", || {
+        status(api::reset_peak_stats(device.into()))
+    })
 }
 
 /// Starts (`capacity` > 0 events) or stops (0) recording `device`'s allocation history for
 /// snapshots.
 #[no_mangle]
 pub extern "C" fn gpumem_set_history(device: c_int, capacity: usize) -> GpumemStatus {
-    status(api::set_history(device.into(), capacity))
+    guard("gpumem_set_history", || {
+        status(api::set_history(device.into(), capacity))
+    })
 }
 
 /// Reads an optional C string argument: NULL is `None`.
@@ -415,19 +531,21 @@ pub unsafe extern "C" fn gpumem_configure(
     hard_limit: *const c_char,
     history: i64,
 ) -> GpumemStatus {
-    // SAFETY: forwarded from the caller.
-    let strings = unsafe {
-        (|| {
-            Ok::<_, CapiError>((
-                optional_str("policy", policy)?,
-                optional_str("soft limit", soft_limit)?,
-                optional_str("hard limit", hard_limit)?,
-            ))
-        })()
-    };
-    status(strings.and_then(|(policy, soft, hard)| {
-        api::configure(policy, soft, hard, usize::try_from(history).ok())
-    }))
+    guard("gpumem_configure", || {
+        // SAFETY: forwarded from the caller.
+        let strings = unsafe {
+            (|| {
+                Ok::<_, CapiError>((
+                    optional_str("policy", policy)?,
+                    optional_str("soft limit", soft_limit)?,
+                    optional_str("hard limit", hard_limit)?,
+                ))
+            })()
+        };
+        status(strings.and_then(|(policy, soft, hard)| {
+            api::configure(policy, soft, hard, usize::try_from(history).ok())
+        }))
+    })
 }
 
 /// Changes `device`'s soft and hard limits now (forms as [`gpumem_configure`]; NULL leaves a
@@ -441,12 +559,14 @@ pub unsafe extern "C" fn gpumem_set_limits(
     soft_limit: *const c_char,
     hard_limit: *const c_char,
 ) -> GpumemStatus {
-    // SAFETY: forwarded from the caller.
-    let strings = unsafe {
-        optional_str("soft limit", soft_limit)
-            .and_then(|soft| Ok((soft, optional_str("hard limit", hard_limit)?)))
-    };
-    status(strings.and_then(|(soft, hard)| api::set_limits(device.into(), soft, hard)))
+    guard("gpumem_set_limits", || {
+        // SAFETY: forwarded from the caller.
+        let strings = unsafe {
+            optional_str("soft limit", soft_limit)
+                .and_then(|soft| Ok((soft, optional_str("hard limit", hard_limit)?)))
+        };
+        status(strings.and_then(|(soft, hard)| api::set_limits(device.into(), soft, hard)))
+    })
 }
 
 /// Writes `device`'s pool as a PyTorch memory snapshot to `path`: a pickle that
@@ -457,12 +577,14 @@ pub unsafe extern "C" fn gpumem_set_limits(
 /// `path` must be a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn gpumem_snapshot(device: c_int, path: *const c_char) -> GpumemStatus {
-    // SAFETY: forwarded from the caller.
-    let path = unsafe { optional_str("path", path) };
-    status(path.and_then(|path| {
-        let path = path.ok_or_else(|| invalid("path", "NULL", "a file name is needed"))?;
-        api::snapshot(device.into(), path)
-    }))
+    guard("gpumem_snapshot", || {
+        // SAFETY: forwarded from the caller.
+        let path = unsafe { optional_str("path", path) };
+        status(path.and_then(|path| {
+            let path = path.ok_or_else(|| invalid("path", "NULL", "a file name is needed"))?;
+            api::snapshot(device.into(), path)
+        }))
+    })
 }
 
 /// Publishes this process's pools for `gpumem top`, `diagnose` and `exporter`: a Unix socket
@@ -475,7 +597,93 @@ pub unsafe extern "C" fn gpumem_snapshot(device: c_int, path: *const c_char) -> 
 /// `dir` must be NULL or a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn gpumem_publish(dir: *const c_char) -> GpumemStatus {
-    // SAFETY: forwarded from the caller.
-    let dir = unsafe { optional_str("dir", dir) };
-    status(dir.and_then(|dir| api::publish(dir).map(|_| ())))
+    guard("gpumem_publish", || {
+        // SAFETY: forwarded from the caller.
+        let dir = unsafe { optional_str("dir", dir) };
+        status(dir.and_then(|dir| api::publish(dir).map(|_| ())))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumem_pool::{PoolEvent, PoolObserver};
+
+    /// Panics at the pool's first event: a panic inside the pool, under its lock.
+    struct Bomb;
+
+    impl PoolObserver for Bomb {
+        fn on_event(&mut self, _: &PoolEvent) {
+            panic!("bomb");
+        }
+    }
+
+    fn last_error() -> String {
+        state::with_last_error(|text| text.to_string_lossy().into_owned())
+    }
+
+    #[test]
+    fn a_panic_becomes_the_failure_of_the_entry_points_return_type() {
+        let status: GpumemStatus = guard("gpumem_example", || panic!("boom {}", 1));
+        assert_eq!(status, GpumemStatus::GpumemInternal);
+        assert_eq!(
+            last_error(),
+            "internal error in gpumem_example: panicked: boom 1; it struck while no pool's \
+             state was locked, so the pools stay usable"
+        );
+        let pointer: *mut c_void = guard("gpumem_example", || panic!("static text"));
+        assert!(pointer.is_null());
+        assert!(
+            last_error().contains("panicked: static text;"),
+            "{}",
+            last_error()
+        );
+        let size: usize = guard("gpumem_example", || std::panic::panic_any(7_u32));
+        assert_eq!(size, 0);
+        assert!(
+            last_error().contains("panicked: a panic without a message;"),
+            "{}",
+            last_error()
+        );
+        // Without a panic the body's value passes through, and the last error stays.
+        assert_eq!(guard("gpumem_example", || 42_usize), 42);
+        assert!(last_error().contains("a panic without a message"));
+    }
+
+    #[test]
+    fn a_panic_inside_a_pool_makes_every_later_call_on_its_device_an_error() {
+        std::env::set_var("GPUMEM_DEVICE", "sim");
+        let device = 60;
+        let pool = state::device_pool(device).unwrap();
+        pool.add_observer(Box::new(Bomb));
+        let status = guard("gpumem_example", || {
+            status(api::allocate(4096, device as i64, 0).map(|_| ()))
+        });
+        assert_eq!(status, GpumemStatus::GpumemInternal);
+        assert!(
+            last_error().ends_with(
+                "it struck while the pool of device 60 was changing its state, so that pool is \
+                 unusable from now on (restart the process)"
+            ),
+            "{}",
+            last_error()
+        );
+        let refused = api::allocate(4096, device as i64, 0).unwrap_err();
+        assert_eq!(refused.status(), GpumemStatus::GpumemUnusable);
+        assert!(
+            refused.to_string().starts_with(
+                "the gpumem pool of device 60 is unusable after an internal error in \
+                 gpumem_example: bomb; restart the process"
+            ),
+            "{refused}"
+        );
+        // Taking the poisoned lock over did not panic a second time: the pool still answers a
+        // direct reader, but the library no longer hands it out.
+        assert!(pool.is_poisoned());
+        assert!(pool.allocation(0).is_none());
+        assert!(matches!(
+            state::device_pool(device),
+            Err(CapiError::Unusable { device: 60, .. })
+        ));
+    }
 }

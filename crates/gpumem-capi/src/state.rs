@@ -1,12 +1,16 @@
-//! The process-wide state behind the C functions: one pool per device on the backend that
-//! `GPUMEM_DEVICE` names, the settings new pools are made with, the last OOM per device, and
-//! each thread's last error.
+//! The process-wide state behind the C functions: the pools, one per device, are those of
+//! [`gpumem_pool::global_registry`] (the registry the publisher and the Python binding read,
+//! which also says when a panic left a pool unusable), made on the backend that
+//! `GPUMEM_DEVICE` names; beside them only what a pool cannot hold: the settings new pools are
+//! made with, the CUDA devices (to adopt callers' streams), the publishing endpoint, and each
+//! thread's last error. The last OOM is the pool's own record.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpumem_cuda::CudaDevice;
 use gpumem_device::sim::{SimConfig, SimDevice};
@@ -122,6 +126,26 @@ pub enum CapiError {
     /// Publishing the pools (`GPUMEM_PUBLISH`, [`crate::api::publish`]) was refused or failed.
     #[error("cannot publish the pools: {0}")]
     Publish(#[from] PublishError),
+    /// A panic inside gpumem, caught at the C entry point: a bug, reported instead of
+    /// aborting the host process or unwinding into its C or C++.
+    #[error("internal error in {entry}: panicked: {message}; {}", consequence(.unusable))]
+    Panic {
+        /// The entry point whose body panicked.
+        entry: &'static str,
+        /// The panic's message.
+        message: String,
+        /// The devices whose pools the panic struck while their state was locked: unusable
+        /// from now on.
+        unusable: Vec<usize>,
+    },
+    /// The device's pool was left unusable by an earlier panic.
+    #[error("the gpumem pool of device {device} is unusable after {reason}; restart the process to get a working pool (the panic is a bug in gpumem: please report it with this message)")]
+    Unusable {
+        /// The ordinal.
+        device: usize,
+        /// What broke it, as recorded in the registry.
+        reason: String,
+    },
     /// A snapshot could not be written.
     #[error("cannot write the snapshot to {path:?}: {source}")]
     Io {
@@ -142,6 +166,39 @@ impl CapiError {
                 ..
             }
         )
+    }
+}
+
+/// What a caught panic did to the pools, for [`CapiError::Panic`]'s message.
+fn consequence(unusable: &[usize]) -> String {
+    match unusable {
+        [] => "it struck while no pool's state was locked, so the pools stay usable".into(),
+        devices => {
+            let list: Vec<String> = devices.iter().map(usize::to_string).collect();
+            format!(
+                "it struck while the pool of device {} was changing its state, so that pool is \
+                 unusable from now on (restart the process)",
+                list.join(", ")
+            )
+        }
+    }
+}
+
+/// The error for a panic caught in `entry` with `payload`: the pools it struck while their
+/// state was locked are marked unusable in the registry, with the entry point and message as
+/// the reason later calls give.
+pub fn panicked(entry: &'static str, payload: &(dyn Any + Send)) -> CapiError {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|text| text.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    let reason = format!("an internal error in {entry}: {message}");
+    let unusable = global_registry().mark_poisoned(&reason);
+    CapiError::Panic {
+        entry,
+        message,
+        unusable,
     }
 }
 
@@ -189,32 +246,18 @@ fn sim_capacity() -> Result<u64, CapiError> {
     }
 }
 
-/// One device's pool, with the CUDA device under it (to adopt callers' streams).
-pub struct DevicePool {
-    /// The pool.
-    pub pool: Arc<Pool>,
-    cuda: Option<Arc<CudaDevice>>,
-    last_oom: Mutex<Option<String>>,
-}
+/// The CUDA devices the pools run on, by ordinal, opened with the first pool of each and
+/// kept for the process (one per device's primary context): a pool made again after a policy
+/// change runs on the same one, which already knows the streams callers gave.
+static CUDA_DEVICES: Mutex<BTreeMap<usize, Arc<CudaDevice>>> = Mutex::new(BTreeMap::new());
 
-impl DevicePool {
-    /// The pool's stream for the caller's `cudaStream_t`: on CUDA the stream is adopted (the
-    /// device accepts it from now on); on the simulated device any number is a stream.
-    pub fn stream(&self, raw: u64) -> StreamId {
-        match &self.cuda {
-            Some(cuda) => cuda.adopt_stream(raw),
-            None => StreamId(raw),
-        }
-    }
-
-    /// Remembers the explanation of an OOM.
-    pub fn note_oom(&self, text: &str) {
-        *lock(&self.last_oom) = Some(text.to_string());
-    }
-
-    /// The last OOM's explanation.
-    pub fn last_oom(&self) -> Option<String> {
-        lock(&self.last_oom).clone()
+/// The pool's stream on `device` for the caller's `cudaStream_t`: on CUDA the stream is
+/// adopted (the device accepts it from now on); on the simulated device any number is a
+/// stream.
+pub fn stream(device: usize, raw: u64) -> StreamId {
+    match lock(&CUDA_DEVICES).get(&device) {
+        Some(cuda) => cuda.adopt_stream(raw),
+        None => StreamId(raw),
     }
 }
 
@@ -223,24 +266,15 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The pools by device, and the configuration new pools get.
-struct Pools {
-    devices: RwLock<Vec<Option<Arc<DevicePool>>>>,
-    /// `None` until first needed, then the environment's configuration with the run-time
-    /// changes applied.
-    config: Mutex<Option<PoolConfig>>,
-}
-
-static POOLS: Pools = Pools {
-    devices: RwLock::new(Vec::new()),
-    config: Mutex::new(None),
-};
+/// `None` until first needed, then the environment's configuration with the run-time changes
+/// applied.
+static CONFIG: Mutex<Option<PoolConfig>> = Mutex::new(None);
 
 /// The configuration the next pool is made with: the environment's (`GPUMEM_POOL`,
 /// `GPUMEM_SOFT_LIMIT`, `GPUMEM_HARD_LIMIT`, `GPUMEM_HISTORY`, `GPUMEM_POLICY_CONF`,
 /// `PYTORCH_ALLOC_CONF`), read once, with later run-time changes.
 fn config() -> Result<PoolConfig, CapiError> {
-    let mut config = lock(&POOLS.config);
+    let mut config = lock(&CONFIG);
     if config.is_none() {
         *config = Some(PoolConfig::from_env().map_err(|e| config_error(0, e))?);
     }
@@ -262,24 +296,28 @@ pub fn ordinal(device: i64) -> Result<usize, CapiError> {
         .ok_or(CapiError::DeviceOrdinal(device))
 }
 
-/// The pool of `device`, made on first use on the backend `GPUMEM_DEVICE` names.
-pub fn device_pool(device: usize) -> Result<Arc<DevicePool>, CapiError> {
-    if let Some(found) = existing(device) {
-        return Ok(found);
+/// The pool of `device`, made on first use on the backend `GPUMEM_DEVICE` names; an error
+/// naming the panic when an earlier one left it unusable.
+pub fn device_pool(device: usize) -> Result<Arc<Pool>, CapiError> {
+    let registry = global_registry();
+    let pool = match registry.get(device) {
+        Some(pool) => pool,
+        None => registry.get_or_try_init(device, || {
+            let config = config()?;
+            publish_if_asked()?;
+            open(device, config)
+        })?,
+    };
+    usable(device)?;
+    Ok(pool)
+}
+
+/// An error when an earlier panic left the pool of `device` unusable.
+fn usable(device: usize) -> Result<(), CapiError> {
+    match global_registry().unusable(device) {
+        Some(reason) => Err(CapiError::Unusable { device, reason }),
+        None => Ok(()),
     }
-    let mut devices = POOLS.devices.write().unwrap_or_else(|p| p.into_inner());
-    if devices.len() <= device {
-        devices.resize(device + 1, None);
-    }
-    if let Some(found) = &devices[device] {
-        return Ok(found.clone());
-    }
-    let config = config()?;
-    publish_if_asked()?;
-    let made = Arc::new(open(device, config)?);
-    global_registry().set(device, made.pool.clone());
-    devices[device] = Some(made.clone());
-    Ok(made)
 }
 
 /// The endpoint answering for this process's pools, once started; it lives as long as the
@@ -311,45 +349,45 @@ pub fn publish(dir: Option<&Path>) -> Result<PathBuf, CapiError> {
     Ok(path)
 }
 
-/// The pool of `device` if one was made.
-pub fn existing(device: usize) -> Option<Arc<DevicePool>> {
-    let devices = POOLS.devices.read().unwrap_or_else(|p| p.into_inner());
-    devices.get(device).cloned().flatten()
-}
-
-/// Every pool made so far, by device.
-pub fn all_pools() -> BTreeMap<usize, Arc<DevicePool>> {
-    let devices = POOLS.devices.read().unwrap_or_else(|p| p.into_inner());
-    devices
-        .iter()
-        .enumerate()
-        .filter_map(|(d, p)| p.clone().map(|p| (d, p)))
+/// Every pool made so far, by device (the unusable ones too: callers only read them).
+pub fn all_pools() -> BTreeMap<usize, Arc<Pool>> {
+    let registry = global_registry();
+    registry
+        .devices()
+        .into_iter()
+        .filter_map(|device| registry.get(device).map(|pool| (device, pool)))
         .collect()
 }
 
-fn open(device: usize, config: PoolConfig) -> Result<DevicePool, CapiError> {
+/// A new pool for `device` with `config`, on the backend `GPUMEM_DEVICE` names.
+fn open(device: usize, config: PoolConfig) -> Result<Pool, CapiError> {
     let backend = Backend::from_env()?;
     let opened = |source| CapiError::Open {
         device,
         backend: backend.name(),
         source,
     };
-    let (dev, cuda): (Arc<dyn Device>, Option<Arc<CudaDevice>>) = match backend {
+    let dev: Arc<dyn Device> = match backend {
         Backend::Cuda => {
-            let cuda = Arc::new(CudaDevice::open(device).map_err(opened)?);
-            (cuda.clone(), Some(cuda))
+            let mut cuda = lock(&CUDA_DEVICES);
+            match cuda.get(&device) {
+                Some(opened) => opened.clone(),
+                None => {
+                    let made = Arc::new(CudaDevice::open(device).map_err(opened)?);
+                    cuda.insert(device, made.clone());
+                    made
+                }
+            }
         }
         Backend::Sim { capacity } => {
             let sim = SimDevice::new(SimConfig::address_only(capacity)).map_err(opened)?;
-            (Arc::new(sim), None)
+            Arc::new(sim)
         }
     };
     let pool = Pool::new(dev, config).map_err(|source| CapiError::Pool { device, source })?;
-    Ok(DevicePool {
-        pool: Arc::new(pool),
-        cuda,
-        last_oom: Mutex::new(None),
-    })
+    #[cfg(feature = "fault-injection")]
+    crate::fault::arm_pool(&pool);
+    Ok(pool)
 }
 
 /// Parses a limit as the environment variables take it; `none` or an empty string is no limit.
@@ -400,22 +438,28 @@ pub fn configure(change: &Change, only: Option<usize>) -> Result<(), CapiError> 
     next.options
         .validate()
         .map_err(|e| config_error(only.unwrap_or(0), e))?;
-    let targets: Vec<(usize, Arc<DevicePool>)> = match only {
+    let targets: Vec<(usize, Arc<Pool>)> = match only {
         Some(device) => vec![(device, device_pool(device)?)],
-        None => all_pools().into_iter().collect(),
+        None => {
+            let pools = all_pools();
+            for &device in pools.keys() {
+                usable(device)?;
+            }
+            pools.into_iter().collect()
+        }
     };
     // Each pool keeps the limit the change leaves alone (its own, which a per-device change
     // may have set), so its new limits start from its current ones.
     let mut planned = Vec::new();
-    for (device, entry) in &targets {
+    for (device, pool) in &targets {
         let pool_error = |source: PoolError| CapiError::Pool {
             device: *device,
             source,
         };
         let mut rebuild = false;
         if let Some(policy) = change.policy {
-            if policy.as_str() != entry.pool.policy_name() {
-                let live = entry.pool.stats().allocation.all.current;
+            if policy.as_str() != pool.policy_name() {
+                let live = pool.stats().allocation.all.current;
                 if live > 0 {
                     return Err(CapiError::PolicyBusy {
                         device: *device,
@@ -426,7 +470,7 @@ pub fn configure(change: &Change, only: Option<usize>) -> Result<(), CapiError> 
                 rebuild = true;
             }
         }
-        let status = entry.pool.status().map_err(pool_error)?;
+        let status = pool.status().map_err(pool_error)?;
         let options = PoolOptions {
             soft_limit: change
                 .soft_limit
@@ -439,38 +483,27 @@ pub fn configure(change: &Change, only: Option<usize>) -> Result<(), CapiError> 
         options
             .resolve_limits(status.device_total)
             .map_err(|e| config_error(*device, e))?;
-        planned.push((*device, entry, rebuild, options));
+        planned.push((*device, pool, rebuild, options));
     }
-    let mut rebuild = Vec::new();
-    for (device, entry, remake, options) in planned {
+    for (device, pool, remake, options) in planned {
         if remake {
-            rebuild.push((device, options));
-            continue;
-        }
-        if change.soft_limit.is_some() || change.hard_limit.is_some() {
-            entry
-                .pool
-                .set_limits(&options)
-                .map_err(|source| CapiError::Pool { device, source })?;
-        }
-        if let Some(history) = change.history {
-            entry.pool.set_history_capacity(history);
-        }
-    }
-    if !rebuild.is_empty() {
-        let mut devices = POOLS.devices.write().unwrap_or_else(|p| p.into_inner());
-        for (device, options) in rebuild {
             let config = PoolConfig {
                 options,
                 ..next.clone()
             };
-            let made = Arc::new(open(device, config)?);
-            global_registry().set(device, made.pool.clone());
-            devices[device] = Some(made);
+            global_registry().set(device, Arc::new(open(device, config)?));
+            continue;
+        }
+        if change.soft_limit.is_some() || change.hard_limit.is_some() {
+            pool.set_limits(&options)
+                .map_err(|source| CapiError::Pool { device, source })?;
+        }
+        if let Some(history) = change.history {
+            pool.set_history_capacity(history);
         }
     }
     if only.is_none() {
-        *lock(&POOLS.config) = Some(next);
+        *lock(&CONFIG) = Some(next);
     }
     Ok(())
 }

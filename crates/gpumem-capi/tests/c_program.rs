@@ -1,6 +1,8 @@
 //! A C program compiled against include/gpumem.h and linked with the shared library runs its
-//! checks on the simulated device. Without a C compiler the test says so and passes, except
-//! in CI (`CI=true`), where that is a failure.
+//! checks on the simulated device; with the `fault-injection` feature, C and C++ programs
+//! provoke panics in the entry points and check they come back as errors. Without a C
+//! compiler the test says so and passes, except in CI (`CI=true`), where that is a failure
+//! naming the package to install.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,6 +20,10 @@ fn library_dir() -> PathBuf {
         })
         .unwrap_or(deps)
 }
+
+/// What to install when `cc` or `c++` is missing.
+const MISSING_COMPILER: &str =
+    "install the C and C++ compilers: Debian/Ubuntu package build-essential (gcc, g++), or set CC/CXX";
 
 /// Compiles `source` (tests/c/) with `compiler` (`CC`/`CXX` or `default`) against the header
 /// and the shared library, runs it on the simulated device with `arg`, and checks it prints
@@ -53,19 +59,20 @@ fn compile_and_run(
     let compiled = match compiled {
         Ok(output) => output,
         Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
-            eprintln!(
-                "skipped: no compiler ({compiler}: {e}); scripts/install-test-deps.sh installs one"
-            );
+            eprintln!("skipped: no compiler ({compiler}: {e}); {MISSING_COMPILER}");
             return None;
         }
-        Err(e) => panic!("no compiler ({compiler}: {e}) in CI"),
+        Err(e) => panic!("no compiler ({compiler}: {e}) in CI; {MISSING_COMPILER}"),
     };
     assert!(
         compiled.status.success(),
         "{}",
         String::from_utf8_lossy(&compiled.stderr)
     );
+    // The library just built, not another build's copy that cargo's LD_LIBRARY_PATH (searched
+    // before the rpath) may name first, such as target/debug's from a build without a feature.
     let ran = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &lib)
         .arg(arg)
         .env("GPUMEM_DEVICE", "sim")
         .env_remove("GPUMEM_HARD_LIMIT")
@@ -96,6 +103,26 @@ fn a_c_program_allocates_frees_and_reads_statistics_through_the_header() {
 fn pytorchs_entry_point_throws_a_cpp_exception_with_the_explanation_on_oom() {
     let flags = ["-std=c++17"];
     compile_and_run("torch_oom.cpp", "CXX", "c++", &flags, Path::new("-"));
+}
+
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_panic_in_an_entry_point_is_an_error_code_in_c_and_the_pool_works_or_refuses() {
+    let snapshot = tempdir().join("panic-snapshot.pickle");
+    compile_and_run("panics.c", "CC", "cc", &["-std=c99"], &snapshot);
+    assert!(!snapshot.exists(), "the panicking snapshot wrote nothing");
+}
+
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_panic_in_pytorchs_entry_point_is_a_cpp_runtime_error_naming_it() {
+    compile_and_run(
+        "torch_panic.cpp",
+        "CXX",
+        "c++",
+        &["-std=c++17"],
+        Path::new("-"),
+    );
 }
 
 fn tempdir() -> PathBuf {
