@@ -9,10 +9,10 @@ use crate::model::{
 };
 use crate::releases::OldRelease;
 use crate::single_gpu::per_op_saved_matmul_widths;
-use crate::workload::{
-    Attention, Checkpointing, Dtype, Framework, Loss, Mode, Target, Workload,
-    GROUPED_KEYS_TO_SDPA_SINCE,
-};
+use crate::workload::{Checkpointing, Dtype, Framework, Loss, Mode, Target, Workload};
+use kernel::{AttentionKernel, GroupedKeys};
+
+mod kernel;
 
 /// One step of the forward pass, in bytes for the whole micro-batch on one GPU.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -282,6 +282,58 @@ struct Tally {
     core: f64,
 }
 
+/// One attention of a block as it runs: its shape, its kernel and its sizes on this GPU.
+#[derive(Debug, Clone, Copy)]
+struct AttentionCall {
+    shape: AttentionShape,
+    /// A cross-attention (its keys and values span the encoder's tokens).
+    cross: bool,
+    kernel: AttentionKernel,
+    grouped: GroupedKeys,
+    /// Query, key and value widths over all heads.
+    q: f64,
+    kv: f64,
+    value: f64,
+    /// Heads on this GPU.
+    heads: f64,
+    /// Score elements of the micro-batch on this GPU.
+    scores: f64,
+    query_tokens: f64,
+    key_tokens: f64,
+}
+
+/// The masks and biases of one attention, in bytes (elements for the boolean sliding mask).
+#[derive(Debug, Clone, Copy)]
+struct AttentionMasks {
+    /// T5's relative position bias, held through the stack.
+    stack_bias: f64,
+    /// The causal mask(s) transformers builds, held through the forward.
+    causal: f64,
+    /// CUDA's math path makes its own causal bias (transformers built no mask).
+    kernel_causal: bool,
+    /// SDPA's boolean sliding-window mask, held through the stack.
+    sliding: f64,
+    /// Its additive conversion on a sliding layer, saved for backward.
+    converted: f64,
+}
+
+/// What one attention's kernel itself keeps, in bytes.
+#[derive(Debug, Clone, Copy)]
+struct AttentionCore {
+    /// Saved for backward inside the attention core.
+    saved: f64,
+    /// Short-lived in its forward.
+    transient: f64,
+    /// Alive at the start of its backward (see `AttentionMemory::score_gradients`).
+    score_gradients: f64,
+    /// Alive at its no-grad peak.
+    inference_live: f64,
+    /// Kept by a no-grad forward until the block returns (returned probabilities).
+    inference_kept: f64,
+    /// Masks alive through the stack.
+    stack_mask: f64,
+}
+
 /// Positions per LM-head chunk in litgpt's fine-tuning loops (`lm_head_chunk_size=128`).
 const LITGPT_LM_HEAD_CHUNK: f64 = 128.0;
 
@@ -352,6 +404,10 @@ struct TransformerGraph<'a> {
     split: Split,
     batch: f64,
     training: bool,
+    /// The kernel of the model's self-attentions.
+    own_kernel: AttentionKernel,
+    /// The kernel of an encoder-decoder's cross-attentions.
+    cross_kernel: AttentionKernel,
 }
 
 impl<'a> TransformerGraph<'a> {
@@ -367,6 +423,8 @@ impl<'a> TransformerGraph<'a> {
             },
             batch: batch as f64,
             training: workload.mode == Mode::Train,
+            own_kernel: AttentionKernel::choose(spec, workload, false),
+            cross_kernel: AttentionKernel::choose(spec, workload, true),
         }
     }
 
@@ -798,15 +856,10 @@ impl<'a> TransformerGraph<'a> {
         self.spec.head_layout_queries || self.litgpt()
     }
 
-    /// Does a fused SDPA kernel return its output in head layout, so that merging the heads
-    /// copies it? Flash attention (and cuDNN's) lays its output out as the queries are;
-    /// CUDA's memory-efficient kernel, which fp32 runs (the others need half precision),
-    /// allocates it token-major whatever the queries' layout (`_efficient_attention_forward`;
-    /// the H200's op logs show no merge copy in fp32).
-    fn fused_output_in_head_layout(&self) -> bool {
-        self.head_layout_queries()
-            && !(self.workload.target == Target::Gpu
-                && self.workload.compute_dtype() == Dtype::Fp32)
+    /// Does fused `kernel` return its output in head layout, so that merging the heads copies
+    /// it? Where the queries are contiguous per head and the kernel keeps their layout.
+    fn fused_output_in_head_layout(&self, kernel: AttentionKernel) -> bool {
+        self.head_layout_queries() && kernel.output_in_query_layout()
     }
 
     /// Does the step run litgpt's own model (`--framework litgpt`) rather than the family's?
@@ -832,9 +885,8 @@ impl<'a> TransformerGraph<'a> {
         }
     }
 
-    /// Bytes per score element of a materialised attention's softmax under this workload (a
-    /// cross-attention's where `cross`: SDPA's path can differ between the two).
-    fn score_bytes(&self, cross: bool) -> ScoreBytes {
+    /// Bytes per score element of a materialised attention's softmax under `kernel`.
+    fn score_bytes(&self, kernel: AttentionKernel) -> ScoreBytes {
         let input = self.bytes.act;
         let dropout = if self.dropout_active(self.spec.attention_dropout) {
             1.0 + input
@@ -862,12 +914,12 @@ impl<'a> TransformerGraph<'a> {
         // SDPA's math fallback computes in fp32: the scores and their softmax. Its dropout is
         // `at::dropout`: CUDA's fused kernel keeps a 1-byte mask, CPU's `_dropout` a noise
         // tensor of the probabilities' dtype (`empty_like(input).bernoulli_`).
-        let math = self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback(cross);
-        if math {
-            let mask = match self.workload.target {
-                Target::Cpu => 4.0,
-                Target::Gpu => 1.0,
-            };
+        let math_dropout_mask = match kernel {
+            AttentionKernel::SdpaMathCpu => Some(4.0),
+            AttentionKernel::SdpaMathCuda => Some(1.0),
+            _ => None,
+        };
+        if let Some(mask) = math_dropout_mask {
             return ScoreBytes {
                 input: 4.0,
                 probs: 4.0,
@@ -907,77 +959,103 @@ impl<'a> TransformerGraph<'a> {
         }
     }
 
-    /// Does SDPA fall back to its math path (scores materialised)? PyTorch's CPU flash kernel
-    /// takes one head width for queries, keys and values, and latent attention's values are
-    /// narrower than its keys (the CPU traces show the math path's matmul and softmax); CUDA's
-    /// memory-efficient kernel takes different widths. On CUDA, transformers hands grouped
-    /// keys to SDPA as they are (`enable_gqa`) when it builds no mask (causal, no sliding
-    /// window; earlier releases repeat them first); in fp32 no fused kernel takes them (flash
-    /// needs half precision, the memory-efficient kernel has no grouped keys), so the math
-    /// path runs (measured on an H200: docs/gpu.md). A self-attention with T5's relative
-    /// position bias (an additive per-head mask) runs it on CUDA too, in training and in
-    /// inference, in every dtype; its cross-attention, which has no bias, runs a fused kernel
-    /// (the H200's op logs). PyTorch's CPU flash kernel takes no dropout either
-    /// (`check_for_dropout` among its constraints): attention dropout in training runs the
-    /// math path on CPU. `cross`: the attention is a cross-attention.
-    fn sdpa_math_fallback(&self, cross: bool) -> bool {
-        match self.workload.target {
-            Target::Cpu => {
-                self.spec
-                    .latent
-                    .is_some_and(|l| l.nope_dim + l.rope_dim != l.value_dim)
-                    || self.dropout_active(self.spec.attention_dropout)
-            }
-            Target::Gpu => {
-                (self.spec.relative_attention_buckets > 0 && !cross)
-                    || self.workload.compute_dtype() == Dtype::Fp32
-                        && self.spec.kv_heads < self.spec.heads
-                        && self.spec.sliding.is_none()
-                        && self.spec.decoder
-                        && self
-                            .workload
-                            .transformers
-                            .is_none_or(|release| release >= GROUPED_KEYS_TO_SDPA_SINCE)
-            }
+    /// The kernel of this model's self-attention, or of its cross-attention where `cross`.
+    fn kernel(&self, cross: bool) -> AttentionKernel {
+        if cross {
+            self.cross_kernel
+        } else {
+            self.own_kernel
         }
     }
 
-    /// Does this attention (a cross-attention where `cross`) materialise the score matrix?
-    fn materialises_scores(&self, cross: bool) -> bool {
-        match self.workload.attention {
-            Attention::Eager => true,
-            Attention::Flash => false,
-            // PyTorch's CPU flash kernel takes T5's relative position bias as an additive
-            // mask but gives it no gradient: in training every attention of the model runs the
-            // math path on CPU.
-            Attention::Sdpa => {
-                self.spec.eager_only
-                    || self.sdpa_math_fallback(cross)
-                    || (self.workload.target == Target::Cpu
-                        && self.training
-                        && self.spec.relative_attention_buckets > 0)
-            }
+    /// One attention of `shape` (a cross-attention where `cross`) as it runs on this GPU.
+    fn attention_call(&self, shape: AttentionShape, cross: bool) -> AttentionCall {
+        let spec = self.spec;
+        let kernel = self.kernel(cross);
+        let heads = spec.heads as f64 / self.split.tp;
+        AttentionCall {
+            shape,
+            cross,
+            kernel,
+            grouped: GroupedKeys::of(spec, kernel, self.litgpt()),
+            q: spec.query_width() as f64,
+            kv: spec.kv_width() as f64,
+            value: spec.value_width() as f64,
+            heads,
+            scores: self.batch * heads * shape.queries * shape.keys,
+            query_tokens: self.batch * shape.queries,
+            key_tokens: self.batch * shape.keys,
+        }
+    }
+
+    /// Does the kernel save the projections' q, k and v as they are? SDPA's math path copies
+    /// half-precision inputs to fp32 first and saves the copies.
+    fn kernel_saves_projections(&self, kernel: AttentionKernel) -> bool {
+        !(kernel.is_math_path() && self.bytes.act < 4.0)
+    }
+
+    /// Bytes per element of the keys a cache copies: fp32 under an old release's fp32 rotary.
+    fn cached_key_bytes(&self) -> f64 {
+        if self.old_release().is_some_and(|o| o.fp32_rotary()) {
+            4.0
+        } else {
+            self.bytes.act
         }
     }
 
     /// The attention sublayer: adds its per-query-token terms to `tally` and returns the rest.
     fn attention(&self, shape: AttentionShape, cross: bool, tally: &mut Tally) -> AttentionMemory {
+        let call = self.attention_call(shape, cross);
+        let act = self.bytes.act;
+        let key_side = self.saved_attention_inputs(&call, tally);
+        let key_side = self.saved_key_views(&call, key_side);
+        let masks = self.attention_masks(&call);
+        let core = if call.kernel.materialises_scores() {
+            self.materialised_core(&call, &masks, tally)
+        } else {
+            self.fused_core(&call, &masks, tally)
+        };
+        if self.dropout_active(self.spec.hidden_dropout) {
+            tally.replicated += self.spec.hidden as f64;
+        }
+        tally.core += core.saved;
+        let (kv_cache, cache_held) = self.attention_cache(&call);
+        AttentionMemory {
+            key_saved: key_side / self.split.tp * call.key_tokens,
+            forward_transient: core.transient,
+            inference_live: core.inference_live,
+            inference_kept: core.inference_kept,
+            stack_held: masks.stack_bias + core.stack_mask,
+            kv_cache,
+            cache_held,
+            forward_held: self.math_path_cache_copies(&call),
+            score_gradients: core.score_gradients,
+            input_gradients: act / self.split.tp
+                * (call.query_tokens * call.q + call.key_tokens * (call.kv + call.value)),
+            score_matrix: act * call.scores,
+        }
+    }
+
+    /// What one attention saves of its inputs for backward (the norm output its projections
+    /// read, q, k and v or the kernel's copies of them, per-head norms, latent attention's
+    /// low-rank path): adds the bytes per query token to `tally` and returns the bytes per key
+    /// token (a cross-attention's keys are the encoder's).
+    fn saved_attention_inputs(&self, call: &AttentionCall, tally: &mut Tally) -> f64 {
         let spec = self.spec;
         let (act, h) = (self.bytes.act, spec.hidden as f64);
-        let (q, kv) = (spec.query_width() as f64, spec.kv_width() as f64);
-        let value = spec.value_width() as f64;
-        let heads = spec.heads as f64 / self.split.tp;
-        let scores = self.batch * heads * shape.queries * shape.keys;
-        let query_tokens = self.batch * shape.queries;
-        let key_tokens = self.batch * shape.keys;
-        let mut key_side = 0.0; // saved bytes per key token (cross attention reads the encoder)
-        let projections_from_norm = if cross || spec.fused_qkv { 1.0 } else { 3.0 };
-        if cross && self.bytes.autocast {
+        let (q, kv, value) = (call.q, call.kv, call.value);
+        let mut key_side = 0.0;
+        let projections_from_norm = if call.cross || spec.fused_qkv {
+            1.0
+        } else {
+            3.0
+        };
+        if call.cross && self.bytes.autocast {
             // Under autocast a cross-attention's k and v each save their own half-precision
             // copy of the encoder's output, in every decoder block.
             key_side += 2.0 * act * h;
         }
-        tally.sharded += if spec.post_norm && !cross {
+        tally.sharded += if spec.post_norm && !call.cross {
             0.0
         } else {
             self.bytes.linear_input(h, projections_from_norm)
@@ -987,64 +1065,68 @@ impl<'a> TransformerGraph<'a> {
         // SDPA's math path scales copies of the queries and keys (and copies half-precision
         // inputs to fp32 first), which its matmuls save instead (counted below); fp32 values
         // are saved as they are.
-        let math_path =
-            self.workload.attention == Attention::Sdpa && self.sdpa_math_fallback(cross);
-        let inputs_saved = !(math_path && act < 4.0);
+        let math_path = call.kernel.is_math_path();
         if !math_path {
             tally.sharded += act * q;
             key_side += act * (kv + value);
-        } else if inputs_saved {
+        } else if self.kernel_saves_projections(call.kernel) {
             key_side += act * value;
         }
-        let materialised = self.materialises_scores(cross);
         // An old release's fp32 rotary: eager attention saves the fp32 queries and keys its
         // scores are made from; the SDPA path saves half-precision casts, while the fp32 keys
         // stay referenced as the layer's cache (`present`) in training too.
-        let old_key_bytes = if self.old_release().is_some_and(|o| o.fp32_rotary()) {
-            if materialised {
+        if self.old_release().is_some_and(|o| o.fp32_rotary()) {
+            if call.kernel.materialises_scores() {
                 tally.sharded += (4.0 - act) * q;
                 key_side += (4.0 - act) * kv;
             } else if self.cache_copies() {
                 key_side += 4.0 * kv;
             }
-            4.0
-        } else {
-            act
-        };
+        }
         if spec.qk_norm {
             // The family's RMSNorm over each head's q and k.
             tally.sharded += self.norm_element_bytes(act) * (q + kv);
         }
-        if let Some(l) = spec.latent {
-            // The low-rank path: q_a output and its RMSNorm, the kv latent (with the rotary
-            // key) and its RMSNorm, and the decompressed per-head keys and values of kv_b,
-            // kept whole where a fused kernel saves the values as views of it (eager
-            // attention's matmul and SDPA's math path save copies).
-            let (qr, kvr) = (l.query_rank as f64, l.kv_rank as f64);
-            let decompressed = if inputs_saved && !materialised {
-                act * (spec.heads * (l.nope_dim + l.value_dim)) as f64
-            } else {
-                0.0
-            };
-            tally.sharded += act * qr
-                + (4.0 + act) * qr
-                + act * (kvr + l.rope_dim as f64)
-                + (4.0 + act) * kvr
-                + decompressed;
-        }
+        tally.sharded += self.saved_latent_path(call);
         if math_path {
             // The math path saves its fp32 copies of the scaled queries and keys, and of the
             // values when they are in half precision.
             tally.sharded += 4.0 * q;
             key_side += 4.0 * kv + if act < 4.0 { 4.0 * value } else { 0.0 };
         }
-        // The math path's own copies are what it saves: the cache kept in training holds its
-        // concatenated k (and half-precision v) beside them until the forward returns.
-        let forward_held = if math_path && self.training_cache(shape, cross) {
-            key_tokens * act * (kv + if inputs_saved { 0.0 } else { value }) / self.split.tp
-        } else {
-            0.0
+        key_side
+    }
+
+    /// Saved bytes per query token of latent attention's low-rank path: q_a output and its
+    /// RMSNorm, the kv latent (with the rotary key) and its RMSNorm, and the decompressed
+    /// per-head keys and values of kv_b, kept whole where a fused kernel saves the values as
+    /// views of it (eager attention's matmul and SDPA's math path save copies).
+    fn saved_latent_path(&self, call: &AttentionCall) -> f64 {
+        let Some(l) = self.spec.latent else {
+            return 0.0;
         };
+        let act = self.bytes.act;
+        let (qr, kvr) = (l.query_rank as f64, l.kv_rank as f64);
+        let decompressed =
+            if self.kernel_saves_projections(call.kernel) && !call.kernel.materialises_scores() {
+                act * (self.spec.heads * (l.nope_dim + l.value_dim)) as f64
+            } else {
+                0.0
+            };
+        act * qr
+            + (4.0 + act) * qr
+            + act * (kvr + l.rope_dim as f64)
+            + (4.0 + act) * kvr
+            + decompressed
+    }
+
+    /// Adds to `key_side` (saved bytes per key token) what the saved keys and values keep
+    /// alive besides themselves: the fused projection they are views of, the cache's copies,
+    /// or the copies grouped keys are repeated into.
+    fn saved_key_views(&self, call: &AttentionCall, mut key_side: f64) -> f64 {
+        let spec = self.spec;
+        let act = self.bytes.act;
+        let (q, kv, value) = (call.q, call.kv, call.value);
         let cache_holds_views = self
             .old_release()
             .is_some_and(|o| o.cache_holds_own_tensors());
@@ -1052,11 +1134,10 @@ impl<'a> TransformerGraph<'a> {
         // litgpt's fused qkv for every model)? Not when the cache hands it copies (today's
         // releases, cache on), nor when grouped values are repeated first (eager attention,
         // SDPA's math path, litgpt's `repeat_interleave`).
-        let litgpt = self.litgpt();
-        let values_view_fused = (spec.fused_qkv || litgpt)
-            && !cross
+        let values_view_fused = (spec.fused_qkv || self.litgpt())
+            && !call.cross
             && (cache_holds_views || !self.cache_copies())
-            && !(spec.heads > spec.kv_heads && (materialised || math_path || litgpt));
+            && call.grouped == GroupedKeys::AsProjected;
         if values_view_fused {
             // The saved values keep the whole fused projection alive; beside rotated queries
             // and keys (new tensors), its q and k parts are extra. (Without rotary, q, k and
@@ -1065,33 +1146,40 @@ impl<'a> TransformerGraph<'a> {
                 key_side += act * (q + kv);
             }
         } else if self.cache_copies()
-            && !materialised
+            && !call.kernel.materialises_scores()
             && spec.fused_qkv
             && spec.rotary_fraction == 0.0
-            && !cross
+            && !call.cross
         {
             // The KV cache concatenates copies of k and v, which the kernel saves, while the
             // query view keeps the whole fused projection alive.
             key_side += act * (kv + value);
         }
-        let repeats = spec.heads / spec.kv_heads;
-        let expanded = if repeats > 1 && materialised {
+        key_side += match call.grouped {
+            GroupedKeys::AsProjected => 0.0,
             // repeat_kv expands k and v to all heads before the matmuls.
-            act * 2.0 * q
-        } else {
-            0.0
-        };
-        key_side += expanded;
-        if repeats > 1 && !materialised && litgpt {
+            GroupedKeys::RepeatedForScores => self.repeated_keys(call),
             // litgpt repeats grouped keys and values to every head before SDPA, which saves
             // the repeated copies instead.
-            key_side += act * 2.0 * q - act * (kv + value);
-        }
+            GroupedKeys::RepeatedByLitgpt => act * 2.0 * q - act * (kv + value),
+        };
+        key_side
+    }
+
+    /// Bytes per key token of grouped keys and values repeated to every head.
+    fn repeated_keys(&self, call: &AttentionCall) -> f64 {
+        self.bytes.act * 2.0 * call.q
+    }
+
+    /// The masks and biases one attention has alive.
+    fn attention_masks(&self, call: &AttentionCall) -> AttentionMasks {
+        let spec = self.spec;
+        let (act, shape) = (self.bytes.act, call.shape);
         // T5's relative position bias (batch 1) lives through its stack: the self-attention's in
         // the weight dtype, the decoder's cross-attention zeros in the activation dtype.
         let stack_bias = if spec.relative_attention_buckets > 0 {
-            let bias = if cross { act } else { self.bytes.residual };
-            bias * heads * shape.queries * shape.keys
+            let bias = if call.cross { act } else { self.bytes.residual };
+            bias * call.heads * shape.queries * shape.keys
         } else {
             0.0
         };
@@ -1100,10 +1188,9 @@ impl<'a> TransformerGraph<'a> {
         // path takes grouped keys, transformers built none (`is_causal`): the kernel makes
         // its own bias.
         let masks = if spec.sliding.is_some() { 2.0 } else { 1.0 };
-        let kernel_causal = math_path
-            && self.workload.target == Target::Gpu
-            && spec.relative_attention_buckets == 0;
-        let mask = if shape.causal && !kernel_causal {
+        let kernel_causal =
+            call.kernel == AttentionKernel::SdpaMathCuda && spec.relative_attention_buckets == 0;
+        let causal = if shape.causal && !kernel_causal {
             masks * act * self.batch * shape.queries * shape.keys
         } else {
             0.0
@@ -1111,7 +1198,7 @@ impl<'a> TransformerGraph<'a> {
         // SDPA takes a boolean mask for sliding layers once the keys exceed the window (built
         // once, held through the stack), which it converts to an additive mask in the
         // activation dtype on each sliding layer (saved for backward).
-        let (sliding_mask, converted_mask) = match spec.sliding {
+        let (sliding, converted) = match spec.sliding {
             Some(s) if shape.causal && shape.keys > s.window as f64 => {
                 let elements = self.batch * shape.queries * shape.keys;
                 let converted = if shape.cached_keys.is_some() {
@@ -1123,164 +1210,220 @@ impl<'a> TransformerGraph<'a> {
             }
             _ => (0.0, 0.0),
         };
-        // An encoder's self-attention (bidirectional, not cross) caches nothing.
-        let cached = self.keeps_cache() && (shape.causal || cross);
-        // No-grad projections alive at the attention (this GPU's heads): a fused projection stays
-        // whole behind its q/k/v views (RoPE adds a rotated q, and k unless the cache took a
-        // copy); separate projections leave q, and k and v unless the cache holds their copies.
-        let (q_local, kv_local) = (q / self.split.tp, kv / self.split.tp);
-        let projections = if let Some(l) = spec.latent {
+        AttentionMasks {
+            stack_bias,
+            causal,
+            kernel_causal,
+            sliding,
+            converted,
+        }
+    }
+
+    /// Does this attention of a no-grad forward keep a KV cache? An encoder's self-attention
+    /// (bidirectional, not cross) caches nothing.
+    fn attention_caches(&self, call: &AttentionCall) -> bool {
+        self.keeps_cache() && (call.shape.causal || call.cross)
+    }
+
+    /// No-grad projections alive at the attention (this GPU's heads): a fused projection stays
+    /// whole behind its q/k/v views (RoPE adds a rotated q, and k unless the cache took a
+    /// copy); separate projections leave q, and k and v unless the cache holds their copies.
+    fn no_grad_projections(&self, call: &AttentionCall) -> f64 {
+        let spec = self.spec;
+        let act = self.bytes.act;
+        let cached = self.attention_caches(call);
+        let (q_local, kv_local) = (call.q / self.split.tp, call.kv / self.split.tp);
+        if let Some(l) = spec.latent {
             // Latent attention: q_b's output behind the no-rope queries and the concatenated
             // queries; kv_b's output behind the values and the assembled per-head keys, and the
             // shared rotary key expanded to every head (the cache holds the latent instead).
             let per_head = |width: u64| (spec.heads * width) as f64 / self.split.tp;
-            query_tokens
+            call.query_tokens
                 * act
                 * (2.0 * q_local
                     + per_head(l.nope_dim + l.value_dim)
                     + kv_local
                     + per_head(l.rope_dim))
-        } else if spec.fused_qkv && !cross {
+        } else if spec.fused_qkv && !call.cross {
             let rotated = if spec.rotary_fraction > 0.0 {
                 q_local + if cached { 0.0 } else { kv_local }
             } else {
                 0.0
             };
-            query_tokens * act * (q_local + 2.0 * kv_local + rotated)
+            call.query_tokens * act * (q_local + 2.0 * kv_local + rotated)
         } else {
-            query_tokens * act * q_local
+            call.query_tokens * act * q_local
                 + if cached {
                     0.0
                 } else {
-                    key_tokens * act * (kv + value) / self.split.tp
+                    call.key_tokens * act * (call.kv + call.value) / self.split.tp
                 }
+        }
+    }
+
+    /// The core of an attention whose kernel materialises the scores (eager attention, SDPA's
+    /// math path): the softmax's saved tensors, the scores beside it, and its no-grad peak.
+    fn materialised_core(
+        &self,
+        call: &AttentionCall,
+        masks: &AttentionMasks,
+        tally: &mut Tally,
+    ) -> AttentionCore {
+        let act = self.bytes.act;
+        let (scores, shape) = (call.scores, call.shape);
+        let score = self.score_bytes(call.kernel);
+        let score_gradients = match self.workload.target {
+            // CUDA's softmax backward first makes `grad * output` (SoftMax.cu): the
+            // probabilities' gradient, that product and the scores' gradient, each in
+            // the probabilities' dtype.
+            Target::Gpu => 3.0 * scores * score.probs,
+            Target::Cpu if score.probs == score.input => 2.0 * scores * score.input,
+            Target::Cpu => 0.0,
         };
-        let mut core = 0.0;
-        let mut transient = 0.0;
-        let mut score_gradients = 0.0;
-        let (inference, kept, stack_mask) = if materialised {
-            let score = self.score_bytes(cross);
-            if self.workload.target == Target::Gpu {
-                // CUDA's softmax backward first makes `grad * output` (SoftMax.cu): the
-                // probabilities' gradient, that product and the scores' gradient, each in
-                // the probabilities' dtype.
-                score_gradients = 3.0 * scores * score.probs;
-            } else if score.probs == score.input {
-                score_gradients = 2.0 * scores * score.input;
-            }
-            core += scores * score.saved();
-            // The raw scores exist next to their scaled/masked copy before the softmax. (A bf16
-            // input's fp32 copy exists before the block's later saved tensors do, which the
-            // forward replay counts already.)
-            transient += scores * score.input + mask;
-            // The head-merging copy is saved by the output projection.
-            tally.sharded += act * q;
-            // The math path keeps fp32 copies of half-precision q, k and v for the whole call,
-            // and scales a copy of the queries.
-            let copies = if act < 4.0 {
-                4.0 * (q_local * query_tokens + (kv_local + value / self.split.tp) * key_tokens)
-            } else {
-                0.0
-            };
-            let scaled_queries = 4.0 * q_local * query_tokens;
-            let (scaled, returned) = if math_path && self.workload.target == Target::Gpu {
-                // CUDA's (SDPA: no probabilities returned; grouped keys and values repeated to
-                // every head, counted as `expanded`) also turns `is_causal` (no mask given)
-                // into an fp32 bias, and `_safe_softmax` marks the masked scores in a 1-byte
-                // tensor beside the biased scores and the probabilities (the H200's op logs).
-                let causal_bias = if shape.causal && kernel_causal {
+        // The head-merging copy is saved by the output projection.
+        tally.sharded += act * call.q;
+        // The math path keeps fp32 copies of half-precision q, k and v for the whole call,
+        // and scales a copy of the queries.
+        let (q_local, kv_local) = (call.q / self.split.tp, call.kv / self.split.tp);
+        let copies = if act < 4.0 {
+            4.0 * (q_local * call.query_tokens
+                + (kv_local + call.value / self.split.tp) * call.key_tokens)
+        } else {
+            0.0
+        };
+        let scaled_queries = 4.0 * q_local * call.query_tokens;
+        let (scaled, returned) = match call.kernel {
+            // CUDA's (SDPA: no probabilities returned; grouped keys and values repeated to
+            // every head, counted as `expanded`) also turns `is_causal` (no mask given)
+            // into an fp32 bias, and `_safe_softmax` marks the masked scores in a 1-byte
+            // tensor beside the biased scores and the probabilities (the H200's op logs).
+            AttentionKernel::SdpaMathCuda => {
+                let causal_bias = if shape.causal && masks.kernel_causal {
                     4.0 * shape.queries * shape.keys
                 } else {
                     0.0
                 };
                 (copies + scaled_queries + causal_bias + scores, 0.0)
-            } else if math_path {
-                (copies + scaled_queries, scores * score.returned())
-            } else {
-                (0.0, scores * score.returned())
-            };
-            (
-                projections
-                    + expanded / self.split.tp * key_tokens
-                    + scores * score.no_grad_peak()
-                    + scaled,
-                returned,
-                mask,
-            )
-        } else {
-            // Kernel output + fp32 log-sum-exp; the output is in the layout the output projection
-            // reads unless the queries were made contiguous per head (then the merge copies).
-            let merge_copy = if self.fused_output_in_head_layout() {
-                act * q
-            } else {
-                0.0
-            };
-            tally.sharded += act * q + merge_copy + 4.0 * spec.heads as f64;
-            // Without gradients T5's bias goes to the kernel as an additive mask: a causal
-            // decoder's is combined with the mask (`torch.where`) and made contiguous.
-            let bias_mask = if stack_bias > 0.0 && shape.causal {
-                2.0 * act * heads * shape.queries * shape.keys
-            } else {
-                0.0
-            };
-            core += converted_mask;
-            (
-                projections
-                    + query_tokens * (act * q_local + merge_copy / self.split.tp + 4.0 * heads)
-                    + bias_mask
-                    + converted_mask,
-                0.0,
-                sliding_mask,
-            )
+            }
+            AttentionKernel::SdpaMathCpu => (copies + scaled_queries, scores * score.returned()),
+            _ => (0.0, scores * score.returned()),
         };
-        if self.dropout_active(spec.hidden_dropout) {
-            tally.replicated += h;
+        let expanded = match call.grouped {
+            GroupedKeys::RepeatedForScores => self.repeated_keys(call),
+            GroupedKeys::AsProjected | GroupedKeys::RepeatedByLitgpt => 0.0,
+        };
+        AttentionCore {
+            saved: scores * score.saved(),
+            // The raw scores exist next to their scaled/masked copy before the softmax. (A bf16
+            // input's fp32 copy exists before the block's later saved tensors do, which the
+            // forward replay counts already.)
+            transient: scores * score.input + masks.causal,
+            score_gradients,
+            inference_live: self.no_grad_projections(call)
+                + expanded / self.split.tp * call.key_tokens
+                + scores * score.no_grad_peak()
+                + scaled,
+            inference_kept: returned,
+            stack_mask: masks.causal,
         }
-        tally.core += core;
-        // The cache holds copies of k and v per key token (the encoder's for cross-attention);
-        // latent attention caches its compressed latent and rotary key, shared by all heads. A
-        // sliding-window layer keeps a view of its last window, so the prefill's whole copy
-        // stays alive; decoding then keeps only the window (`Unit::kv_window`).
-        let copies = (old_key_bytes * kv + act * value) / self.split.tp;
+    }
+
+    /// The core of an attention whose kernel is fused (SDPA's flash or memory-efficient
+    /// kernel, FlashAttention-2): its output and fp32 log-sum-exp.
+    fn fused_core(
+        &self,
+        call: &AttentionCall,
+        masks: &AttentionMasks,
+        tally: &mut Tally,
+    ) -> AttentionCore {
+        let act = self.bytes.act;
+        let shape = call.shape;
+        // Kernel output + fp32 log-sum-exp; the output is in the layout the output projection
+        // reads unless the queries were made contiguous per head (then the merge copies).
+        let merge_copy = if self.fused_output_in_head_layout(call.kernel) {
+            act * call.q
+        } else {
+            0.0
+        };
+        tally.sharded += act * call.q + merge_copy + 4.0 * self.spec.heads as f64;
+        // Without gradients T5's bias goes to the kernel as an additive mask: a causal
+        // decoder's is combined with the mask (`torch.where`) and made contiguous.
+        let bias_mask = if masks.stack_bias > 0.0 && shape.causal {
+            2.0 * act * call.heads * shape.queries * shape.keys
+        } else {
+            0.0
+        };
+        let q_local = call.q / self.split.tp;
+        AttentionCore {
+            saved: masks.converted,
+            transient: 0.0,
+            score_gradients: 0.0,
+            inference_live: self.no_grad_projections(call)
+                + call.query_tokens
+                    * (act * q_local + merge_copy / self.split.tp + 4.0 * call.heads)
+                + bias_mask
+                + masks.converted,
+            inference_kept: 0.0,
+            stack_mask: masks.sliding,
+        }
+    }
+
+    /// The math path's own copies are what it saves: the cache kept in training holds its
+    /// concatenated k (and half-precision v) beside them until the forward returns.
+    fn math_path_cache_copies(&self, call: &AttentionCall) -> f64 {
+        if call.kernel.is_math_path() && self.training_cache(call.shape, call.cross) {
+            let value = if self.kernel_saves_projections(call.kernel) {
+                0.0
+            } else {
+                call.value
+            };
+            call.key_tokens * self.bytes.act * (call.kv + value) / self.split.tp
+        } else {
+            0.0
+        }
+    }
+
+    /// The attention's KV cache in a no-grad forward, and in training the part of its saved
+    /// keys and values the caller's outputs hold until the step ends: `(kv_cache, held)`.
+    /// The cache holds copies of k and v per key token (the encoder's for cross-attention);
+    /// latent attention caches its compressed latent and rotary key, shared by all heads. A
+    /// sliding-window layer keeps a view of its last window, so the prefill's whole copy
+    /// stays alive; decoding then keeps only the window (`Unit::kv_window`).
+    fn attention_cache(&self, call: &AttentionCall) -> (f64, f64) {
+        let spec = self.spec;
+        let act = self.bytes.act;
+        let key_bytes = self.cached_key_bytes();
+        let copies = (key_bytes * call.kv + act * call.value) / self.split.tp;
         let cache_bytes = match (spec.latent, self.old_release()) {
             (Some(_), _) => act * spec.cache_width() as f64,
             // A prompt's cache of the layer's own tensors (an old release's), whose views keep
             // a fused projection alive; decoding concatenates copies.
-            (None, Some(old)) if shape.queries > 1.0 && !cross => {
-                (old.prompt_cache_bytes(act, old_key_bytes) / self.split.tp).max(copies)
+            (None, Some(old)) if call.shape.queries > 1.0 && !call.cross => {
+                (old.prompt_cache_bytes(act, key_bytes) / self.split.tp).max(copies)
             }
             (None, _) => copies,
         };
-        let kv_cache = if cached {
-            cache_bytes * key_tokens
+        let kv_cache = if self.attention_caches(call) {
+            cache_bytes * call.key_tokens
         } else {
             0.0
         };
         // The copies the kernel saves are the cache's own tensors. (An old release's cache of
         // views keeps its fused projection instead, and latent attention's cache is not what
         // the kernel saves: neither is counted here.)
-        let cache_held = if self.outputs_hold_cache()
-            && !cross
+        let cache_holds_views = self
+            .old_release()
+            .is_some_and(|o| o.cache_holds_own_tensors());
+        let held = if self.outputs_hold_cache()
+            && !call.cross
             && spec.latent.is_none()
             && !(spec.fused_qkv && cache_holds_views)
         {
-            copies * key_tokens
+            copies * call.key_tokens
         } else {
             0.0
         };
-        AttentionMemory {
-            key_saved: key_side / self.split.tp * key_tokens,
-            forward_transient: transient,
-            inference_live: inference,
-            inference_kept: kept,
-            stack_held: stack_bias + stack_mask,
-            kv_cache,
-            cache_held,
-            forward_held,
-            score_gradients,
-            input_gradients: act / self.split.tp * (query_tokens * q + key_tokens * (kv + value)),
-            score_matrix: act * scores,
-        }
+        (kv_cache, held)
     }
 
     /// Saved bytes per token of the MLP of a block of kind `layer` (the experts each token is
@@ -1619,12 +1762,13 @@ impl<'a> TransformerGraph<'a> {
         let (per_query, per_key) = per_op_saved_matmul_widths(spec, layer, cross.is_some());
         let queries = self.batch * shape.queries;
         let keys = cross.map_or(0.0, |c| self.batch * c.keys);
-        let fused =
-            |cross| self.workload.attention == Attention::Sdpa && !self.materialises_scores(cross);
-        let attentions = [fused(false), cross.is_some() && fused(true)]
-            .into_iter()
-            .filter(|&f| f)
-            .count() as f64;
+        let attentions = [
+            self.own_kernel.is_sdpa_fused(),
+            cross.is_some() && self.cross_kernel.is_sdpa_fused(),
+        ]
+        .into_iter()
+        .filter(|&f| f)
+        .count() as f64;
         let kernel =
             attentions * queries * (act * spec.query_width() as f64 + 4.0 * spec.heads as f64)
                 / self.split.tp;
@@ -1641,9 +1785,8 @@ impl<'a> TransformerGraph<'a> {
         let half_base = self.bytes.residual < 4.0;
         // The output projection reads the attention kernel's output, which the kernel saves
         // anyway, unless eager attention (or per-head queries) makes a merged copy for it.
-        let o_input_shared = self.workload.attention != Attention::Eager
-            && !self.materialises_scores(false)
-            && !self.fused_output_in_head_layout();
+        let o_input_shared = !self.own_kernel.materialises_scores()
+            && !self.fused_output_in_head_layout(self.own_kernel);
         let block = crate::lora::LoraBlock {
             act: self.bytes.act,
             half_base,
