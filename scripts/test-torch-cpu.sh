@@ -21,3 +21,7 @@ rm -rf "$repo/target/torch-cpu-wheel" "$site"
 "$torch_python" -m pip install -q --no-deps --target "$site" "$repo"/target/torch-cpu-wheel/gpumem-*.whl
 cd "$repo/target"
 PYTHONPATH="$site" "$torch_python" "$repo/python/checks/torch_cpu.py"
+# A panic in gpumem's PyTorch entry point reaches PyTorch as RuntimeError's std::exception: the
+# C library built with its test-only fault-injection feature, checked against libc10.
+cargo build --manifest-path "$repo/Cargo.toml" -p gpumem-capi --features fault-injection --quiet
+"$torch_python" "$repo/python/checks/torch_cpu_panics.py" "$repo/target/debug/libgpumem_capi.so"
