@@ -1,0 +1,198 @@
+//! LoRA and QLoRA adapters, and quantised weights dequantised while their matmuls run.
+
+use super::sizes::{AttentionShape, Tally};
+use super::unit::Unit;
+use super::TransformerGraph;
+use crate::model::LayerKind;
+use crate::workload::Target;
+
+impl TransformerGraph<'_> {
+    /// Bytes per token a block's saved inputs change by under LoRA (`lora::saved_change`):
+    /// frozen linears save nothing, each adapter its own input (PEFT's fp32 copy over a
+    /// half-precision base, or dropout's output and mask). Measured on CPU with peft 0.21.
+    pub(super) fn lora_inputs(
+        &self,
+        layer: LayerKind,
+        cross_attention: bool,
+    ) -> crate::lora::SavedChange {
+        let Some(lora) = self.workload.lora.filter(|_| self.training) else {
+            return Default::default();
+        };
+        let half_base = self.bytes.residual < 4.0;
+        // The output projection reads the attention kernel's output, which the kernel saves
+        // anyway, unless eager attention (or per-head queries) makes a merged copy for it.
+        let o_input_shared = !self.own_kernel.materialises_scores()
+            && !self.fused_output_in_head_layout(self.own_kernel);
+        let block = crate::lora::LoraBlock {
+            act: self.bytes.act,
+            half_base,
+            o_input_shared,
+            litgpt: self.litgpt(),
+            base_saves_inputs: self.workload.four_bit_base_saves_inputs(),
+            cross_attention,
+        };
+        let change = crate::lora::saved_change(self.spec, layer, &lora, block);
+        let tp = self.split.tp;
+        crate::lora::SavedChange {
+            attention: change.attention / tp,
+            mlp: change.mlp / tp,
+            cross_queries: change.cross_queries / tp,
+            cross_keys: change.cross_keys / tp,
+        }
+    }
+
+    /// Short-lived bytes of the widest adapter's forward (`lora::adapter_widths`) over `tokens`
+    /// of the block and `encoder_tokens` a cross-attention reads:
+    /// * before `lora_A`, with dropout: the input's fp32 cast over a half-precision base (PEFT;
+    ///   without dropout the cast is what `lora_A` saves), and on CPU the mask `native_dropout`
+    ///   first makes in its input's dtype;
+    /// * after `lora_B`: its output and the scaled copy (fp32 under PEFT, the activation dtype
+    ///   under litgpt). Adding the scaled fp32 output to a half-precision base output makes an
+    ///   fp32 sum; on CPU `TensorIterator` first copies the half-precision operand to fp32 (it
+    ///   "creates temporaries for CPU operations"; CUDA kernels cast as they read).
+    pub(super) fn adapter_transient(
+        &self,
+        layer: LayerKind,
+        tokens: f64,
+        encoder_tokens: f64,
+    ) -> f64 {
+        let Some(lora) = self.workload.lora.filter(|_| self.training) else {
+            return 0.0;
+        };
+        let cpu = self.workload.target == Target::Cpu;
+        let half_base = self.bytes.residual < 4.0;
+        let litgpt = self.litgpt();
+        let adapter_dtype = if litgpt { self.bytes.act } else { 4.0 };
+        let before = if lora.dropout > 0.0 {
+            let cast = if half_base && !litgpt { 4.0 } else { 0.0 };
+            cast + if cpu { adapter_dtype } else { 0.0 }
+        } else {
+            0.0
+        };
+        let after = 2.0 * adapter_dtype
+            + if cpu && half_base && !litgpt {
+                4.0
+            } else {
+                0.0
+            };
+        let (own, cross) =
+            crate::lora::adapter_widths(self.spec, layer, lora.targets, encoder_tokens > 0.0);
+        let bytes = |tokens: f64, w: crate::lora::AdapterWidths| {
+            tokens * (before * w.input).max(after * w.output)
+        };
+        bytes(tokens, own).max(bytes(encoder_tokens, cross)) / self.split.tp
+    }
+
+    /// Bytes a mixture of experts saves for the weights PEFT folds its router's and experts'
+    /// adapters into (`lora::adapted_experts_bytes`).
+    pub(super) fn lora_folded_experts(&self, layer: LayerKind) -> f64 {
+        match self
+            .workload
+            .lora
+            .filter(|_| self.training && !self.litgpt())
+        {
+            Some(lora) => {
+                crate::lora::adapted_experts_bytes(self.spec, layer, &lora, self.bytes.act)
+                    / self.split.tp
+            }
+            None => 0.0,
+        }
+    }
+
+    /// What the first block of a decoder saves under LoRA that no gradient needs: autograd
+    /// records from the first adapter on, and the block's input (the frozen embeddings' output)
+    /// requires none. Its first norm records nothing; when no attention linear carries an
+    /// adapter, neither does the attention, nor (blocks in sequence) the second norm; with a
+    /// parallel residual (GPT-NeoX, Phi) both norms read the input, and an MLP without
+    /// adapters records nothing either.
+    pub(super) fn frozen_prefix(&self, shape: AttentionShape, layer: LayerKind) -> f64 {
+        let spec = self.spec;
+        let Some(lora) = self.workload.lora.filter(|_| self.training) else {
+            return 0.0;
+        };
+        if spec.post_norm || spec.vision.is_some() || spec.dual.is_some() {
+            return 0.0;
+        }
+        let tokens = self.batch * shape.queries;
+        let norm = tokens * self.norm_saved() / self.split.sequence;
+        let change = self.lora_inputs(layer, false);
+        let mut prefix = match (spec.parallel_residual, spec.shared_block_norm) {
+            (true, false) => {
+                2.0 * norm - tokens * self.bytes.residual * spec.hidden as f64 / self.split.sequence
+            }
+            _ => norm,
+        };
+        if !crate::lora::adapts_attention(lora.targets) {
+            let mut tally = Tally::default();
+            let attention = self.attention(shape, false, &mut tally);
+            prefix += tokens
+                * (tally.sharded / self.split.tp
+                    + tally.replicated / self.split.sequence
+                    + change.attention)
+                + attention.key_saved
+                + tally.core;
+            if !spec.parallel_residual {
+                prefix += norm;
+            }
+            // Nor do the experts' inputs need a gradient.
+            if !self.litgpt() {
+                prefix += crate::lora::folds_read_by_the_input(spec, layer, &lora, self.bytes.act)
+                    / self.split.tp;
+            }
+        }
+        if spec.parallel_residual && !crate::lora::adapts_mlp(lora.targets) {
+            prefix += tokens * (self.mlp(layer) / self.split.tp + change.mlp);
+        }
+        // A 4-bit base that keeps its inputs keeps none that needs no gradient: the first
+        // block's q, k and v read one.
+        if crate::lora::adapts_attention(lora.targets) && self.workload.four_bit_base_saves_inputs()
+        {
+            prefix += tokens * self.bytes.act * spec.hidden as f64 / self.split.sequence;
+        }
+        prefix
+    }
+
+    /// Bytes of the block's largest quantised weight dequantised while its matmul runs: a
+    /// quantised checkpoint's inference (see `Quantization::dequantised_bytes`), or QLoRA's
+    /// 4-bit base ([`Workload::four_bit_base`]).
+    pub(super) fn dequantised(&self, layer: LayerKind, tokens: f64) -> f64 {
+        let elements = self.spec.largest_block_matrix(layer) as f64 / self.split.tp;
+        self.dequantised_weight(elements, tokens)
+    }
+
+    /// Bytes a quantised weight of `elements` allocates while its matmul runs on `tokens`
+    /// tokens: a quantised checkpoint in inference; QLoRA's 4-bit base always with gradients
+    /// (`MatMul4Bit` dequantises in forward and again for the input's gradient), without them
+    /// only for more than one token (a single token runs `gemv_4bit` on the packed weight).
+    pub(super) fn dequantised_weight(&self, elements: f64, tokens: f64) -> f64 {
+        if let Some(quant) = self.workload.quant.filter(|_| !self.training) {
+            return quant.dequantised_bytes(elements, tokens, self.workload.dtype);
+        }
+        let Some((quant, stored)) = self.workload.four_bit_base() else {
+            return 0.0;
+        };
+        let tokens = if self.training {
+            tokens.max(2.0)
+        } else {
+            tokens
+        };
+        quant.dequantised_bytes(elements, tokens, stored)
+    }
+
+    /// The LM head of a litgpt QLoRA step: Lightning's bitsandbytes plugin replaces every
+    /// `nn.Linear` built under `init_module`, the head's too, so the head's forward and its
+    /// input's gradient dequantise its whole weight (once per chunk of a chunked loss).
+    /// Unchanged otherwise (transformers keeps the output embedding unquantised).
+    pub(super) fn four_bit_head(&self, head: Unit) -> Unit {
+        if !self.workload.four_bit_lm_head() || !self.training || head.name != "head" {
+            return head;
+        }
+        let elements = (self.spec.vocab * self.spec.hidden) as f64 / self.split.tp;
+        let dequantised = self.dequantised_weight(elements, self.batch * self.decoder_sequence());
+        Unit {
+            forward_transient: head.forward_transient + dequantised,
+            backward_transient: head.backward_transient + dequantised,
+            ..head
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! One transformer block, assembled from its attention(s), MLP, norms and adapters.
+
+use super::attention::AttentionMemory;
+use super::sizes::{AttentionShape, Tally};
+use super::unit::{SavedGroup, Unit, WholeTensors};
+use super::TransformerGraph;
+use crate::model::LayerKind;
+use crate::single_gpu::per_op_saved_matmul_widths;
+use crate::workload::Loss;
+
+/// A block's attentions as they ran: its self-attention and a decoder's cross-attention.
+struct BlockAttentions {
+    own: AttentionMemory,
+    /// Zero where the block has none.
+    cross: AttentionMemory,
+    has_cross: bool,
+    /// The tokens a cross-attention's keys and values span (the encoder's).
+    encoder_tokens: f64,
+}
+
+impl TransformerGraph<'_> {
+    /// One transformer block: its norms, its attention (and a decoder's cross-attention
+    /// over the encoder's tokens of `cross`), its MLP or experts, and their adapters.
+    pub(super) fn block(
+        &self,
+        shape: AttentionShape,
+        cross: Option<AttentionShape>,
+        layer: LayerKind,
+    ) -> Unit {
+        let spec = self.spec;
+        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let tokens = self.batch * shape.queries;
+        let mut tally = Tally::default();
+        self.tally_block_norms(cross.is_some(), &mut tally);
+        let attentions = self.block_attentions(shape, cross, &mut tally);
+        let (own, cross_memory) = (&attentions.own, &attentions.cross);
+        let transient = own.forward_transient.max(cross_memory.forward_transient);
+        tally.sharded += self.mlp(layer);
+        if self.dropout_active(spec.hidden_dropout) {
+            tally.replicated += h;
+        }
+        let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
+        let (inference_live, mlp_intermediates) =
+            self.block_no_grad_live(tokens, layer, &attentions);
+        let dequantised = self.dequantised(layer, tokens);
+        // The cache copies the outputs hold: through backward with `--loss none` (the caller
+        // keeps the outputs), else until the forward returns. As (held, forward_held).
+        let cache_copies = own.forward_held + cross_memory.forward_held;
+        let outputs_held = if self.workload.loss == Loss::None {
+            (cache_copies, 0.0)
+        } else {
+            (0.0, cache_copies)
+        };
+        let residual_gradient = 2.0 * tokens * self.bytes.residual * h;
+        Unit {
+            name: "block",
+            saved: self.block_saved(tokens, layer, &tally, &attentions),
+            attention_core: tally.core,
+            checkpoint: Some(tokens * self.bytes.residual * h / self.split.sequence),
+            per_op_saved: self.per_op_saved(shape, cross, layer),
+            held: own.cache_held + outputs_held.0,
+            forward_held: outputs_held.1,
+            forward_transient: (transient + tokens * act * f).max(self.adapter_transient(
+                layer,
+                tokens,
+                attentions.encoder_tokens,
+            )) + dequantised,
+            // Saved tensors are released as their node runs: one intermediate's gradient at a
+            // time (and a QLoRA base weight dequantised again for the input's gradient).
+            backward_transient: self.block_largest_gradient(tokens, layer, tally.core, &attentions)
+                + residual_gradient
+                + dequantised,
+            gradient_transient: residual_gradient,
+            inference_live: inference_live + dequantised,
+            kv_cache: own.kv_cache + cross_memory.kv_cache,
+            kv_window: shape.cached_keys,
+            whole: WholeTensors {
+                saved: [
+                    SavedGroup {
+                        bytes: tally.core,
+                        tensor: own.score_matrix,
+                    },
+                    // A mixture of experts saves per-expert slices, not whole intermediates.
+                    if layer.moe {
+                        SavedGroup::default()
+                    } else {
+                        SavedGroup {
+                            bytes: tokens * self.mlp_intermediates(layer) / self.split.tp,
+                            tensor: tokens * act * f,
+                        }
+                    },
+                ],
+                live: mlp_intermediates,
+                block_matrices: !layer.moe,
+                ..WholeTensors::default()
+            },
+            params: spec.block_params(attentions.has_cross, layer),
+            ..Unit::default()
+        }
+    }
+
+    /// Adds what a block's norms save to `tally` (`cross`: a decoder block's third norm).
+    fn tally_block_norms(&self, cross: bool, tally: &mut Tally) {
+        let spec = self.spec;
+        let h = spec.hidden as f64;
+        let norms = spec.block_norms() as f64 + if cross { 1.0 } else { 0.0 };
+        if spec.post_norm {
+            // The block input is saved by q/k/v; each add+norm saves the sum.
+            tally.sharded += self
+                .bytes
+                .linear_input(h, if spec.fused_qkv { 1.0 } else { 3.0 });
+            tally.replicated += 2.0 * (self.bytes.residual * h + 8.0);
+        } else if spec.parallel_residual && !spec.shared_block_norm {
+            // Both norms read the same residual input: it is saved once.
+            tally.replicated += 2.0 * self.norm_saved() - self.bytes.residual * h;
+        } else {
+            tally.replicated += norms * self.norm_saved();
+        }
+    }
+
+    /// The block's self-attention and, over the encoder's tokens, its cross-attention.
+    fn block_attentions(
+        &self,
+        shape: AttentionShape,
+        cross: Option<AttentionShape>,
+        tally: &mut Tally,
+    ) -> BlockAttentions {
+        let own = self.attention(shape, false, tally);
+        BlockAttentions {
+            own,
+            cross: cross
+                .map(|c| self.attention(c, true, tally))
+                .unwrap_or_default(),
+            has_cross: cross.is_some(),
+            encoder_tokens: cross.map_or(0.0, |c| self.batch * c.keys),
+        }
+    }
+
+    /// Bytes a block saves for backward: its tally over `tokens`, the attentions' key-side
+    /// tensors and core, autocast's weight copies, and what LoRA changes.
+    fn block_saved(
+        &self,
+        tokens: f64,
+        layer: LayerKind,
+        tally: &Tally,
+        attentions: &BlockAttentions,
+    ) -> f64 {
+        let (own, cross) = (&attentions.own, &attentions.cross);
+        let key_bytes = own.key_saved + cross.key_saved - own.cache_held;
+        let autocast_weights = if self.bytes.autocast {
+            self.bytes.act * self.spec.block_linear_params(layer, attentions.has_cross) as f64
+                / self.split.tp
+        } else {
+            0.0
+        };
+        let change = self.lora_inputs(layer, attentions.has_cross);
+        tokens * (tally.sharded / self.split.tp + tally.replicated / self.split.sequence)
+            + key_bytes
+            + tally.core
+            + autocast_weights
+            + (tokens * (change.attention + change.mlp + change.cross_queries)
+                + attentions.encoder_tokens * change.cross_keys)
+            + self.lora_folded_experts(layer)
+    }
+
+    /// A no-grad block's peak (besides weights and KV cache), and the MLP's intermediates
+    /// where they make it. No-grad forward: the hidden states the family's block code holds
+    /// (block input, norm output, residual sum, attention output) beside what each sublayer
+    /// computes; the probabilities eager attention returns stay held until the block returns,
+    /// T5's position bias through the stack.
+    fn block_no_grad_live(
+        &self,
+        tokens: f64,
+        layer: LayerKind,
+        attentions: &BlockAttentions,
+    ) -> (f64, SavedGroup) {
+        let (own, cross) = (&attentions.own, &attentions.cross);
+        let hidden = tokens * self.bytes.residual * self.spec.hidden as f64;
+        let held = &self.spec.held;
+        // The pass counts the block's whole KV cache: the cross-attention's copies do not exist
+        // yet while the self-attention runs.
+        let attention_live =
+            hidden * held.at_attention as f64 + own.inference_live - cross.kv_cache;
+        // Cross-attention runs beside the self-attention's residual sum as well.
+        let cross_live = if attentions.has_cross {
+            hidden * (held.at_attention + 1) as f64 + own.inference_kept + cross.inference_live
+        } else {
+            0.0
+        };
+        // The block names each attention's probabilities `_`: the cross-attention's replace the
+        // self-attention's.
+        let kept = if attentions.has_cross {
+            cross.inference_kept
+        } else {
+            own.inference_kept
+        };
+        let mlp_own_live = self.mlp_no_grad_live(tokens, layer);
+        let mlp_live = hidden * held.at_mlp as f64 + mlp_own_live + kept;
+        let f = self.spec.routed_intermediate(layer) as f64 / self.split.tp;
+        let mlp_intermediates = if !layer.moe && mlp_live >= attention_live.max(cross_live) {
+            SavedGroup {
+                bytes: mlp_own_live,
+                // One tensor of the MLP's intermediate width.
+                tensor: tokens * self.bytes.act * f,
+            }
+        } else {
+            SavedGroup::default()
+        };
+        let inference_live =
+            attention_live.max(cross_live).max(mlp_live) + own.stack_held + cross.stack_held;
+        (inference_live, mlp_intermediates)
+    }
+
+    /// The largest gradient a block's backward makes beside one residual-stream gradient:
+    /// of an intermediate, of the scores (`core`: the attention core's saved bytes), of the
+    /// first MLP linear's bias, or of a cross-attention's inputs.
+    fn block_largest_gradient(
+        &self,
+        tokens: f64,
+        layer: LayerKind,
+        core: f64,
+        attentions: &BlockAttentions,
+    ) -> f64 {
+        let spec = self.spec;
+        let act = self.bytes.act;
+        let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
+        // The score gradients exist in the attention's backward, after the MLP's (and, where
+        // blocks run in sequence, the MLP's norm and the output projection's saved input are
+        // released by then).
+        let score_gradients = attentions
+            .own
+            .score_gradients
+            .max(attentions.cross.score_gradients);
+        let released_before_attention = if spec.parallel_residual || score_gradients == 0.0 {
+            0.0
+        } else {
+            tokens
+                * (self.mlp(layer) / self.split.tp
+                    + self.norm_saved() / self.split.sequence
+                    + act * spec.query_width() as f64 / self.split.tp)
+        };
+        let residual_gradient = 2.0 * tokens * self.bytes.residual * spec.hidden as f64;
+        // In the attention's backward one residual-stream gradient is alive beside its own.
+        let attention_backward = (score_gradients - released_before_attention)
+            .max(attentions.cross.input_gradients - released_before_attention)
+            - residual_gradient / 2.0;
+        // On the GPU the first MLP linear's bias gradient is summed from its output's gradient
+        // through a staging buffer, after the activation's and the second linear's backward
+        // have released the intermediates they saved.
+        let first_mlp_bias = if spec.mlp_bias && !spec.gated_mlp && !layer.moe {
+            let staging = self.bias_gradient_staging(tokens, f);
+            staging + tokens * (act * f - self.mlp_intermediates(layer) / self.split.tp)
+        } else {
+            0.0
+        };
+        (core / 2.0)
+            .max(tokens * act * f * self.mlp_backward_intermediates())
+            .max(first_mlp_bias)
+            .max(attention_backward)
+    }
+
+    /// Bytes a block keeps under per-op selective checkpointing besides its input: the saved
+    /// matmul outputs (per query token, and per key token for cross-attention's k and v) and,
+    /// where SDPA runs a fused kernel, its output and fp32 log-sum-exp (torchtitan saves the
+    /// flash and memory-efficient kernels' outputs; FlashAttention-2's own op is not in its list).
+    pub(super) fn per_op_saved(
+        &self,
+        shape: AttentionShape,
+        cross: Option<AttentionShape>,
+        layer: LayerKind,
+    ) -> f64 {
+        let spec = self.spec;
+        let act = self.bytes.act;
+        let (per_query, per_key) = per_op_saved_matmul_widths(spec, layer, cross.is_some());
+        let queries = self.batch * shape.queries;
+        let keys = cross.map_or(0.0, |c| self.batch * c.keys);
+        let attentions = [
+            self.own_kernel.is_sdpa_fused(),
+            cross.is_some() && self.cross_kernel.is_sdpa_fused(),
+        ]
+        .into_iter()
+        .filter(|&f| f)
+        .count() as f64;
+        let kernel =
+            attentions * queries * (act * spec.query_width() as f64 + 4.0 * spec.heads as f64)
+                / self.split.tp;
+        (queries * per_query + keys * per_key) * act / self.split.tp + kernel
+    }
+}

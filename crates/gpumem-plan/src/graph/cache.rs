@@ -1,0 +1,131 @@
+//! KV caches: of a no-grad forward, and the cache copies a training forward makes.
+
+use super::attention::AttentionCall;
+use super::sizes::AttentionShape;
+use super::TransformerGraph;
+use crate::workload::{Checkpointing, Loss, Mode};
+
+impl TransformerGraph<'_> {
+    /// Hugging Face decoders keep `use_cache` on in training unless checkpointing (the model
+    /// turns it off when any of its layers checkpoints): every layer's k and v then pass through
+    /// a `DynamicCache` concatenation (new tensors). litgpt's and torchtune's own models (their
+    /// chunked losses) keep no cache in training.
+    pub(super) fn cache_copies(&self) -> bool {
+        self.training
+            && self.spec.use_cache
+            && self.workload.use_cache
+            && !matches!(self.workload.loss, Loss::Chunked | Loss::ChunkedFp32)
+            && self.spec.is_causal_lm()
+            && matches!(
+                self.workload.checkpointing,
+                Checkpointing::None | Checkpointing::Selective
+            )
+    }
+
+    /// Does this attention of a training step pass its k and v through a cache beside what
+    /// its kernel saves? An encoder-decoder's decoder attentions, self and cross, when
+    /// `use_cache` is on (the `EncoderDecoderCache` of T5 and Whisper fills in training too).
+    /// (A decoder-only LM's cache copies are counted with its projections: `cache_copies`.)
+    pub(super) fn training_cache(&self, shape: AttentionShape, cross: bool) -> bool {
+        self.training
+            && self.spec.is_encoder_decoder()
+            && (shape.causal || cross)
+            && self.spec.use_cache
+            && self.workload.use_cache
+            && matches!(
+                self.workload.checkpointing,
+                Checkpointing::None | Checkpointing::Selective
+            )
+    }
+
+    /// Does the training step keep its forward's KV cache until backward ends? With
+    /// `--loss none` the caller holds the model's outputs through backward, and the cache copies
+    /// every layer made are among them.
+    pub(super) fn outputs_hold_cache(&self) -> bool {
+        self.cache_copies() && self.workload.loss == Loss::None
+    }
+
+    /// Does this no-grad forward keep a KV cache? Generation always (decoder-only LMs); a plain
+    /// forward of a decoder when `use_cache` is on in the config and the call (`DynamicCache`
+    /// concatenates copies of every layer's keys and values, and the output returns them).
+    pub(super) fn keeps_cache(&self) -> bool {
+        match self.workload.mode {
+            Mode::Generate => self.spec.is_causal_lm(),
+            Mode::Infer => self.spec.decoder && self.spec.use_cache && self.workload.use_cache,
+            Mode::Train => false,
+        }
+    }
+
+    /// Bytes per element of the keys a cache copies: fp32 under an old release's fp32 rotary.
+    pub(super) fn cached_key_bytes(&self) -> f64 {
+        if self.old_release().is_some_and(|o| o.fp32_rotary()) {
+            4.0
+        } else {
+            self.bytes.act
+        }
+    }
+
+    /// Does this attention of a no-grad forward keep a KV cache? An encoder's self-attention
+    /// (bidirectional, not cross) caches nothing.
+    pub(super) fn attention_caches(&self, call: &AttentionCall) -> bool {
+        self.keeps_cache() && (call.shape.causal || call.cross)
+    }
+
+    /// The math path's own copies are what it saves: the cache kept in training holds its
+    /// concatenated k (and half-precision v) beside them until the forward returns.
+    pub(super) fn math_path_cache_copies(&self, call: &AttentionCall) -> f64 {
+        if call.kernel.is_math_path() && self.training_cache(call.shape, call.cross) {
+            let value = if self.kernel_saves_projections(call.kernel) {
+                0.0
+            } else {
+                call.value
+            };
+            call.key_tokens * self.bytes.act * (call.kv + value) / self.split.tp
+        } else {
+            0.0
+        }
+    }
+
+    /// The attention's KV cache in a no-grad forward, and in training the part of its saved
+    /// keys and values the caller's outputs hold until the step ends: `(kv_cache, held)`.
+    /// The cache holds copies of k and v per key token (the encoder's for cross-attention);
+    /// latent attention caches its compressed latent and rotary key, shared by all heads. A
+    /// sliding-window layer keeps a view of its last window, so the prefill's whole copy
+    /// stays alive; decoding then keeps only the window (`Unit::kv_window`).
+    pub(super) fn attention_cache(&self, call: &AttentionCall) -> (f64, f64) {
+        let spec = self.spec;
+        let act = self.bytes.act;
+        let key_bytes = self.cached_key_bytes();
+        let copies = (key_bytes * call.kv + act * call.value) / self.split.tp;
+        let cache_bytes = match (spec.latent, self.old_release()) {
+            (Some(_), _) => act * spec.cache_width() as f64,
+            // A prompt's cache of the layer's own tensors (an old release's), whose views keep
+            // a fused projection alive; decoding concatenates copies.
+            (None, Some(old)) if call.shape.queries > 1.0 && !call.cross => {
+                (old.prompt_cache_bytes(act, key_bytes) / self.split.tp).max(copies)
+            }
+            (None, _) => copies,
+        };
+        let kv_cache = if self.attention_caches(call) {
+            cache_bytes * call.key_tokens
+        } else {
+            0.0
+        };
+        // The copies the kernel saves are the cache's own tensors. (An old release's cache of
+        // views keeps its fused projection instead, and latent attention's cache is not what
+        // the kernel saves: neither is counted here.)
+        let cache_holds_views = self
+            .old_release()
+            .is_some_and(|o| o.cache_holds_own_tensors());
+        let held = if self.outputs_hold_cache()
+            && !call.cross
+            && spec.latent.is_none()
+            && !(spec.fused_qkv && cache_holds_views)
+        {
+            copies * call.key_tokens
+        } else {
+            0.0
+        };
+        (kv_cache, held)
+    }
+}

@@ -1,0 +1,132 @@
+//! Bytes per score element of a materialised softmax.
+
+use super::kernel::AttentionKernel;
+use super::TransformerGraph;
+use crate::workload::Dtype;
+
+/// Bytes per score element of eager attention's softmax, by the tensors that exist.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ScoreBytes {
+    /// The scores in the activation dtype (the softmax's input).
+    pub(super) input: f64,
+    /// The softmax output: fp32 where the family upcasts (`softmax(..., dtype=torch.float32)`)
+    /// or autocast runs softmax in fp32, else the activation dtype.
+    pub(super) probs: f64,
+    /// The fp32 copy of a bf16 input that `softmax(x, dtype=float32)` converts first: PyTorch's
+    /// fused `half_to_float` kernel takes fp16 on CUDA only (aten/src/ATen/native/SoftMax.cpp).
+    pub(super) conversion: f64,
+    /// The cast of fp32 probabilities back to the activation dtype.
+    pub(super) cast: f64,
+    /// `tanh` soft-capping of the scores: its output, saved for backward and alive beside the
+    /// scores without gradients.
+    pub(super) softcap: f64,
+    /// Dropout on the probabilities in training: a 1-byte mask and the output.
+    pub(super) dropout: f64,
+    /// The masked scores an old release's clamp (`torch.max`) saves for backward.
+    pub(super) clamp: f64,
+}
+
+impl ScoreBytes {
+    /// Saved for backward: the softmax output, and what the matmul with the values saves: the
+    /// cast, or with dropout its mask and output (dropout runs on the cast, or under autocast
+    /// on the fp32 probabilities, whose half-precision copy for the matmul is the same size).
+    pub(super) fn saved(&self) -> f64 {
+        let into_values = if self.dropout > 0.0 {
+            self.dropout
+        } else {
+            self.cast
+        };
+        self.probs + into_values + self.softcap + self.clamp
+    }
+
+    /// Peak in a no-grad forward: the input stays named while the softmax makes its fp32 copy
+    /// and output, then while the output is cast (`x = softmax(x, ...).to(dtype)`).
+    pub(super) fn no_grad_peak(&self) -> f64 {
+        self.input + self.softcap + self.probs + self.conversion.max(self.cast)
+    }
+
+    /// The probabilities the attention returns (the cast if any, else the softmax output).
+    pub(super) fn returned(&self) -> f64 {
+        if self.cast > 0.0 {
+            self.cast
+        } else {
+            self.probs
+        }
+    }
+}
+
+impl TransformerGraph<'_> {
+    /// Bytes per score element of a materialised attention's softmax under `kernel`.
+    pub(super) fn score_bytes(&self, kernel: AttentionKernel) -> ScoreBytes {
+        let input = self.bytes.act;
+        let dropout = if self.dropout_active(self.spec.attention_dropout) {
+            1.0 + input
+        } else {
+            0.0
+        };
+        let old = self.old_release();
+        let clamp = if old.is_some_and(|o| o.clamps_scores()) {
+            input
+        } else {
+            0.0
+        };
+        if old.is_some_and(|o| o.fp32_rotary()) && input < 4.0 {
+            // fp32 queries and keys: fp32 scores and softmax, cast to the values' dtype.
+            return ScoreBytes {
+                input: 4.0,
+                probs: 4.0,
+                conversion: 0.0,
+                cast: input,
+                softcap: 0.0,
+                dropout,
+                clamp,
+            };
+        }
+        // SDPA's math fallback computes in fp32: the scores and their softmax. Its dropout is
+        // `at::dropout`: CUDA's fused kernel keeps a 1-byte mask, CPU's `_dropout` a noise
+        // tensor of the probabilities' dtype (`empty_like(input).bernoulli_`).
+        let math_dropout_mask = match kernel {
+            AttentionKernel::SdpaMathCpu => Some(4.0),
+            AttentionKernel::SdpaMathCuda => Some(1.0),
+            _ => None,
+        };
+        if let Some(mask) = math_dropout_mask {
+            return ScoreBytes {
+                input: 4.0,
+                probs: 4.0,
+                conversion: 0.0,
+                cast: 0.0,
+                softcap: 0.0,
+                dropout: if dropout > 0.0 { mask + 4.0 } else { 0.0 },
+                clamp,
+            };
+        }
+        // OPT before 4.49 upcast the softmax of fp16 scores only (bf16 ran in bf16).
+        let upcasts = self.spec.softmax_fp32
+            && !(old.is_some_and(|o| o.upcasts_fp16_softmax_only())
+                && self.workload.compute_dtype() != Dtype::Fp16);
+        let probs = if upcasts || self.workload.amp.is_some() {
+            4.0
+        } else {
+            input
+        };
+        let upcast = probs != input;
+        ScoreBytes {
+            input,
+            probs,
+            conversion: if upcast && self.workload.compute_dtype() == Dtype::Bf16 {
+                probs
+            } else {
+                0.0
+            },
+            cast: if upcast { input } else { 0.0 },
+            softcap: if self.spec.attention_softcap {
+                input
+            } else {
+                0.0
+            },
+            dropout,
+            clamp,
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! The unit a part of the forward pass adds to the step: what it saves, holds and briefly needs.
+
+/// One step of the forward pass, in bytes for the whole micro-batch on one GPU.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Unit {
+    /// What the unit is ("embeddings", "block", "head").
+    pub name: &'static str,
+    /// Bytes saved for backward when nothing is recomputed.
+    pub saved: f64,
+    /// Part of `saved` inside the attention core (dropped by selective recomputation).
+    pub attention_core: f64,
+    /// Bytes kept under full checkpointing (the block input), for checkpointable units.
+    pub checkpoint: Option<f64>,
+    /// Bytes per-op selective checkpointing keeps besides the block input: the outputs of the
+    /// attention kernel and of every other bias-free matmul (see `single_gpu`).
+    pub per_op_saved: f64,
+    /// Bytes the unit's output keeps alive until the step ends (logits held by the model output).
+    pub held: f64,
+    /// Bytes the model's output keeps alive until the forward returns, released before backward
+    /// (the caller keeps only the loss): cache copies of k and v that no kernel saves.
+    pub forward_held: f64,
+    /// Short-lived bytes at the unit's forward peak, on top of what it saves.
+    pub forward_transient: f64,
+    /// Short-lived bytes at the start of the unit's backward, before its parameter gradients
+    /// exist (gradients of its activations, e.g. of the loss over the vocabulary).
+    pub backward_transient: f64,
+    /// Short-lived bytes while the unit's parameter gradients are produced (its own saved tensors
+    /// are released by then).
+    pub gradient_transient: f64,
+    /// Of `saved`, the bytes still referenced while the unit's parameter gradients are
+    /// produced: the LM head's weight gradient comes from its matmul's backward, while that
+    /// matmul's input and the final norm's saved tensors (whose backward comes after) live.
+    pub saved_through_gradients: f64,
+    /// Peak bytes alive inside the unit in a no-grad forward (besides weights and KV cache).
+    pub inference_live: f64,
+    /// Bytes a no-grad forward keeps referenced from this unit on while the model's body runs,
+    /// released when the body returns, before the head (the embedding outputs).
+    pub body_held: f64,
+    /// KV-cache bytes the unit keeps in a no-grad forward.
+    pub kv_cache: f64,
+    /// Tokens per sequence the unit's cache keeps at most (a sliding-window layer keeps the
+    /// last `window − 1`); None: every token.
+    pub kv_window: Option<f64>,
+    /// Single tensors inside the byte totals above, for the allocation sequence.
+    pub whole: WholeTensors,
+    /// Parameters of the unit (their gradients appear when its backward runs).
+    pub params: u64,
+    /// Of `params`, those that get no gradient or optimizer state in training: frozen ones
+    /// (Whisper's sinusoidal encoder positions), or all of a unit no gradient reaches (a vision
+    /// tower's layers after the one LLaVA reads its features from).
+    pub untrained_params: u64,
+}
+
+/// The single tensors inside a unit's byte totals whose sizes the planner knows. The
+/// allocation sequence ([`crate::sequence`]) allocates them at those sizes and cuts only the
+/// rest of a total into typical-size pieces: the caching allocator's segments follow real
+/// tensor sizes, and the largest tensors (the loss's vocabulary-wide ones, the vocabulary
+/// matrix, a block's weight matrices and score matrices) decide how many it needs.
+/// Zero: no such tensor.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WholeTensors {
+    /// Parts of `saved` made of tensors larger than a hidden state: the loss's
+    /// log-probabilities; a block's score matrices and MLP intermediates.
+    pub saved: [SavedGroup; 2],
+    /// In `forward_transient`: the logits and their fp32 copy.
+    pub forward_transient: [f64; 2],
+    /// In `backward_transient`: the gradients of nll_loss and of log_softmax.
+    pub backward_transient: [f64; 2],
+    /// In `gradient_transient`: the logits' gradient.
+    pub gradient_transient: f64,
+    /// In `inference_live`: a no-grad MLP's intermediates, where they make the block's peak.
+    pub live: SavedGroup,
+    /// The gradient transient's whole tensor is the last of the backward transient's, kept
+    /// alive rather than made anew (log_softmax's gradient is the logits' when no cast
+    /// follows).
+    pub gradient_continues: bool,
+    /// Parameters of the unit's largest weight (the vocabulary matrix of an embedding table
+    /// or an untied LM head): that weight, its gradient and each optimizer state are one
+    /// tensor.
+    pub params: u64,
+    /// The unit is a dense block: its parameters are the matrices of
+    /// `TransformerSpec::block_matrices`, each one tensor, and what its total holds besides
+    /// (norms, biases, a decoder's cross-attention).
+    pub block_matrices: bool,
+}
+
+/// Saved bytes of one kind, kept as tensors of one size.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SavedGroup {
+    /// Bytes of all of them.
+    pub bytes: f64,
+    /// Bytes of one.
+    pub tensor: f64,
+}
+
+impl Unit {
+    /// Parameters that receive a gradient in training.
+    pub fn trained_params(&self) -> u64 {
+        self.params - self.untrained_params
+    }
+
+    /// The unit as it runs when nothing reads its output in training: what it would save
+    /// lives only while it runs, and its backward never does.
+    pub(super) fn unused_in_training(self) -> Unit {
+        Unit {
+            forward_transient: self.forward_transient + self.saved,
+            saved: 0.0,
+            attention_core: 0.0,
+            checkpoint: Some(0.0),
+            backward_transient: 0.0,
+            gradient_transient: 0.0,
+            saved_through_gradients: 0.0,
+            untrained_params: self.params,
+            ..self
+        }
+    }
+}
+
+/// Gradient-sized tensors alive while a new gradient is added to an existing one (the new
+/// gradient and the out-of-place sum), as measured for tied embeddings.
+pub const ACCUMULATION_COPIES: f64 = 2.0;
