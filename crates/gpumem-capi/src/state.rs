@@ -440,13 +440,11 @@ pub fn configure(change: &Change, only: Option<usize>) -> Result<(), CapiError> 
         .map_err(|e| config_error(only.unwrap_or(0), e))?;
     let targets: Vec<(usize, Arc<Pool>)> = match only {
         Some(device) => vec![(device, device_pool(device)?)],
-        None => {
-            let pools = all_pools();
-            for &device in pools.keys() {
-                usable(device)?;
-            }
-            pools.into_iter().collect()
-        }
+        // A pool a panic left unusable is left alone: it refuses every call on its device.
+        None => all_pools()
+            .into_iter()
+            .filter(|(device, _)| usable(*device).is_ok())
+            .collect(),
     };
     // Each pool keeps the limit the change leaves alone (its own, which a per-device change
     // may have set), so its new limits start from its current ones.

@@ -257,11 +257,14 @@ fn a_panic_inside_a_pool_leaves_that_pool_unusable_and_the_others_working() {
         // The other pools work.
         assert_works(2);
     }
-    // Configuring every pool would change the unusable ones too: refused, nothing changed.
+    // Configuring every pool leaves the unusable ones alone: they still refuse.
     let limit = CString::new("1GiB").unwrap();
     // SAFETY: NULL or NUL-terminated strings.
     let status =
         unsafe { gpumem_configure(std::ptr::null(), std::ptr::null(), limit.as_ptr(), -1) };
+    assert_eq!(status, GpumemStatus::GpumemOk, "{}", last_error());
+    // SAFETY: as above.
+    let status = unsafe { gpumem_set_limits(10, std::ptr::null(), limit.as_ptr()) };
     assert_eq!(status, GpumemStatus::GpumemUnusable, "{}", last_error());
     assert_works(2);
 }
