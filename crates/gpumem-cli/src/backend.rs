@@ -37,17 +37,42 @@ impl Backend {
             Backend::Cuda => gpumem_cuda::CudaDevice::open(ordinal)
                 .map(|d| Arc::new(d) as Arc<dyn Device>)
                 .map_err(|e| format!("cuda:{ordinal}: {e}")),
-            Backend::Wgpu => {
-                let options = gpumem_wgpu::WgpuOptions {
-                    adapter: gpumem_wgpu::AdapterChoice::Index(ordinal),
-                    ..Default::default()
-                };
-                gpumem_wgpu::WgpuDevice::open(options)
-                    .map(|d| Arc::new(d) as Arc<dyn Device>)
-                    .map_err(|e| format!("wgpu:{ordinal}: {e}"))
-            }
+            Backend::Wgpu => open_wgpu(ordinal),
         }
     }
+}
+
+/// Opens wgpu adapter `ordinal`.
+#[cfg(feature = "wgpu")]
+fn open_wgpu(ordinal: usize) -> Result<Arc<dyn Device>, String> {
+    let options = gpumem_wgpu::WgpuOptions {
+        adapter: gpumem_wgpu::AdapterChoice::Index(ordinal),
+        ..Default::default()
+    };
+    gpumem_wgpu::WgpuDevice::open(options)
+        .map(|d| Arc::new(d) as Arc<dyn Device>)
+        .map_err(|e| format!("wgpu:{ordinal}: {e}"))
+}
+
+/// Why a build without the `wgpu` feature opens no wgpu device.
+#[cfg(not(feature = "wgpu"))]
+const WGPU_NOT_BUILT: &str = "the wgpu backend is not in this build (the Python package \
+     leaves it out); the `gpumem` command built with its default features has it";
+
+/// A build without the `wgpu` feature: the error says so.
+#[cfg(not(feature = "wgpu"))]
+fn open_wgpu(ordinal: usize) -> Result<Arc<dyn Device>, String> {
+    Err(format!("wgpu:{ordinal}: {WGPU_NOT_BUILT}"))
+}
+
+/// What `gpumem devices` answers: the devices here, and for each backend with none a
+/// sentence saying why.
+#[derive(serde::Serialize)]
+pub struct DeviceList {
+    /// Every device of every backend here.
+    pub devices: Vec<Listed>,
+    /// For each backend without a device, why.
+    pub absent: Vec<String>,
 }
 
 /// One device as `gpumem devices` lists it.
@@ -70,7 +95,7 @@ pub struct Listed {
 }
 
 /// Every device of every backend here, and for each backend with none a sentence saying why.
-pub fn list() -> (Vec<Listed>, Vec<String>) {
+pub fn list() -> DeviceList {
     let mut devices = Vec::new();
     let mut absent = Vec::new();
     if let Ok(sim) = Backend::Sim.open(0) {
@@ -106,6 +131,13 @@ pub fn list() -> (Vec<Listed>, Vec<String>) {
         }
         Err(e) => absent.push(format!("CUDA: no usable driver here ({e}).")),
     }
+    list_wgpu(&mut devices, &mut absent);
+    DeviceList { devices, absent }
+}
+
+/// Adds the wgpu adapters to `devices`, or why there is none to `absent`.
+#[cfg(feature = "wgpu")]
+fn list_wgpu(devices: &mut Vec<Listed>, absent: &mut Vec<String>) {
     let adapters = gpumem_wgpu::WgpuDevice::adapters();
     if adapters.is_empty() {
         absent.push(format!(
@@ -133,5 +165,10 @@ pub fn list() -> (Vec<Listed>, Vec<String>) {
             software: adapter.device_type == "cpu",
         });
     }
-    (devices, absent)
+}
+
+/// A build without the `wgpu` feature lists no adapter, and says why.
+#[cfg(not(feature = "wgpu"))]
+fn list_wgpu(_devices: &mut [Listed], absent: &mut Vec<String>) {
+    absent.push(format!("wgpu: {WGPU_NOT_BUILT}."));
 }

@@ -15,14 +15,13 @@ pub struct DevicesArgs {
 
 /// Runs `gpumem devices`.
 pub fn run(args: DevicesArgs) -> Result<(), CommandError> {
-    let (devices, absent) = backend::list();
+    let list = backend::list();
     if args.json {
-        let value = serde_json::json!({ "devices": devices, "absent": absent });
-        let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
+        let text = serde_json::to_string_pretty(&list).map_err(|e| e.to_string())?;
         output::print(&text)?;
         return Ok(());
     }
-    for d in &devices {
+    for d in &list.devices {
         let vmm = d
             .vmm_granularity
             .map_or("no VMM".to_string(), |g| format!("VMM {}", Bytes(g)));
@@ -37,10 +36,10 @@ pub fn run(args: DevicesArgs) -> Result<(), CommandError> {
             Bytes(d.total_bytes)
         ))?;
     }
-    for line in &absent {
+    for line in &list.absent {
         output::print(line)?;
     }
-    if devices.iter().all(|d| d.software) {
+    if list.devices.iter().all(|d| d.software) {
         output::print(
             "No GPU is usable here: every device above runs on the CPU (plan, replay and \
              selftest work without a GPU).",

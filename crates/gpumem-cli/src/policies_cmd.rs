@@ -1,7 +1,7 @@
 //! `gpumem policies`: the built-in allocator policies, what each is, and how to choose one.
 
 use crate::output::{self, CommandError};
-use gpumem_pool::PolicyKind;
+use gpumem_replay::PolicyInfo;
 
 /// Arguments of `gpumem policies`.
 #[derive(clap::Args)]
@@ -13,30 +13,17 @@ pub struct PoliciesArgs {
 
 /// Runs `gpumem policies`.
 pub fn run(args: PoliciesArgs) -> Result<(), CommandError> {
-    let default = gpumem_pool::PoolConfig::default().policy;
+    let policies = PolicyInfo::all();
     if args.json {
-        let list: Vec<serde_json::Value> = PolicyKind::ALL
-            .iter()
-            .map(|kind| {
-                serde_json::json!({
-                    "name": kind.as_str(),
-                    "description": kind.description(),
-                    "default": *kind == default,
-                })
-            })
-            .collect();
-        let text = serde_json::to_string_pretty(&list).map_err(|e| e.to_string())?;
+        let text = serde_json::to_string_pretty(&policies).map_err(|e| e.to_string())?;
         output::print(&text)?;
         return Ok(());
     }
-    let width = PolicyKind::ALL
-        .iter()
-        .map(|kind| kind.as_str().len())
-        .max()
-        .unwrap_or(0);
-    for kind in PolicyKind::ALL {
-        output::print(&format!("{:width$}  {}", kind.as_str(), kind.description()))?;
+    let width = policies.iter().map(|p| p.name.len()).max().unwrap_or(0);
+    for policy in &policies {
+        output::print(&format!("{:width$}  {}", policy.name, policy.description))?;
     }
+    let default = policies.iter().find(|p| p.default).map_or("", |p| p.name);
     output::print(&format!(
         "\nChoose with GPUMEM_POOL=NAME for a pool, or `gpumem replay --policy NAME` (default \
          for pools: {default})."

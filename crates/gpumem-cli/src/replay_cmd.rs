@@ -5,15 +5,14 @@ use std::path::PathBuf;
 
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::policies::GpumemSettings;
-use gpumem_pool::{parse_limit, Bytes, Limit, PolicyKind};
-use gpumem_replay::{highest_rank, replay, PolicyReport, Progress, ReplayOptions};
+use gpumem_pool::{Bytes, PolicyKind};
+use gpumem_replay::request;
+use gpumem_replay::{
+    replay, replay_report, PolicyReport, Progress, RanksReport, ReplayOptions, ReplayReport,
+    TraceInfo, EXAMPLE_TRACE,
+};
 use gpumem_trace::{read, read_path, Format, ReadOptions, Trace};
 use indicatif::{ProgressBar, ProgressStyle};
-
-/// The trace `gpumem replay` replays when given none: a real PyTorch training trace (GPT-2,
-/// 12 layers, batch 4, sequence 256, AdamW, 4 steps) captured by `gpumem-capture-trace`.
-const DEFAULT_TRACE: &[u8] =
-    include_bytes!("../../../testdata/traces/gpt2-12l-train-b4-s256.jsonl.gz");
 
 /// Arguments of `gpumem replay`.
 #[derive(clap::Args)]
@@ -66,14 +65,13 @@ pub(crate) struct ReplayInput {
 }
 
 impl ReplayInput {
-    /// Reads every trace of `paths` (the ranks of a job), naming the file in an error.
+    /// Reads every trace of `paths` (the ranks of a job); an error names the file (once:
+    /// the reader's error carries it).
     pub(crate) fn read_traces(&self, paths: &[PathBuf]) -> Result<Vec<Trace>, String> {
         let read_options = self.read_options();
         paths
             .iter()
-            .map(|path| {
-                read_path(path, read_options).map_err(|e| format!("{}: {e}", path.display()))
-            })
+            .map(|path| read_path(path, read_options).map_err(|e| e.to_string()))
             .collect()
     }
 
@@ -88,19 +86,11 @@ impl ReplayInput {
     /// The torch and gpumem policies' settings from `--pytorch-alloc-conf` and
     /// `--gpumem-policy-conf`, PyTorch's and gpumem's defaults where not given.
     pub(crate) fn policy_settings(&self) -> Result<(TorchSettings, GpumemSettings), String> {
-        let torch = match &self.pytorch_alloc_conf {
-            Some(conf) => {
-                TorchSettings::parse(conf).map_err(|e| format!("--pytorch-alloc-conf: {e}"))?
-            }
-            None => TorchSettings::default(),
-        };
-        let gpumem = match &self.gpumem_policy_conf {
-            Some(conf) => {
-                GpumemSettings::parse(conf).map_err(|e| format!("--gpumem-policy-conf: {e}"))?
-            }
-            None => GpumemSettings::default(),
-        };
-        Ok((torch, gpumem))
+        request::policy_settings(
+            self.pytorch_alloc_conf.as_deref(),
+            self.gpumem_policy_conf.as_deref(),
+        )
+        .map_err(|e| e.to_string())
     }
 }
 
@@ -110,12 +100,9 @@ pub(crate) struct PolicySelection(pub(crate) Vec<PolicyKind>);
 
 /// Parses `--policy`: a policy name or `all`; the error lists what is accepted.
 pub(crate) fn parse_policies(text: &str) -> Result<PolicySelection, String> {
-    if text.trim() == "all" {
-        return Ok(PolicySelection(PolicyKind::ALL.to_vec()));
-    }
-    text.parse()
-        .map(|kind| PolicySelection(vec![kind]))
-        .map_err(|accepted| format!("{accepted}, or all"))
+    request::parse_policies(text)
+        .map(PolicySelection)
+        .map_err(|e| e.reason)
 }
 
 /// `--policy`'s long help: every policy with what it is, from the policy table.
@@ -125,23 +112,14 @@ pub(crate) fn policy_help() -> String {
 
 /// Parses `--capacity`: an absolute size in any form `GPUMEM_HARD_LIMIT` accepts.
 pub(crate) fn parse_capacity(text: &str) -> Result<u64, String> {
-    match parse_limit(text) {
-        Ok(Limit::Bytes(b)) => Ok(b),
-        Ok(Limit::Fraction(_)) => {
-            Err("a capacity must be absolute (e.g. 24GiB), not a percentage".into())
-        }
-        Err(e) => Err(format!(
-            "{e}; accepted: {}",
-            gpumem_pool::ACCEPTED_SIZE_FORMS
-        )),
-    }
+    request::parse_capacity(text).map_err(|e| e.reason)
 }
 
 /// Runs `gpumem replay`.
 pub fn run(args: ReplayArgs) -> Result<(), CommandError> {
     let input = &args.input;
     let traces = match args.traces.is_empty() {
-        true => vec![read(DEFAULT_TRACE, input.read_options()).map_err(|e| e.to_string())?],
+        true => vec![read(EXAMPLE_TRACE, input.read_options()).map_err(|e| e.to_string())?],
         false => input.read_traces(&args.traces)?,
     };
     let (torch, gpumem) = input.policy_settings()?;
@@ -177,41 +155,52 @@ pub fn run(args: ReplayArgs) -> Result<(), CommandError> {
             bar.set_message(p.policy.to_string());
             bar.set_position(p.done as u64);
         };
-        let mut reports = Vec::with_capacity(policies.len());
-        for &policy in &policies {
-            let replay =
-                replay(trace, policy, &options, &mut on_progress).map_err(|e| e.to_string())?;
-            if let Some(path) = &args.snapshot {
-                replay
+        let report = match &args.snapshot {
+            // One policy (checked above), whose pool is written out.
+            Some(path) => {
+                let replayed = replay(trace, policies[0], &options, &mut on_progress)
+                    .map_err(|e| e.to_string())?;
+                replayed
                     .pool
                     .snapshot()
                     .write_path(path)
                     .map_err(|e| format!("{}: {e}", path.display()))?;
+                ReplayReport {
+                    trace: TraceInfo::of(trace),
+                    capacity_bytes: capacity,
+                    policies: vec![replayed.report],
+                }
             }
-            reports.push(replay.report);
-        }
+            None => replay_report(trace, &policies, &options, &mut on_progress)
+                .map_err(|e| e.to_string())?,
+        };
         bar.finish_and_clear();
-        ranks.push(reports);
+        ranks.push(report);
     }
-    match (args.json, traces.len()) {
-        (true, 1) => print_json(&traces[0], capacity, &ranks[0]),
-        (true, _) => print_ranks_json(&traces, capacity, &ranks),
-        (false, 1) => print_table(&traces[0], capacity, &ranks[0]),
-        (false, _) => {
-            for (rank, (trace, reports)) in traces.iter().zip(&ranks).enumerate() {
-                output::print(&format!("Rank {rank}:"))?;
-                print_table(trace, capacity, reports)?;
-                output::print("")?;
-            }
-            let highest = highest_rank(ranks.iter().map(Vec::as_slice));
-            output::print(&format!(
-                "Rank {highest} ({}) peaks highest: {} reserved.",
-                traces[highest].meta.name,
-                Bytes(peak_reserved(&ranks[highest]))
-            ))?;
-            Ok(())
-        }
+    if ranks.len() == 1 {
+        let report = &ranks[0];
+        return match args.json {
+            true => print_json(report),
+            false => print_table(&report.trace, capacity, &report.policies),
+        };
     }
+    let job = RanksReport::new(capacity, ranks);
+    if args.json {
+        return print_json(&job);
+    }
+    for rank in &job.ranks {
+        output::print(&format!("Rank {}:", rank.rank))?;
+        print_table(&rank.trace, capacity, &rank.policies)?;
+        output::print("")?;
+    }
+    let highest = &job.ranks[job.highest_rank];
+    output::print(&format!(
+        "Rank {} ({}) peaks highest: {} reserved.",
+        job.highest_rank,
+        highest.trace.name,
+        Bytes(peak_reserved(&highest.policies))
+    ))?;
+    Ok(())
 }
 
 /// The highest peak reserved bytes of any policy.
@@ -221,25 +210,6 @@ fn peak_reserved(reports: &[PolicyReport]) -> u64 {
         .map(|r| r.peak_reserved_bytes)
         .max()
         .unwrap_or(0)
-}
-
-/// Several ranks as one JSON object: each rank's trace and policies, and the rank that peaks
-/// highest.
-fn print_ranks_json(
-    traces: &[Trace],
-    capacity: Option<u64>,
-    ranks: &[Vec<PolicyReport>],
-) -> Result<(), CommandError> {
-    let value = serde_json::json!({
-        "capacity_bytes": capacity,
-        "ranks": traces.iter().zip(ranks).enumerate().map(|(rank, (trace, reports))| {
-            serde_json::json!({ "rank": rank, "trace": trace_json(trace), "policies": reports })
-        }).collect::<Vec<_>>(),
-        "highest_rank": highest_rank(ranks.iter().map(Vec::as_slice)),
-    });
-    let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
-    output::print(&text)?;
-    Ok(())
 }
 
 fn progress_bar(total: u64) -> ProgressBar {
@@ -252,23 +222,15 @@ fn progress_bar(total: u64) -> ProgressBar {
     bar
 }
 
-fn print_json(
-    trace: &Trace,
-    capacity: Option<u64>,
-    reports: &[PolicyReport],
-) -> Result<(), CommandError> {
-    let value = serde_json::json!({
-        "trace": trace_json(trace),
-        "capacity_bytes": capacity,
-        "policies": reports,
-    });
-    let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
+/// Prints a report as pretty JSON.
+pub(crate) fn print_json(report: &impl serde::Serialize) -> Result<(), CommandError> {
+    let text = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
     output::print(&text)?;
     Ok(())
 }
 
 fn print_table(
-    trace: &Trace,
+    trace: &TraceInfo,
     capacity: Option<u64>,
     reports: &[PolicyReport],
 ) -> Result<(), CommandError> {
@@ -353,27 +315,14 @@ fn print_initial_states(reports: &[PolicyReport]) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// The trace's name, source, length and peak live bytes, as the JSON reports write them.
-pub(crate) fn trace_json(trace: &Trace) -> serde_json::Value {
-    let summary = trace.summary();
-    serde_json::json!({
-        "name": trace.meta.name,
-        "source": trace.meta.source,
-        "events": summary.events,
-        "steps": summary.steps,
-        "peak_live_bytes": summary.peak_live_bytes,
-    })
-}
-
 /// The trace's name, source, length and peak live bytes, as the tables' first line.
-pub(crate) fn trace_line(trace: &Trace) -> String {
-    let summary = trace.summary();
+pub(crate) fn trace_line(trace: &TraceInfo) -> String {
     format!(
         "Trace {} ({}): {} events, {} steps, peak live {}",
-        trace.meta.name,
-        trace.meta.source,
-        summary.events,
-        summary.steps,
-        Bytes(summary.peak_live_bytes)
+        trace.name,
+        trace.source,
+        trace.events,
+        trace.steps,
+        Bytes(trace.peak_live_bytes)
     )
 }

@@ -4,17 +4,12 @@
 use crate::output::{self, CommandError};
 use std::path::PathBuf;
 
-use gpumem_pool::{Bytes, PolicyKind};
-use gpumem_replay::selftest::{selftest, SelftestReport};
+use gpumem_pool::Bytes;
+use gpumem_replay::selftest::{selftest_policies, SelftestReport, SkippedPolicy, BUNDLED_TRACE};
 use gpumem_trace::{read, read_path, ReadOptions};
 
 use crate::backend::Backend;
 use crate::replay_cmd::{parse_policies, policy_help, PolicySelection};
-
-/// The trace replayed with real bytes when none is given: a real PyTorch inference trace
-/// (GPT-2, 2 layers, 62 MiB at its peak), small enough for any device.
-const DEFAULT_TRACE: &[u8] =
-    include_bytes!("../../../testdata/traces/small-gpt2-2l-infer-b1-s32.jsonl.gz");
 
 /// Arguments of `gpumem selftest`.
 #[derive(clap::Args)]
@@ -43,41 +38,38 @@ pub struct SelftestArgs {
 
 /// Runs `gpumem selftest`; fails (exit status 2) when a check fails.
 pub fn run(args: SelftestArgs) -> Result<(), CommandError> {
-    let policies = args.policy.0;
     let trace = match &args.trace {
         Some(path) => read_path(path, ReadOptions::default()),
-        None => read(DEFAULT_TRACE, ReadOptions::default()),
+        None => read(BUNDLED_TRACE, ReadOptions::default()),
     }
     .map_err(|e| e.to_string())?;
     let device = args.backend.open(args.device)?;
-    let has_vmm = device.vmm().is_some();
     let bytes = args.bytes_per_block.unwrap_or(u64::MAX);
-    let mut reports: Vec<SelftestReport> = Vec::new();
-    for policy in policies {
-        if policy == PolicyKind::Expandable && !has_vmm {
-            if !args.json {
-                output::print(&format!(
-                    "{policy}: skipped — {} has no virtual memory management\n",
-                    device.name()
-                ))?;
-            }
-            continue;
+    let mut printed = Ok(());
+    let mut print = |made: Result<&SelftestReport, &SkippedPolicy>| {
+        if args.json || printed.is_err() {
+            return;
         }
-        let report = selftest(device.clone(), &policy, &trace, bytes)
-            .map_err(|e| format!("{policy}: {e}"))?;
-        if !args.json {
-            print_report(&report)?;
-        }
-        reports.push(report);
-    }
+        printed = match made {
+            Ok(report) => print_report(report),
+            Err(skipped) => output::print(&format!(
+                "{}: skipped — {}\n",
+                skipped.policy, skipped.reason
+            )),
+        };
+    };
+    let run = selftest_policies(device, &args.policy.0, &trace, bytes, &mut print)
+        .map_err(|e| e.to_string())?;
+    printed?;
     if args.json {
-        let text = serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?;
+        let text = serde_json::to_string_pretty(&run).map_err(|e| e.to_string())?;
         output::print(&text)?;
     }
-    let failed: Vec<String> = reports
+    let failed: Vec<&str> = run
+        .reports
         .iter()
         .filter(|r| !r.passed())
-        .map(|r| r.policy.clone())
+        .map(|r| r.policy.as_str())
         .collect();
     if failed.is_empty() {
         Ok(())

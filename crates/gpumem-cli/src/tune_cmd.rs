@@ -7,11 +7,11 @@ use gpumem_pool::{Bytes, PolicyKind};
 use gpumem_replay::tune::{
     margin_bytes, signed_bytes, tune, Objective, TuneOptions, TuneProgress, TuneReport, Tuned,
 };
-use gpumem_replay::PolicyReport;
-use gpumem_trace::{read_path, Format, ReadOptions, Trace};
+use gpumem_replay::{PolicyReport, TraceInfo, TuneResult};
+use gpumem_trace::{read_path, Format, ReadOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::replay_cmd::{parse_capacity, trace_json, trace_line};
+use crate::replay_cmd::{parse_capacity, print_json, trace_line};
 
 /// What `--help` says about the options the search leaves alone.
 const NOT_SEARCHED: &str = "\
@@ -88,20 +88,17 @@ pub fn run(args: TuneArgs) -> Result<(), CommandError> {
     };
     let report = tune(&trace, &options, &on_progress).map_err(|e| e.to_string())?;
     bar.finish_and_clear();
-    if args.json {
-        let value = serde_json::json!({
-            "trace": trace_json(&trace),
-            "tune": report,
-        });
-        let text = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
-        output::print(&text)?;
-    } else {
-        print_table(&trace, &report)?;
+    let result = TuneResult {
+        trace: TraceInfo::of(&trace),
+        tune: report,
+    };
+    match args.json {
+        true => print_json(&result),
+        false => print_table(&result.trace, &result.tune),
     }
-    Ok(())
 }
 
-fn print_table(trace: &Trace, report: &TuneReport) -> Result<(), CommandError> {
+fn print_table(trace: &TraceInfo, report: &TuneReport) -> Result<(), CommandError> {
     output::print(&trace_line(trace))?;
     output::print(&format!(
         "Objective: {}. {} settings replayed in {:.2} s ({}).",

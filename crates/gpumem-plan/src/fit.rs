@@ -19,7 +19,8 @@ pub enum FitTarget {
 }
 
 impl FitTarget {
-    fn name(self) -> &'static str {
+    /// The searched quantity as a flag name ("batch" or "seq").
+    pub fn name(self) -> &'static str {
         match self {
             FitTarget::Batch => "batch",
             FitTarget::Seq => "seq",

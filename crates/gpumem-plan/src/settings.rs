@@ -11,7 +11,7 @@ use crate::workload::{
     BaseQuant, Checkpointing, Dtype, Layout, Lora, Loss, Mode, Optimizer, OptimizerImpl, Release,
     Sharding, Target, Workload,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Settings as strings and numbers, exactly as typed on the command line or stored in
 /// `testdata/plan/measured.jsonl`. Absent values take the [`Workload`] defaults.
@@ -19,7 +19,7 @@ use serde::Deserialize;
 /// With the `clap` feature this is also the `gpumem plan` command line: every field is the flag of
 /// the same name, its doc comment is the flag's help, and each help names the default that
 /// [`Settings::to_workload`] applies.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default)]
 pub struct Settings {
@@ -232,7 +232,27 @@ pub struct Resolved {
     pub warnings: Vec<Warning>,
 }
 
+/// Fields of [`Settings`] that are not `gpumem plan` flags: set by the validation data, or filled
+/// from another flag.
+const NOT_FLAGS: [&str; 3] = ["lora_base_int8", "target", "gpu"];
+
 impl Settings {
+    /// The names of the settings that are `gpumem plan` flags, spelt as fields (`grad_ckpt`
+    /// for `--grad-ckpt`): what a caller passing settings by name (the Python package's
+    /// keyword arguments) may use.
+    pub fn flag_names() -> Vec<String> {
+        // A struct of plain fields always serializes as an object (a test checks the names).
+        let fields = match serde_json::to_value(Settings::default()) {
+            Ok(serde_json::Value::Object(fields)) => fields,
+            _ => serde_json::Map::new(),
+        };
+        fields
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| !NOT_FLAGS.contains(&name.as_str()))
+            .collect()
+    }
+
     /// Converts to a validated [`Workload`] without a model (absent dtype: fp32); every bad name
     /// or size, and ZeRO with FSDP, is a typed error.
     pub fn to_workload(&self) -> Result<Workload> {
@@ -745,6 +765,21 @@ mod tests {
             .find(|(_, v)| *v == value)
             .map(|(n, _)| *n)
             .unwrap()
+    }
+
+    /// The names callers may pass settings by are exactly the command line's flags.
+    #[test]
+    fn flag_names_are_the_command_lines_flags() {
+        let command = Settings::augment_args(clap::Command::new("plan"));
+        let mut flags: Vec<String> = command
+            .get_arguments()
+            .map(|a| a.get_id().to_string())
+            .collect();
+        let mut names = Settings::flag_names();
+        flags.sort();
+        names.sort();
+        assert!(names.contains(&"grad_ckpt".to_string()));
+        assert_eq!(names, flags);
     }
 
     /// Every flag that takes a value shows its default in `--help`, and the default shown is the

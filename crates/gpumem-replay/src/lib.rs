@@ -8,12 +8,19 @@
 #![warn(missing_docs)]
 
 mod initial_state;
+pub mod plan;
 pub mod planned;
+mod report;
+pub mod request;
 pub mod selftest;
 pub mod timeline;
 pub mod tune;
 
 pub use initial_state::InitialState;
+pub use report::{
+    replay_report, PolicyInfo, RankReport, RanksReport, ReplayReport, TraceInfo, TuneResult,
+    EXAMPLE_TRACE,
+};
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpumem_device::{Device, DeviceError, DevicePtr, HazardChecker, StreamId};
-use gpumem_pool::{Pool, PoolError, PoolOptions};
+use gpumem_pool::{PolicyKind, Pool, PoolError, PoolOptions};
 use gpumem_trace::{Event, Trace};
 use serde::Serialize;
 
@@ -73,6 +73,72 @@ impl SelftestReport {
     pub fn passed(&self) -> bool {
         self.checks.iter().all(|check| check.passed)
     }
+}
+
+/// The trace replayed with real bytes when none is given: a real PyTorch inference trace
+/// (GPT-2, 2 layers, 62 MiB at its peak), small enough for any device.
+pub const BUNDLED_TRACE: &[u8] =
+    include_bytes!("../../../testdata/traces/small-gpt2-2l-infer-b1-s32.jsonl.gz");
+
+/// A policy the device cannot run, left out of a self-test.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SkippedPolicy {
+    /// The policy.
+    pub policy: String,
+    /// Why it was left out.
+    pub reason: String,
+}
+
+/// The self-test of several policies on one device: `gpumem selftest --json`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SelftestRun {
+    /// One report per policy tested, in the order asked for.
+    pub reports: Vec<SelftestReport>,
+    /// The policies the device cannot run.
+    pub skipped: Vec<SkippedPolicy>,
+}
+
+impl SelftestRun {
+    /// Whether every check of every policy passed.
+    pub fn passed(&self) -> bool {
+        self.reports.iter().all(SelftestReport::passed)
+    }
+}
+
+/// [`selftest()`] of each of `policies` on `device`; `expandable` is skipped on a device
+/// without virtual memory management, which it needs. `on_report` sees each report as it is
+/// made (the command prints them as they come).
+pub fn selftest_policies(
+    device: Arc<dyn Device>,
+    policies: &[PolicyKind],
+    trace: &Trace,
+    bytes_per_block: u64,
+    on_report: &mut dyn FnMut(Result<&SelftestReport, &SkippedPolicy>),
+) -> Result<SelftestRun, SelftestError> {
+    let mut run = SelftestRun {
+        reports: Vec::new(),
+        skipped: Vec::new(),
+    };
+    for &policy in policies {
+        if policy == PolicyKind::Expandable && device.vmm().is_none() {
+            let skipped = SkippedPolicy {
+                policy: policy.to_string(),
+                reason: format!("{} has no virtual memory management", device.name()),
+            };
+            on_report(Err(&skipped));
+            run.skipped.push(skipped);
+            continue;
+        }
+        let report = selftest(device.clone(), &policy, trace, bytes_per_block).map_err(|e| {
+            SelftestError::Policy {
+                policy: policy.to_string(),
+                source: Box::new(e),
+            }
+        })?;
+        on_report(Ok(&report));
+        run.reports.push(report);
+    }
+    Ok(run)
 }
 
 /// The byte at `offset` of the pattern of block `tag`: differs between blocks and along a
@@ -168,6 +234,14 @@ pub enum SelftestError {
     /// The pool failed for a reason other than a check.
     #[error("pool error: {0}")]
     Pool(#[from] PoolError),
+    /// The self-test of one of several policies failed to run.
+    #[error("{policy}: {source}")]
+    Policy {
+        /// The policy.
+        policy: String,
+        /// What failed.
+        source: Box<SelftestError>,
+    },
 }
 
 /// Runs the self-test of `policy` on `device`: round trips of blocks of many sizes (write a

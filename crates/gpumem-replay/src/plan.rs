@@ -1,0 +1,472 @@
+//! The whole of `gpumem plan` as one library call: a [`PlanRequest`] (the model, the run
+//! settings, the GPU and what to find) in, a [`PlanReport`] out — the estimate, the reserved
+//! memory each allocator would hold, the advice, the fit and the plan that fits. The command
+//! line, the HTML report and the Python package render this one type; its JSON form is the
+//! documented schema of `gpumem plan --json` (pinned by `tests/report_schema.rs`).
+
+use std::path::PathBuf;
+
+use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
+use gpumem_plan::fit::MAX_GPUS;
+use gpumem_plan::{
+    advise, allocation_sequence, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model,
+    load_config, Estimate, Estimated, Fit, FitTarget, ModelSpec, Overheads, PeakMeasure, PlanError,
+    Settings, Suggestion, Warning, Workload,
+};
+use gpumem_pool::PolicyKind;
+use serde::{Deserialize, Serialize};
+
+use crate::planned::{
+    fit_reserved, planned_trace, replay_failed, replay_planned, PlanReplayError, Replayed,
+};
+
+/// Where a plan's reserved memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum ReservedBy {
+    /// The planned allocation sequence replayed through PyTorch's allocator (and expandable
+    /// segments and gpumem's policy, for comparison): within about 1 % of PyTorch's
+    /// `max_memory_reserved` on measured runs, tens of milliseconds per plan.
+    #[default]
+    Replay,
+    /// The planner's fixed allocator share on top of allocated memory: microseconds per plan,
+    /// for sweeps over thousands of configurations; reserved memory is a rougher figure.
+    Estimate,
+}
+
+/// What to plan: the model, the run settings, the GPU and what to find on it. The fields are
+/// the flags of `gpumem plan` (with the `clap` feature this is that command line) and the
+/// keyword arguments of the Python package's `gpumem.plan`.
+#[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+#[serde(default)]
+pub struct PlanRequest {
+    /// Catalogue model name or Hugging Face id (e.g. llama-3-8b, gpt2, resnet50).
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, conflicts_with = "config", required_unless_present_any = ["config", "list_models"])
+    )]
+    pub model: Option<String>,
+    /// Path to a Hugging Face config.json (or {"model_type":"resnet","depth":50}).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub config: Option<PathBuf>,
+    /// The run: mode, batch, sequence, precision, parallelism, adapters, …
+    #[cfg_attr(feature = "clap", command(flatten))]
+    #[serde(flatten)]
+    pub settings: Settings,
+    /// Global batch to reach with accumulation (with --fit batch).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub global_batch: Option<u64>,
+    /// GPU name (h100, a100-40gb, rtx-4090, ...) or a size (24GB, 80GiB).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub gpu: Option<String>,
+    /// Find the largest batch or seq that fits --gpu.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub fit: Option<String>,
+    /// Safety margin kept free when fitting, as a fraction of GPU memory.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.1))]
+    pub margin: f64,
+    /// Also find the fewest GPUs on which this layout fits --gpu.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub min_gpus: bool,
+    /// CUDA context + framework per GPU, MiB.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = DEFAULT_CONTEXT_BYTES >> 20))]
+    pub context_mib: u64,
+    /// Where reserved memory comes from: replay (the planned allocations replayed through
+    /// PyTorch's allocator; tens of ms) or estimate (a fixed allocator share; microseconds).
+    #[cfg_attr(feature = "clap", arg(long, value_enum, hide_possible_values = true, default_value_t = ReservedBy::Replay))]
+    pub reserved: ReservedBy,
+}
+
+impl Default for PlanRequest {
+    fn default() -> Self {
+        PlanRequest {
+            model: None,
+            config: None,
+            settings: Settings::default(),
+            global_batch: None,
+            gpu: None,
+            fit: None,
+            margin: 0.1,
+            min_gpus: false,
+            context_mib: DEFAULT_CONTEXT_BYTES >> 20,
+            reserved: ReservedBy::Replay,
+        }
+    }
+}
+
+/// The fields of a [`PlanRequest`] beside the run settings.
+const REQUEST_FIELDS: [&str; 9] = [
+    "model",
+    "config",
+    "global_batch",
+    "gpu",
+    "fit",
+    "margin",
+    "min_gpus",
+    "context_mib",
+    "reserved",
+];
+
+impl PlanRequest {
+    /// Every name a request accepts: its own fields and the run settings' flags, spelt as
+    /// fields (`grad_ckpt` for `--grad-ckpt`).
+    pub fn field_names() -> Vec<String> {
+        REQUEST_FIELDS
+            .iter()
+            .map(|name| name.to_string())
+            .chain(Settings::flag_names())
+            .collect()
+    }
+
+    /// Reads a request from a JSON object of fields by name, absent ones at their defaults:
+    /// how the Python package passes keyword arguments. A name that is not a field is an
+    /// error listing the accepted ones (nearest first); a value of the wrong type names its
+    /// field.
+    pub fn from_json(object: &str) -> Result<PlanRequest, PlanError> {
+        let invalid = |reason: String| PlanError::InvalidValue {
+            name: "plan request".into(),
+            value: object.chars().take(200).collect(),
+            reason,
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(object).map_err(|e| invalid(format!("not JSON: {e}")))?;
+        let Some(fields) = value.as_object() else {
+            return Err(invalid("not a JSON object of settings by name".into()));
+        };
+        let accepted = Self::field_names();
+        if let Some(unknown) = fields.keys().find(|k| !accepted.contains(k)) {
+            return Err(gpumem_plan::names::unknown(
+                "plan setting",
+                unknown,
+                accepted.iter().map(String::as_str),
+            ));
+        }
+        for (name, field) in fields {
+            serde_json::from_value::<PlanRequest>(serde_json::json!({ name: field })).map_err(
+                |e| PlanError::InvalidValue {
+                    name: name.clone(),
+                    value: field.to_string(),
+                    reason: e.to_string(),
+                },
+            )?;
+        }
+        serde_json::from_value(value).map_err(|e| invalid(e.to_string()))
+    }
+
+    /// The model asked for: a catalogue name or Hugging Face id, or a config file.
+    pub fn model_spec(&self) -> Result<ModelSpec, PlanError> {
+        match (&self.model, &self.config) {
+            (Some(_), Some(_)) => Err(PlanError::Conflict {
+                first: "--model".into(),
+                second: "--config".into(),
+                reason: "give the model by name or by its config file, not both".into(),
+            }),
+            (Some(name), None) => find_model(name),
+            (None, Some(path)) => load_config(path),
+            (None, None) => Err(PlanError::InvalidValue {
+                name: "model".into(),
+                value: "none".into(),
+                reason: "give a model name (--model NAME) or a config file (--config PATH)".into(),
+            }),
+        }
+    }
+
+    /// The fit target asked for, if any.
+    fn fit_target(&self) -> Result<Option<FitTarget>, PlanError> {
+        match self.fit.as_deref() {
+            None => Ok(None),
+            Some("batch") => Ok(Some(FitTarget::Batch)),
+            Some("seq") => Ok(Some(FitTarget::Seq)),
+            Some(other) => Err(gpumem_plan::names::unknown(
+                "fit target",
+                other,
+                ["batch", "seq"],
+            )),
+        }
+    }
+
+    /// The flags given that act on nothing asked for.
+    fn unused_flags(&self, target: Option<FitTarget>) -> Vec<Warning> {
+        let mut warnings = Vec::new();
+        if self.global_batch.is_some() && target != Some(FitTarget::Batch) {
+            warnings.push(Warning::Ignored {
+                flag: "--global-batch",
+                reason: "it sets the accumulation of --fit batch, which is not asked for".into(),
+            });
+        }
+        if self.min_gpus && self.gpu.is_none() {
+            warnings.push(Warning::Ignored {
+                flag: "--min-gpus",
+                reason: "it counts GPUs of the --gpu given, and none is".into(),
+            });
+        }
+        warnings
+    }
+}
+
+/// Peak memory of the planned allocation sequence replayed through one allocator policy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlannedReserved {
+    /// The policy (`torch`, `expandable`, `gpumem`).
+    pub policy: String,
+    /// Peak bytes handed to tensors.
+    pub peak_allocated_bytes: u64,
+    /// Peak bytes the policy holds from the device.
+    pub peak_reserved_bytes: u64,
+}
+
+/// The GPU asked about and whether the plan fits it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuVerdict {
+    /// Catalogue name, or the size as given.
+    pub name: String,
+    /// Device memory, bytes.
+    pub memory_bytes: u64,
+    /// Whether the plan's peak total fits.
+    pub fits: bool,
+}
+
+/// The largest batch or sequence that fits the GPU, and what it holds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FitReport {
+    /// What was searched: `batch` or `seq`.
+    pub target: FitTarget,
+    /// The largest value that fits.
+    pub value: u64,
+    /// The safety margin kept free, as a fraction of GPU memory.
+    pub margin: f64,
+    /// Memory the plan may use: GPU memory × (1 − margin).
+    pub usable_bytes: u64,
+    /// Gradient accumulation steps to reach the global batch asked for (1 without one).
+    pub grad_accum: u64,
+    /// Global batch reached: micro-batch × data-parallel ranks × accumulation.
+    pub global_batch: u64,
+    /// Peak reserved bytes at the fitted value (replayed or estimated, as the plan says).
+    pub reserved_bytes: u64,
+    /// Reserved plus the context: what was compared with `usable_bytes`.
+    pub total_bytes: u64,
+}
+
+/// The fewest GPUs on which the layout fits.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MinGpus {
+    /// The count, or none when it does not fit on up to `searched_up_to` GPUs.
+    pub gpus: Option<u64>,
+    /// The most GPUs tried.
+    pub searched_up_to: u64,
+}
+
+/// Changes that together make a plan that does not fit the GPU fit it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanThatFits {
+    /// The changes, as flags, in the order they were added.
+    pub changes: Vec<String>,
+    /// Peak total bytes with all of them.
+    pub peak_total_bytes: u64,
+}
+
+/// Everything `gpumem plan` answers; the JSON of `gpumem plan --json` and the object the
+/// Python package's `gpumem.plan` returns.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanReport {
+    /// The model's name.
+    pub model: String,
+    /// The workload planned: the one asked for, or the fitted one.
+    pub workload: Workload,
+    /// Where `peak_reserved_bytes` comes from.
+    pub reserved_by: ReservedBy,
+    /// The estimate: peaks, breakdown, phases, parameters, and every warning about the
+    /// request (its `warnings` gather the settings', the unused flags' and the estimate's).
+    #[serde(flatten)]
+    pub estimate: Estimate,
+    /// The planned allocations replayed per policy (empty when `reserved_by` is estimate).
+    pub replay: Vec<PlannedReserved>,
+    /// Changes to the plan, largest saving first.
+    pub advice: Vec<Suggestion>,
+    /// The GPU asked about, when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuVerdict>,
+    /// The fit, when one was asked for and something fits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit: Option<FitReport>,
+    /// The fewest GPUs, when asked for with a GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_gpus: Option<MinGpus>,
+    /// Changes that make the plan fit, when it does not fit the GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan_that_fits: Option<PlanThatFits>,
+    /// Why the fit asked for failed (nothing fits); the plan shown is then the one asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit_error: Option<String>,
+}
+
+/// Plans `request`: the estimate (reserved memory as `request.reserved` says), the advice,
+/// and the fit, fewest GPUs and plan that fits when asked for. When nothing fits, the report
+/// is the plan as asked for with its advice, and `fit_error` says why.
+pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
+    let model = request.model_spec()?;
+    let settings = Settings {
+        gpu: request.gpu.clone(),
+        ..request.settings.clone()
+    };
+    let resolved = settings.resolve(&model)?;
+    let workload = resolved.workload;
+    let gpu = request.gpu.as_deref().map(find_gpu).transpose()?;
+    let overheads = Overheads {
+        context_bytes: request.context_mib.saturating_mul(1 << 20),
+        ..Overheads::default()
+    };
+    let target = request.fit_target()?;
+    let replayed = request.reserved == ReservedBy::Replay;
+    let measure: &dyn PeakMeasure = if replayed { &Replayed } else { &Estimated };
+    let mut fit_error = None;
+    let fitted = match (target, &gpu) {
+        (Some(target), Some(gpu)) => {
+            let found = if replayed {
+                fit_reserved(
+                    &model,
+                    &workload,
+                    &overheads,
+                    target,
+                    gpu.memory_bytes,
+                    request.margin,
+                    request.global_batch,
+                )
+                .map(|f| (f.fit, f.reserved_bytes, f.total_bytes))
+            } else {
+                gpumem_plan::fit(
+                    &model,
+                    &workload,
+                    &overheads,
+                    target,
+                    gpu.memory_bytes,
+                    request.margin,
+                    request.global_batch,
+                )
+                .map(|f| {
+                    let (reserved, total) =
+                        (f.estimate.peak_reserved_bytes, f.estimate.peak_total_bytes);
+                    (f, reserved, total)
+                })
+                .map_err(PlanReplayError::Plan)
+            };
+            match found {
+                Ok(found) => Some(found),
+                Err(PlanReplayError::Plan(e @ PlanError::NothingFits { .. })) => {
+                    fit_error = Some(e.to_string());
+                    None
+                }
+                Err(PlanReplayError::Plan(e)) => return Err(e),
+                Err(PlanReplayError::Replay(e)) => return Err(replay_failed(&model, e)),
+            }
+        }
+        (Some(_), None) => {
+            return Err(PlanError::InvalidValue {
+                name: "fit".into(),
+                value: request.fit.clone().unwrap_or_default(),
+                reason: "needs a GPU (--gpu NAME or --gpu SIZE)".into(),
+            })
+        }
+        _ => None,
+    };
+    let (shown, estimated) = match &fitted {
+        Some((f, _, _)) => (f.workload.clone(), f.estimate.clone()),
+        None => (workload.clone(), estimate(&model, &workload, &overheads)?),
+    };
+    let replay = if replayed {
+        replay_plan(&model, &shown)?
+    } else {
+        Vec::new()
+    };
+    // Reserved memory is what PyTorch's allocator (the torch policy) holds for the sequence.
+    let mut estimated = match replay
+        .iter()
+        .find(|r| r.policy == PolicyKind::Torch.as_str())
+    {
+        Some(torch) => estimated.with_reserved(torch.peak_reserved_bytes),
+        None => estimated,
+    };
+    let gpu_bytes = gpu.as_ref().map(|g| g.memory_bytes);
+    let advice = advise(&model, &shown, &overheads, gpu_bytes, measure)?;
+    let plan_that_fits = match gpu_bytes {
+        Some(bytes) if estimated.peak_total_bytes > bytes => combine_until_fits(
+            &model, &shown, &overheads, bytes, measure,
+        )?
+        .map(|(changes, _, peak_total_bytes)| PlanThatFits {
+            changes,
+            peak_total_bytes,
+        }),
+        _ => None,
+    };
+    let min_gpus = match (&gpu, request.min_gpus) {
+        (Some(g), true) => Some(MinGpus {
+            gpus: fewest_gpus(
+                &model,
+                &workload,
+                &overheads,
+                g.memory_bytes,
+                request.margin,
+            )?,
+            searched_up_to: MAX_GPUS,
+        }),
+        _ => None,
+    };
+    estimated.warnings = resolved
+        .warnings
+        .into_iter()
+        .chain(request.unused_flags(target))
+        .chain(std::mem::take(&mut estimated.warnings))
+        .collect();
+    Ok(PlanReport {
+        model: model.name.clone(),
+        workload: shown,
+        reserved_by: request.reserved,
+        gpu: gpu.map(|g| GpuVerdict {
+            fits: estimated.peak_total_bytes <= g.memory_bytes,
+            name: g.name,
+            memory_bytes: g.memory_bytes,
+        }),
+        estimate: estimated,
+        replay,
+        advice,
+        fit: fitted
+            .map(|(f, reserved_bytes, total_bytes)| fit_report(&f, reserved_bytes, total_bytes)),
+        min_gpus,
+        plan_that_fits,
+        fit_error,
+    })
+}
+
+/// The fit as the report shows it.
+fn fit_report(fit: &Fit, reserved_bytes: u64, total_bytes: u64) -> FitReport {
+    FitReport {
+        target: fit.target,
+        value: fit.value,
+        margin: fit.margin,
+        usable_bytes: fit.usable_bytes,
+        grad_accum: fit.grad_accum,
+        global_batch: fit.global_batch,
+        reserved_bytes,
+        total_bytes,
+    }
+}
+
+/// Replays the planned allocation sequence of `workload` through the torch, expandable and
+/// gpumem policies: reserved memory as each allocator would hold it.
+fn replay_plan(model: &ModelSpec, workload: &Workload) -> Result<Vec<PlannedReserved>, PlanError> {
+    let trace = planned_trace(
+        &format!("gpumem plan: {}", model.name),
+        &allocation_sequence(model, workload)?,
+    );
+    let reports = replay_planned(&trace).map_err(|e| replay_failed(model, e))?;
+    Ok(reports
+        .into_iter()
+        .map(|r| PlannedReserved {
+            policy: r.policy,
+            peak_allocated_bytes: r.peak_allocated_bytes,
+            peak_reserved_bytes: r.peak_reserved_bytes,
+        })
+        .collect())
+}

@@ -1,0 +1,73 @@
+//! The values a replay is asked for by name — which policies, on what capacity, with which
+//! allocator settings — parsed the same way for the command line and the Python package.
+
+use gpumem_pool::policies::torch_settings::TorchSettings;
+use gpumem_pool::policies::GpumemSettings;
+use gpumem_pool::{parse_limit, Limit, PolicyKind, ACCEPTED_SIZE_FORMS};
+
+/// A value of a replay request that is not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {value:?}: {reason}")]
+pub struct RequestError {
+    /// What the value is for (`policy`, `capacity`, `pytorch_alloc_conf`, …).
+    pub what: &'static str,
+    /// The value as given.
+    pub value: String,
+    /// Why it is refused and what is accepted.
+    pub reason: String,
+}
+
+/// The policies `text` names: one policy, or every built-in one for `all`.
+pub fn parse_policies(text: &str) -> Result<Vec<PolicyKind>, RequestError> {
+    if text.trim() == "all" {
+        return Ok(PolicyKind::ALL.to_vec());
+    }
+    text.parse()
+        .map(|kind| vec![kind])
+        .map_err(|accepted| RequestError {
+            what: "policy",
+            value: text.to_string(),
+            reason: format!("accepted: {accepted}, or all"),
+        })
+}
+
+/// A device capacity: an absolute size in any form `GPUMEM_HARD_LIMIT` accepts.
+pub fn parse_capacity(text: &str) -> Result<u64, RequestError> {
+    let refuse = |reason: String| RequestError {
+        what: "capacity",
+        value: text.to_string(),
+        reason,
+    };
+    match parse_limit(text) {
+        Ok(Limit::Bytes(bytes)) => Ok(bytes),
+        Ok(Limit::Fraction(_)) => Err(refuse(
+            "a capacity must be absolute (e.g. 24GiB), not a percentage".into(),
+        )),
+        Err(e) => Err(refuse(format!("{e}; accepted: {ACCEPTED_SIZE_FORMS}"))),
+    }
+}
+
+/// The torch and gpumem policies' settings from their configuration strings
+/// (`PYTORCH_ALLOC_CONF` and `GPUMEM_POLICY_CONF` syntax), the defaults where not given.
+pub fn policy_settings(
+    pytorch_alloc_conf: Option<&str>,
+    gpumem_policy_conf: Option<&str>,
+) -> Result<(TorchSettings, GpumemSettings), RequestError> {
+    let torch = match pytorch_alloc_conf {
+        Some(conf) => TorchSettings::parse(conf).map_err(|e| RequestError {
+            what: "pytorch_alloc_conf",
+            value: conf.to_string(),
+            reason: e.to_string(),
+        })?,
+        None => TorchSettings::default(),
+    };
+    let gpumem = match gpumem_policy_conf {
+        Some(conf) => GpumemSettings::parse(conf).map_err(|e| RequestError {
+            what: "gpumem_policy_conf",
+            value: conf.to_string(),
+            reason: e.to_string(),
+        })?,
+        None => GpumemSettings::default(),
+    };
+    Ok((torch, gpumem))
+}
