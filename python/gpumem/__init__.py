@@ -2,137 +2,206 @@
 
 - :func:`plan` / :func:`fit` predict the peak memory per GPU of a training or inference run and
   find the batch that fits (no GPU needed);
-- :func:`replay` replays an allocation trace (a file, or a snapshot dict straight from
-  ``torch.cuda.memory._snapshot()``) through gpumem's allocator policies;
+- :func:`replay` replays an allocation trace (a file, its bytes, or a snapshot dict straight
+  from ``torch.cuda.memory._snapshot()``) through gpumem's allocator policies; :func:`tune`
+  searches PyTorch's allocator options for it; :func:`report` draws it as an HTML page;
+- :func:`policies`, :func:`devices` and :func:`selftest` say what is here and check it;
 - :mod:`gpumem.torch` and :mod:`gpumem.cupy` run PyTorch and CuPy on gpumem's caching pool.
 
-``plan``, ``fit`` and ``replay`` run the ``gpumem`` command (``python -m gpumem``) and return its
-JSON as a :class:`Result`, so their fields are exactly the command's ``--json`` fields. Errors
-are :class:`GpumemError` carrying the Rust error's text.
+Every call runs in this process, in the Rust library the ``gpumem`` command runs, and returns
+a typed result (a frozen dataclass of :mod:`gpumem.results`) whose fields are the command's ``--json`` fields;
+``result.to_dict()`` is that JSON. Bad arguments raise :class:`PlanError`,
+:class:`TraceError` or :class:`ReplayError` (all :class:`GpumemError`) with the command's
+message.
 """
 
-from __future__ import annotations
+import json as _json
+import os as _os
+import pickle as _pickle
+from typing import Any as _Any, Iterable as _Iterable, Mapping as _Mapping, Union as _Union
 
-import json
-import os
-import pickle
-import subprocess
-import sys
-import tempfile
-from typing import Any, Iterable, Mapping
+from gpumem import _gpumem
+from gpumem._gpumem import GpumemError, OutOfMemoryError, PlanError, ReplayError, TraceError
+from gpumem import results
+from gpumem.results import (
+    Devices,
+    Plan,
+    Policy,
+    Replay,
+    Selftest,
+    Tune,
+)
 
-from gpumem._gpumem import GpumemError, OutOfMemoryError
-
-__all__ = ["GpumemError", "OutOfMemoryError", "Result", "plan", "fit", "replay", "run_cli"]
+__all__ = [
+    "Devices",
+    "GpumemError",
+    "NothingFitsError",
+    "OutOfMemoryError",
+    "Plan",
+    "PlanError",
+    "Policy",
+    "Replay",
+    "ReplayError",
+    "Selftest",
+    "TraceError",
+    "TraceSource",
+    "Tune",
+    "devices",
+    "fit",
+    "plan",
+    "policies",
+    "replay",
+    "report",
+    "results",
+    "selftest",
+    "tune",
+]
 __version__ = "0.1.0"
 
-
-class Result(dict):
-    """The command's JSON object; fields read as keys or attributes (``r.peak_total_bytes``),
-    nested objects likewise."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(
-                f"{type(self).__name__} has no field {name!r}; fields: {', '.join(self)}"
-            ) from None
-
-    @staticmethod
-    def wrap(value: Any) -> Any:
-        """`value` with every JSON object in it as a Result."""
-        if isinstance(value, Mapping):
-            return Result({k: Result.wrap(v) for k, v in value.items()})
-        if isinstance(value, list):
-            return [Result.wrap(v) for v in value]
-        return value
+#: What a trace may be given as: a file's path, a file's bytes, or a PyTorch memory snapshot
+#: as ``torch.cuda.memory._snapshot()`` returns it.
+TraceSource = _Union[str, "_os.PathLike[str]", bytes, _Mapping[str, _Any]]
 
 
-def _flags(options: Mapping[str, Any]) -> list[str]:
-    """Keyword arguments as command-line flags: ``grad_ckpt=True`` → ``--grad-ckpt``,
-    ``batch=4`` → ``--batch 4``; ``None`` and ``False`` are left out."""
-    flags: list[str] = []
-    for name, value in options.items():
-        if value is None or value is False:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
-def run_cli(args: Iterable[str]) -> str:
-    """Runs ``gpumem ARGS`` in a child Python (``python -m gpumem``) and returns its standard
-    output; a failure raises GpumemError with the command's message."""
-    argv = [sys.executable, "-m", "gpumem", *map(str, args)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        message = done.stderr.strip().removeprefix("gpumem: ")
-        raise GpumemError(message or f"gpumem exited with status {done.returncode}")
-    return done.stdout
-
-
-def _json(args: Iterable[str]) -> Result:
-    return Result.wrap(json.loads(run_cli([*args, "--json"])))
-
-
-def plan(model: str | None = None, *, config: str | os.PathLike[str] | None = None,
-         **options: Any) -> Result:
-    """Predicts the peak memory per GPU of a run: ``gpumem plan --json`` with the keyword
-    arguments as its flags (``mode="train"``, ``batch=4``, ``seq=2048``, ``amp="bf16"``,
-    ``grad_ckpt=True``, ``gpu="a100-80gb"``, ``zero="3"``, ``gpus=8``, …; see
-    ``python -m gpumem plan --help``). ``model`` is a catalogue name or Hugging Face id;
-    ``config`` a path to a Hugging Face config.json instead.
-
-    Returns the JSON's fields: ``peak_total_bytes``, ``peak_allocated_bytes``,
-    ``peak_reserved_bytes``, ``peak_phase``, ``breakdown``, ``phases``, ``advice``,
-    ``workload``, ``warnings``, and ``gpu``/``fit``/``min_gpus``/``plan_that_fits`` when asked.
+class NothingFitsError(PlanError):
+    """A fit for which not even the smallest batch or sequence fits; ``plan`` is the plan as
+    asked for, with its advice and the plan that fits (the command prints it before failing).
     """
-    return _json(["plan", *_flags({"model": model, "config": config, **options})])
+
+    def __init__(self, message: str, plan: Plan) -> None:
+        super().__init__(message)
+        self.plan = plan
 
 
-def fit(model: str | None = None, *, gpu: str, target: str = "batch", **options: Any) -> Result:
-    """Finds the largest ``target`` (``"batch"`` or ``"seq"``) that fits ``gpu`` (a name such as
-    ``"h100"`` or a size such as ``"24GiB"``): :func:`plan` with ``fit=target``; the result's
-    ``fit`` field holds the value, usable bytes and accumulation."""
-    return plan(model, gpu=gpu, fit=target, **options)
+def plan(model: str | None = None, *, config: str | _os.PathLike[str] | None = None,
+         reserved: str = "replay", **settings: _Any) -> Plan:
+    """Predicts the peak memory per GPU of a run: ``gpumem plan --json``, in-process.
+
+    ``model`` is a catalogue name or Hugging Face id, or ``config`` a path to a Hugging Face
+    config.json. ``settings`` are the command's flags by name (``mode="train"``, ``batch=4``,
+    ``seq=2048``, ``amp="bf16"``, ``grad_ckpt=True``, ``gpu="a100-80gb"``, ``zero="3"``,
+    ``gpus=8``, ``fit="batch"``, ``min_gpus=True``, …; ``python -m gpumem plan --help`` lists
+    them); a name that is not one raises :class:`PlanError` naming the nearest.
+    ``reserved="estimate"`` skips the allocator replay (microseconds instead of tens of
+    milliseconds: for sweeps over thousands of configurations).
+
+    Raises :class:`NothingFitsError` when a fit finds nothing (its ``plan`` holds the rest).
+    """
+    request = {"model": model, "config": config, "reserved": reserved, **settings}
+    request = {k: v for k, v in request.items() if v is not None}
+    text = _json.dumps(request, default=_os.fspath)
+    result = Plan.from_dict(_json.loads(_gpumem.plan(text)))
+    if result.fit_error is not None:
+        raise NothingFitsError(result.fit_error, result)
+    return result
 
 
-def replay(trace: str | os.PathLike[str] | Mapping[str, Any] | None = None, *,
-           policies: str | Iterable[str] = "all", capacity: str | int | None = None,
-           **options: Any) -> Result:
+def fit(model: str | None = None, *, gpu: str, target: str = "batch", **settings: _Any) -> Plan:
+    """Finds the largest ``target`` (``"batch"`` or ``"seq"``) that fits ``gpu`` (a name such
+    as ``"h100"`` or a size such as ``"24GiB"``): :func:`plan` with ``fit=target``; the
+    result's ``fit`` holds the value, usable bytes and accumulation."""
+    return plan(model, gpu=gpu, fit=target, **settings)
+
+
+def _source(trace: TraceSource, format: str) -> tuple[_Any, str]:
+    """A trace as the extension takes it (a path or bytes), and its format: a snapshot dict
+    is pickled in memory, as PyTorch's ``_dump_snapshot`` writes it."""
+    if isinstance(trace, _Mapping):
+        return _pickle.dumps(dict(trace)), "pytorch" if format == "auto" else format
+    if isinstance(trace, (bytes, bytearray, memoryview)):
+        return bytes(trace), format
+    if isinstance(trace, (str, _os.PathLike)):
+        return _os.fspath(trace), format
+    raise TypeError(
+        f"a trace is a path, bytes or a snapshot dict, not {type(trace).__name__}"
+    )
+
+
+def _names(policies: str | _Iterable[str]) -> list[str]:
+    return [policies] if isinstance(policies, str) else list(policies)
+
+
+def _size(capacity: str | int | None) -> str | None:
+    return None if capacity is None else str(capacity)
+
+
+def replay(trace: TraceSource | None = None, *, policies: str | _Iterable[str] = "all",
+           capacity: str | int | None = None, format: str = "auto", device: int | None = None,
+           pytorch_alloc_conf: str | None = None, gpumem_policy_conf: str | None = None,
+           smallest_capacity: bool = False) -> Replay:
     """Replays an allocation trace through gpumem's policies: ``gpumem replay --json``.
 
-    ``trace`` is a file (gpumem JSON lines, a PyTorch snapshot pickle, an RMM log; gzip or not),
-    or a snapshot dict as ``torch.cuda.memory._snapshot()`` returns it, or None for the bundled
-    GPT-2 trace. ``policies`` is ``"all"``, one name, or several (one replay each, the reports
-    joined). ``capacity`` is a device size (``"24GiB"`` or bytes) to check for OOM. Other
-    keyword arguments are the command's flags (``pytorch_alloc_conf=``, ``smallest_capacity=True``,
-    ``device=``, ``format=``).
-
-    Returns ``trace`` (name, source, events, steps, peak_live_bytes), ``capacity_bytes`` and
-    ``policies``: one report per policy with ``peak_allocated_bytes``, ``peak_reserved_bytes``,
-    ``utilization``, ``device_calls``, ``oom`` and the rest of the command's fields.
+    ``trace`` is a file (gpumem JSON lines, a PyTorch snapshot pickle, an RMM log; gzip or
+    not), its bytes, a snapshot dict as ``torch.cuda.memory._snapshot()`` returns it (nothing
+    is written to disk), or None for the bundled GPT-2 training trace. ``policies`` is
+    ``"all"``, one name or several; ``capacity`` a device size (``"24GiB"`` or bytes) to check
+    for out-of-memory; ``device`` the snapshot's device; ``smallest_capacity`` also finds the
+    smallest device each policy runs on.
     """
-    names = [policies] if isinstance(policies, str) else list(policies)
-    if not names:
-        raise GpumemError("policies is empty; accepted: 'all', a policy name, or a list of them")
-    with tempfile.TemporaryDirectory(prefix="gpumem-replay-") as scratch:
-        if isinstance(trace, Mapping):
-            path = os.path.join(scratch, "snapshot.pickle")
-            with open(path, "wb") as out:
-                pickle.dump(dict(trace), out)
-            options.setdefault("format", "pytorch")
-            trace = path
-        head = ["replay"] + ([os.fspath(trace)] if trace is not None else [])
-        results = [
-            _json(head + _flags({"policy": name, "capacity": capacity, **options}))
-            for name in names
-        ]
-    joined = results[0]
-    for more in results[1:]:
-        joined["policies"] += more["policies"]
-    return joined
+    source, format = (None, format) if trace is None else _source(trace, format)
+    text = _gpumem.replay(
+        source, format=format, device=device, name="snapshot", policies=_names(policies),
+        capacity=_size(capacity), pytorch_alloc_conf=pytorch_alloc_conf,
+        gpumem_policy_conf=gpumem_policy_conf, smallest_capacity=smallest_capacity)
+    return Replay.from_dict(_json.loads(text))
+
+
+def tune(trace: TraceSource, *, capacity: str | int | None = None, objective: str = "reserved",
+         top: int = 3, max_replays: int | None = None, format: str = "auto",
+         device: int | None = None) -> Tune:
+    """Searches PyTorch's allocator options (PYTORCH_CUDA_ALLOC_CONF) for ``trace``:
+    ``gpumem tune --json``. ``objective`` is ``"reserved"``, ``"fit"`` or ``"calls"``; the
+    ``top`` settings come best first, with PyTorch's defaults and gpumem's policy beside."""
+    source, format = _source(trace, format)
+    text = _gpumem.tune(source, format=format, device=device, name="snapshot",
+                        capacity=_size(capacity), objective=objective, top=top,
+                        max_replays=max_replays)
+    return Tune.from_dict(_json.loads(text))
+
+
+def report(traces: TraceSource | list[TraceSource], output: str | _os.PathLike[str] | None = None,
+           *, policies: str | _Iterable[str] = "all", capacity: str | int | None = None,
+           tune: bool = False, format: str = "auto", device: int | None = None,
+           pytorch_alloc_conf: str | None = None,
+           gpumem_policy_conf: str | None = None) -> str:
+    """The HTML report of ``traces`` (one trace, or a list: the ranks of a job) as
+    ``gpumem report`` writes it: charts, segment maps, where each policy would run out of
+    memory. With ``output``, writes the page there and returns its path; without, returns the
+    page (for a notebook: ``IPython.display.HTML(gpumem.report(t))``)."""
+    listed = traces if isinstance(traces, list) else [traces]
+    read = [_source(trace, format) for trace in listed]
+    # A snapshot dict is read as a PyTorch snapshot; the traces of a job share one format.
+    formats = {trace_format for _, trace_format in read} or {format}
+    page = _gpumem.report(
+        [source for source, _ in read], format=formats.pop() if len(formats) == 1 else format,
+        device=device,
+        policies=_names(policies), capacity=_size(capacity),
+        pytorch_alloc_conf=pytorch_alloc_conf, gpumem_policy_conf=gpumem_policy_conf,
+        tune=tune)
+    if output is None:
+        return page
+    with open(output, "w", encoding="utf-8") as out:
+        out.write(page)
+    return _os.fspath(output)
+
+
+def policies() -> list[Policy]:
+    """The built-in allocator policies, what each is, and which is the default."""
+    return [Policy.from_dict(p) for p in _json.loads(_gpumem.policies())]
+
+
+def devices() -> Devices:
+    """Every device of every backend here (the simulated one always), and for each backend
+    without one, why."""
+    return Devices.from_dict(_json.loads(_gpumem.devices()))
+
+
+def selftest(*, backend: str = "sim", device: int = 0, policies: str | _Iterable[str] = "all",
+             trace: TraceSource | None = None, bytes_per_block: int | None = None) -> Selftest:
+    """Checks the pool on ``device`` of ``backend`` (``"sim"`` or ``"cuda"``) with real bytes:
+    every policy of ``policies``, round trips and a real trace (``trace``, or a bundled one).
+    The result's ``passed`` says whether every check held."""
+    source = None if trace is None else _source(trace, "auto")[0]
+    text = _gpumem.selftest(backend=backend, device=device, policies=_names(policies),
+                            trace=source, bytes_per_block=bytes_per_block)
+    return Selftest.from_dict(_json.loads(text))

@@ -6,6 +6,38 @@ class GpumemError(Exception):
 class OutOfMemoryError(GpumemError):
     """An allocation that does not fit, even after freeing the cache; the message explains."""
 
+class PlanError(GpumemError):
+    """A plan that cannot be made: an unknown model, GPU or setting, a value out of range."""
+
+class TraceError(GpumemError):
+    """A trace or snapshot that cannot be read: the message names the file and what it is not."""
+
+class ReplayError(GpumemError):
+    """A replay, tune, report or selftest that failed: a bad setting or an unreplayable trace."""
+
+def plan(request: str) -> str:
+    """The plan of request (a JSON object of settings by name) as gpumem plan --json."""
+def plan_fields() -> list[str]:
+    """Every name plan accepts in its request."""
+def replay(source: str | bytes | None, *, format: str, device: int | None, name: str,
+           policies: list[str], capacity: str | None, pytorch_alloc_conf: str | None,
+           gpumem_policy_conf: str | None, smallest_capacity: bool) -> str:
+    """source (a path, bytes, None: the bundled trace) replayed: gpumem replay --json."""
+def tune(source: str | bytes, *, format: str, device: int | None, name: str,
+         capacity: str | None, objective: str, top: int, max_replays: int | None) -> str:
+    """PyTorch's allocator options searched for source: gpumem tune --json."""
+def report(sources: list[str | bytes], *, format: str, device: int | None, policies: list[str],
+           capacity: str | None, pytorch_alloc_conf: str | None,
+           gpumem_policy_conf: str | None, tune: bool) -> str:
+    """The HTML report of sources, as gpumem report writes it."""
+def policies() -> str:
+    """The built-in policies: gpumem policies --json."""
+def devices() -> str:
+    """Every device of every backend built in: gpumem devices --json."""
+def selftest(*, backend: str, device: int, policies: list[str], trace: str | bytes | None,
+             bytes_per_block: int | None) -> str:
+    """The policies checked on a device with real bytes: gpumem selftest --json."""
+
 def cli(argv: list[str]) -> int:
     """Runs the gpumem command with argv (program name first); returns its exit status."""
 def alloc(size: int, device: int = 0, stream: int = 0) -> int:

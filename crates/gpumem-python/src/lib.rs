@@ -1,18 +1,33 @@
 //! `gpumem._gpumem`, the extension module of the Python package `gpumem` (python/).
 //!
-//! One shared library holds three things: the `gpumem` command (`cli`, for `python -m gpumem`
-//! and for `gpumem.plan`/`gpumem.replay`, which run it and read its JSON), Python functions
-//! over the pools (`memory_stats`, `configure`, …), and — re-exported from gpumem-capi — the C
-//! entry points that PyTorch's `CUDAPluggableAllocator` and CuPy's `CFunctionAllocator` load
-//! from this very file. One file means one set of pools: what PyTorch allocates is what
+//! One shared library holds four things: the libraries' calls (`plan`, `replay`, `tune`,
+//! `report`, `policies`, `devices`, `selftest`), each returning its report type as JSON that the
+//! package turns into typed objects (python/gpumem/_reports.py); the `gpumem` command without
+//! its live watchers (`cli`, for `python -m gpumem`); Python functions over the pools
+//! (`memory_stats`, `configure`, …); and — re-exported from gpumem-capi — the C entry points
+//! that PyTorch's `CUDAPluggableAllocator` and CuPy's `CFunctionAllocator` load from this very
+//! file. One file means one set of pools: what PyTorch allocates is what
 //! `gpumem.torch.memory_stats()` reports.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use gpumem_capi::{api, CapiError};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+
+use gpumem_cli::backend::Backend;
+use gpumem_pool::PolicyKind;
+use gpumem_replay::plan::PlanRequest;
+use gpumem_replay::request;
+use gpumem_replay::selftest::{selftest_policies, BUNDLED_TRACE};
+use gpumem_replay::tune::{Objective, TuneOptions};
+use gpumem_replay::{
+    replay_report, PolicyInfo, ReplayOptions, TraceInfo, TuneResult, EXAMPLE_TRACE,
+};
+use gpumem_report::ReportOptions;
+use gpumem_trace::{read_path, Format, ReadOptions, Trace};
 
 create_exception!(
     gpumem,
@@ -25,6 +40,26 @@ create_exception!(
     OutOfMemoryError,
     GpumemError,
     "An allocation that does not fit, even after freeing the cache; the message explains."
+);
+create_exception!(
+    gpumem,
+    PlanError,
+    GpumemError,
+    "A plan that cannot be made: an unknown model, GPU or setting, a value out of range, two \
+     settings no run combines."
+);
+create_exception!(
+    gpumem,
+    TraceError,
+    GpumemError,
+    "A trace or snapshot that cannot be read: the message names the file and what it is not."
+);
+create_exception!(
+    gpumem,
+    ReplayError,
+    GpumemError,
+    "A replay, tune, report or selftest that failed: a bad setting, or a trace the policies \
+     cannot replay."
 );
 
 fn py_error(error: CapiError) -> PyErr {
@@ -184,12 +219,264 @@ fn diagnose_json(samples_json: &str, pid: Option<u32>) -> PyResult<String> {
     Ok(serde_json::Value::from(findings).to_string())
 }
 
+/// Serializes a report for the Python side.
+fn to_json(report: &impl serde::Serialize) -> PyResult<String> {
+    serde_json::to_string(report).map_err(|e| GpumemError::new_err(e.to_string()))
+}
+
+/// The plan of `request` (a JSON object of `gpumem plan`'s settings by name) as the JSON of
+/// `gpumem plan --json`.
+#[pyfunction]
+fn plan(py: Python<'_>, request: &str) -> PyResult<String> {
+    let report = py.detach(|| {
+        PlanRequest::from_json(request).and_then(|request| gpumem_replay::plan::plan(&request))
+    });
+    to_json(&report.map_err(|e| PlanError::new_err(e.to_string()))?)
+}
+
+/// Every name `plan` accepts in its request: the settings' and the plan's own.
+#[pyfunction]
+fn plan_fields() -> Vec<String> {
+    PlanRequest::field_names()
+}
+
+/// A trace to read: a file's path, or a file's bytes.
+#[derive(FromPyObject)]
+enum Source {
+    /// A path (str or os.PathLike).
+    Path(PathBuf),
+    /// The bytes of a file (a pickled snapshot, a gzip, …).
+    Bytes(Vec<u8>),
+}
+
+/// Reads `source` as `format` (`auto`, `native`, `pytorch`, `rmm`), device `device` of a
+/// snapshot; a trace read from bytes without a name of its own is called `name`.
+fn read_trace(source: &Source, format: &str, device: Option<usize>, name: &str) -> PyResult<Trace> {
+    let format: Format =
+        format
+            .parse()
+            .map_err(|e: gpumem_trace::formats::UnknownFormatName| {
+                TraceError::new_err(e.to_string())
+            })?;
+    let options = ReadOptions { format, device };
+    let read = match source {
+        Source::Path(path) => read_path(path, options),
+        Source::Bytes(bytes) => gpumem_trace::read(bytes.as_slice(), options).map(|mut trace| {
+            if trace.meta.name.is_empty() {
+                trace.meta.name = name.to_string();
+            }
+            trace
+        }),
+    };
+    read.map_err(|e| TraceError::new_err(e.to_string()))
+}
+
+/// A replay setting refused, as the Python exception.
+fn request_error(e: gpumem_replay::request::RequestError) -> PyErr {
+    ReplayError::new_err(e.to_string())
+}
+
+/// The policies named: one name, `all`, or a list of names.
+fn policy_list(policies: Vec<String>) -> PyResult<Vec<PolicyKind>> {
+    if policies.is_empty() {
+        return Err(ReplayError::new_err(format!(
+            "no policy given; accepted: all, or one or more of {}",
+            PolicyKind::names()
+        )));
+    }
+    let mut kinds = Vec::new();
+    for name in &policies {
+        kinds.extend(request::parse_policies(name).map_err(request_error)?);
+    }
+    Ok(kinds)
+}
+
+/// The capacity given, parsed as `--capacity` is.
+fn capacity(capacity: Option<&str>) -> PyResult<Option<u64>> {
+    capacity
+        .map(request::parse_capacity)
+        .transpose()
+        .map_err(request_error)
+}
+
+/// `source` (None: the bundled GPT-2 training trace) replayed through `policies` as
+/// `gpumem replay --json` reports it.
+#[pyfunction]
+#[pyo3(signature = (source, *, format, device, name, policies, capacity, pytorch_alloc_conf, gpumem_policy_conf, smallest_capacity))]
+#[allow(clippy::too_many_arguments)]
+fn replay(
+    py: Python<'_>,
+    source: Option<Source>,
+    format: &str,
+    device: Option<usize>,
+    name: &str,
+    policies: Vec<String>,
+    capacity: Option<&str>,
+    pytorch_alloc_conf: Option<&str>,
+    gpumem_policy_conf: Option<&str>,
+    smallest_capacity: bool,
+) -> PyResult<String> {
+    let source = source.unwrap_or_else(|| Source::Bytes(EXAMPLE_TRACE.to_vec()));
+    let trace = read_trace(&source, format, device, name)?;
+    let policies = policy_list(policies)?;
+    let (torch, gpumem) =
+        request::policy_settings(pytorch_alloc_conf, gpumem_policy_conf).map_err(request_error)?;
+    let options = ReplayOptions {
+        capacity: self::capacity(capacity)?,
+        torch,
+        gpumem,
+        smallest_capacity,
+        ..ReplayOptions::default()
+    };
+    let report = py
+        .detach(|| replay_report(&trace, &policies, &options, &mut |_| {}))
+        .map_err(|e| ReplayError::new_err(e.to_string()))?;
+    to_json(&report)
+}
+
+/// PyTorch's allocator options searched for `source`, as `gpumem tune --json` reports it.
+#[pyfunction]
+#[pyo3(signature = (source, *, format, device, name, capacity, objective, top, max_replays))]
+#[allow(clippy::too_many_arguments)]
+fn tune(
+    py: Python<'_>,
+    source: Source,
+    format: &str,
+    device: Option<usize>,
+    name: &str,
+    capacity: Option<&str>,
+    objective: &str,
+    top: usize,
+    max_replays: Option<usize>,
+) -> PyResult<String> {
+    let trace = read_trace(&source, format, device, name)?;
+    let objective: Objective = objective.parse().map_err(|accepted| {
+        ReplayError::new_err(format!("objective {objective:?}: accepted: {accepted}"))
+    })?;
+    if !(1..=100).contains(&top) {
+        return Err(ReplayError::new_err(format!(
+            "top {top}: accepted: 1 to 100 settings"
+        )));
+    }
+    let options = TuneOptions {
+        objective,
+        capacity: self::capacity(capacity)?,
+        top,
+        max_replays,
+    };
+    let report = py
+        .detach(|| gpumem_replay::tune::tune(&trace, &options, &|_| {}))
+        .map_err(|e| ReplayError::new_err(e.to_string()))?;
+    to_json(&TuneResult {
+        trace: TraceInfo::of(&trace),
+        tune: report,
+    })
+}
+
+/// The HTML report of `sources` (the ranks of a job) replayed through `policies`, as
+/// `gpumem report` writes it.
+#[pyfunction]
+#[pyo3(signature = (sources, *, format, device, policies, capacity, pytorch_alloc_conf, gpumem_policy_conf, tune))]
+#[allow(clippy::too_many_arguments)]
+fn report(
+    py: Python<'_>,
+    sources: Vec<Source>,
+    format: &str,
+    device: Option<usize>,
+    policies: Vec<String>,
+    capacity: Option<&str>,
+    pytorch_alloc_conf: Option<&str>,
+    gpumem_policy_conf: Option<&str>,
+    tune: bool,
+) -> PyResult<String> {
+    let traces = sources
+        .iter()
+        .enumerate()
+        .map(|(rank, source)| read_trace(source, format, device, &format!("rank {rank}")))
+        .collect::<PyResult<Vec<_>>>()?;
+    let capacity = self::capacity(capacity)?;
+    let (torch, gpumem) =
+        request::policy_settings(pytorch_alloc_conf, gpumem_policy_conf).map_err(request_error)?;
+    let options = ReportOptions {
+        policies: policy_list(policies)?,
+        replay: ReplayOptions {
+            capacity,
+            torch,
+            gpumem,
+            ..ReplayOptions::default()
+        },
+        tune: tune.then_some(TuneOptions {
+            objective: Objective::Reserved,
+            capacity,
+            top: 3,
+            max_replays: None,
+        }),
+        buckets: gpumem_report::DEFAULT_BUCKETS,
+    };
+    let built = py
+        .detach(|| gpumem_report::build(&traces, &options))
+        .map_err(|e| ReplayError::new_err(e.to_string()))?;
+    Ok(gpumem_report::render(&built))
+}
+
+/// The built-in allocator policies as `gpumem policies --json` lists them.
+#[pyfunction]
+fn policies() -> PyResult<String> {
+    to_json(&PolicyInfo::all())
+}
+
+/// Every device of every backend built in, as `gpumem devices --json` lists them.
+#[pyfunction]
+fn devices(py: Python<'_>) -> PyResult<String> {
+    to_json(&py.detach(gpumem_cli::backend::list))
+}
+
+/// Every policy of `policies` checked on device `device` of `backend` with real bytes, as
+/// `gpumem selftest --json` reports it; `trace` replaces the bundled trace.
+#[pyfunction]
+#[pyo3(signature = (*, backend, device, policies, trace, bytes_per_block))]
+fn selftest(
+    py: Python<'_>,
+    backend: &str,
+    device: usize,
+    policies: Vec<String>,
+    trace: Option<Source>,
+    bytes_per_block: Option<u64>,
+) -> PyResult<String> {
+    let backend = <Backend as clap::ValueEnum>::from_str(backend, true).map_err(|_| {
+        ReplayError::new_err(format!("backend {backend:?}: accepted: sim, cuda, wgpu"))
+    })?;
+    let policies = policy_list(policies)?;
+    let trace = match &trace {
+        Some(source) => read_trace(source, "auto", None, "trace")?,
+        None => gpumem_trace::read(BUNDLED_TRACE, ReadOptions::default())
+            .map_err(|e| TraceError::new_err(e.to_string()))?,
+    };
+    let bytes = bytes_per_block.unwrap_or(u64::MAX);
+    let run = py.detach(|| {
+        let device = backend.open(device)?;
+        selftest_policies(device, &policies, &trace, bytes, &mut |_| {}).map_err(|e| e.to_string())
+    });
+    to_json(&run.map_err(ReplayError::new_err)?)
+}
+
 /// The module `gpumem._gpumem`.
 #[pymodule]
 fn _gpumem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("GpumemError", py.get_type::<GpumemError>())?;
     m.add("OutOfMemoryError", py.get_type::<OutOfMemoryError>())?;
+    m.add("PlanError", py.get_type::<PlanError>())?;
+    m.add("TraceError", py.get_type::<TraceError>())?;
+    m.add("ReplayError", py.get_type::<ReplayError>())?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(replay, m)?)?;
+    m.add_function(wrap_pyfunction!(tune, m)?)?;
+    m.add_function(wrap_pyfunction!(report, m)?)?;
+    m.add_function(wrap_pyfunction!(policies, m)?)?;
+    m.add_function(wrap_pyfunction!(devices, m)?)?;
+    m.add_function(wrap_pyfunction!(selftest, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(alloc, m)?)?;
     m.add_function(wrap_pyfunction!(free, m)?)?;
