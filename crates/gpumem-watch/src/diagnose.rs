@@ -18,36 +18,82 @@ use gpumem_pool::Bytes;
 
 use crate::{GpuSample, PoolSample, Sample};
 
-/// The thresholds of the rules (see the module's table).
+/// The thresholds of the rules (see the module's table). Each says where its value comes from:
+/// a published source, a measurement (with the command that repeats it), or, where neither
+/// was found, that it is a judgement and why; none has been tuned on real `gpumem watch`
+/// recordings, as the repository has none (`testdata/watch/demo.jsonl` is synthetic).
+///
+/// The utilisation figures are NVML's `utilization.gpu`, which nvidia-smi defines as the
+/// "percent of time over the past sample period during which one or more kernels was
+/// executing on the GPU", the period being between 1/6 s and 1 s depending on the product
+/// (`nvidia-smi --help-query-gpu`). Any kernel counts, however few SMs it uses, so this figure
+/// is never below DCGM's SM activity (`DCGM_FI_PROF_SM_ACTIVE`, the fraction of time a warp is
+/// active, averaged over the SMs), for which the DCGM user guide (Feature Overview, Profiling
+/// Metrics) says "a value of 0.8 or greater is necessary, but not sufficient, for effective
+/// use of the GPU". So a utilisation below 80 % puts SM activity below that level too.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Thresholds {
-    /// Fewer samples than this: no rule fires (default 5).
+    /// Fewer samples than this: no rule fires (default 5). Judgement, no source: the fewest
+    /// that can show a pattern (starvation needs two gaps with work between them: at least
+    /// idle, busy, idle, busy, plus one), 5 s at `gpumem watch`'s default 1 s interval.
     pub min_samples: usize,
-    /// Peak memory below this fraction of total is unused memory (0.5).
+    /// Peak memory below this fraction of total is unused memory (0.5). Judgement, no source:
+    /// at half the memory free, the batch (or the model replicas per GPU) could at least double
+    /// before memory limits it.
     pub unused_memory_fraction: f64,
     /// Mean utilisation (%) at or above which unused memory is not worth a finding (90).
+    /// Judgement above a source: DCGM's 0.8 SM activity (see above) is necessary but not
+    /// sufficient, so a GPU at 80–90 % may still gain from a larger batch; 90 leaves that band
+    /// to the finding.
     pub busy_enough_util: f64,
-    /// Utilisation (%) below which a sample is idle (10).
+    /// Utilisation (%) below which a sample is idle (10). Judgement, read through nvidia-smi's
+    /// definition (see above): under 10 % means no kernel ran for at least 90 % of the sample
+    /// period (900 ms of a 1 s period).
     pub idle_util: f64,
-    /// Fraction of idle samples above which starvation may hold (0.15) …
+    /// Fraction of idle samples above which starvation may hold (0.15) … Judgement, no source:
+    /// below it the gaps cost less than a sixth of the time.
     pub starved_min_idle: f64,
-    /// … and below which (0.9): an always idle GPU is not starved, it is unused.
+    /// … and below which (0.9): an always idle GPU is not starved, it is unused. Judgement, no
+    /// source: at 90 % idle the bursts are the exception, not the work.
     pub starved_max_idle: f64,
-    /// Mean utilisation (%) of the non-idle samples for starvation (80).
+    /// Mean utilisation (%) of the non-idle samples for starvation (80). Source: DCGM's 0.8 SM
+    /// activity (see above): between the gaps the GPU reaches the level DCGM calls necessary
+    /// for effective use, so the gaps, not the work, keep it from it.
     pub starved_busy_util: f64,
-    /// Median reserved / allocated for fragmentation (1.5).
+    /// Median reserved / allocated for fragmentation (1.5). Measured: PyTorch's allocator
+    /// (the `torch` policy, which gives PyTorch's own reserved peak to the byte) reaches peak
+    /// reserved / peak allocated of 1.05–1.24 on the nine committed PyTorch traces and 1.05 and
+    /// 1.16 on the two snapshots PyTorch wrote on an H200 (utilisation 81.0–95.6 %, README's
+    /// policy table; `for t in testdata/traces/*.jsonl.gz; do gpumem replay $t; done`), so 1.5
+    /// is above what it reaches without a problem. Those are ratios at the peak; a median over
+    /// a run, with the cache kept while allocations shrink, may run higher without one.
     pub fragmentation_ratio: f64,
-    /// Reserved but unallocated bytes for fragmentation (1 GiB).
+    /// Reserved but unallocated bytes for fragmentation (1 GiB). Measured, from the same table:
+    /// at the peak PyTorch's allocator holds at most 276 MiB reserved but unallocated on those
+    /// traces (TinyLlama training: 1.22 GiB live at 81.9 %), so 1 GiB is beyond them; they are
+    /// small models, and the figure grows with the model. PyTorch's out-of-memory message
+    /// names the same quantity ("reserved by PyTorch but unallocated", with
+    /// `expandable_segments:True` as the remedy) but gives no threshold.
     pub fragmentation_bytes: u64,
-    /// Peak-memory difference across GPUs, as a fraction of the largest (0.2) …
+    /// Peak-memory difference across GPUs, as a fraction of the largest (0.2) … Judgement, no
+    /// source: data-parallel ranks run the same program on equal shares, so their peaks differ
+    /// by what their inputs do; a fifth is beyond that for fixed-shape batches.
     pub imbalance_memory_fraction: f64,
-    /// … and in bytes (4 GiB).
+    /// … and in bytes (4 GiB). Judgement, no source: keeps small models' differences, which
+    /// cost nothing, out of the finding.
     pub imbalance_memory_bytes: u64,
-    /// Mean-utilisation difference across GPUs, in points (25).
+    /// Mean-utilisation difference across GPUs, in points (25). Judgement, no source: in
+    /// synchronous data parallelism the fastest rank waits for the slowest at each all-reduce,
+    /// so a quarter of the time idle on one rank is the gap this flags.
     pub imbalance_util_points: f64,
     /// PCIe rate as a fraction of the link's for a sample to be near the limit (0.7).
+    /// Measured: on an H200 (PCIe 5 x16, 63.0 GB/s encoded, the link rate this crate computes
+    /// in `sample::pcie_bytes_per_s`) pinned copies of 16 MiB ran at 53.8 GB/s up and
+    /// 54.1 GB/s down (docs/gpu.md, `cargo bench -p gpumem-bench --bench arrays -- cuda`),
+    /// 85–86 % of the link's rate, the most any copy here reached; 0.7 is about 82 % of that.
     pub pcie_fraction: f64,
-    /// Mean utilisation (%) below which a PCIe-bound GPU is a finding (80).
+    /// Mean utilisation (%) below which a PCIe-bound GPU is a finding (80). Source: DCGM's 0.8
+    /// SM activity (see above): at or above it the GPU does its work despite the transfers.
     pub pcie_max_util: f64,
 }
 
