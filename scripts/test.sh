@@ -15,7 +15,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # Doc comments: every intra-doc link resolves (about 40 s on 2 cores after clippy).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 # The Debian packages some tests need (Mesa's software Vulkan driver for the wgpu backend,
-# Chromium for the HTML report's browser test).
+# Chromium for the HTML report's browser test, tmux, curl, compilers, python3). A test whose
+# dependency is missing fails, naming the package, unless GPUMEM_SKIP_MISSING_TEST_DEPS=1
+# (crates/gpumem-testkit/src/deps.rs); the installer fails when it cannot install one, and
+# its own failure cases are checked first.
+bash scripts/test-install-test-deps.sh
 bash scripts/install-test-deps.sh
 cargo test --workspace --locked
 # The Python tools (gpumem-devtools) in a virtual environment, without PyTorch.

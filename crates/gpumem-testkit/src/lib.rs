@@ -1,11 +1,14 @@
 //! Deterministic helpers shared by gpumem's tests and benchmarks: one random generator, so
 //! that synthetic workloads are the same on every machine and in every crate without a
-//! random-number dependency, and the [`conformance`] suite that every device backend runs.
+//! random-number dependency, the [`conformance`] suite that every device backend runs, and
+//! [`deps`], the one rule for a test whose system dependency (a compiler, tmux, Chromium,
+//! Mesa's Vulkan driver …) is missing.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod conformance;
+pub mod deps;
 
 /// A small deterministic generator (SplitMix64), so that workloads are the same on every
 /// machine without a dependency.
