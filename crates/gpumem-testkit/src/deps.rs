@@ -165,8 +165,14 @@ mod tests {
             panic!("unset must fail");
         };
         assert!(message.contains("Debian package `tmux`"), "{message}");
-        assert!(message.contains("bash scripts/install-test-deps.sh"), "{message}");
-        assert!(message.contains("GPUMEM_SKIP_MISSING_TEST_DEPS=1"), "{message}");
+        assert!(
+            message.contains("bash scripts/install-test-deps.sh"),
+            "{message}"
+        );
+        assert!(
+            message.contains("GPUMEM_SKIP_MISSING_TEST_DEPS=1"),
+            "{message}"
+        );
         assert!(message.contains("No such file or directory"), "{message}");
         assert_eq!(run(Some("")), Outcome::Fail(message));
     }
