@@ -26,7 +26,7 @@ if ! "$build_venv/bin/python" -m maturin --version >/dev/null 2>&1; then
 fi
 rm -rf "$wheels"
 (cd "$repo/python" && "$build_venv/bin/python" -m maturin build --profile dev --strip \
-  --features workspace-test-features \
+  --features workspace-test-features,fault-injection \
   --out "$wheels" --quiet)
 wheel="$(ls "$wheels"/gpumem-*.whl)"
 # A fresh environment each run: the wheel must install and work on its own.

@@ -22,6 +22,8 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 bash scripts/test-install-test-deps.sh
 bash scripts/install-test-deps.sh
 cargo test --workspace --locked
+# The C library's panic tests need its test-only fault hook.
+cargo test -p gpumem-capi --features fault-injection --locked
 # The Python tools (gpumem-devtools) in a virtual environment, without PyTorch.
 bash scripts/test-tools.sh -q
 # The Python package (python/): the wheel built with maturin, installed in a fresh venv, pytest.
