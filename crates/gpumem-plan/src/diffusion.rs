@@ -10,9 +10,9 @@
 //! (diffusers' default `AttnProcessor2_0`).
 
 use crate::error::{PlanError, Result};
-use crate::graph::Unit;
 use crate::limits::{self, Bound};
 use crate::model::ParamCounts;
+use crate::unit::Unit;
 use crate::workload::{Mode, Workload};
 use serde::Serialize;
 use serde_json::Value;

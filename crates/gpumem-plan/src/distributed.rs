@@ -13,35 +13,16 @@
 //! `reduce_bucket_size` elements allocated in every backward), `stage3.py` (the IPG flat buffer,
 //! prefetch bucket); NCCL `NCCL_BUFFSIZE` and its LL/LL128 buffers per channel and connection.
 
-use crate::graph::Unit;
+use crate::unit::Unit;
+// The FSDP version and NCCL buffer size are workload settings, defined with it.
 use crate::workload::{Dtype, Layout, Sharding, Target, Workload};
-use serde::Serialize;
-
-/// PyTorch's two FSDP implementations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum FsdpVersion {
-    /// `FullyShardedDataParallel`: one flat parameter per wrapped unit (accelerate's and the
-    /// Hugging Face Trainer's `fsdp_version: 1`).
-    #[serde(rename = "1")]
-    V1,
-    /// `fully_shard`: per-parameter DTensor shards (torchtitan, torchtune, PyTorch's current
-    /// recommendation; FSDP1 is deprecated in its docs).
-    #[serde(rename = "2")]
-    V2,
-}
-
-/// `--fsdp-version` when none is given: FSDP2, what PyTorch documents and torchtitan/torchtune
-/// run today. Both allocate the same units at the peak in this model; they differ in the
-/// per-unit buffers (see `fsdp_buffers` in this module).
-pub const DEFAULT_FSDP_VERSION: FsdpVersion = FsdpVersion::V2;
+pub use crate::workload::{FsdpVersion, DEFAULT_FSDP_VERSION, DEFAULT_NCCL_BUFFSIZE};
 
 /// DeepSpeed `reduce_bucket_size` default (elements; `runtime/zero/config.py`).
 pub const REDUCE_BUCKET_ELEMENTS: u64 = 500_000_000;
 /// DeepSpeed `stage3_prefetch_bucket_size` default (elements).
 pub const PREFETCH_BUCKET_ELEMENTS: u64 = 50_000_000;
 
-/// NCCL's default `NCCL_BUFFSIZE` (Simple protocol, per connection): 4 MiB.
-pub const DEFAULT_NCCL_BUFFSIZE: u64 = 4 << 20;
 /// NCCL's LL128 buffer per connection (`NCCL_LL128_BUFFSIZE` default: 120 elements × 640
 /// threads × 8 steps × 8 bytes).
 pub const NCCL_LL128_BYTES: u64 = 4_915_200;

@@ -6,11 +6,12 @@ use crate::distributed::{
     nccl_bytes, reduced_at_backward_end, sharding_buffers, zero_step_gradients, PhaseBuffers,
 };
 use crate::error::Result;
-use crate::graph::{build_units, Unit, ACCUMULATION_COPIES};
+use crate::graph::build_units;
 use crate::model::{Architecture, ModelSpec, ParamCounts};
 use crate::quant::{QuantFormat, Quantization};
 use crate::releases::OldRelease;
 use crate::single_gpu::model_buffer_bytes;
+use crate::unit::{Unit, ACCUMULATION_COPIES};
 use crate::warning::Warning;
 use crate::workload::{
     BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload,

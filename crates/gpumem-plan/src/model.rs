@@ -1,8 +1,8 @@
 //! Architecture descriptions (plain data) and exact parameter counts.
 
 use crate::diffusion::DiffusionSpec;
+use crate::dtype::Dtype;
 use crate::quant::CheckpointQuant;
-use crate::workload::Dtype;
 use serde::Serialize;
 
 /// A model the planner can reason about.

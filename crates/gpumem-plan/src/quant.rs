@@ -5,8 +5,9 @@
 //! (every format leaves them out: bitsandbytes' `llm_int8_skip_modules`, GPTQ's and AWQ's
 //! `modules_to_not_convert`).
 
+use crate::dtype::{Dtype, DTYPES};
 use crate::error::{PlanError, Result};
-use crate::workload::{choices, Dtype};
+use crate::names::lookup;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -108,7 +109,7 @@ impl Quantization {
         if name.trim() == "none" && options.is_empty() {
             return Ok(None);
         }
-        let mut quant = Self::of(choices::parse("quant", name.trim(), FORMATS)?);
+        let mut quant = Self::of(lookup("quant", name.trim(), FORMATS)?);
         for option in options.split(',').filter(|o| !o.trim().is_empty()) {
             quant.set(option.trim())?;
         }
@@ -129,9 +130,7 @@ impl Quantization {
         };
         match key {
             "double" if bnb4 && value.is_empty() => self.double_quant = true,
-            "compute" if bnb4 => {
-                self.compute = choices::parse("quant compute", value, choices::DTYPES)?
-            }
+            "compute" if bnb4 => self.compute = lookup("quant compute", value, DTYPES)?,
             "bits" if grouped => {
                 self.bits = number(8)?;
                 if !matches!(self.bits, 2 | 3 | 4 | 8) {
@@ -239,17 +238,17 @@ pub fn from_config(json: &Value) -> Result<Option<CheckpointQuant>> {
         "bitsandbytes" if flag("load_in_8bit") => Quantization::of(QuantFormat::Int8),
         "bitsandbytes" if flag("load_in_4bit") => {
             let kind = text("bnb_4bit_quant_type").unwrap_or("fp4");
-            let mut quant = Quantization::of(choices::parse(
+            let mut quant = Quantization::of(lookup(
                 "quantization_config.bnb_4bit_quant_type",
                 kind,
                 &FORMATS[1..3],
             )?);
             quant.double_quant = flag("bnb_4bit_use_double_quant");
             if let Some(compute) = text("bnb_4bit_compute_dtype") {
-                quant.compute = choices::parse(
+                quant.compute = lookup(
                     "quantization_config.bnb_4bit_compute_dtype",
                     compute,
-                    choices::DTYPES,
+                    DTYPES,
                 )?;
             }
             quant

@@ -17,8 +17,9 @@ use crate::error::Result;
 use crate::estimate::{
     blas_workspace_count, kept_and_recomputed, model_states, trainable_params, States,
 };
-use crate::graph::{build_units, SavedGroup, Unit};
+use crate::graph::build_units;
 use crate::model::{Architecture, ModelSpec};
+use crate::unit::{SavedGroup, Unit};
 use crate::workload::{Mode, Sharding, Workload};
 use serde::Serialize;
 

@@ -1,9 +1,9 @@
 //! What is run on the model: training or inference settings, precision, optimizer, parallel layout.
 
-pub use crate::distributed::FsdpVersion;
-use crate::distributed::{DEFAULT_FSDP_VERSION, DEFAULT_NCCL_BUFFSIZE};
 use crate::error::{PlanError, Result};
 use crate::names::lookup;
+// Defined below the model (whose checkpoint dtype it names) and re-exported here.
+pub use crate::dtype::Dtype;
 use serde::Serialize;
 
 /// Training step, plain forward pass, or autoregressive generation.
@@ -19,27 +19,26 @@ pub enum Mode {
     Generate,
 }
 
-/// Element type of weights or activations.
+/// PyTorch's two FSDP implementations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dtype {
-    /// 32-bit float.
-    Fp32,
-    /// bfloat16.
-    Bf16,
-    /// IEEE half.
-    Fp16,
+pub enum FsdpVersion {
+    /// `FullyShardedDataParallel`: one flat parameter per wrapped unit (accelerate's and the
+    /// Hugging Face Trainer's `fsdp_version: 1`).
+    #[serde(rename = "1")]
+    V1,
+    /// `fully_shard`: per-parameter DTensor shards (torchtitan, torchtune, PyTorch's current
+    /// recommendation; FSDP1 is deprecated in its docs).
+    #[serde(rename = "2")]
+    V2,
 }
 
-impl Dtype {
-    /// Bytes per element.
-    pub fn bytes(self) -> u64 {
-        match self {
-            Dtype::Fp32 => 4,
-            Dtype::Bf16 | Dtype::Fp16 => 2,
-        }
-    }
-}
+/// `--fsdp-version` when none is given: FSDP2, what PyTorch documents and torchtitan/torchtune
+/// run today. Both allocate the same units at the peak in this model; they differ in the
+/// per-unit buffers (see `fsdp_buffers` in [`crate::distributed`]).
+pub const DEFAULT_FSDP_VERSION: FsdpVersion = FsdpVersion::V2;
+
+/// NCCL's default `NCCL_BUFFSIZE` (Simple protocol, per connection): 4 MiB.
+pub const DEFAULT_NCCL_BUFFSIZE: u64 = 4 << 20;
 
 /// The optimizer whose states and step temporaries are modelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -298,7 +297,7 @@ pub struct Lora {
     /// Storage of the frozen base.
     pub base: BaseQuant,
     /// The linears that carry adapters (all of a block's by default).
-    pub targets: crate::lora::LoraTargets,
+    pub targets: crate::lora_targets::LoraTargets,
     /// Dropout on each adapter's input (PEFT's `lora_dropout`; 0: none).
     pub dropout: f64,
 }
@@ -640,15 +639,7 @@ pub mod choices {
         ("infer", Mode::Infer),
         ("generate", Mode::Generate),
     ];
-    /// `--dtype` and `--amp`.
-    pub const DTYPES: &[(&str, Dtype)] = &[
-        ("fp32", Dtype::Fp32),
-        ("float32", Dtype::Fp32),
-        ("bf16", Dtype::Bf16),
-        ("bfloat16", Dtype::Bf16),
-        ("fp16", Dtype::Fp16),
-        ("float16", Dtype::Fp16),
-    ];
+    pub use crate::dtype::DTYPES;
     /// `--optimizer`.
     pub const OPTIMIZERS: &[(&str, Optimizer)] = &[
         ("adamw", Optimizer::AdamW),

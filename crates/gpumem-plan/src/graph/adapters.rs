@@ -1,9 +1,9 @@
 //! LoRA and QLoRA adapters, and quantised weights dequantised while their matmuls run.
 
 use super::sizes::{AttentionShape, Tally};
-use super::unit::Unit;
 use super::TransformerGraph;
 use crate::model::LayerKind;
+use crate::unit::Unit;
 use crate::workload::Target;
 
 impl TransformerGraph<'_> {

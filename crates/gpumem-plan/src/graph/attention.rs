@@ -271,16 +271,13 @@ impl TransformerGraph<'_> {
         let spec = self.spec;
         let act = self.bytes.act;
         let (q, kv, value) = (call.q, call.kv, call.value);
-        let cache_holds_views = self
-            .old_release()
-            .is_some_and(|o| o.cache_holds_own_tensors());
         // Does the kernel receive the values as a view of a fused projection (the family's, or
         // litgpt's fused qkv for every model)? Not when the cache hands it copies (today's
         // releases, cache on), nor when grouped values are repeated first (eager attention,
         // SDPA's math path, litgpt's `repeat_interleave`).
         let values_view_fused = (spec.fused_qkv || self.litgpt())
             && !call.cross
-            && (cache_holds_views || !self.cache_copies())
+            && (self.cache_holds_views() || !self.cache_copies())
             && call.grouped == GroupedKeys::AsProjected;
         if values_view_fused {
             // The saved values keep the whole fused projection alive; beside rotated queries

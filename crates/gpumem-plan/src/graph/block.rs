@@ -2,10 +2,10 @@
 
 use super::attention::AttentionMemory;
 use super::sizes::{AttentionShape, Tally};
-use super::unit::{SavedGroup, Unit, WholeTensors};
 use super::TransformerGraph;
 use crate::model::LayerKind;
 use crate::single_gpu::per_op_saved_matmul_widths;
+use crate::unit::{SavedGroup, Unit, WholeTensors};
 use crate::workload::Loss;
 
 /// A block's attentions as they ran: its self-attention and a decoder's cross-attention.

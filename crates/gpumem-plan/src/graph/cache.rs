@@ -114,18 +114,22 @@ impl TransformerGraph<'_> {
         // The copies the kernel saves are the cache's own tensors. (An old release's cache of
         // views keeps its fused projection instead, and latent attention's cache is not what
         // the kernel saves: neither is counted here.)
-        let cache_holds_views = self
-            .old_release()
-            .is_some_and(|o| o.cache_holds_own_tensors());
         let held = if self.outputs_hold_cache()
             && !call.cross
             && spec.latent.is_none()
-            && !(spec.fused_qkv && cache_holds_views)
+            && !(spec.fused_qkv && self.cache_holds_views())
         {
             copies * call.key_tokens
         } else {
             0.0
         };
         (kv_cache, held)
+    }
+
+    /// Does an old release's cache hold the layer's own tensors (views that keep a fused
+    /// projection alive) rather than copies?
+    pub(super) fn cache_holds_views(&self) -> bool {
+        self.old_release()
+            .is_some_and(|o| o.cache_holds_own_tensors())
     }
 }

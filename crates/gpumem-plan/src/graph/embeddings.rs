@@ -1,8 +1,8 @@
 //! Embeddings (token, patch and audio stems) and a vision-language projector.
 
-use super::unit::{Unit, ACCUMULATION_COPIES};
 use super::TransformerGraph;
 use crate::model::Head;
+use crate::unit::{Unit, ACCUMULATION_COPIES};
 use crate::workload::Mode;
 
 /// What an audio stem keeps, in bytes.

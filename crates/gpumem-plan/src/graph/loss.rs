@@ -2,8 +2,8 @@
 //! backward from the logits' sum, or no loss in a no-grad forward.
 
 use super::head::LmLogits;
-use super::unit::{SavedGroup, WholeTensors, ACCUMULATION_COPIES};
 use super::{TransformerGraph, Unit};
+use crate::unit::{SavedGroup, WholeTensors, ACCUMULATION_COPIES};
 use crate::workload::{Loss, Mode, Workload};
 
 /// Positions per LM-head chunk in litgpt's fine-tuning loops (`lm_head_chunk_size=128`).

@@ -5,11 +5,11 @@
 
 use crate::model::{Architecture, ModelSpec, Patches, TransformerSpec};
 use crate::releases::OldRelease;
+use crate::unit::Unit;
 use crate::workload::{Framework, Mode, Workload};
 use kernel::AttentionKernel;
 use resnet::resnet_units;
 use sizes::{ElementSizes, Split};
-pub use unit::{SavedGroup, Unit, ACCUMULATION_COPIES};
 
 mod adapters;
 mod attention;
@@ -26,7 +26,6 @@ mod resnet;
 mod scores;
 mod sizes;
 mod stack;
-mod unit;
 
 /// Builds the unit sequence of a model under a workload for one micro-batch (`batch` samples).
 pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Unit> {

@@ -1,8 +1,8 @@
 //! Heads of vision and dual encoders: SigLIP's attention pool, CLIP's contrastive head.
 
-use super::unit::Unit;
 use super::TransformerGraph;
 use crate::model::{ContrastiveLoss, DualEncoder};
+use crate::unit::Unit;
 use crate::workload::{Loss, Target};
 
 impl TransformerGraph<'_> {

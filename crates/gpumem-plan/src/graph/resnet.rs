@@ -1,7 +1,7 @@
 //! Units of a torchvision ResNet.
 
-use super::unit::Unit;
 use crate::model::{ConvShape, ResnetBlock, ResnetSpec};
+use crate::unit::Unit;
 use crate::workload::{Mode, Workload};
 
 /// Element sizes and batch of a ResNet step.

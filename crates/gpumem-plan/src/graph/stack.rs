@@ -1,9 +1,9 @@
 //! A transformer's units in forward order: embeddings, blocks, head.
 
 use super::sizes::AttentionShape;
-use super::unit::Unit;
 use super::TransformerGraph;
 use crate::model::{Head, LayerKind};
+use crate::unit::Unit;
 
 impl TransformerGraph<'_> {
     /// The stack's units in forward order: embeddings, blocks (an encoder's, then a

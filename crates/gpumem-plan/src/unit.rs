@@ -1,4 +1,6 @@
-//! The unit a part of the forward pass adds to the step: what it saves, holds and briefly needs.
+//! The forward pass as memory units: what each step saves for backward, holds and briefly
+//! needs. Below the parts that make them (the transformer graph, diffusion models, ResNets) and
+//! what reads them (the estimate, the allocation sequence, the distributed buffers).
 
 /// One step of the forward pass, in bytes for the whole micro-batch on one GPU.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -101,7 +103,7 @@ impl Unit {
 
     /// The unit as it runs when nothing reads its output in training: what it would save
     /// lives only while it runs, and its backward never does.
-    pub(super) fn unused_in_training(self) -> Unit {
+    pub(crate) fn unused_in_training(self) -> Unit {
         Unit {
             forward_transient: self.forward_transient + self.saved,
             saved: 0.0,
