@@ -141,7 +141,8 @@ fn selftest_passes_on_wgpu() {
 /// The reports of a `gpumem selftest --json` run with `args`, after checking that it
 /// succeeded and that every check of every report passed.
 fn passing_selftest(args: &[&str]) -> Vec<serde_json::Value> {
-    let reports = json_of(&gpumem(args)).as_array().unwrap().clone();
+    let run = json_of(&gpumem(args));
+    let reports = run["reports"].as_array().unwrap().clone();
     for report in &reports {
         let checks = report["checks"].as_array().unwrap();
         assert!(checks.iter().all(|c| c["passed"] == true), "{report}");

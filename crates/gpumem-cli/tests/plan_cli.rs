@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::gpumem;
+use common::{gpumem, json_of};
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -460,4 +460,27 @@ fn litgpt_framework_plans_its_own_lora() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("accepted: hf, litgpt"), "{stderr}");
+}
+
+/// `--reserved estimate` replays nothing: the same allocated peak and advice changes, reserved
+/// memory from the planner's allocator share, and the fit on it.
+#[test]
+fn reserved_by_estimate_replays_nothing() {
+    let args = [
+        "plan", "--model", "gpt2", "--mode", "train", "--batch", "2", "--seq", "256", "--gpu",
+        "4GiB", "--fit", "batch", "--json",
+    ];
+    let replayed = json_of(&gpumem(&args));
+    let estimated = json_of(&gpumem(&[&args[..], &["--reserved", "estimate"]].concat()));
+    assert_eq!(replayed["reserved_by"], "replay");
+    assert_eq!(estimated["reserved_by"], "estimate");
+    assert_eq!(estimated["replay"], serde_json::json!([]));
+    assert_eq!(replayed["replay"].as_array().unwrap().len(), 3);
+    let allocated = estimated["peak_allocated_bytes"].as_u64().unwrap();
+    let reserved = estimated["peak_reserved_bytes"].as_u64().unwrap();
+    assert!(reserved > allocated, "{estimated}");
+    assert!(estimated["fit"]["value"].as_u64().unwrap() >= 1);
+    let out = gpumem(&["plan", "--model", "gpt2", "--reserved", "guess"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("replay"));
 }

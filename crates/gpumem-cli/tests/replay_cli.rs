@@ -166,3 +166,46 @@ fn bad_input_is_a_clear_error() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A pickle that is not a memory snapshot, and one nested 200,000 deep, fail with a message
+/// that names the file once and says what it is not; an empty snapshot is 0 events.
+#[test]
+fn a_pickle_that_is_not_a_snapshot_fails_and_an_empty_one_is_zero_events() {
+    let dir = std::env::temp_dir().join(format!("gpumem-cli-pickles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // pickle.dumps({'a': 1, 'b': 2}, protocol=4)
+    let dict = dir.join("f.pickle");
+    std::fs::write(
+        &dict,
+        b"\x80\x04\x95\x11\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x01a\x94K\x01\x8c\x01b\x94K\x02u.",
+    )
+    .unwrap();
+    let out = gpumem(&["replay", dict.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("a dict with keys a, b"), "{stderr}");
+    assert!(stderr.contains("not a PyTorch memory snapshot"), "{stderr}");
+    assert_eq!(stderr.matches(dict.to_str().unwrap()).count(), 1, "{stderr}");
+    let deep = format!(
+        "{}/../gpumem-trace/tests/data/deep_list_p5.pickle.gz",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let out = gpumem(&["replay", &deep]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("nested more than 100 deep"), "{stderr}");
+    // pickle.dumps({'segments': [], 'device_traces': [[]]}, protocol=4)
+    let empty = dir.join("empty.pickle");
+    std::fs::write(
+        &empty,
+        b"\x80\x04\x95'\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94\x8c\rdevice_traces\x94]\x94]\x94au.",
+    )
+    .unwrap();
+    let out = gpumem(&["replay", empty.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.lines().next().unwrap().contains(": 0 events"), "{stdout}");
+    let out = json_of(&gpumem(&["replay", empty.to_str().unwrap(), "--json"]));
+    assert_eq!(out["trace"]["events"], 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
