@@ -1,9 +1,11 @@
 //! Architecture descriptions (plain data) and exact parameter counts.
 
-use crate::diffusion::DiffusionSpec;
 use crate::dtype::Dtype;
 use crate::quant::CheckpointQuant;
+use denoiser::DiffusionSpec;
 use serde::Serialize;
+
+pub(crate) mod denoiser;
 
 /// A model the planner can reason about.
 #[derive(Debug, Clone, PartialEq, Serialize)]
