@@ -15,6 +15,7 @@
 //! ```
 
 use std::fmt;
+use std::io::Write;
 
 /// The environment variable that opts out: set to `1`, a missing dependency skips the tests
 /// that need it (each printing a `SKIPPED:` line) instead of failing them.
@@ -28,7 +29,8 @@ pub const INSTALL_COMMAND: &str = "bash scripts/install-test-deps.sh";
 pub struct Dependency {
     /// What the test needs, as a person would name it ("tmux", "a C compiler").
     pub what: &'static str,
-    /// The Debian package(s) that provide it, as `apt-get install` takes them.
+    /// The Debian package(s) that provide it, space-separated, as `apt-get install` takes
+    /// them.
     pub package: &'static str,
 }
 
@@ -98,8 +100,8 @@ pub fn outcome(
     let Dependency { what, package } = dep;
     match opt_out {
         Some("1") => Outcome::Skip(format!(
-            "SKIPPED: {test}: {what} missing ({detail}); install the Debian package `{package}` \
-             ({INSTALL_COMMAND}) to run it"
+            "SKIPPED: {test}: {what} missing ({detail}); to run it, install the Debian \
+             package(s) with `apt-get install {package}`, or run `{INSTALL_COMMAND}`"
         )),
         other => {
             let bad_value = match other {
@@ -109,22 +111,28 @@ pub fn outcome(
                 _ => String::new(),
             };
             Outcome::Fail(format!(
-                "{test} needs {what}, which is missing ({detail}): install the Debian package \
-                 `{package}`, or every test dependency with `{INSTALL_COMMAND}`; to skip the \
-                 tests that need it instead, set {OPT_OUT_VAR}=1{bad_value}"
+                "{test} needs {what}, which is missing ({detail}): install the Debian \
+                 package(s) with `apt-get install {package}`, or every test dependency with \
+                 `{INSTALL_COMMAND}`; to skip the tests that need it instead, set \
+                 {OPT_OUT_VAR}=1{bad_value}"
             ))
         }
     }
 }
 
 /// Applies the rule to a missing `dep`: panics with what to install, or, when the user opted
-/// out, prints the `SKIPPED:` line on stderr and returns so that the test can end.
+/// out, prints the `SKIPPED:` line on stderr (uncaptured, so it shows for a passing test) and
+/// returns so that the test can end.
 pub fn missing(dep: Dependency, detail: impl fmt::Display) {
     let thread = std::thread::current();
     let test = thread.name().unwrap_or("this test");
     let opt_out = std::env::var(OPT_OUT_VAR).ok();
     match outcome(test, dep, &detail, opt_out.as_deref()) {
-        Outcome::Skip(line) => eprintln!("{line}"),
+        // Straight to stderr, not through `eprintln!`, which the test harness captures and
+        // shows only for failing tests: a skip must be seen when the test passes.
+        Outcome::Skip(line) => {
+            let _ = writeln!(std::io::stderr(), "{line}");
+        }
         Outcome::Fail(message) => panic!("{message}"),
     }
 }
@@ -164,7 +172,7 @@ mod tests {
         let Outcome::Fail(message) = run(None) else {
             panic!("unset must fail");
         };
-        assert!(message.contains("Debian package `tmux`"), "{message}");
+        assert!(message.contains("`apt-get install tmux`"), "{message}");
         assert!(
             message.contains("bash scripts/install-test-deps.sh"),
             "{message}"
@@ -183,7 +191,7 @@ mod tests {
             panic!("1 must skip");
         };
         assert!(line.starts_with("SKIPPED: t: tmux missing"), "{line}");
-        assert!(line.contains("`tmux`"), "{line}");
+        assert!(line.contains("`apt-get install tmux`"), "{line}");
         for value in ["true", "0", "yes"] {
             let Outcome::Fail(message) = run(Some(value)) else {
                 panic!("{value} must not skip");
@@ -205,7 +213,7 @@ mod tests {
         } else {
             let payload = result.expect_err("a missing dependency must fail the test");
             let message = payload.downcast_ref::<String>().unwrap();
-            assert!(message.contains("Debian package `curl`"), "{message}");
+            assert!(message.contains("`apt-get install curl`"), "{message}");
         }
     }
 
