@@ -1,5 +1,6 @@
-//! Arrays on the wgpu backend (lavapipe in CI): the same round trips as on the simulated
-//! device, through real buffers. Outside CI a machine without a Vulkan adapter skips them.
+//! Arrays on the wgpu backend (lavapipe without a GPU): the same round trips as on the
+//! simulated device, through real buffers. Without a Vulkan adapter they fail with what to
+//! install, or skip when the user opted out (`gpumem_testkit::deps`).
 
 mod common;
 

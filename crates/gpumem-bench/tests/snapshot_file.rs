@@ -1,10 +1,12 @@
 //! The generated snapshot is what it says it is: gpumem's reader finds the entries, events and
-//! peak the generator counted, with and without frames, and Python's own unpickler (when
-//! python3 is installed) reads the same number of entries.
+//! peak the generator counted, with and without frames, and Python's own unpickler reads the
+//! same number of entries (without python3 the test fails with what to install, or skips that
+//! check when the user opted out of missing test dependencies: `gpumem_testkit::deps`).
 
 use std::process::Command;
 
 use gpumem_bench::snapshot_file::{write_snapshot, Stacks};
+use gpumem_testkit::deps;
 use gpumem_trace::{read, ReadOptions};
 
 #[test]
@@ -27,8 +29,8 @@ fn generated_snapshots_read_back_as_generated() {
         assert_eq!(snapshot.device_traces.len(), 2);
         assert_eq!(snapshot.device_traces[0].len() as u64, generated.entries);
 
-        if Command::new("python3").arg("--version").output().is_err() {
-            eprintln!("python3 not found: skipping the check with Python's pickle");
+        let python = Command::new("python3").arg("--version").output();
+        if deps::require(deps::PYTHON3, python).is_none() {
             continue;
         }
         let path = std::env::temp_dir().join(format!(

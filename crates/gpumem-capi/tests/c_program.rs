@@ -1,11 +1,13 @@
 //! A C program compiled against include/gpumem.h and linked with the shared library runs its
 //! checks on the simulated device; with the `fault-injection` feature, C and C++ programs
 //! provoke panics in the entry points and check they come back as errors. Without a C
-//! compiler the test says so and passes, except in CI (`CI=true`), where that is a failure
-//! naming the package to install.
+//! or C++ compiler the test fails with what to install, or skips when the user opted out of
+//! missing test dependencies (`gpumem_testkit::deps`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use gpumem_testkit::deps;
 
 /// Where cargo put the shared library for this build: beside this executable (deps/, where
 /// `cargo test` and `cargo bench` build it) or one folder up (where `cargo build` copies it).
@@ -21,13 +23,9 @@ fn library_dir() -> PathBuf {
         .unwrap_or(deps)
 }
 
-/// What to install when `cc` or `c++` is missing.
-const MISSING_COMPILER: &str =
-    "install the C and C++ compilers: Debian/Ubuntu package build-essential (gcc, g++), or set CC/CXX";
-
 /// Compiles `source` (tests/c/) with `compiler` (`CC`/`CXX` or `default`) against the header
 /// and the shared library, runs it on the simulated device with `arg`, and checks it prints
-/// "ok"; `None` when there is no compiler outside CI.
+/// "ok"; `None` when there is no compiler and the user opted out of missing test dependencies.
 fn compile_and_run(
     source: &str,
     compiler_var: &str,
@@ -56,14 +54,14 @@ fn compile_and_run(
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .arg("-lgpumem_capi")
         .output();
-    let compiled = match compiled {
-        Ok(output) => output,
-        Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
-            eprintln!("skipped: no compiler ({compiler}: {e}); {MISSING_COMPILER}");
-            return None;
-        }
-        Err(e) => panic!("no compiler ({compiler}: {e}) in CI; {MISSING_COMPILER}"),
+    let dep = if compiler_var == "CXX" {
+        deps::CXX_COMPILER
+    } else {
+        deps::C_COMPILER
     };
+    let found =
+        compiled.map_err(|e| format!("{compiler}: {e} (set {compiler_var} to use another)"));
+    let compiled = deps::require(dep, found)?;
     assert!(
         compiled.status.success(),
         "{}",

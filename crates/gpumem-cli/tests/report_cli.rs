@@ -4,7 +4,8 @@
 //! side by side, and clear errors that leave no file behind for bad input.
 //!
 //! Chromium comes from `scripts/install-test-deps.sh` (Debian package `chromium`). Without it
-//! the browser tests skip with a message, except under `CI=true`, where they fail.
+//! the browser tests fail with what to install, or skip when the user opted out of missing
+//! test dependencies (`gpumem_testkit::deps`).
 
 mod common;
 
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{gpumem, json_of, testdata};
+use gpumem_testkit::deps;
 
 const BERT: &str = "bert-12l-train-b8-s128.jsonl.gz";
 const SMALL: &str = "small-gpt2-2l-infer-b1-s32.jsonl.gz";
@@ -24,22 +26,12 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// The Chromium binary, or `None` (after saying why) when it is missing outside CI.
+/// The Chromium binary; when it is missing the rule for a missing test dependency applies (a
+/// failure, or `None` after a `SKIPPED:` line when the user opted out).
 fn chromium() -> Option<PathBuf> {
-    let found = ["chromium", "chromium-browser"].iter().find_map(|name| {
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|dir| dir.join(name))
-                .find(|p| p.is_file())
-        })
-    });
-    if found.is_none() {
-        let message = "no chromium on PATH: run scripts/install-test-deps.sh (Debian package \
-                       `chromium`) to render the report in a browser";
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "{message}");
-        eprintln!("skipped: {message}");
-    }
-    found
+    let found = deps::find_on_path(&["chromium", "chromium-browser"])
+        .ok_or("neither chromium nor chromium-browser is on PATH");
+    deps::require(deps::CHROMIUM, found)
 }
 
 /// Width and height of the browser window for both the DOM dump and the screenshot, so that

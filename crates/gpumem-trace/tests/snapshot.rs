@@ -354,8 +354,9 @@ fn written_pickle_uses_only_opcodes_memory_viz_accepts() {
 
 #[test]
 fn python_loads_the_written_snapshot() {
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("python3 not found: skipping the check with Python's pickle");
+    // Without python3: a failure naming the package, or a skip when the user opted out.
+    let python = Command::new("python3").arg("--version").output();
+    if gpumem_testkit::deps::require(gpumem_testkit::deps::PYTHON3, python).is_none() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("gpumem-snapshot-{}", std::process::id()));

@@ -1,6 +1,6 @@
 //! The conformance suite (`gpumem_testkit::conformance`) on the wgpu backend: one queue, copies,
 //! no VMM. Each scenario opens a fresh device with a memory limit; without an adapter the test
-//! skips outside CI and fails in CI, as the other tests do.
+//! fails, or skips when the user opted out, as the other tests do (`gpumem_testkit::deps`).
 
 mod common;
 

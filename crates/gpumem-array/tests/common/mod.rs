@@ -45,13 +45,8 @@ pub fn assert_nothing_leaked(context: &DeviceContext, device: &SimDevice) {
     assert_eq!(device.live_events(), 0, "events never destroyed");
 }
 
-/// Whether the tests run in CI (`CI=true`), where a missing wgpu adapter is a failure.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
-
-/// A wgpu device of 256 MiB, or `None` (with a note) when no adapter opens outside CI; in CI
-/// a missing adapter fails the test.
+/// A wgpu device of 256 MiB; without an adapter the test fails with what to install, or,
+/// when the user opted out of missing test dependencies, `None` after a `SKIPPED:` line.
 pub fn wgpu() -> Option<Arc<gpumem_wgpu::WgpuDevice>> {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         // Mesa's device-select layer complains on every instance without it; it only orders GPUs.
@@ -61,14 +56,8 @@ pub fn wgpu() -> Option<Arc<gpumem_wgpu::WgpuDevice>> {
         memory_limit: Some(256 * MIB),
         ..Default::default()
     };
-    match gpumem_wgpu::WgpuDevice::open(options) {
-        Ok(device) => Some(Arc::new(device)),
-        Err(e) if in_ci() => panic!("CI=true, so a missing wgpu adapter is a failure: {e}"),
-        Err(e) => {
-            eprintln!("skipping: no wgpu adapter ({e})");
-            None
-        }
-    }
+    let opened = gpumem_wgpu::WgpuDevice::open(options);
+    gpumem_testkit::deps::require(gpumem_testkit::deps::VULKAN, opened).map(Arc::new)
 }
 
 /// A simulated device that can be lost (as after a GPU reset or an Xid error): once lost,

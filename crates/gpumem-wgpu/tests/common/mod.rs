@@ -1,28 +1,18 @@
-//! Opening the test device: skipped outside CI when there is no adapter, a failure in CI.
+//! Opening the test device: without an adapter a test fails with what to install, unless the
+//! user opted out of missing test dependencies (`gpumem_testkit::deps`).
 
 #![allow(dead_code)]
 
 use std::sync::{Arc, Once};
 
+use gpumem_testkit::deps;
 use gpumem_wgpu::{WgpuDevice, WgpuOptions};
 
-/// Whether the tests run in CI (`CI=true`), where a missing adapter is a failure.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
-
-/// A device opened with `options`, or `None` (with a note on stderr) when no adapter can be
-/// opened outside CI. In CI a missing adapter fails the test with what to install.
+/// A device opened with `options`; without an adapter the test fails with what to install,
+/// or, when the user opted out, `None` after a `SKIPPED:` line.
 pub fn open(options: WgpuOptions) -> Option<Arc<WgpuDevice>> {
     quiet_device_select();
-    match WgpuDevice::open(options) {
-        Ok(device) => Some(Arc::new(device)),
-        Err(e) if in_ci() => panic!("CI=true, so a missing wgpu adapter is a failure: {e}"),
-        Err(e) => {
-            eprintln!("skipping: no wgpu adapter ({e})");
-            None
-        }
-    }
+    deps::require(deps::VULKAN, WgpuDevice::open(options)).map(Arc::new)
 }
 
 /// A device with `limit` bytes of memory.
