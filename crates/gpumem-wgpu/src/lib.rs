@@ -17,11 +17,18 @@
 //!
 //! # Memory info
 //!
-//! wgpu reports no device memory size or budget through its safe API. The total is the
-//! [`WgpuOptions::memory_limit`] given to [`WgpuDevice::open`], which `malloc` then enforces
-//! with [`DeviceError::OutOfMemory`]; without one it is an estimate from the adapter's limits,
-//! [`ESTIMATE_BUFFERS`] times `max_buffer_size` ([`WgpuDevice::total_is_estimate`]), and only
-//! the driver refuses memory. Free is the total less the bytes allocated through this device.
+//! wgpu reports no device memory size or budget through its safe API, so
+//! [`WgpuDevice::memory`] says where its figures come from ([`MemorySource`]), best first:
+//! - the [`WgpuOptions::memory_limit`] given to [`WgpuDevice::open`], which `malloc` then
+//!   enforces with [`DeviceError::OutOfMemory`]; free is the limit less this device's bytes;
+//! - on Vulkan, the driver's own figures: the total is the largest device-local memory heap,
+//!   and free is that heap's budget less the process's usage of it where the driver has
+//!   `VK_EXT_memory_budget` ([`MemorySource::Budget`]), else the heap less this device's bytes
+//!   ([`MemorySource::HeapSize`]);
+//! - elsewhere (Metal, DX12) an estimate with no source, [`ESTIMATE_BUFFERS`] times
+//!   `max_buffer_size` ([`MemorySource::Estimate`]).
+//!
+//! Without a limit only the driver refuses memory.
 //! Buffer creation is also refused, as out of memory, once the native memory budget is
 //! [`BUDGET_PERCENT`] used, where the backend reports a budget (DX12; Vulkan with
 //! `VK_EXT_memory_budget`).
@@ -66,6 +73,7 @@
 
 mod address_space;
 mod errors;
+mod native_memory;
 mod readback;
 
 use std::collections::HashMap;
@@ -95,9 +103,47 @@ use readback::Readback;
 /// adapter that asks for more gets more.
 pub const ADDRESS_ALIGNMENT: u64 = 256;
 
-/// Without a [`WgpuOptions::memory_limit`], the estimated device memory is this many buffers
-/// of the adapter's `max_buffer_size` (capped at the address space).
+/// Where neither a [`WgpuOptions::memory_limit`] nor the driver gives the device memory
+/// ([`MemorySource::Estimate`]), it is taken to be this many buffers of the adapter's
+/// `max_buffer_size` (capped at the address space). A guess with no source or measurement
+/// behind it: it only keeps `mem_info` from reporting nothing, and says it is an estimate.
 pub const ESTIMATE_BUFFERS: u64 = 4;
+
+/// Where the figures of [`WgpuDevice::memory`] (and so of [`Device::mem_info`]) come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemorySource {
+    /// The [`WgpuOptions::memory_limit`] the device was opened with: the total is the limit,
+    /// free the limit less this device's bytes, and `malloc` enforces it.
+    Limit,
+    /// The driver's memory budget (Vulkan `VK_EXT_memory_budget`), read at each call: the
+    /// total is the largest device-local heap, free that heap's budget less what the process
+    /// uses of it (so other devices and allocators of the process count too).
+    Budget,
+    /// The driver's heap size, without a budget (Vulkan without `VK_EXT_memory_budget`): the
+    /// total is the largest device-local heap, free that less this device's bytes (other
+    /// users of the heap are not seen).
+    HeapSize,
+    /// Nothing from the driver (a backend this crate does not ask, or no device-local heap):
+    /// the total is [`ESTIMATE_BUFFERS`] times `max_buffer_size`, a guess, free that less this
+    /// device's bytes.
+    Estimate,
+}
+
+impl MemorySource {
+    /// Whether the figures are a guess rather than a limit or the driver's own.
+    pub fn is_estimate(self) -> bool {
+        self == MemorySource::Estimate
+    }
+}
+
+/// Free and total device memory with where they come from: [`WgpuDevice::memory`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgpuMemInfo {
+    /// The figures, as [`Device::mem_info`] reports them.
+    pub info: MemInfo,
+    /// Where they come from.
+    pub source: MemorySource,
+}
 
 /// The percentage of the native memory budget at which buffer creation fails as out of memory
 /// (`wgpu::MemoryBudgetThresholds::for_resource_creation`), on backends that report a budget.
@@ -131,8 +177,8 @@ pub struct WgpuOptions {
     /// Which adapter to open.
     pub adapter: AdapterChoice,
     /// The device memory in bytes, which `mem_info` reports as the total and `malloc` enforces
-    /// (a request beyond the free bytes is [`DeviceError::OutOfMemory`]). `None`: an estimate
-    /// from the adapter's limits (see [`ESTIMATE_BUFFERS`]), not enforced.
+    /// (a request beyond the free bytes is [`DeviceError::OutOfMemory`]). `None`: the driver's
+    /// figures where it gives them, else an estimate (see [`MemorySource`]), not enforced.
     pub memory_limit: Option<u64>,
 }
 
@@ -192,8 +238,11 @@ pub struct WgpuDevice {
     queue: wgpu::Queue,
     /// The alignment of the addresses `malloc` returns.
     align: u64,
+    /// The total of [`WgpuDevice::memory`], fixed at open.
     total: u64,
     memory_limit: Option<u64>,
+    /// The driver's device-local heap, where it reports one (Vulkan).
+    heap: Option<native_memory::Heap>,
     state: Mutex<State>,
 }
 
@@ -432,12 +481,15 @@ impl WgpuDevice {
             )
         })?;
         let align = ADDRESS_ALIGNMENT.max(u64::from(limits.min_storage_buffer_offset_alignment));
-        let total = options.memory_limit.unwrap_or_else(|| {
-            limits
+        let heap = native_memory::heap(&device);
+        let total = match (options.memory_limit, heap) {
+            (Some(limit), _) => limit,
+            (None, Some(heap)) => heap.size,
+            (None, None) => limits
                 .max_buffer_size
                 .saturating_mul(ESTIMATE_BUFFERS)
-                .min(ADDRESS_END - ADDRESS_BASE)
-        });
+                .min(ADDRESS_END - ADDRESS_BASE),
+        };
         Ok(WgpuDevice {
             info,
             limits,
@@ -446,6 +498,7 @@ impl WgpuDevice {
             align,
             total,
             memory_limit: options.memory_limit,
+            heap,
             state: Mutex::new(State {
                 space: AddressSpace::new(align),
                 allocated: 0,
@@ -481,10 +534,37 @@ impl WgpuDevice {
         self.align
     }
 
-    /// Whether [`Device::mem_info`]'s total is an estimate from the adapter's limits rather
-    /// than the [`WgpuOptions::memory_limit`] the device was opened with.
-    pub fn total_is_estimate(&self) -> bool {
-        self.memory_limit.is_none()
+    /// Free and total device memory, and where they come from (see [`MemorySource`]).
+    pub fn memory(&self) -> WgpuMemInfo {
+        self.memory_with(self.lock().allocated)
+    }
+
+    /// [`WgpuDevice::memory`] with `allocated` bytes live through this device.
+    fn memory_with(&self, allocated: u64) -> WgpuMemInfo {
+        let total = self.total;
+        let less_ours = |source| WgpuMemInfo {
+            info: MemInfo {
+                free: total.saturating_sub(allocated),
+                total,
+            },
+            source,
+        };
+        if self.memory_limit.is_some() {
+            return less_ours(MemorySource::Limit);
+        }
+        let Some(heap) = self.heap else {
+            return less_ours(MemorySource::Estimate);
+        };
+        match native_memory::budget(&self.device, heap) {
+            Some(b) => WgpuMemInfo {
+                info: MemInfo {
+                    free: b.budget.saturating_sub(b.usage).min(total),
+                    total,
+                },
+                source: MemorySource::Budget,
+            },
+            None => less_ours(MemorySource::HeapSize),
+        }
     }
 
     /// Bytes of all live buffers (`malloc` sizes rounded up to whole 4-byte words).
@@ -824,12 +904,9 @@ impl Device for WgpuDevice {
         format!("wgpu:{} ({})", self.info.backend.to_str(), self.info.name)
     }
 
+    /// [`WgpuDevice::memory`]'s figures; see [`MemorySource`] for where they come from.
     fn mem_info(&self) -> Result<MemInfo, DeviceError> {
-        let allocated = self.lock().allocated;
-        Ok(MemInfo {
-            free: self.total.saturating_sub(allocated),
-            total: self.total,
-        })
+        Ok(self.memory().info)
     }
 
     /// Creates a storage buffer of `size` bytes (rounded up to whole 4-byte words) and places
@@ -848,10 +925,7 @@ impl Device for WgpuDevice {
             )));
         }
         let mut state = self.lock();
-        let info = |allocated: u64| MemInfo {
-            free: self.total.saturating_sub(allocated),
-            total: self.total,
-        };
+        let info = |allocated: u64| self.memory_with(allocated).info;
         if let Some(limit) = self.memory_limit {
             if padded > limit.saturating_sub(state.allocated) {
                 return Err(DeviceError::out_of_memory(
