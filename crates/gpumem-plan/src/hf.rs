@@ -273,6 +273,22 @@ fn unsupported(model_type: &str) -> PlanError {
     }
 }
 
+/// The sizes every transformer config gives (or has defaults for).
+struct TransformerSizes {
+    hidden: u64,
+    layers: u64,
+    heads: u64,
+    kv_heads: u64,
+    head_dim: u64,
+    intermediate: u64,
+    vocab: u64,
+    latent: Option<LatentAttention>,
+    /// `max_position_embeddings` and its spellings, if given.
+    positions: Option<u64>,
+    /// A vision tower (no vocabulary, not a decoder).
+    vision: bool,
+}
+
 struct ConfigFields<'a> {
     json: &'a Value,
     model_type: String,
@@ -436,7 +452,61 @@ impl ConfigFields<'_> {
         })
     }
 
+    /// A transformer from its config: the sizes every family has, the defaults, the family's
+    /// own settings (one function per `model_type`), then what follows from them all.
     fn transformer(&self) -> Result<TransformerSpec> {
+        let mt = self.model_type.as_str();
+        let sizes = self.transformer_sizes()?;
+        let positions = sizes.positions;
+        let mut spec = self.default_transformer(&sizes);
+        match mt {
+            "gpt2" | "gpt_bigcode" => self.gpt2(&mut spec, positions)?,
+            "gpt_neox" => self.gpt_neox(&mut spec)?,
+            "opt" => self.opt(&mut spec, positions)?,
+            "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "mixtral" | "gemma"
+            | "gemma2" | "gemma3_text" | "phi3" | "deepseek_v2" | "deepseek_v3" => {
+                self.llama_family(&mut spec)?
+            }
+            "phi" => self.phi(&mut spec)?,
+            "bert" | "roberta" => self.bert(&mut spec, positions)?,
+            "t5" => self.t5(&mut spec)?,
+            "whisper" => self.whisper(&mut spec, self.need_positions(positions)?)?,
+            "clip_text_model" | "siglip_text_model" => self.text_tower(&mut spec, positions)?,
+            "clip_vision_model" | "siglip_vision_model" => self.vision_tower(&mut spec)?,
+            "vit" => self.vit(&mut spec)?,
+            other => return Err(unsupported(other)),
+        }
+        let arch = self.architecture_name();
+        let base_model =
+            arch.ends_with("Model") && !arch.contains("For") && !arch.contains("LMHead");
+        if spec.head == Head::CausalLm && base_model {
+            spec.head = Head::None;
+        }
+        spec.max_positions = match mt {
+            // Relative position buckets, and positions per patch: no token limit.
+            "t5" | "vit" | "clip_vision_model" | "siglip_vision_model" => None,
+            // RoBERTa's position ids start after the padding index: two rows are never reached.
+            "roberta" => positions.map(|p| p.saturating_sub(2).max(1)),
+            _ => positions,
+        };
+        if mt != "whisper" {
+            spec.key_bias = spec.qkv_bias;
+        }
+        limits::check_parameters(&spec)?;
+        Ok(spec)
+    }
+
+    /// The config's position limit, which `model_type` needs.
+    fn need_positions(&self, positions: Option<u64>) -> Result<u64> {
+        positions.ok_or_else(|| PlanError::MissingField {
+            model_type: self.model_type.clone(),
+            field: "max_position_embeddings",
+            spellings: vec!["max_position_embeddings", "n_positions"],
+        })
+    }
+
+    /// The sizes every transformer config gives (or has defaults for), checked.
+    fn transformer_sizes(&self) -> Result<TransformerSizes> {
         let mt = self.model_type.as_str();
         let hidden = self.required_u64(
             "hidden_size",
@@ -469,35 +539,7 @@ impl ConfigFields<'_> {
         } else {
             self.required_u64("vocab_size", &["vocab_size"], limits::VOCAB)?
         };
-        let kv_heads = self
-            .optional_u64(
-                "num_key_value_heads",
-                &["num_key_value_heads"],
-                limits::WIDTH,
-            )?
-            .unwrap_or(heads);
-        let latent = self.latent_attention()?;
-        let head_dim = match latent {
-            Some(l) => l.nope_dim + l.rope_dim,
-            None => self
-                .optional_u64("head_dim", &["head_dim", "d_kv"], limits::WIDTH)?
-                .unwrap_or(hidden / heads),
-        };
-        limits::WIDTH.check("head_dim", head_dim)?;
-        if mt != "t5" && hidden % heads != 0 && self.find(&["head_dim"]).is_none() {
-            return Err(PlanError::InvalidValue {
-                name: "hidden_size".into(),
-                value: hidden.to_string(),
-                reason: format!("must be divisible by num_attention_heads = {heads}"),
-            });
-        }
-        if heads % kv_heads != 0 {
-            return Err(PlanError::InvalidValue {
-                name: "num_key_value_heads".into(),
-                value: kv_heads.to_string(),
-                reason: format!("must divide num_attention_heads = {heads}"),
-            });
-        }
+        let (kv_heads, latent, head_dim) = self.attention_widths(hidden, heads)?;
         let intermediate = self
             .optional_u64(
                 "intermediate_size",
@@ -521,16 +563,75 @@ impl ConfigFields<'_> {
             ],
             limits::POSITIONS,
         )?;
-        let mut spec = TransformerSpec {
-            model_type: mt.to_string(),
+        Ok(TransformerSizes {
             hidden,
             layers,
-            encoder_layers: 0,
             heads,
             kv_heads,
             head_dim,
             intermediate,
             vocab,
+            latent,
+            positions,
+            vision,
+        })
+    }
+
+    /// Key heads, latent attention and head width of a transformer with `hidden` and `heads`,
+    /// checked against them.
+    fn attention_widths(
+        &self,
+        hidden: u64,
+        heads: u64,
+    ) -> Result<(u64, Option<LatentAttention>, u64)> {
+        let mt = self.model_type.as_str();
+        let kv_heads = self
+            .optional_u64(
+                "num_key_value_heads",
+                &["num_key_value_heads"],
+                limits::WIDTH,
+            )?
+            .unwrap_or(heads);
+        let latent = self.latent_attention()?;
+        let head_dim = match latent {
+            Some(l) => l.nope_dim + l.rope_dim,
+            None => self
+                .optional_u64("head_dim", &["head_dim", "d_kv"], limits::WIDTH)?
+                .unwrap_or(hidden / heads),
+        };
+        limits::WIDTH.check("head_dim", head_dim)?;
+        if mt != "t5" && !hidden.is_multiple_of(heads) && self.find(&["head_dim"]).is_none() {
+            return Err(PlanError::InvalidValue {
+                name: "hidden_size".into(),
+                value: hidden.to_string(),
+                reason: format!("must be divisible by num_attention_heads = {heads}"),
+            });
+        }
+        if !heads.is_multiple_of(kv_heads) {
+            return Err(PlanError::InvalidValue {
+                name: "num_key_value_heads".into(),
+                value: kv_heads.to_string(),
+                reason: format!("must divide num_attention_heads = {heads}"),
+            });
+        }
+        Ok((kv_heads, latent, head_dim))
+    }
+
+    /// The transformer of `sizes` with every other field at its default (a pre-norm GPT
+    /// block), which the family's function then changes.
+    fn default_transformer(&self, sizes: &TransformerSizes) -> TransformerSpec {
+        let mt = self.model_type.as_str();
+        let vision = sizes.vision;
+        TransformerSpec {
+            model_type: mt.to_string(),
+            hidden: sizes.hidden,
+            layers: sizes.layers,
+            encoder_layers: 0,
+            heads: sizes.heads,
+            kv_heads: sizes.kv_heads,
+            head_dim: sizes.head_dim,
+            intermediate: sizes.intermediate,
+            vocab: sizes.vocab,
             learned_positions: 0,
             token_types: 0,
             max_positions: None,
@@ -584,317 +685,318 @@ impl ConfigFields<'_> {
             eager_only: false,
             fused_gate_up: false,
             logit_softcap: false,
-            latent,
+            latent: sizes.latent,
             moe: MoeLayout::default(),
             rescaled_output: false,
             audio: None,
             head_layout_queries: false,
             vision: None,
             dual: None,
-        };
-        let need_positions = || {
-            positions.ok_or_else(|| PlanError::MissingField {
-                model_type: mt.to_string(),
-                field: "max_position_embeddings",
-                spellings: vec!["max_position_embeddings", "n_positions"],
-            })
-        };
-        match mt {
-            "gpt2" | "gpt_bigcode" => {
-                spec.learned_positions = need_positions()?;
-                spec.fused_qkv = true;
-                let bigcode = mt == "gpt_bigcode";
-                spec.activation = self.activation(
-                    &["activation_function"],
-                    if bigcode {
-                        "gelu_pytorch_tanh"
-                    } else {
-                        "gelu_new"
-                    },
-                )?;
-                if bigcode {
-                    // Multi-query attention: one key/value head; the softmax runs in fp32
-                    // (`attention_softmax_in_fp32`, on by default).
-                    if self.bool_or(&["multi_query"], true) {
-                        spec.kv_heads = 1;
-                    }
-                    spec.softmax_fp32 = self.bool_or(&["attention_softmax_in_fp32"], true);
-                }
-                spec.attention_dropout = self.f64_or(&["attn_pdrop"], 0.1);
-                spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.1);
-                spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.1);
-                // The model holds `position_embeds` (batch 1) too; the block keeps
-                // `attn_output` named while its MLP runs.
-                spec.held.positions = true;
-                spec.held.at_mlp = 4;
-            }
-            "gpt_neox" => {
-                spec.fused_qkv = true;
-                // The rotated queries are `torch.cat([rotated, passed], dim=-1)`: contiguous
-                // per head.
-                spec.head_layout_queries = true;
-                spec.parallel_residual = self.bool_or(&["use_parallel_residual"], true);
-                spec.rotary_fraction = self.f64_or(&["rotary_pct", "partial_rotary_factor"], 0.25);
-                spec.activation = self.activation(&["hidden_act"], "gelu")?;
-                spec.qkv_bias = self.bool_or(&["attention_bias"], true);
-                spec.out_bias = spec.qkv_bias;
-                spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], false);
-                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
-                spec.hidden_dropout = self.f64_or(&["hidden_dropout"], 0.0);
-                spec.softmax_fp32 = true;
-            }
-            "opt" => {
-                // OPT's learned positions carry an offset of 2 rows.
-                spec.learned_positions = need_positions()? + 2;
-                spec.activation = self.activation(&["activation_function"], "relu")?;
-                let bias = self.bool_or(&["enable_bias"], true);
-                (spec.qkv_bias, spec.out_bias, spec.mlp_bias) = (bias, bias, bias);
-                let pre_norm = self.bool_or(&["do_layer_norm_before"], true);
-                spec.post_norm = !pre_norm;
-                spec.final_norm = pre_norm && !self.bool_or(&["_remove_final_layer_norm"], false);
-                let projection = self
-                    .optional_u64(
-                        "word_embed_proj_dim",
-                        &["word_embed_proj_dim"],
-                        limits::WIDTH,
-                    )?
-                    .unwrap_or(hidden);
-                spec.embed_projection = if projection == hidden { 0 } else { projection };
-                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
-                spec.hidden_dropout = self.f64_or(&["dropout"], 0.1);
-                spec.embedding_dropout = spec.hidden_dropout;
-                spec.activation_dropout = self.f64_or(&["activation_dropout"], 0.0);
-                spec.softmax_fp32 = true;
-                // The model holds `pos_embeds` (per token) too; the block's fc1 rebinds the norm
-                // output, so its MLP runs beside the block input and the residual sum only.
-                spec.held.embeddings = 2;
-                spec.held.at_mlp = 2;
-            }
-            "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" | "mixtral" | "gemma"
-            | "gemma2" | "gemma3_text" | "phi3" | "deepseek_v2" | "deepseek_v3" => {
-                spec.norm = Norm::RmsNorm;
-                spec.norm_bias = false;
-                spec.gated_mlp = true;
-                spec.activation = self.activation(&["hidden_activation", "hidden_act"], "silu")?;
-                spec.qkv_bias = self.bool_or(&["attention_bias"], mt == "qwen2");
-                spec.out_bias = mt != "qwen2" && spec.qkv_bias;
-                spec.mlp_bias = self.bool_or(&["mlp_bias"], false);
-                spec.rotary_fraction = self.f64_or(&["partial_rotary_factor"], 1.0);
-                spec.softmax_fp32 = true;
-                let gemma = matches!(mt, "gemma" | "gemma2" | "gemma3_text");
-                spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], gemma);
-                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
-                self.newer_decoder(&mut spec)?;
-                if mt == "mixtral" {
-                    spec.experts = self.required_u64(
-                        "num_local_experts",
-                        &["num_local_experts"],
-                        limits::EXPERTS,
-                    )?;
-                    spec.experts_per_token = self
-                        .optional_u64(
-                            "num_experts_per_tok",
-                            &["num_experts_per_tok"],
-                            limits::EXPERTS,
-                        )?
-                        .unwrap_or(2);
-                    if spec.experts_per_token > spec.experts {
-                        return Err(PlanError::InvalidValue {
-                            name: "num_experts_per_tok".into(),
-                            value: spec.experts_per_token.to_string(),
-                            reason: format!("must be at most num_local_experts = {}", spec.experts),
-                        });
-                    }
-                }
-            }
-            "phi" => {
-                spec.parallel_residual = true;
-                // `torch.cat((query_rot, query_pass), dim=-1)`: queries contiguous per head.
-                spec.head_layout_queries = true;
-                spec.shared_block_norm = true;
-                spec.rotary_fraction = self.f64_or(&["partial_rotary_factor"], 0.5);
-                spec.activation = self.activation(&["hidden_act"], "gelu_new")?;
-                spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], false);
-                spec.lm_head_bias = true;
-                spec.softmax_fp32 = true;
-                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
-                spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.0);
-                spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.0);
-            }
-            "bert" | "roberta" => {
-                spec.learned_positions = need_positions()?;
-                spec.token_types = self
-                    .optional_u64("type_vocab_size", &["type_vocab_size"], limits::VOCAB)?
-                    .unwrap_or(2);
-                spec.post_norm = true;
-                spec.embedding_norm = true;
-                spec.final_norm = false;
-                spec.activation = self.activation(&["hidden_act"], "gelu")?;
-                spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.1);
-                spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.1);
-                spec.embedding_dropout = spec.hidden_dropout;
-                // Post-norm: q, k, v read the block input itself; the MLP reads the attention
-                // output (its LayerNorm) beside the block input.
-                spec.held.at_attention = 1;
-                spec.held.at_mlp = 2;
-                let arch = self.architecture_name();
-                spec.head = if arch.ends_with("ForMaskedLM") {
-                    Head::MaskedLm
-                } else if arch.ends_with("ForSequenceClassification") {
-                    Head::SequenceClassification {
-                        labels: self.labels(2)?,
-                    }
-                } else {
-                    Head::Pooler
-                };
-            }
-            "t5" => {
-                spec.encoder_layers = layers;
-                spec.layers = self
-                    .optional_u64(
-                        "num_decoder_layers",
-                        &["num_decoder_layers"],
-                        limits::LAYERS,
-                    )?
-                    .unwrap_or(layers);
-                spec.norm = Norm::RmsNormScaledInput;
-                spec.norm_bias = false;
-                (spec.qkv_bias, spec.out_bias, spec.mlp_bias) = (false, false, false);
-                let proj = self.str_or(&["feed_forward_proj"], "relu");
-                spec.gated_mlp = proj.starts_with("gated-");
-                // `T5Config` takes the activation from `feed_forward_proj` (any `dense_act_fn`
-                // in the file is overwritten) and, for compatibility, runs "gated-gelu" with
-                // `gelu_new` (T5 v1.1, FLAN-T5): the tanh approximation in Python ops.
-                spec.activation = if proj == "gated-gelu" {
-                    Activation::GeluTanhPython
-                } else {
-                    self.activation(&["feed_forward_proj"], "relu")?
-                };
-                spec.relative_attention_buckets = self
-                    .optional_u64(
-                        "relative_attention_num_buckets",
-                        &["relative_attention_num_buckets"],
-                        limits::VOCAB,
-                    )?
-                    .unwrap_or(32);
-                // transformers 5.x keeps T5's attention softmax in the activation dtype (measured).
-                spec.softmax_fp32 = false;
-                let dropout = self.f64_or(&["dropout_rate"], 0.1);
-                (
-                    spec.attention_dropout,
-                    spec.hidden_dropout,
-                    spec.activation_dropout,
-                    spec.embedding_dropout,
-                ) = (dropout, dropout, dropout, dropout);
-                spec.head = Head::Seq2SeqLm;
-                // A T5 v1.1 / FLAN-T5 config says `tie_word_embeddings: false`: its checkpoint
-                // stores its own LM head, which `from_pretrained` keeps untied (transformers
-                // 5.x's T5Config forces the flag on, but loading finds both weights present and
-                // different), and its decoder output is not rescaled.
-                spec.rescaled_output = spec.tied_embeddings;
-            }
-            "whisper" => self.whisper(&mut spec, need_positions()?)?,
-            "clip_text_model" | "siglip_text_model" => {
-                // The text tower of a dual encoder: pre-norm blocks over learned positions
-                // (CLIP's attention is causal, SigLIP's is not; neither caches keys), a final
-                // LayerNorm, and the pooled token (CLIP's end-of-text, SigLIP's last) that the
-                // dual encoder projects.
-                let clip = mt == "clip_text_model";
-                spec.learned_positions = need_positions()?;
-                spec.activation = self.activation(
-                    &["hidden_act"],
-                    if clip {
-                        "quick_gelu"
-                    } else {
-                        "gelu_pytorch_tanh"
-                    },
-                )?;
-                spec.softmax_fp32 = true;
-                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
-                spec.tied_embeddings = false;
-                spec.head = Head::None;
-            }
-            "clip_vision_model" | "siglip_vision_model" => {
-                let clip = mt == "clip_vision_model";
-                spec.patches = Some(Patches {
-                    patch: self.required_u64("patch_size", &["patch_size"], limits::POSITIONS)?,
-                    channels: self
-                        .optional_u64("num_channels", &["num_channels"], limits::WIDTH)?
-                        .unwrap_or(3),
-                    image_size: self.required_u64(
-                        "image_size",
-                        &["image_size"],
-                        limits::POSITIONS,
-                    )?,
-                    class_token: clip,
-                    bias: !clip,
-                });
-                spec.activation = self.activation(
-                    &["hidden_act"],
-                    if clip {
-                        "quick_gelu"
-                    } else {
-                        "gelu_pytorch_tanh"
-                    },
-                )?;
-                spec.softmax_fp32 = true;
-                spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
-                // CLIP: LayerNorm before the blocks (`pre_layrnorm`); both: `post_layernorm`.
-                spec.embedding_norm = clip;
-                spec.head = if !clip && self.bool_or(&["vision_use_head"], true) {
-                    Head::AttentionPool
-                } else {
-                    Head::None
-                };
-            }
-            "vit" => {
-                spec.patches = Some(Patches {
-                    patch: self
-                        .optional_u64("patch_size", &["patch_size"], limits::POSITIONS)?
-                        .unwrap_or(16),
-                    channels: self
-                        .optional_u64("num_channels", &["num_channels"], limits::WIDTH)?
-                        .unwrap_or(3),
-                    image_size: self
-                        .optional_u64("image_size", &["image_size"], limits::POSITIONS)?
-                        .unwrap_or(224),
-                    class_token: true,
-                    bias: true,
-                });
-                spec.activation = self.activation(&["hidden_act"], "gelu")?;
-                spec.qkv_bias = self.bool_or(&["qkv_bias"], true);
-                spec.softmax_fp32 = true;
-                spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.0);
-                spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.0);
-                spec.embedding_dropout = spec.hidden_dropout;
-                spec.head = if self.architecture_name() == "ViTModel" {
-                    Head::Pooler
-                } else {
-                    Head::ImageClassification {
-                        classes: self.labels(2)?,
-                    }
-                };
-            }
-            other => return Err(unsupported(other)),
         }
+    }
+
+    /// GPT-2 and StarCoder (`gpt_bigcode`): learned positions, a fused qkv projection.
+    fn gpt2(&self, spec: &mut TransformerSpec, positions: Option<u64>) -> Result<()> {
+        let mt = self.model_type.as_str();
+        spec.learned_positions = self.need_positions(positions)?;
+        spec.fused_qkv = true;
+        let bigcode = mt == "gpt_bigcode";
+        spec.activation = self.activation(
+            &["activation_function"],
+            if bigcode {
+                "gelu_pytorch_tanh"
+            } else {
+                "gelu_new"
+            },
+        )?;
+        if bigcode {
+            // Multi-query attention: one key/value head; the softmax runs in fp32
+            // (`attention_softmax_in_fp32`, on by default).
+            if self.bool_or(&["multi_query"], true) {
+                spec.kv_heads = 1;
+            }
+            spec.softmax_fp32 = self.bool_or(&["attention_softmax_in_fp32"], true);
+        }
+        spec.attention_dropout = self.f64_or(&["attn_pdrop"], 0.1);
+        spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.1);
+        spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.1);
+        // The model holds `position_embeds` (batch 1) too; the block keeps
+        // `attn_output` named while its MLP runs.
+        spec.held.positions = true;
+        spec.held.at_mlp = 4;
+        Ok(())
+    }
+
+    /// GPT-NeoX (Pythia): partial rotary, a parallel residual.
+    fn gpt_neox(&self, spec: &mut TransformerSpec) -> Result<()> {
+        spec.fused_qkv = true;
+        // The rotated queries are `torch.cat([rotated, passed], dim=-1)`: contiguous
+        // per head.
+        spec.head_layout_queries = true;
+        spec.parallel_residual = self.bool_or(&["use_parallel_residual"], true);
+        spec.rotary_fraction = self.f64_or(&["rotary_pct", "partial_rotary_factor"], 0.25);
+        spec.activation = self.activation(&["hidden_act"], "gelu")?;
+        spec.qkv_bias = self.bool_or(&["attention_bias"], true);
+        spec.out_bias = spec.qkv_bias;
+        spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], false);
+        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+        spec.hidden_dropout = self.f64_or(&["hidden_dropout"], 0.0);
+        spec.softmax_fp32 = true;
+        Ok(())
+    }
+
+    /// OPT: learned positions with an offset, pre- or post-norm, an optional embedding projection.
+    fn opt(&self, spec: &mut TransformerSpec, positions: Option<u64>) -> Result<()> {
+        let hidden = spec.hidden;
+        // OPT's learned positions carry an offset of 2 rows.
+        spec.learned_positions = self.need_positions(positions)? + 2;
+        spec.activation = self.activation(&["activation_function"], "relu")?;
+        let bias = self.bool_or(&["enable_bias"], true);
+        (spec.qkv_bias, spec.out_bias, spec.mlp_bias) = (bias, bias, bias);
+        let pre_norm = self.bool_or(&["do_layer_norm_before"], true);
+        spec.post_norm = !pre_norm;
+        spec.final_norm = pre_norm && !self.bool_or(&["_remove_final_layer_norm"], false);
+        let projection = self
+            .optional_u64(
+                "word_embed_proj_dim",
+                &["word_embed_proj_dim"],
+                limits::WIDTH,
+            )?
+            .unwrap_or(hidden);
+        spec.embed_projection = if projection == hidden { 0 } else { projection };
+        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+        spec.hidden_dropout = self.f64_or(&["dropout"], 0.1);
+        spec.embedding_dropout = spec.hidden_dropout;
+        spec.activation_dropout = self.f64_or(&["activation_dropout"], 0.0);
+        spec.softmax_fp32 = true;
+        // The model holds `pos_embeds` (per token) too; the block's fc1 rebinds the norm
+        // output, so its MLP runs beside the block input and the residual sum only.
+        spec.held.embeddings = 2;
+        spec.held.at_mlp = 2;
+        Ok(())
+    }
+
+    /// The Llama-style decoders (Llama, Mistral, Qwen, Mixtral, Gemma, Phi-3, DeepSeek): RMSNorm, a
+    /// gated MLP, rotary; Mixtral's experts.
+    fn llama_family(&self, spec: &mut TransformerSpec) -> Result<()> {
+        let mt = self.model_type.as_str();
+        spec.norm = Norm::RmsNorm;
+        spec.norm_bias = false;
+        spec.gated_mlp = true;
+        spec.activation = self.activation(&["hidden_activation", "hidden_act"], "silu")?;
+        spec.qkv_bias = self.bool_or(&["attention_bias"], mt == "qwen2");
+        spec.out_bias = mt != "qwen2" && spec.qkv_bias;
+        spec.mlp_bias = self.bool_or(&["mlp_bias"], false);
+        spec.rotary_fraction = self.f64_or(&["partial_rotary_factor"], 1.0);
+        spec.softmax_fp32 = true;
+        let gemma = matches!(mt, "gemma" | "gemma2" | "gemma3_text");
+        spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], gemma);
+        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+        self.newer_decoder(spec)?;
+        if mt == "mixtral" {
+            spec.experts =
+                self.required_u64("num_local_experts", &["num_local_experts"], limits::EXPERTS)?;
+            spec.experts_per_token = self
+                .optional_u64(
+                    "num_experts_per_tok",
+                    &["num_experts_per_tok"],
+                    limits::EXPERTS,
+                )?
+                .unwrap_or(2);
+            if spec.experts_per_token > spec.experts {
+                return Err(PlanError::InvalidValue {
+                    name: "num_experts_per_tok".into(),
+                    value: spec.experts_per_token.to_string(),
+                    reason: format!("must be at most num_local_experts = {}", spec.experts),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Phi-1/2: a parallel residual with one shared norm, partial rotary, a biased LM head.
+    fn phi(&self, spec: &mut TransformerSpec) -> Result<()> {
+        spec.parallel_residual = true;
+        // `torch.cat((query_rot, query_pass), dim=-1)`: queries contiguous per head.
+        spec.head_layout_queries = true;
+        spec.shared_block_norm = true;
+        spec.rotary_fraction = self.f64_or(&["partial_rotary_factor"], 0.5);
+        spec.activation = self.activation(&["hidden_act"], "gelu_new")?;
+        spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], false);
+        spec.lm_head_bias = true;
+        spec.softmax_fp32 = true;
+        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+        spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.0);
+        spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.0);
+        Ok(())
+    }
+
+    /// BERT and RoBERTa: post-norm encoders with token types and a masked-LM, classification or
+    /// pooler head.
+    fn bert(&self, spec: &mut TransformerSpec, positions: Option<u64>) -> Result<()> {
+        spec.learned_positions = self.need_positions(positions)?;
+        spec.token_types = self
+            .optional_u64("type_vocab_size", &["type_vocab_size"], limits::VOCAB)?
+            .unwrap_or(2);
+        spec.post_norm = true;
+        spec.embedding_norm = true;
+        spec.final_norm = false;
+        spec.activation = self.activation(&["hidden_act"], "gelu")?;
+        spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.1);
+        spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.1);
+        spec.embedding_dropout = spec.hidden_dropout;
+        // Post-norm: q, k, v read the block input itself; the MLP reads the attention
+        // output (its LayerNorm) beside the block input.
+        spec.held.at_attention = 1;
+        spec.held.at_mlp = 2;
         let arch = self.architecture_name();
-        let base_model =
-            arch.ends_with("Model") && !arch.contains("For") && !arch.contains("LMHead");
-        if spec.head == Head::CausalLm && base_model {
-            spec.head = Head::None;
-        }
-        spec.max_positions = match mt {
-            // Relative position buckets, and positions per patch: no token limit.
-            "t5" | "vit" | "clip_vision_model" | "siglip_vision_model" => None,
-            // RoBERTa's position ids start after the padding index: two rows are never reached.
-            "roberta" => positions.map(|p| p.saturating_sub(2).max(1)),
-            _ => positions,
+        spec.head = if arch.ends_with("ForMaskedLM") {
+            Head::MaskedLm
+        } else if arch.ends_with("ForSequenceClassification") {
+            Head::SequenceClassification {
+                labels: self.labels(2)?,
+            }
+        } else {
+            Head::Pooler
         };
-        if mt != "whisper" {
-            spec.key_bias = spec.qkv_bias;
-        }
-        limits::check_parameters(&spec)?;
-        Ok(spec)
+        Ok(())
+    }
+
+    /// T5: an encoder-decoder with relative position buckets and a scaled-input RMSNorm.
+    fn t5(&self, spec: &mut TransformerSpec) -> Result<()> {
+        let layers = spec.layers;
+        spec.encoder_layers = layers;
+        spec.layers = self
+            .optional_u64(
+                "num_decoder_layers",
+                &["num_decoder_layers"],
+                limits::LAYERS,
+            )?
+            .unwrap_or(layers);
+        spec.norm = Norm::RmsNormScaledInput;
+        spec.norm_bias = false;
+        (spec.qkv_bias, spec.out_bias, spec.mlp_bias) = (false, false, false);
+        let proj = self.str_or(&["feed_forward_proj"], "relu");
+        spec.gated_mlp = proj.starts_with("gated-");
+        // `T5Config` takes the activation from `feed_forward_proj` (any `dense_act_fn`
+        // in the file is overwritten) and, for compatibility, runs "gated-gelu" with
+        // `gelu_new` (T5 v1.1, FLAN-T5): the tanh approximation in Python ops.
+        spec.activation = if proj == "gated-gelu" {
+            Activation::GeluTanhPython
+        } else {
+            self.activation(&["feed_forward_proj"], "relu")?
+        };
+        spec.relative_attention_buckets = self
+            .optional_u64(
+                "relative_attention_num_buckets",
+                &["relative_attention_num_buckets"],
+                limits::VOCAB,
+            )?
+            .unwrap_or(32);
+        // transformers 5.x keeps T5's attention softmax in the activation dtype (measured).
+        spec.softmax_fp32 = false;
+        let dropout = self.f64_or(&["dropout_rate"], 0.1);
+        (
+            spec.attention_dropout,
+            spec.hidden_dropout,
+            spec.activation_dropout,
+            spec.embedding_dropout,
+        ) = (dropout, dropout, dropout, dropout);
+        spec.head = Head::Seq2SeqLm;
+        // A T5 v1.1 / FLAN-T5 config says `tie_word_embeddings: false`: its checkpoint
+        // stores its own LM head, which `from_pretrained` keeps untied (transformers
+        // 5.x's T5Config forces the flag on, but loading finds both weights present and
+        // different), and its decoder output is not rescaled.
+        spec.rescaled_output = spec.tied_embeddings;
+        Ok(())
+    }
+
+    /// The text tower of CLIP or SigLIP.
+    fn text_tower(&self, spec: &mut TransformerSpec, positions: Option<u64>) -> Result<()> {
+        let mt = self.model_type.as_str();
+        // The text tower of a dual encoder: pre-norm blocks over learned positions
+        // (CLIP's attention is causal, SigLIP's is not; neither caches keys), a final
+        // LayerNorm, and the pooled token (CLIP's end-of-text, SigLIP's last) that the
+        // dual encoder projects.
+        let clip = mt == "clip_text_model";
+        spec.learned_positions = self.need_positions(positions)?;
+        spec.activation = self.activation(
+            &["hidden_act"],
+            if clip {
+                "quick_gelu"
+            } else {
+                "gelu_pytorch_tanh"
+            },
+        )?;
+        spec.softmax_fp32 = true;
+        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+        spec.tied_embeddings = false;
+        spec.head = Head::None;
+        Ok(())
+    }
+
+    /// The vision tower of CLIP or SigLIP: patches, and SigLIP's attention-pool head.
+    fn vision_tower(&self, spec: &mut TransformerSpec) -> Result<()> {
+        let mt = self.model_type.as_str();
+        let clip = mt == "clip_vision_model";
+        spec.patches = Some(Patches {
+            patch: self.required_u64("patch_size", &["patch_size"], limits::POSITIONS)?,
+            channels: self
+                .optional_u64("num_channels", &["num_channels"], limits::WIDTH)?
+                .unwrap_or(3),
+            image_size: self.required_u64("image_size", &["image_size"], limits::POSITIONS)?,
+            class_token: clip,
+            bias: !clip,
+        });
+        spec.activation = self.activation(
+            &["hidden_act"],
+            if clip {
+                "quick_gelu"
+            } else {
+                "gelu_pytorch_tanh"
+            },
+        )?;
+        spec.softmax_fp32 = true;
+        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+        // CLIP: LayerNorm before the blocks (`pre_layrnorm`); both: `post_layernorm`.
+        spec.embedding_norm = clip;
+        spec.head = if !clip && self.bool_or(&["vision_use_head"], true) {
+            Head::AttentionPool
+        } else {
+            Head::None
+        };
+        Ok(())
+    }
+
+    /// ViT: patches with a class token, a pooler or image-classification head.
+    fn vit(&self, spec: &mut TransformerSpec) -> Result<()> {
+        spec.patches = Some(Patches {
+            patch: self
+                .optional_u64("patch_size", &["patch_size"], limits::POSITIONS)?
+                .unwrap_or(16),
+            channels: self
+                .optional_u64("num_channels", &["num_channels"], limits::WIDTH)?
+                .unwrap_or(3),
+            image_size: self
+                .optional_u64("image_size", &["image_size"], limits::POSITIONS)?
+                .unwrap_or(224),
+            class_token: true,
+            bias: true,
+        });
+        spec.activation = self.activation(&["hidden_act"], "gelu")?;
+        spec.qkv_bias = self.bool_or(&["qkv_bias"], true);
+        spec.softmax_fp32 = true;
+        spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.0);
+        spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.0);
+        spec.embedding_dropout = spec.hidden_dropout;
+        spec.head = if self.architecture_name() == "ViTModel" {
+            Head::Pooler
+        } else {
+            Head::ImageClassification {
+                classes: self.labels(2)?,
+            }
+        };
+        Ok(())
     }
 
     /// Multi-head latent attention of a DeepSeek-V2/V3 config; None for other families.
@@ -924,29 +1026,7 @@ impl ConfigFields<'_> {
             spec.norm = Norm::RmsNormOffset;
         }
         if matches!(mt, "gemma2" | "gemma3_text") {
-            spec.sandwich_norms = true;
-            let default_every = if mt == "gemma2" { 2 } else { 6 };
-            if let Some(window) =
-                self.optional_u64("sliding_window", &["sliding_window"], limits::POSITIONS)?
-            {
-                let full_every = match self.find(&["layer_types"]).and_then(Value::as_array) {
-                    Some(types) => types
-                        .iter()
-                        .position(|t| t.as_str() == Some("full_attention"))
-                        .map_or(0, |i| i as u64 + 1),
-                    None => self
-                        .optional_u64(
-                            "sliding_window_pattern",
-                            &["sliding_window_pattern"],
-                            limits::LAYERS,
-                        )?
-                        .unwrap_or(default_every),
-                };
-                spec.sliding = Some(SlidingWindow { window, full_every });
-            }
-            spec.attention_softcap = self.find(&["attn_logit_softcapping"]).is_some();
-            spec.eager_only = mt == "gemma2";
-            spec.logit_softcap = self.find(&["final_logit_softcapping"]).is_some();
+            self.gemma_attention(spec)?;
         }
         if mt == "phi3" {
             // One qkv_proj and one gate_up_proj, no biases; dropouts by Phi's names.
@@ -958,6 +1038,51 @@ impl ConfigFields<'_> {
             spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.0);
             spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.0);
         }
+        self.decoder_experts(spec)?;
+        if spec.experts_per_token > spec.experts {
+            return Err(PlanError::InvalidValue {
+                name: "num_experts_per_tok".into(),
+                value: spec.experts_per_token.to_string(),
+                reason: format!("must be at most the {} experts", spec.experts),
+            });
+        }
+        Ok(())
+    }
+
+    /// Gemma 2 and 3: sandwich norms, sliding-window layers (every `full_every`-th attends to
+    /// all keys), soft-capped scores and logits; Gemma 2 runs only eager attention.
+    fn gemma_attention(&self, spec: &mut TransformerSpec) -> Result<()> {
+        let mt = self.model_type.as_str();
+        spec.sandwich_norms = true;
+        let default_every = if mt == "gemma2" { 2 } else { 6 };
+        if let Some(window) =
+            self.optional_u64("sliding_window", &["sliding_window"], limits::POSITIONS)?
+        {
+            let full_every = match self.find(&["layer_types"]).and_then(Value::as_array) {
+                Some(types) => types
+                    .iter()
+                    .position(|t| t.as_str() == Some("full_attention"))
+                    .map_or(0, |i| i as u64 + 1),
+                None => self
+                    .optional_u64(
+                        "sliding_window_pattern",
+                        &["sliding_window_pattern"],
+                        limits::LAYERS,
+                    )?
+                    .unwrap_or(default_every),
+            };
+            spec.sliding = Some(SlidingWindow { window, full_every });
+        }
+        spec.attention_softcap = self.find(&["attn_logit_softcapping"]).is_some();
+        spec.eager_only = mt == "gemma2";
+        spec.logit_softcap = self.find(&["final_logit_softcapping"]).is_some();
+        Ok(())
+    }
+
+    /// The experts of Qwen3-MoE (in every block) and DeepSeek-V2/V3 (after the dense blocks,
+    /// with shared experts and an fp32 router).
+    fn decoder_experts(&self, spec: &mut TransformerSpec) -> Result<()> {
+        let mt = self.model_type.as_str();
         let experts = |field: &'static str| self.optional_u64(field, &[field], limits::EXPERTS);
         match mt {
             "qwen3_moe" => {
@@ -1018,13 +1143,6 @@ impl ConfigFields<'_> {
                 spec.out_bias = spec.qkv_bias;
             }
             _ => {}
-        }
-        if spec.experts_per_token > spec.experts {
-            return Err(PlanError::InvalidValue {
-                name: "num_experts_per_tok".into(),
-                value: spec.experts_per_token.to_string(),
-                reason: format!("must be at most the {} experts", spec.experts),
-            });
         }
         Ok(())
     }
