@@ -21,6 +21,8 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
+use gpumem_testkit::Rng;
+
 /// What [`write_snapshot`] wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GeneratedSnapshot {
@@ -68,7 +70,7 @@ pub fn write_snapshot(
     seed: u64,
     stacks_recorded: Stacks,
 ) -> io::Result<GeneratedSnapshot> {
-    let mut random = XorShift(seed | 1);
+    let mut random = Rng::new(seed);
     let frames: Vec<Frame> = (0..FRAMES)
         .map(|index| Frame {
             filename: format!(
@@ -317,7 +319,7 @@ impl TraceState {
     }
 
     /// Appends the entries of the next alloc or free of the working set.
-    fn next_entries(&mut self, random: &mut XorShift, out: &mut Vec<Entry>) {
+    fn next_entries(&mut self, random: &mut Rng, out: &mut Vec<Entry>) {
         let stack = random.below(STACKS as u64) as usize;
         if self.live.len() < 1000 || (self.live.len() < 3000 && random.below(2) == 0) {
             let size = 512 << random.below(17);
@@ -576,17 +578,5 @@ impl<W: Write> Pickler<W> {
             }
         });
         id
-    }
-}
-
-/// A small deterministic generator (xorshift64).
-struct XorShift(u64);
-
-impl XorShift {
-    fn below(&mut self, bound: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % bound
     }
 }
