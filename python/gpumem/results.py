@@ -315,6 +315,7 @@ class Device(Report):
     free_bytes: int | None
     vmm_granularity: int | None
     software: bool
+    memory_source: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -92,6 +92,11 @@ pub struct Listed {
     pub vmm_granularity: Option<u64>,
     /// Whether it runs on the CPU (the simulated device, a software Vulkan driver).
     pub software: bool,
+    /// Where the memory figures come from: `simulated`, `driver` (CUDA), or for wgpu `limit`,
+    /// `budget` (the driver's memory budget), `heap size` (the driver's heap, no budget) or
+    /// `estimate` (a guess: the backend gives nothing); `unavailable` when the device could not
+    /// be opened to ask.
+    pub memory_source: &'static str,
 }
 
 /// Every device of every backend here, and for each backend with none a sentence saying why.
@@ -108,6 +113,7 @@ pub fn list() -> DeviceList {
             free_bytes: info.map(|i| i.free),
             vmm_granularity: sim.vmm().map(|v| v.granularity()),
             software: true,
+            memory_source: "simulated",
         });
     }
     match gpumem_cuda::devices() {
@@ -126,6 +132,7 @@ pub fn list() -> DeviceList {
                     free_bytes: free,
                     vmm_granularity: info.vmm_granularity,
                     software: false,
+                    memory_source: "driver",
                 });
             }
         }
@@ -146,8 +153,14 @@ fn list_wgpu(devices: &mut Vec<Listed>, absent: &mut Vec<String>) {
         ));
     }
     for adapter in adapters {
-        let opened = Backend::Wgpu.open(adapter.index).ok();
-        let info = opened.as_ref().and_then(|d| d.mem_info().ok());
+        let options = gpumem_wgpu::WgpuOptions {
+            adapter: gpumem_wgpu::AdapterChoice::Index(adapter.index),
+            ..Default::default()
+        };
+        let memory = gpumem_wgpu::WgpuDevice::open(options)
+            .ok()
+            .map(|d| d.memory());
+        let info = memory.map(|m| m.info);
         devices.push(Listed {
             backend: "wgpu",
             ordinal: adapter.index,
@@ -163,6 +176,12 @@ fn list_wgpu(devices: &mut Vec<Listed>, absent: &mut Vec<String>) {
             free_bytes: info.map(|i| i.free),
             vmm_granularity: None,
             software: adapter.device_type == "cpu",
+            memory_source: memory.map_or("unavailable", |m| match m.source {
+                gpumem_wgpu::MemorySource::Limit => "limit",
+                gpumem_wgpu::MemorySource::Budget => "budget",
+                gpumem_wgpu::MemorySource::HeapSize => "heap size",
+                gpumem_wgpu::MemorySource::Estimate => "estimate",
+            }),
         });
     }
 }

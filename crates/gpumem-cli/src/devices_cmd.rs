@@ -28,8 +28,14 @@ pub fn run(args: DevicesArgs) -> Result<(), CommandError> {
         let free = d
             .free_bytes
             .map_or(String::new(), |f| format!(", {} free", Bytes(f)));
+        // Figures the driver or the simulation gives need no note; the others say where
+        // they come from (a limit, a budget, a heap size, a guess).
+        let source = match d.memory_source {
+            "driver" | "simulated" => String::new(),
+            other => format!(" ({other})"),
+        };
         output::print(&format!(
-            "{}:{}  {}  [{}{free}, {vmm}]",
+            "{}:{}  {}  [{}{source}{free}, {vmm}]",
             d.backend,
             d.ordinal,
             d.description,

@@ -49,6 +49,17 @@ fn devices_lists_the_sim_and_says_why_cuda_is_absent() {
     let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(value["devices"][0]["backend"], "sim");
     assert!(value["devices"][0]["total_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(value["devices"][0]["memory_source"], "simulated");
+    // Every device says where its memory figures come from; a wgpu adapter's figures are the
+    // driver's heap or budget on Vulkan (lavapipe here), an estimate only where none is given.
+    for device in value["devices"].as_array().unwrap() {
+        let source = device["memory_source"].as_str().unwrap();
+        let accepted = ["simulated", "driver", "limit", "budget", "heap size", "estimate"];
+        assert!(accepted.contains(&source), "{device}");
+        if device["backend"] == "wgpu" {
+            assert!(text.contains(&format!("({source})")), "{text}");
+        }
+    }
 }
 
 #[test]
