@@ -38,7 +38,7 @@ pub enum ReservedBy {
 /// What to plan: the model, the run settings, the GPU and what to find on it. The fields are
 /// the flags of `gpumem plan` (with the `clap` feature this is that command line) and the
 /// keyword arguments of the Python package's `gpumem.plan`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default)]
 pub struct PlanRequest {
@@ -96,27 +96,24 @@ impl Default for PlanRequest {
     }
 }
 
-/// The fields of a [`PlanRequest`] beside the run settings.
-const REQUEST_FIELDS: [&str; 9] = [
-    "model",
-    "config",
-    "global_batch",
-    "gpu",
-    "fit",
-    "margin",
-    "min_gpus",
-    "context_mib",
-    "reserved",
-];
-
 impl PlanRequest {
     /// Every name a request accepts: its own fields and the run settings' flags, spelt as
     /// fields (`grad_ckpt` for `--grad-ckpt`).
     pub fn field_names() -> Vec<String> {
-        REQUEST_FIELDS
-            .iter()
-            .map(|name| name.to_string())
-            .chain(Settings::flag_names())
+        // A struct of plain fields always serializes as an object (a test checks the names).
+        let fields = match serde_json::to_value(PlanRequest::default()) {
+            Ok(serde_json::Value::Object(fields)) => fields,
+            _ => serde_json::Map::new(),
+        };
+        let flags = Settings::flag_names();
+        let settings: Vec<String> = match serde_json::to_value(Settings::default()) {
+            Ok(serde_json::Value::Object(all)) => all.into_iter().map(|(name, _)| name).collect(),
+            _ => Vec::new(),
+        };
+        // The request's own fields, then the settings that are flags (not the validation-only
+        // ones, and `gpu`, which is the request's).
+        let own = fields.into_iter().map(|(name, _)| name);
+        own.filter(|name| !settings.contains(name) || flags.contains(name) || name == "gpu")
             .collect()
     }
 
@@ -469,4 +466,43 @@ fn replay_plan(model: &ModelSpec, workload: &Workload) -> Result<Vec<PlannedRese
             peak_reserved_bytes: r.peak_reserved_bytes,
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names a request takes are its own fields and the settings' flags: not the
+    /// validation-only settings.
+    #[test]
+    fn field_names_are_the_flags() {
+        let names = PlanRequest::field_names();
+        for name in [
+            "model",
+            "config",
+            "gpu",
+            "fit",
+            "reserved",
+            "batch",
+            "grad_ckpt",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
+        for name in ["target", "lora_base_int8"] {
+            assert!(!names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
+        let refused = PlanRequest::from_json(r#"{"model": "gpt2", "target": "cpu"}"#);
+        assert!(
+            matches!(refused, Err(PlanError::UnknownName { .. })),
+            "{refused:?}"
+        );
+        let typed = PlanRequest::from_json(r#"{"model": "gpt2", "batch": "four"}"#);
+        assert!(
+            matches!(&typed, Err(PlanError::InvalidValue { name, .. }) if name == "batch"),
+            "{typed:?}"
+        );
+        let request = PlanRequest::from_json(r#"{"model": "gpt2", "batch": 4}"#).unwrap();
+        assert_eq!(request.settings.batch, Some(4));
+        assert_eq!(request.reserved, ReservedBy::Replay);
+    }
 }
