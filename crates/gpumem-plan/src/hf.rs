@@ -275,13 +275,21 @@ fn unsupported(model_type: &str) -> PlanError {
 
 /// The sizes every transformer config gives (or has defaults for).
 struct TransformerSizes {
+    /// Hidden width.
     hidden: u64,
+    /// Blocks (a decoder's, before a family changes them).
     layers: u64,
+    /// Query heads.
     heads: u64,
+    /// Key and value heads.
     kv_heads: u64,
+    /// Width of one head.
     head_dim: u64,
+    /// MLP (or expert) width.
     intermediate: u64,
+    /// Vocabulary (none for a vision tower).
     vocab: u64,
+    /// Multi-head latent attention (DeepSeek-V2/V3).
     latent: Option<LatentAttention>,
     /// `max_position_embeddings` and its spellings, if given.
     positions: Option<u64>,

@@ -9,15 +9,23 @@ use serde::{Serialize, Serializer};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoraTargets(u16);
 
+/// The query projection.
 pub(crate) const Q: u16 = 1;
+/// The key projection.
 pub(crate) const K: u16 = 2;
+/// The value projection.
 pub(crate) const V: u16 = 4;
+/// The output projection.
 pub(crate) const O: u16 = 8;
+/// The MLP's gate projection (a mixture of experts' routed ones).
 pub(crate) const GATE: u16 = 16;
+/// The MLP's up projection.
 pub(crate) const UP: u16 = 32;
+/// The MLP's down projection.
 pub(crate) const DOWN: u16 = 64;
 /// A mixture of experts' router (its `gate`).
 pub(crate) const ROUTER: u16 = 128;
+/// Every role: `all-linear`.
 pub(crate) const ALL: u16 = Q | K | V | O | GATE | UP | DOWN | ROUTER;
 
 /// Role names in the order they are printed.

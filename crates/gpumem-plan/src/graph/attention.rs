@@ -44,10 +44,13 @@ pub(super) struct AttentionMemory {
 /// One attention of a block as it runs: its shape, its kernel and its sizes on this GPU.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AttentionCall {
+    /// Query and key lengths.
     pub(super) shape: AttentionShape,
     /// A cross-attention (its keys and values span the encoder's tokens).
     pub(super) cross: bool,
+    /// The kernel that runs it.
     pub(super) kernel: AttentionKernel,
+    /// How grouped keys reach the kernel.
     pub(super) grouped: GroupedKeys,
     /// Query, key and value widths over all heads.
     pub(super) q: f64,
@@ -57,7 +60,9 @@ pub(super) struct AttentionCall {
     pub(super) heads: f64,
     /// Score elements of the micro-batch on this GPU.
     pub(super) scores: f64,
+    /// Query tokens of the micro-batch.
     pub(super) query_tokens: f64,
+    /// Key tokens of the micro-batch (the encoder's for a cross-attention).
     pub(super) key_tokens: f64,
 }
 

@@ -10,9 +10,11 @@ use crate::workload::Loss;
 
 /// A block's attentions as they ran: its self-attention and a decoder's cross-attention.
 struct BlockAttentions {
+    /// The self-attention.
     own: AttentionMemory,
     /// Zero where the block has none.
     cross: AttentionMemory,
+    /// The block has a cross-attention (a decoder of an encoder-decoder).
     has_cross: bool,
     /// The tokens a cross-attention's keys and values span (the encoder's).
     encoder_tokens: f64,

@@ -17,6 +17,8 @@ struct AudioStem {
 }
 
 impl TransformerGraph<'_> {
+    /// The embeddings unit: token (and position) embeddings, or a patch or audio stem, with
+    /// the inputs the caller holds.
     pub(super) fn embeddings(&self) -> Unit {
         let spec = self.spec;
         let tokens = self.batch * self.sequence();

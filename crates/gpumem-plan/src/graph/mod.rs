@@ -86,11 +86,17 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
 /// A transformer (or one tower of it) under a workload for one micro-batch: the parts in
 /// `graph/*.rs` each add their own methods to it.
 struct TransformerGraph<'a> {
+    /// The stack's shape.
     spec: &'a TransformerSpec,
+    /// What runs on it.
     workload: &'a Workload,
+    /// Bytes per element of its tensors.
     bytes: ElementSizes,
+    /// How tensor (and sequence) parallelism divides them.
     split: Split,
+    /// Samples in the micro-batch.
     batch: f64,
+    /// A training step (else a no-grad forward).
     training: bool,
     /// The kernel of the model's self-attentions.
     own_kernel: AttentionKernel,

@@ -12,6 +12,7 @@ struct ResnetStep {
     input_bytes: f64,
     /// Images in the micro-batch.
     batch: f64,
+    /// A training step (else a no-grad forward).
     training: bool,
 }
 

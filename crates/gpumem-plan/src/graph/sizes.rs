@@ -14,6 +14,7 @@ pub(super) struct ElementSizes {
 }
 
 impl ElementSizes {
+    /// The element sizes of `workload`.
     pub(super) fn of(workload: &Workload) -> Self {
         let act = workload.compute_dtype().bytes() as f64;
         let residual = workload.module_dtype().bytes() as f64;
@@ -37,15 +38,20 @@ impl ElementSizes {
 /// Tensor-parallel split: terms inside attention/MLP divide by `tp`, the rest only with SP.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Split {
+    /// Tensor-parallel degree.
     pub(super) tp: f64,
+    /// What sequence parallelism divides the rest by (the TP degree with SP, else 1).
     pub(super) sequence: f64,
 }
 
 /// Sequence lengths of one attention: queries and keys.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AttentionShape {
+    /// Query tokens per sequence.
     pub(super) queries: f64,
+    /// Key tokens per sequence.
     pub(super) keys: f64,
+    /// Causal (a decoder's self-attention).
     pub(super) causal: bool,
     /// Key tokens per sequence a sliding-window layer attends to and keeps in its cache while
     /// decoding; None: all.
