@@ -394,156 +394,8 @@ fn unet_units(spec: &UnetSpec, step: Step, side: u64) -> Vec<Unit> {
         }
         let params = spec.layer_params(s.layer);
         let first = units.len();
-        let unit = match s.layer {
-            UnetLayer::Stem => {
-                let out = pixels(0) * spec.channels[0] as f64 * a;
-                Unit {
-                    name: "embeddings",
-                    held: inputs,
-                    forward_transient: out,
-                    inference_live: out,
-                    params,
-                    ..Unit::default()
-                }
-            }
-            UnetLayer::Resnet {
-                inputs: i,
-                outputs: o,
-                level,
-            } => {
-                let p = pixels(level) * a;
-                let (i, o) = (i as f64, o as f64);
-                let shortcut = if i != o { o } else { 0.0 };
-                Unit {
-                    name: "block",
-                    // Block input (GroupNorm, shortcut), both norm outputs (SiLU), both SiLU
-                    // outputs (convolutions), the first conv plus time embedding (GroupNorm).
-                    saved: p * (3.0 * i + 3.0 * o),
-                    checkpoint: Some(p * i),
-                    // The output, the residual sum before `/ output_scale_factor`, the shortcut.
-                    forward_transient: p * (2.0 * o + shortcut),
-                    backward_transient: p * (2.0 * o + i),
-                    gradient_transient: p * (i + o),
-                    inference_live: p * (3.0 * i).max(2.0 * i + o).max(i + 3.0 * o + shortcut),
-                    params,
-                    ..Unit::default()
-                }
-            }
-            UnetLayer::Attention {
-                channels,
-                heads,
-                layers,
-                level,
-                ..
-            } => {
-                let p = pixels(level);
-                let c = channels as f64;
-                let inner = (heads * (channels / heads)) as f64;
-                let keys = b * TEXT_TOKENS as f64 * inner * a;
-                // Projection in: the input (GroupNorm, residual) and the norm output in the
-                // projection's layout.
-                units.push(trained(
-                    Unit {
-                        name: "attention",
-                        saved: p * a * 2.0 * c,
-                        forward_transient: p * a * 2.0 * inner,
-                        inference_live: p * a * (3.0 * c + inner),
-                        backward_transient: p * a * 2.0 * c,
-                        gradient_transient: p * a * 2.0 * c,
-                        params: groupnorm(channels) + linear(channels, inner as u64),
-                        ..Unit::default()
-                    },
-                    step,
-                ));
-                let block_params = (params
-                    - groupnorm(channels)
-                    - linear(channels, inner as u64)
-                    - linear(inner as u64, channels))
-                    / layers;
-                let lse = 2.0 * p * heads as f64 * 4.0;
-                for _ in 0..layers {
-                    units.push(trained(
-                        Unit {
-                            name: "block",
-                            // Per token: input, norm1, q/k/v, attention output (SDPA writes it
-                            // token-major, so `transpose(1, 2).reshape` is a view), residual,
-                            // norm2, cross q and output, residual, norm3, GEGLU projection (8c),
-                            // GELU and product (4c each).
-                            saved: p * a * 28.0 * inner + 2.0 * keys + lse,
-                            checkpoint: Some(p * a * inner),
-                            forward_transient: p * a * 2.0 * inner,
-                            backward_transient: p * a * 12.0 * inner,
-                            gradient_transient: p * a * 2.0 * inner,
-                            // The residual the wrapper holds, the block input, the residual sum,
-                            // the attention output (`attn_output` stays bound), norm3 and the
-                            // feed-forward's projection, GELU and product.
-                            inference_live: p * a * 21.0 * inner + 2.0 * keys,
-                            params: block_params,
-                            ..Unit::default()
-                        },
-                        step,
-                    ));
-                }
-                Unit {
-                    name: "attention",
-                    saved: p * a * inner,
-                    forward_transient: p * a * 3.0 * c,
-                    backward_transient: p * a * 2.0 * c,
-                    gradient_transient: p * a * 2.0 * c,
-                    inference_live: p * a * (2.0 * inner + 3.0 * c),
-                    params: linear(inner as u64, channels),
-                    ..Unit::default()
-                }
-            }
-            UnetLayer::Downsample { channels, level } => {
-                let (before, after) = (pixels(level), pixels(level + 1));
-                let c = channels as f64 * a;
-                Unit {
-                    name: "block",
-                    saved: before * c,
-                    checkpoint: Some(before * c),
-                    forward_transient: after * c,
-                    backward_transient: (before + after) * c,
-                    gradient_transient: before * c,
-                    inference_live: (before + after) * c,
-                    params,
-                    ..Unit::default()
-                }
-            }
-            UnetLayer::Upsample { channels, level } => {
-                let (before, after) = (pixels(level), pixels(level.saturating_sub(1)));
-                let c = channels as f64 * a;
-                Unit {
-                    name: "block",
-                    // Interpolation saves nothing; the convolution saves its upsampled input.
-                    saved: after * c,
-                    checkpoint: Some(before * c),
-                    forward_transient: (before + after) * c,
-                    backward_transient: 2.0 * after * c,
-                    gradient_transient: after * c,
-                    inference_live: (before + 2.0 * after) * c,
-                    params,
-                    ..Unit::default()
-                }
-            }
-            UnetLayer::Out => {
-                let p = pixels(0) * a;
-                let c0 = spec.channels[0] as f64;
-                Unit {
-                    name: "head",
-                    // GroupNorm input, its output (SiLU) and the SiLU output (conv_out); the
-                    // prediction for the loss.
-                    saved: 3.0 * p * c0 + step.loss_saved(prediction),
-                    held: prediction * a,
-                    forward_transient: p * c0,
-                    backward_transient: 2.0 * p * c0,
-                    gradient_transient: p * c0,
-                    inference_live: 3.0 * p * c0,
-                    params,
-                    ..Unit::default()
-                }
-            }
-        };
+        let tensors = LoopTensors { inputs, prediction };
+        let unit = unet_module(spec, s.layer, step, params, tensors, &pixels, &mut units);
         units.push(trained(unit, step));
         // Skips held while the module runs, less its own input when that is the newest skip.
         let held_skips: f64 = skips.iter().sum::<f64>() + taken + stage_input;
@@ -562,6 +414,231 @@ fn unet_units(spec: &UnetSpec, step: Step, side: u64) -> Vec<Unit> {
         }
     }
     units
+}
+
+/// What the denoising loop feeds a UNet and takes from it.
+#[derive(Debug, Clone, Copy)]
+struct LoopTensors {
+    /// Bytes of its inputs: noisy latents and the text hidden states (and the target noise).
+    inputs: f64,
+    /// Elements of the predicted noise.
+    prediction: f64,
+}
+
+/// The unit of one UNet module (an attention module pushes its projection in and its blocks
+/// onto `units` first). `pixels`: pixels of the micro-batch at a level.
+fn unet_module(
+    spec: &UnetSpec,
+    layer: UnetLayer,
+    step: Step,
+    params: u64,
+    tensors: LoopTensors,
+    pixels: &impl Fn(u32) -> f64,
+    units: &mut Vec<Unit>,
+) -> Unit {
+    let a = step.act;
+    let LoopTensors { inputs, prediction } = tensors;
+    match layer {
+        UnetLayer::Stem => {
+            let out = pixels(0) * spec.channels[0] as f64 * a;
+            Unit {
+                name: "embeddings",
+                held: inputs,
+                forward_transient: out,
+                inference_live: out,
+                params,
+                ..Unit::default()
+            }
+        }
+        UnetLayer::Resnet {
+            inputs: i,
+            outputs: o,
+            level,
+        } => unet_resnet(pixels(level) * a, i, o, params),
+        UnetLayer::Attention {
+            channels,
+            heads,
+            layers,
+            level,
+            ..
+        } => unet_attention(
+            UnetAttention {
+                channels,
+                heads,
+                layers,
+            },
+            pixels(level),
+            step,
+            params,
+            units,
+        ),
+        UnetLayer::Downsample { channels, level } => unet_downsample(
+            pixels(level),
+            pixels(level + 1),
+            channels as f64 * a,
+            params,
+        ),
+        UnetLayer::Upsample { channels, level } => unet_upsample(
+            pixels(level),
+            pixels(level.saturating_sub(1)),
+            channels as f64 * a,
+            params,
+        ),
+        UnetLayer::Out => {
+            let p = pixels(0) * a;
+            let c0 = spec.channels[0] as f64;
+            Unit {
+                name: "head",
+                // GroupNorm input, its output (SiLU) and the SiLU output (conv_out); the
+                // prediction for the loss.
+                saved: 3.0 * p * c0 + step.loss_saved(prediction),
+                held: prediction * a,
+                forward_transient: p * c0,
+                backward_transient: 2.0 * p * c0,
+                gradient_transient: p * c0,
+                inference_live: 3.0 * p * c0,
+                params,
+                ..Unit::default()
+            }
+        }
+    }
+}
+
+/// A UNet downsampling convolution (stride 2) of `c` bytes per pixel, `before` pixels in and
+/// `after` out.
+fn unet_downsample(before: f64, after: f64, c: f64, params: u64) -> Unit {
+    Unit {
+        name: "block",
+        saved: before * c,
+        checkpoint: Some(before * c),
+        forward_transient: after * c,
+        backward_transient: (before + after) * c,
+        gradient_transient: before * c,
+        inference_live: (before + after) * c,
+        params,
+        ..Unit::default()
+    }
+}
+
+/// A UNet upsampling (interpolation, then a convolution) of `c` bytes per pixel, `before`
+/// pixels in and `after` out.
+fn unet_upsample(before: f64, after: f64, c: f64, params: u64) -> Unit {
+    Unit {
+        name: "block",
+        // Interpolation saves nothing; the convolution saves its upsampled input.
+        saved: after * c,
+        checkpoint: Some(before * c),
+        forward_transient: (before + after) * c,
+        backward_transient: 2.0 * after * c,
+        gradient_transient: after * c,
+        inference_live: (before + 2.0 * after) * c,
+        params,
+        ..Unit::default()
+    }
+}
+
+/// The shape of a UNet cross-attention module.
+#[derive(Debug, Clone, Copy)]
+struct UnetAttention {
+    channels: u64,
+    heads: u64,
+    /// Transformer blocks in the module.
+    layers: u64,
+}
+
+/// A UNet resnet of `inputs` → `outputs` channels over `p` bytes per channel (its level's
+/// pixels times the activation bytes).
+fn unet_resnet(p: f64, inputs: u64, outputs: u64, params: u64) -> Unit {
+    let (i, o) = (inputs as f64, outputs as f64);
+    let shortcut = if i != o { o } else { 0.0 };
+    Unit {
+        name: "block",
+        // Block input (GroupNorm, shortcut), both norm outputs (SiLU), both SiLU
+        // outputs (convolutions), the first conv plus time embedding (GroupNorm).
+        saved: p * (3.0 * i + 3.0 * o),
+        checkpoint: Some(p * i),
+        // The output, the residual sum before `/ output_scale_factor`, the shortcut.
+        forward_transient: p * (2.0 * o + shortcut),
+        backward_transient: p * (2.0 * o + i),
+        gradient_transient: p * (i + o),
+        inference_live: p * (3.0 * i).max(2.0 * i + o).max(i + 3.0 * o + shortcut),
+        params,
+        ..Unit::default()
+    }
+}
+
+/// A UNet cross-attention module at `p` pixels of the micro-batch: pushes its projection in
+/// and its `layers` transformer blocks onto `units`, and returns its projection out.
+fn unet_attention(
+    module: UnetAttention,
+    p: f64,
+    step: Step,
+    params: u64,
+    units: &mut Vec<Unit>,
+) -> Unit {
+    let UnetAttention {
+        channels,
+        heads,
+        layers,
+    } = module;
+    let (a, b) = (step.act, step.batch);
+    let c = channels as f64;
+    let inner = (heads * (channels / heads)) as f64;
+    let keys = b * TEXT_TOKENS as f64 * inner * a;
+    // Projection in: the input (GroupNorm, residual) and the norm output in the
+    // projection's layout.
+    units.push(trained(
+        Unit {
+            name: "attention",
+            saved: p * a * 2.0 * c,
+            forward_transient: p * a * 2.0 * inner,
+            inference_live: p * a * (3.0 * c + inner),
+            backward_transient: p * a * 2.0 * c,
+            gradient_transient: p * a * 2.0 * c,
+            params: groupnorm(channels) + linear(channels, inner as u64),
+            ..Unit::default()
+        },
+        step,
+    ));
+    let block_params = (params
+        - groupnorm(channels)
+        - linear(channels, inner as u64)
+        - linear(inner as u64, channels))
+        / layers;
+    let lse = 2.0 * p * heads as f64 * 4.0;
+    for _ in 0..layers {
+        units.push(trained(
+            Unit {
+                name: "block",
+                // Per token: input, norm1, q/k/v, attention output (SDPA writes it
+                // token-major, so `transpose(1, 2).reshape` is a view), residual,
+                // norm2, cross q and output, residual, norm3, GEGLU projection (8c),
+                // GELU and product (4c each).
+                saved: p * a * 28.0 * inner + 2.0 * keys + lse,
+                checkpoint: Some(p * a * inner),
+                forward_transient: p * a * 2.0 * inner,
+                backward_transient: p * a * 12.0 * inner,
+                gradient_transient: p * a * 2.0 * inner,
+                // The residual the wrapper holds, the block input, the residual sum,
+                // the attention output (`attn_output` stays bound), norm3 and the
+                // feed-forward's projection, GELU and product.
+                inference_live: p * a * 21.0 * inner + 2.0 * keys,
+                params: block_params,
+                ..Unit::default()
+            },
+            step,
+        ));
+    }
+    Unit {
+        name: "attention",
+        saved: p * a * inner,
+        forward_transient: p * a * 3.0 * c,
+        backward_transient: p * a * 2.0 * c,
+        gradient_transient: p * a * 2.0 * c,
+        inference_live: p * a * (2.0 * inner + 3.0 * c),
+        params: linear(inner as u64, channels),
+        ..Unit::default()
+    }
 }
 
 /// Elements of a module's output.
