@@ -54,7 +54,14 @@ fn devices_lists_the_sim_and_says_why_cuda_is_absent() {
     // driver's heap or budget on Vulkan (lavapipe here), an estimate only where none is given.
     for device in value["devices"].as_array().unwrap() {
         let source = device["memory_source"].as_str().unwrap();
-        let accepted = ["simulated", "driver", "limit", "budget", "heap size", "estimate"];
+        let accepted = [
+            "simulated",
+            "driver",
+            "limit",
+            "budget",
+            "heap size",
+            "estimate",
+        ];
         assert!(accepted.contains(&source), "{device}");
         if device["backend"] == "wgpu" {
             assert!(text.contains(&format!("({source})")), "{text}");

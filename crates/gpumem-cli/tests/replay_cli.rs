@@ -185,7 +185,11 @@ fn a_pickle_that_is_not_a_snapshot_fails_and_an_empty_one_is_zero_events() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("a dict with keys a, b"), "{stderr}");
     assert!(stderr.contains("not a PyTorch memory snapshot"), "{stderr}");
-    assert_eq!(stderr.matches(dict.to_str().unwrap()).count(), 1, "{stderr}");
+    assert_eq!(
+        stderr.matches(dict.to_str().unwrap()).count(),
+        1,
+        "{stderr}"
+    );
     let deep = format!(
         "{}/../gpumem-trace/tests/data/deep_list_p5.pickle.gz",
         env!("CARGO_MANIFEST_DIR")
@@ -204,7 +208,10 @@ fn a_pickle_that_is_not_a_snapshot_fails_and_an_empty_one_is_zero_events() {
     let out = gpumem(&["replay", empty.to_str().unwrap()]);
     assert!(out.status.success(), "{out:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.lines().next().unwrap().contains(": 0 events"), "{stdout}");
+    assert!(
+        stdout.lines().next().unwrap().contains(": 0 events"),
+        "{stdout}"
+    );
     let out = json_of(&gpumem(&["replay", empty.to_str().unwrap(), "--json"]));
     assert_eq!(out["trace"]["events"], 0);
     std::fs::remove_dir_all(&dir).unwrap();
