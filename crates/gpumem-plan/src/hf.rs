@@ -261,6 +261,19 @@ fn transformer_of(spec: ModelSpec, key: &str, expected: &str) -> Result<Transfor
     }
 }
 
+/// Fails where more experts are routed per token than `spec` has (`limit`: how the error
+/// names the number of experts).
+fn check_routed_experts(spec: &TransformerSpec, limit: String) -> Result<()> {
+    if spec.experts_per_token > spec.experts {
+        return Err(PlanError::InvalidValue {
+            name: "num_experts_per_tok".into(),
+            value: spec.experts_per_token.to_string(),
+            reason: format!("must be at most {limit}"),
+        });
+    }
+    Ok(())
+}
+
 /// The error for a `model_type` outside [`SUPPORTED_MODEL_TYPES`].
 fn unsupported(model_type: &str) -> PlanError {
     PlanError::UnsupportedModelType {
@@ -811,13 +824,7 @@ impl ConfigFields<'_> {
                     limits::EXPERTS,
                 )?
                 .unwrap_or(2);
-            if spec.experts_per_token > spec.experts {
-                return Err(PlanError::InvalidValue {
-                    name: "num_experts_per_tok".into(),
-                    value: spec.experts_per_token.to_string(),
-                    reason: format!("must be at most num_local_experts = {}", spec.experts),
-                });
-            }
+            check_routed_experts(spec, format!("num_local_experts = {}", spec.experts))?;
         }
         Ok(())
     }
@@ -1047,13 +1054,7 @@ impl ConfigFields<'_> {
             spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.0);
         }
         self.decoder_experts(spec)?;
-        if spec.experts_per_token > spec.experts {
-            return Err(PlanError::InvalidValue {
-                name: "num_experts_per_tok".into(),
-                value: spec.experts_per_token.to_string(),
-                reason: format!("must be at most the {} experts", spec.experts),
-            });
-        }
+        check_routed_experts(spec, format!("the {} experts", spec.experts))?;
         Ok(())
     }
 
