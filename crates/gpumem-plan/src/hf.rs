@@ -935,6 +935,15 @@ impl ConfigFields<'_> {
         // dual encoder projects.
         let clip = mt == "clip_text_model";
         spec.learned_positions = self.need_positions(positions)?;
+        self.tower_blocks(spec, clip)?;
+        spec.tied_embeddings = false;
+        spec.head = Head::None;
+        Ok(())
+    }
+
+    /// What both towers of CLIP (`clip`) or SigLIP share: the MLP's activation (QuickGELU or
+    /// tanh GELU), an fp32 softmax, attention dropout.
+    fn tower_blocks(&self, spec: &mut TransformerSpec, clip: bool) -> Result<()> {
         spec.activation = self.activation(
             &["hidden_act"],
             if clip {
@@ -945,8 +954,6 @@ impl ConfigFields<'_> {
         )?;
         spec.softmax_fp32 = true;
         spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
-        spec.tied_embeddings = false;
-        spec.head = Head::None;
         Ok(())
     }
 
@@ -963,16 +970,7 @@ impl ConfigFields<'_> {
             class_token: clip,
             bias: !clip,
         });
-        spec.activation = self.activation(
-            &["hidden_act"],
-            if clip {
-                "quick_gelu"
-            } else {
-                "gelu_pytorch_tanh"
-            },
-        )?;
-        spec.softmax_fp32 = true;
-        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+        self.tower_blocks(spec, clip)?;
         // CLIP: LayerNorm before the blocks (`pre_layrnorm`); both: `post_layernorm`.
         spec.embedding_norm = clip;
         spec.head = if !clip && self.bool_or(&["vision_use_head"], true) {
