@@ -121,7 +121,6 @@ fn memory_mechanism_recipe_names_what_exists() {
             ("simulate_training", "src/estimate.rs"),
             ("simulate_inference", "src/estimate.rs"),
             ("model_states", "src/estimate.rs"),
-            ("optimizer_step_temporaries", "src/estimate.rs"),
             ("Breakdown", "src/estimate.rs"),
             ("advise", "src/advice.rs"),
             ("allocation_sequence", "src/sequence.rs"),
