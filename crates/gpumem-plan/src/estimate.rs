@@ -370,6 +370,7 @@ fn base_weight_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
     }
 }
 
+/// Per-GPU weights, gradients and optimizer states of one pipeline stage's `units`.
 pub(crate) fn model_states(
     model: &ModelSpec,
     workload: &Workload,
@@ -395,7 +396,77 @@ pub(crate) fn model_states(
     } else {
         weight_bytes
     };
-    let mut weights = match lora {
+    let weights = stage_weight_bytes(
+        model,
+        workload,
+        counts,
+        full_params,
+        share,
+        trainable,
+        trained_bytes,
+    );
+    let trainable_local = if lora.is_some() {
+        trainable as f64 * share
+    } else {
+        trained_params
+    };
+    if workload.mode != Mode::Train {
+        return States {
+            weights,
+            ..States::default()
+        };
+    }
+    let master = workload.amp.is_some() && workload.dtype != Dtype::Fp32;
+    // Optimizer states follow the parameter dtype unless a fp32 master copy exists.
+    let state_bytes = if master { 4.0 } else { trained_bytes };
+    let optimizer = trainable_local * optimizer_bytes_per_param(model, workload, state_bytes);
+    let step_temporaries =
+        optimizer_step_temporaries(model, workload, counts, trainable_local, state_bytes);
+    let grad_bytes = trained_bytes;
+    // Gradient bytes per parameter of a unit: only the trainable share (LoRA adapters) gets one.
+    let grad_per_param = grad_bytes / tp * trainable_local / trained_params.max(1.0);
+    let gradients_full = trainable_local * grad_bytes;
+    let largest_block = counts.largest_block as f64 / tp * weight_bytes;
+    let trainable_share = trainable_local / full_params.max(1.0);
+    let buffers = sharding_buffers(
+        units,
+        workload,
+        largest_block,
+        grad_bytes,
+        gradients_full,
+        trainable_share,
+    );
+    let mut states = States {
+        weights,
+        grad_per_param,
+        optimizer,
+        buffers,
+        step_temporaries: 0.0,
+    };
+    shard_or_offload_states(&mut states, workload, dp);
+    let sharded_temporaries = if layout.offload {
+        0.0
+    } else {
+        step_temporaries / optimizer_shards(layout.sharding, dp)
+    };
+    states.step_temporaries = sharded_temporaries + zero_step_gradients(workload, trainable_local);
+    states
+}
+
+/// Bytes of a stage's weights (its `share` of the model, `full_params` of them per GPU) before
+/// any sharding: the base in its dtype or quantised format, LoRA adapters in `trained_bytes`,
+/// and buffers.
+fn stage_weight_bytes(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+    full_params: f64,
+    share: f64,
+    trainable: u64,
+    trained_bytes: f64,
+) -> f64 {
+    let weight_bytes = workload.dtype.bytes() as f64;
+    let mut weights = match workload.lora {
         Some(l) => {
             let quantised =
                 (counts.block_linear + four_bit_head_params(model, workload)) as f64 * share;
@@ -423,26 +494,12 @@ pub(crate) fn model_states(
             weights += old.buffer_bytes(weight_bytes) * share;
         }
     }
-    let trainable_local = if lora.is_some() {
-        trainable as f64 * share
-    } else {
-        trained_params
-    };
-    if workload.mode != Mode::Train {
-        return States {
-            weights,
-            ..States::default()
-        };
-    }
-    let master = workload.amp.is_some() && workload.dtype != Dtype::Fp32;
-    // Optimizer states follow the parameter dtype unless a fp32 master copy exists.
-    let state_bytes = if master { 4.0 } else { trained_bytes };
-    let largest_trainable = match (lora, &model.arch) {
-        (Some(l), Architecture::Transformer(spec)) => {
-            (l.rank * spec.hidden.max(spec.intermediate)) as f64
-        }
-        _ => counts.largest_tensor as f64 / tp,
-    };
+    weights
+}
+
+/// Bytes of optimizer state per trainable parameter, with states of `state_bytes` each, plus any
+/// fp32 master weight.
+fn optimizer_bytes_per_param(model: &ModelSpec, workload: &Workload, state_bytes: f64) -> f64 {
     let per_param_states = match workload.optimizer {
         Optimizer::AdamW | Optimizer::Adam => 2.0 * state_bytes,
         Optimizer::Sgd => state_bytes,
@@ -452,14 +509,32 @@ pub(crate) fn model_states(
         Optimizer::Adam8bit => 2.0 + 8.0 / 2048.0,
         Optimizer::None => 0.0,
     };
+    let master = workload.amp.is_some() && workload.dtype != Dtype::Fp32;
     // Without an optimizer nothing keeps fp32 master weights.
     let master_bytes = if master && workload.optimizer != Optimizer::None {
         4.0
     } else {
         0.0
     };
-    let mut optimizer = trainable_local * (per_param_states + master_bytes);
-    let step_temporaries = match (workload.optimizer, workload.optimizer_impl) {
+    per_param_states + master_bytes
+}
+
+/// Temporaries of the optimizer step before sharding, by optimizer and implementation.
+fn optimizer_step_temporaries(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+    trainable_local: f64,
+    state_bytes: f64,
+) -> f64 {
+    let tp = workload.layout.tp as f64;
+    let largest_trainable = match (workload.lora, &model.arch) {
+        (Some(l), Architecture::Transformer(spec)) => {
+            (l.rank * spec.hidden.max(spec.intermediate)) as f64
+        }
+        _ => counts.largest_tensor as f64 / tp,
+    };
+    match (workload.optimizer, workload.optimizer_impl) {
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Foreach) => {
             trainable_local * state_bytes
         }
@@ -473,60 +548,40 @@ pub(crate) fn model_states(
         (Optimizer::Adafactor, _) => largest_trainable * state_bytes,
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Fused)
         | (Optimizer::Sgd | Optimizer::Adam8bit | Optimizer::None, _) => 0.0,
-    };
-    let grad_bytes = trained_bytes;
-    // Gradient bytes per parameter of a unit: only the trainable share (LoRA adapters) gets one.
-    let mut grad_per_param = grad_bytes / tp * trainable_local / trained_params.max(1.0);
-    let gradients_full = trainable_local * grad_bytes;
-    let largest_block = counts.largest_block as f64 / tp * weight_bytes;
-    let trainable_share = trainable_local / full_params.max(1.0);
-    let buffers = sharding_buffers(
-        units,
-        workload,
-        largest_block,
-        grad_bytes,
-        gradients_full,
-        trainable_share,
-    );
+    }
+}
+
+/// Divides `states` among the `dp` data-parallel ranks as the sharding strategy does, and drops
+/// what CPU offload moves to the host.
+fn shard_or_offload_states(states: &mut States, workload: &Workload, dp: f64) {
+    let layout = &workload.layout;
     match layout.sharding {
         Sharding::None => {}
-        Sharding::Zero1 => optimizer /= dp,
+        Sharding::Zero1 => states.optimizer /= dp,
         Sharding::Zero2 => {
-            optimizer /= dp;
-            grad_per_param /= dp;
+            states.optimizer /= dp;
+            states.grad_per_param /= dp;
         }
         Sharding::Zero3 | Sharding::Fsdp => {
-            optimizer /= dp;
+            states.optimizer /= dp;
             // FSDP accumulates under `no_sync` with unsharded gradients; ZeRO-3 reduces into
             // partitioned buffers every micro-step.
             if !(layout.sharding == Sharding::Fsdp && workload.grad_accum > 1) {
-                grad_per_param /= dp;
+                states.grad_per_param /= dp;
             }
-            weights /= dp;
+            states.weights /= dp;
         }
     }
     if layout.offload {
-        optimizer = 0.0;
+        states.optimizer = 0.0;
         // The reduced gradient partitions go to pinned host buffers (DeepSpeed's
         // `contiguous_gradients` is forced on; FSDP's CPUOffload moves the sharded gradients).
         if layout.sharding != Sharding::None {
-            grad_per_param = 0.0;
+            states.grad_per_param = 0.0;
         }
         if matches!(layout.sharding, Sharding::Zero3 | Sharding::Fsdp) {
-            weights = 0.0;
+            states.weights = 0.0;
         }
-    }
-    let sharded_temporaries = if layout.offload {
-        0.0
-    } else {
-        step_temporaries / optimizer_shards(layout.sharding, dp)
-    };
-    States {
-        weights,
-        grad_per_param,
-        optimizer,
-        buffers,
-        step_temporaries: sharded_temporaries + zero_step_gradients(workload, trainable_local),
     }
 }
 
