@@ -60,16 +60,28 @@ pub struct Suggestion {
 /// run it).
 type Candidate = (String, &'static str, Option<Workload>);
 
+/// The changes worth re-estimating for `w`, in the order they are offered.
 fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
-    let training = w.mode == Mode::Train;
-    let transformer = matches!(model.arch, Architecture::Transformer(_));
-    // A change the model cannot run (a LoRA rank above a toy model's width, accumulation past
-    // the size bound) is no advice.
-    let with = |f: &dyn Fn(&mut Workload)| {
-        let mut changed = w.clone();
-        f(&mut changed);
-        check(model, &changed).is_ok().then_some(changed)
-    };
+    let mut list = precision_candidates(model, w);
+    if w.mode == Mode::Train {
+        list.extend(training_candidates(model, w));
+        list.extend(sharding_and_accumulation_candidates(model, w));
+    }
+    list.extend(forward_candidates(model, w));
+    list
+}
+
+/// `w` changed by `change`, or None when the model cannot run it (a LoRA rank above a toy
+/// model's width, accumulation past the size bound): such a change is no advice.
+fn runnable(model: &ModelSpec, w: &Workload, change: &dyn Fn(&mut Workload)) -> Option<Workload> {
+    let mut changed = w.clone();
+    change(&mut changed);
+    check(model, &changed).is_ok().then_some(changed)
+}
+
+/// Mixed precision or bf16 weights for an fp32 plan.
+fn precision_candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
+    let with = |change: &dyn Fn(&mut Workload)| runnable(model, w, change);
     let mut list: Vec<Candidate> = Vec::new();
     if w.dtype == Dtype::Fp32 && w.amp.is_none() {
         list.push((
@@ -83,90 +95,113 @@ fn candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
             with(&|x| x.dtype = Dtype::Bf16),
         ));
     }
-    if training {
-        if w.checkpointing == Checkpointing::None {
+    list
+}
+
+/// Training's cheaper states: checkpointing, a leaner optimizer, LoRA adapters.
+fn training_candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
+    let transformer = matches!(model.arch, Architecture::Transformer(_));
+    let with = |change: &dyn Fn(&mut Workload)| runnable(model, w, change);
+    let mut list: Vec<Candidate> = Vec::new();
+    if w.checkpointing == Checkpointing::None {
+        list.push((
+            "--grad-ckpt".into(),
+            "~33% more compute (one extra forward per step)",
+            with(&|x| x.checkpointing = Checkpointing::Full),
+        ));
+        if transformer {
             list.push((
-                "--grad-ckpt".into(),
-                "~33% more compute (one extra forward per step)",
-                with(&|x| x.checkpointing = Checkpointing::Full),
-            ));
-            if transformer {
-                list.push((
-                    "--grad-ckpt-selective".into(),
-                    "~5% more compute (attention core recomputed)",
-                    with(&|x| x.checkpointing = Checkpointing::Selective),
-                ));
-            }
-        }
-        if matches!(w.optimizer, Optimizer::AdamW | Optimizer::Adam) {
-            list.push((
-                "--optimizer adam8bit".into(),
-                "bitsandbytes dependency; usually no quality loss",
-                with(&|x| x.optimizer = Optimizer::Adam8bit),
-            ));
-            list.push((
-                "--optimizer adafactor".into(),
-                "different optimizer dynamics; may need LR retuning",
-                with(&|x| x.optimizer = Optimizer::Adafactor),
-            ));
-            if w.optimizer_impl != OptimizerImpl::Fused {
-                list.push((
-                    "--optimizer-impl fused".into(),
-                    "none (PyTorch ≥ 2.0 on CUDA)",
-                    with(&|x| x.optimizer_impl = OptimizerImpl::Fused),
-                ));
-            }
-        }
-        if transformer && w.lora.is_none() {
-            list.push((
-                "--lora-rank 16".into(),
-                "trains adapters only: a different fine-tune, not full training",
-                with(&|x| x.lora = Some(Lora::new(16, BaseQuant::None))),
-            ));
-            list.push((
-                "--qlora".into(),
-                "4-bit frozen base: ~20-30% slower steps, small quality loss",
-                with(&|x| {
-                    x.lora = Some(Lora::new(16, BaseQuant::QLORA));
-                    if x.dtype == Dtype::Fp32 {
-                        x.dtype = Dtype::Bf16;
-                    }
-                }),
-            ));
-        }
-        if w.layout.dp() > 1 {
-            let next = match w.layout.sharding {
-                Sharding::None => Some(("--zero 1", Sharding::Zero1)),
-                Sharding::Zero1 => Some(("--zero 2", Sharding::Zero2)),
-                Sharding::Zero2 => Some(("--zero 3", Sharding::Zero3)),
-                Sharding::Zero3 | Sharding::Fsdp => None,
-            };
-            if let Some((flag, stage)) = next {
-                list.push((
-                    flag.into(),
-                    "more communication (ZeRO-3: ~1.5× the traffic of DDP)",
-                    with(&|x| x.layout.sharding = stage),
-                ));
-            }
-            if !w.layout.offload && w.layout.sharding != Sharding::None {
-                list.push((
-                    "--offload".into(),
-                    "CPU memory and PCIe time per step; often 2× slower",
-                    with(&|x| x.layout.offload = true),
-                ));
-            }
-        }
-        if w.batch > 1 {
-            list.push((
-                format!("--batch {} --grad-accum {}", w.batch / 2, w.grad_accum * 2),
-                "same global batch; lower GPU utilisation per micro-step",
-                with(&|x| {
-                    x.batch /= 2;
-                    x.grad_accum *= 2;
-                }),
+                "--grad-ckpt-selective".into(),
+                "~5% more compute (attention core recomputed)",
+                with(&|x| x.checkpointing = Checkpointing::Selective),
             ));
         }
     }
+    if matches!(w.optimizer, Optimizer::AdamW | Optimizer::Adam) {
+        list.push((
+            "--optimizer adam8bit".into(),
+            "bitsandbytes dependency; usually no quality loss",
+            with(&|x| x.optimizer = Optimizer::Adam8bit),
+        ));
+        list.push((
+            "--optimizer adafactor".into(),
+            "different optimizer dynamics; may need LR retuning",
+            with(&|x| x.optimizer = Optimizer::Adafactor),
+        ));
+        if w.optimizer_impl != OptimizerImpl::Fused {
+            list.push((
+                "--optimizer-impl fused".into(),
+                "none (PyTorch ≥ 2.0 on CUDA)",
+                with(&|x| x.optimizer_impl = OptimizerImpl::Fused),
+            ));
+        }
+    }
+    if transformer && w.lora.is_none() {
+        list.push((
+            "--lora-rank 16".into(),
+            "trains adapters only: a different fine-tune, not full training",
+            with(&|x| x.lora = Some(Lora::new(16, BaseQuant::None))),
+        ));
+        list.push((
+            "--qlora".into(),
+            "4-bit frozen base: ~20-30% slower steps, small quality loss",
+            with(&|x| {
+                x.lora = Some(Lora::new(16, BaseQuant::QLORA));
+                if x.dtype == Dtype::Fp32 {
+                    x.dtype = Dtype::Bf16;
+                }
+            }),
+        ));
+    }
+    list
+}
+
+/// Training's next ZeRO stage or offload across data-parallel ranks, and a halved micro-batch.
+fn sharding_and_accumulation_candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
+    let with = |change: &dyn Fn(&mut Workload)| runnable(model, w, change);
+    let mut list: Vec<Candidate> = Vec::new();
+    if w.layout.dp() > 1 {
+        let next = match w.layout.sharding {
+            Sharding::None => Some(("--zero 1", Sharding::Zero1)),
+            Sharding::Zero1 => Some(("--zero 2", Sharding::Zero2)),
+            Sharding::Zero2 => Some(("--zero 3", Sharding::Zero3)),
+            Sharding::Zero3 | Sharding::Fsdp => None,
+        };
+        if let Some((flag, stage)) = next {
+            list.push((
+                flag.into(),
+                "more communication (ZeRO-3: ~1.5× the traffic of DDP)",
+                with(&|x| x.layout.sharding = stage),
+            ));
+        }
+        if !w.layout.offload && w.layout.sharding != Sharding::None {
+            list.push((
+                "--offload".into(),
+                "CPU memory and PCIe time per step; often 2× slower",
+                with(&|x| x.layout.offload = true),
+            ));
+        }
+    }
+    if w.batch > 1 {
+        list.push((
+            format!("--batch {} --grad-accum {}", w.batch / 2, w.grad_accum * 2),
+            "same global batch; lower GPU utilisation per micro-step",
+            with(&|x| {
+                x.batch /= 2;
+                x.grad_accum *= 2;
+            }),
+        ));
+    }
+    list
+}
+
+/// Changes to the forward pass and to inference: SDPA attention, quantised weights, no KV cache,
+/// a halved batch.
+fn forward_candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
+    let training = w.mode == Mode::Train;
+    let transformer = matches!(model.arch, Architecture::Transformer(_));
+    let with = |change: &dyn Fn(&mut Workload)| runnable(model, w, change);
+    let mut list: Vec<Candidate> = Vec::new();
     if transformer && w.attention == Attention::Eager {
         list.push((
             "--attn sdpa".into(),
