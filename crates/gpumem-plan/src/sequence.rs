@@ -283,109 +283,20 @@ impl Emitter {
 /// first step, the implementation's temporaries), gradients freed (`set_to_none=True`) unless
 /// they accumulate.
 fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload, shapes: &Shapes) {
-    let accumulating = workload.grad_accum > 1 || workload.keep_grads;
-    let grad = |u: &Unit| u.trained_params() as f64 * states.grad_per_param;
-    let gradient_tensors = |out: &mut Emitter, u: &Unit| {
-        let whole = shapes.param_tensors(u, states.grad_per_param, 1);
-        out.tensors(grad(u), &whole, shapes.tensor)
-    };
+    let accumulating = accumulates_gradients(workload);
     let mut kept_gradients: Vec<Vec<u64>> = Vec::new();
     if accumulating {
-        kept_gradients = units.iter().map(|u| gradient_tensors(out, u)).collect();
+        kept_gradients = units
+            .iter()
+            .map(|u| gradient_tensors(out, u, states, shapes))
+            .collect();
     }
     let mut optimizer = Vec::new();
     for index in 0..STEPS {
         out.events.push(PlannedEvent::Step { index });
-        let mut saved = Vec::with_capacity(units.len());
-        let mut held = Vec::new();
-        let mut forward_held = Vec::new();
         let kept = kept_and_recomputed(units, workload.checkpointing);
-        // Gathered units (FSDP) while the forward runs, then while the backward runs.
-        let gathered = out.alloc(states.buffers.forward_weights);
-        for (unit, &(keep, _)) in units.iter().zip(&kept) {
-            let whole = &unit.whole;
-            let transient = out.tensors(
-                unit.forward_transient,
-                &whole.forward_transient,
-                shapes.transient(unit),
-            );
-            saved.push(if keep < unit.saved {
-                // Recomputed in backward: what is kept is the block input.
-                out.pieces(keep, shapes.activation)
-            } else {
-                out.grouped(keep, whole.saved, shapes.activation)
-            });
-            out.free_all(transient);
-            held.push(out.alloc(unit.held));
-            forward_held.push(out.alloc(unit.forward_held));
-        }
-        out.free(gathered);
-        // The model's output, dropped once the loss is taken.
-        forward_held.into_iter().for_each(|h| out.free(h));
-        // FSDP's gathered units and unsharded gradients in backward, as the estimate has them:
-        // the root and one block when it starts, one more block and the gradient buffers once
-        // the head's gradients appear, only the root and the head's gradients in the
-        // embeddings' backward.
-        let buffers = &states.buffers;
-        let mut gathered = vec![out.alloc(buffers.backward_start_weights)];
-        let mut gradients = Vec::new();
-        let last = units.len().saturating_sub(1);
-        for (index, ((unit, unit_saved), &(_, recompute))) in
-            units.iter().zip(saved).zip(&kept).enumerate().rev()
-        {
-            if index == 0 && last > 0 {
-                gathered.drain(..).for_each(|g| out.free(g));
-                gathered.push(out.alloc(buffers.backward_last.0 + buffers.backward_last.1));
-            }
-            // Recomputation re-creates activation-sized tensors; the gradients of its outputs
-            // start the unit's backward.
-            let recomputed = out.pieces(recompute, shapes.activation);
-            let whole = &unit.whole;
-            let mut starting = out.tensors(
-                unit.backward_transient,
-                &whole.backward_transient,
-                shapes.transient(unit),
-            );
-            // The last whole tensor of the backward's start that lives on as the gradient.
-            let continued = whole
-                .backward_transient
-                .iter()
-                .filter(|&&bytes| bytes >= 1.0)
-                .count()
-                .checked_sub(1)
-                .filter(|&last| whole.gradient_continues && last < starting.len())
-                .map(|last| starting.remove(last));
-            out.free_all(unit_saved);
-            out.free_all(recomputed);
-            // The gradient flowing on (e.g. the logits' gradient into the LM head) comes before
-            // the parameter gradients it produces.
-            let mut finishing = match continued {
-                Some(id) => {
-                    let rest = unit.gradient_transient - whole.gradient_transient;
-                    let mut ids = out.pieces(rest, shapes.transient(unit));
-                    ids.push(id);
-                    ids
-                }
-                None => out.tensors(
-                    unit.gradient_transient,
-                    &[whole.gradient_transient],
-                    shapes.transient(unit),
-                ),
-            };
-            // What the unit still saves while its parameter gradients are made, in
-            // activation-sized pieces in place of the tensors freed above.
-            finishing.extend(out.pieces(unit.saved_through_gradients, shapes.activation));
-            out.free_all(starting);
-            if index == last && last > 0 {
-                gathered.push(out.alloc(buffers.backward_weights - buffers.backward_start_weights));
-                gathered.push(out.alloc(buffers.backward_gradients));
-            }
-            if !accumulating && !reduced_at_backward_end(workload, unit) {
-                gradients.push(gradient_tensors(out, unit));
-            }
-            out.free_all(finishing);
-        }
-        gathered.into_iter().for_each(|g| out.free(g));
+        let (saved, held) = train_forward(out, units, &kept, states, shapes);
+        let mut gradients = train_backward(out, units, saved, &kept, states, workload, shapes);
         // FSDP's root reduce-scatter: its buffers, then the root's sharded gradients.
         let reducing = out.alloc(states.buffers.backward_end_gradients);
         for unit in units
@@ -393,34 +304,185 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             .filter(|u| reduced_at_backward_end(workload, u))
         {
             if !accumulating {
-                gradients.push(gradient_tensors(out, unit));
+                gradients.push(gradient_tensors(out, unit, states, shapes));
             }
         }
         out.free(reducing);
-        // Each optimizer state and step temporary of a whole weight is one tensor of the
-        // weight's size (AdamW's two moments, SGD's momentum, foreach's per-parameter
-        // results); smaller ones (8-bit states, factored second moments) are not.
-        let per_param_tensors = |out: &mut Emitter, total: f64| -> Vec<Vec<u64>> {
-            let per_param = total / shapes.params;
-            let count = (per_param / shapes.weight_per_param).floor().min(4.0) as usize;
-            units
-                .iter()
-                .map(|u| {
-                    let whole = shapes.param_tensors(u, shapes.weight_per_param, count);
-                    out.tensors(shapes.share(u) * total, &whole, shapes.tensor)
-                })
-                .collect()
-        };
         if index == 0 {
-            optimizer = per_param_tensors(out, states.optimizer);
+            optimizer = per_param_tensors(out, units, shapes, states.optimizer);
         }
-        let temporaries = per_param_tensors(out, states.step_temporaries);
+        let temporaries = per_param_tensors(out, units, shapes, states.step_temporaries);
         temporaries.into_iter().for_each(|t| out.free_all(t));
         gradients.into_iter().for_each(|g| out.free_all(g));
         held.into_iter().for_each(|h| out.free(h));
     }
     optimizer.into_iter().for_each(|o| out.free_all(o));
     kept_gradients.into_iter().for_each(|g| out.free_all(g));
+}
+
+/// Whether gradients live across steps (accumulation, or kept by the caller).
+fn accumulates_gradients(workload: &Workload) -> bool {
+    workload.grad_accum > 1 || workload.keep_grads
+}
+
+/// A unit's parameter gradients, as tensors.
+fn gradient_tensors(out: &mut Emitter, u: &Unit, states: &States, shapes: &Shapes) -> Vec<u64> {
+    let whole = shapes.param_tensors(u, states.grad_per_param, 1);
+    out.tensors(
+        u.trained_params() as f64 * states.grad_per_param,
+        &whole,
+        shapes.tensor,
+    )
+}
+
+/// Each optimizer state and step temporary of a whole weight is one tensor of the weight's size
+/// (AdamW's two moments, SGD's momentum, foreach's per-parameter results); smaller ones (8-bit
+/// states, factored second moments) are not. Allocates `total` bytes so, unit by unit.
+fn per_param_tensors(
+    out: &mut Emitter,
+    units: &[Unit],
+    shapes: &Shapes,
+    total: f64,
+) -> Vec<Vec<u64>> {
+    let per_param = total / shapes.params;
+    let count = (per_param / shapes.weight_per_param).floor().min(4.0) as usize;
+    units
+        .iter()
+        .map(|u| {
+            let whole = shapes.param_tensors(u, shapes.weight_per_param, count);
+            out.tensors(shapes.share(u) * total, &whole, shapes.tensor)
+        })
+        .collect()
+}
+
+/// A training step's forward: returns each unit's saved tensors and what it holds until the
+/// step ends.
+fn train_forward(
+    out: &mut Emitter,
+    units: &[Unit],
+    kept: &[(f64, f64)],
+    states: &States,
+    shapes: &Shapes,
+) -> (Vec<Vec<u64>>, Vec<Option<u64>>) {
+    let mut saved = Vec::with_capacity(units.len());
+    let mut held = Vec::new();
+    let mut forward_held = Vec::new();
+    // Gathered units (FSDP) while the forward runs, then while the backward runs.
+    let gathered = out.alloc(states.buffers.forward_weights);
+    for (unit, &(keep, _)) in units.iter().zip(kept) {
+        let whole = &unit.whole;
+        let transient = out.tensors(
+            unit.forward_transient,
+            &whole.forward_transient,
+            shapes.transient(unit),
+        );
+        saved.push(if keep < unit.saved {
+            // Recomputed in backward: what is kept is the block input.
+            out.pieces(keep, shapes.activation)
+        } else {
+            out.grouped(keep, whole.saved, shapes.activation)
+        });
+        out.free_all(transient);
+        held.push(out.alloc(unit.held));
+        forward_held.push(out.alloc(unit.forward_held));
+    }
+    out.free(gathered);
+    // The model's output, dropped once the loss is taken.
+    forward_held.into_iter().for_each(|h| out.free(h));
+    (saved, held)
+}
+
+/// A training step's backward, units in reverse, freeing each unit's `saved` tensors: returns
+/// the parameter gradients made (none when they accumulate, none yet for those reduced at the
+/// backward's end).
+fn train_backward(
+    out: &mut Emitter,
+    units: &[Unit],
+    saved: Vec<Vec<u64>>,
+    kept: &[(f64, f64)],
+    states: &States,
+    workload: &Workload,
+    shapes: &Shapes,
+) -> Vec<Vec<u64>> {
+    let accumulating = accumulates_gradients(workload);
+    // FSDP's gathered units and unsharded gradients in backward, as the estimate has them:
+    // the root and one block when it starts, one more block and the gradient buffers once
+    // the head's gradients appear, only the root and the head's gradients in the
+    // embeddings' backward.
+    let buffers = &states.buffers;
+    let mut gathered = vec![out.alloc(buffers.backward_start_weights)];
+    let mut gradients = Vec::new();
+    let last = units.len().saturating_sub(1);
+    for (index, ((unit, unit_saved), &(_, recompute))) in
+        units.iter().zip(saved).zip(kept).enumerate().rev()
+    {
+        if index == 0 && last > 0 {
+            gathered.drain(..).for_each(|g| out.free(g));
+            gathered.push(out.alloc(buffers.backward_last.0 + buffers.backward_last.1));
+        }
+        let finishing = unit_backward(out, unit, unit_saved, recompute, shapes);
+        if index == last && last > 0 {
+            gathered.push(out.alloc(buffers.backward_weights - buffers.backward_start_weights));
+            gathered.push(out.alloc(buffers.backward_gradients));
+        }
+        if !accumulating && !reduced_at_backward_end(workload, unit) {
+            gradients.push(gradient_tensors(out, unit, states, shapes));
+        }
+        out.free_all(finishing);
+    }
+    gathered.into_iter().for_each(|g| out.free(g));
+    gradients
+}
+
+/// A unit's backward up to its parameter gradients: recomputes `recompute` bytes, frees its
+/// `saved` tensors, and returns what is live while the parameter gradients are made.
+fn unit_backward(
+    out: &mut Emitter,
+    unit: &Unit,
+    saved: Vec<u64>,
+    recompute: f64,
+    shapes: &Shapes,
+) -> Vec<u64> {
+    // Recomputation re-creates activation-sized tensors; the gradients of its outputs
+    // start the unit's backward.
+    let recomputed = out.pieces(recompute, shapes.activation);
+    let whole = &unit.whole;
+    let mut starting = out.tensors(
+        unit.backward_transient,
+        &whole.backward_transient,
+        shapes.transient(unit),
+    );
+    // The last whole tensor of the backward's start that lives on as the gradient.
+    let continued = whole
+        .backward_transient
+        .iter()
+        .filter(|&&bytes| bytes >= 1.0)
+        .count()
+        .checked_sub(1)
+        .filter(|&last| whole.gradient_continues && last < starting.len())
+        .map(|last| starting.remove(last));
+    out.free_all(saved);
+    out.free_all(recomputed);
+    // The gradient flowing on (e.g. the logits' gradient into the LM head) comes before
+    // the parameter gradients it produces.
+    let mut finishing = match continued {
+        Some(id) => {
+            let rest = unit.gradient_transient - whole.gradient_transient;
+            let mut ids = out.pieces(rest, shapes.transient(unit));
+            ids.push(id);
+            ids
+        }
+        None => out.tensors(
+            unit.gradient_transient,
+            &[whole.gradient_transient],
+            shapes.transient(unit),
+        ),
+    };
+    // What the unit still saves while its parameter gradients are made, in
+    // activation-sized pieces in place of the tensors freed above.
+    finishing.extend(out.pieces(unit.saved_through_gradients, shapes.activation));
+    out.free_all(starting);
+    finishing
 }
 
 /// One no-grad forward: each unit's live tensors while it runs, the KV cache it adds, what its
