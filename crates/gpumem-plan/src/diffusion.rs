@@ -148,57 +148,10 @@ impl Fields<'_> {
     }
 
     fn unet(&self) -> Result<UnetSpec> {
-        let channels = match self.get("block_out_channels") {
-            Some(Value::Array(items)) if !items.is_empty() => {
-                self.per_stage("block_out_channels", items.len(), None, limits::WIDTH)?
-            }
-            other => {
-                return Err(self.invalid(
-                    "block_out_channels",
-                    other.unwrap_or(&Value::Null),
-                    "must list the channels of each stage",
-                ))
-            }
-        };
+        let channels = self.unet_channels()?;
         let stages = channels.len();
-        let down_attention =
-            self.block_types("down_block_types", "CrossAttnDownBlock2D", "DownBlock2D")?;
-        let up_attention = self.block_types("up_block_types", "CrossAttnUpBlock2D", "UpBlock2D")?;
-        if down_attention.len() != stages || up_attention.len() != stages {
-            return Err(self.invalid(
-                "down_block_types",
-                self.json.get("down_block_types").unwrap_or(&Value::Null),
-                "down_block_types, up_block_types and block_out_channels must have one entry per \
-                 stage",
-            ));
-        }
-        let mid = self.str_or("mid_block_type", "UNetMidBlock2DCrossAttn");
-        if mid != "UNetMidBlock2DCrossAttn" {
-            return Err(self.unsupported(
-                "mid_block_type",
-                mid,
-                "supported: UNetMidBlock2DCrossAttn",
-            ));
-        }
-        for key in [
-            "class_embed_type",
-            "encoder_hid_dim",
-            "time_cond_proj_dim",
-            "num_class_embeds",
-        ] {
-            if let Some(v) = self.get(key) {
-                return Err(self.invalid(key, v, "not modelled: must be null"));
-            }
-        }
-        if self.get("only_cross_attention").and_then(Value::as_bool) == Some(true)
-            || self.get("dual_cross_attention").and_then(Value::as_bool) == Some(true)
-        {
-            return Err(self.unsupported(
-                "only_cross_attention",
-                "true",
-                "only_cross_attention and dual_cross_attention are not modelled",
-            ));
-        }
+        let (down_attention, up_attention) = self.unet_block_attention(stages)?;
+        self.reject_unmodelled_unet_options()?;
         // diffusers' naming quirk: `attention_head_dim` holds the heads when
         // `num_attention_heads` is absent.
         let heads_key = if self.get("num_attention_heads").is_some() {
@@ -213,45 +166,8 @@ impl Fields<'_> {
             Some(1),
             limits::LAYERS,
         )?;
-        let up_transformer_layers = match self.get("reverse_transformer_layers_per_block") {
-            Some(Value::Array(rows)) => rows
-                .iter()
-                .map(|row| {
-                    row.as_array()
-                        .and_then(|r| r.first())
-                        .and_then(Value::as_u64)
-                        .ok_or_else(|| {
-                            self.invalid(
-                                "reverse_transformer_layers_per_block",
-                                row,
-                                "must hold lists of positive integers",
-                            )
-                        })
-                        .and_then(|n| {
-                            limits::LAYERS.check("reverse_transformer_layers_per_block", n)
-                        })
-                })
-                .collect::<Result<Vec<u64>>>()?,
-            _ => transformer_layers.iter().rev().copied().collect(),
-        };
-        if up_transformer_layers.len() != stages {
-            return Err(self.invalid(
-                "reverse_transformer_layers_per_block",
-                self.json
-                    .get("reverse_transformer_layers_per_block")
-                    .unwrap_or(&Value::Null),
-                "must have one entry per stage",
-            ));
-        }
-        let addition = match self.get("addition_embed_type") {
-            None => None,
-            Some(Value::String(kind)) if kind == "text_time" => {
-                Some(self.u64_or("projection_class_embeddings_input_dim", None, limits::WIDTH)?)
-            }
-            Some(v) => {
-                return Err(self.invalid("addition_embed_type", v, "supported: text_time, null"))
-            }
-        };
+        let up_transformer_layers = self.unet_up_transformer_layers(&transformer_layers, stages)?;
+        let addition = self.unet_addition()?;
         let time_embed = match self.get("time_embedding_dim") {
             Some(_) => self.u64_or("time_embedding_dim", None, limits::WIDTH)?,
             None => 4 * channels[0],
@@ -281,6 +197,115 @@ impl Fields<'_> {
             time_embed,
             addition,
         })
+    }
+
+    /// `block_out_channels`: the channels of each stage.
+    fn unet_channels(&self) -> Result<Vec<u64>> {
+        match self.get("block_out_channels") {
+            Some(Value::Array(items)) if !items.is_empty() => {
+                self.per_stage("block_out_channels", items.len(), None, limits::WIDTH)
+            }
+            other => Err(self.invalid(
+                "block_out_channels",
+                other.unwrap_or(&Value::Null),
+                "must list the channels of each stage",
+            )),
+        }
+    }
+
+    /// Whether each down and each up stage has cross-attention, one entry per stage.
+    fn unet_block_attention(&self, stages: usize) -> Result<(Vec<bool>, Vec<bool>)> {
+        let down_attention =
+            self.block_types("down_block_types", "CrossAttnDownBlock2D", "DownBlock2D")?;
+        let up_attention = self.block_types("up_block_types", "CrossAttnUpBlock2D", "UpBlock2D")?;
+        if down_attention.len() != stages || up_attention.len() != stages {
+            return Err(self.invalid(
+                "down_block_types",
+                self.json.get("down_block_types").unwrap_or(&Value::Null),
+                "down_block_types, up_block_types and block_out_channels must have one entry per \
+                 stage",
+            ));
+        }
+        Ok((down_attention, up_attention))
+    }
+
+    /// Errors on a mid block, conditioning or attention variant the planner does not model.
+    fn reject_unmodelled_unet_options(&self) -> Result<()> {
+        let mid = self.str_or("mid_block_type", "UNetMidBlock2DCrossAttn");
+        if mid != "UNetMidBlock2DCrossAttn" {
+            return Err(self.unsupported(
+                "mid_block_type",
+                mid,
+                "supported: UNetMidBlock2DCrossAttn",
+            ));
+        }
+        for key in [
+            "class_embed_type",
+            "encoder_hid_dim",
+            "time_cond_proj_dim",
+            "num_class_embeds",
+        ] {
+            if let Some(v) = self.get(key) {
+                return Err(self.invalid(key, v, "not modelled: must be null"));
+            }
+        }
+        if self.get("only_cross_attention").and_then(Value::as_bool) == Some(true)
+            || self.get("dual_cross_attention").and_then(Value::as_bool) == Some(true)
+        {
+            return Err(self.unsupported(
+                "only_cross_attention",
+                "true",
+                "only_cross_attention and dual_cross_attention are not modelled",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Transformer layers of each up stage: `reverse_transformer_layers_per_block`'s first
+    /// entries, else the down stages' `down_layers` reversed.
+    fn unet_up_transformer_layers(&self, down_layers: &[u64], stages: usize) -> Result<Vec<u64>> {
+        let up_layers = match self.get("reverse_transformer_layers_per_block") {
+            Some(Value::Array(rows)) => rows
+                .iter()
+                .map(|row| {
+                    row.as_array()
+                        .and_then(|r| r.first())
+                        .and_then(Value::as_u64)
+                        .ok_or_else(|| {
+                            self.invalid(
+                                "reverse_transformer_layers_per_block",
+                                row,
+                                "must hold lists of positive integers",
+                            )
+                        })
+                        .and_then(|n| {
+                            limits::LAYERS.check("reverse_transformer_layers_per_block", n)
+                        })
+                })
+                .collect::<Result<Vec<u64>>>()?,
+            _ => down_layers.iter().rev().copied().collect(),
+        };
+        if up_layers.len() != stages {
+            return Err(self.invalid(
+                "reverse_transformer_layers_per_block",
+                self.json
+                    .get("reverse_transformer_layers_per_block")
+                    .unwrap_or(&Value::Null),
+                "must have one entry per stage",
+            ));
+        }
+        Ok(up_layers)
+    }
+
+    /// SDXL's added time and text embedding (`addition_embed_type: text_time`): its input width.
+    fn unet_addition(&self) -> Result<Option<u64>> {
+        match self.get("addition_embed_type") {
+            None => Ok(None),
+            Some(Value::String(kind)) if kind == "text_time" => self
+                .u64_or("projection_class_embeddings_input_dim", None, limits::WIDTH)
+                .map(Some),
+            Some(v) => Err(self.invalid("addition_embed_type", v, "supported: text_time, null")),
+        }
     }
 
     fn dit(&self) -> Result<DitSpec> {
