@@ -645,33 +645,89 @@ fn simulate_training(
 ) -> Vec<(Phase, Breakdown)> {
     let total_params: f64 = units.iter().map(|u| u.trained_params() as f64).sum();
     let all_gradients = total_params * states.grad_per_param;
-    let accumulating = workload.grad_accum > 1 || workload.keep_grads;
+    let accumulating = accumulates_gradients(workload);
+    let kept = kept_and_recomputed(units, workload.checkpointing);
+    let gradients_in_forward = if accumulating { all_gradients } else { 0.0 };
+    let (forward, forward_end, activations) =
+        simulate_forward(units, &kept, states, in_flight, gradients_in_forward);
+    let backward = simulate_backward(
+        units,
+        &kept,
+        states,
+        workload,
+        in_flight,
+        gradients_in_forward,
+        activations,
+    );
+    let mut phases = vec![
+        (Phase::Forward, forward),
+        (Phase::ForwardEnd, forward_end),
+        (Phase::Backward, backward),
+    ];
+    // Without an optimizer the step ends with backward, its gradients allocated.
+    if workload.optimizer != Optimizer::None {
+        let step = phase_breakdown(
+            states,
+            (0.0, 0.0),
+            all_gradients,
+            0.0,
+            states.step_temporaries,
+        );
+        phases.push((Phase::OptimizerStep, step));
+    }
+    phases
+}
+
+/// Whether gradients live across steps (accumulation, or kept by the caller).
+pub(crate) fn accumulates_gradients(workload: &Workload) -> bool {
+    workload.grad_accum > 1 || workload.keep_grads
+}
+
+/// A training phase's breakdown: the step's states and buffers, plus `extra`, the phase's
+/// (weights, gradients) buffers on top of those of the whole step.
+fn phase_breakdown(
+    states: &States,
+    extra: (f64, f64),
+    gradients: f64,
+    activations: f64,
+    temporaries: f64,
+) -> Breakdown {
     let buffers = &states.buffers;
-    // `extra`: the phase's (weights, gradients) buffers on top of those of the whole step.
-    let with = |extra: (f64, f64), gradients: f64, activations: f64, temporaries: f64| Breakdown {
+    Breakdown {
         weights: bytes(states.weights + buffers.step_weights + extra.0),
         gradients: bytes(gradients + buffers.step_gradients + extra.1),
         optimizer_states: bytes(states.optimizer),
         activations: bytes(activations),
         temporaries: bytes(temporaries),
         ..Breakdown::default()
-    };
-    let in_forward = (buffers.forward_weights, 0.0);
-    let in_backward = (buffers.backward_weights, buffers.backward_gradients);
-    let backward_start = (buffers.backward_start_weights, 0.0);
-    let base = |gradients: f64, activations: f64, temporaries: f64| {
-        with((0.0, 0.0), gradients, activations, temporaries)
-    };
-    let policy = workload.checkpointing;
-    let kept = kept_and_recomputed(units, policy);
-    let gradients_in_forward = if accumulating { all_gradients } else { 0.0 };
+    }
+}
 
+/// Activation bytes live when the forward ends, with `in_flight` micro-batches.
+#[derive(Clone, Copy)]
+struct ForwardActivations {
+    /// Saved for the backward.
+    saved: f64,
+    /// Held until the step ends.
+    held: f64,
+}
+
+/// The forward's peak and its end, unit by unit, and the activations it leaves.
+fn simulate_forward(
+    units: &[Unit],
+    kept: &[(f64, f64)],
+    states: &States,
+    in_flight: f64,
+    gradients_in_forward: f64,
+) -> (Breakdown, Breakdown, ForwardActivations) {
+    let in_forward = (states.buffers.forward_weights, 0.0);
     let mut forward = Breakdown::default();
     let mut saved = 0.0;
     let mut held = 0.0;
     let mut forward_held = 0.0;
-    for (unit, (keep, _)) in units.iter().zip(&kept) {
-        let live = with(
+    for (unit, (keep, _)) in units.iter().zip(kept) {
+        let live = phase_breakdown(
+            states,
             in_forward,
             gradients_in_forward,
             saved + held + forward_held + keep,
@@ -684,17 +740,36 @@ fn simulate_training(
         held += unit.held;
         forward_held += unit.forward_held;
     }
-    let forward_end = with(
+    let forward_end = phase_breakdown(
+        states,
         in_forward,
         gradients_in_forward,
         saved + held + forward_held,
         0.0,
     );
+    (forward, forward_end, ForwardActivations { saved, held })
+}
 
+/// The backward's peak: units in reverse, each at the start of its backward and as its
+/// parameter gradients appear, then the backward's last reductions.
+fn simulate_backward(
+    units: &[Unit],
+    kept: &[(f64, f64)],
+    states: &States,
+    workload: &Workload,
+    in_flight: f64,
+    gradients_in_forward: f64,
+    activations: ForwardActivations,
+) -> Breakdown {
+    let accumulating = accumulates_gradients(workload);
+    let buffers = &states.buffers;
+    let in_backward = (buffers.backward_weights, buffers.backward_gradients);
+    let backward_start = (buffers.backward_start_weights, 0.0);
+    let ForwardActivations { mut saved, held } = activations;
     let mut backward = Breakdown::default();
     let mut gradients = gradients_in_forward;
     let mut deferred = 0.0;
-    for (index, (unit, (keep, recompute))) in units.iter().zip(&kept).enumerate().rev() {
+    for (index, (unit, (keep, recompute))) in units.iter().zip(kept).enumerate().rev() {
         let mut new_gradients = unit.trained_params() as f64 * states.grad_per_param;
         // (Accumulating under `no_sync`, FSDP keeps unsharded gradients and reduces none.)
         if !accumulating && reduced_at_backward_end(workload, unit) {
@@ -716,7 +791,8 @@ fn simulate_training(
         } else {
             in_backward
         };
-        let starting = with(
+        let starting = phase_breakdown(
+            states,
             if index + 1 == units.len() {
                 backward_start
             } else {
@@ -727,7 +803,8 @@ fn simulate_training(
             recompute + unit.backward_transient,
         );
         saved -= keep * in_flight;
-        let finishing = with(
+        let finishing = phase_breakdown(
+            states,
             extra,
             gradients + grown,
             saved + held + unit.saved_through_gradients.min(*keep),
@@ -742,7 +819,8 @@ fn simulate_training(
     }
     // The backward's last reductions, with every activation released.
     gradients += deferred;
-    let ending = with(
+    let ending = phase_breakdown(
+        states,
         (0.0, buffers.backward_end_gradients),
         gradients,
         saved + held,
@@ -751,17 +829,7 @@ fn simulate_training(
     if ending.allocated() > backward.allocated() {
         backward = ending;
     }
-    let mut phases = vec![
-        (Phase::Forward, forward),
-        (Phase::ForwardEnd, forward_end),
-        (Phase::Backward, backward),
-    ];
-    // Without an optimizer the step ends with backward, its gradients allocated.
-    if workload.optimizer != Optimizer::None {
-        let step = base(all_gradients, 0.0, states.step_temporaries);
-        phases.push((Phase::OptimizerStep, step));
-    }
-    phases
+    backward
 }
 
 fn simulate_inference(

@@ -15,7 +15,8 @@
 use crate::distributed::reduced_at_backward_end;
 use crate::error::Result;
 use crate::estimate::{
-    blas_workspace_count, kept_and_recomputed, model_states, trainable_params, States,
+    accumulates_gradients, blas_workspace_count, kept_and_recomputed, model_states,
+    trainable_params, States,
 };
 use crate::graph::build_units;
 use crate::model::{Architecture, ModelSpec};
@@ -318,11 +319,6 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
     }
     optimizer.into_iter().for_each(|o| out.free_all(o));
     kept_gradients.into_iter().for_each(|g| out.free_all(g));
-}
-
-/// Whether gradients live across steps (accumulation, or kept by the caller).
-fn accumulates_gradients(workload: &Workload) -> bool {
-    workload.grad_accum > 1 || workload.keep_grads
 }
 
 /// A unit's parameter gradients, as tensors.
