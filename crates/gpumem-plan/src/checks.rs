@@ -49,6 +49,31 @@ fn check_dual_encoder(
 /// rotary positions.
 pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
     workload.validate()?;
+    check_head_for_mode(model, workload)?;
+    let mut warnings = Vec::new();
+    check_architecture(model, workload, &mut warnings)?;
+    check_pipeline_stages(model, workload)?;
+    let layout = &workload.layout;
+    let sharded = layout.sharding != Sharding::None;
+    // Offloading moves the states off the GPU even on one rank (ZeRO-Offload), so it saves.
+    if workload.mode == Mode::Train && sharded && layout.dp() == 1 && !layout.offload {
+        warnings.push(Warning::ShardingOverOneRank {
+            sharding: layout.sharding,
+        });
+    }
+    if let Some(amp) = workload.amp {
+        if workload.dtype != Dtype::Fp32 && amp != workload.dtype {
+            warnings.push(Warning::MixedHalfTypes {
+                dtype: workload.dtype,
+                amp,
+            });
+        }
+    }
+    Ok(warnings)
+}
+
+/// Generation needs a decoder; chunked and fused cross-entropy need a causal LM head.
+fn check_head_for_mode(model: &ModelSpec, workload: &Workload) -> Result<()> {
     if workload.mode == Mode::Generate && !model.has_decoder() {
         return Err(PlanError::InvalidValue {
             name: "mode".into(),
@@ -76,7 +101,17 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
             ),
         });
     }
-    let mut warnings = Vec::new();
+    Ok(())
+}
+
+/// The settings only some architectures support: per transformer, its towers, heads, LoRA rank
+/// and positions (adding its warnings); LoRA, a frozen vision tower or a quantised checkpoint
+/// on a CNN or diffusion model; diffusion's own checks.
+fn check_architecture(
+    model: &ModelSpec,
+    workload: &Workload,
+    warnings: &mut Vec<Warning>,
+) -> Result<()> {
     match &model.arch {
         Architecture::Transformer(t) => {
             check_dual_encoder(model, t, workload)?;
@@ -92,7 +127,7 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
             }
             check_tensor_parallel(model, t, workload.layout.tp)?;
             check_lora_rank(model, t, workload)?;
-            check_positions(model, t, workload, &mut warnings)?;
+            check_positions(model, t, workload, warnings)?;
         }
         Architecture::Resnet(_) | Architecture::Diffusion(_) if workload.lora.is_some() => {
             return Err(PlanError::InvalidValue {
@@ -120,6 +155,11 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
         Architecture::Resnet(_) => {}
         Architecture::Diffusion(_) => crate::diffusion::check(model, workload)?,
     }
+    Ok(())
+}
+
+/// Each pipeline stage holds whole blocks.
+fn check_pipeline_stages(model: &ModelSpec, workload: &Workload) -> Result<()> {
     let layout = &workload.layout;
     if layout.pp > model.blocks() {
         return Err(PlanError::InvalidValue {
@@ -132,22 +172,7 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
             ),
         });
     }
-    let sharded = layout.sharding != Sharding::None;
-    // Offloading moves the states off the GPU even on one rank (ZeRO-Offload), so it saves.
-    if workload.mode == Mode::Train && sharded && layout.dp() == 1 && !layout.offload {
-        warnings.push(Warning::ShardingOverOneRank {
-            sharding: layout.sharding,
-        });
-    }
-    if let Some(amp) = workload.amp {
-        if workload.dtype != Dtype::Fp32 && amp != workload.dtype {
-            warnings.push(Warning::MixedHalfTypes {
-                dtype: workload.dtype,
-                amp,
-            });
-        }
-    }
-    Ok(warnings)
+    Ok(())
 }
 
 /// Each tensor-parallel rank holds whole attention heads, so `tp` must divide them.
