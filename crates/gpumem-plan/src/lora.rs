@@ -155,86 +155,114 @@ pub fn saved_change(
     lora: &crate::workload::Lora,
     block: LoraBlock,
 ) -> SavedChange {
-    let LoraBlock {
-        act,
-        half_base,
-        o_input_shared,
-        litgpt,
-        base_saves_inputs,
-        cross_attention,
-    } = block;
-    let (targets, dropout) = (lora.targets, lora.dropout);
     let (h, qw) = (spec.hidden as f64, spec.query_width() as f64);
     let f = spec.routed_intermediate(layer) as f64;
+    let (cross_attention, act) = (block.cross_attention, block.act);
+    let inputs = AdaptedInputs { spec, lora, block };
     let linears = block_linears(spec, layer);
-    let rank = lora.rank as f64;
-    // One input of `width`, read by `adapted` adapters among the linears of `group`, of which
-    // full training saves `freed` bytes that frozen linears do not.
-    let copies = |group: u16, adapted: f64, width: f64, freed: f64| {
-        if litgpt {
+    let (cross_queries, cross_keys) = if cross_attention {
+        let cross = separate_projections(spec);
+        (
+            inputs.input(Q, inputs.adapted_in(&cross, Q), h)
+                + inputs.input(O, inputs.adapted_in(&cross, O), qw),
+            inputs.copies(K | V, inputs.adapted_in(&cross, K | V), h, 0.0),
+        )
+    } else {
+        (0.0, 0.0)
+    };
+    SavedChange {
+        attention: inputs.attention(&linears),
+        mlp: if !layer.moe {
+            inputs.group(&linears, GATE | UP, h) + inputs.group(&linears, DOWN, f)
+        } else {
+            frozen_experts_change(spec, lora.targets, act)
+        },
+        cross_queries,
+        cross_keys,
+    }
+}
+
+/// The inputs of a block's linears under `lora`: the bytes per token each group's adapters
+/// change ([`saved_change`]).
+struct AdaptedInputs<'a> {
+    spec: &'a TransformerSpec,
+    lora: &'a crate::workload::Lora,
+    block: LoraBlock,
+}
+
+impl AdaptedInputs<'_> {
+    /// One input of `width`, read by `adapted` adapters among the linears of `group`, of which
+    /// full training saves `freed` bytes that frozen linears do not.
+    fn copies(&self, group: u16, adapted: f64, width: f64, freed: f64) -> f64 {
+        let (targets, dropout) = (self.lora.targets, self.lora.dropout);
+        let rank = self.lora.rank as f64;
+        if self.block.litgpt {
             return litgpt_group(
-                spec, group, targets, adapted, dropout, act, rank, width, freed,
+                self.spec,
+                group,
+                targets,
+                adapted,
+                dropout,
+                self.block.act,
+                rank,
+                width,
+                freed,
             );
         }
         let inputs = if adapted == 0.0 {
             -freed
         } else if dropout > 0.0 {
             adapted * 5.0 * width - freed
-        } else if half_base {
+        } else if self.block.half_base {
             adapted * 4.0 * width - freed
         } else {
             0.0
         };
         // Each adapter's `lora_A` output, saved by its `lora_B`.
         inputs + adapted * 4.0 * rank
-    };
-    // The group's input as full training saves it, which the frozen linears free unless they
-    // keep it themselves (or the attention kernel saves it anyway).
-    let input = |group: u16, adapted: f64, width: f64| {
-        let kept = (group == O && o_input_shared) || base_saves_inputs;
-        copies(group, adapted, width, if kept { 0.0 } else { act * width })
-    };
-    let adapted_in = |linears: &[(u16, u64, u64, u64)], group: u16| {
+    }
+
+    /// The group's input as full training saves it, which the frozen linears free unless they
+    /// keep it themselves (or the attention kernel saves it anyway).
+    fn input(&self, group: u16, adapted: f64, width: f64) -> f64 {
+        let kept = (group == O && self.block.o_input_shared) || self.block.base_saves_inputs;
+        let freed = if kept { 0.0 } else { self.block.act * width };
+        self.copies(group, adapted, width, freed)
+    }
+
+    /// How many of `linears` in `group` are adapted.
+    fn adapted_in(&self, linears: &[(u16, u64, u64, u64)], group: u16) -> f64 {
         linears
             .iter()
-            .filter(|(roles, ..)| roles & group != 0 && targets.has(*roles))
+            .filter(|(roles, ..)| roles & group != 0 && self.lora.targets.has(*roles))
             .count() as f64
-    };
-    let group = |group: u16, width: f64| input(group, adapted_in(&linears, group), width);
-    let (cross_queries, cross_keys) = if cross_attention {
-        let cross = separate_projections(spec);
-        (
-            input(Q, adapted_in(&cross, Q), h) + input(O, adapted_in(&cross, O), qw),
-            copies(K | V, adapted_in(&cross, K | V), h, 0.0),
-        )
-    } else {
-        (0.0, 0.0)
-    };
-    let attention = match spec.latent {
-        // Latent attention, adapted as a whole: q_a and kv_a read the block's input, q_b and
-        // kv_b each their own normalised low-rank input, o the values.
-        Some(l) if !litgpt => {
-            let queries = if l.query_rank > 0 {
-                input(Q, 1.0, l.query_rank as f64)
-            } else {
-                0.0
-            };
-            input(Q | K | V, 2.0, h)
-                + queries
-                + input(K | V, 1.0, l.kv_rank as f64)
-                + group(O, spec.value_width() as f64)
+    }
+
+    /// [`Self::input`] of `group` among `linears`, with its adapted count.
+    fn group(&self, linears: &[(u16, u64, u64, u64)], group: u16, width: f64) -> f64 {
+        self.input(group, self.adapted_in(linears, group), width)
+    }
+
+    /// The self-attention's change, among the block's `linears`.
+    fn attention(&self, linears: &[(u16, u64, u64, u64)]) -> f64 {
+        let spec = self.spec;
+        let (h, qw) = (spec.hidden as f64, spec.query_width() as f64);
+        match spec.latent {
+            // Latent attention, adapted as a whole: q_a and kv_a read the block's input, q_b and
+            // kv_b each their own normalised low-rank input, o the values.
+            Some(l) if !self.block.litgpt => {
+                let queries = if l.query_rank > 0 {
+                    self.input(Q, 1.0, l.query_rank as f64)
+                } else {
+                    0.0
+                };
+                self.input(Q | K | V, 2.0, h)
+                    + queries
+                    + self.input(K | V, 1.0, l.kv_rank as f64)
+                    + self.group(linears, O, spec.value_width() as f64)
+            }
+            _ => self.group(linears, Q | K | V, h) + self.group(linears, O, qw),
         }
-        _ => group(Q | K | V, h) + group(O, qw),
-    };
-    SavedChange {
-        attention,
-        mlp: if !layer.moe {
-            group(GATE | UP, h) + group(DOWN, f)
-        } else {
-            frozen_experts_change(spec, targets, act)
-        },
-        cross_queries,
-        cross_keys,
     }
 }
 
