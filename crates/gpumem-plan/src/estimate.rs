@@ -441,15 +441,10 @@ pub(crate) fn model_states(
         grad_per_param,
         optimizer,
         buffers,
-        step_temporaries: 0.0,
+        step_temporaries,
     };
     shard_or_offload_states(&mut states, workload, dp);
-    let sharded_temporaries = if layout.offload {
-        0.0
-    } else {
-        step_temporaries / optimizer_shards(layout.sharding, dp)
-    };
-    states.step_temporaries = sharded_temporaries + zero_step_gradients(workload, trainable_local);
+    states.step_temporaries += zero_step_gradients(workload, trainable_local);
     states
 }
 
@@ -552,7 +547,7 @@ fn optimizer_step_temporaries(
 }
 
 /// Divides `states` among the `dp` data-parallel ranks as the sharding strategy does, and drops
-/// what CPU offload moves to the host.
+/// what CPU offload moves to the host (the optimizer step's temporaries with it).
 fn shard_or_offload_states(states: &mut States, workload: &Workload, dp: f64) {
     let layout = &workload.layout;
     match layout.sharding {
@@ -583,6 +578,11 @@ fn shard_or_offload_states(states: &mut States, workload: &Workload, dp: f64) {
             states.weights = 0.0;
         }
     }
+    states.step_temporaries = if layout.offload {
+        0.0
+    } else {
+        states.step_temporaries / optimizer_shards(layout.sharding, dp)
+    };
 }
 
 fn optimizer_shards(sharding: Sharding, dp: f64) -> f64 {
