@@ -17,8 +17,6 @@ class ReplayError(GpumemError):
 
 def plan(request: str) -> str:
     """The plan of request (a JSON object of settings by name) as gpumem plan --json."""
-def plan_fields() -> list[str]:
-    """Every name plan accepts in its request."""
 def replay(source: str | bytes | None, *, format: str, device: int | None, name: str,
            policies: list[str], capacity: str | None, pytorch_alloc_conf: str | None,
            gpumem_policy_conf: str | None, smallest_capacity: bool) -> str:

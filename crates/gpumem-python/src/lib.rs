@@ -234,12 +234,6 @@ fn plan(py: Python<'_>, request: &str) -> PyResult<String> {
     to_json(&report.map_err(|e| PlanError::new_err(e.to_string()))?)
 }
 
-/// Every name `plan` accepts in its request: the settings' and the plan's own.
-#[pyfunction]
-fn plan_fields() -> Vec<String> {
-    PlanRequest::field_names()
-}
-
 /// A trace to read: a file's path, or a file's bytes.
 #[derive(FromPyObject)]
 enum Source {
@@ -470,7 +464,6 @@ fn _gpumem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TraceError", py.get_type::<TraceError>())?;
     m.add("ReplayError", py.get_type::<ReplayError>())?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
-    m.add_function(wrap_pyfunction!(plan_fields, m)?)?;
     m.add_function(wrap_pyfunction!(replay, m)?)?;
     m.add_function(wrap_pyfunction!(tune, m)?)?;
     m.add_function(wrap_pyfunction!(report, m)?)?;
