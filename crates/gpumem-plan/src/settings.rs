@@ -418,42 +418,13 @@ impl Settings {
     fn build(&self, inference_dtype: Option<Dtype>) -> Result<Workload> {
         let d = Workload::default();
         let mode = pick(&self.mode, "mode", choices::MODES)?.unwrap_or(d.mode);
-        let zero =
-            pick(&self.zero, "ZeRO stage", choices::ZERO_STAGES)?.unwrap_or(d.layout.sharding);
-        if self.fsdp && zero != Sharding::None {
-            return Err(PlanError::Conflict {
-                first: zero.flag(),
-                second: Sharding::Fsdp.flag(),
-                reason: "both shard the model states (DeepSpeed ZeRO or PyTorch FSDP, one per \
-                         run); keep one: --fsdp shards like --zero 3"
-                    .into(),
-            });
-        }
-        let sharding = if self.fsdp { Sharding::Fsdp } else { zero };
-        let target = match self.target.as_deref() {
-            None | Some("gpu") | Some("cuda") => Target::Gpu,
-            Some("cpu") => Target::Cpu,
-            Some(other) => return Err(crate::names::unknown("target", other, ["gpu", "cpu"])),
-        };
+        let sharding = self.sharding()?;
+        let target = self.target()?;
         let gpu = match target {
             Target::Gpu => self.gpu.as_deref().map(crate::gpu::find_gpu).transpose()?,
             Target::Cpu => None,
         };
-        let lora_base = if self.qlora {
-            Some(BaseQuant::QLORA)
-        } else if self.lora_base_int8 {
-            Some(BaseQuant::Int8)
-        } else {
-            self.lora_rank.map(|_| BaseQuant::None)
-        };
-        let lora = match lora_base {
-            Some(base) => Some(Lora {
-                targets: self.lora_targets("")?,
-                dropout: self.lora_dropout()?,
-                ..Lora::new(self.lora_rank.unwrap_or(DEFAULT_LORA_RANK), base)
-            }),
-            None => None,
-        };
+        let lora = self.lora()?;
         let checkpointing = self.checkpointing()?;
         let default_dtype = match mode {
             Mode::Train => d.dtype,
@@ -483,24 +454,7 @@ impl Settings {
             checkpointing,
             attention: pick(&self.attn, "attention", choices::ATTENTIONS)?.unwrap_or(d.attention),
             lora,
-            layout: Layout {
-                gpus: self.gpus.unwrap_or(d.layout.gpus),
-                nodes: self.nodes.unwrap_or(d.layout.nodes),
-                tp: self.tp.unwrap_or(d.layout.tp),
-                pp: self.pp.unwrap_or(d.layout.pp),
-                sp: self.sp,
-                sharding,
-                offload: self.offload,
-                fsdp_version: pick(&self.fsdp_version, "FSDP version", choices::FSDP_VERSIONS)?
-                    .unwrap_or(d.layout.fsdp_version),
-                fsdp_mp: pick(
-                    &self.fsdp_mp,
-                    "FSDP mixed precision",
-                    choices::FSDP_MP_DTYPES,
-                )?
-                .filter(|_| sharding == Sharding::Fsdp),
-                nccl_buffsize: self.nccl_buffsize.unwrap_or(d.layout.nccl_buffsize),
-            },
+            layout: self.layout(sharding)?,
             target,
             blas_workspace: match target {
                 Target::Cpu => 0,
@@ -533,6 +487,75 @@ impl Settings {
         };
         workload.validate()?;
         Ok(workload)
+    }
+
+    /// The sharding `--zero` or `--fsdp` asks for; both at once are a conflict.
+    fn sharding(&self) -> Result<Sharding> {
+        let d = Workload::default();
+        let zero =
+            pick(&self.zero, "ZeRO stage", choices::ZERO_STAGES)?.unwrap_or(d.layout.sharding);
+        if self.fsdp && zero != Sharding::None {
+            return Err(PlanError::Conflict {
+                first: zero.flag(),
+                second: Sharding::Fsdp.flag(),
+                reason: "both shard the model states (DeepSpeed ZeRO or PyTorch FSDP, one per \
+                         run); keep one: --fsdp shards like --zero 3"
+                    .into(),
+            });
+        }
+        Ok(if self.fsdp { Sharding::Fsdp } else { zero })
+    }
+
+    /// Where the run is planned: a CUDA GPU, or the CPU of the validation data.
+    fn target(&self) -> Result<Target> {
+        match self.target.as_deref() {
+            None | Some("gpu") | Some("cuda") => Ok(Target::Gpu),
+            Some("cpu") => Ok(Target::Cpu),
+            Some(other) => Err(crate::names::unknown("target", other, ["gpu", "cpu"])),
+        }
+    }
+
+    /// The LoRA adapters the flags ask for, over the base their quantisation gives; none
+    /// without a rank, QLoRA or an int8 base.
+    fn lora(&self) -> Result<Option<Lora>> {
+        let base = if self.qlora {
+            Some(BaseQuant::QLORA)
+        } else if self.lora_base_int8 {
+            Some(BaseQuant::Int8)
+        } else {
+            self.lora_rank.map(|_| BaseQuant::None)
+        };
+        match base {
+            Some(base) => Ok(Some(Lora {
+                targets: self.lora_targets("")?,
+                dropout: self.lora_dropout()?,
+                ..Lora::new(self.lora_rank.unwrap_or(DEFAULT_LORA_RANK), base)
+            })),
+            None => Ok(None),
+        }
+    }
+
+    /// The GPUs, their parallelism and the sharding of the model states.
+    fn layout(&self, sharding: Sharding) -> Result<Layout> {
+        let d = Workload::default().layout;
+        Ok(Layout {
+            gpus: self.gpus.unwrap_or(d.gpus),
+            nodes: self.nodes.unwrap_or(d.nodes),
+            tp: self.tp.unwrap_or(d.tp),
+            pp: self.pp.unwrap_or(d.pp),
+            sp: self.sp,
+            sharding,
+            offload: self.offload,
+            fsdp_version: pick(&self.fsdp_version, "FSDP version", choices::FSDP_VERSIONS)?
+                .unwrap_or(d.fsdp_version),
+            fsdp_mp: pick(
+                &self.fsdp_mp,
+                "FSDP mixed precision",
+                choices::FSDP_MP_DTYPES,
+            )?
+            .filter(|_| sharding == Sharding::Fsdp),
+            nccl_buffsize: self.nccl_buffsize.unwrap_or(d.nccl_buffsize),
+        })
     }
 
     /// The checkpointing policy the flags ask for; two policies at once are a conflict.
