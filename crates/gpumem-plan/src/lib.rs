@@ -26,6 +26,7 @@ mod lora_targets;
 pub mod model;
 pub mod names;
 pub mod quant;
+mod quantity;
 mod releases;
 pub mod safetensors;
 pub mod sequence;

@@ -18,13 +18,13 @@ impl TransformerGraph<'_> {
         let Some(lora) = self.workload.lora.filter(|_| self.training) else {
             return Default::default();
         };
-        let half_base = self.bytes.residual < 4.0;
+        let half_base = self.bytes.residual.0 < 4.0;
         // The output projection reads the attention kernel's output, which the kernel saves
         // anyway, unless eager attention (or per-head queries) makes a merged copy for it.
         let o_input_shared = !self.own_kernel.materialises_scores()
             && !self.fused_output_in_head_layout(self.own_kernel);
         let block = crate::lora::LoraBlock {
-            act: self.bytes.act,
+            act: self.bytes.act.0,
             half_base,
             o_input_shared,
             litgpt: self.litgpt(),
@@ -60,9 +60,9 @@ impl TransformerGraph<'_> {
             return 0.0;
         };
         let cpu = self.workload.target == Target::Cpu;
-        let half_base = self.bytes.residual < 4.0;
+        let half_base = self.bytes.residual.0 < 4.0;
         let litgpt = self.litgpt();
-        let adapter_dtype = if litgpt { self.bytes.act } else { 4.0 };
+        let adapter_dtype = if litgpt { self.bytes.act.0 } else { 4.0 };
         let before = if lora.dropout > 0.0 {
             let cast = if half_base && !litgpt { 4.0 } else { 0.0 };
             cast + if cpu { adapter_dtype } else { 0.0 }
@@ -92,7 +92,7 @@ impl TransformerGraph<'_> {
             .filter(|_| self.training && !self.litgpt())
         {
             Some(lora) => {
-                crate::lora::adapted_experts_bytes(self.spec, layer, &lora, self.bytes.act)
+                crate::lora::adapted_experts_bytes(self.spec, layer, &lora, self.bytes.act.0)
                     / self.split.tp
             }
             None => 0.0,
@@ -118,7 +118,8 @@ impl TransformerGraph<'_> {
         let change = self.lora_inputs(layer, false);
         let mut prefix = match (spec.parallel_residual, spec.shared_block_norm) {
             (true, false) => {
-                2.0 * norm - tokens * self.bytes.residual * spec.hidden as f64 / self.split.sequence
+                2.0 * norm
+                    - tokens * self.bytes.residual.0 * spec.hidden as f64 / self.split.sequence
             }
             _ => norm,
         };
@@ -129,15 +130,16 @@ impl TransformerGraph<'_> {
                 * (tally.sharded / self.split.tp
                     + tally.replicated / self.split.sequence
                     + change.attention)
-                + attention.key_saved
-                + tally.core;
+                + attention.key_saved.bytes()
+                + tally.core.bytes();
             if !spec.parallel_residual {
                 prefix += norm;
             }
             // Nor do the experts' inputs need a gradient.
             if !self.litgpt() {
-                prefix += crate::lora::folds_read_by_the_input(spec, layer, &lora, self.bytes.act)
-                    / self.split.tp;
+                prefix +=
+                    crate::lora::folds_read_by_the_input(spec, layer, &lora, self.bytes.act.0)
+                        / self.split.tp;
             }
         }
         if spec.parallel_residual && !crate::lora::adapts_mlp(lora.targets) {
@@ -147,7 +149,7 @@ impl TransformerGraph<'_> {
         // block's q, k and v read one.
         if crate::lora::adapts_attention(lora.targets) && self.workload.four_bit_base_saves_inputs()
         {
-            prefix += tokens * self.bytes.act * spec.hidden as f64 / self.split.sequence;
+            prefix += tokens * self.bytes.act.0 * spec.hidden as f64 / self.split.sequence;
         }
         prefix
     }

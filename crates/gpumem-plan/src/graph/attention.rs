@@ -3,42 +3,43 @@
 use super::kernel::{AttentionKernel, GroupedKeys};
 use super::sizes::{AttentionShape, Tally};
 use super::TransformerGraph;
+use crate::quantity::{Bytes, BytesPerElement, Elements};
 use crate::workload::Target;
 
 /// What one attention sublayer keeps besides its per-query-token terms, in bytes.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct AttentionMemory {
     /// Saved bytes proportional to the key tokens (k, v and their expansions).
-    pub(super) key_saved: f64,
+    pub(super) key_saved: Bytes,
     /// Short-lived bytes in its forward (scores before the softmax, the mask).
-    pub(super) forward_transient: f64,
+    pub(super) forward_transient: Bytes,
     /// Live bytes at its peak in a no-grad forward, besides the hidden states its block holds:
     /// projections, expanded keys and values, the scores' softmax or the kernel output, the mask.
-    pub(super) inference_live: f64,
+    pub(super) inference_live: Bytes,
     /// Bytes a no-grad forward keeps until its block returns: eager attention's probabilities,
     /// which every family's block holds (`hidden_states, _ = self.self_attn(...)`).
-    pub(super) inference_kept: f64,
+    pub(super) inference_kept: Bytes,
     /// Bytes alive through all blocks of its stack in a no-grad forward: the causal mask eager
     /// attention adds (built once by the model), T5's relative position bias (computed by the
     /// first block, passed on to the others).
-    pub(super) stack_held: f64,
+    pub(super) stack_held: Bytes,
     /// KV-cache bytes it adds in a no-grad forward that keeps a cache.
-    pub(super) kv_cache: f64,
+    pub(super) kv_cache: Bytes,
     /// Of `key_saved`, the keys and values a training forward's cache holds until the step
     /// ends, because the caller keeps the outputs through backward (`--loss none`).
-    pub(super) cache_held: f64,
+    pub(super) cache_held: Bytes,
     /// The k and v copies a training cache holds that the kernel does not save (see
     /// `Unit::forward_held`).
-    pub(super) forward_held: f64,
+    pub(super) forward_held: Bytes,
     /// Bytes alive at the start of its backward when the softmax ran in the activation dtype:
     /// the gradients of the probabilities and of the scores, one score matrix each.
-    pub(super) score_gradients: f64,
+    pub(super) score_gradients: Bytes,
     /// The gradients of its queries, keys and values, which its backward makes together (a
     /// cross-attention's keys and values span the encoder's tokens).
-    pub(super) input_gradients: f64,
+    pub(super) input_gradients: Bytes,
     /// Bytes of one score matrix in the activation dtype (the size of the tensors its core
     /// saves).
-    pub(super) score_matrix: f64,
+    pub(super) score_matrix: Bytes,
 }
 
 /// One attention of a block as it runs: its shape, its kernel and its sizes on this GPU.
@@ -59,7 +60,7 @@ pub(super) struct AttentionCall {
     /// Heads on this GPU.
     pub(super) heads: f64,
     /// Score elements of the micro-batch on this GPU.
-    pub(super) scores: f64,
+    pub(super) scores: Elements,
     /// Query tokens of the micro-batch.
     pub(super) query_tokens: f64,
     /// Key tokens of the micro-batch (the encoder's for a cross-attention).
@@ -70,32 +71,32 @@ pub(super) struct AttentionCall {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AttentionMasks {
     /// T5's relative position bias, held through the stack.
-    pub(super) stack_bias: f64,
+    pub(super) stack_bias: Bytes,
     /// The causal mask(s) transformers builds, held through the forward.
-    pub(super) causal: f64,
+    pub(super) causal: Bytes,
     /// CUDA's math path makes its own causal bias (transformers built no mask).
     pub(super) kernel_causal: bool,
     /// SDPA's boolean sliding-window mask, held through the stack.
-    pub(super) sliding: f64,
+    pub(super) sliding: Elements,
     /// Its additive conversion on a sliding layer, saved for backward.
-    pub(super) converted: f64,
+    pub(super) converted: Bytes,
 }
 
 /// What one attention's kernel itself keeps, in bytes.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AttentionCore {
     /// Saved for backward inside the attention core.
-    pub(super) saved: f64,
+    pub(super) saved: Bytes,
     /// Short-lived in its forward.
-    pub(super) transient: f64,
+    pub(super) transient: Bytes,
     /// Alive at the start of its backward (see `AttentionMemory::score_gradients`).
-    pub(super) score_gradients: f64,
+    pub(super) score_gradients: Bytes,
     /// Alive at its no-grad peak.
-    pub(super) inference_live: f64,
+    pub(super) inference_live: Bytes,
     /// Kept by a no-grad forward until the block returns (returned probabilities).
-    pub(super) inference_kept: f64,
+    pub(super) inference_kept: Bytes,
     /// Masks alive through the stack.
-    pub(super) stack_mask: f64,
+    pub(super) stack_mask: Bytes,
 }
 
 impl TransformerGraph<'_> {
@@ -122,7 +123,7 @@ impl TransformerGraph<'_> {
             kv: spec.kv_width() as f64,
             value: spec.value_width() as f64,
             heads,
-            scores: self.batch * heads * shape.queries * shape.keys,
+            scores: Elements(self.batch * heads * shape.queries * shape.keys),
             query_tokens: self.batch * shape.queries,
             key_tokens: self.batch * shape.keys,
         }
@@ -131,7 +132,7 @@ impl TransformerGraph<'_> {
     /// Does the kernel save the projections' q, k and v as they are? SDPA's math path copies
     /// half-precision inputs to fp32 first and saves the copies.
     pub(super) fn kernel_saves_projections(&self, kernel: AttentionKernel) -> bool {
-        !(kernel.is_math_path() && self.bytes.act < 4.0)
+        !(kernel.is_math_path() && self.bytes.act.0 < 4.0)
     }
 
     /// Are the queries contiguous per head when they reach the kernel (the family's own code,
@@ -155,7 +156,7 @@ impl TransformerGraph<'_> {
         tally: &mut Tally,
     ) -> AttentionMemory {
         let call = self.attention_call(shape, cross);
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let key_side = self.saved_attention_inputs(&call, tally);
         let key_side = self.saved_key_views(&call, key_side);
         let masks = self.attention_masks(&call);
@@ -170,18 +171,20 @@ impl TransformerGraph<'_> {
         tally.core += core.saved;
         let (kv_cache, cache_held) = self.attention_cache(&call);
         AttentionMemory {
-            key_saved: key_side / self.split.tp * call.key_tokens,
+            key_saved: Bytes(key_side / self.split.tp * call.key_tokens),
             forward_transient: core.transient,
             inference_live: core.inference_live,
             inference_kept: core.inference_kept,
             stack_held: masks.stack_bias + core.stack_mask,
-            kv_cache,
-            cache_held,
-            forward_held: self.math_path_cache_copies(&call),
+            kv_cache: Bytes(kv_cache),
+            cache_held: Bytes(cache_held),
+            forward_held: Bytes(self.math_path_cache_copies(&call)),
             score_gradients: core.score_gradients,
-            input_gradients: act / self.split.tp
-                * (call.query_tokens * call.q + call.key_tokens * (call.kv + call.value)),
-            score_matrix: act * call.scores,
+            input_gradients: Bytes(
+                act / self.split.tp
+                    * (call.query_tokens * call.q + call.key_tokens * (call.kv + call.value)),
+            ),
+            score_matrix: self.bytes.act * call.scores,
         }
     }
 
@@ -191,7 +194,7 @@ impl TransformerGraph<'_> {
     /// token (a cross-attention's keys are the encoder's).
     pub(super) fn saved_attention_inputs(&self, call: &AttentionCall, tally: &mut Tally) -> f64 {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
         let (q, kv, value) = (call.q, call.kv, call.value);
         let mut key_side = 0.0;
         let projections_from_norm = if call.cross || spec.fused_qkv {
@@ -207,7 +210,9 @@ impl TransformerGraph<'_> {
         tally.sharded += if spec.post_norm && !call.cross {
             0.0
         } else {
-            self.bytes.linear_input(h, projections_from_norm)
+            self.bytes
+                .linear_input(Elements(h), projections_from_norm)
+                .bytes()
         };
         // q, k, v (rotated when RoPE is used) are saved by the attention. RoPE's products with the
         // gradient-free cos/sin tables save only the tables, so the raw projections are freed.
@@ -254,7 +259,7 @@ impl TransformerGraph<'_> {
         let Some(l) = self.spec.latent else {
             return 0.0;
         };
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let (qr, kvr) = (l.query_rank as f64, l.kv_rank as f64);
         let decompressed =
             if self.kernel_saves_projections(call.kernel) && !call.kernel.materialises_scores() {
@@ -274,7 +279,7 @@ impl TransformerGraph<'_> {
     /// or the copies grouped keys are repeated into.
     pub(super) fn saved_key_views(&self, call: &AttentionCall, mut key_side: f64) -> f64 {
         let spec = self.spec;
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let (q, kv, value) = (call.q, call.kv, call.value);
         // Does the kernel receive the values as a view of a fused projection (the family's, or
         // litgpt's fused qkv for every model)? Not when the cache hands it copies (today's
@@ -314,20 +319,24 @@ impl TransformerGraph<'_> {
 
     /// Bytes per key token of grouped keys and values repeated to every head.
     pub(super) fn repeated_keys(&self, call: &AttentionCall) -> f64 {
-        self.bytes.act * 2.0 * call.q
+        self.bytes.act.0 * 2.0 * call.q
     }
 
     /// The masks and biases one attention has alive.
     pub(super) fn attention_masks(&self, call: &AttentionCall) -> AttentionMasks {
         let spec = self.spec;
-        let (act, shape) = (self.bytes.act, call.shape);
+        let (act, shape) = (self.bytes.act.0, call.shape);
         // T5's relative position bias (batch 1) lives through its stack: the self-attention's in
         // the weight dtype, the decoder's cross-attention zeros in the activation dtype.
         let stack_bias = if spec.relative_attention_buckets > 0 {
-            let bias = if call.cross { act } else { self.bytes.residual };
-            bias * call.heads * shape.queries * shape.keys
+            let bias = if call.cross {
+                act
+            } else {
+                self.bytes.residual.0
+            };
+            Bytes(bias * call.heads * shape.queries * shape.keys)
         } else {
-            0.0
+            Bytes::ZERO
         };
         // A causal mask (b × q × k in the activation dtype) lives through the whole forward; a
         // model with sliding-window layers builds a second one for them. Where CUDA's math
@@ -337,24 +346,24 @@ impl TransformerGraph<'_> {
         let kernel_causal =
             call.kernel == AttentionKernel::SdpaMathCuda && spec.relative_attention_buckets == 0;
         let causal = if shape.causal && !kernel_causal {
-            masks * act * self.batch * shape.queries * shape.keys
+            Bytes(masks * act * self.batch * shape.queries * shape.keys)
         } else {
-            0.0
+            Bytes::ZERO
         };
         // SDPA takes a boolean mask for sliding layers once the keys exceed the window (built
         // once, held through the stack), which it converts to an additive mask in the
         // activation dtype on each sliding layer (saved for backward).
         let (sliding, converted) = match spec.sliding {
             Some(s) if shape.causal && shape.keys > s.window as f64 => {
-                let elements = self.batch * shape.queries * shape.keys;
+                let elements = Elements(self.batch * shape.queries * shape.keys);
                 let converted = if shape.cached_keys.is_some() {
-                    act * elements
+                    BytesPerElement(act) * elements
                 } else {
-                    0.0
+                    Bytes::ZERO
                 };
                 (elements, converted)
             }
-            _ => (0.0, 0.0),
+            _ => (Elements(0.0), Bytes::ZERO),
         };
         AttentionMasks {
             stack_bias,
@@ -370,7 +379,7 @@ impl TransformerGraph<'_> {
     /// copy); separate projections leave q, and k and v unless the cache holds their copies.
     pub(super) fn no_grad_projections(&self, call: &AttentionCall) -> f64 {
         let spec = self.spec;
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let cached = self.attention_caches(call);
         let (q_local, kv_local) = (call.q / self.split.tp, call.kv / self.split.tp);
         if let Some(l) = spec.latent {
@@ -409,7 +418,7 @@ impl TransformerGraph<'_> {
         masks: &AttentionMasks,
         tally: &mut Tally,
     ) -> AttentionCore {
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let (scores, shape) = (call.scores, call.shape);
         let score = self.score_bytes(call.kernel);
         let score_gradients = match self.workload.target {
@@ -418,7 +427,7 @@ impl TransformerGraph<'_> {
             // the probabilities' dtype.
             Target::Gpu => 3.0 * scores * score.probs,
             Target::Cpu if score.probs == score.input => 2.0 * scores * score.input,
-            Target::Cpu => 0.0,
+            Target::Cpu => Bytes::ZERO,
         };
         // The head-merging copy is saved by the output projection.
         tally.sharded += act * call.q;
@@ -443,10 +452,15 @@ impl TransformerGraph<'_> {
                 } else {
                     0.0
                 };
-                (copies + scaled_queries + causal_bias + scores, 0.0)
+                (
+                    Bytes(copies + scaled_queries + causal_bias) + scores * BytesPerElement::BOOL,
+                    Bytes::ZERO,
+                )
             }
-            AttentionKernel::SdpaMathCpu => (copies + scaled_queries, scores * score.returned()),
-            _ => (0.0, scores * score.returned()),
+            AttentionKernel::SdpaMathCpu => {
+                (Bytes(copies + scaled_queries), scores * score.returned())
+            }
+            _ => (Bytes::ZERO, scores * score.returned()),
         };
         let expanded = match call.grouped {
             GroupedKeys::RepeatedForScores => self.repeated_keys(call),
@@ -459,9 +473,9 @@ impl TransformerGraph<'_> {
             // forward replay counts already.)
             transient: scores * score.input + masks.causal,
             score_gradients,
-            inference_live: self.no_grad_projections(call)
-                + expanded / self.split.tp * call.key_tokens
-                + scores * score.no_grad_peak()
+            inference_live: Bytes(
+                self.no_grad_projections(call) + expanded / self.split.tp * call.key_tokens,
+            ) + scores * score.no_grad_peak()
                 + scaled,
             inference_kept: returned,
             stack_mask: masks.causal,
@@ -476,7 +490,7 @@ impl TransformerGraph<'_> {
         masks: &AttentionMasks,
         tally: &mut Tally,
     ) -> AttentionCore {
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let shape = call.shape;
         // Kernel output + fp32 log-sum-exp; the output is in the layout the output projection
         // reads unless the queries were made contiguous per head (then the merge copies).
@@ -488,7 +502,7 @@ impl TransformerGraph<'_> {
         tally.sharded += act * call.q + merge_copy + 4.0 * self.spec.heads as f64;
         // Without gradients T5's bias goes to the kernel as an additive mask: a causal
         // decoder's is combined with the mask (`torch.where`) and made contiguous.
-        let bias_mask = if masks.stack_bias > 0.0 && shape.causal {
+        let bias_mask = if masks.stack_bias > Bytes::ZERO && shape.causal {
             2.0 * act * call.heads * shape.queries * shape.keys
         } else {
             0.0
@@ -496,15 +510,16 @@ impl TransformerGraph<'_> {
         let q_local = call.q / self.split.tp;
         AttentionCore {
             saved: masks.converted,
-            transient: 0.0,
-            score_gradients: 0.0,
-            inference_live: self.no_grad_projections(call)
-                + call.query_tokens
-                    * (act * q_local + merge_copy / self.split.tp + 4.0 * call.heads)
-                + bias_mask
-                + masks.converted,
-            inference_kept: 0.0,
-            stack_mask: masks.sliding,
+            transient: Bytes::ZERO,
+            score_gradients: Bytes::ZERO,
+            inference_live: Bytes(
+                self.no_grad_projections(call)
+                    + call.query_tokens
+                        * (act * q_local + merge_copy / self.split.tp + 4.0 * call.heads)
+                    + bias_mask,
+            ) + masks.converted,
+            inference_kept: Bytes::ZERO,
+            stack_mask: masks.sliding * BytesPerElement::BOOL,
         }
     }
 }

@@ -4,6 +4,7 @@ use super::attention::AttentionMemory;
 use super::sizes::{AttentionShape, Tally};
 use super::TransformerGraph;
 use crate::model::LayerKind;
+use crate::quantity::Elements;
 use crate::single_gpu::per_op_saved_matmul_widths;
 use crate::unit::{SavedGroup, Unit, WholeTensors};
 use crate::workload::Loss;
@@ -30,13 +31,16 @@ impl TransformerGraph<'_> {
         layer: LayerKind,
     ) -> Unit {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
         let tokens = self.batch * shape.queries;
         let mut tally = Tally::default();
         self.tally_block_norms(cross.is_some(), &mut tally);
         let attentions = self.block_attentions(shape, cross, &mut tally);
         let (own, cross_memory) = (&attentions.own, &attentions.cross);
-        let transient = own.forward_transient.max(cross_memory.forward_transient);
+        let transient = own
+            .forward_transient
+            .max(cross_memory.forward_transient)
+            .bytes();
         tally.sharded += self.mlp(layer);
         if self.dropout_active(spec.hidden_dropout) {
             tally.replicated += h;
@@ -47,20 +51,20 @@ impl TransformerGraph<'_> {
         let dequantised = self.dequantised(layer, tokens);
         // The cache copies the outputs hold: through backward with `--loss none` (the caller
         // keeps the outputs), else until the forward returns. As (held, forward_held).
-        let cache_copies = own.forward_held + cross_memory.forward_held;
+        let cache_copies = (own.forward_held + cross_memory.forward_held).bytes();
         let outputs_held = if self.workload.loss == Loss::None {
             (cache_copies, 0.0)
         } else {
             (0.0, cache_copies)
         };
-        let residual_gradient = 2.0 * tokens * self.bytes.residual * h;
+        let residual_gradient = 2.0 * tokens * self.bytes.residual.0 * h;
         Unit {
             name: "block",
             saved: self.block_saved(tokens, layer, &tally, &attentions),
-            attention_core: tally.core,
-            checkpoint: Some(tokens * self.bytes.residual * h / self.split.sequence),
+            attention_core: tally.core.bytes(),
+            checkpoint: Some(tokens * self.bytes.residual.0 * h / self.split.sequence),
             per_op_saved: self.per_op_saved(shape, cross, layer),
-            held: own.cache_held + outputs_held.0,
+            held: own.cache_held.bytes() + outputs_held.0,
             forward_held: outputs_held.1,
             forward_transient: (transient + tokens * act * f).max(self.adapter_transient(
                 layer,
@@ -69,18 +73,22 @@ impl TransformerGraph<'_> {
             )) + dequantised,
             // Saved tensors are released as their node runs: one intermediate's gradient at a
             // time (and a QLoRA base weight dequantised again for the input's gradient).
-            backward_transient: self.block_largest_gradient(tokens, layer, tally.core, &attentions)
-                + residual_gradient
+            backward_transient: self.block_largest_gradient(
+                tokens,
+                layer,
+                tally.core.bytes(),
+                &attentions,
+            ) + residual_gradient
                 + dequantised,
             gradient_transient: residual_gradient,
             inference_live: inference_live + dequantised,
-            kv_cache: own.kv_cache + cross_memory.kv_cache,
+            kv_cache: (own.kv_cache + cross_memory.kv_cache).bytes(),
             kv_window: shape.cached_keys,
             whole: WholeTensors {
                 saved: [
                     SavedGroup {
-                        bytes: tally.core,
-                        tensor: own.score_matrix,
+                        bytes: tally.core.bytes(),
+                        tensor: own.score_matrix.bytes(),
                     },
                     // A mixture of experts saves per-expert slices, not whole intermediates.
                     if layer.moe {
@@ -110,11 +118,12 @@ impl TransformerGraph<'_> {
             // The block input is saved by q/k/v; each add+norm saves the sum.
             tally.sharded += self
                 .bytes
-                .linear_input(h, if spec.fused_qkv { 1.0 } else { 3.0 });
-            tally.replicated += 2.0 * (self.bytes.residual * h + 8.0);
+                .linear_input(Elements(h), if spec.fused_qkv { 1.0 } else { 3.0 })
+                .bytes();
+            tally.replicated += 2.0 * (self.bytes.residual.0 * h + 8.0);
         } else if spec.parallel_residual && !spec.shared_block_norm {
             // Both norms read the same residual input: it is saved once.
-            tally.replicated += 2.0 * self.norm_saved() - self.bytes.residual * h;
+            tally.replicated += 2.0 * self.norm_saved() - self.bytes.residual.0 * h;
         } else {
             tally.replicated += norms * self.norm_saved();
         }
@@ -148,9 +157,9 @@ impl TransformerGraph<'_> {
         attentions: &BlockAttentions,
     ) -> f64 {
         let (own, cross) = (&attentions.own, &attentions.cross);
-        let key_bytes = own.key_saved + cross.key_saved - own.cache_held;
+        let key_bytes = (own.key_saved + cross.key_saved - own.cache_held).bytes();
         let autocast_weights = if self.bytes.autocast {
-            self.bytes.act * self.spec.block_linear_params(layer, attentions.has_cross) as f64
+            self.bytes.act.0 * self.spec.block_linear_params(layer, attentions.has_cross) as f64
                 / self.split.tp
         } else {
             0.0
@@ -158,7 +167,7 @@ impl TransformerGraph<'_> {
         let change = self.lora_inputs(layer, attentions.has_cross);
         tokens * (tally.sharded / self.split.tp + tally.replicated / self.split.sequence)
             + key_bytes
-            + tally.core
+            + tally.core.bytes()
             + autocast_weights
             + (tokens * (change.attention + change.mlp + change.cross_queries)
                 + attentions.encoder_tokens * change.cross_keys)
@@ -177,24 +186,26 @@ impl TransformerGraph<'_> {
         attentions: &BlockAttentions,
     ) -> (f64, SavedGroup) {
         let (own, cross) = (&attentions.own, &attentions.cross);
-        let hidden = tokens * self.bytes.residual * self.spec.hidden as f64;
+        let hidden = tokens * self.bytes.residual.0 * self.spec.hidden as f64;
         let held = &self.spec.held;
         // The pass counts the block's whole KV cache: the cross-attention's copies do not exist
         // yet while the self-attention runs.
         let attention_live =
-            hidden * held.at_attention as f64 + own.inference_live - cross.kv_cache;
+            hidden * held.at_attention as f64 + own.inference_live.bytes() - cross.kv_cache.bytes();
         // Cross-attention runs beside the self-attention's residual sum as well.
         let cross_live = if attentions.has_cross {
-            hidden * (held.at_attention + 1) as f64 + own.inference_kept + cross.inference_live
+            hidden * (held.at_attention + 1) as f64
+                + own.inference_kept.bytes()
+                + cross.inference_live.bytes()
         } else {
             0.0
         };
         // The block names each attention's probabilities `_`: the cross-attention's replace the
         // self-attention's.
         let kept = if attentions.has_cross {
-            cross.inference_kept
+            cross.inference_kept.bytes()
         } else {
-            own.inference_kept
+            own.inference_kept.bytes()
         };
         let mlp_own_live = self.mlp_no_grad_live(tokens, layer);
         let mlp_live = hidden * held.at_mlp as f64 + mlp_own_live + kept;
@@ -203,13 +214,14 @@ impl TransformerGraph<'_> {
             SavedGroup {
                 bytes: mlp_own_live,
                 // One tensor of the MLP's intermediate width.
-                tensor: tokens * self.bytes.act * f,
+                tensor: tokens * self.bytes.act.0 * f,
             }
         } else {
             SavedGroup::default()
         };
-        let inference_live =
-            attention_live.max(cross_live).max(mlp_live) + own.stack_held + cross.stack_held;
+        let inference_live = attention_live.max(cross_live).max(mlp_live)
+            + own.stack_held.bytes()
+            + cross.stack_held.bytes();
         (inference_live, mlp_intermediates)
     }
 
@@ -224,7 +236,7 @@ impl TransformerGraph<'_> {
         attentions: &BlockAttentions,
     ) -> f64 {
         let spec = self.spec;
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
         // The score gradients exist in the attention's backward, after the MLP's (and, where
         // blocks run in sequence, the MLP's norm and the output projection's saved input are
@@ -232,7 +244,8 @@ impl TransformerGraph<'_> {
         let score_gradients = attentions
             .own
             .score_gradients
-            .max(attentions.cross.score_gradients);
+            .max(attentions.cross.score_gradients)
+            .bytes();
         let released_before_attention = if spec.parallel_residual || score_gradients == 0.0 {
             0.0
         } else {
@@ -241,10 +254,10 @@ impl TransformerGraph<'_> {
                     + self.norm_saved() / self.split.sequence
                     + act * spec.query_width() as f64 / self.split.tp)
         };
-        let residual_gradient = 2.0 * tokens * self.bytes.residual * spec.hidden as f64;
+        let residual_gradient = 2.0 * tokens * self.bytes.residual.0 * spec.hidden as f64;
         // In the attention's backward one residual-stream gradient is alive beside its own.
         let attention_backward = (score_gradients - released_before_attention)
-            .max(attentions.cross.input_gradients - released_before_attention)
+            .max(attentions.cross.input_gradients.bytes() - released_before_attention)
             - residual_gradient / 2.0;
         // On the GPU the first MLP linear's bias gradient is summed from its output's gradient
         // through a staging buffer, after the activation's and the second linear's backward
@@ -272,7 +285,7 @@ impl TransformerGraph<'_> {
         layer: LayerKind,
     ) -> f64 {
         let spec = self.spec;
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let (per_query, per_key) = per_op_saved_matmul_widths(spec, layer, cross.is_some());
         let queries = self.batch * shape.queries;
         let keys = cross.map_or(0.0, |c| self.batch * c.keys);

@@ -61,7 +61,7 @@ impl TransformerGraph<'_> {
         if self.old_release().is_some_and(|o| o.fp32_rotary()) {
             4.0
         } else {
-            self.bytes.act
+            self.bytes.act.0
         }
     }
 
@@ -80,7 +80,7 @@ impl TransformerGraph<'_> {
             } else {
                 call.value
             };
-            call.key_tokens * self.bytes.act * (call.kv + value) / self.split.tp
+            call.key_tokens * self.bytes.act.0 * (call.kv + value) / self.split.tp
         } else {
             0.0
         }
@@ -94,7 +94,7 @@ impl TransformerGraph<'_> {
     /// stays alive; decoding then keeps only the window (`Unit::kv_window`).
     pub(super) fn attention_cache(&self, call: &AttentionCall) -> (f64, f64) {
         let spec = self.spec;
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let key_bytes = self.cached_key_bytes();
         let copies = (key_bytes * call.kv + act * call.value) / self.split.tp;
         let cache_bytes = match (spec.latent, self.old_release()) {

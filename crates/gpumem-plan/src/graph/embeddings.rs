@@ -34,9 +34,9 @@ impl TransformerGraph<'_> {
         let mut saved = 0.0;
         if let Some(p) = spec.patches {
             let pixels = self.batch * p.channels as f64 * (self.workload.image_size as f64).powi(2);
-            held = pixels * self.bytes.residual;
+            held = pixels * self.bytes.residual.0;
             saved = if self.bytes.autocast {
-                pixels * self.bytes.act
+                pixels * self.bytes.act.0
             } else {
                 0.0
             };
@@ -45,7 +45,7 @@ impl TransformerGraph<'_> {
         held += stem.held;
         saved += stem.saved;
         if spec.embedding_norm {
-            saved += tokens * self.bytes.residual * h;
+            saved += tokens * self.bytes.residual.0 * h;
         }
         if self.dropout_active(spec.embedding_dropout) {
             saved += tokens * h;
@@ -67,7 +67,7 @@ impl TransformerGraph<'_> {
             Mode::Train | Mode::Infer => self.sequence(),
         };
         let positions = if spec.held.positions {
-            position_rows * self.bytes.residual * h
+            position_rows * self.bytes.residual.0 * h
         } else {
             0.0
         };
@@ -77,18 +77,18 @@ impl TransformerGraph<'_> {
             saved = 0.0;
         }
         let rotary = 2.0 * position_rows * spec.rotary_fraction * spec.head_dim as f64;
-        let body_held = tokens * spec.held.embeddings as f64 * self.bytes.residual * h
+        let body_held = tokens * spec.held.embeddings as f64 * self.bytes.residual.0 * h
             + positions
-            + rotary * self.bytes.act;
+            + rotary * self.bytes.act.0;
         Unit {
             name: "embeddings",
             saved: saved / self.split.sequence,
             held,
             body_held,
-            forward_transient: (2.0 * tokens * self.bytes.residual * h).max(stem.live),
-            backward_transient: tokens * self.bytes.residual * h,
-            gradient_transient: tied_accumulation + tokens * self.bytes.residual * h,
-            inference_live: (2.0 * tokens * self.bytes.residual * h).max(stem.live),
+            forward_transient: (2.0 * tokens * self.bytes.residual.0 * h).max(stem.live),
+            backward_transient: tokens * self.bytes.residual.0 * h,
+            gradient_transient: tied_accumulation + tokens * self.bytes.residual.0 * h,
+            inference_live: (2.0 * tokens * self.bytes.residual.0 * h).max(stem.live),
             params: spec.params_of_embeddings(),
             // Whisper's sinusoidal encoder positions are a frozen parameter.
             untrained_params: spec.audio.map_or(0, |a| a.frames * spec.hidden),
@@ -99,7 +99,7 @@ impl TransformerGraph<'_> {
     /// The projector of a vision-language model: two linears with a GELU between them, from
     /// the tower's patch features to `image_tokens` tokens of width `width` per image.
     pub(super) fn projector(&self, params: u64, image_tokens: u64, width: u64) -> Unit {
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let tokens = self.batch * image_tokens as f64;
         let (v, t) = (self.spec.hidden as f64, width as f64);
         Unit {
@@ -123,7 +123,7 @@ impl TransformerGraph<'_> {
             body_held: if self.training {
                 0.0
             } else {
-                tokens * act * t + self.batch * self.sequence() * self.bytes.residual * v
+                tokens * act * t + self.batch * self.sequence() * self.bytes.residual.0 * v
             },
             params,
             ..Unit::default()
@@ -136,7 +136,7 @@ impl TransformerGraph<'_> {
         let Some(a) = self.spec.audio else {
             return AudioStem::default();
         };
-        let (act, h) = (self.bytes.act, self.spec.hidden as f64);
+        let (act, h) = (self.bytes.act.0, self.spec.hidden as f64);
         let frames = self.batch * a.frames as f64;
         let features = 2.0 * frames * a.mel_bins as f64;
         // Whisper's `generate` concatenates the batch's 30 s segments into a new tensor
@@ -159,7 +159,7 @@ impl TransformerGraph<'_> {
             0.0
         };
         AudioStem {
-            held: copies * features * self.bytes.residual,
+            held: copies * features * self.bytes.residual.0,
             saved,
             live: 4.0 * frames * h * act,
         }

@@ -5,6 +5,7 @@ use super::loss::LogitsUse;
 use super::TransformerGraph;
 use super::Unit;
 use crate::model::Head;
+use crate::quantity::Elements;
 use crate::workload::{Mode, Target};
 
 /// The tensors of an LM head under a workload, whichever way its logits are then used.
@@ -75,18 +76,20 @@ impl TransformerGraph<'_> {
     /// The LM head's tensors under this workload.
     fn lm_logits(&self) -> LmLogits {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
         let tokens = self.batch * self.decoder_sequence();
         let vocab = spec.vocab as f64 / self.split.tp;
         let transform = if spec.head == Head::MaskedLm {
             // dense → GELU → LayerNorm before the decoder.
-            self.bytes.linear_input(h, 1.0) + act * 2.0 * h + self.bytes.residual * h
+            self.bytes.linear_input(Elements(h), 1.0).bytes()
+                + act * 2.0 * h
+                + self.bytes.residual.0 * h
         } else {
             0.0
         };
         // T5 rescales the decoder output before the tied LM head: a fresh tensor.
         let rescale = if spec.rescaled_output {
-            self.bytes.residual * h
+            self.bytes.residual.0 * h
         } else {
             0.0
         };
@@ -147,7 +150,7 @@ impl TransformerGraph<'_> {
     /// Bytes of the LM head weight's autocast copy (none without autocast).
     fn autocast_lm_weight(&self) -> f64 {
         if self.bytes.autocast {
-            self.bytes.act * (self.spec.vocab * self.spec.hidden) as f64 / self.split.tp
+            self.bytes.act.0 * (self.spec.vocab * self.spec.hidden) as f64 / self.split.tp
         } else {
             0.0
         }
@@ -156,7 +159,7 @@ impl TransformerGraph<'_> {
     /// A pooler, classification or bare head (and a SigLIP attention pool without gradients).
     fn pooled_head(&self) -> Unit {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
         let tokens = self.batch * self.decoder_sequence();
         // A classifier on the first token keeps the whole final-norm output alive through its view.
         let keeps_norm_output =
@@ -165,7 +168,7 @@ impl TransformerGraph<'_> {
         let saved = tokens
             * (self.final_norm_saved()
                 + if keeps_norm_output {
-                    self.bytes.residual * h
+                    self.bytes.residual.0 * h
                 } else {
                     0.0
                 })
@@ -173,9 +176,9 @@ impl TransformerGraph<'_> {
         Unit {
             name: "head",
             saved: if self.training { saved } else { 0.0 },
-            inference_live: tokens * self.bytes.residual * h + pooled,
-            backward_transient: tokens * self.bytes.residual * h,
-            gradient_transient: tokens * self.bytes.residual * h,
+            inference_live: tokens * self.bytes.residual.0 * h + pooled,
+            backward_transient: tokens * self.bytes.residual.0 * h,
+            gradient_transient: tokens * self.bytes.residual.0 * h,
             params: spec.params_of_head(),
             ..Unit::default()
         }
@@ -187,9 +190,9 @@ impl TransformerGraph<'_> {
     pub(super) fn head_input(&self) -> f64 {
         let h = self.spec.hidden as f64;
         if self.workload.lora.is_none() {
-            self.bytes.linear_input(h, 1.0)
+            self.bytes.linear_input(Elements(h), 1.0).bytes()
         } else if self.workload.four_bit_lm_head() && self.workload.four_bit_base_saves_inputs() {
-            self.bytes.act * h
+            self.bytes.act.0 * h
         } else {
             0.0
         }

@@ -44,7 +44,7 @@ impl TransformerGraph<'_> {
     /// matmul backward materialises as one logits-sized tensor (reshaping a stride-0 view
     /// copies). Autocast runs `sum` in fp32: an fp32 copy of the logits exists while it runs.
     pub(super) fn summed_logits_head(&self, t: &LmLogits) -> Unit {
-        let autocast_sum = if self.workload.amp.is_some() && self.bytes.act < 4.0 {
+        let autocast_sum = if self.workload.amp.is_some() && self.bytes.act.0 < 4.0 {
             t.tokens * t.vocab * 4.0
         } else {
             0.0
@@ -118,7 +118,7 @@ impl TransformerGraph<'_> {
                 forward_transient: [t.logits, forward_copy],
                 backward_transient: backward_start,
                 gradient_transient: t.logits,
-                gradient_continues: t.loss_bytes == self.bytes.act && !t.half_log_probs,
+                gradient_continues: t.loss_bytes == self.bytes.act.0 && !t.half_log_probs,
                 ..WholeTensors::default()
             },
             params: t.params,
@@ -129,7 +129,7 @@ impl TransformerGraph<'_> {
     /// The LM head of a no-grad forward: the returned logits, generation's token selection,
     /// and the loss where labels are given.
     pub(super) fn no_grad_lm_head(&self, t: &LmLogits) -> Unit {
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         // Before transformers 4.45 a Llama-family forward returns all its logits
         // upcast to fp32 (the activation-dtype logits exist beside their copy).
         let (logits, upcasting) = if t.upcast_all && act < 4.0 && !self.workload.labels {
@@ -154,7 +154,7 @@ impl TransformerGraph<'_> {
         // The final norm reads the last block's output; the head then runs on the
         // body's output beside the logits (with a masked-LM transform's output, or
         // T5's rescaled copy).
-        let hidden = t.tokens * self.bytes.residual * self.spec.hidden as f64;
+        let hidden = t.tokens * self.bytes.residual.0 * self.spec.hidden as f64;
         let beside_logits = if t.transform > 0.0 || t.rescale > 0.0 {
             2.0 * hidden
         } else {
@@ -191,7 +191,7 @@ impl TransformerGraph<'_> {
     ///   chunk in place, and keeps the gradient of the hidden states and the head's weight
     ///   gradient (when it trains) for backward; the head's input is not saved.
     fn chunked_loss_head(&self, tokens: f64, vocab: f64, saved: f64, params: u64) -> Unit {
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let h = self.spec.hidden as f64;
         let positions = self.decoder_sequence();
         let logits = tokens * vocab;
@@ -212,7 +212,7 @@ impl TransformerGraph<'_> {
         // transpose, a view, which autograd does not accumulate in place), while the logit
         // gradients of the chunks still to come wait.
         let head_gradient = if self.workload.lora.is_none() {
-            vocab * h * self.bytes.residual
+            vocab * h * self.bytes.residual.0
         } else {
             0.0
         };
@@ -274,7 +274,7 @@ impl TransformerGraph<'_> {
         head_gradient: f64,
         unit: Unit,
     ) -> Unit {
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let h = self.spec.hidden as f64;
         let factor = (self.spec.vocab as f64 / h).ceil().max(1.0);
         let rows = ((tokens / factor).ceil() as u64).next_power_of_two() as f64;

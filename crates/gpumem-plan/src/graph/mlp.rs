@@ -2,13 +2,14 @@
 
 use super::TransformerGraph;
 use crate::model::{Activation, LayerKind};
+use crate::quantity::Elements;
 
 impl TransformerGraph<'_> {
     /// Saved bytes per token of the MLP of a block of kind `layer` (the experts each token is
     /// routed to, and the shared ones) and its activation.
     pub(super) fn mlp(&self, layer: LayerKind) -> f64 {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
         let consumers = if spec.gated_mlp { 2.0 } else { 1.0 };
         // Each expert gathers its tokens (`hidden_states[token_idx]`, saved by its first linear)
         // and scales its output by the routing weight (the product saves that output); the
@@ -23,14 +24,16 @@ impl TransformerGraph<'_> {
         } else {
             0.0
         };
-        self.bytes.linear_input(h, consumers) + self.mlp_intermediates(layer) + routing
+        self.bytes.linear_input(Elements(h), consumers).bytes()
+            + self.mlp_intermediates(layer)
+            + routing
     }
 
     /// Saved bytes per token of an MLP's intermediate-width tensors (the activation's input
     /// and output, the gated product, dropout's mask and output).
     pub(super) fn mlp_intermediates(&self, layer: LayerKind) -> f64 {
         let spec = self.spec;
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let f = spec.routed_intermediate(layer) as f64;
         let mut per_expert = f * match spec.activation {
             Activation::Gelu | Activation::GeluTanh | Activation::Silu => 2.0 * act,
@@ -64,7 +67,7 @@ impl TransformerGraph<'_> {
     /// reordered back; the shared experts' intermediates come after, over every token.
     pub(super) fn mlp_no_grad_live(&self, tokens: f64, layer: LayerKind) -> f64 {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
         if !layer.moe {
             let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
             return tokens * act * f * self.mlp_live_intermediates();

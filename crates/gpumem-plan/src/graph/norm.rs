@@ -11,7 +11,7 @@ impl TransformerGraph<'_> {
             Norm::LayerNorm => 8.0,
             _ => 4.0,
         };
-        self.norm_element_bytes(self.bytes.residual) * h + per_row
+        self.norm_element_bytes(self.bytes.residual.0) * h + per_row
     }
 
     /// Saved bytes per normalised element of an input of `input` bytes per element.

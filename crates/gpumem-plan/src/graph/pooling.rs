@@ -16,7 +16,7 @@ impl TransformerGraph<'_> {
     /// (`select_backward`) beside one of their gradients, after the packed output is released.
     pub(super) fn attention_pool(&self) -> [Unit; 2] {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act, spec.hidden as f64);
+        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
         let tokens = self.batch * self.sequence();
         let pooled = self.head();
         let attention_params =
@@ -38,7 +38,7 @@ impl TransformerGraph<'_> {
             forward_transient: expanded_weight,
             saved: tokens * (self.norm_saved() + act * h + act * 2.0 * h),
             backward_transient: tokens * act * 3.0 * h,
-            gradient_transient: tokens * self.bytes.residual * h,
+            gradient_transient: tokens * self.bytes.residual.0 * h,
             params: attention_params,
             ..Unit::default()
         };
@@ -55,7 +55,7 @@ impl TransformerGraph<'_> {
     /// space and normalised, every text scored against every image (batch × batch), and in
     /// training the contrastive loss over those scores (`return_loss=True`).
     pub(super) fn contrastive(&self, dual: &DualEncoder) -> Unit {
-        let act = self.bytes.act;
+        let act = self.bytes.act.0;
         let b = self.batch;
         // The projections' outputs and their normalised copies, for both towers.
         let embeds = 4.0 * b * dual.embed_dim as f64 * act;

@@ -2,36 +2,37 @@
 
 use super::kernel::AttentionKernel;
 use super::TransformerGraph;
+use crate::quantity::BytesPerElement;
 use crate::workload::Dtype;
 
 /// Bytes per score element of eager attention's softmax, by the tensors that exist.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ScoreBytes {
     /// The scores in the activation dtype (the softmax's input).
-    pub(super) input: f64,
+    pub(super) input: BytesPerElement,
     /// The softmax output: fp32 where the family upcasts (`softmax(..., dtype=torch.float32)`)
     /// or autocast runs softmax in fp32, else the activation dtype.
-    pub(super) probs: f64,
+    pub(super) probs: BytesPerElement,
     /// The fp32 copy of a bf16 input that `softmax(x, dtype=float32)` converts first: PyTorch's
     /// fused `half_to_float` kernel takes fp16 on CUDA only (aten/src/ATen/native/SoftMax.cpp).
-    pub(super) conversion: f64,
+    pub(super) conversion: BytesPerElement,
     /// The cast of fp32 probabilities back to the activation dtype.
-    pub(super) cast: f64,
+    pub(super) cast: BytesPerElement,
     /// `tanh` soft-capping of the scores: its output, saved for backward and alive beside the
     /// scores without gradients.
-    pub(super) softcap: f64,
+    pub(super) softcap: BytesPerElement,
     /// Dropout on the probabilities in training: a 1-byte mask and the output.
-    pub(super) dropout: f64,
+    pub(super) dropout: BytesPerElement,
     /// The masked scores an old release's clamp (`torch.max`) saves for backward.
-    pub(super) clamp: f64,
+    pub(super) clamp: BytesPerElement,
 }
 
 impl ScoreBytes {
     /// Saved for backward: the softmax output, and what the matmul with the values saves: the
     /// cast, or with dropout its mask and output (dropout runs on the cast, or under autocast
     /// on the fp32 probabilities, whose half-precision copy for the matmul is the same size).
-    pub(super) fn saved(&self) -> f64 {
-        let into_values = if self.dropout > 0.0 {
+    pub(super) fn saved(&self) -> BytesPerElement {
+        let into_values = if self.dropout > BytesPerElement::ZERO {
             self.dropout
         } else {
             self.cast
@@ -41,13 +42,13 @@ impl ScoreBytes {
 
     /// Peak in a no-grad forward: the input stays named while the softmax makes its fp32 copy
     /// and output, then while the output is cast (`x = softmax(x, ...).to(dtype)`).
-    pub(super) fn no_grad_peak(&self) -> f64 {
+    pub(super) fn no_grad_peak(&self) -> BytesPerElement {
         self.input + self.softcap + self.probs + self.conversion.max(self.cast)
     }
 
     /// The probabilities the attention returns (the cast if any, else the softmax output).
-    pub(super) fn returned(&self) -> f64 {
-        if self.cast > 0.0 {
+    pub(super) fn returned(&self) -> BytesPerElement {
+        if self.cast > BytesPerElement::ZERO {
             self.cast
         } else {
             self.probs
@@ -60,24 +61,24 @@ impl TransformerGraph<'_> {
     pub(super) fn score_bytes(&self, kernel: AttentionKernel) -> ScoreBytes {
         let input = self.bytes.act;
         let dropout = if self.dropout_active(self.spec.attention_dropout) {
-            1.0 + input
+            BytesPerElement::BOOL + input
         } else {
-            0.0
+            BytesPerElement::ZERO
         };
         let old = self.old_release();
         let clamp = if old.is_some_and(|o| o.clamps_scores()) {
             input
         } else {
-            0.0
+            BytesPerElement::ZERO
         };
-        if old.is_some_and(|o| o.fp32_rotary()) && input < 4.0 {
+        if old.is_some_and(|o| o.fp32_rotary()) && input.0 < 4.0 {
             // fp32 queries and keys: fp32 scores and softmax, cast to the values' dtype.
             return ScoreBytes {
-                input: 4.0,
-                probs: 4.0,
-                conversion: 0.0,
+                input: BytesPerElement(4.0),
+                probs: BytesPerElement(4.0),
+                conversion: BytesPerElement::ZERO,
                 cast: input,
-                softcap: 0.0,
+                softcap: BytesPerElement::ZERO,
                 dropout,
                 clamp,
             };
@@ -86,18 +87,22 @@ impl TransformerGraph<'_> {
         // `at::dropout`: CUDA's fused kernel keeps a 1-byte mask, CPU's `_dropout` a noise
         // tensor of the probabilities' dtype (`empty_like(input).bernoulli_`).
         let math_dropout_mask = match kernel {
-            AttentionKernel::SdpaMathCpu => Some(4.0),
-            AttentionKernel::SdpaMathCuda => Some(1.0),
+            AttentionKernel::SdpaMathCpu => Some(BytesPerElement(4.0)),
+            AttentionKernel::SdpaMathCuda => Some(BytesPerElement::BOOL),
             _ => None,
         };
         if let Some(mask) = math_dropout_mask {
             return ScoreBytes {
-                input: 4.0,
-                probs: 4.0,
-                conversion: 0.0,
-                cast: 0.0,
-                softcap: 0.0,
-                dropout: if dropout > 0.0 { mask + 4.0 } else { 0.0 },
+                input: BytesPerElement(4.0),
+                probs: BytesPerElement(4.0),
+                conversion: BytesPerElement::ZERO,
+                cast: BytesPerElement::ZERO,
+                softcap: BytesPerElement::ZERO,
+                dropout: if dropout > BytesPerElement::ZERO {
+                    mask + BytesPerElement(4.0)
+                } else {
+                    BytesPerElement::ZERO
+                },
                 clamp,
             };
         }
@@ -106,7 +111,7 @@ impl TransformerGraph<'_> {
             && !(old.is_some_and(|o| o.upcasts_fp16_softmax_only())
                 && self.workload.compute_dtype() != Dtype::Fp16);
         let probs = if upcasts || self.workload.amp.is_some() {
-            4.0
+            BytesPerElement(4.0)
         } else {
             input
         };
@@ -117,13 +122,13 @@ impl TransformerGraph<'_> {
             conversion: if upcast && self.workload.compute_dtype() == Dtype::Bf16 {
                 probs
             } else {
-                0.0
+                BytesPerElement::ZERO
             },
-            cast: if upcast { input } else { 0.0 },
+            cast: if upcast { input } else { BytesPerElement::ZERO },
             softcap: if self.spec.attention_softcap {
                 input
             } else {
-                0.0
+                BytesPerElement::ZERO
             },
             dropout,
             clamp,

@@ -1,14 +1,15 @@
 //! Element sizes, tensor-parallel split, attention shapes and the per-block tally the parts add to.
 
+use crate::quantity::{Bytes, BytesPerElement, Elements};
 use crate::workload::Workload;
 
 /// Bytes per element for the tensors of a workload.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ElementSizes {
     /// Activations computed by matmuls (the autocast dtype under AMP).
-    pub(super) act: f64,
+    pub(super) act: BytesPerElement,
     /// The residual stream and norm outputs (fp32 under autocast with fp32 weights).
-    pub(super) residual: f64,
+    pub(super) residual: BytesPerElement,
     /// Autocast copies inputs per linear call instead of saving one shared tensor.
     pub(super) autocast: bool,
 }
@@ -16,8 +17,8 @@ pub(super) struct ElementSizes {
 impl ElementSizes {
     /// The element sizes of `workload`.
     pub(super) fn of(workload: &Workload) -> Self {
-        let act = workload.compute_dtype().bytes() as f64;
-        let residual = workload.module_dtype().bytes() as f64;
+        let act = BytesPerElement(workload.compute_dtype().bytes() as f64);
+        let residual = BytesPerElement(workload.module_dtype().bytes() as f64);
         ElementSizes {
             act,
             residual,
@@ -26,7 +27,7 @@ impl ElementSizes {
     }
 
     /// Bytes saved for a norm output of width `width` read by `consumers` linear layers.
-    pub(super) fn linear_input(&self, width: f64, consumers: f64) -> f64 {
+    pub(super) fn linear_input(&self, width: Elements, consumers: f64) -> Bytes {
         if self.autocast {
             self.act * width * consumers
         } else {
@@ -66,5 +67,5 @@ pub(super) struct Tally {
     /// Saved bytes per token outside them (norm inputs, residual, dropout masks).
     pub(super) replicated: f64,
     /// Saved bytes of the attention core, absolute.
-    pub(super) core: f64,
+    pub(super) core: Bytes,
 }

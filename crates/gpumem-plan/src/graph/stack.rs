@@ -40,7 +40,7 @@ impl TransformerGraph<'_> {
         // layers in a no-grad forward.
         let stem_output = match spec.audio {
             Some(_) if !self.training => {
-                self.batch * seq * self.bytes.residual * spec.hidden as f64
+                self.batch * seq * self.bytes.residual.0 * spec.hidden as f64
             }
             _ => 0.0,
         };
@@ -61,9 +61,9 @@ impl TransformerGraph<'_> {
                 let (tokens, h) = (self.batch * seq, spec.hidden as f64);
                 last.saved += tokens * self.norm_saved();
                 if self.bytes.autocast {
-                    last.forward_held += tokens * self.bytes.residual * h;
+                    last.forward_held += tokens * self.bytes.residual.0 * h;
                 } else {
-                    last.saved += tokens * self.bytes.residual * h;
+                    last.saved += tokens * self.bytes.residual.0 * h;
                 }
             }
         }
@@ -73,7 +73,7 @@ impl TransformerGraph<'_> {
         let encoder_output = if self.training {
             0.0
         } else {
-            self.batch * seq * self.bytes.residual * spec.hidden as f64
+            self.batch * seq * self.bytes.residual.0 * spec.hidden as f64
         };
         let dec = self.decoder_sequence();
         let decoder = AttentionShape {
@@ -156,7 +156,7 @@ impl TransformerGraph<'_> {
             if let Some(head) = units.last_mut() {
                 let h = self.spec.hidden as f64;
                 head.held +=
-                    self.batch * (self.sequence() * self.bytes.residual + self.bytes.act) * h;
+                    self.batch * (self.sequence() * self.bytes.residual.0 + self.bytes.act.0) * h;
             }
         }
         units
