@@ -1,11 +1,12 @@
-//! Typed quantities for the planner's graph: byte counts, element counts and bytes per element.
+//! Typed quantities for the planner's graph: byte counts, element counts, token counts, bytes
+//! per element and bytes per token.
 //!
 //! Each is a plain `f64` underneath, and each operator is exactly the one `f64` operation it
 //! wraps, in the same order, so typed arithmetic gives the same bits as the bare arithmetic it
 //! replaces. Only the combinations that make sense exist: `Elements * BytesPerElement` is
 //! `Bytes`, bytes add to bytes, and adding bytes to elements does not compile.
 
-use std::ops::{Add, AddAssign, Mul, Sub};
+use std::ops::{Add, AddAssign, Div, Mul, Sub};
 
 /// A number of bytes.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default)]
@@ -14,6 +15,14 @@ pub(crate) struct Bytes(pub(crate) f64);
 /// A number of tensor elements.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default)]
 pub(crate) struct Elements(pub(crate) f64);
+
+/// A number of tokens (sequence positions of a micro-batch).
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default)]
+pub(crate) struct Tokens(pub(crate) f64);
+
+/// Bytes per token: what a tensor with one row per token holds for each of its rows.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Default)]
+pub(crate) struct BytesPerToken(pub(crate) f64);
 
 /// The size of one element in bytes (summed over the tensors that exist per element, where a
 /// tally adds several).
@@ -102,5 +111,33 @@ impl Mul<Elements> for f64 {
     type Output = Elements;
     fn mul(self, rhs: Elements) -> Elements {
         Elements(self * rhs.0)
+    }
+}
+
+impl Add for BytesPerToken {
+    type Output = BytesPerToken;
+    fn add(self, rhs: BytesPerToken) -> BytesPerToken {
+        BytesPerToken(self.0 + rhs.0)
+    }
+}
+
+impl AddAssign for BytesPerToken {
+    fn add_assign(&mut self, rhs: BytesPerToken) {
+        self.0 += rhs.0;
+    }
+}
+
+/// Dividing bytes per token among GPUs (a parallel degree).
+impl Div<f64> for BytesPerToken {
+    type Output = BytesPerToken;
+    fn div(self, rhs: f64) -> BytesPerToken {
+        BytesPerToken(self.0 / rhs)
+    }
+}
+
+impl Mul<BytesPerToken> for Tokens {
+    type Output = Bytes;
+    fn mul(self, rhs: BytesPerToken) -> Bytes {
+        Bytes(self.0 * rhs.0)
     }
 }

@@ -3,6 +3,7 @@
 use super::sizes::{AttentionShape, Tally};
 use super::TransformerGraph;
 use crate::model::LayerKind;
+use crate::quantity::{BytesPerToken, Tokens};
 use crate::unit::Unit;
 use crate::workload::Target;
 
@@ -126,10 +127,11 @@ impl TransformerGraph<'_> {
         if !crate::lora::adapts_attention(lora.targets) {
             let mut tally = Tally::default();
             let attention = self.attention(shape, false, &mut tally);
-            prefix += tokens
+            prefix += (Tokens(tokens)
                 * (tally.sharded / self.split.tp
                     + tally.replicated / self.split.sequence
-                    + change.attention)
+                    + BytesPerToken(change.attention)))
+            .bytes()
                 + attention.key_saved.bytes()
                 + tally.core.bytes();
             if !spec.parallel_residual {

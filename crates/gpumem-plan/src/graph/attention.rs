@@ -3,7 +3,7 @@
 use super::kernel::{AttentionKernel, GroupedKeys};
 use super::sizes::{AttentionShape, Tally};
 use super::TransformerGraph;
-use crate::quantity::{Bytes, BytesPerElement, Elements};
+use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements};
 use crate::workload::Target;
 
 /// What one attention sublayer keeps besides its per-query-token terms, in bytes.
@@ -166,7 +166,7 @@ impl TransformerGraph<'_> {
             self.fused_core(&call, &masks, tally)
         };
         if self.dropout_active(self.spec.hidden_dropout) {
-            tally.replicated += self.spec.hidden as f64;
+            tally.replicated += BytesPerToken(self.spec.hidden as f64);
         }
         tally.core += core.saved;
         let (kv_cache, cache_held) = self.attention_cache(&call);
@@ -176,9 +176,9 @@ impl TransformerGraph<'_> {
             inference_live: core.inference_live,
             inference_kept: core.inference_kept,
             stack_held: masks.stack_bias + core.stack_mask,
-            kv_cache: Bytes(kv_cache),
-            cache_held: Bytes(cache_held),
-            forward_held: Bytes(self.math_path_cache_copies(&call)),
+            kv_cache,
+            cache_held,
+            forward_held: self.math_path_cache_copies(&call),
             score_gradients: core.score_gradients,
             input_gradients: Bytes(
                 act / self.split.tp
@@ -208,11 +208,9 @@ impl TransformerGraph<'_> {
             key_side += 2.0 * act * h;
         }
         tally.sharded += if spec.post_norm && !call.cross {
-            0.0
+            BytesPerToken(0.0)
         } else {
-            self.bytes
-                .linear_input(Elements(h), projections_from_norm)
-                .bytes()
+            self.bytes.linear_input(h, projections_from_norm)
         };
         // q, k, v (rotated when RoPE is used) are saved by the attention. RoPE's products with the
         // gradient-free cos/sin tables save only the tables, so the raw projections are freed.
@@ -221,7 +219,7 @@ impl TransformerGraph<'_> {
         // are saved as they are.
         let math_path = call.kernel.is_math_path();
         if !math_path {
-            tally.sharded += act * q;
+            tally.sharded += BytesPerToken(act * q);
             key_side += act * (kv + value);
         } else if self.kernel_saves_projections(call.kernel) {
             key_side += act * value;
@@ -231,7 +229,7 @@ impl TransformerGraph<'_> {
         // stay referenced as the layer's cache (`present`) in training too.
         if self.old_release().is_some_and(|o| o.fp32_rotary()) {
             if call.kernel.materialises_scores() {
-                tally.sharded += (4.0 - act) * q;
+                tally.sharded += BytesPerToken((4.0 - act) * q);
                 key_side += (4.0 - act) * kv;
             } else if self.cache_copies() {
                 key_side += 4.0 * kv;
@@ -239,13 +237,13 @@ impl TransformerGraph<'_> {
         }
         if spec.qk_norm {
             // The family's RMSNorm over each head's q and k.
-            tally.sharded += self.norm_element_bytes(act) * (q + kv);
+            tally.sharded += BytesPerToken(self.norm_element_bytes(act) * (q + kv));
         }
-        tally.sharded += self.saved_latent_path(call);
+        tally.sharded += BytesPerToken(self.saved_latent_path(call));
         if math_path {
             // The math path saves its fp32 copies of the scaled queries and keys, and of the
             // values when they are in half precision.
-            tally.sharded += 4.0 * q;
+            tally.sharded += BytesPerToken(4.0 * q);
             key_side += 4.0 * kv + if act < 4.0 { 4.0 * value } else { 0.0 };
         }
         key_side
@@ -330,11 +328,11 @@ impl TransformerGraph<'_> {
         // the weight dtype, the decoder's cross-attention zeros in the activation dtype.
         let stack_bias = if spec.relative_attention_buckets > 0 {
             let bias = if call.cross {
-                act
+                self.bytes.act
             } else {
-                self.bytes.residual.0
+                self.bytes.residual
             };
-            Bytes(bias * call.heads * shape.queries * shape.keys)
+            Bytes(bias.0 * call.heads * shape.queries * shape.keys)
         } else {
             Bytes::ZERO
         };
@@ -430,7 +428,7 @@ impl TransformerGraph<'_> {
             Target::Cpu => Bytes::ZERO,
         };
         // The head-merging copy is saved by the output projection.
-        tally.sharded += act * call.q;
+        tally.sharded += BytesPerToken(act * call.q);
         // The math path keeps fp32 copies of half-precision q, k and v for the whole call,
         // and scales a copy of the queries.
         let (q_local, kv_local) = (call.q / self.split.tp, call.kv / self.split.tp);
@@ -499,7 +497,7 @@ impl TransformerGraph<'_> {
         } else {
             0.0
         };
-        tally.sharded += act * call.q + merge_copy + 4.0 * self.spec.heads as f64;
+        tally.sharded += BytesPerToken(act * call.q + merge_copy + 4.0 * self.spec.heads as f64);
         // Without gradients T5's bias goes to the kernel as an additive mask: a causal
         // decoder's is combined with the mask (`torch.where`) and made contiguous.
         let bias_mask = if masks.stack_bias > Bytes::ZERO && shape.causal {

@@ -4,7 +4,7 @@ use super::attention::AttentionMemory;
 use super::sizes::{AttentionShape, Tally};
 use super::TransformerGraph;
 use crate::model::LayerKind;
-use crate::quantity::Elements;
+use crate::quantity::{BytesPerToken, Tokens};
 use crate::single_gpu::per_op_saved_matmul_widths;
 use crate::unit::{SavedGroup, Unit, WholeTensors};
 use crate::workload::Loss;
@@ -41,9 +41,10 @@ impl TransformerGraph<'_> {
             .forward_transient
             .max(cross_memory.forward_transient)
             .bytes();
-        tally.sharded += self.mlp(layer);
+        tally.sharded += BytesPerToken(self.mlp(layer));
         if self.dropout_active(spec.hidden_dropout) {
-            tally.replicated += h;
+            // A 1-byte mask per hidden element.
+            tally.replicated += BytesPerToken(h);
         }
         let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
         let (inference_live, mlp_intermediates) =
@@ -118,14 +119,13 @@ impl TransformerGraph<'_> {
             // The block input is saved by q/k/v; each add+norm saves the sum.
             tally.sharded += self
                 .bytes
-                .linear_input(Elements(h), if spec.fused_qkv { 1.0 } else { 3.0 })
-                .bytes();
-            tally.replicated += 2.0 * (self.bytes.residual.0 * h + 8.0);
+                .linear_input(h, if spec.fused_qkv { 1.0 } else { 3.0 });
+            tally.replicated += BytesPerToken(2.0 * (self.bytes.residual.0 * h + 8.0));
         } else if spec.parallel_residual && !spec.shared_block_norm {
             // Both norms read the same residual input: it is saved once.
-            tally.replicated += 2.0 * self.norm_saved() - self.bytes.residual.0 * h;
+            tally.replicated += BytesPerToken(2.0 * self.norm_saved() - self.bytes.residual.0 * h);
         } else {
-            tally.replicated += norms * self.norm_saved();
+            tally.replicated += BytesPerToken(norms * self.norm_saved());
         }
     }
 
@@ -165,7 +165,8 @@ impl TransformerGraph<'_> {
             0.0
         };
         let change = self.lora_inputs(layer, attentions.has_cross);
-        tokens * (tally.sharded / self.split.tp + tally.replicated / self.split.sequence)
+        (Tokens(tokens) * (tally.sharded / self.split.tp + tally.replicated / self.split.sequence))
+            .bytes()
             + key_bytes
             + tally.core.bytes()
             + autocast_weights

@@ -3,6 +3,7 @@
 use super::attention::AttentionCall;
 use super::sizes::AttentionShape;
 use super::TransformerGraph;
+use crate::quantity::Bytes;
 use crate::workload::{Checkpointing, Loss, Mode};
 
 impl TransformerGraph<'_> {
@@ -73,16 +74,16 @@ impl TransformerGraph<'_> {
 
     /// The math path's own copies are what it saves: the cache kept in training holds its
     /// concatenated k (and half-precision v) beside them until the forward returns.
-    pub(super) fn math_path_cache_copies(&self, call: &AttentionCall) -> f64 {
+    pub(super) fn math_path_cache_copies(&self, call: &AttentionCall) -> Bytes {
         if call.kernel.is_math_path() && self.training_cache(call.shape, call.cross) {
             let value = if self.kernel_saves_projections(call.kernel) {
                 0.0
             } else {
                 call.value
             };
-            call.key_tokens * self.bytes.act.0 * (call.kv + value) / self.split.tp
+            Bytes(call.key_tokens * self.bytes.act.0 * (call.kv + value) / self.split.tp)
         } else {
-            0.0
+            Bytes::ZERO
         }
     }
 
@@ -92,7 +93,7 @@ impl TransformerGraph<'_> {
     /// latent attention caches its compressed latent and rotary key, shared by all heads. A
     /// sliding-window layer keeps a view of its last window, so the prefill's whole copy
     /// stays alive; decoding then keeps only the window (`Unit::kv_window`).
-    pub(super) fn attention_cache(&self, call: &AttentionCall) -> (f64, f64) {
+    pub(super) fn attention_cache(&self, call: &AttentionCall) -> (Bytes, Bytes) {
         let spec = self.spec;
         let act = self.bytes.act.0;
         let key_bytes = self.cached_key_bytes();
@@ -107,9 +108,9 @@ impl TransformerGraph<'_> {
             (None, _) => copies,
         };
         let kv_cache = if self.attention_caches(call) {
-            cache_bytes * call.key_tokens
+            Bytes(cache_bytes * call.key_tokens)
         } else {
-            0.0
+            Bytes::ZERO
         };
         // The copies the kernel saves are the cache's own tensors. (An old release's cache of
         // views keeps its fused projection instead, and latent attention's cache is not what
@@ -119,9 +120,9 @@ impl TransformerGraph<'_> {
             && spec.latent.is_none()
             && !(spec.fused_qkv && self.cache_holds_views())
         {
-            copies * call.key_tokens
+            Bytes(copies * call.key_tokens)
         } else {
-            0.0
+            Bytes::ZERO
         };
         (kv_cache, held)
     }

@@ -5,7 +5,6 @@ use super::loss::LogitsUse;
 use super::TransformerGraph;
 use super::Unit;
 use crate::model::Head;
-use crate::quantity::Elements;
 use crate::workload::{Mode, Target};
 
 /// The tensors of an LM head under a workload, whichever way its logits are then used.
@@ -81,9 +80,7 @@ impl TransformerGraph<'_> {
         let vocab = spec.vocab as f64 / self.split.tp;
         let transform = if spec.head == Head::MaskedLm {
             // dense → GELU → LayerNorm before the decoder.
-            self.bytes.linear_input(Elements(h), 1.0).bytes()
-                + act * 2.0 * h
-                + self.bytes.residual.0 * h
+            self.bytes.linear_input(h, 1.0).0 + act * 2.0 * h + self.bytes.residual.0 * h
         } else {
             0.0
         };
@@ -190,7 +187,7 @@ impl TransformerGraph<'_> {
     pub(super) fn head_input(&self) -> f64 {
         let h = self.spec.hidden as f64;
         if self.workload.lora.is_none() {
-            self.bytes.linear_input(Elements(h), 1.0).bytes()
+            self.bytes.linear_input(h, 1.0).0
         } else if self.workload.four_bit_lm_head() && self.workload.four_bit_base_saves_inputs() {
             self.bytes.act.0 * h
         } else {

@@ -2,7 +2,6 @@
 
 use super::TransformerGraph;
 use crate::model::{Activation, LayerKind};
-use crate::quantity::Elements;
 
 impl TransformerGraph<'_> {
     /// Saved bytes per token of the MLP of a block of kind `layer` (the experts each token is
@@ -24,9 +23,7 @@ impl TransformerGraph<'_> {
         } else {
             0.0
         };
-        self.bytes.linear_input(Elements(h), consumers).bytes()
-            + self.mlp_intermediates(layer)
-            + routing
+        self.bytes.linear_input(h, consumers).0 + self.mlp_intermediates(layer) + routing
     }
 
     /// Saved bytes per token of an MLP's intermediate-width tensors (the activation's input

@@ -1,6 +1,6 @@
 //! Element sizes, tensor-parallel split, attention shapes and the per-block tally the parts add to.
 
-use crate::quantity::{Bytes, BytesPerElement, Elements};
+use crate::quantity::{Bytes, BytesPerElement, BytesPerToken};
 use crate::workload::Workload;
 
 /// Bytes per element for the tensors of a workload.
@@ -26,12 +26,13 @@ impl ElementSizes {
         }
     }
 
-    /// Bytes saved for a norm output of width `width` read by `consumers` linear layers.
-    pub(super) fn linear_input(&self, width: Elements, consumers: f64) -> Bytes {
+    /// Bytes per token saved for a norm output of `width` elements per token read by
+    /// `consumers` linear layers.
+    pub(super) fn linear_input(&self, width: f64, consumers: f64) -> BytesPerToken {
         if self.autocast {
-            self.act * width * consumers
+            BytesPerToken(self.act.0 * width * consumers)
         } else {
-            self.residual * width
+            BytesPerToken(self.residual.0 * width)
         }
     }
 }
@@ -63,9 +64,9 @@ pub(super) struct AttentionShape {
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Tally {
     /// Saved bytes per token inside tensor-parallel regions.
-    pub(super) sharded: f64,
+    pub(super) sharded: BytesPerToken,
     /// Saved bytes per token outside them (norm inputs, residual, dropout masks).
-    pub(super) replicated: f64,
+    pub(super) replicated: BytesPerToken,
     /// Saved bytes of the attention core, absolute.
     pub(super) core: Bytes,
 }
