@@ -77,14 +77,6 @@ impl AddAssign for Bytes {
     }
 }
 
-/// Scaling a byte count (`* consumers`: that many copies).
-impl Mul<f64> for Bytes {
-    type Output = Bytes;
-    fn mul(self, rhs: f64) -> Bytes {
-        Bytes(self.0 * rhs)
-    }
-}
-
 impl Add for BytesPerElement {
     type Output = BytesPerElement;
     fn add(self, rhs: BytesPerElement) -> BytesPerElement {

@@ -127,11 +127,10 @@ impl TransformerGraph<'_> {
         if !crate::lora::adapts_attention(lora.targets) {
             let mut tally = Tally::default();
             let attention = self.attention(shape, false, &mut tally);
-            prefix += (Tokens(tokens)
-                * (tally.sharded / self.split.tp
-                    + tally.replicated / self.split.sequence
-                    + BytesPerToken(change.attention)))
-            .bytes()
+            let per_token = tally.sharded / self.split.tp
+                + tally.replicated / self.split.sequence
+                + BytesPerToken(change.attention);
+            prefix += (Tokens(tokens) * per_token).bytes()
                 + attention.key_saved.bytes()
                 + tally.core.bytes();
             if !spec.parallel_residual {
