@@ -232,26 +232,10 @@ pub struct Resolved {
     pub warnings: Vec<Warning>,
 }
 
-/// Fields of [`Settings`] that are not `gpumem plan` flags: set by the validation data, or filled
-/// from another flag.
-const NOT_FLAGS: [&str; 3] = ["lora_base_int8", "target", "gpu"];
-
 impl Settings {
-    /// The names of the settings that are `gpumem plan` flags, spelt as fields (`grad_ckpt`
-    /// for `--grad-ckpt`): what a caller passing settings by name (the Python package's
-    /// keyword arguments) may use.
-    pub fn flag_names() -> Vec<String> {
-        // A struct of plain fields always serializes as an object (a test checks the names).
-        let fields = match serde_json::to_value(Settings::default()) {
-            Ok(serde_json::Value::Object(fields)) => fields,
-            _ => serde_json::Map::new(),
-        };
-        fields
-            .into_iter()
-            .map(|(name, _)| name)
-            .filter(|name| !NOT_FLAGS.contains(&name.as_str()))
-            .collect()
-    }
+    /// Fields that are not `gpumem plan` flags: set by the validation data, or (`gpu`) filled
+    /// from the command's own `--gpu`.
+    pub const NOT_FLAGS: [&str; 3] = ["lora_base_int8", "target", "gpu"];
 
     /// Converts to a validated [`Workload`] without a model (absent dtype: fp32); every bad name
     /// or size, and ZeRO with FSDP, is a typed error.
@@ -790,15 +774,24 @@ mod tests {
             .unwrap()
     }
 
-    /// The names callers may pass settings by are exactly the command line's flags.
+    /// The fields that are not flags are exactly those the command line lacks: every other
+    /// field is the flag of its name (what callers passing settings by name rely on).
     #[test]
-    fn flag_names_are_the_command_lines_flags() {
+    fn the_fields_not_flags_are_the_ones_the_command_line_lacks() {
         let command = Settings::augment_args(clap::Command::new("plan"));
         let mut flags: Vec<String> = command
             .get_arguments()
             .map(|a| a.get_id().to_string())
             .collect();
-        let mut names = Settings::flag_names();
+        let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(Settings::default())
+        else {
+            panic!("Settings serializes as an object");
+        };
+        let mut names: Vec<String> = fields
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| !Settings::NOT_FLAGS.contains(&name.as_str()))
+            .collect();
         flags.sort();
         names.sort();
         assert!(names.contains(&"grad_ckpt".to_string()));

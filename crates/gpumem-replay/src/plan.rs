@@ -5,6 +5,7 @@
 //! documented schema of `gpumem plan --json` (pinned by `tests/report_schema.rs`).
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
 use gpumem_plan::fit::MAX_GPUS;
@@ -99,22 +100,21 @@ impl Default for PlanRequest {
 impl PlanRequest {
     /// Every name a request accepts: its own fields and the run settings' flags, spelt as
     /// fields (`grad_ckpt` for `--grad-ckpt`).
-    pub fn field_names() -> Vec<String> {
-        // A struct of plain fields always serializes as an object (a test checks the names).
-        let fields = match serde_json::to_value(PlanRequest::default()) {
-            Ok(serde_json::Value::Object(fields)) => fields,
-            _ => serde_json::Map::new(),
-        };
-        let flags = Settings::flag_names();
-        let settings: Vec<String> = match serde_json::to_value(Settings::default()) {
-            Ok(serde_json::Value::Object(all)) => all.into_iter().map(|(name, _)| name).collect(),
-            _ => Vec::new(),
-        };
-        // The request's own fields, then the settings that are flags (not the validation-only
-        // ones, and `gpu`, which is the request's).
-        let own = fields.into_iter().map(|(name, _)| name);
-        own.filter(|name| !settings.contains(name) || flags.contains(name) || name == "gpu")
-            .collect()
+    pub fn field_names() -> &'static [String] {
+        static NAMES: OnceLock<Vec<String>> = OnceLock::new();
+        NAMES.get_or_init(|| {
+            // A struct of plain fields always serializes as an object (a test checks the
+            // names); the flattened settings come with it. `gpu` is the request's own field.
+            let fields = match serde_json::to_value(PlanRequest::default()) {
+                Ok(serde_json::Value::Object(fields)) => fields,
+                _ => serde_json::Map::new(),
+            };
+            fields
+                .into_iter()
+                .map(|(name, _)| name)
+                .filter(|name| name == "gpu" || !Settings::NOT_FLAGS.contains(&name.as_str()))
+                .collect()
+        })
     }
 
     /// Reads a request from a JSON object of fields by name, absent ones at their defaults:
@@ -140,16 +140,22 @@ impl PlanRequest {
                 accepted.iter().map(String::as_str),
             ));
         }
-        for (name, field) in fields {
-            serde_json::from_value::<PlanRequest>(serde_json::json!({ name: field })).map_err(
-                |e| PlanError::InvalidValue {
-                    name: name.clone(),
-                    value: field.to_string(),
-                    reason: e.to_string(),
-                },
-            )?;
-        }
-        serde_json::from_value(value).map_err(|e| invalid(e.to_string()))
+        serde_json::from_value(value.clone()).map_err(|e| {
+            // Name the field at fault: the first that does not read on its own.
+            fields
+                .iter()
+                .find_map(|(name, field)| {
+                    let alone = serde_json::json!({ name: field });
+                    serde_json::from_value::<PlanRequest>(alone).err().map(|e| {
+                        PlanError::InvalidValue {
+                            name: name.clone(),
+                            value: field.to_string(),
+                            reason: e.to_string(),
+                        }
+                    })
+                })
+                .unwrap_or_else(|| invalid(e.to_string()))
+        })
     }
 
     /// The model asked for: a catalogue name or Hugging Face id, or a config file.
