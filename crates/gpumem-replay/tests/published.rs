@@ -1,14 +1,17 @@
-//! Published GPU measurements (`crates/gpumem-plan/tests/data/published.json`; sources and what
-//! each measured are listed per point; points with incomplete settings are listed under
-//! `skipped` with the reason), compared with the plan as `gpumem plan` makes it: reserved
-//! memory from the planned allocation sequence replayed through PyTorch's allocator.
-//! Each is compared after the overhead it includes: `alloc`/`active` against allocated bytes,
-//! `reserved` against the replayed reserved bytes, `nvml` against reserved + the CUDA context
-//! measured by the same source. Run with `--nocapture` for the table.
+//! Published GPU measurements (`crates/gpumem-plan/tests/data/published/*.json`, one file per
+//! group of sources; each point names its source, what it measured and the kind of run; points
+//! with incomplete settings are listed under `skipped` with the reason), compared with the plan
+//! as `gpumem plan` makes it: reserved memory from the planned allocation sequence replayed
+//! through PyTorch's allocator. Each is compared after the overhead it includes:
+//! `alloc`/`active` against allocated bytes, `reserved` against the replayed reserved bytes,
+//! `nvml` against reserved + the CUDA context measured by the same source. Run with
+//! `--nocapture` for the table, point by point and by kind.
 
 use gpumem_plan::{find_model, Overheads, Settings};
 use gpumem_replay::planned::estimate_replayed;
 use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 #[derive(Deserialize)]
 struct Published {
@@ -19,6 +22,7 @@ struct Published {
 #[derive(Deserialize)]
 struct Point {
     id: String,
+    kind: String,
     source: String,
     model: String,
     #[serde(default)]
@@ -30,56 +34,121 @@ struct Point {
     settings: Settings,
 }
 
-/// The goals for published GPU measurements.
-const MEDIAN_GOAL: f64 = 0.05;
-const MAX_GOAL: f64 = 0.15;
+/// The kinds of run a point may be, as the error table groups them.
+const KINDS: [&str; 7] = [
+    "training",
+    "fine-tuning",
+    "hand-written",
+    "multi-gpu",
+    "offload",
+    "inference",
+    "serving",
+];
+
+/// The goals for published GPU measurements, old and new together.
+const MEDIAN_GOAL: f64 = 0.03;
+/// Bound on any one point's |error|: where the planner stands today (the worst, the HF docs'
+/// BERT-large fp16 autocast run read by nvidia-smi, is 11.09 % low). The goal is 10 %.
+const MAX_BOUND: f64 = 0.12;
+
+/// Every published point, file by file, sorted by file name.
+fn published() -> Vec<(String, Published)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../gpumem-plan/tests/data/published");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let set = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name, set)
+        })
+        .collect()
+}
+
+/// (median, max) of unsorted |errors|.
+fn median_and_max(errors: &mut [f64]) -> (f64, f64) {
+    errors.sort_by(f64::total_cmp);
+    let n = errors.len();
+    let median = if n % 2 == 1 {
+        errors[n / 2]
+    } else {
+        (errors[n / 2 - 1] + errors[n / 2]) / 2.0
+    };
+    (median, errors[n - 1])
+}
 
 #[test]
 fn planner_matches_published_gpu_measurements() {
-    let text = include_str!("../../gpumem-plan/tests/data/published.json");
-    let published: Published = serde_json::from_str(text).unwrap();
-    assert!(!published.skipped.is_empty());
     println!(
-        "{:<44} {:>8} {:>14} {:>14} {:>8}",
-        "point", "metric", "published", "planned", "error"
+        "{:<44} {:>12} {:>8} {:>14} {:>14} {:>8}",
+        "point", "kind", "metric", "published", "planned", "error"
     );
+    let mut ids = std::collections::HashSet::new();
+    let mut by_kind: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut errors = Vec::new();
-    for point in &published.points {
-        assert!(!point.source.is_empty());
-        let mut model = find_model(&point.model).unwrap();
-        if point.head.as_deref() == Some("sequence_classification") {
-            model = model.with_sequence_classification_head(2);
-        }
-        let resolved = point
-            .settings
-            .resolve(&model)
-            .unwrap_or_else(|e| panic!("{}: {e}", point.id));
-        let overheads = Overheads {
-            context_bytes: point.context_bytes,
-            ..Overheads::default()
-        };
-        let e = estimate_replayed(&model, &resolved.workload, &overheads)
-            .unwrap_or_else(|e| panic!("{}: {e}", point.id));
-        let planned = match point.metric.as_str() {
-            "alloc" | "active" => e.peak_allocated_bytes,
-            "reserved" => e.peak_reserved_bytes,
-            "nvml" => e.peak_total_bytes,
-            other => panic!("{}: unknown metric {other}", point.id),
-        };
-        let error = (planned as f64 - point.measured_bytes as f64) / point.measured_bytes as f64;
-        println!(
-            "{:<44} {:>8} {:>14} {:>14} {:>+7.2}%",
-            point.id,
-            point.metric,
-            point.measured_bytes,
-            planned,
-            100.0 * error
+    for (file, set) in published() {
+        assert!(
+            !set.skipped.is_empty() || !set.points.is_empty(),
+            "{file}: empty"
         );
-        errors.push(error.abs());
+        for point in &set.points {
+            assert!(ids.insert(point.id.clone()), "{file}: {} twice", point.id);
+            assert!(!point.source.is_empty(), "{}: no source", point.id);
+            let kind = KINDS.iter().find(|k| **k == point.kind).unwrap_or_else(|| {
+                panic!("{}: kind {} is none of {KINDS:?}", point.id, point.kind)
+            });
+            let mut model = find_model(&point.model).unwrap();
+            if point.head.as_deref() == Some("sequence_classification") {
+                model = model.with_sequence_classification_head(2);
+            }
+            let resolved = point
+                .settings
+                .resolve(&model)
+                .unwrap_or_else(|e| panic!("{}: {e}", point.id));
+            let overheads = Overheads {
+                context_bytes: point.context_bytes,
+                ..Overheads::default()
+            };
+            let e = estimate_replayed(&model, &resolved.workload, &overheads)
+                .unwrap_or_else(|e| panic!("{}: {e}", point.id));
+            let planned = match point.metric.as_str() {
+                "alloc" | "active" => e.peak_allocated_bytes,
+                "reserved" => e.peak_reserved_bytes,
+                "nvml" => e.peak_total_bytes,
+                other => panic!("{}: unknown metric {other}", point.id),
+            };
+            let error =
+                (planned as f64 - point.measured_bytes as f64) / point.measured_bytes as f64;
+            println!(
+                "{:<44} {:>12} {:>8} {:>14} {:>14} {:>+7.2}%",
+                point.id,
+                point.kind,
+                point.metric,
+                point.measured_bytes,
+                planned,
+                100.0 * error
+            );
+            by_kind.entry(kind).or_default().push(error.abs());
+            errors.push(error.abs());
+        }
     }
-    errors.sort_by(f64::total_cmp);
-    let median = errors[errors.len() / 2];
-    let worst = errors[errors.len() - 1];
+    println!();
+    for (kind, errors) in &mut by_kind {
+        let n = errors.len();
+        let (median, max) = median_and_max(errors);
+        println!(
+            "{kind:<12} {n:>3} points: median |error| {:.2}%, max {:.2}%",
+            100.0 * median,
+            100.0 * max
+        );
+    }
+    let (median, worst) = median_and_max(&mut errors);
     println!(
         "{} points: median |error| {:.2}%, max |error| {:.2}%",
         errors.len(),
@@ -87,10 +156,11 @@ fn planner_matches_published_gpu_measurements() {
         100.0 * worst
     );
     assert!(
-        median <= MEDIAN_GOAL && worst <= MAX_GOAL,
-        "median |error| {:.2}% (goal ≤ 5%), max {:.2}% (goal ≤ 15%)",
+        median <= MEDIAN_GOAL && worst <= MAX_BOUND,
+        "median |error| {:.2}% (goal ≤ 3%), max {:.2}% (bound {:.0}%)",
         100.0 * median,
-        100.0 * worst
+        100.0 * worst,
+        100.0 * MAX_BOUND
     );
 }
 
