@@ -16,6 +16,8 @@ use std::path::PathBuf;
 #[derive(Deserialize)]
 struct Published {
     points: Vec<Point>,
+    #[serde(default)]
+    candidates: Vec<Candidate>,
     skipped: Vec<serde_json::Value>,
 }
 
@@ -164,13 +166,14 @@ fn planner_matches_published_gpu_measurements() {
     );
 }
 
-/// A published measurement the planner cannot express yet
-/// (`crates/gpumem-plan/tests/data/published_candidates.json`):
+/// A published measurement the planner cannot express yet (the `candidates` of a file in
+/// `published/`, and `crates/gpumem-plan/tests/data/published_candidates.json`):
 /// the fields of a point plus `needs`, the feature it waits for. Settings stay raw JSON because
 /// they may name flags that do not exist yet.
 #[derive(Deserialize)]
 struct Candidate {
     id: String,
+    kind: String,
     source: String,
     model: String,
     metric: String,
@@ -183,11 +186,24 @@ struct Candidate {
 #[test]
 fn published_candidates_are_complete() {
     let text = include_str!("../../gpumem-plan/tests/data/published_candidates.json");
-    let candidates: Vec<Candidate> = serde_json::from_str(text).unwrap();
+    let mut candidates: Vec<Candidate> = serde_json::from_str(text).unwrap();
+    let points: Vec<String> = published()
+        .into_iter()
+        .flat_map(|(_, set)| {
+            candidates.extend(set.candidates);
+            set.points.into_iter().map(|p| p.id)
+        })
+        .collect();
     assert!(!candidates.is_empty());
-    let mut ids = std::collections::HashSet::new();
+    let mut ids: std::collections::HashSet<&str> = points.iter().map(String::as_str).collect();
     for c in &candidates {
         assert!(ids.insert(c.id.as_str()), "{}: duplicate id", c.id);
+        assert!(
+            KINDS.contains(&c.kind.as_str()),
+            "{}: kind {} is none of {KINDS:?}",
+            c.id,
+            c.kind
+        );
         assert!(
             !c.source.is_empty() && !c.what.is_empty() && !c.needs.is_empty(),
             "{}: source, what and needs must be stated",
