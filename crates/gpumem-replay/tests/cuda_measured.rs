@@ -23,6 +23,23 @@ struct Case {
     config: String,
     settings: Settings,
     measured: Measured,
+    versions: Versions,
+    run: Run,
+}
+
+/// The software a case ran under (required: a row without them cannot be compared again).
+#[derive(Deserialize)]
+struct Versions {
+    torch: String,
+    transformers: String,
+}
+
+/// Where and when a case ran.
+#[derive(Deserialize)]
+struct Run {
+    gpu: String,
+    driver: String,
+    date: String,
 }
 
 #[derive(Deserialize)]
@@ -61,6 +78,15 @@ fn planned(file: &str) -> Vec<Planned> {
     let (mut forward_made, mut backward_made) = (false, false);
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let case: Case = serde_json::from_str(line).unwrap_or_else(|e| panic!("{file}: {e}"));
+        for (what, value) in [
+            ("versions.torch", &case.versions.torch),
+            ("versions.transformers", &case.versions.transformers),
+            ("run.gpu", &case.run.gpu),
+            ("run.driver", &case.run.driver),
+            ("run.date", &case.run.date),
+        ] {
+            assert!(!value.is_empty(), "{}: {what} is empty", case.id);
+        }
         let model = load_config(&repo().join(&case.config)).unwrap();
         let settings = Settings {
             gpu: Some("h200".into()),
@@ -134,10 +160,19 @@ fn summary(errors: &mut [f64]) -> (f64, f64) {
 /// Goal for the median |error| of the planned peak allocated bytes over each file.
 const ALLOCATED_MEDIAN_GOAL: f64 = 0.01;
 
-/// Bound on any one case's |error| of the planned peak allocated bytes: where the planner
-/// stands today (the worst, T5's half-precision SDPA, is 15.05 % low), so that no change makes
-/// a case worse unnoticed.
-const ALLOCATED_MAX_BOUND: f64 = 0.16;
+/// Bound on any one case's |error| of the planned peak allocated bytes: the maximum docs/plan.md
+/// states (5.2 %, ResNet-18's SGD step, whose cuDNN workspaces the plan lacks), so that no
+/// change makes a case worse unnoticed.
+const ALLOCATED_MAX_BOUND: f64 = 0.053;
+
+/// Bound on a set's median |error| of the planned peak reserved bytes (the settings grid's
+/// 7.9 % is the largest docs/plan.md states). The harness ran each grid in one process, so a
+/// case's reserved peak also holds segments earlier cases left, which no plan of one case sees.
+const RESERVED_MEDIAN_BOUND: f64 = 0.08;
+
+/// Bound on any one case's |error| of the planned peak reserved bytes (48.3 %, flan-T5's bf16
+/// inference after a grid of larger cases, is the largest docs/plan.md states).
+const RESERVED_MAX_BOUND: f64 = 0.49;
 
 #[test]
 fn planner_against_h200_measurements() {
@@ -162,6 +197,12 @@ fn planner_against_h200_measurements() {
             ax <= ALLOCATED_MAX_BOUND,
             "{file}: max |error| of allocated {:.2}%",
             100.0 * ax
+        );
+        assert!(
+            rm <= RESERVED_MEDIAN_BOUND && rx <= RESERVED_MAX_BOUND,
+            "{file}: |error| of reserved: median {:.2}%, max {:.2}%",
+            100.0 * rm,
+            100.0 * rx
         );
     }
 }
