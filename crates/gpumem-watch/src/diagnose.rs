@@ -30,7 +30,12 @@ use crate::{GpuSample, PoolSample, Sample};
 /// is never below DCGM's SM activity (`DCGM_FI_PROF_SM_ACTIVE`, the fraction of time a warp is
 /// active, averaged over the SMs), for which the DCGM user guide (Feature Overview, Profiling
 /// Metrics) says "a value of 0.8 or greater is necessary, but not sufficient, for effective
-/// use of the GPU". So a utilisation below 80 % puts SM activity below that level too.
+/// use of the GPU". So a utilisation below 80 % puts SM activity below that level too. (The
+/// wording was checked against a second reader of the same guide: KempnerPulse's
+/// `docs/classification.md` quotes the guide's 80 % line and its other one, that an SM activity
+/// under 0.5 "likely indicates ineffective GPU usage"; the guide's own page,
+/// docs.nvidia.com/datacenter/dcgm/latest/user-guide/feature-overview.html, was found but its
+/// metrics table could not be read here.)
 #[derive(Clone, Debug, PartialEq)]
 pub struct Thresholds {
     /// Fewer samples than this: no rule fires (default 5). Judgement, no source: the fewest
