@@ -367,3 +367,80 @@ class Selftest(Report):
     def passed(self) -> bool:
         """Whether every check of every policy passed."""
         return all(c.passed for r in self.reports for c in r.checks)
+
+
+# --- gpumem.torch.trace ---------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TracedTensor(Report):
+    """One storage live at a traced step's peak: its CUDA-rounded and requested bytes, what it
+    holds (``kind``: parameter, buffer, input, activation, output, temporary, gradient,
+    optimizer_state, blas_workspace), its name (a parameter's, a gradient's or state's
+    parameter and key, an input's key), the module, phase and step it was made in and the
+    aten operator that made it."""
+
+    bytes: int
+    requested_bytes: int
+    kind: str
+    name: str
+    module: str
+    phase: str
+    step: int | None
+    op: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleMemory(Report):
+    """The bytes a module holds at a traced step's peak: what was made in its forward or
+    backward, and its own parameters, buffers, gradients and optimizer states."""
+
+    module: str
+    bytes: int
+    tensors: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPolicy(Report):
+    """A traced step's allocations replayed through one allocator policy."""
+
+    policy: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTrace(Report):
+    """The answer of :func:`gpumem.torch.trace`: a model's own training step, run on fake
+    tensors and planned for a CUDA GPU.
+
+    ``peak_allocated_bytes`` is the last step's peak in CUDA's 512-byte blocks
+    (``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats()`` at its start);
+    ``peak_reserved_bytes`` the whole run replayed through PyTorch's default allocator
+    (policy ``torch``), ``peak_total_bytes`` that plus the CUDA context; ``breakdown`` the
+    bytes live at the peak by kind; ``phases`` the last step's peak per phase;
+    ``step_peaks`` every step's; ``policies`` the reserved peak of each policy; ``replay``
+    the full replay (``gpumem replay --json`` of the trace, with any out-of-memory at the
+    GPU's capacity); ``mapped`` the CUDA rules applied to the CPU run."""
+
+    steps: int
+    amp: str | None
+    events: int
+    peak_allocated_bytes: int
+    peak_requested_bytes: int
+    peak_reserved_bytes: int
+    peak_total_bytes: int
+    peak_step: int
+    peak_phase: str
+    peak_module: str
+    breakdown: dict[str, int]
+    phases: list[PhasePeak]
+    step_peaks: list[int]
+    policies: list[StepPolicy]
+    largest_tensors: list[TracedTensor]
+    largest_modules: list[ModuleMemory]
+    context_bytes: int
+    blas_workspace_bytes: int
+    mapped: list[str]
+    seconds: float
+    replay: Replay
+    gpu: GpuVerdict | None = None

@@ -15,12 +15,21 @@ raises ``torch.OutOfMemoryError`` carrying gpumem's explanation.
 
 :func:`mempool` instead routes only some allocations (a KV cache, say) to gpumem through
 ``torch.cuda.MemPool`` and ``torch.cuda.use_mem_pool``, and works after CUDA has started.
+
+:func:`trace` plans a model's own training step for a CUDA GPU without one: it runs the step
+on fake tensors and replays what it allocates through gpumem's allocator policies.
+
+PyTorch is imported only inside the functions that use it: ``import gpumem.torch`` works
+without it.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from gpumem.results import StepTrace
 
 from gpumem import _gpumem
 from gpumem._gpumem import GpumemError
@@ -28,7 +37,7 @@ from gpumem._gpumem import GpumemError
 __all__ = [
     "library_path", "use", "mempool", "memory_stats", "memory_summary", "empty_cache",
     "snapshot", "record_history", "set_limits", "last_oom", "reset_peak_memory_stats", "policy",
-    "publish",
+    "publish", "trace",
 ]
 
 ALLOC_FUNCTION = "gpumem_torch_alloc"
@@ -199,3 +208,69 @@ def publish(dir: str | os.PathLike[str] | None = None) -> str:
     endpoint.
     """
     return _gpumem.publish(None if dir is None else os.fspath(dir))
+
+
+def trace(model: Any, example_inputs: dict[str, Any] | tuple[Any, ...], *, optimizer: Any = None,
+          loss_fn: Callable[[Any], Any] | None = None, steps: int = 2, amp: str | None = None,
+          gpu: str | int | None = None, top: int = 10,
+          trace_out: str | os.PathLike[str] | None = None) -> StepTrace:
+    """Plans the GPU memory of ``model``'s own training step on a CUDA GPU — without a GPU and
+    without real memory: the step runs on PyTorch's fake tensors (``FakeTensorMode``), every
+    storage it creates and frees is recorded, and that sequence is replayed through gpumem's
+    allocator policies as ``gpumem plan`` replays its own::
+
+        import gpumem.torch
+        result = gpumem.torch.trace(model, {"input_ids": ids, "labels": ids},
+                                    optimizer=torch.optim.AdamW(model.parameters()),
+                                    amp="bf16", gpu="rtx-4090")
+        print(result.peak_allocated_bytes, result.peak_reserved_bytes, result.gpu.fits)
+        for t in result.largest_tensors: print(t.bytes, t.kind, t.module, t.name or t.op)
+
+    ``example_inputs`` is a dict of keyword arguments (``model(**inputs)``) or a tuple of
+    positional ones. A step is: the inputs copied to the device, the forward, the loss
+    (``loss_fn(output)`` if given, else ``output.loss``, else the output itself, a scalar),
+    ``backward()``, ``optimizer.step()`` and ``zero_grad(set_to_none=True)`` (the model's
+    ``zero_grad`` without an optimizer); its outputs are dropped at its end. ``steps`` such
+    steps run (2 by default: optimizer states are made in the first step) and the peak is the
+    last step's. ``amp`` runs the forward and loss under autocast in ``"bf16"`` or ``"fp16"``.
+    ``gpu`` is a catalogue name or a size as for ``gpumem plan --gpu`` (``"h100"``,
+    ``"24GiB"``): the fit is checked there, with its cuBLAS workspace and the planner's CUDA
+    context. ``trace_out`` writes the recorded sequence as a gpumem trace (``gpumem replay``,
+    ``gpumem tune`` and ``gpumem report`` read it). ``top`` is the number of tensors and
+    modules listed at the peak.
+
+    The model, optimizer and inputs may be on the CPU (the model in the mode you set:
+    ``train()`` for dropout): they are copied to fake tensors (the model by ``deepcopy``
+    under ``FakeCopyMode``, the optimizer rebuilt as its class over the fake parameters with
+    its groups, settings and state); nothing of yours is modified and no memory is allocated.
+    Parameters, buffers, existing gradients and optimizer states are live from the start;
+    the rest is recorded as PyTorch's dispatcher creates it.
+
+    **What is mapped to CUDA** (the step runs on CPU fake tensors, which take the CPU's
+    paths): storages rounded to CUDA's 512-byte blocks; cuBLAS's workspace allocated at the
+    first matrix product of the forward and of the backward (the autograd engine's thread);
+    dropout as CUDA's fused kernel (1-byte mask); ``scaled_dot_product_attention`` as CUDA
+    chooses (flash for fp16/bf16 without a mask and head dims that are multiples of 8 up to
+    256, memory-efficient for masks and fp32, math otherwise), run through those kernels' own
+    operators, whose outputs (log-sum-exp, padded to 32 for memory-efficient) fake tensors
+    size as on CUDA; ``softmax(fp16, dtype=float32)`` as the fused ``half_to_float`` kernel;
+    autocast with CUDA's fp32 op lists; an optimizer left to PyTorch's default runs
+    ``foreach`` (CUDA's default); its step counters stay in host memory.
+
+    **What is not**: memory a CUDA kernel allocates inside itself through the caching
+    allocator (cuDNN's convolution workspaces, flash attention's backward accumulators,
+    reduction staging buffers), in-place dropout (CPU's noise tensor, as on CUDA), SDPA
+    choices on pre-Ampere GPUs and cuDNN attention, the math path's own dropout, and
+    anything the step puts on another device or in host memory besides step counters.
+    Tensors created outside PyTorch's dispatcher are seen only when an operator returns
+    them. Needs PyTorch 2.1 or later; raises what the step raises.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise ImportError("gpumem.torch.trace needs PyTorch (2.1 or later): pip install torch "
+                          "(a CPU build is enough)")
+    from gpumem import _torch_trace
+
+    return _torch_trace.trace(model, example_inputs, optimizer=optimizer, loss_fn=loss_fn,
+                              steps=steps, amp=amp, gpu=gpu, top=top, trace_out=trace_out)

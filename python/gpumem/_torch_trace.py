@@ -1,0 +1,515 @@
+""":func:`gpumem.torch.trace` with PyTorch: the user's step run on fake tensors, its storages
+recorded into a :class:`gpumem._steptrace.Recorder`. Imported only when ``trace`` is called
+(PyTorch is imported here and nowhere at import time of the package)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import os
+import time
+import weakref
+from typing import Any, Callable, Iterator
+
+import torch
+from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils.weak import WeakIdKeyDictionary
+
+from gpumem import _steptrace
+from gpumem._steptrace import Allocation, Recorder
+
+F = torch.nn.functional
+
+#: The dtypes of ``amp``.
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+#: aten operators that run on cuBLAS on a CUDA GPU: the first on a thread makes PyTorch
+#: allocate that thread's cuBLAS workspace through the caching allocator.
+BLAS_OPS = frozenset(
+    getattr(torch.ops.aten, name).default if name != "_addmm_activation"
+    else torch.ops.aten._addmm_activation.default
+    for name in ("mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot",
+                 "_addmm_activation")
+)
+
+# CUDA autocast's ops that run in fp32 (PyTorch's AMP docs, "CUDA ops that can autocast to
+# float32"), which CPU autocast runs in the lower precision or not at all.
+_CUDA_FP32_OPS = [
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor",
+    "pow.Scalar", "softplus", "layer_norm", "native_layer_norm", "group_norm",
+    "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
+    "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
+    "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+    "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm",
+    "logsumexp",
+]
+# ... and these run with dtype=float32 unless a dtype is given.
+_CUDA_FP32_SET_DTYPE_OPS = [
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "sum",
+    "sum.dim_IntList",
+]
+
+MAPPED = [
+    "CUDA caching allocator: each storage rounded up to 512 bytes, none for empty ones",
+    "cuBLAS workspace (the GPU's size) at the first matrix product of the forward thread "
+    "and of the autograd thread",
+    "dropout as CUDA's fused native_dropout (1-byte mask)",
+    "scaled_dot_product_attention as CUDA's kernel choice: flash (fp16/bf16, no mask, head "
+    "dim a multiple of 8 up to 256), memory-efficient (masks, fp32; log-sum-exp padded to "
+    "32), math otherwise",
+    "softmax(fp16, dtype=float32) as CUDA's fused half_to_float kernel",
+    "autocast with CUDA's fp32 op lists",
+    "optimizers left to their default implementation run foreach, as on CUDA",
+    "optimizer step counters in host memory (as on CUDA unless fused or capturable)",
+]
+
+
+class _Storages:
+    """Every storage seen, by identity, with its allocation; a weak reference's callback
+    records the free when the storage dies (fake or real: PyTorch keeps a storage's Python
+    object alive as long as the storage itself, so the callback fires when its last tensor
+    goes)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def track(self, tensor: torch.Tensor, *, op: str = "", kind: str | None = None,
+              name: str = "") -> Allocation | None:
+        storage = tensor.untyped_storage()
+        known = self.seen.get(storage)
+        nbytes = storage.nbytes()
+        if known is not None:
+            made, _ = known
+            if made is None or made.nbytes == nbytes:
+                return made
+            # Resized in place: CUDA allocates the new size and frees the old block.
+            self.recorder.free(made)
+        made = self.recorder.alloc(nbytes, op=op, kind=kind, name=name)
+        recorder = self.recorder
+        self.seen[storage] = (made, weakref.ref(storage, lambda _, m=made: recorder.free(m)))
+        return made
+
+    def label(self, tensor: Any, kind: str, name: str, *, host: bool = False) -> None:
+        """Says what a tracked tensor's storage holds (its kind, a name)."""
+        if not isinstance(tensor, torch.Tensor):
+            return
+        known = self.seen.get(tensor.untyped_storage())
+        if known is not None and known[0] is not None:
+            made = known[0]
+            made.kind, made.name = kind, name
+            made.host = made.host or host
+
+
+class _Record(TorchDispatchMode):
+    """Records the storages every aten operator returns, and allocates the cuBLAS workspace
+    of a thread at its first matrix product."""
+
+    def __init__(self, storages: _Storages, workspace: int) -> None:
+        super().__init__()
+        self.storages = storages
+        self.workspace = workspace
+        self.workspaces: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        recorder = self.storages.recorder
+        if func in BLAS_OPS and self.workspace:
+            thread = "autograd" if recorder.phase == "backward" else "main"
+            if thread not in self.workspaces:
+                self.workspaces.add(thread)
+                recorder.alloc(self.workspace, op="cuBLAS workspace", kind="blas_workspace",
+                               name=f"cuBLAS workspace ({thread} thread)", module="")
+        out = func(*args, **(kwargs or {}))
+        op = str(func)
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor):
+                self.storages.track(tensor, op=op)
+        return out
+
+
+def _sdpa_cuda(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+               is_causal: bool = False, scale: float | None = None,
+               enable_gqa: bool = False) -> torch.Tensor:
+    """``scaled_dot_product_attention`` as CUDA's dispatcher runs it (sdp_utils.cpp: flash,
+    then memory-efficient, then math), through those kernels' own aten operators, whose
+    shapes fake tensors compute as on CUDA."""
+    aten = torch.ops.aten
+    head_dim = query.shape[-1]
+    same_heads = query.dim() < 4 or key.shape[-3] == query.shape[-3]
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    dims_ok = query.dim() == 4 and key.shape[-1] == head_dim and value.shape[-1] == head_dim
+    if half and attn_mask is None and dims_ok and head_dim % 8 == 0 and head_dim <= 256:
+        return aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+    alignment = 8 if half else 4
+    if dims_ok and same_heads and head_dim % alignment == 0 and \
+            query.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        bias = attn_mask
+        if bias is not None and bias.dtype == torch.bool:
+            # convert_boolean_attn_mask: where(logical_not(mask), -inf, 0) in q's dtype.
+            bias = torch.where(bias.logical_not(), float("-inf"), 0.0).to(query.dtype)
+        if bias is not None and bias.shape[-1] % 16:
+            # The kernel wants the bias's rows aligned to 16 elements: a padded copy.
+            pad = 16 - bias.shape[-1] % 16
+            bias = F.pad(bias, (0, pad))[..., :bias.shape[-1]]
+        if bias is not None:
+            bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+        compute_lse = query.requires_grad or key.requires_grad or value.requires_grad
+        return aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, compute_lse, dropout_p, is_causal, scale=scale)[0]
+    return aten._scaled_dot_product_attention_math(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+        enable_gqa=enable_gqa)[0]
+
+
+class _CudaRules(TorchFunctionMode):
+    """Routes the functions whose CPU kernels allocate differently from CUDA's to what CUDA
+    runs: dropout, scaled_dot_product_attention, softmax of fp16 to fp32. A mode sees the
+    calls the model makes (however it imported them); :func:`_patched_functional` covers the
+    calls ``torch.nn.functional`` makes inside itself (``multi_head_attention_forward``)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        replaced = _replacement(func)
+        if replaced is not None:
+            made = replaced(*args, **kwargs)
+            if made is not NotImplemented:
+                return made
+        return func(*args, **kwargs)
+
+
+def _replacement(func: Any) -> Callable[..., Any] | None:
+    if func in _ORIGINAL_DROPOUT:
+        return lambda *args, **kwargs: _dropout(func, *args, **kwargs)
+    if func in _ORIGINAL_SDPA:
+        return _sdpa_cuda
+    if func in _ORIGINAL_SOFTMAX:
+        def softmax(*args: Any, **kwargs: Any) -> Any:
+            made = _half_to_float_softmax(*args, **kwargs)
+            return NotImplemented if made is None else made
+        return softmax
+    return None
+
+
+_ORIGINAL_DROPOUT = (F.dropout, torch.dropout)
+_ORIGINAL_SDPA = (F.scaled_dot_product_attention,)
+_ORIGINAL_SOFTMAX = (F.softmax, torch.softmax, torch.Tensor.softmax)
+
+
+@contextlib.contextmanager
+def _patched_functional() -> Iterator[None]:
+    """``torch.nn.functional``'s dropout, scaled_dot_product_attention and softmax replaced
+    by the CUDA-like ones for the trace, so that its own functions that call them by their
+    global names (``multi_head_attention_forward``) run them too."""
+    original = {name: getattr(F, name) for name in ("dropout", "scaled_dot_product_attention",
+                                                     "softmax")}
+
+    def softmax(input: Any, dim: Any = None, _stacklevel: int = 3, dtype: Any = None) -> Any:
+        made = _half_to_float_softmax(input, dim, dtype=dtype)
+        return original["softmax"](input, dim, _stacklevel, dtype) if made is None else made
+
+    F.dropout = lambda *args, **kwargs: _dropout(original["dropout"], *args, **kwargs)
+    F.scaled_dot_product_attention = _sdpa_cuda
+    F.softmax = softmax
+    try:
+        yield
+    finally:
+        for name, function in original.items():
+            setattr(F, name, function)
+
+
+def _dropout(func: Any, input: torch.Tensor, p: float = 0.5, training: bool = True,
+             inplace: bool = False, **kwargs: Any) -> torch.Tensor:
+    """CUDA's dropout: the fused kernel (output + bool mask) when training with 0 < p < 1;
+    in-place dropout keeps the noise tensor on CUDA too."""
+    train = kwargs.pop("train", training)
+    if train and 0.0 < p < 1.0 and not inplace and input.numel() > 0:
+        return torch.native_dropout(input, p, True)[0]
+    if func is torch.dropout:
+        return func(input, p, train)
+    return func(input, p, train, inplace)
+
+
+def _half_to_float_softmax(input: torch.Tensor, dim: int | None = None, *rest: Any,
+                           dtype: torch.dtype | None = None, **_: Any) -> torch.Tensor | None:
+    """``softmax(x, dim, dtype=float32)`` of fp16 ``x`` as CUDA runs it (SoftMax.cpp): the
+    fused ``half_to_float`` kernel, no fp32 copy of the input; None for any other call."""
+    if rest and isinstance(rest[-1], torch.dtype):
+        dtype = rest[-1]
+    if dtype is not torch.float32 or not isinstance(input, torch.Tensor) or \
+            input.dtype is not torch.float16 or dim is None:
+        return None
+    return torch._softmax(input, dim, True)
+
+
+@contextlib.contextmanager
+def _cuda_autocast_policy(enabled: bool) -> Iterator[None]:
+    """CPU autocast with CUDA's fp32 op lists, for the duration of the trace (the kernels are
+    registered on AutocastCPU and removed afterwards)."""
+    if not enabled:
+        yield
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+    def eligible(t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+
+    def fp32_kernel(op: Any) -> Any:
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = tree_map_only(
+                torch.Tensor, lambda t: t.float() if eligible(t) else t, (args, kwargs))
+            with torch._C._ExcludeDispatchKeyGuard(exclude):
+                return op(*args, **kwargs)
+        return kernel
+
+    def set_dtype_kernel(op: Any) -> Any:
+        names = [a.name for a in op._schema.arguments if not a.kwarg_only]
+        position = names.index("dtype") if "dtype" in names else None
+
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            if eligible(args[0]):
+                if position is not None and position < len(args):
+                    if args[position] is None:
+                        args = args[:position] + (torch.float32,) + args[position + 1:]
+                elif kwargs.get("dtype") is None:
+                    kwargs["dtype"] = torch.float32
+            with torch._C._ExcludeDispatchKeyGuard(exclude):
+                return op(*args, **kwargs)
+        return kernel
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in _CUDA_FP32_OPS + _CUDA_FP32_SET_DTYPE_OPS:
+            base, _, overload = name.partition(".")
+            op = getattr(getattr(torch.ops.aten, base), overload or "default")
+            make = fp32_kernel if name in _CUDA_FP32_OPS else set_dtype_kernel
+            lib.impl(name, make(op), "AutocastCPU")
+    try:
+        yield
+    finally:
+        lib._destroy()
+
+
+def _fake_optimizer(optimizer: Any, fake_of: dict[int, torch.Tensor],
+                    convert: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """The user's optimizer rebuilt over the fake parameters: its class, groups and settings,
+    its state converted; ``foreach`` as CUDA's default when the user left it to PyTorch."""
+    kind = type(optimizer)
+    if any(id(p) not in fake_of for group in optimizer.param_groups for p in group["params"]):
+        raise ValueError("the optimizer holds parameters that are not the model's: "
+                         "gpumem.torch.trace plans an optimizer over model.parameters()")
+    groups = []
+    for group in optimizer.param_groups:
+        made = {key: value for key, value in group.items() if key != "params"}
+        made["params"] = [fake_of[id(p)] for p in group["params"]]
+        if "foreach" in made and made["foreach"] is None and not made.get("fused") and \
+                not made.get("differentiable"):
+            made["foreach"] = True
+        groups.append(made)
+    accepted = inspect.signature(kind.__init__).parameters
+    defaults = {key: value for key, value in optimizer.defaults.items() if key in accepted}
+    if "foreach" in defaults and defaults["foreach"] is None:
+        defaults["foreach"] = True
+    try:
+        made_optimizer = kind(groups, **defaults)
+    except TypeError as error:
+        raise TypeError(
+            f"gpumem.torch.trace rebuilds the optimizer over fake parameters as "
+            f"{kind.__name__}(param_groups, **defaults) and that failed: {error}") from error
+    for param, state in optimizer.state.items():
+        fake = fake_of.get(id(param))
+        if fake is not None:
+            made_optimizer.state[fake] = {
+                key: convert(value) if isinstance(value, torch.Tensor) else value
+                for key, value in state.items()}
+    return made_optimizer
+
+
+def _module_hooks(model: torch.nn.Module, recorder: Recorder) -> list[Any]:
+    """Forward hooks that keep the recorder's module stack, and a hook on each module
+    output's autograd node that names the module whose backward runs."""
+    handles = []
+    for name, module in model.named_modules():
+        label = name
+
+        def pre(_module: Any, _args: Any, label: str = label) -> None:
+            recorder.enter_module(label)
+
+        def post(_module: Any, _args: Any, output: Any, label: str = label) -> None:
+            recorder.exit_module()
+            for tensor in tree_flatten(output)[0]:
+                node = getattr(tensor, "grad_fn", None) if isinstance(tensor, torch.Tensor) \
+                    else None
+                if node is not None:
+                    node.register_prehook(
+                        lambda _grads, label=label: recorder.backward_module(label))
+
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post, always_call=True))
+    return handles
+
+
+def _scalar_loss(output: Any, loss_fn: Callable[[Any], Any] | None) -> torch.Tensor:
+    if loss_fn is not None:
+        loss = loss_fn(output)
+    elif isinstance(output, torch.Tensor):
+        loss = output
+    else:
+        loss = getattr(output, "loss", None)
+        if loss is None and isinstance(output, dict):
+            loss = output.get("loss")
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TypeError(
+            "gpumem.torch.trace needs a scalar loss: pass loss_fn(output), or a model that "
+            "returns one (a scalar tensor, or an output with .loss); got "
+            f"{type(loss).__name__ if loss is not None else type(output).__name__}")
+    return loss
+
+
+def trace(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None,
+          loss_fn: Callable[[Any], Any] | None = None, steps: int = 2, amp: str | None = None,
+          gpu: str | int | None = None, top: int = 10,
+          trace_out: str | os.PathLike[str] | None = None) -> Any:
+    """See :func:`gpumem.torch.trace`."""
+    facts = _steptrace.gpu_facts(gpu)
+    started = time.perf_counter()
+    recorder = record(model, example_inputs, optimizer=optimizer, loss_fn=loss_fn,
+                      steps=steps, amp=amp, workspace=facts.blas_workspace_bytes)
+    trace_bytes = _steptrace.native_trace(
+        recorder, name=f"gpumem.torch.trace: {type(model).__name__}",
+        meta={"steps": str(steps), "amp": amp or "none", "gpu": facts.name or "default",
+              "torch": torch.__version__})
+    if trace_out is not None:
+        with open(trace_out, "wb") as out:
+            out.write(trace_bytes)
+    replayed = _steptrace.replay_trace(trace_bytes, facts)
+    return _steptrace.result(recorder, facts=facts, replay=replayed, steps=steps, amp=amp,
+                             mapped=MAPPED, seconds=time.perf_counter() - started, top=top)
+
+
+def record(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None,
+           loss_fn: Callable[[Any], Any] | None = None, steps: int = 2, amp: str | None = None,
+           workspace: int = 0, fake: bool = True, cuda_rules: bool = True) -> Recorder:
+    """The allocations of ``steps`` training steps. ``fake=False`` runs them on real tensors
+    (a copy of the model on its own device: for checking the record against the real
+    allocator), ``cuda_rules=False`` leaves out the CUDA mappings (the CPU's own kernels,
+    no cuBLAS workspace)."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, not {steps!r}")
+    if amp is not None and amp not in AMP_DTYPES:
+        raise ValueError(f"amp must be None, 'bf16' or 'fp16', not {amp!r}")
+    if not isinstance(example_inputs, (dict, tuple)):
+        raise TypeError("example_inputs must be a dict of keyword arguments or a tuple of "
+                        f"positional ones, not {type(example_inputs).__name__}")
+    recorder = Recorder()
+    storages = _Storages(recorder)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+
+    # The model as fake tensors: a copy, the user's own untouched.
+    if fake_mode is not None:
+        with FakeCopyMode(fake_mode):
+            fake_model = copy.deepcopy(model)
+    else:
+        fake_model = copy.deepcopy(model)
+    fake_of = {id(real): fake for real, fake in zip(model.parameters(), fake_model.parameters())}
+    param_names = {}
+    for name, param in fake_model.named_parameters():
+        param_names[id(param)] = name
+        storages.track(param, kind="parameter", name=name)
+        if param.grad is not None:
+            storages.track(param.grad, kind="gradient", name=name)
+    for name, buffer in fake_model.named_buffers():
+        storages.track(buffer, kind="buffer", name=name)
+    for module_name, module in fake_model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                storages.track(value, kind="buffer",
+                               name=f"{module_name}.{attr}" if module_name else attr)
+    convert = fake_mode.from_tensor if fake_mode is not None else (lambda t: t.detach().clone())
+    fake_optimizer = None
+    if optimizer is not None:
+        fake_optimizer = _fake_optimizer(optimizer, fake_of, convert)
+        _label_states(storages, fake_optimizer, param_names)
+    fake_inputs = tree_map_only(torch.Tensor, convert, example_inputs)
+
+    hooks = _module_hooks(fake_model, recorder)
+    dtype = AMP_DTYPES.get(amp or "")
+    rules = [_cuda_autocast_policy(amp is not None), _patched_functional(), _CudaRules()] \
+        if cuda_rules else []
+    try:
+        with contextlib.ExitStack() as stack:
+            if fake_mode is not None:
+                stack.enter_context(fake_mode)
+            for rule in rules:
+                stack.enter_context(rule)
+            stack.enter_context(_Record(storages, workspace if cuda_rules else 0))
+            for _ in range(steps):
+                _step(fake_model, fake_inputs, fake_optimizer, loss_fn, dtype, recorder,
+                      storages, param_names)
+    finally:
+        recorder.recording = False
+        for handle in hooks:
+            handle.remove()
+    return recorder
+
+
+def _label_states(storages: _Storages, optimizer: Any, names: dict[int, str]) -> None:
+    """Labels the optimizer's states by parameter and key; a step counter stays in host
+    memory on CUDA unless the optimizer is fused or capturable."""
+    for group in optimizer.param_groups:
+        on_device = bool(group.get("fused")) or bool(group.get("capturable"))
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                name = f"{names.get(id(param), '?')}.{key}"
+                host = key == "step" and not on_device and isinstance(value, torch.Tensor) \
+                    and value.numel() == 1
+                storages.label(value, "optimizer_state", name, host=host)
+
+
+def _step(model: torch.nn.Module, fake_inputs: Any, optimizer: Any,
+          loss_fn: Callable[[Any], Any] | None, dtype: torch.dtype | None, recorder: Recorder,
+          storages: _Storages, names: dict[int, str]) -> None:
+    """One training step: inputs copied to the device, forward, loss, backward, optimizer
+    step, zero_grad(set_to_none=True); the step's outputs dropped at its end."""
+    recorder.start_step()
+    inputs = tree_map_only(torch.Tensor, lambda t: t.clone(), fake_inputs)
+    autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None \
+        else contextlib.nullcontext()
+    recorder.set_phase("forward")
+    with autocast:
+        output = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+        recorder.set_phase("loss")
+        loss = _scalar_loss(output, loss_fn)
+    for tensor in tree_flatten(output)[0]:
+        if isinstance(tensor, torch.Tensor):
+            known = storages.seen.get(tensor.untyped_storage())
+            if known is not None and known[0] is not None and known[0].kind == "activation":
+                known[0].kind = "output"
+    recorder.set_phase("backward")
+    if loss.requires_grad:
+        loss.backward()
+    del loss, output
+    for param in model.parameters():
+        if param.grad is not None:
+            storages.label(param.grad, "gradient", names.get(id(param), ""))
+    if optimizer is not None:
+        recorder.set_phase("optimizer")
+        optimizer.step()
+        _label_states(storages, optimizer, names)
+        recorder.set_phase("zero_grad")
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        recorder.set_phase("zero_grad")
+        model.zero_grad(set_to_none=True)
+    del inputs
