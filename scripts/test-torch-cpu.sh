@@ -4,7 +4,9 @@
 # wheel as scripts/test-python.sh does, installs it beside that PyTorch (a target folder, the
 # PyTorch environment untouched) and runs python/checks/torch_cpu.py: use() installs the
 # pluggable allocator, a bad setting is refused, and gpumem's entry point throws PyTorch's own
-# c10::OutOfMemoryError (a C++ program against the installation's headers and libc10).
+# c10::OutOfMemoryError (a C++ program against the installation's headers and libc10); then
+# python/checks/torch_trace_cpu.py: gpumem.torch.trace on fake tensors (the record equal to a
+# real CPU run's, three models outside the planner's catalogue, ResNet-18 against the planner).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 torch_python="${TORCH_PYTHON:-/tmp/torchenv/bin/python}"
@@ -21,6 +23,7 @@ rm -rf "$repo/target/torch-cpu-wheel" "$site"
 "$torch_python" -m pip install -q --no-deps --target "$site" "$repo"/target/torch-cpu-wheel/gpumem-*.whl
 cd "$repo/target"
 PYTHONPATH="$site" "$torch_python" "$repo/python/checks/torch_cpu.py"
+PYTHONPATH="$site" "$torch_python" "$repo/python/checks/torch_trace_cpu.py"
 # A panic in gpumem's PyTorch entry point reaches PyTorch as RuntimeError's std::exception: the
 # C library built with its test-only fault-injection feature, checked against libc10.
 cargo build --manifest-path "$repo/Cargo.toml" -p gpumem-capi --features fault-injection --quiet
