@@ -8,6 +8,7 @@
 //! logits); GPT-NeoX, GPT-2, OPT and BigCode kept their older code for several releases more.
 
 use crate::model::TransformerSpec;
+use crate::quantity::{BytesPerElement, BytesPerToken, Width};
 use crate::workload::{Release, Workload};
 
 /// A release as `(major, minor)`, for the tables below.
@@ -106,20 +107,24 @@ impl<'a> OldRelease<'a> {
     /// stays referenced whole behind its key and value views, beside a rotated key (a new
     /// tensor, `key_bytes` per element); 0 where the cache holds nothing larger than its keys
     /// and values.
-    pub(crate) fn prompt_cache_bytes(&self, act: f64, key_bytes: f64) -> f64 {
+    pub(crate) fn prompt_cache_bytes(
+        &self,
+        act: BytesPerElement,
+        key_bytes: BytesPerElement,
+    ) -> BytesPerToken {
         let spec = self.spec;
         if !(spec.fused_qkv && self.cache_holds_own_tensors()) {
-            return 0.0;
+            return BytesPerToken::ZERO;
         }
         let (q, kv, value) = (
-            spec.query_width() as f64,
-            spec.kv_width() as f64,
-            spec.value_width() as f64,
+            Width(spec.query_width() as f64),
+            Width(spec.kv_width() as f64),
+            Width(spec.value_width() as f64),
         );
         let rotated_key = if spec.rotary_fraction > 0.0 {
             key_bytes * kv
         } else {
-            0.0
+            BytesPerToken::ZERO
         };
         act * (q + kv + value) + rotated_key
     }

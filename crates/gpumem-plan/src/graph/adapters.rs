@@ -3,29 +3,39 @@
 use super::sizes::{AttentionShape, Tally};
 use super::TransformerGraph;
 use crate::model::LayerKind;
-use crate::quantity::{BytesPerToken, Tokens};
+use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
 use crate::unit::Unit;
 use crate::workload::Target;
+
+/// What a block's saved inputs change by under LoRA on this GPU (`lora::SavedChange`, divided
+/// among the tensor-parallel ranks), per token.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct LoraInputs {
+    /// q, k, v and o.
+    pub(super) attention: BytesPerToken,
+    /// The MLP's linears.
+    pub(super) mlp: BytesPerToken,
+    /// A cross-attention's q and o, per decoder token.
+    pub(super) cross_queries: BytesPerToken,
+    /// A cross-attention's k and v, per encoder token.
+    pub(super) cross_keys: BytesPerToken,
+}
 
 impl TransformerGraph<'_> {
     /// Bytes per token a block's saved inputs change by under LoRA (`lora::saved_change`):
     /// frozen linears save nothing, each adapter its own input (PEFT's fp32 copy over a
     /// half-precision base, or dropout's output and mask). Measured on CPU with peft 0.21.
-    pub(super) fn lora_inputs(
-        &self,
-        layer: LayerKind,
-        cross_attention: bool,
-    ) -> crate::lora::SavedChange {
+    pub(super) fn lora_inputs(&self, layer: LayerKind, cross_attention: bool) -> LoraInputs {
         let Some(lora) = self.workload.lora.filter(|_| self.training) else {
-            return Default::default();
+            return LoraInputs::default();
         };
-        let half_base = self.bytes.residual.0 < 4.0;
+        let half_base = self.bytes.residual < BytesPerElement::FP32;
         // The output projection reads the attention kernel's output, which the kernel saves
         // anyway, unless eager attention (or per-head queries) makes a merged copy for it.
         let o_input_shared = !self.own_kernel.materialises_scores()
             && !self.fused_output_in_head_layout(self.own_kernel);
         let block = crate::lora::LoraBlock {
-            act: self.bytes.act.0,
+            act: self.bytes.act.bytes(),
             half_base,
             o_input_shared,
             litgpt: self.litgpt(),
@@ -34,11 +44,11 @@ impl TransformerGraph<'_> {
         };
         let change = crate::lora::saved_change(self.spec, layer, &lora, block);
         let tp = self.split.tp;
-        crate::lora::SavedChange {
-            attention: change.attention / tp,
-            mlp: change.mlp / tp,
-            cross_queries: change.cross_queries / tp,
-            cross_keys: change.cross_keys / tp,
+        LoraInputs {
+            attention: BytesPerToken(change.attention) / tp,
+            mlp: BytesPerToken(change.mlp) / tp,
+            cross_queries: BytesPerToken(change.cross_queries) / tp,
+            cross_keys: BytesPerToken(change.cross_keys) / tp,
         }
     }
 
@@ -54,49 +64,52 @@ impl TransformerGraph<'_> {
     pub(super) fn adapter_transient(
         &self,
         layer: LayerKind,
-        tokens: f64,
-        encoder_tokens: f64,
-    ) -> f64 {
+        tokens: Tokens,
+        encoder_tokens: Tokens,
+    ) -> Bytes {
         let Some(lora) = self.workload.lora.filter(|_| self.training) else {
-            return 0.0;
+            return Bytes::ZERO;
         };
+        let (fp32, none) = (BytesPerElement::FP32, BytesPerElement::ZERO);
         let cpu = self.workload.target == Target::Cpu;
-        let half_base = self.bytes.residual.0 < 4.0;
+        let half_base = self.bytes.residual < fp32;
         let litgpt = self.litgpt();
-        let adapter_dtype = if litgpt { self.bytes.act.0 } else { 4.0 };
+        let adapter_dtype = if litgpt { self.bytes.act } else { fp32 };
         let before = if lora.dropout > 0.0 {
-            let cast = if half_base && !litgpt { 4.0 } else { 0.0 };
-            cast + if cpu { adapter_dtype } else { 0.0 }
+            let cast = if half_base && !litgpt { fp32 } else { none };
+            cast + if cpu { adapter_dtype } else { none }
         } else {
-            0.0
+            none
         };
         let after = 2.0 * adapter_dtype
             + if cpu && half_base && !litgpt {
-                4.0
+                fp32
             } else {
-                0.0
+                none
             };
-        let (own, cross) =
-            crate::lora::adapter_widths(self.spec, layer, lora.targets, encoder_tokens > 0.0);
-        let bytes = |tokens: f64, w: crate::lora::AdapterWidths| {
-            tokens * (before * w.input).max(after * w.output)
+        let cross_reads = encoder_tokens > Tokens::ZERO;
+        let (own, cross) = crate::lora::adapter_widths(self.spec, layer, lora.targets, cross_reads);
+        let bytes = |tokens: Tokens, w: crate::lora::AdapterWidths| {
+            tokens * (before * Width(w.input)).max(after * Width(w.output))
         };
         bytes(tokens, own).max(bytes(encoder_tokens, cross)) / self.split.tp
     }
 
     /// Bytes a mixture of experts saves for the weights PEFT folds its router's and experts'
     /// adapters into (`lora::adapted_experts_bytes`).
-    pub(super) fn lora_folded_experts(&self, layer: LayerKind) -> f64 {
+    pub(super) fn lora_folded_experts(&self, layer: LayerKind) -> Bytes {
         match self
             .workload
             .lora
             .filter(|_| self.training && !self.litgpt())
         {
             Some(lora) => {
-                crate::lora::adapted_experts_bytes(self.spec, layer, &lora, self.bytes.act.0)
-                    / self.split.tp
+                let act = self.bytes.act.bytes();
+                Bytes(crate::lora::adapted_experts_bytes(
+                    self.spec, layer, &lora, act,
+                )) / self.split.tp
             }
-            None => 0.0,
+            None => Bytes::ZERO,
         }
     }
 
@@ -106,22 +119,20 @@ impl TransformerGraph<'_> {
     /// adapter, neither does the attention, nor (blocks in sequence) the second norm; with a
     /// parallel residual (GPT-NeoX, Phi) both norms read the input, and an MLP without
     /// adapters records nothing either.
-    pub(super) fn frozen_prefix(&self, shape: AttentionShape, layer: LayerKind) -> f64 {
+    pub(super) fn frozen_prefix(&self, shape: AttentionShape, layer: LayerKind) -> Bytes {
         let spec = self.spec;
         let Some(lora) = self.workload.lora.filter(|_| self.training) else {
-            return 0.0;
+            return Bytes::ZERO;
         };
         if spec.post_norm || spec.vision.is_some() || spec.dual.is_some() {
-            return 0.0;
+            return Bytes::ZERO;
         }
+        let h = Width(spec.hidden as f64);
         let tokens = self.batch * shape.queries;
         let norm = tokens * self.norm_saved() / self.split.sequence;
         let change = self.lora_inputs(layer, false);
         let mut prefix = match (spec.parallel_residual, spec.shared_block_norm) {
-            (true, false) => {
-                2.0 * norm
-                    - tokens * self.bytes.residual.0 * spec.hidden as f64 / self.split.sequence
-            }
+            (true, false) => 2.0 * norm - tokens * self.bytes.residual * h / self.split.sequence,
             _ => norm,
         };
         if !crate::lora::adapts_attention(lora.targets) {
@@ -129,18 +140,17 @@ impl TransformerGraph<'_> {
             let attention = self.attention(shape, false, &mut tally);
             let per_token = tally.sharded / self.split.tp
                 + tally.replicated / self.split.sequence
-                + BytesPerToken(change.attention);
-            prefix += (Tokens(tokens) * per_token).bytes()
-                + attention.key_saved.bytes()
-                + tally.core.bytes();
+                + change.attention;
+            prefix += tokens * per_token + attention.key_saved + tally.core;
             if !spec.parallel_residual {
                 prefix += norm;
             }
             // Nor do the experts' inputs need a gradient.
             if !self.litgpt() {
-                prefix +=
-                    crate::lora::folds_read_by_the_input(spec, layer, &lora, self.bytes.act.0)
-                        / self.split.tp;
+                let act = self.bytes.act.bytes();
+                prefix += Bytes(crate::lora::folds_read_by_the_input(
+                    spec, layer, &lora, act,
+                )) / self.split.tp;
             }
         }
         if spec.parallel_residual && !crate::lora::adapts_mlp(lora.targets) {
@@ -150,7 +160,7 @@ impl TransformerGraph<'_> {
         // block's q, k and v read one.
         if crate::lora::adapts_attention(lora.targets) && self.workload.four_bit_base_saves_inputs()
         {
-            prefix += tokens * self.bytes.act.0 * spec.hidden as f64 / self.split.sequence;
+            prefix += tokens * self.bytes.act * h / self.split.sequence;
         }
         prefix
     }
@@ -158,8 +168,8 @@ impl TransformerGraph<'_> {
     /// Bytes of the block's largest quantised weight dequantised while its matmul runs: a
     /// quantised checkpoint's inference (see `Quantization::dequantised_bytes`), or QLoRA's
     /// 4-bit base ([`Workload::four_bit_base`]).
-    pub(super) fn dequantised(&self, layer: LayerKind, tokens: f64) -> f64 {
-        let elements = self.spec.largest_block_matrix(layer) as f64 / self.split.tp;
+    pub(super) fn dequantised(&self, layer: LayerKind, tokens: Tokens) -> Bytes {
+        let elements = Elements(self.spec.largest_block_matrix(layer) as f64) / self.split.tp;
         self.dequantised_weight(elements, tokens)
     }
 
@@ -167,19 +177,20 @@ impl TransformerGraph<'_> {
     /// tokens: a quantised checkpoint in inference; QLoRA's 4-bit base always with gradients
     /// (`MatMul4Bit` dequantises in forward and again for the input's gradient), without them
     /// only for more than one token (a single token runs `gemv_4bit` on the packed weight).
-    pub(super) fn dequantised_weight(&self, elements: f64, tokens: f64) -> f64 {
+    pub(super) fn dequantised_weight(&self, elements: Elements, tokens: Tokens) -> Bytes {
+        let (elements, tokens) = (elements.count(), tokens.count());
         if let Some(quant) = self.workload.quant.filter(|_| !self.training) {
-            return quant.dequantised_bytes(elements, tokens, self.workload.dtype);
+            return Bytes(quant.dequantised_bytes(elements, tokens, self.workload.dtype));
         }
         let Some((quant, stored)) = self.workload.four_bit_base() else {
-            return 0.0;
+            return Bytes::ZERO;
         };
         let tokens = if self.training {
             tokens.max(2.0)
         } else {
             tokens
         };
-        quant.dequantised_bytes(elements, tokens, stored)
+        Bytes(quant.dequantised_bytes(elements, tokens, stored))
     }
 
     /// The LM head of a litgpt QLoRA step: Lightning's bitsandbytes plugin replaces every
@@ -190,8 +201,10 @@ impl TransformerGraph<'_> {
         if !self.workload.four_bit_lm_head() || !self.training || head.name != "head" {
             return head;
         }
-        let elements = (self.spec.vocab * self.spec.hidden) as f64 / self.split.tp;
-        let dequantised = self.dequantised_weight(elements, self.batch * self.decoder_sequence());
+        let elements = Elements((self.spec.vocab * self.spec.hidden) as f64) / self.split.tp;
+        let dequantised = self
+            .dequantised_weight(elements, self.batch * self.decoder_sequence())
+            .bytes();
         Unit {
             forward_transient: head.forward_transient + dequantised,
             backward_transient: head.backward_transient + dequantised,

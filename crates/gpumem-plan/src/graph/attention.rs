@@ -3,7 +3,7 @@
 use super::kernel::{AttentionKernel, GroupedKeys};
 use super::sizes::{AttentionShape, Tally};
 use super::TransformerGraph;
-use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements};
+use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
 use crate::workload::Target;
 
 /// What one attention sublayer keeps besides its per-query-token terms, in bytes.
@@ -54,17 +54,17 @@ pub(super) struct AttentionCall {
     /// How grouped keys reach the kernel.
     pub(super) grouped: GroupedKeys,
     /// Query, key and value widths over all heads.
-    pub(super) q: f64,
-    pub(super) kv: f64,
-    pub(super) value: f64,
+    pub(super) q: Width,
+    pub(super) kv: Width,
+    pub(super) value: Width,
     /// Heads on this GPU.
     pub(super) heads: f64,
     /// Score elements of the micro-batch on this GPU.
     pub(super) scores: Elements,
     /// Query tokens of the micro-batch.
-    pub(super) query_tokens: f64,
+    pub(super) query_tokens: Tokens,
     /// Key tokens of the micro-batch (the encoder's for a cross-attention).
-    pub(super) key_tokens: f64,
+    pub(super) key_tokens: Tokens,
 }
 
 /// The masks and biases of one attention, in bytes (elements for the boolean sliding mask).
@@ -119,11 +119,11 @@ impl TransformerGraph<'_> {
             cross,
             kernel,
             grouped: GroupedKeys::of(spec, kernel, self.litgpt()),
-            q: spec.query_width() as f64,
-            kv: spec.kv_width() as f64,
-            value: spec.value_width() as f64,
+            q: Width(spec.query_width() as f64),
+            kv: Width(spec.kv_width() as f64),
+            value: Width(spec.value_width() as f64),
             heads,
-            scores: Elements(self.batch * heads * shape.queries * shape.keys),
+            scores: self.batch * heads * shape.queries * shape.keys.as_width(),
             query_tokens: self.batch * shape.queries,
             key_tokens: self.batch * shape.keys,
         }
@@ -132,7 +132,7 @@ impl TransformerGraph<'_> {
     /// Does the kernel save the projections' q, k and v as they are? SDPA's math path copies
     /// half-precision inputs to fp32 first and saves the copies.
     pub(super) fn kernel_saves_projections(&self, kernel: AttentionKernel) -> bool {
-        !(kernel.is_math_path() && self.bytes.act.0 < 4.0)
+        !(kernel.is_math_path() && self.bytes.act < BytesPerElement::FP32)
     }
 
     /// Are the queries contiguous per head when they reach the kernel (the family's own code,
@@ -156,7 +156,7 @@ impl TransformerGraph<'_> {
         tally: &mut Tally,
     ) -> AttentionMemory {
         let call = self.attention_call(shape, cross);
-        let act = self.bytes.act.0;
+        let act = self.bytes.act;
         let key_side = self.saved_attention_inputs(&call, tally);
         let key_side = self.saved_key_views(&call, key_side);
         let masks = self.attention_masks(&call);
@@ -166,12 +166,13 @@ impl TransformerGraph<'_> {
             self.fused_core(&call, &masks, tally)
         };
         if self.dropout_active(self.spec.hidden_dropout) {
-            tally.replicated += BytesPerToken(self.spec.hidden as f64);
+            // A 1-byte mask per hidden element.
+            tally.replicated += BytesPerElement::BOOL * Width(self.spec.hidden as f64);
         }
         tally.core += core.saved;
         let (kv_cache, cache_held) = self.attention_cache(&call);
         AttentionMemory {
-            key_saved: Bytes(key_side / self.split.tp * call.key_tokens),
+            key_saved: key_side / self.split.tp * call.key_tokens,
             forward_transient: core.transient,
             inference_live: core.inference_live,
             inference_kept: core.inference_kept,
@@ -180,10 +181,8 @@ impl TransformerGraph<'_> {
             cache_held,
             forward_held: self.math_path_cache_copies(&call),
             score_gradients: core.score_gradients,
-            input_gradients: Bytes(
-                act / self.split.tp
-                    * (call.query_tokens * call.q + call.key_tokens * (call.kv + call.value)),
-            ),
+            input_gradients: act / self.split.tp
+                * (call.query_tokens * call.q + call.key_tokens * (call.kv + call.value)),
             score_matrix: self.bytes.act * call.scores,
         }
     }
@@ -192,11 +191,16 @@ impl TransformerGraph<'_> {
     /// read, q, k and v or the kernel's copies of them, per-head norms, latent attention's
     /// low-rank path): adds the bytes per query token to `tally` and returns the bytes per key
     /// token (a cross-attention's keys are the encoder's).
-    pub(super) fn saved_attention_inputs(&self, call: &AttentionCall, tally: &mut Tally) -> f64 {
+    pub(super) fn saved_attention_inputs(
+        &self,
+        call: &AttentionCall,
+        tally: &mut Tally,
+    ) -> BytesPerToken {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
+        let (act, h) = (self.bytes.act, Width(spec.hidden as f64));
         let (q, kv, value) = (call.q, call.kv, call.value);
-        let mut key_side = 0.0;
+        let fp32 = BytesPerElement::FP32;
+        let mut key_side = BytesPerToken::ZERO;
         let projections_from_norm = if call.cross || spec.fused_qkv {
             1.0
         } else {
@@ -208,7 +212,7 @@ impl TransformerGraph<'_> {
             key_side += 2.0 * act * h;
         }
         tally.sharded += if spec.post_norm && !call.cross {
-            BytesPerToken(0.0)
+            BytesPerToken::ZERO
         } else {
             self.bytes.linear_input(h, projections_from_norm)
         };
@@ -219,7 +223,7 @@ impl TransformerGraph<'_> {
         // are saved as they are.
         let math_path = call.kernel.is_math_path();
         if !math_path {
-            tally.sharded += BytesPerToken(act * q);
+            tally.sharded += act * q;
             key_side += act * (kv + value);
         } else if self.kernel_saves_projections(call.kernel) {
             key_side += act * value;
@@ -229,22 +233,27 @@ impl TransformerGraph<'_> {
         // stay referenced as the layer's cache (`present`) in training too.
         if self.old_release().is_some_and(|o| o.fp32_rotary()) {
             if call.kernel.materialises_scores() {
-                tally.sharded += BytesPerToken((4.0 - act) * q);
-                key_side += (4.0 - act) * kv;
+                tally.sharded += (fp32 - act) * q;
+                key_side += (fp32 - act) * kv;
             } else if self.cache_copies() {
-                key_side += 4.0 * kv;
+                key_side += fp32 * kv;
             }
         }
         if spec.qk_norm {
             // The family's RMSNorm over each head's q and k.
-            tally.sharded += BytesPerToken(self.norm_element_bytes(act) * (q + kv));
+            tally.sharded += self.norm_element_bytes(act) * (q + kv);
         }
-        tally.sharded += BytesPerToken(self.saved_latent_path(call));
+        tally.sharded += self.saved_latent_path(call);
         if math_path {
             // The math path saves its fp32 copies of the scaled queries and keys, and of the
             // values when they are in half precision.
-            tally.sharded += BytesPerToken(4.0 * q);
-            key_side += 4.0 * kv + if act < 4.0 { 4.0 * value } else { 0.0 };
+            tally.sharded += fp32 * q;
+            key_side += fp32 * kv
+                + if act < fp32 {
+                    fp32 * value
+                } else {
+                    BytesPerToken::ZERO
+                };
         }
         key_side
     }
@@ -253,31 +262,35 @@ impl TransformerGraph<'_> {
     /// RMSNorm, the kv latent (with the rotary key) and its RMSNorm, and the decompressed
     /// per-head keys and values of kv_b, kept whole where a fused kernel saves the values as
     /// views of it (eager attention's matmul and SDPA's math path save copies).
-    pub(super) fn saved_latent_path(&self, call: &AttentionCall) -> f64 {
+    pub(super) fn saved_latent_path(&self, call: &AttentionCall) -> BytesPerToken {
         let Some(l) = self.spec.latent else {
-            return 0.0;
+            return BytesPerToken::ZERO;
         };
-        let act = self.bytes.act.0;
-        let (qr, kvr) = (l.query_rank as f64, l.kv_rank as f64);
+        let (act, fp32) = (self.bytes.act, BytesPerElement::FP32);
+        let (qr, kvr) = (Width(l.query_rank as f64), Width(l.kv_rank as f64));
         let decompressed =
             if self.kernel_saves_projections(call.kernel) && !call.kernel.materialises_scores() {
-                act * (self.spec.heads * (l.nope_dim + l.value_dim)) as f64
+                act * Width((self.spec.heads * (l.nope_dim + l.value_dim)) as f64)
             } else {
-                0.0
+                BytesPerToken::ZERO
             };
         act * qr
-            + (4.0 + act) * qr
-            + act * (kvr + l.rope_dim as f64)
-            + (4.0 + act) * kvr
+            + (fp32 + act) * qr
+            + act * (kvr + Width(l.rope_dim as f64))
+            + (fp32 + act) * kvr
             + decompressed
     }
 
     /// Adds to `key_side` (saved bytes per key token) what the saved keys and values keep
     /// alive besides themselves: the fused projection they are views of, the cache's copies,
     /// or the copies grouped keys are repeated into.
-    pub(super) fn saved_key_views(&self, call: &AttentionCall, mut key_side: f64) -> f64 {
+    pub(super) fn saved_key_views(
+        &self,
+        call: &AttentionCall,
+        mut key_side: BytesPerToken,
+    ) -> BytesPerToken {
         let spec = self.spec;
-        let act = self.bytes.act.0;
+        let act = self.bytes.act;
         let (q, kv, value) = (call.q, call.kv, call.value);
         // Does the kernel receive the values as a view of a fused projection (the family's, or
         // litgpt's fused qkv for every model)? Not when the cache hands it copies (today's
@@ -305,7 +318,7 @@ impl TransformerGraph<'_> {
             key_side += act * (kv + value);
         }
         key_side += match call.grouped {
-            GroupedKeys::AsProjected => 0.0,
+            GroupedKeys::AsProjected => BytesPerToken::ZERO,
             // repeat_kv expands k and v to all heads before the matmuls.
             GroupedKeys::RepeatedForScores => self.repeated_keys(call),
             // litgpt repeats grouped keys and values to every head before SDPA, which saves
@@ -316,14 +329,14 @@ impl TransformerGraph<'_> {
     }
 
     /// Bytes per key token of grouped keys and values repeated to every head.
-    pub(super) fn repeated_keys(&self, call: &AttentionCall) -> f64 {
-        self.bytes.act.0 * 2.0 * call.q
+    pub(super) fn repeated_keys(&self, call: &AttentionCall) -> BytesPerToken {
+        self.bytes.act * 2.0 * call.q
     }
 
     /// The masks and biases one attention has alive.
     pub(super) fn attention_masks(&self, call: &AttentionCall) -> AttentionMasks {
         let spec = self.spec;
-        let (act, shape) = (self.bytes.act.0, call.shape);
+        let (act, shape) = (self.bytes.act, call.shape);
         // T5's relative position bias (batch 1) lives through its stack: the self-attention's in
         // the weight dtype, the decoder's cross-attention zeros in the activation dtype.
         let stack_bias = if spec.relative_attention_buckets > 0 {
@@ -332,7 +345,7 @@ impl TransformerGraph<'_> {
             } else {
                 self.bytes.residual
             };
-            Bytes(bias.0 * call.heads * shape.queries * shape.keys)
+            bias * call.heads * shape.queries * shape.keys.as_width()
         } else {
             Bytes::ZERO
         };
@@ -344,7 +357,7 @@ impl TransformerGraph<'_> {
         let kernel_causal =
             call.kernel == AttentionKernel::SdpaMathCuda && spec.relative_attention_buckets == 0;
         let causal = if shape.causal && !kernel_causal {
-            Bytes(masks * act * self.batch * shape.queries * shape.keys)
+            masks * act * self.batch * shape.queries * shape.keys.as_width()
         } else {
             Bytes::ZERO
         };
@@ -352,10 +365,10 @@ impl TransformerGraph<'_> {
         // once, held through the stack), which it converts to an additive mask in the
         // activation dtype on each sliding layer (saved for backward).
         let (sliding, converted) = match spec.sliding {
-            Some(s) if shape.causal && shape.keys > s.window as f64 => {
-                let elements = Elements(self.batch * shape.queries * shape.keys);
+            Some(s) if shape.causal && shape.keys > Tokens(s.window as f64) => {
+                let elements = self.batch * shape.queries * shape.keys.as_width();
                 let converted = if shape.cached_keys.is_some() {
-                    BytesPerElement(act) * elements
+                    act * elements
                 } else {
                     Bytes::ZERO
                 };
@@ -375,16 +388,16 @@ impl TransformerGraph<'_> {
     /// No-grad projections alive at the attention (this GPU's heads): a fused projection stays
     /// whole behind its q/k/v views (RoPE adds a rotated q, and k unless the cache took a
     /// copy); separate projections leave q, and k and v unless the cache holds their copies.
-    pub(super) fn no_grad_projections(&self, call: &AttentionCall) -> f64 {
+    pub(super) fn no_grad_projections(&self, call: &AttentionCall) -> Bytes {
         let spec = self.spec;
-        let act = self.bytes.act.0;
+        let act = self.bytes.act;
         let cached = self.attention_caches(call);
         let (q_local, kv_local) = (call.q / self.split.tp, call.kv / self.split.tp);
         if let Some(l) = spec.latent {
             // Latent attention: q_b's output behind the no-rope queries and the concatenated
             // queries; kv_b's output behind the values and the assembled per-head keys, and the
             // shared rotary key expanded to every head (the cache holds the latent instead).
-            let per_head = |width: u64| (spec.heads * width) as f64 / self.split.tp;
+            let per_head = |width: u64| Width((spec.heads * width) as f64) / self.split.tp;
             call.query_tokens
                 * act
                 * (2.0 * q_local
@@ -393,15 +406,15 @@ impl TransformerGraph<'_> {
                     + per_head(l.rope_dim))
         } else if spec.fused_qkv && !call.cross {
             let rotated = if spec.rotary_fraction > 0.0 {
-                q_local + if cached { 0.0 } else { kv_local }
+                q_local + if cached { Width::ZERO } else { kv_local }
             } else {
-                0.0
+                Width::ZERO
             };
             call.query_tokens * act * (q_local + 2.0 * kv_local + rotated)
         } else {
             call.query_tokens * act * q_local
                 + if cached {
-                    0.0
+                    Bytes::ZERO
                 } else {
                     call.key_tokens * act * (call.kv + call.value) / self.split.tp
                 }
@@ -416,7 +429,7 @@ impl TransformerGraph<'_> {
         masks: &AttentionMasks,
         tally: &mut Tally,
     ) -> AttentionCore {
-        let act = self.bytes.act.0;
+        let (act, fp32) = (self.bytes.act, BytesPerElement::FP32);
         let (scores, shape) = (call.scores, call.shape);
         let score = self.score_bytes(call.kernel);
         let score_gradients = match self.workload.target {
@@ -428,17 +441,17 @@ impl TransformerGraph<'_> {
             Target::Cpu => Bytes::ZERO,
         };
         // The head-merging copy is saved by the output projection.
-        tally.sharded += BytesPerToken(act * call.q);
+        tally.sharded += act * call.q;
         // The math path keeps fp32 copies of half-precision q, k and v for the whole call,
         // and scales a copy of the queries.
         let (q_local, kv_local) = (call.q / self.split.tp, call.kv / self.split.tp);
-        let copies = if act < 4.0 {
-            4.0 * (q_local * call.query_tokens
+        let copies = if act < fp32 {
+            fp32 * (q_local * call.query_tokens
                 + (kv_local + call.value / self.split.tp) * call.key_tokens)
         } else {
-            0.0
+            Bytes::ZERO
         };
-        let scaled_queries = 4.0 * q_local * call.query_tokens;
+        let scaled_queries = fp32 * q_local * call.query_tokens;
         let (scaled, returned) = match call.kernel {
             // CUDA's (SDPA: no probabilities returned; grouped keys and values repeated to
             // every head, counted as `expanded`) also turns `is_causal` (no mask given)
@@ -446,23 +459,21 @@ impl TransformerGraph<'_> {
             // tensor beside the biased scores and the probabilities (the H200's op logs).
             AttentionKernel::SdpaMathCuda => {
                 let causal_bias = if shape.causal && masks.kernel_causal {
-                    4.0 * shape.queries * shape.keys
+                    fp32 * shape.queries * shape.keys.as_width()
                 } else {
-                    0.0
+                    Bytes::ZERO
                 };
                 (
-                    Bytes(copies + scaled_queries + causal_bias) + scores * BytesPerElement::BOOL,
+                    copies + scaled_queries + causal_bias + scores * BytesPerElement::BOOL,
                     Bytes::ZERO,
                 )
             }
-            AttentionKernel::SdpaMathCpu => {
-                (Bytes(copies + scaled_queries), scores * score.returned())
-            }
+            AttentionKernel::SdpaMathCpu => (copies + scaled_queries, scores * score.returned()),
             _ => (Bytes::ZERO, scores * score.returned()),
         };
         let expanded = match call.grouped {
             GroupedKeys::RepeatedForScores => self.repeated_keys(call),
-            GroupedKeys::AsProjected | GroupedKeys::RepeatedByLitgpt => 0.0,
+            GroupedKeys::AsProjected | GroupedKeys::RepeatedByLitgpt => BytesPerToken::ZERO,
         };
         AttentionCore {
             saved: scores * score.saved(),
@@ -471,9 +482,9 @@ impl TransformerGraph<'_> {
             // forward replay counts already.)
             transient: scores * score.input + masks.causal,
             score_gradients,
-            inference_live: Bytes(
-                self.no_grad_projections(call) + expanded / self.split.tp * call.key_tokens,
-            ) + scores * score.no_grad_peak()
+            inference_live: self.no_grad_projections(call)
+                + expanded / self.split.tp * call.key_tokens
+                + scores * score.no_grad_peak()
                 + scaled,
             inference_kept: returned,
             stack_mask: masks.causal,
@@ -488,34 +499,34 @@ impl TransformerGraph<'_> {
         masks: &AttentionMasks,
         tally: &mut Tally,
     ) -> AttentionCore {
-        let act = self.bytes.act.0;
+        let (act, fp32) = (self.bytes.act, BytesPerElement::FP32);
         let shape = call.shape;
         // Kernel output + fp32 log-sum-exp; the output is in the layout the output projection
         // reads unless the queries were made contiguous per head (then the merge copies).
         let merge_copy = if self.fused_output_in_head_layout(call.kernel) {
             act * call.q
         } else {
-            0.0
+            BytesPerToken::ZERO
         };
-        tally.sharded += BytesPerToken(act * call.q + merge_copy + 4.0 * self.spec.heads as f64);
+        // One fp32 log-sum-exp per head and query token.
+        tally.sharded += act * call.q + merge_copy + fp32 * Width(self.spec.heads as f64);
         // Without gradients T5's bias goes to the kernel as an additive mask: a causal
         // decoder's is combined with the mask (`torch.where`) and made contiguous.
         let bias_mask = if masks.stack_bias > Bytes::ZERO && shape.causal {
-            2.0 * act * call.heads * shape.queries * shape.keys
+            2.0 * act * call.heads * shape.queries * shape.keys.as_width()
         } else {
-            0.0
+            Bytes::ZERO
         };
         let q_local = call.q / self.split.tp;
         AttentionCore {
             saved: masks.converted,
             transient: Bytes::ZERO,
             score_gradients: Bytes::ZERO,
-            inference_live: Bytes(
-                self.no_grad_projections(call)
-                    + call.query_tokens
-                        * (act * q_local + merge_copy / self.split.tp + 4.0 * call.heads)
-                    + bias_mask,
-            ) + masks.converted,
+            inference_live: self.no_grad_projections(call)
+                + call.query_tokens
+                    * (act * q_local + merge_copy / self.split.tp + fp32 * Width(call.heads))
+                + bias_mask
+                + masks.converted,
             inference_kept: Bytes::ZERO,
             stack_mask: masks.sliding * BytesPerElement::BOOL,
         }

@@ -4,7 +4,7 @@ use super::attention::AttentionMemory;
 use super::sizes::{AttentionShape, Tally};
 use super::TransformerGraph;
 use crate::model::LayerKind;
-use crate::quantity::{BytesPerToken, Tokens};
+use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
 use crate::single_gpu::per_op_saved_matmul_widths;
 use crate::unit::{SavedGroup, Unit, WholeTensors};
 use crate::workload::Loss;
@@ -18,7 +18,7 @@ struct BlockAttentions {
     /// The block has a cross-attention (a decoder of an encoder-decoder).
     has_cross: bool,
     /// The tokens a cross-attention's keys and values span (the encoder's).
-    encoder_tokens: f64,
+    encoder_tokens: Tokens,
 }
 
 impl TransformerGraph<'_> {
@@ -31,60 +31,55 @@ impl TransformerGraph<'_> {
         layer: LayerKind,
     ) -> Unit {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
+        let (act, h) = (self.bytes.act, Width(spec.hidden as f64));
         let tokens = self.batch * shape.queries;
         let mut tally = Tally::default();
         self.tally_block_norms(cross.is_some(), &mut tally);
         let attentions = self.block_attentions(shape, cross, &mut tally);
         let (own, cross_memory) = (&attentions.own, &attentions.cross);
-        let transient = own
-            .forward_transient
-            .max(cross_memory.forward_transient)
-            .bytes();
-        tally.sharded += BytesPerToken(self.mlp(layer));
+        let transient = own.forward_transient.max(cross_memory.forward_transient);
+        tally.sharded += self.mlp(layer);
         if self.dropout_active(spec.hidden_dropout) {
             // A 1-byte mask per hidden element.
-            tally.replicated += BytesPerToken(h);
+            tally.replicated += BytesPerElement::BOOL * h;
         }
-        let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
+        let f = Width(spec.routed_intermediate(layer) as f64) / self.split.tp;
         let (inference_live, mlp_intermediates) =
             self.block_no_grad_live(tokens, layer, &attentions);
         let dequantised = self.dequantised(layer, tokens);
         // The cache copies the outputs hold: through backward with `--loss none` (the caller
         // keeps the outputs), else until the forward returns. As (held, forward_held).
-        let cache_copies = (own.forward_held + cross_memory.forward_held).bytes();
+        let cache_copies = own.forward_held + cross_memory.forward_held;
         let outputs_held = if self.workload.loss == Loss::None {
-            (cache_copies, 0.0)
+            (cache_copies, Bytes::ZERO)
         } else {
-            (0.0, cache_copies)
+            (Bytes::ZERO, cache_copies)
         };
-        let residual_gradient = 2.0 * tokens * self.bytes.residual.0 * h;
+        let residual_gradient = 2.0 * tokens * self.bytes.residual * h;
+        let adapters = self.adapter_transient(layer, tokens, attentions.encoder_tokens);
         Unit {
             name: "block",
-            saved: self.block_saved(tokens, layer, &tally, &attentions),
+            saved: self.block_saved(tokens, layer, &tally, &attentions).bytes(),
             attention_core: tally.core.bytes(),
-            checkpoint: Some(tokens * self.bytes.residual.0 * h / self.split.sequence),
-            per_op_saved: self.per_op_saved(shape, cross, layer),
-            held: own.cache_held.bytes() + outputs_held.0,
-            forward_held: outputs_held.1,
-            forward_transient: (transient + tokens * act * f).max(self.adapter_transient(
-                layer,
-                tokens,
-                attentions.encoder_tokens,
-            )) + dequantised,
+            checkpoint: Some((tokens * self.bytes.residual * h / self.split.sequence).bytes()),
+            per_op_saved: self.per_op_saved(shape, cross, layer).bytes(),
+            held: (own.cache_held + outputs_held.0).bytes(),
+            forward_held: outputs_held.1.bytes(),
+            forward_transient: ((transient + tokens * act * f).max(adapters) + dequantised).bytes(),
             // Saved tensors are released as their node runs: one intermediate's gradient at a
             // time (and a QLoRA base weight dequantised again for the input's gradient).
-            backward_transient: self.block_largest_gradient(
+            backward_transient: (self.block_largest_gradient(
                 tokens,
                 layer,
-                tally.core.bytes(),
+                tally.core,
                 &attentions,
             ) + residual_gradient
-                + dequantised,
-            gradient_transient: residual_gradient,
-            inference_live: inference_live + dequantised,
+                + dequantised)
+                .bytes(),
+            gradient_transient: residual_gradient.bytes(),
+            inference_live: (inference_live + dequantised).bytes(),
             kv_cache: (own.kv_cache + cross_memory.kv_cache).bytes(),
-            kv_window: shape.cached_keys,
+            kv_window: shape.cached_keys.map(Tokens::count),
             whole: WholeTensors {
                 saved: [
                     SavedGroup {
@@ -96,8 +91,8 @@ impl TransformerGraph<'_> {
                         SavedGroup::default()
                     } else {
                         SavedGroup {
-                            bytes: tokens * self.mlp_intermediates(layer) / self.split.tp,
-                            tensor: tokens * act * f,
+                            bytes: (tokens * self.mlp_intermediates(layer) / self.split.tp).bytes(),
+                            tensor: (tokens * act * f).bytes(),
                         }
                     },
                 ],
@@ -113,19 +108,20 @@ impl TransformerGraph<'_> {
     /// Adds what a block's norms save to `tally` (`cross`: a decoder block's third norm).
     fn tally_block_norms(&self, cross: bool, tally: &mut Tally) {
         let spec = self.spec;
-        let h = spec.hidden as f64;
+        let h = Width(spec.hidden as f64);
         let norms = spec.block_norms() as f64 + if cross { 1.0 } else { 0.0 };
         if spec.post_norm {
             // The block input is saved by q/k/v; each add+norm saves the sum.
             tally.sharded += self
                 .bytes
                 .linear_input(h, if spec.fused_qkv { 1.0 } else { 3.0 });
-            tally.replicated += BytesPerToken(2.0 * (self.bytes.residual.0 * h + 8.0));
+            // (LayerNorm's fp32 mean and reciprocal deviation per row.)
+            tally.replicated += 2.0 * (self.bytes.residual * h + BytesPerToken(8.0));
         } else if spec.parallel_residual && !spec.shared_block_norm {
             // Both norms read the same residual input: it is saved once.
-            tally.replicated += BytesPerToken(2.0 * self.norm_saved() - self.bytes.residual.0 * h);
+            tally.replicated += 2.0 * self.norm_saved() - self.bytes.residual * h;
         } else {
-            tally.replicated += BytesPerToken(norms * self.norm_saved());
+            tally.replicated += norms * self.norm_saved();
         }
     }
 
@@ -143,7 +139,7 @@ impl TransformerGraph<'_> {
                 .map(|c| self.attention(c, true, tally))
                 .unwrap_or_default(),
             has_cross: cross.is_some(),
-            encoder_tokens: cross.map_or(0.0, |c| self.batch * c.keys),
+            encoder_tokens: cross.map_or(Tokens::ZERO, |c| self.batch * c.keys),
         }
     }
 
@@ -151,24 +147,23 @@ impl TransformerGraph<'_> {
     /// tensors and core, autocast's weight copies, and what LoRA changes.
     fn block_saved(
         &self,
-        tokens: f64,
+        tokens: Tokens,
         layer: LayerKind,
         tally: &Tally,
         attentions: &BlockAttentions,
-    ) -> f64 {
+    ) -> Bytes {
         let (own, cross) = (&attentions.own, &attentions.cross);
-        let key_bytes = (own.key_saved + cross.key_saved - own.cache_held).bytes();
+        let key_bytes = own.key_saved + cross.key_saved - own.cache_held;
         let autocast_weights = if self.bytes.autocast {
-            self.bytes.act.0 * self.spec.block_linear_params(layer, attentions.has_cross) as f64
-                / self.split.tp
+            let params = self.spec.block_linear_params(layer, attentions.has_cross);
+            self.bytes.act * Elements(params as f64) / self.split.tp
         } else {
-            0.0
+            Bytes::ZERO
         };
         let change = self.lora_inputs(layer, attentions.has_cross);
-        (Tokens(tokens) * (tally.sharded / self.split.tp + tally.replicated / self.split.sequence))
-            .bytes()
+        tokens * (tally.sharded / self.split.tp + tally.replicated / self.split.sequence)
             + key_bytes
-            + tally.core.bytes()
+            + tally.core
             + autocast_weights
             + (tokens * (change.attention + change.mlp + change.cross_queries)
                 + attentions.encoder_tokens * change.cross_keys)
@@ -182,47 +177,44 @@ impl TransformerGraph<'_> {
     /// T5's position bias through the stack.
     fn block_no_grad_live(
         &self,
-        tokens: f64,
+        tokens: Tokens,
         layer: LayerKind,
         attentions: &BlockAttentions,
-    ) -> (f64, SavedGroup) {
+    ) -> (Bytes, SavedGroup) {
         let (own, cross) = (&attentions.own, &attentions.cross);
-        let hidden = tokens * self.bytes.residual.0 * self.spec.hidden as f64;
+        let hidden = tokens * self.bytes.residual * Width(self.spec.hidden as f64);
         let held = &self.spec.held;
         // The pass counts the block's whole KV cache: the cross-attention's copies do not exist
         // yet while the self-attention runs.
         let attention_live =
-            hidden * held.at_attention as f64 + own.inference_live.bytes() - cross.kv_cache.bytes();
+            hidden * held.at_attention as f64 + own.inference_live - cross.kv_cache;
         // Cross-attention runs beside the self-attention's residual sum as well.
         let cross_live = if attentions.has_cross {
-            hidden * (held.at_attention + 1) as f64
-                + own.inference_kept.bytes()
-                + cross.inference_live.bytes()
+            hidden * (held.at_attention + 1) as f64 + own.inference_kept + cross.inference_live
         } else {
-            0.0
+            Bytes::ZERO
         };
         // The block names each attention's probabilities `_`: the cross-attention's replace the
         // self-attention's.
         let kept = if attentions.has_cross {
-            cross.inference_kept.bytes()
+            cross.inference_kept
         } else {
-            own.inference_kept.bytes()
+            own.inference_kept
         };
         let mlp_own_live = self.mlp_no_grad_live(tokens, layer);
         let mlp_live = hidden * held.at_mlp as f64 + mlp_own_live + kept;
-        let f = self.spec.routed_intermediate(layer) as f64 / self.split.tp;
+        let f = Width(self.spec.routed_intermediate(layer) as f64) / self.split.tp;
         let mlp_intermediates = if !layer.moe && mlp_live >= attention_live.max(cross_live) {
             SavedGroup {
-                bytes: mlp_own_live,
+                bytes: mlp_own_live.bytes(),
                 // One tensor of the MLP's intermediate width.
-                tensor: tokens * self.bytes.act.0 * f,
+                tensor: (tokens * self.bytes.act * f).bytes(),
             }
         } else {
             SavedGroup::default()
         };
-        let inference_live = attention_live.max(cross_live).max(mlp_live)
-            + own.stack_held.bytes()
-            + cross.stack_held.bytes();
+        let inference_live =
+            attention_live.max(cross_live).max(mlp_live) + own.stack_held + cross.stack_held;
         (inference_live, mlp_intermediates)
     }
 
@@ -231,34 +223,34 @@ impl TransformerGraph<'_> {
     /// first MLP linear's bias, or of a cross-attention's inputs.
     fn block_largest_gradient(
         &self,
-        tokens: f64,
+        tokens: Tokens,
         layer: LayerKind,
-        core: f64,
+        core: Bytes,
         attentions: &BlockAttentions,
-    ) -> f64 {
+    ) -> Bytes {
         let spec = self.spec;
-        let act = self.bytes.act.0;
-        let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
+        let act = self.bytes.act;
+        let f = Width(spec.routed_intermediate(layer) as f64) / self.split.tp;
         // The score gradients exist in the attention's backward, after the MLP's (and, where
         // blocks run in sequence, the MLP's norm and the output projection's saved input are
         // released by then).
         let score_gradients = attentions
             .own
             .score_gradients
-            .max(attentions.cross.score_gradients)
-            .bytes();
-        let released_before_attention = if spec.parallel_residual || score_gradients == 0.0 {
-            0.0
+            .max(attentions.cross.score_gradients);
+        let released_before_attention = if spec.parallel_residual || score_gradients == Bytes::ZERO
+        {
+            Bytes::ZERO
         } else {
             tokens
                 * (self.mlp(layer) / self.split.tp
                     + self.norm_saved() / self.split.sequence
-                    + act * spec.query_width() as f64 / self.split.tp)
+                    + act * Width(spec.query_width() as f64) / self.split.tp)
         };
-        let residual_gradient = 2.0 * tokens * self.bytes.residual.0 * spec.hidden as f64;
+        let residual_gradient = 2.0 * tokens * self.bytes.residual * Width(spec.hidden as f64);
         // In the attention's backward one residual-stream gradient is alive beside its own.
         let attention_backward = (score_gradients - released_before_attention)
-            .max(attentions.cross.input_gradients.bytes() - released_before_attention)
+            .max(attentions.cross.input_gradients - released_before_attention)
             - residual_gradient / 2.0;
         // On the GPU the first MLP linear's bias gradient is summed from its output's gradient
         // through a staging buffer, after the activation's and the second linear's backward
@@ -267,7 +259,7 @@ impl TransformerGraph<'_> {
             let staging = self.bias_gradient_staging(tokens, f);
             staging + tokens * (act * f - self.mlp_intermediates(layer) / self.split.tp)
         } else {
-            0.0
+            Bytes::ZERO
         };
         (core / 2.0)
             .max(tokens * act * f * self.mlp_backward_intermediates())
@@ -284,12 +276,13 @@ impl TransformerGraph<'_> {
         shape: AttentionShape,
         cross: Option<AttentionShape>,
         layer: LayerKind,
-    ) -> f64 {
+    ) -> Bytes {
         let spec = self.spec;
-        let act = self.bytes.act.0;
+        let act = self.bytes.act;
         let (per_query, per_key) = per_op_saved_matmul_widths(spec, layer, cross.is_some());
+        let (per_query, per_key) = (Width(per_query), Width(per_key));
         let queries = self.batch * shape.queries;
-        let keys = cross.map_or(0.0, |c| self.batch * c.keys);
+        let keys = cross.map_or(Tokens::ZERO, |c| self.batch * c.keys);
         let attentions = [
             self.own_kernel.is_sdpa_fused(),
             cross.is_some() && self.cross_kernel.is_sdpa_fused(),
@@ -297,9 +290,10 @@ impl TransformerGraph<'_> {
         .into_iter()
         .filter(|&f| f)
         .count() as f64;
-        let kernel =
-            attentions * queries * (act * spec.query_width() as f64 + 4.0 * spec.heads as f64)
-                / self.split.tp;
+        // Per query token: the kernel's output and its fp32 log-sum-exp per head.
+        let per_token = act * Width(spec.query_width() as f64)
+            + BytesPerElement::FP32 * Width(spec.heads as f64);
+        let kernel = attentions * queries * per_token / self.split.tp;
         (queries * per_query + keys * per_key) * act / self.split.tp + kernel
     }
 }

@@ -3,7 +3,7 @@
 use super::attention::AttentionCall;
 use super::sizes::AttentionShape;
 use super::TransformerGraph;
-use crate::quantity::Bytes;
+use crate::quantity::{Bytes, BytesPerElement, Tokens, Width};
 use crate::workload::{Checkpointing, Loss, Mode};
 
 impl TransformerGraph<'_> {
@@ -58,11 +58,11 @@ impl TransformerGraph<'_> {
     }
 
     /// Bytes per element of the keys a cache copies: fp32 under an old release's fp32 rotary.
-    pub(super) fn cached_key_bytes(&self) -> f64 {
+    pub(super) fn cached_key_bytes(&self) -> BytesPerElement {
         if self.old_release().is_some_and(|o| o.fp32_rotary()) {
-            4.0
+            BytesPerElement::FP32
         } else {
-            self.bytes.act.0
+            self.bytes.act
         }
     }
 
@@ -77,11 +77,11 @@ impl TransformerGraph<'_> {
     pub(super) fn math_path_cache_copies(&self, call: &AttentionCall) -> Bytes {
         if call.kernel.is_math_path() && self.training_cache(call.shape, call.cross) {
             let value = if self.kernel_saves_projections(call.kernel) {
-                0.0
+                Width::ZERO
             } else {
                 call.value
             };
-            Bytes(call.key_tokens * self.bytes.act.0 * (call.kv + value) / self.split.tp)
+            call.key_tokens * self.bytes.act * (call.kv + value) / self.split.tp
         } else {
             Bytes::ZERO
         }
@@ -95,20 +95,20 @@ impl TransformerGraph<'_> {
     /// stays alive; decoding then keeps only the window (`Unit::kv_window`).
     pub(super) fn attention_cache(&self, call: &AttentionCall) -> (Bytes, Bytes) {
         let spec = self.spec;
-        let act = self.bytes.act.0;
+        let act = self.bytes.act;
         let key_bytes = self.cached_key_bytes();
         let copies = (key_bytes * call.kv + act * call.value) / self.split.tp;
         let cache_bytes = match (spec.latent, self.old_release()) {
-            (Some(_), _) => act * spec.cache_width() as f64,
+            (Some(_), _) => act * Width(spec.cache_width() as f64),
             // A prompt's cache of the layer's own tensors (an old release's), whose views keep
             // a fused projection alive; decoding concatenates copies.
-            (None, Some(old)) if call.shape.queries > 1.0 && !call.cross => {
+            (None, Some(old)) if call.shape.queries > Tokens(1.0) && !call.cross => {
                 (old.prompt_cache_bytes(act, key_bytes) / self.split.tp).max(copies)
             }
             (None, _) => copies,
         };
         let kv_cache = if self.attention_caches(call) {
-            Bytes(cache_bytes * call.key_tokens)
+            cache_bytes * call.key_tokens
         } else {
             Bytes::ZERO
         };
@@ -120,7 +120,7 @@ impl TransformerGraph<'_> {
             && spec.latent.is_none()
             && !(spec.fused_qkv && self.cache_holds_views())
         {
-            Bytes(copies * call.key_tokens)
+            copies * call.key_tokens
         } else {
             Bytes::ZERO
         };

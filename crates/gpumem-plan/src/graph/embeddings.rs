@@ -2,6 +2,7 @@
 
 use super::TransformerGraph;
 use crate::model::Head;
+use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
 use crate::unit::{Unit, ACCUMULATION_COPIES};
 use crate::workload::Mode;
 
@@ -9,11 +10,11 @@ use crate::workload::Mode;
 #[derive(Debug, Clone, Copy, Default)]
 struct AudioStem {
     /// The features the caller (and `generate`'s copy) holds.
-    held: f64,
+    held: Bytes,
     /// Saved for backward in training.
-    saved: f64,
+    saved: Bytes,
     /// Alive at its peak.
-    live: f64,
+    live: Bytes,
 }
 
 impl TransformerGraph<'_> {
@@ -21,42 +22,48 @@ impl TransformerGraph<'_> {
     /// the inputs the caller holds.
     pub(super) fn embeddings(&self) -> Unit {
         let spec = self.spec;
+        let (act, residual) = (self.bytes.act, self.bytes.residual);
         let tokens = self.batch * self.sequence();
-        let h = spec.hidden as f64;
+        let h = Width(spec.hidden as f64);
         // Token ids (int64), and labels in an evaluation forward, are held by the caller for the
         // whole step.
+        let int64 = BytesPerToken(8.0);
         let labels = if self.workload.mode == Mode::Infer && self.workload.labels {
-            tokens * 8.0
+            tokens * int64
         } else {
-            0.0
+            Bytes::ZERO
         };
-        let mut held = tokens * 8.0 + labels;
-        let mut saved = 0.0;
+        let mut held = tokens * int64 + labels;
+        let mut saved = Bytes::ZERO;
         if let Some(p) = spec.patches {
-            let pixels = self.batch * p.channels as f64 * (self.workload.image_size as f64).powi(2);
-            held = pixels * self.bytes.residual.0;
+            let pixels = Elements(
+                self.batch * p.channels as f64 * (self.workload.image_size as f64).powi(2),
+            );
+            held = pixels * residual;
             saved = if self.bytes.autocast {
-                pixels * self.bytes.act.0
+                pixels * act
             } else {
-                0.0
+                Bytes::ZERO
             };
         }
         let stem = self.audio_stem();
         held += stem.held;
         saved += stem.saved;
         if spec.embedding_norm {
-            saved += tokens * self.bytes.residual.0 * h;
+            saved += tokens * residual * h;
         }
         if self.dropout_active(spec.embedding_dropout) {
-            saved += tokens * h;
+            // A 1-byte mask per hidden element.
+            saved += tokens * h * BytesPerElement::BOOL;
         }
         // A tied word embedding already holds the LM head's gradient: the embedding backward adds a
         // new V×h gradient and accumulating it allocates the sum.
         let tied_accumulation = if spec.tied_embeddings && spec.head != Head::None {
-            ACCUMULATION_COPIES * (spec.vocab * spec.hidden) as f64 / self.split.tp
-                * self.workload.module_dtype().bytes() as f64
+            // In the weights' dtype: the module dtype, the residual stream's.
+            ACCUMULATION_COPIES * Elements((spec.vocab * spec.hidden) as f64) / self.split.tp
+                * residual
         } else {
-            0.0
+            Bytes::ZERO
         };
         // The model's forward holds its embedding outputs (`inputs_embeds`, and a position
         // embedding's output where it is a separate tensor) until its body returns, and RoPE's
@@ -67,28 +74,29 @@ impl TransformerGraph<'_> {
             Mode::Train | Mode::Infer => self.sequence(),
         };
         let positions = if spec.held.positions {
-            position_rows * self.bytes.residual.0 * h
+            position_rows * residual * h
         } else {
-            0.0
+            Bytes::ZERO
         };
         // Under LoRA the embeddings (and an audio or patch stem) are frozen and read nothing
         // that needs a gradient: autograd records none of their operations.
         if self.training && self.workload.lora.is_some() {
-            saved = 0.0;
+            saved = Bytes::ZERO;
         }
-        let rotary = 2.0 * position_rows * spec.rotary_fraction * spec.head_dim as f64;
-        let body_held = tokens * spec.held.embeddings as f64 * self.bytes.residual.0 * h
-            + positions
-            + rotary * self.bytes.act.0;
+        // The cos and sin tables: a row per position, of the rotated part of a head.
+        let rotary = 2.0 * position_rows * spec.rotary_fraction * Width(spec.head_dim as f64);
+        let body_held =
+            tokens * spec.held.embeddings as f64 * residual * h + positions + rotary * act;
+        let hidden = tokens * residual * h;
         Unit {
             name: "embeddings",
-            saved: saved / self.split.sequence,
-            held,
-            body_held,
-            forward_transient: (2.0 * tokens * self.bytes.residual.0 * h).max(stem.live),
-            backward_transient: tokens * self.bytes.residual.0 * h,
-            gradient_transient: tied_accumulation + tokens * self.bytes.residual.0 * h,
-            inference_live: (2.0 * tokens * self.bytes.residual.0 * h).max(stem.live),
+            saved: (saved / self.split.sequence).bytes(),
+            held: held.bytes(),
+            body_held: body_held.bytes(),
+            forward_transient: (2.0 * tokens * residual * h).max(stem.live).bytes(),
+            backward_transient: hidden.bytes(),
+            gradient_transient: (tied_accumulation + hidden).bytes(),
+            inference_live: (2.0 * tokens * residual * h).max(stem.live).bytes(),
             params: spec.params_of_embeddings(),
             // Whisper's sinusoidal encoder positions are a frozen parameter.
             untrained_params: spec.audio.map_or(0, |a| a.frames * spec.hidden),
@@ -99,31 +107,32 @@ impl TransformerGraph<'_> {
     /// The projector of a vision-language model: two linears with a GELU between them, from
     /// the tower's patch features to `image_tokens` tokens of width `width` per image.
     pub(super) fn projector(&self, params: u64, image_tokens: u64, width: u64) -> Unit {
-        let act = self.bytes.act.0;
-        let tokens = self.batch * image_tokens as f64;
-        let (v, t) = (self.spec.hidden as f64, width as f64);
+        let act = self.bytes.act;
+        let tokens = self.batch * Tokens(image_tokens as f64);
+        let (v, t) = (Width(self.spec.hidden as f64), Width(width as f64));
+        let output = tokens * act * t;
         Unit {
             name: "projector",
             // The selected features, the first linear's output (GELU input) and the GELU output.
             saved: if self.training {
-                tokens * act * (v + 2.0 * t)
+                (tokens * act * (v + 2.0 * t)).bytes()
             } else {
                 0.0
             },
-            forward_transient: tokens * act * t,
-            backward_transient: 2.0 * tokens * act * t,
-            gradient_transient: tokens * act * t,
-            inference_live: tokens * act * (v + 2.0 * t),
+            forward_transient: output.bytes(),
+            backward_transient: (2.0 * tokens * act * t).bytes(),
+            gradient_transient: output.bytes(),
+            inference_live: (tokens * act * (v + 2.0 * t)).bytes(),
             // The image features are scattered into a copy of the language model's input
             // embeddings; their concatenation over the images (a copy) is returned with the
             // output (`image_hidden_states`). Training drops the output before its backward.
-            held: if self.training { 0.0 } else { tokens * act * t },
+            held: if self.training { 0.0 } else { output.bytes() },
             // The tower's output (kept for `image_hidden_states`' source) stays referenced
             // while the language model runs: one tower hidden state and the projector's output.
             body_held: if self.training {
                 0.0
             } else {
-                tokens * act * t + self.batch * self.sequence() * self.bytes.residual.0 * v
+                (output + self.batch * self.sequence() * self.bytes.residual * v).bytes()
             },
             params,
             ..Unit::default()
@@ -136,9 +145,10 @@ impl TransformerGraph<'_> {
         let Some(a) = self.spec.audio else {
             return AudioStem::default();
         };
-        let (act, h) = (self.bytes.act.0, self.spec.hidden as f64);
-        let frames = self.batch * a.frames as f64;
-        let features = 2.0 * frames * a.mel_bins as f64;
+        let (act, h) = (self.bytes.act, Width(self.spec.hidden as f64));
+        let frames = self.batch * Tokens(a.frames as f64);
+        // Two mel frames per encoder position.
+        let features = 2.0 * frames * Width(a.mel_bins as f64);
         // Whisper's `generate` concatenates the batch's 30 s segments into a new tensor
         // (a copy of the features) that it keeps while it generates.
         let copies = if self.workload.mode == Mode::Generate {
@@ -151,15 +161,15 @@ impl TransformerGraph<'_> {
         let autocast_copy = if self.bytes.autocast {
             features * act
         } else {
-            0.0
+            Bytes::ZERO
         };
         let saved = if self.training {
             autocast_copy + 5.0 * frames * h * act
         } else {
-            0.0
+            Bytes::ZERO
         };
         AudioStem {
-            held: copies * features * self.bytes.residual.0,
+            held: copies * features * self.bytes.residual,
             saved,
             live: 4.0 * frames * h * act,
         }

@@ -5,37 +5,38 @@ use super::loss::LogitsUse;
 use super::TransformerGraph;
 use super::Unit;
 use crate::model::Head;
+use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
 use crate::workload::{Mode, Target};
 
 /// The tensors of an LM head under a workload, whichever way its logits are then used.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct LmLogits {
     /// Positions the head runs on: the decoder's, over the micro-batch.
-    pub(super) tokens: f64,
-    /// Vocabulary entries on this GPU.
-    pub(super) vocab: f64,
+    pub(super) tokens: Tokens,
+    /// Vocabulary entries on this GPU: the logits' width.
+    pub(super) vocab: Width,
     /// Positions whose logits are made (generate keeps only the last one's).
-    pub(super) logits_tokens: f64,
-    /// Bytes of the logits.
-    pub(super) logits: f64,
-    /// Bytes of soft-capped logits: the division's output, and tanh's saved for backward.
-    pub(super) softcap: f64,
-    /// Saved bytes per token of a masked-LM transform (dense → GELU → LayerNorm).
-    pub(super) transform: f64,
-    /// Bytes per token of T5's rescaled copy of the decoder output.
-    pub(super) rescale: f64,
-    /// Bytes per element of the log-probabilities the loss saves.
-    pub(super) loss_bytes: f64,
+    pub(super) logits_tokens: Tokens,
+    /// The logits.
+    pub(super) logits: Bytes,
+    /// Soft-capped logits: the division's output, and tanh's saved for backward.
+    pub(super) softcap: Bytes,
+    /// Saved by a masked-LM transform (dense → GELU → LayerNorm).
+    pub(super) transform: BytesPerToken,
+    /// T5's rescaled copy of the decoder output.
+    pub(super) rescale: BytesPerToken,
+    /// The log-probabilities the loss saves, per element.
+    pub(super) loss_bytes: BytesPerElement,
     /// CUDA's autocast runs log_softmax in half precision on logits the model does not upcast.
     pub(super) half_log_probs: bool,
-    /// Bytes of the logits' fp32 copy (none where the loss reads them as they are).
-    pub(super) fp32_copy: f64,
-    /// Bytes of the logits' gradient with the bias gradient's staging.
-    pub(super) logits_gradient: f64,
-    /// What the head's matmul and the final norm save (bytes).
-    pub(super) head_saved: f64,
-    /// Bytes of the gradient of the head's input.
-    pub(super) input_gradient: f64,
+    /// The logits' fp32 copy (none where the loss reads them as they are).
+    pub(super) fp32_copy: Bytes,
+    /// The logits' gradient with the bias gradient's staging.
+    pub(super) logits_gradient: Bytes,
+    /// What the head's matmul and the final norm save.
+    pub(super) head_saved: Bytes,
+    /// The gradient of the head's input.
+    pub(super) input_gradient: Bytes,
     /// Does the family's forward upcast all logits to fp32 (an old release)?
     pub(super) upcast_all: bool,
     /// Parameters of the head.
@@ -64,35 +65,37 @@ impl TransformerGraph<'_> {
     }
 
     /// Saved bytes per token of the final norm, if the model has one.
-    fn final_norm_saved(&self) -> f64 {
+    fn final_norm_saved(&self) -> BytesPerToken {
         if self.spec.final_norm {
             self.norm_saved()
         } else {
-            0.0
+            BytesPerToken::ZERO
         }
     }
 
     /// The LM head's tensors under this workload.
     fn lm_logits(&self) -> LmLogits {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
+        let (act, h) = (self.bytes.act, Width(spec.hidden as f64));
+        let fp32 = BytesPerElement::FP32;
         let tokens = self.batch * self.decoder_sequence();
-        let vocab = spec.vocab as f64 / self.split.tp;
+        let vocab = Width(spec.vocab as f64) / self.split.tp;
         let transform = if spec.head == Head::MaskedLm {
             // dense → GELU → LayerNorm before the decoder.
-            self.bytes.linear_input(h, 1.0).0 + act * 2.0 * h + self.bytes.residual.0 * h
+            self.bytes.linear_input(h, 1.0) + act * 2.0 * h + self.bytes.residual * h
         } else {
-            0.0
+            BytesPerToken::ZERO
         };
         // T5 rescales the decoder output before the tied LM head: a fresh tensor.
         let rescale = if spec.rescaled_output {
-            self.bytes.residual.0 * h
+            self.bytes.residual * h
         } else {
-            0.0
+            BytesPerToken::ZERO
         };
         let (full_prompt, upcast_all) = self.old_logits();
         let logits_tokens = if self.workload.mode == Mode::Generate && !full_prompt {
-            self.batch
+            // One position per sequence.
+            Tokens(self.batch)
         } else {
             tokens
         };
@@ -108,14 +111,14 @@ impl TransformerGraph<'_> {
         let half_log_probs = upcast
             && spec.head != Head::CausalLm
             && self.workload.target == Target::Gpu
-            && act < 4.0;
-        let loss_bytes = if upcast && !half_log_probs { 4.0 } else { act };
+            && act < fp32;
+        let loss_bytes = if upcast && !half_log_probs { fp32 } else { act };
         // A masked-LM decoder's (or a biased LM head's) bias gradient sums the logits'
         // gradient through a staging buffer beside the input's gradient.
         let bias_staging = if spec.head == Head::MaskedLm || spec.lm_head_bias {
             self.bias_gradient_staging(logits_tokens, vocab)
         } else {
-            0.0
+            Bytes::ZERO
         };
         let saved_per_token = self.final_norm_saved() + transform + rescale + self.head_input();
         LmLogits {
@@ -123,15 +126,19 @@ impl TransformerGraph<'_> {
             vocab,
             logits_tokens,
             logits,
-            softcap: if spec.logit_softcap { logits } else { 0.0 },
+            softcap: if spec.logit_softcap {
+                logits
+            } else {
+                Bytes::ZERO
+            },
             transform,
             rescale,
             loss_bytes,
             half_log_probs,
             fp32_copy: if loss_bytes == act && !half_log_probs {
-                0.0
+                Bytes::ZERO
             } else {
-                logits_tokens * vocab * 4.0
+                logits_tokens * vocab * fp32
             },
             logits_gradient: logits + bias_staging,
             // What the head's matmul and the final norm save: alive while the head's
@@ -145,37 +152,39 @@ impl TransformerGraph<'_> {
     }
 
     /// Bytes of the LM head weight's autocast copy (none without autocast).
-    fn autocast_lm_weight(&self) -> f64 {
+    fn autocast_lm_weight(&self) -> Bytes {
         if self.bytes.autocast {
-            self.bytes.act.0 * (self.spec.vocab * self.spec.hidden) as f64 / self.split.tp
+            self.bytes.act * Elements((self.spec.vocab * self.spec.hidden) as f64) / self.split.tp
         } else {
-            0.0
+            Bytes::ZERO
         }
     }
 
     /// A pooler, classification or bare head (and a SigLIP attention pool without gradients).
     fn pooled_head(&self) -> Unit {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
+        let (act, h) = (self.bytes.act, Width(spec.hidden as f64));
         let tokens = self.batch * self.decoder_sequence();
         // A classifier on the first token keeps the whole final-norm output alive through its view.
         let keeps_norm_output =
             matches!(spec.head, Head::ImageClassification { .. }) && spec.final_norm;
-        let pooled = self.batch * h * act * 2.0;
+        // One pooled position per sample, and its pooler's output.
+        let pooled = Tokens(self.batch) * h * act * 2.0;
         let saved = tokens
             * (self.final_norm_saved()
                 + if keeps_norm_output {
-                    self.bytes.residual.0 * h
+                    self.bytes.residual * h
                 } else {
-                    0.0
+                    BytesPerToken::ZERO
                 })
             + pooled;
+        let hidden = tokens * self.bytes.residual * h;
         Unit {
             name: "head",
-            saved: if self.training { saved } else { 0.0 },
-            inference_live: tokens * self.bytes.residual.0 * h + pooled,
-            backward_transient: tokens * self.bytes.residual.0 * h,
-            gradient_transient: tokens * self.bytes.residual.0 * h,
+            saved: if self.training { saved.bytes() } else { 0.0 },
+            inference_live: (hidden + pooled).bytes(),
+            backward_transient: hidden.bytes(),
+            gradient_transient: hidden.bytes(),
             params: spec.params_of_head(),
             ..Unit::default()
         }
@@ -184,14 +193,14 @@ impl TransformerGraph<'_> {
     /// Bytes per token the LM head's matmul saves of its input: the input, for its weight's
     /// gradient; nothing when the head is frozen (LoRA), unless it is a 4-bit linear that keeps
     /// its input anyway (litgpt quantises its head; bitsandbytes before 0.43.2).
-    pub(super) fn head_input(&self) -> f64 {
-        let h = self.spec.hidden as f64;
+    pub(super) fn head_input(&self) -> BytesPerToken {
+        let h = Width(self.spec.hidden as f64);
         if self.workload.lora.is_none() {
-            self.bytes.linear_input(h, 1.0).0
+            self.bytes.linear_input(h, 1.0)
         } else if self.workload.four_bit_lm_head() && self.workload.four_bit_base_saves_inputs() {
-            self.bytes.act.0 * h
+            self.bytes.act * h
         } else {
-            0.0
+            BytesPerToken::ZERO
         }
     }
 

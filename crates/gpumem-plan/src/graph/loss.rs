@@ -3,11 +3,12 @@
 
 use super::head::LmLogits;
 use super::{TransformerGraph, Unit};
+use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
 use crate::unit::{SavedGroup, WholeTensors, ACCUMULATION_COPIES};
 use crate::workload::{Loss, Mode, Workload};
 
 /// Positions per LM-head chunk in litgpt's fine-tuning loops (`lm_head_chunk_size=128`).
-const LITGPT_LM_HEAD_CHUNK: f64 = 128.0;
+const LITGPT_LM_HEAD_CHUNK: Tokens = Tokens(128.0);
 
 /// Output chunks of torchtune's `CEWithChunkedOutputLoss` (`num_output_chunks`), along the
 /// sequence.
@@ -44,21 +45,22 @@ impl TransformerGraph<'_> {
     /// matmul backward materialises as one logits-sized tensor (reshaping a stride-0 view
     /// copies). Autocast runs `sum` in fp32: an fp32 copy of the logits exists while it runs.
     pub(super) fn summed_logits_head(&self, t: &LmLogits) -> Unit {
-        let autocast_sum = if self.workload.amp.is_some() && self.bytes.act.0 < 4.0 {
-            t.tokens * t.vocab * 4.0
+        let fp32 = BytesPerElement::FP32;
+        let autocast_sum = if self.workload.amp.is_some() && self.bytes.act < fp32 {
+            t.tokens * t.vocab * fp32
         } else {
-            0.0
+            Bytes::ZERO
         };
         Unit {
             name: "head",
-            saved: t.head_saved + t.softcap,
-            held: t.logits,
-            forward_transient: t.softcap + autocast_sum,
+            saved: (t.head_saved + t.softcap).bytes(),
+            held: t.logits.bytes(),
+            forward_transient: (t.softcap + autocast_sum).bytes(),
             // Soft-capping's backward makes tanh's gradient while the gradient of
             // the final `· cap` still lives: two logits-sized gradients.
-            backward_transient: t.logits + t.softcap,
-            gradient_transient: t.logits_gradient + t.input_gradient,
-            saved_through_gradients: t.head_saved,
+            backward_transient: (t.logits + t.softcap).bytes(),
+            gradient_transient: (t.logits_gradient + t.input_gradient).bytes(),
+            saved_through_gradients: t.head_saved.bytes(),
             params: t.params,
             ..Unit::default()
         }
@@ -70,12 +72,12 @@ impl TransformerGraph<'_> {
         // Chunk by chunk, the head's weight gradient is made (and summed) while the
         // chunks' inputs and the final norm's saved tensors are still referenced.
         let through = if self.workload.loss == Loss::Fused {
-            0.0
+            Bytes::ZERO
         } else {
             t.head_saved
         };
         Unit {
-            saved_through_gradients: through,
+            saved_through_gradients: through.bytes(),
             ..head
         }
     }
@@ -89,36 +91,37 @@ impl TransformerGraph<'_> {
         // is transient, and backward starts with the gradients of nll_loss and of
         // log_softmax beside log_softmax's saved output.
         let (kept_copy, forward_copy, backward_start) = if t.half_log_probs {
-            (t.fp32_copy, 0.0, [t.fp32_copy, 0.0])
+            (t.fp32_copy, Bytes::ZERO, [t.fp32_copy, Bytes::ZERO])
         } else {
-            (0.0, t.fp32_copy, [log_probs, log_probs])
+            (Bytes::ZERO, t.fp32_copy, [log_probs, log_probs])
         };
+        let backward_start = backward_start.map(Bytes::bytes);
         Unit {
             name: "head",
-            saved: t.head_saved + log_probs + kept_copy + t.softcap,
+            saved: (t.head_saved + log_probs + kept_copy + t.softcap).bytes(),
             // Only the loss leaves the model (as in the HF Trainer): logits and their fp32
             // copy live until log_softmax has run.
-            forward_transient: t.logits + forward_copy + t.softcap,
+            forward_transient: (t.logits + forward_copy + t.softcap).bytes(),
             backward_transient: backward_start.iter().sum(),
             // The logits' gradient (cast back to the logits dtype) feeds the LM head,
             // whose backward makes its input's gradient before its weight's.
-            gradient_transient: t.logits_gradient + t.input_gradient,
-            saved_through_gradients: t.head_saved,
+            gradient_transient: (t.logits_gradient + t.input_gradient).bytes(),
+            saved_through_gradients: t.head_saved.bytes(),
             whole: WholeTensors {
                 saved: [
                     SavedGroup {
-                        bytes: log_probs,
-                        tensor: log_probs,
+                        bytes: log_probs.bytes(),
+                        tensor: log_probs.bytes(),
                     },
                     SavedGroup {
-                        bytes: kept_copy,
-                        tensor: kept_copy,
+                        bytes: kept_copy.bytes(),
+                        tensor: kept_copy.bytes(),
                     },
                 ],
-                forward_transient: [t.logits, forward_copy],
+                forward_transient: [t.logits.bytes(), forward_copy.bytes()],
                 backward_transient: backward_start,
-                gradient_transient: t.logits,
-                gradient_continues: t.loss_bytes == self.bytes.act.0 && !t.half_log_probs,
+                gradient_transient: t.logits.bytes(),
+                gradient_continues: t.loss_bytes == self.bytes.act && !t.half_log_probs,
                 ..WholeTensors::default()
             },
             params: t.params,
@@ -129,13 +132,13 @@ impl TransformerGraph<'_> {
     /// The LM head of a no-grad forward: the returned logits, generation's token selection,
     /// and the loss where labels are given.
     pub(super) fn no_grad_lm_head(&self, t: &LmLogits) -> Unit {
-        let act = self.bytes.act.0;
+        let (act, fp32) = (self.bytes.act, BytesPerElement::FP32);
         // Before transformers 4.45 a Llama-family forward returns all its logits
         // upcast to fp32 (the activation-dtype logits exist beside their copy).
-        let (logits, upcasting) = if t.upcast_all && act < 4.0 && !self.workload.labels {
-            (t.logits_tokens * t.vocab * 4.0, t.logits)
+        let (logits, upcasting) = if t.upcast_all && act < fp32 && !self.workload.labels {
+            (t.logits_tokens * t.vocab * fp32, t.logits)
         } else {
-            (t.logits, 0.0)
+            (t.logits, Bytes::ZERO)
         };
         // Generation copies the last logits to fp32 and a logits processor makes
         // another fp32 tensor before picking the token; some releases first clone
@@ -144,18 +147,20 @@ impl TransformerGraph<'_> {
             let clone = if self.old_release().is_some_and(|o| o.clones_all_logits()) {
                 logits
             } else {
-                0.0
+                Bytes::ZERO
             };
-            2.0 * 4.0 * self.batch * t.vocab + clone
+            // Two fp32 tensors of the last position's logits.
+            2.0 * fp32 * Tokens(self.batch) * t.vocab + clone
         } else {
-            0.0
+            Bytes::ZERO
         };
         let held = logits + selection;
         // The final norm reads the last block's output; the head then runs on the
         // body's output beside the logits (with a masked-LM transform's output, or
         // T5's rescaled copy).
-        let hidden = t.tokens * self.bytes.residual.0 * self.spec.hidden as f64;
-        let beside_logits = if t.transform > 0.0 || t.rescale > 0.0 {
+        let hidden = t.tokens * self.bytes.residual * Width(self.spec.hidden as f64);
+        let beside_logits = if t.transform > BytesPerToken::ZERO || t.rescale > BytesPerToken::ZERO
+        {
             2.0 * hidden
         } else {
             hidden
@@ -165,13 +170,15 @@ impl TransformerGraph<'_> {
         let loss = if self.workload.mode == Mode::Infer && self.workload.labels {
             t.fp32_copy + t.tokens * t.vocab * t.loss_bytes
         } else {
-            0.0
+            Bytes::ZERO
         };
         Unit {
             name: "head",
             // The logits themselves are `held` (returned to the caller).
-            inference_live: (2.0 * hidden - held).max(beside_logits + loss + t.softcap + upcasting),
-            held,
+            inference_live: (2.0 * hidden - held)
+                .max(beside_logits + loss + t.softcap + upcasting)
+                .bytes(),
+            held: held.bytes(),
             params: t.params,
             ..Unit::default()
         }
@@ -190,14 +197,17 @@ impl TransformerGraph<'_> {
     ///   (`next_power_of_2(rows / ceil(vocab / hidden))` rows), writes the loss gradient into that
     ///   chunk in place, and keeps the gradient of the hidden states and the head's weight
     ///   gradient (when it trains) for backward; the head's input is not saved.
-    fn chunked_loss_head(&self, tokens: f64, vocab: f64, saved: f64, params: u64) -> Unit {
-        let act = self.bytes.act.0;
-        let h = self.spec.hidden as f64;
+    fn chunked_loss_head(&self, tokens: Tokens, vocab: Width, saved: Bytes, params: u64) -> Unit {
+        let (act, fp32) = (self.bytes.act, BytesPerElement::FP32);
+        let h = Width(self.spec.hidden as f64);
         let positions = self.decoder_sequence();
         let logits = tokens * vocab;
         // Elements of one chunk's logits, and the number of chunks.
-        let chunk = |default: f64| {
-            let per_chunk = self.workload.loss_chunk.map_or(default, |c| c as f64);
+        let chunk = |default: Tokens| {
+            let per_chunk = self
+                .workload
+                .loss_chunk
+                .map_or(default, |c| Tokens(c as f64));
             let per_chunk = per_chunk.min(positions);
             (
                 self.batch * per_chunk * vocab,
@@ -212,11 +222,11 @@ impl TransformerGraph<'_> {
         // transpose, a view, which autograd does not accumulate in place), while the logit
         // gradients of the chunks still to come wait.
         let head_gradient = if self.workload.lora.is_none() {
-            vocab * h * self.bytes.residual.0
+            vocab * h * self.bytes.residual
         } else {
-            0.0
+            Bytes::ZERO
         };
-        let accumulating = |chunk: f64, chunks: f64| {
+        let accumulating = |chunk: Elements, chunks: f64| {
             if chunks < 2.0 {
                 return chunk * act;
             }
@@ -231,29 +241,33 @@ impl TransformerGraph<'_> {
         match self.workload.loss {
             Loss::Chunked => {
                 let (chunk, chunks) = chunk(LITGPT_LM_HEAD_CHUNK);
-                let (log_bytes, copy) = if self.workload.amp.is_some() && act < 4.0 {
-                    (4.0, 4.0 * chunk)
+                let (log_bytes, copy) = if self.workload.amp.is_some() && act < fp32 {
+                    (fp32, fp32 * chunk)
                 } else {
-                    (act, 0.0)
+                    (act, Bytes::ZERO)
                 };
                 Unit {
-                    saved: saved + logits * log_bytes,
-                    held: logits * act,
-                    forward_transient: copy,
-                    backward_transient: 2.0 * chunk * log_bytes,
-                    gradient_transient: accumulating(chunk, chunks),
+                    saved: (saved + logits * log_bytes).bytes(),
+                    held: (logits * act).bytes(),
+                    forward_transient: copy.bytes(),
+                    backward_transient: (2.0 * chunk * log_bytes).bytes(),
+                    gradient_transient: accumulating(chunk, chunks).bytes(),
                     ..unit
                 }
             }
             Loss::ChunkedFp32 => {
                 let (chunk, chunks) = chunk((positions / TORCHTUNE_OUTPUT_CHUNKS).ceil());
                 // `.float()` of fp32 logits returns them (no copy).
-                let copy = if act < 4.0 { 4.0 * chunk } else { 0.0 };
+                let copy = if act < fp32 {
+                    fp32 * chunk
+                } else {
+                    Bytes::ZERO
+                };
                 Unit {
-                    saved: saved + logits * 4.0,
-                    forward_transient: logits * act + copy,
-                    backward_transient: 2.0 * 4.0 * chunk,
-                    gradient_transient: accumulating(chunk, chunks),
+                    saved: (saved + logits * fp32).bytes(),
+                    forward_transient: (logits * act + copy).bytes(),
+                    backward_transient: (2.0 * fp32 * chunk).bytes(),
+                    gradient_transient: accumulating(chunk, chunks).bytes(),
                     ..unit
                 }
             }
@@ -268,21 +282,24 @@ impl TransformerGraph<'_> {
     /// trains) of the head's weight, `head_gradient`.
     fn fused_loss_head(
         &self,
-        tokens: f64,
-        vocab: f64,
-        saved: f64,
-        head_gradient: f64,
+        tokens: Tokens,
+        vocab: Width,
+        saved: Bytes,
+        head_gradient: Bytes,
         unit: Unit,
     ) -> Unit {
-        let act = self.bytes.act.0;
-        let h = self.spec.hidden as f64;
-        let factor = (self.spec.vocab as f64 / h).ceil().max(1.0);
-        let rows = ((tokens / factor).ceil() as u64).next_power_of_two() as f64;
+        let act = self.bytes.act;
+        let h = Width(self.spec.hidden as f64);
+        let factor = (self.spec.vocab as f64 / self.spec.hidden as f64)
+            .ceil()
+            .max(1.0);
+        let rows = Tokens(((tokens / factor).ceil().count() as u64).next_power_of_two() as f64);
         let head_input = tokens * self.head_input();
         Unit {
-            saved: saved - head_input + tokens * h * act + head_gradient,
+            saved: (saved - head_input + tokens * h * act + head_gradient).bytes(),
             // The chunk's logits and the per-row fp32 loss.
-            forward_transient: rows.min(tokens) * vocab * act + tokens * 4.0,
+            forward_transient: (rows.min(tokens) * vocab * act + tokens * BytesPerToken(4.0))
+                .bytes(),
             ..unit
         }
     }

@@ -2,36 +2,40 @@
 
 use super::TransformerGraph;
 use crate::model::{Activation, LayerKind};
+use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Tokens, Width};
 
 impl TransformerGraph<'_> {
     /// Saved bytes per token of the MLP of a block of kind `layer` (the experts each token is
     /// routed to, and the shared ones) and its activation.
-    pub(super) fn mlp(&self, layer: LayerKind) -> f64 {
+    pub(super) fn mlp(&self, layer: LayerKind) -> BytesPerToken {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
+        let (act, h) = (self.bytes.act, Width(spec.hidden as f64));
+        let fp32 = BytesPerElement::FP32;
         let consumers = if spec.gated_mlp { 2.0 } else { 1.0 };
         // Each expert gathers its tokens (`hidden_states[token_idx]`, saved by its first linear)
         // and scales its output by the routing weight (the product saves that output); the
         // router saves its fp32 softmax (and its input's fp32 copy, where it upcasts that).
         let routing = if layer.moe {
-            let upcast_input = if spec.moe.fp32_router && act < 4.0 {
-                4.0 * h
+            let upcast_input = if spec.moe.fp32_router && act < fp32 {
+                fp32 * h
             } else {
-                0.0
+                BytesPerToken::ZERO
             };
-            4.0 * spec.experts as f64 + 2.0 * spec.experts_per_token as f64 * act * h + upcast_input
+            fp32 * Width(spec.experts as f64)
+                + 2.0 * spec.experts_per_token as f64 * act * h
+                + upcast_input
         } else {
-            0.0
+            BytesPerToken::ZERO
         };
-        self.bytes.linear_input(h, consumers).0 + self.mlp_intermediates(layer) + routing
+        self.bytes.linear_input(h, consumers) + self.mlp_intermediates(layer) + routing
     }
 
     /// Saved bytes per token of an MLP's intermediate-width tensors (the activation's input
     /// and output, the gated product, dropout's mask and output).
-    pub(super) fn mlp_intermediates(&self, layer: LayerKind) -> f64 {
+    pub(super) fn mlp_intermediates(&self, layer: LayerKind) -> BytesPerToken {
         let spec = self.spec;
-        let act = self.bytes.act.0;
-        let f = spec.routed_intermediate(layer) as f64;
+        let act = self.bytes.act;
+        let f = Width(spec.routed_intermediate(layer) as f64);
         let mut per_expert = f * match spec.activation {
             Activation::Gelu | Activation::GeluTanh | Activation::Silu => 2.0 * act,
             Activation::Relu => act,
@@ -39,18 +43,22 @@ impl TransformerGraph<'_> {
             // 0.5·x·(1 + tanh(…)) in Python ops. Plain: x, tanh(…), 0.5·x, 1 + tanh(…) and the
             // product. Autocast runs pow in fp32, which promotes the tanh branch to fp32: the fp32
             // copy of x, tanh(…), 1 + tanh(…), plus 0.5·x and the product's cast for the next linear.
-            Activation::GeluTanhPython if self.bytes.autocast => 3.0 * 4.0 + 2.0 * act,
+            Activation::GeluTanhPython if self.bytes.autocast => {
+                3.0 * BytesPerElement::FP32 + 2.0 * act
+            }
             Activation::GeluTanhPython => 5.0 * act,
         };
         if spec.gated_mlp {
             per_expert += act * 2.0 * f; // up projection and the gated product
         }
         if self.dropout_active(spec.activation_dropout) {
-            per_expert += f + if spec.activation == Activation::Relu {
-                act * f
-            } else {
-                0.0
-            };
+            // Its 1-byte mask, and with ReLU its output (else the activation's output).
+            per_expert += f * BytesPerElement::BOOL
+                + if spec.activation == Activation::Relu {
+                    act * f
+                } else {
+                    BytesPerToken::ZERO
+                };
         }
         per_expert
     }
@@ -62,19 +70,21 @@ impl TransformerGraph<'_> {
     /// then either the gathered copies with the gate/up output, its activation and product, or
     /// at the end the gathered copies, the down projection's output, its weighted copy and that
     /// reordered back; the shared experts' intermediates come after, over every token.
-    pub(super) fn mlp_no_grad_live(&self, tokens: f64, layer: LayerKind) -> f64 {
+    pub(super) fn mlp_no_grad_live(&self, tokens: Tokens, layer: LayerKind) -> Bytes {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
+        let (act, h) = (self.bytes.act, Width(spec.hidden as f64));
         if !layer.moe {
-            let f = spec.routed_intermediate(layer) as f64 / self.split.tp;
+            let f = Width(spec.routed_intermediate(layer) as f64) / self.split.tp;
             return tokens * act * f * self.mlp_live_intermediates();
         }
-        let (experts, k) = (spec.experts as f64, spec.experts_per_token as f64);
-        let f = spec.intermediate as f64 / self.split.tp;
+        let (experts, k) = (Width(spec.experts as f64), spec.experts_per_token as f64);
+        let f = Width(spec.intermediate as f64) / self.split.tp;
         let routed = tokens * k;
-        let router = tokens * experts * (act + 4.0) + routed * (4.0 + 3.0 * 8.0);
+        // Per routed copy: its fp32 weight and three int64 indices.
+        let router = tokens * experts * (act + BytesPerElement::FP32)
+            + routed * BytesPerToken(4.0 + 3.0 * 8.0);
         let experts_live = routed * act * (h + 4.0 * f).max(4.0 * h);
-        let shared = tokens * act * spec.moe.shared_intermediate as f64 / self.split.tp
+        let shared = tokens * act * Width(spec.moe.shared_intermediate as f64) / self.split.tp
             * self.mlp_live_intermediates();
         router + experts_live.max(tokens * act * h + shared)
     }

@@ -4,6 +4,7 @@
 //! upcast of logits in the loss), so the phase simulation can replay a step.
 
 use crate::model::{Architecture, ModelSpec, Patches, TransformerSpec};
+use crate::quantity::{Bytes, Tokens, Width};
 use crate::releases::OldRelease;
 use crate::unit::Unit;
 use crate::workload::{Framework, Mode, Workload};
@@ -131,39 +132,42 @@ impl<'a> TransformerGraph<'a> {
     /// The staging buffer a linear's bias gradient takes on a GPU: `grad.sum(0)` over `rows`
     /// gradient rows of `cols` outputs ([`crate::gpu::column_sum_staging_bytes`]); nothing on
     /// the CPU, outside training, or where the base weights are frozen (LoRA).
-    fn bias_gradient_staging(&self, rows: f64, cols: f64) -> f64 {
+    fn bias_gradient_staging(&self, rows: Tokens, cols: Width) -> Bytes {
         match self.workload.cores {
             Some(cores) if self.training && self.workload.lora.is_none() => {
-                crate::gpu::column_sum_staging_bytes(rows as u64, cols as u64, &cores) as f64
+                let (rows, cols) = (rows.count() as u64, cols.elements() as u64);
+                Bytes(crate::gpu::column_sum_staging_bytes(rows, cols, &cores) as f64)
             }
-            _ => 0.0,
+            _ => Bytes::ZERO,
         }
     }
 
     /// Sequence length of the (decoder or only) stack.
-    fn sequence(&self) -> f64 {
+    fn sequence(&self) -> Tokens {
         match self.spec.patches {
-            Some(p) => Patches {
-                image_size: self.workload.image_size,
-                ..p
-            }
-            .tokens() as f64,
-            None => self.workload.seq as f64,
+            Some(p) => Tokens(
+                Patches {
+                    image_size: self.workload.image_size,
+                    ..p
+                }
+                .tokens() as f64,
+            ),
+            None => Tokens(self.workload.seq as f64),
         }
     }
 
     /// Sequence length of an encoder-decoder's encoder: Whisper's fixed frames, else the input.
-    fn encoder_sequence(&self) -> f64 {
+    fn encoder_sequence(&self) -> Tokens {
         match self.spec.audio {
-            Some(a) => a.frames as f64,
+            Some(a) => Tokens(a.frames as f64),
             None => self.sequence(),
         }
     }
 
     /// Sequence length on the decoder side of an encoder-decoder.
-    fn decoder_sequence(&self) -> f64 {
+    fn decoder_sequence(&self) -> Tokens {
         if self.spec.is_encoder_decoder() && self.workload.mode == Mode::Generate {
-            self.workload.new_tokens as f64
+            Tokens(self.workload.new_tokens as f64)
         } else {
             self.sequence()
         }

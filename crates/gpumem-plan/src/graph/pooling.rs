@@ -2,6 +2,7 @@
 
 use super::TransformerGraph;
 use crate::model::{ContrastiveLoss, DualEncoder};
+use crate::quantity::{Bytes, BytesPerElement, Elements, Tokens, Width};
 use crate::unit::Unit;
 use crate::workload::{Loss, Target};
 
@@ -16,7 +17,7 @@ impl TransformerGraph<'_> {
     /// (`select_backward`) beside one of their gradients, after the packed output is released.
     pub(super) fn attention_pool(&self) -> [Unit; 2] {
         let spec = self.spec;
-        let (act, h) = (self.bytes.act.0, spec.hidden as f64);
+        let (act, h) = (self.bytes.act, Width(spec.hidden as f64));
         let tokens = self.batch * self.sequence();
         let pooled = self.head();
         let attention_params =
@@ -27,24 +28,26 @@ impl TransformerGraph<'_> {
         // key position (`bmm`) over the 2h × h key/value weight expanded with stride 0. CUDA's
         // strided-batched GEMM reads that broadcast in place; on CPU the half-precision bmm
         // (oneDNN) copies it for every position (pytorch/pytorch#151934): CPU only.
-        let cpu_half = self.workload.target == Target::Cpu && act < 4.0;
+        let cpu_half = self.workload.target == Target::Cpu && act < BytesPerElement::FP32;
         let expanded_weight = if self.training && self.workload.freeze_vision_tower && cpu_half {
-            self.sequence() * 2.0 * h * h * act
+            // The 2h × h weight for every key position.
+            let (positions, h) = (self.sequence().count(), h.elements());
+            Elements(positions * 2.0 * h * h) * act
         } else {
-            0.0
+            Bytes::ZERO
         };
         let attention = Unit {
             name: "head",
-            forward_transient: expanded_weight,
-            saved: tokens * (self.norm_saved() + act * h + act * 2.0 * h),
-            backward_transient: tokens * act * 3.0 * h,
-            gradient_transient: tokens * self.bytes.residual.0 * h,
+            forward_transient: expanded_weight.bytes(),
+            saved: (tokens * (self.norm_saved() + act * h + act * 2.0 * h)).bytes(),
+            backward_transient: (tokens * act * 3.0 * h).bytes(),
+            gradient_transient: (tokens * self.bytes.residual * h).bytes(),
             params: attention_params,
             ..Unit::default()
         };
         let rest = Unit {
             name: "head",
-            saved: pooled.saved - tokens * self.norm_saved(),
+            saved: pooled.saved - (tokens * self.norm_saved()).bytes(),
             params: pooled.params - attention_params,
             ..Unit::default()
         };
@@ -55,12 +58,15 @@ impl TransformerGraph<'_> {
     /// space and normalised, every text scored against every image (batch × batch), and in
     /// training the contrastive loss over those scores (`return_loss=True`).
     pub(super) fn contrastive(&self, dual: &DualEncoder) -> Unit {
-        let act = self.bytes.act.0;
-        let b = self.batch;
+        let act = self.bytes.act;
+        // One embedding per sample and tower; a score for every text and image.
+        let b = Tokens(self.batch);
         // The projections' outputs and their normalised copies, for both towers.
-        let embeds = 4.0 * b * dual.embed_dim as f64 * act;
-        let scores = b * b;
+        let embeds = 4.0 * b * Width(dual.embed_dim as f64) * act;
+        let scores = b * b.as_width();
         let loss = self.training && self.workload.loss != Loss::None;
+        // Two fp32 tensors per score.
+        let two_fp32 = BytesPerElement(8.0);
         let (saved, transient) = match (loss, dual.loss) {
             // The product of the scores with the exponentiated scale saves the matmul's output;
             // cross-entropy over the rows and over the transpose saves two log-softmax outputs.
@@ -68,23 +74,29 @@ impl TransformerGraph<'_> {
             // `logsigmoid(signs · (scores · scale + bias))`: the matmul's and the bias sum's
             // outputs, the fp32 ±1 matrix (built from an identity) and the product; on CUDA
             // `log_sigmoid_forward` keeps no buffer.
-            (true, ContrastiveLoss::Sigmoid) => ((2.0 * act + 8.0) * scores, (act + 8.0) * scores),
+            (true, ContrastiveLoss::Sigmoid) => {
+                ((2.0 * act + two_fp32) * scores, (act + two_fp32) * scores)
+            }
             // No loss: the scores (and their scaled copy) are returned.
             (false, _) => (act * scores, act * scores),
         };
         Unit {
             name: "contrastive",
-            saved: if self.training { embeds + saved } else { 0.0 },
-            forward_transient: transient,
+            saved: if self.training {
+                (embeds + saved).bytes()
+            } else {
+                0.0
+            },
+            forward_transient: transient.bytes(),
             // The scores' gradient and log-softmax's (or the sigmoid's) in fp32 at most.
-            backward_transient: 2.0 * 4.0 * scores,
-            gradient_transient: act * scores,
-            inference_live: embeds + transient,
+            backward_transient: (2.0 * BytesPerElement::FP32 * scores).bytes(),
+            gradient_transient: (act * scores).bytes(),
+            inference_live: (embeds + transient).bytes(),
             // The returned scores (the per-image ones are a transposed view) and embeddings.
             held: if self.training {
                 0.0
             } else {
-                act * scores + embeds / 2.0
+                (act * scores + embeds / 2.0).bytes()
             },
             params: dual.joint_params,
             ..Unit::default()

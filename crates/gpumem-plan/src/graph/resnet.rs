@@ -1,15 +1,16 @@
 //! Units of a torchvision ResNet.
 
 use crate::model::{ConvShape, ResnetBlock, ResnetSpec};
+use crate::quantity::{Bytes, BytesPerElement, Elements};
 use crate::unit::Unit;
 use crate::workload::{Mode, Workload};
 
 /// Element sizes and batch of a ResNet step.
 struct ResnetStep {
     /// Bytes per activation element (the autocast dtype under AMP).
-    act: f64,
+    act: BytesPerElement,
     /// Bytes per input pixel.
-    input_bytes: f64,
+    input_bytes: BytesPerElement,
     /// Images in the micro-batch.
     batch: f64,
     /// A training step (else a no-grad forward).
@@ -19,8 +20,8 @@ struct ResnetStep {
 /// Units of a torchvision ResNet: stem, one per residual block, classifier head.
 pub(super) fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit> {
     let step = ResnetStep {
-        act: workload.compute_dtype().bytes() as f64,
-        input_bytes: workload.dtype.bytes() as f64,
+        act: BytesPerElement(workload.compute_dtype().bytes() as f64),
+        input_bytes: BytesPerElement(workload.dtype.bytes() as f64),
         batch: batch as f64,
         training: workload.mode == Mode::Train,
     };
@@ -43,27 +44,29 @@ fn stem_unit(spec: &ResnetSpec, image: u64, autocast: bool, step: &ResnetStep) -
     let stem = spec.stem();
     let stem_side = stem.output_side(image);
     let pooled_side = (stem_side + 2 - 3) / 2 + 1;
-    let stem_out = b * (stem.outputs * stem_side * stem_side) as f64;
-    let pooled = b * (stem.outputs * pooled_side * pooled_side) as f64;
-    let pixels = b * (3 * image * image) as f64;
+    let stem_out = Elements(b * (stem.outputs * stem_side * stem_side) as f64);
+    let pooled = Elements(b * (stem.outputs * pooled_side * pooled_side) as f64);
+    let pixels = Elements(b * (3 * image * image) as f64);
     let autocast_input = if autocast && step.input_bytes != act {
         pixels * act
     } else {
-        0.0
+        Bytes::ZERO
     };
+    let two_maps = (2.0 * stem_out * act).bytes();
     let unit = Unit {
         name: "stem",
         saved: if step.training {
-            autocast_input + 2.0 * stem_out * act + pooled * (act + 8.0)
+            (autocast_input + 2.0 * stem_out * act + pooled * (act + BytesPerElement::INT64))
+                .bytes()
         } else {
             0.0
         },
-        held: pixels * step.input_bytes,
+        held: (pixels * step.input_bytes).bytes(),
         forward_transient: 0.0,
-        backward_transient: 2.0 * stem_out * act,
-        gradient_transient: 2.0 * stem_out * act,
+        backward_transient: two_maps,
+        gradient_transient: two_maps,
         // Convolution output and BatchNorm output; the pooled map comes after the first is freed.
-        inference_live: 2.0 * stem_out * act,
+        inference_live: two_maps,
         params: stem.params(),
         ..Unit::default()
     };
@@ -73,29 +76,29 @@ fn stem_unit(spec: &ResnetSpec, image: u64, autocast: bool, step: &ResnetStep) -
 /// One residual block on inputs of side `side`; with the side of its output.
 fn block_unit(block: &ResnetBlock, side: u64, step: &ResnetStep) -> (Unit, u64) {
     let (act, b) = (step.act, step.batch);
-    let mut saved = 0.0;
-    let mut largest: f64 = 0.0;
+    let mut saved = Bytes::ZERO;
+    let mut largest = Elements::ZERO;
     let mut conv_side = side;
     let mut outputs = Vec::new();
     // Each convolution's output is saved by its BatchNorm, and the BN/ReLU output by the next op.
     for conv in &block.convs {
         conv_side = conv.output_side(conv_side);
-        let out = b * (conv.outputs * conv_side * conv_side) as f64;
+        let out = Elements(b * (conv.outputs * conv_side * conv_side) as f64);
         saved += 2.0 * out * act;
         largest = largest.max(out);
         outputs.push(out);
     }
-    let shortcut = block.downsample.map_or(0.0, |down| {
+    let shortcut = block.downsample.map_or(Elements::ZERO, |down| {
         let out_side = down.output_side(side);
-        b * (down.outputs * out_side * out_side) as f64
+        Elements(b * (down.outputs * out_side * out_side) as f64)
     });
     saved += shortcut * act;
-    let input = b * (block.convs[0].inputs * side * side) as f64;
+    let input = Elements(b * (block.convs[0].inputs * side * side) as f64);
     // No-grad: input (kept for the shortcut), the previous ReLU output, the last conv and BN
     // outputs (BN is not in place), and the downsampled shortcut.
     let (last, middle) = match outputs.as_slice() {
         [.., middle, last] => (*last, *middle),
-        _ => (largest, 0.0),
+        _ => (largest, Elements::ZERO),
     };
     let params = block
         .convs
@@ -105,12 +108,12 @@ fn block_unit(block: &ResnetBlock, side: u64, step: &ResnetStep) -> (Unit, u64) 
         .sum();
     let unit = Unit {
         name: "block",
-        saved: if step.training { saved } else { 0.0 },
-        checkpoint: Some(input * act),
-        forward_transient: largest * act,
-        backward_transient: 3.0 * largest * act,
-        gradient_transient: 2.0 * largest * act,
-        inference_live: (input + middle + 2.0 * last + shortcut) * act,
+        saved: if step.training { saved.bytes() } else { 0.0 },
+        checkpoint: Some((input * act).bytes()),
+        forward_transient: (largest * act).bytes(),
+        backward_transient: (3.0 * largest * act).bytes(),
+        gradient_transient: (2.0 * largest * act).bytes(),
+        inference_live: ((input + middle + 2.0 * last + shortcut) * act).bytes(),
         params,
         ..Unit::default()
     };
@@ -120,19 +123,20 @@ fn block_unit(block: &ResnetBlock, side: u64, step: &ResnetStep) -> (Unit, u64) 
 /// The classifier: pooled features → logits.
 fn head_unit(spec: &ResnetSpec, step: &ResnetStep) -> Unit {
     let (act, b) = (step.act, step.batch);
-    let features = b * spec.features() as f64;
-    let logits = b * spec.num_classes as f64;
+    let fp32 = BytesPerElement::FP32;
+    let features = Elements(b * spec.features() as f64);
+    let logits = Elements(b * spec.num_classes as f64);
     Unit {
         name: "head",
         saved: if step.training {
-            features * act + logits * 4.0
+            (features * act + logits * fp32).bytes()
         } else {
             0.0
         },
-        held: logits * act,
-        backward_transient: 2.0 * logits * 4.0 + features * act,
-        gradient_transient: logits * 4.0 + features * act,
-        inference_live: features * act,
+        held: (logits * act).bytes(),
+        backward_transient: (2.0 * logits * fp32 + features * act).bytes(),
+        gradient_transient: (logits * fp32 + features * act).bytes(),
+        inference_live: (features * act).bytes(),
         params: spec.features() * spec.num_classes + spec.num_classes,
         ..Unit::default()
     }

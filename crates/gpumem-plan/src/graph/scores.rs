@@ -71,11 +71,11 @@ impl TransformerGraph<'_> {
         } else {
             BytesPerElement::ZERO
         };
-        if old.is_some_and(|o| o.fp32_rotary()) && input.0 < 4.0 {
+        if old.is_some_and(|o| o.fp32_rotary()) && input < BytesPerElement::FP32 {
             // fp32 queries and keys: fp32 scores and softmax, cast to the values' dtype.
             return ScoreBytes {
-                input: BytesPerElement(4.0),
-                probs: BytesPerElement(4.0),
+                input: BytesPerElement::FP32,
+                probs: BytesPerElement::FP32,
                 conversion: BytesPerElement::ZERO,
                 cast: input,
                 softcap: BytesPerElement::ZERO,
@@ -87,19 +87,19 @@ impl TransformerGraph<'_> {
         // `at::dropout`: CUDA's fused kernel keeps a 1-byte mask, CPU's `_dropout` a noise
         // tensor of the probabilities' dtype (`empty_like(input).bernoulli_`).
         let math_dropout_mask = match kernel {
-            AttentionKernel::SdpaMathCpu => Some(BytesPerElement(4.0)),
+            AttentionKernel::SdpaMathCpu => Some(BytesPerElement::FP32),
             AttentionKernel::SdpaMathCuda => Some(BytesPerElement::BOOL),
             _ => None,
         };
         if let Some(mask) = math_dropout_mask {
             return ScoreBytes {
-                input: BytesPerElement(4.0),
-                probs: BytesPerElement(4.0),
+                input: BytesPerElement::FP32,
+                probs: BytesPerElement::FP32,
                 conversion: BytesPerElement::ZERO,
                 cast: BytesPerElement::ZERO,
                 softcap: BytesPerElement::ZERO,
                 dropout: if dropout > BytesPerElement::ZERO {
-                    mask + BytesPerElement(4.0)
+                    mask + BytesPerElement::FP32
                 } else {
                     BytesPerElement::ZERO
                 },
@@ -111,7 +111,7 @@ impl TransformerGraph<'_> {
             && !(old.is_some_and(|o| o.upcasts_fp16_softmax_only())
                 && self.workload.compute_dtype() != Dtype::Fp16);
         let probs = if upcasts || self.workload.amp.is_some() {
-            BytesPerElement(4.0)
+            BytesPerElement::FP32
         } else {
             input
         };

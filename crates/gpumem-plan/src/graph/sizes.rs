@@ -1,6 +1,6 @@
 //! Element sizes, tensor-parallel split, attention shapes and the per-block tally the parts add to.
 
-use crate::quantity::{Bytes, BytesPerElement, BytesPerToken};
+use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Tokens, Width};
 use crate::workload::Workload;
 
 /// Bytes per element for the tensors of a workload.
@@ -26,13 +26,12 @@ impl ElementSizes {
         }
     }
 
-    /// Bytes per token saved for a norm output of `width` elements per token read by
-    /// `consumers` linear layers.
-    pub(super) fn linear_input(&self, width: f64, consumers: f64) -> BytesPerToken {
+    /// Bytes per token saved for a norm output of `width` read by `consumers` linear layers.
+    pub(super) fn linear_input(&self, width: Width, consumers: f64) -> BytesPerToken {
         if self.autocast {
-            BytesPerToken(self.act.0 * width * consumers)
+            self.act * width * consumers
         } else {
-            BytesPerToken(self.residual.0 * width)
+            self.residual * width
         }
     }
 }
@@ -50,14 +49,14 @@ pub(super) struct Split {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AttentionShape {
     /// Query tokens per sequence.
-    pub(super) queries: f64,
+    pub(super) queries: Tokens,
     /// Key tokens per sequence.
-    pub(super) keys: f64,
+    pub(super) keys: Tokens,
     /// Causal (a decoder's self-attention).
     pub(super) causal: bool,
     /// Key tokens per sequence a sliding-window layer attends to and keeps in its cache while
     /// decoding; None: all.
-    pub(super) cached_keys: Option<f64>,
+    pub(super) cached_keys: Option<Tokens>,
 }
 
 /// Per-token and per-score byte counts of one block, before multiplying by tokens.

@@ -3,6 +3,7 @@
 use super::sizes::AttentionShape;
 use super::TransformerGraph;
 use crate::model::{Head, LayerKind};
+use crate::quantity::{Bytes, Tokens, Width};
 use crate::unit::Unit;
 
 impl TransformerGraph<'_> {
@@ -38,17 +39,16 @@ impl TransformerGraph<'_> {
         };
         // Whisper's encoder holds its convolutions' output (`inputs_embeds`) through its
         // layers in a no-grad forward.
+        let h = Width(spec.hidden as f64);
         let stem_output = match spec.audio {
-            Some(_) if !self.training => {
-                self.batch * seq * self.bytes.residual.0 * spec.hidden as f64
-            }
-            _ => 0.0,
+            Some(_) if !self.training => self.batch * seq * self.bytes.residual * h,
+            _ => Bytes::ZERO,
         };
         for index in 0..spec.encoder_layers {
             let mut block = self.block(encoder, None, LayerKind::default());
-            block.inference_live += stem_output;
+            block.inference_live += stem_output.bytes();
             if index == 0 {
-                block.saved -= self.frozen_prefix(encoder, LayerKind::default());
+                block.saved -= self.frozen_prefix(encoder, LayerKind::default()).bytes();
             }
             units.push(block);
         }
@@ -58,12 +58,13 @@ impl TransformerGraph<'_> {
             // by them, or under autocast (each saves its own half-precision copy) held by
             // the model's output until the forward returns.
             if let Some(last) = units.last_mut() {
-                let (tokens, h) = (self.batch * seq, spec.hidden as f64);
-                last.saved += tokens * self.norm_saved();
+                let tokens = self.batch * seq;
+                last.saved += (tokens * self.norm_saved()).bytes();
+                let output = (tokens * self.bytes.residual * h).bytes();
                 if self.bytes.autocast {
-                    last.forward_held += tokens * self.bytes.residual.0 * h;
+                    last.forward_held += output;
                 } else {
-                    last.saved += tokens * self.bytes.residual.0 * h;
+                    last.saved += output;
                 }
             }
         }
@@ -71,9 +72,9 @@ impl TransformerGraph<'_> {
         // decoder's cross-attention reads it: held from the first decoder block to the end
         // of the forward.
         let encoder_output = if self.training {
-            0.0
+            Bytes::ZERO
         } else {
-            self.batch * seq * self.bytes.residual.0 * spec.hidden as f64
+            self.batch * seq * self.bytes.residual * h
         };
         let dec = self.decoder_sequence();
         let decoder = AttentionShape {
@@ -91,8 +92,8 @@ impl TransformerGraph<'_> {
         for index in 0..spec.layers {
             let mut block = self.block(decoder, Some(cross), LayerKind::default());
             if index == 0 {
-                block.held += encoder_output;
-                block.saved -= self.frozen_prefix(decoder, LayerKind::default());
+                block.held += encoder_output.bytes();
+                block.saved -= self.frozen_prefix(decoder, LayerKind::default()).bytes();
             }
             units.push(block);
         }
@@ -108,7 +109,7 @@ impl TransformerGraph<'_> {
             let window = spec
                 .sliding
                 .filter(|_| layer.sliding)
-                .map(|s| s.window.saturating_sub(1).max(1) as f64);
+                .map(|s| Tokens(s.window.saturating_sub(1).max(1) as f64));
             let shape = AttentionShape {
                 queries: seq,
                 keys: seq,
@@ -117,7 +118,7 @@ impl TransformerGraph<'_> {
             };
             let mut block = self.block(shape, None, layer);
             if index == 0 {
-                block.saved -= self.frozen_prefix(shape, layer);
+                block.saved -= self.frozen_prefix(shape, layer).bytes();
             }
             units.push(block);
         }
@@ -154,9 +155,10 @@ impl TransformerGraph<'_> {
         let mut units = self.units();
         if !self.training {
             if let Some(head) = units.last_mut() {
-                let h = self.spec.hidden as f64;
-                head.held +=
-                    self.batch * (self.sequence() * self.bytes.residual.0 + self.bytes.act.0) * h;
+                // Per sample: the sequence's hidden states and the pooled output (one row).
+                let (h, pooled) = (Width(self.spec.hidden as f64), Tokens(1.0));
+                let per_column = self.sequence() * self.bytes.residual + pooled * self.bytes.act;
+                head.held += (self.batch * per_column * h).bytes();
             }
         }
         units
