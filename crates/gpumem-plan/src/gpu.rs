@@ -30,6 +30,10 @@ pub struct Cores {
     pub threads_per_multiprocessor: u64,
     /// AMD (HIP): 64-wide wavefronts, and PyTorch's ROCm settings of the reduction's split.
     pub amd: bool,
+    /// NVIDIA Ampere or later: tensor cores take fp32 convolutions as TF32 (PyTorch's
+    /// default `torch.backends.cudnn.allow_tf32`), so cuDNN runs them, as it runs half
+    /// precision, on NHWC tensor-core engines ([`crate::graph`]'s convolution workspaces).
+    pub tf32: bool,
 }
 
 const fn nvidia(multiprocessors: u64, threads_per_multiprocessor: u64) -> Cores {
@@ -37,6 +41,15 @@ const fn nvidia(multiprocessors: u64, threads_per_multiprocessor: u64) -> Cores 
         multiprocessors,
         threads_per_multiprocessor,
         amd: false,
+        tf32: true,
+    }
+}
+
+/// A Volta or Turing GPU (V100, T4): tensor cores for half precision only.
+const fn nvidia_before_ampere(multiprocessors: u64, threads_per_multiprocessor: u64) -> Cores {
+    Cores {
+        tf32: false,
+        ..nvidia(multiprocessors, threads_per_multiprocessor)
     }
 }
 
@@ -45,6 +58,7 @@ const fn amd(compute_units: u64) -> Cores {
         multiprocessors: compute_units,
         threads_per_multiprocessor: 2048,
         amd: true,
+        tf32: false,
     }
 }
 
@@ -93,10 +107,30 @@ pub const GPUS: &[(&str, u64, u64, Cores)] = &[
     ("rtx-4080", 16_376, PRE_HOPPER_WORKSPACE, nvidia(76, 1536)),
     ("rtx-3090", 24_576, PRE_HOPPER_WORKSPACE, nvidia(82, 1536)),
     ("rtx-3080", 10_240, PRE_HOPPER_WORKSPACE, nvidia(68, 1536)),
-    ("t4", 15_360, PRE_HOPPER_WORKSPACE, nvidia(40, 1024)),
-    ("v100", 16_384, PRE_HOPPER_WORKSPACE, nvidia(80, 2048)),
-    ("v100-16gb", 16_384, PRE_HOPPER_WORKSPACE, nvidia(80, 2048)),
-    ("v100-32gb", 32_768, PRE_HOPPER_WORKSPACE, nvidia(80, 2048)),
+    (
+        "t4",
+        15_360,
+        PRE_HOPPER_WORKSPACE,
+        nvidia_before_ampere(40, 1024),
+    ),
+    (
+        "v100",
+        16_384,
+        PRE_HOPPER_WORKSPACE,
+        nvidia_before_ampere(80, 2048),
+    ),
+    (
+        "v100-16gb",
+        16_384,
+        PRE_HOPPER_WORKSPACE,
+        nvidia_before_ampere(80, 2048),
+    ),
+    (
+        "v100-32gb",
+        32_768,
+        PRE_HOPPER_WORKSPACE,
+        nvidia_before_ampere(80, 2048),
+    ),
     ("mi250", 65_536, ROCM_WORKSPACE, amd(104)),
     ("mi250x", 65_536, ROCM_WORKSPACE, amd(110)),
     ("mi300x", 196_592, MI300_WORKSPACE, amd(304)),

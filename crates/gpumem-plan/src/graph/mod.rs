@@ -16,6 +16,7 @@ mod adapters;
 mod attention;
 mod block;
 mod cache;
+mod cudnn;
 mod embeddings;
 mod head;
 mod kernel;

@@ -1,8 +1,9 @@
 //! Units of a torchvision ResNet.
 
+use super::cudnn::Convolutions;
 use crate::model::{ConvShape, ResnetBlock, ResnetSpec};
 use crate::quantity::{Bytes, BytesPerElement, Elements};
-use crate::unit::Unit;
+use crate::unit::{SavedGroup, Unit, WholeTensors};
 use crate::workload::{Mode, Workload};
 
 /// Element sizes and batch of a ResNet step.
@@ -15,15 +16,19 @@ struct ResnetStep {
     batch: f64,
     /// A training step (else a no-grad forward).
     training: bool,
+    /// Their convolutions' workspaces.
+    convs: Convolutions,
 }
 
 /// Units of a torchvision ResNet: stem, one per residual block, classifier head.
 pub(super) fn resnet_units(spec: &ResnetSpec, workload: &Workload, batch: u64) -> Vec<Unit> {
+    let act = BytesPerElement(workload.compute_dtype().bytes() as f64);
     let step = ResnetStep {
-        act: BytesPerElement(workload.compute_dtype().bytes() as f64),
+        act,
         input_bytes: BytesPerElement(workload.dtype.bytes() as f64),
         batch: batch as f64,
         training: workload.mode == Mode::Train,
+        convs: Convolutions::of(workload, batch as f64, act),
     };
     let autocast = workload.amp.is_some();
     let (stem, mut side) = stem_unit(spec, workload.image_size, autocast, &step);
@@ -52,21 +57,31 @@ fn stem_unit(spec: &ResnetSpec, image: u64, autocast: bool, step: &ResnetStep) -
     } else {
         Bytes::ZERO
     };
-    let two_maps = (2.0 * stem_out * act).bytes();
+    let two_maps = 2.0 * stem_out * act;
+    let workspace = step.convs.workspace(&stem, image);
+    // What the stem saves after its convolution's output (BatchNorm's output, the pooled map
+    // and its indices): not yet made while the convolution's workspace lives.
+    let saved_later = stem_out * act + pooled * (act + BytesPerElement::INT64);
+    let inference_live = two_maps.max(stem_out * act + workspace.forward);
     let unit = Unit {
         name: "stem",
         saved: if step.training {
-            (autocast_input + 2.0 * stem_out * act + pooled * (act + BytesPerElement::INT64))
-                .bytes()
+            (autocast_input + stem_out * act + saved_later).bytes()
         } else {
             0.0
         },
         held: (pixels * step.input_bytes).bytes(),
-        forward_transient: 0.0,
-        backward_transient: two_maps,
-        gradient_transient: two_maps,
-        // Convolution output and BatchNorm output; the pooled map comes after the first is freed.
-        inference_live: two_maps,
+        forward_transient: (workspace.forward - saved_later).max(Bytes::ZERO).bytes(),
+        backward_transient: two_maps.bytes(),
+        // The first convolution's backward makes only the weight's gradient.
+        gradient_transient: (two_maps + workspace.backward).bytes(),
+        // Convolution output and BatchNorm output; the pooled map comes after the first is
+        // freed. Before them, the convolution's output and its workspace.
+        inference_live: inference_live.bytes(),
+        whole: workspace_tensors(
+            workspace.backward,
+            (inference_live > two_maps).then_some(workspace.forward),
+        ),
         params: stem.params(),
         ..Unit::default()
     };
@@ -80,10 +95,16 @@ fn block_unit(block: &ResnetBlock, side: u64, step: &ResnetStep) -> (Unit, u64) 
     let mut largest = Elements::ZERO;
     let mut conv_side = side;
     let mut outputs = Vec::new();
+    // Workspaces: (forward and backward, bytes the block has saved once the convolution's
+    // output exists, bytes live besides the block's input in a no-grad forward).
+    let mut workspaces = Vec::new();
     // Each convolution's output is saved by its BatchNorm, and the BN/ReLU output by the next op.
     for conv in &block.convs {
+        let workspace = step.convs.workspace(conv, conv_side);
         conv_side = conv.output_side(conv_side);
         let out = Elements(b * (conv.outputs * conv_side * conv_side) as f64);
+        let previous = outputs.last().copied().unwrap_or(Elements::ZERO);
+        workspaces.push((workspace, saved + out * act, (previous + out) * act));
         saved += 2.0 * out * act;
         largest = largest.max(out);
         outputs.push(out);
@@ -93,7 +114,31 @@ fn block_unit(block: &ResnetBlock, side: u64, step: &ResnetStep) -> (Unit, u64) 
         Elements(b * (down.outputs * out_side * out_side) as f64)
     });
     saved += shortcut * act;
+    if let Some(down) = &block.downsample {
+        // The shortcut's convolution runs after the main path, on the block's input.
+        let last = outputs.last().copied().unwrap_or(Elements::ZERO);
+        workspaces.push((
+            step.convs.workspace(down, side),
+            saved,
+            (last + shortcut) * act,
+        ));
+    }
     let input = Elements(b * (block.convs[0].inputs * side * side) as f64);
+    // A convolution's forward workspace on top of what the block has saved by then (the
+    // unit's forward transient is counted on top of all it saves), or of what a no-grad
+    // forward holds; its backward workspace while the block's gradients are made.
+    let forward_workspace = workspaces
+        .iter()
+        .map(|(w, saved_by_then, _)| w.forward - (saved - *saved_by_then))
+        .fold(Bytes::ZERO, Bytes::max);
+    let inference_workspace = workspaces
+        .iter()
+        .map(|(w, _, live)| input * act + *live + w.forward)
+        .fold(Bytes::ZERO, Bytes::max);
+    let backward_workspace = workspaces
+        .iter()
+        .map(|(w, _, _)| w.backward)
+        .fold(Bytes::ZERO, Bytes::max);
     // No-grad: input (kept for the shortcut), the previous ReLU output, the last conv and BN
     // outputs (BN is not in place), and the downsampled shortcut.
     let (last, middle) = match outputs.as_slice() {
@@ -110,10 +155,13 @@ fn block_unit(block: &ResnetBlock, side: u64, step: &ResnetStep) -> (Unit, u64) 
         name: "block",
         saved: if step.training { saved.bytes() } else { 0.0 },
         checkpoint: Some((input * act).bytes()),
-        forward_transient: (largest * act).bytes(),
+        forward_transient: (largest * act).max(forward_workspace).bytes(),
         backward_transient: (3.0 * largest * act).bytes(),
-        gradient_transient: (2.0 * largest * act).bytes(),
-        inference_live: ((input + middle + 2.0 * last + shortcut) * act).bytes(),
+        gradient_transient: (2.0 * largest * act + backward_workspace).bytes(),
+        inference_live: ((input + middle + 2.0 * last + shortcut) * act)
+            .max(inference_workspace)
+            .bytes(),
+        whole: workspace_tensors(backward_workspace, None),
         params,
         ..Unit::default()
     };
@@ -139,5 +187,18 @@ fn head_unit(spec: &ResnetSpec, step: &ResnetStep) -> Unit {
         inference_live: (features * act).bytes(),
         params: spec.features() * spec.num_classes + spec.num_classes,
         ..Unit::default()
+    }
+}
+
+/// A unit's convolution workspaces as single tensors of the allocation sequence: the largest
+/// backward one among its gradient transients, and in a no-grad forward the one at its peak.
+fn workspace_tensors(backward: Bytes, inference: Option<Bytes>) -> WholeTensors {
+    WholeTensors {
+        gradient_transient: backward.bytes(),
+        live: inference.map_or(SavedGroup::default(), |bytes| SavedGroup {
+            bytes: bytes.bytes(),
+            tensor: bytes.bytes(),
+        }),
+        ..WholeTensors::default()
     }
 }
