@@ -66,6 +66,7 @@ MAPPED = [
     "autocast with CUDA's fp32 op lists",
     "optimizers left to their default implementation run foreach, as on CUDA",
     "optimizer step counters in host memory (as on CUDA unless fused or capturable)",
+    "softmax backward with CUDA's grad * output temporary",
 ]
 
 
@@ -110,10 +111,11 @@ class _Record(TorchDispatchMode):
     """Records the storages every aten operator returns, and allocates the cuBLAS workspace
     of a thread at its first matrix product."""
 
-    def __init__(self, storages: _Storages, workspace: int) -> None:
+    def __init__(self, storages: _Storages, workspace: int, cuda: bool = True) -> None:
         super().__init__()
         self.storages = storages
         self.workspace = workspace
+        self.cuda = cuda
         self.workspaces: set[str] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
@@ -125,12 +127,33 @@ class _Record(TorchDispatchMode):
                 self.workspaces.add(thread)
                 recorder.alloc(self.workspace, op="cuBLAS workspace", kind="blas_workspace",
                                name=f"cuBLAS workspace ({thread} thread)", module="")
+        if func is torch.ops.aten._local_scalar_dense.default and \
+                recorder.phase == "optimizer" and _is_fake(args[0]):
+            # A value read in the optimizer step (Adafactor's parameter norm, ``.item()``):
+            # fake tensors have none, and it sizes nothing there; 1 stands for it.
+            return True if args[0].dtype == torch.bool else \
+                1.0 if args[0].is_floating_point() else 1
+        staging = None
+        if func is torch.ops.aten._softmax_backward_data.default and self.cuda:
+            # CUDA's softmax backward first makes grad * output (SoftMax.cu), a temporary the
+            # size of the gradient beside it and the result (the H200's op logs, docs/gpu.md).
+            grad = args[0]
+            staging = recorder.alloc(grad.numel() * grad.element_size(),
+                                     op="softmax backward: grad * output (CUDA)",
+                                     kind="temporary")
         out = func(*args, **(kwargs or {}))
         op = str(func)
         for tensor in tree_flatten(out)[0]:
             if isinstance(tensor, torch.Tensor):
                 self.storages.track(tensor, op=op)
+        recorder.free(staging)
         return out
+
+
+def _is_fake(tensor: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
 
 
 def _sdpa_cuda(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -149,7 +172,11 @@ def _sdpa_cuda(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         return aten._scaled_dot_product_flash_attention(
             query, key, value, dropout_p, is_causal, False, scale=scale)[0]
     alignment = 8 if half else 4
-    if dims_ok and same_heads and head_dim % alignment == 0 and \
+    # The memory-efficient kernel takes values of another head width (latent attention's
+    # narrower values), aligned as the queries' (check_head_dim_size_mem_efficient).
+    efficient_dims = query.dim() == 4 and key.shape[-1] == head_dim and \
+        value.shape[-1] % alignment == 0
+    if efficient_dims and same_heads and head_dim % alignment == 0 and \
             query.dtype in (torch.float16, torch.bfloat16, torch.float32):
         bias = attn_mask
         if bias is not None and bias.dtype == torch.bool:
@@ -319,7 +346,8 @@ def _fake_optimizer(optimizer: Any, fake_of: dict[int, torch.Tensor],
         groups.append(made)
     accepted = inspect.signature(kind.__init__).parameters
     defaults = {key: value for key, value in optimizer.defaults.items() if key in accepted}
-    if "foreach" in defaults and defaults["foreach"] is None:
+    if "foreach" in defaults and defaults["foreach"] is None and \
+            not defaults.get("fused") and not defaults.get("differentiable"):
         defaults["foreach"] = True
     try:
         made_optimizer = kind(groups, **defaults)
@@ -453,7 +481,7 @@ def record(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None
                 stack.enter_context(fake_mode)
             for rule in rules:
                 stack.enter_context(rule)
-            stack.enter_context(_Record(storages, workspace if cuda_rules else 0))
+            stack.enter_context(_Record(storages, workspace if cuda_rules else 0, cuda_rules))
             for _ in range(steps):
                 _step(fake_model, fake_inputs, fake_optimizer, loss_fn, dtype, recorder,
                       storages, param_names)
