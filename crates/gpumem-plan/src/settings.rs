@@ -153,8 +153,11 @@ pub struct Settings {
     /// position, upcast to fp32 for causal LMs), none (backward from logits.sum(), the outputs
     /// kept through backward, as forward/backward benchmarks run), chunked (litgpt: LM head and
     /// cross-entropy per chunk of positions in the logits' dtype), chunked-fp32 (torchtune's
-    /// CEWithChunkedOutputLoss: each chunk upcast for its own cross-entropy) or fused
-    /// (Liger-Kernel's fused linear cross-entropy: no logits kept) [default: hf].
+    /// CEWithChunkedOutputLoss: each chunk upcast for its own cross-entropy), fused
+    /// (Liger-Kernel's fused linear cross-entropy: no logits kept) or cross-entropy (a
+    /// hand-written loop's F.cross_entropy on the logits as returned, as nanoGPT and
+    /// LLMs-from-scratch call it: no fp32 upcast; pair with --no-cache for a model without a
+    /// KV cache) [default: hf].
     #[cfg_attr(feature = "clap", arg(long))]
     pub loss: Option<String>,
     /// Whose model and LoRA code runs the training step: hf (transformers models, PEFT's LoRA

@@ -80,6 +80,11 @@ pub enum Loss {
     /// Liger-Kernel's fused linear cross-entropy: no logits beyond one chunk of rows; the
     /// forward computes the loss and the gradients of the hidden states and of the LM head.
     Fused,
+    /// A hand-written loop's `F.cross_entropy(logits.view(-1, V), targets.view(-1))` on the
+    /// logits as the model returns them (nanoGPT, LLMs-from-scratch): no upcast to fp32, so
+    /// `log_softmax` runs and saves its output in the logits' dtype (under CUDA's autocast,
+    /// `nll_loss` saves its fp32 copy of half-precision log-probabilities).
+    CrossEntropy,
 }
 
 impl Loss {
@@ -677,6 +682,7 @@ pub mod choices {
         ("chunked", Loss::Chunked),
         ("chunked-fp32", Loss::ChunkedFp32),
         ("fused", Loss::Fused),
+        ("cross-entropy", Loss::CrossEntropy),
     ];
     /// `--fsdp-mp`.
     pub const FSDP_MP_DTYPES: &[(&str, Dtype)] = &[

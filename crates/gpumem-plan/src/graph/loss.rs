@@ -271,7 +271,7 @@ impl TransformerGraph<'_> {
                     ..unit
                 }
             }
-            Loss::Fused | Loss::Hf | Loss::None => {
+            Loss::Fused | Loss::Hf | Loss::None | Loss::CrossEntropy => {
                 self.fused_loss_head(tokens, vocab, saved, head_gradient, unit)
             }
         }
