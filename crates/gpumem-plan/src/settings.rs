@@ -171,7 +171,8 @@ pub struct Settings {
     /// prefill computes every prompt position's logits before the family took `logits_to_keep`
     /// (Llama family 4.45, GPT-NeoX 4.49, GPT-2 4.53, OPT and BigCode 5.0; Llama-family forwards
     /// upcast them all to fp32 before 4.45), tuple KV caches, per-layer causal-mask buffers,
-    /// OPT's clamped eager scores, GPT-NeoX's fp32 rotary [default: latest].
+    /// OPT's clamped eager scores and per-head q/k/v copies, GPT-NeoX's fp32 rotary [default:
+    /// latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub transformers: Option<String>,
     /// bitsandbytes release a QLoRA base (--qlora, or --quant fp4/nf4 with --lora-rank) runs

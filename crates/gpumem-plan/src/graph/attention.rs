@@ -136,10 +136,15 @@ impl TransformerGraph<'_> {
     }
 
     /// Are the queries contiguous per head when they reach the kernel (the family's own code,
-    /// or litgpt's attention, which builds its rotated queries with `torch.cat`)? The kernel's
-    /// output then comes in head layout and merging the heads is a copy.
+    /// an old release's (OPT's `_shape` before 4.49), or litgpt's attention, which builds its
+    /// rotated queries with `torch.cat`)? The kernel's output then comes in head layout and
+    /// merging the heads is a copy.
     pub(super) fn head_layout_queries(&self) -> bool {
-        self.spec.head_layout_queries || self.litgpt()
+        self.spec.head_layout_queries
+            || self.litgpt()
+            || self
+                .old_release()
+                .is_some_and(|o| o.queries_contiguous_per_head())
     }
 
     /// Does fused `kernel` return its output in head layout, so that merging the heads copies
