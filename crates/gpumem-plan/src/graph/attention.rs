@@ -28,6 +28,8 @@ pub(super) struct AttentionMemory {
     /// Of `key_saved`, the keys and values a training forward's cache holds until the step
     /// ends, because the caller keeps the outputs through backward (`--loss none`).
     pub(super) cache_held: Bytes,
+    /// What the cache the forward returns keeps alive after backward (`Unit::retained`).
+    pub(super) retained: Bytes,
     /// The k and v copies a training cache holds that the kernel does not save (see
     /// `Unit::forward_held`).
     pub(super) forward_held: Bytes,
@@ -183,6 +185,7 @@ impl TransformerGraph<'_> {
             stack_held: masks.stack_bias + core.stack_mask,
             kv_cache,
             cache_held,
+            retained: self.retained_cache(&call),
             forward_held: self.math_path_cache_copies(&call),
             score_gradients: core.score_gradients,
             input_gradients: Bytes(

@@ -66,6 +66,7 @@ impl TransformerGraph<'_> {
             checkpoint: Some(tokens * self.bytes.residual.0 * h / self.split.sequence),
             per_op_saved: self.per_op_saved(shape, cross, layer),
             held: own.cache_held.bytes() + outputs_held.0,
+            retained: (own.retained + cross_memory.retained).bytes(),
             forward_held: outputs_held.1,
             forward_transient: (transient + tokens * act * f).max(self.adapter_transient(
                 layer,

@@ -53,6 +53,7 @@ impl TransformerGraph<'_> {
             name: "head",
             saved: t.head_saved + t.softcap,
             held: t.logits,
+            retained: t.logits,
             forward_transient: t.softcap + autocast_sum,
             // Soft-capping's backward makes tanh's gradient while the gradient of
             // the final `· cap` still lives: two logits-sized gradients.
