@@ -648,8 +648,14 @@ fn simulate_training(
     let accumulating = accumulates_gradients(workload);
     let kept = kept_and_recomputed(units, workload.checkpointing);
     let gradients_in_forward = if accumulating { all_gradients } else { 0.0 };
-    let (forward, forward_end, activations) =
-        simulate_forward(units, &kept, states, in_flight, gradients_in_forward);
+    let (forward, forward_end, activations) = simulate_forward(
+        units,
+        &kept,
+        states,
+        in_flight,
+        gradients_in_forward,
+        previous_outputs(units, workload),
+    );
     let backward = simulate_backward(
         units,
         &kept,
@@ -703,6 +709,17 @@ fn phase_breakdown(
     }
 }
 
+/// Bytes of the previous step's outputs alive through a step's forward: a loop that keeps its
+/// last outputs (`outputs = model(...)` rebinds only when the forward returns) holds what they
+/// still reference (`Unit::retained`) until then.
+fn previous_outputs(units: &[Unit], workload: &Workload) -> f64 {
+    if workload.keep_outputs && workload.mode == Mode::Train {
+        units.iter().map(|u| u.retained).sum()
+    } else {
+        0.0
+    }
+}
+
 /// Activation bytes live when the forward ends, with `in_flight` micro-batches.
 #[derive(Clone, Copy)]
 struct ForwardActivations {
@@ -712,13 +729,15 @@ struct ForwardActivations {
     held: f64,
 }
 
-/// The forward's peak and its end, unit by unit, and the activations it leaves.
+/// The forward's peak and its end, unit by unit, and the activations it leaves;
+/// `previous_outputs`: the last step's outputs, alive until the forward returns.
 fn simulate_forward(
     units: &[Unit],
     kept: &[(f64, f64)],
     states: &States,
     in_flight: f64,
     gradients_in_forward: f64,
+    previous_outputs: f64,
 ) -> (Breakdown, Breakdown, ForwardActivations) {
     let in_forward = (states.buffers.forward_weights, 0.0);
     let mut forward = Breakdown::default();
@@ -730,7 +749,7 @@ fn simulate_forward(
             states,
             in_forward,
             gradients_in_forward,
-            saved + held + forward_held + keep,
+            previous_outputs + saved + held + forward_held + keep,
             unit.forward_transient,
         );
         if live.allocated() > forward.allocated() {
@@ -744,7 +763,7 @@ fn simulate_forward(
         states,
         in_forward,
         gradients_in_forward,
-        saved + held + forward_held,
+        previous_outputs + saved + held + forward_held,
         0.0,
     );
     (forward, forward_end, ForwardActivations { saved, held })

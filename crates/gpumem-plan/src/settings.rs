@@ -94,6 +94,11 @@ pub struct Settings {
     /// Gradients zeroed, not freed, between steps (zero_grad(set_to_none=False)).
     #[cfg_attr(feature = "clap", arg(long))]
     pub keep_grads: bool,
+    /// With --loss none: the previous step's outputs (logits, and the KV cache a causal LM
+    /// returns in training) stay referenced until the next forward returns, as in a loop
+    /// `outputs = model(...)` without `del outputs` (forward/backward benchmark scripts).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub keep_outputs: bool,
     /// Total GPUs [default: 1].
     #[cfg_attr(feature = "clap", arg(long))]
     pub gpus: Option<u64>,
@@ -174,7 +179,8 @@ pub struct Settings {
     /// prefill computes every prompt position's logits before the family took `logits_to_keep`
     /// (Llama family 4.45, GPT-NeoX 4.49, GPT-2 4.53, OPT and BigCode 5.0; Llama-family forwards
     /// upcast them all to fp32 before 4.45), tuple KV caches, per-layer causal-mask buffers,
-    /// OPT's clamped eager scores, GPT-NeoX's fp32 rotary [default: latest].
+    /// OPT's clamped eager scores and per-head q/k/v copies, GPT-NeoX's fp32 rotary [default:
+    /// latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub transformers: Option<String>,
     /// bitsandbytes release a QLoRA base (--qlora, or --quant fp4/nf4 with --lora-rank) runs
@@ -438,6 +444,7 @@ impl Settings {
             }),
             grad_accum: self.grad_accum.unwrap_or(d.grad_accum),
             keep_grads: self.keep_grads,
+            keep_outputs: self.keep_outputs,
             checkpointing,
             attention: pick(&self.attn, "attention", choices::ATTENTIONS)?.unwrap_or(d.attention),
             lora,
@@ -745,6 +752,18 @@ impl Settings {
                 Ok(Loss::Chunked | Loss::ChunkedFp32)
             )
         });
+        let summed = self
+            .loss
+            .as_deref()
+            .is_some_and(|l| parse("loss", l, choices::LOSSES).ok() == Some(Loss::None));
+        if self.keep_outputs && (mode != Mode::Train || !summed) {
+            warnings.push(Warning::Ignored {
+                flag: "--keep-outputs",
+                reason: "only a training step with --loss none returns outputs the loop keeps \
+                         (the loss of the others is all the caller holds)"
+                    .into(),
+            });
+        }
         if self.loss_chunk.is_some() && (mode != Mode::Train || !chunked) {
             warnings.push(Warning::Ignored {
                 flag: "--loss-chunk",

@@ -394,6 +394,10 @@ pub struct Workload {
     /// Gradients are zeroed instead of freed after the step (`zero_grad(set_to_none=False)`,
     /// the PyTorch < 2.0 default): they stay allocated through the next forward.
     pub keep_grads: bool,
+    /// The loop keeps the previous step's outputs referenced through the next step's forward
+    /// (`outputs = model(...)` rebinds only when the forward returns): with `--loss none` its
+    /// logits and the KV cache a causal LM returns in training (`Unit::retained`).
+    pub keep_outputs: bool,
     /// Activation recomputation.
     pub checkpointing: Checkpointing,
     /// Attention implementation.
@@ -455,6 +459,7 @@ impl Default for Workload {
             optimizer_impl: OptimizerImpl::Foreach,
             grad_accum: 1,
             keep_grads: false,
+            keep_outputs: false,
             checkpointing: Checkpointing::None,
             attention: Attention::Sdpa,
             lora: None,

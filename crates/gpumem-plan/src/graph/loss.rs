@@ -55,6 +55,7 @@ impl TransformerGraph<'_> {
             name: "head",
             saved: (t.head_saved + t.softcap).bytes(),
             held: t.logits.bytes(),
+            retained: t.logits.bytes(),
             forward_transient: (t.softcap + autocast_sum).bytes(),
             // Soft-capping's backward makes tanh's gradient while the gradient of
             // the final `· cap` still lives: two logits-sized gradients.
