@@ -252,7 +252,11 @@ pub(crate) fn sharding_buffers(
             PhaseBuffers {
                 step_weights: inputs.largest_block + prefetched,
                 step_gradients: bucket,
+                // Released after its backward in DeepSpeed; here it stays to the embeddings'
+                // backward, as the planned sequence frees what backward gathered (an
+                // over-count of at most the head through the blocks' backward).
                 backward_start_weights: head,
+                backward_weights: head,
                 ..PhaseBuffers::default()
             }
         }
