@@ -123,6 +123,13 @@ pub struct Settings {
     /// the total, outside PyTorch's allocator) [default: 4194304].
     #[cfg_attr(feature = "clap", arg(long))]
     pub nccl_buffsize: Option<u64>,
+    /// DeepSpeed ZeRO's bucket sizes and stage-3 thresholds with --zero 1-3: default
+    /// (DeepSpeed's own: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
+    /// stage3_param_persistence_threshold 1e5 elements; accelerate's config questions leave
+    /// them so) or auto (a DeepSpeed config file's "auto", filled from hidden_size h by
+    /// accelerate and the HF Trainer: h², 0.9·h², 10·h) [default: default].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "SIZES"))]
+    pub zero_buckets: Option<String>,
     /// Offload optimizer states (and ZeRO-3/FSDP parameters) to CPU.
     #[cfg_attr(feature = "clap", arg(long))]
     pub offload: bool,
@@ -549,6 +556,12 @@ impl Settings {
             )?
             .filter(|_| sharding == Sharding::Fsdp),
             nccl_buffsize: self.nccl_buffsize.unwrap_or(d.nccl_buffsize),
+            zero_buckets: pick(
+                &self.zero_buckets,
+                "ZeRO bucket sizes",
+                choices::ZERO_BUCKETS,
+            )?
+            .unwrap_or(d.zero_buckets),
         })
     }
 
@@ -604,6 +617,10 @@ impl Settings {
         let no_lora = self.lora_rank.is_none() && !self.qlora;
         let no_adapters = "no LoRA adapters are planned (add --lora-rank or --qlora)".to_string();
         let no_fsdp = "it sets up PyTorch FSDP, planned for training with --fsdp".to_string();
+        let no_zero =
+            "it sets DeepSpeed ZeRO's buckets, planned for training with --zero 1-3".to_string();
+        let zero_inactive =
+            inference || matches!(self.zero.as_deref(), None | Some("0")) || self.fsdp;
         let tokens = format!(
             "{} reads tokens, not images: its input is --seq",
             model.name
@@ -677,6 +694,11 @@ impl Settings {
                 "--fsdp-mp",
                 fsdp_inactive && self.fsdp_mp.is_some(),
                 &no_fsdp,
+            ),
+            (
+                "--zero-buckets",
+                zero_inactive && self.zero_buckets.is_some(),
+                &no_zero,
             ),
             (
                 "--seq",
@@ -871,6 +893,10 @@ mod tests {
             ),
             ("fsdp_mp", "none".to_string()),
             ("nccl_buffsize", d.layout.nccl_buffsize.to_string()),
+            (
+                "zero_buckets",
+                name(choices::ZERO_BUCKETS, d.layout.zero_buckets).to_string(),
+            ),
             ("lora_rank", DEFAULT_LORA_RANK.to_string()),
             ("amp", "none".to_string()),
         ];

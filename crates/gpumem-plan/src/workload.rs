@@ -37,6 +37,22 @@ pub enum FsdpVersion {
 /// per-unit buffers (see `fsdp_buffers` in [`crate::distributed`]).
 pub const DEFAULT_FSDP_VERSION: FsdpVersion = FsdpVersion::V2;
 
+/// How DeepSpeed ZeRO's bucket sizes and stage-3 thresholds are set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ZeroBuckets {
+    /// DeepSpeed's own defaults (`runtime/zero/config.py`): `reduce_bucket_size` 5e8,
+    /// `stage3_prefetch_bucket_size` 5e7, `stage3_param_persistence_threshold` 1e5 elements;
+    /// what a config without these keys gets, as accelerate builds it from its own
+    /// `deepspeed_config` questions.
+    Default,
+    /// "auto" in a DeepSpeed config file, filled by accelerate (`accelerator.py`
+    /// `_prepare_deepspeed`) and the HF Trainer from the model's `hidden_size` h:
+    /// `reduce_bucket_size` h², `stage3_prefetch_bucket_size` 0.9·h²,
+    /// `stage3_param_persistence_threshold` 10·h.
+    Auto,
+}
+
 /// NCCL's default `NCCL_BUFFSIZE` (Simple protocol, per connection): 4 MiB.
 pub const DEFAULT_NCCL_BUFFSIZE: u64 = 4 << 20;
 
@@ -343,6 +359,8 @@ pub struct Layout {
     pub fsdp_mp: Option<Dtype>,
     /// NCCL's `NCCL_BUFFSIZE`: bytes of the Simple-protocol buffer of each connection.
     pub nccl_buffsize: u64,
+    /// DeepSpeed ZeRO's bucket sizes and stage-3 thresholds (with ZeRO stages 1-3).
+    pub zero_buckets: ZeroBuckets,
 }
 
 impl Layout {
@@ -359,6 +377,7 @@ impl Layout {
             fsdp_version: DEFAULT_FSDP_VERSION,
             fsdp_mp: None,
             nccl_buffsize: DEFAULT_NCCL_BUFFSIZE,
+            zero_buckets: ZeroBuckets::Default,
         }
     }
 
@@ -695,6 +714,11 @@ pub mod choices {
         ("bfloat16", Dtype::Bf16),
         ("fp16", Dtype::Fp16),
         ("float16", Dtype::Fp16),
+    ];
+    /// `--zero-buckets`.
+    pub const ZERO_BUCKETS: &[(&str, ZeroBuckets)] = &[
+        ("default", ZeroBuckets::Default),
+        ("auto", ZeroBuckets::Auto),
     ];
     /// `--zero`.
     pub const ZERO_STAGES: &[(&str, Sharding)] = &[
