@@ -15,13 +15,73 @@
 
 use crate::unit::Unit;
 // The FSDP version and NCCL buffer size are workload settings, defined with it.
-use crate::workload::{Dtype, Layout, Sharding, Target, Workload};
+use crate::workload::{Dtype, Layout, Sharding, Target, Workload, ZeroBuckets};
 pub use crate::workload::{FsdpVersion, DEFAULT_FSDP_VERSION, DEFAULT_NCCL_BUFFSIZE};
 
 /// DeepSpeed `reduce_bucket_size` default (elements; `runtime/zero/config.py`).
 pub const REDUCE_BUCKET_ELEMENTS: u64 = 500_000_000;
 /// DeepSpeed `stage3_prefetch_bucket_size` default (elements).
 pub const PREFETCH_BUCKET_ELEMENTS: u64 = 50_000_000;
+/// DeepSpeed `stage3_param_persistence_threshold` default (elements).
+pub const PERSISTENCE_THRESHOLD_ELEMENTS: u64 = 100_000;
+/// DeepSpeed `stage3_max_live_parameters` default (elements): the prefetcher gathers no more
+/// than this many elements ahead (`partitioned_param_coordinator.py`, `max_params_to_prefetch
+/// = min(max_n_available − n_available, prefetch_bucket_sz)`).
+pub const MAX_LIVE_ELEMENTS: u64 = 1_000_000_000;
+/// DeepSpeed `stage3_max_reuse_distance` default (elements): a module's parameters are not
+/// released if the trace uses them again within this many elements (`__params_to_release`).
+pub const MAX_REUSE_ELEMENTS: u64 = 1_000_000_000;
+
+/// DeepSpeed ZeRO's sizes in elements, as `--zero-buckets` sets them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ZeroSizes {
+    /// `reduce_bucket_size`: the IPG bucket (stages 1-3).
+    pub reduce_bucket: u64,
+    /// `stage3_prefetch_bucket_size`.
+    pub prefetch_bucket: u64,
+    /// `stage3_param_persistence_threshold`: smaller parameters are never partitioned.
+    pub persistence_threshold: u64,
+}
+
+/// The sizes DeepSpeed runs with: its defaults, or "auto" as accelerate and the HF Trainer fill
+/// it from the model's `hidden_size` (`accelerator.py` `_prepare_deepspeed`; transformers
+/// `integrations/deepspeed.py` `trainer_config_finalize`): h², int(0.9·h²), 10·h. A model
+/// without a hidden size keeps the defaults (accelerate raises there).
+pub fn zero_sizes(buckets: ZeroBuckets, hidden: Option<u64>) -> ZeroSizes {
+    match (buckets, hidden) {
+        (ZeroBuckets::Auto, Some(h)) => ZeroSizes {
+            reduce_bucket: h * h,
+            prefetch_bucket: (0.9 * (h * h) as f64) as u64,
+            persistence_threshold: 10 * h,
+        },
+        _ => ZeroSizes {
+            reduce_bucket: REDUCE_BUCKET_ELEMENTS,
+            prefetch_bucket: PREFETCH_BUCKET_ELEMENTS,
+            persistence_threshold: PERSISTENCE_THRESHOLD_ELEMENTS,
+        },
+    }
+}
+
+/// What [`sharding_buffers`] sizes the buffers from, per GPU.
+pub(crate) struct ShardingInputs {
+    /// The largest block as gathered, bytes.
+    pub(crate) largest_block: f64,
+    /// Bytes of all local gradients.
+    pub(crate) gradients_full: f64,
+    /// Share of the parameters trained.
+    pub(crate) trainable_share: f64,
+    /// Bytes per parameter of a gathered block (the module dtype, or a quantised base's
+    /// packed weights).
+    pub(crate) gathered: f64,
+    /// Bytes per element of DeepSpeed's buckets: the dtype the engine casts the module to
+    /// (`engine.py` `_cast_module_mixed_precision`; `communication_data_type` and
+    /// `grad_accum_dtype` follow it), LoRA adapters included.
+    pub(crate) bucket_bytes: f64,
+    /// The LM head as ZeRO-3 gathers it, bytes (none for a model without one).
+    pub(crate) head: f64,
+    /// DeepSpeed's sizes.
+    pub(crate) zero: ZeroSizes,
+}
 
 /// NCCL's LL128 buffer per connection (`NCCL_LL128_BUFFSIZE` default: 120 elements × 640
 /// threads × 8 steps × 8 bytes).
@@ -99,6 +159,7 @@ fn fsdp_buffers(
     workload: &Workload,
     tp: f64,
     trainable_share: f64,
+    gathered: f64,
 ) -> PhaseBuffers {
     let module = workload.module_dtype().bytes() as f64;
     let root: f64 = units
@@ -126,10 +187,18 @@ fn fsdp_buffers(
         Target::Gpu => block,
         Target::Cpu => 0.0,
     };
+    // With parameters offloaded, each unshard first copies the host shard to the GPU (FSDP1
+    // `_flat_param.py` `pre_unshard` → `flat_param_to(device, non_blocking=True)`, a new
+    // shard-sized tensor the all-gather reads, freed once it is done; FSDP2 the all-gather
+    // copy-in of `sharded_param.to(device)`): one block's shard per all-gather in flight.
+    let staging = match (workload.layout.offload, workload.target) {
+        (true, Target::Gpu) => block * gathered / workload.layout.dp() as f64,
+        _ => 0.0,
+    };
     PhaseBuffers {
-        forward_weights: (root + block + in_flight) * module,
-        backward_start_weights: (root + block) * module,
-        backward_weights: (root + 2.0 * block) * module,
+        forward_weights: root * module + (block + in_flight) * gathered + staging,
+        backward_start_weights: root * module + block * gathered + staging,
+        backward_weights: root * module + 2.0 * block * gathered + staging,
         backward_gradients: trainable_share
             * (head * module + block * (module + reduce) + in_flight * reduce),
         backward_last: (root * module, trainable_share * head * module),
@@ -143,23 +212,18 @@ fn fsdp_buffers(
     }
 }
 
-/// Buffers of a sharded or data-parallel layout for `units`, with gradients of `grad_bytes`
-/// per element (the parameter dtype), `gradients_full` bytes of all local gradients, the largest
-/// block `largest_block` bytes and `trainable_share` of the parameters trained.
+/// Buffers of a sharded or data-parallel layout for `units` (see [`ShardingInputs`]).
 pub(crate) fn sharding_buffers(
     units: &[Unit],
     workload: &Workload,
-    largest_block: f64,
-    grad_bytes: f64,
-    gradients_full: f64,
-    trainable_share: f64,
+    inputs: &ShardingInputs,
 ) -> PhaseBuffers {
     let layout = &workload.layout;
-    let bucket = REDUCE_BUCKET_ELEMENTS as f64 * grad_bytes;
+    let bucket = inputs.zero.reduce_bucket as f64 * inputs.bucket_bytes;
     match layout.sharding {
         // DDP's gradient buckets hold a copy of every gradient.
         Sharding::None if layout.dp() > 1 => PhaseBuffers {
-            step_gradients: gradients_full,
+            step_gradients: inputs.gradients_full,
             ..PhaseBuffers::default()
         },
         Sharding::None => PhaseBuffers::default(),
@@ -170,17 +234,39 @@ pub(crate) fn sharding_buffers(
             step_gradients: bucket,
             ..PhaseBuffers::default()
         },
-        // Stage 3: the IPG flat buffer of `reduce_bucket_size` elements; the layer in use and
-        // the prefetch bucket gathered.
+        // Stage 3: the IPG flat buffer of `reduce_bucket_size` elements (`stage3.py`, allocated
+        // with the optimizer for the run); the layer in use and the prefetch bucket gathered
+        // (no more than `stage3_max_live_parameters` ahead). At the turn from forward to
+        // backward the LM head is used again at once (its backward), within
+        // `stage3_max_reuse_distance`, so `__params_to_release` keeps it gathered from its
+        // forward through its backward, beside the last block (reused after the head's
+        // forward and backward).
         Sharding::Zero3 => {
-            let prefetched = (PREFETCH_BUCKET_ELEMENTS as f64 * grad_bytes).min(largest_block);
+            let prefetch = inputs.zero.prefetch_bucket.min(MAX_LIVE_ELEMENTS) as f64;
+            let prefetched = (prefetch * inputs.gathered).min(inputs.largest_block);
+            let head = if inputs.head / inputs.gathered.max(1.0) < MAX_REUSE_ELEMENTS as f64 {
+                inputs.head
+            } else {
+                0.0
+            };
             PhaseBuffers {
-                step_weights: largest_block + prefetched,
+                step_weights: inputs.largest_block + prefetched,
                 step_gradients: bucket,
+                // Released after its backward in DeepSpeed; here it stays to the embeddings'
+                // backward, as the planned sequence frees what backward gathered (an
+                // over-count of at most the head through the blocks' backward).
+                backward_start_weights: head,
+                backward_weights: head,
                 ..PhaseBuffers::default()
             }
         }
-        Sharding::Fsdp => fsdp_buffers(units, workload, layout.tp as f64, trainable_share),
+        Sharding::Fsdp => fsdp_buffers(
+            units,
+            workload,
+            layout.tp as f64,
+            inputs.trainable_share,
+            inputs.gathered,
+        ),
     }
 }
 
@@ -297,6 +383,48 @@ mod settings_tests {
     }
 
     #[test]
+    fn zero_buckets_are_validated_and_auto_follows_the_hidden_size() {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let zero3 = |buckets: Option<&str>| Settings {
+            batch: Some(1),
+            seq: Some(256),
+            gpus: Some(8),
+            zero: Some("3".into()),
+            zero_buckets: buckets.map(Into::into),
+            ..Settings::default()
+        };
+        let err = zero3(Some("large")).resolve(&model).unwrap_err();
+        assert!(matches!(err, PlanError::UnknownName { .. }), "{err}");
+        let plan = |s: Settings| {
+            let workload = s.resolve(&model).unwrap().workload;
+            let bytes = workload.dtype.bytes() as f64;
+            let e = estimate(&model, &workload, &Overheads::default()).unwrap();
+            (e.peak_allocated_bytes as f64, bytes)
+        };
+        let (default, bytes) = plan(zero3(None));
+        let (auto, _) = plan(zero3(Some("auto")));
+        // accelerate's "auto": a reduce bucket of h² and a prefetch bucket of 0.9·h² elements
+        // (h = 2048) instead of DeepSpeed's 5e8 and 5e7 (a block has more than 5e7).
+        let h2: f64 = 2048.0 * 2048.0;
+        let expected = (5e8 - h2 + 5e7 - (0.9 * h2).floor()) * bytes;
+        let ratio = (default - auto) / expected;
+        assert!((ratio - 1.0).abs() < 1e-6, "{ratio}");
+        // Without ZeRO the flag changes nothing and says so.
+        let loose = Settings {
+            zero_buckets: Some("auto".into()),
+            ..Settings::default()
+        };
+        let resolved = loose.resolve(&model).unwrap();
+        assert!(resolved.warnings.iter().any(|w| matches!(
+            w,
+            Warning::Ignored {
+                flag: "--zero-buckets",
+                ..
+            }
+        )));
+    }
+
+    #[test]
     fn fsdp_flags_without_fsdp_warn_and_bad_buffsize_fails() {
         let model = find_model("gpt2").unwrap();
         let loose = Settings {
@@ -325,5 +453,67 @@ mod settings_tests {
             zero.resolve(&model),
             Err(PlanError::InvalidValue { .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod offload_tests {
+    use crate::{estimate, find_model, Estimate, Overheads, Settings};
+
+    fn plan(model: &str, f: impl FnOnce(&mut Settings)) -> Estimate {
+        let model = find_model(model).unwrap();
+        let mut s = Settings {
+            batch: Some(1),
+            seq: Some(256),
+            gpus: Some(2),
+            fsdp: true,
+            fsdp_version: Some("1".into()),
+            dtype: Some("bf16".into()),
+            offload: true,
+            ..Settings::default()
+        };
+        f(&mut s);
+        let workload = s.resolve(&model).unwrap().workload;
+        estimate(&model, &workload, &Overheads::default()).unwrap()
+    }
+
+    #[test]
+    fn four_bit_statistics_stay_whole_on_every_rank_and_blocks_gather_packed() {
+        let qlora = |gpus: u64, quant: &str| {
+            plan("llama-3.2-1b", |s| {
+                s.gpus = Some(gpus);
+                s.quant = Some(quant.into());
+                s.lora_rank = Some(8);
+            })
+        };
+        let counts = find_model("llama-3.2-1b").unwrap().params();
+        // Single against double quantisation: one fp32 absmax per 64 weights against an int8
+        // one and an fp32 scale per 256 blocks, of every block linear, whole on every rank
+        // although the parameters are sharded and offloaded.
+        let difference = counts.block_linear as f64 * (4.0 / 64.0 - 1.0 / 64.0 - 4.0 / 16384.0);
+        for gpus in [2, 8] {
+            let single = qlora(gpus, "nf4").breakdown.weights as f64;
+            let double = qlora(gpus, "nf4:double").breakdown.weights as f64;
+            let ratio = (single - double) / difference;
+            assert!((ratio - 1.0).abs() < 0.01, "{gpus} GPUs: {ratio}");
+        }
+        // Gathered blocks: 4-bit packed weights, a quarter of the bf16 base's (three blocks
+        // gathered at once in backward).
+        let lora = plan("llama-3.2-1b", |s| s.lora_rank = Some(8));
+        let block = counts.largest_block as f64;
+        let statistics = counts.block_linear as f64 / 16.0;
+        let saved = lora.breakdown.weights as f64 - qlora(2, "nf4").breakdown.weights as f64;
+        assert!(saved > 2.0 * block * 1.5 - statistics, "{saved}");
+    }
+
+    #[test]
+    fn fsdp1_offload_keeps_sharded_gradients_through_backward() {
+        let v1 = plan("llama-3.2-1b", |_| {});
+        let v2 = plan("llama-3.2-1b", |s| s.fsdp_version = Some("2".into()));
+        let counts = find_model("llama-3.2-1b").unwrap().params();
+        // FSDP1's `_saved_grad_shard`: every rank's bf16 sharded gradients on the GPU.
+        assert!(v1.breakdown.gradients as f64 >= counts.body as f64 * 2.0 / 2.0);
+        assert!(v2.breakdown.gradients < v1.breakdown.gradients);
+        assert_eq!(v1.breakdown.optimizer_states, 0);
     }
 }

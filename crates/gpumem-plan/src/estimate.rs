@@ -3,7 +3,8 @@
 
 use crate::checks::check;
 use crate::distributed::{
-    nccl_bytes, reduced_at_backward_end, sharding_buffers, zero_step_gradients, PhaseBuffers,
+    nccl_bytes, reduced_at_backward_end, sharding_buffers, zero_sizes, zero_step_gradients,
+    PhaseBuffers, ShardingInputs, ZeroSizes,
 };
 use crate::error::Result;
 use crate::graph::build_units;
@@ -14,7 +15,8 @@ use crate::single_gpu::model_buffer_bytes;
 use crate::unit::{Unit, ACCUMULATION_COPIES};
 use crate::warning::Warning;
 use crate::workload::{
-    BaseQuant, Checkpointing, Dtype, Mode, Optimizer, OptimizerImpl, Sharding, Workload,
+    BaseQuant, Checkpointing, Dtype, FsdpVersion, Mode, Optimizer, OptimizerImpl, Sharding,
+    Workload,
 };
 use serde::Serialize;
 
@@ -357,6 +359,94 @@ fn four_bit_head_params(model: &ModelSpec, workload: &Workload) -> u64 {
     }
 }
 
+/// Bytes per weight of the frozen base's packed weights alone: the `Params4bit` /
+/// `Int8Params` data FSDP flattens and ZeRO-3 partitions (a 4-bit weight packs two per byte
+/// whatever its `quant_storage` dtype), without the quantisation statistics.
+fn base_packed_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
+    match quant {
+        BaseQuant::None => dtype.bytes() as f64,
+        BaseQuant::Int8 => 1.0,
+        BaseQuant::Nf4 { .. } => 0.5,
+    }
+}
+
+/// Bytes of the frozen base's quantisation statistics on this stage (`share` of the model):
+/// bitsandbytes keeps each 4-bit weight's `QuantState` (absmax, and with double quantisation
+/// its int8 absmax, fp32 scales and code) and each int8 weight's `SCB` as attributes of the
+/// parameter and of its `Linear4bit` (`bitsandbytes/nn/modules.py`: `Params4bit.quant_state`,
+/// `fix_4bit_weight_quant_state_from_module`, "the quant state got lost when the parameter got
+/// converted. This happens for example for fsdp"), not as parameters or buffers: FSDP flattens
+/// and shards, and ZeRO-3 partitions, only the packed data, and neither moves the statistics to
+/// the host with parameter offloading. Every rank keeps the whole stage's.
+fn quant_statistics_bytes(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+    share: f64,
+) -> f64 {
+    match workload.lora {
+        Some(l) if l.base != BaseQuant::None => {
+            let quantised =
+                (counts.block_linear + four_bit_head_params(model, workload)) as f64 * share;
+            quantised
+                * (base_weight_bytes(l.base, workload.dtype)
+                    - base_packed_bytes(l.base, workload.dtype))
+        }
+        _ => 0.0,
+    }
+}
+
+/// Bytes per parameter of a block as FSDP or ZeRO-3 gathers it: its linears' packed weights
+/// (4-bit or int8 under a quantised LoRA base, else the dtype gathered, `module`), the rest
+/// (norms) in `module`'s dtype. Without quantisation, `module`.
+fn gathered_block_bytes(workload: &Workload, counts: &ParamCounts, module: f64) -> f64 {
+    match workload.lora {
+        Some(l) if l.base != BaseQuant::None && counts.body > 0 => {
+            let linear = counts.block_linear as f64 / counts.body as f64;
+            linear * base_packed_bytes(l.base, workload.dtype) + (1.0 - linear) * module
+        }
+        _ => module,
+    }
+}
+
+/// Bytes per LM-head parameter as ZeRO-3 gathers it: 4-bit packed where the head is quantised.
+fn gathered_head_bytes(model: &ModelSpec, workload: &Workload, module: f64) -> f64 {
+    match workload.lora {
+        Some(l) if four_bit_head_params(model, workload) > 0 => {
+            base_packed_bytes(l.base, workload.dtype)
+        }
+        _ => module,
+    }
+}
+
+/// Bytes of the parameters DeepSpeed ZeRO-3 never partitions, whole on every rank and kept on
+/// the GPU with parameter offloading (`partition_parameters.py`: `ds_persist` for parameters
+/// of fewer than `stage3_param_persistence_threshold` elements): the blocks' norms and biases
+/// (every parameter of a block but its linears' weights), and LoRA adapter matrices under the
+/// threshold.
+fn zero3_persistent_bytes(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+    zero: ZeroSizes,
+    trained_bytes: f64,
+) -> f64 {
+    if workload.layout.sharding != Sharding::Zero3 {
+        return 0.0;
+    }
+    let norms =
+        counts.body.saturating_sub(counts.block_linear) as f64 * workload.dtype.bytes() as f64;
+    let adapters = match (&model.arch, workload.lora) {
+        (Architecture::Transformer(spec), Some(l)) => {
+            crate::lora::small_adapter_params(spec, l.rank, l.targets, zero.persistence_threshold)
+                as f64
+                * trained_bytes
+        }
+        _ => 0.0,
+    };
+    norms + adapters
+}
+
 /// Bytes per weight of the frozen base under LoRA quantisation.
 fn base_weight_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
     match quant {
@@ -426,24 +516,48 @@ pub(crate) fn model_states(
     // Gradient bytes per parameter of a unit: only the trainable share (LoRA adapters) gets one.
     let grad_per_param = grad_bytes / tp * trainable_local / trained_params.max(1.0);
     let gradients_full = trainable_local * grad_bytes;
-    let largest_block = counts.largest_block as f64 / tp * weight_bytes;
+    let module = workload.module_dtype().bytes() as f64;
+    let gathered = gathered_block_bytes(workload, counts, module);
+    let largest_block = counts.largest_block as f64 / tp * gathered;
     let trainable_share = trainable_local / full_params.max(1.0);
+    let (hidden, head_params) = match &model.arch {
+        Architecture::Transformer(spec) => (
+            Some(spec.hidden),
+            units
+                .iter()
+                .filter(|u| u.name == "head")
+                .map(|u| u.params)
+                .sum::<u64>(),
+        ),
+        _ => (None, 0),
+    };
+    let zero = zero_sizes(layout.zero_buckets, hidden);
     let buffers = sharding_buffers(
         units,
         workload,
-        largest_block,
-        grad_bytes,
-        gradients_full,
-        trainable_share,
+        &ShardingInputs {
+            largest_block,
+            gradients_full,
+            trainable_share,
+            gathered,
+            bucket_bytes: weight_bytes,
+            head: head_params as f64 / tp * gathered_head_bytes(model, workload, module),
+            zero,
+        },
     );
+    // The quantisation statistics stay whole on every rank (see `quant_statistics_bytes`),
+    // and so do ZeRO-3's persistent parameters.
+    let statistics = quant_statistics_bytes(model, workload, counts, share)
+        + zero3_persistent_bytes(model, workload, counts, zero, trained_bytes) * share;
     let mut states = States {
-        weights,
+        weights: weights - statistics,
         grad_per_param,
         optimizer,
         buffers,
         step_temporaries,
     };
     shard_or_offload_states(&mut states, workload, dp);
+    states.weights += statistics;
     states.step_temporaries += zero_step_gradients(workload, trainable_local);
     states
 }
@@ -570,8 +684,14 @@ fn shard_or_offload_states(states: &mut States, workload: &Workload, dp: f64) {
     if layout.offload {
         states.optimizer = 0.0;
         // The reduced gradient partitions go to pinned host buffers (DeepSpeed's
-        // `contiguous_gradients` is forced on; FSDP's CPUOffload moves the sharded gradients).
-        if layout.sharding != Sharding::None {
+        // `contiguous_gradients` is forced on; FSDP2's `foreach_reduce` copies each sharded
+        // gradient to the host and frees it). FSDP1 keeps its GPU sharded gradient too:
+        // `_accumulate_sharded_grad` stores the reduce-scatter output as `_saved_grad_shard`,
+        // `_offload_grad` copies it into `_cpu_grad`, and only the post-backward final
+        // callback's `prepare_gradient_for_optim` deletes it (`_runtime_utils.py`,
+        // `_flat_param.py`): through the backward the sharded gradients stay on the GPU.
+        let fsdp1 = layout.sharding == Sharding::Fsdp && layout.fsdp_version == FsdpVersion::V1;
+        if layout.sharding != Sharding::None && !fsdp1 {
             states.grad_per_param = 0.0;
         }
         if matches!(layout.sharding, Sharding::Zero3 | Sharding::Fsdp) {
@@ -648,8 +768,14 @@ fn simulate_training(
     let accumulating = accumulates_gradients(workload);
     let kept = kept_and_recomputed(units, workload.checkpointing);
     let gradients_in_forward = if accumulating { all_gradients } else { 0.0 };
-    let (forward, forward_end, activations) =
-        simulate_forward(units, &kept, states, in_flight, gradients_in_forward);
+    let (forward, forward_end, activations) = simulate_forward(
+        units,
+        &kept,
+        states,
+        in_flight,
+        gradients_in_forward,
+        previous_outputs(units, workload),
+    );
     let backward = simulate_backward(
         units,
         &kept,
@@ -703,6 +829,17 @@ fn phase_breakdown(
     }
 }
 
+/// Bytes of the previous step's outputs alive through a step's forward: a loop that keeps its
+/// last outputs (`outputs = model(...)` rebinds only when the forward returns) holds what they
+/// still reference (`Unit::retained`) until then.
+fn previous_outputs(units: &[Unit], workload: &Workload) -> f64 {
+    if workload.keep_outputs && workload.mode == Mode::Train {
+        units.iter().map(|u| u.retained).sum()
+    } else {
+        0.0
+    }
+}
+
 /// Activation bytes live when the forward ends, with `in_flight` micro-batches.
 #[derive(Clone, Copy)]
 struct ForwardActivations {
@@ -712,13 +849,15 @@ struct ForwardActivations {
     held: f64,
 }
 
-/// The forward's peak and its end, unit by unit, and the activations it leaves.
+/// The forward's peak and its end, unit by unit, and the activations it leaves;
+/// `previous_outputs`: the last step's outputs, alive until the forward returns.
 fn simulate_forward(
     units: &[Unit],
     kept: &[(f64, f64)],
     states: &States,
     in_flight: f64,
     gradients_in_forward: f64,
+    previous_outputs: f64,
 ) -> (Breakdown, Breakdown, ForwardActivations) {
     let in_forward = (states.buffers.forward_weights, 0.0);
     let mut forward = Breakdown::default();
@@ -730,7 +869,7 @@ fn simulate_forward(
             states,
             in_forward,
             gradients_in_forward,
-            saved + held + forward_held + keep,
+            previous_outputs + saved + held + forward_held + keep,
             unit.forward_transient,
         );
         if live.allocated() > forward.allocated() {
@@ -744,7 +883,7 @@ fn simulate_forward(
         states,
         in_forward,
         gradients_in_forward,
-        saved + held + forward_held,
+        previous_outputs + saved + held + forward_held,
         0.0,
     );
     (forward, forward_end, ForwardActivations { saved, held })

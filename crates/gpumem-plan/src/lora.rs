@@ -99,6 +99,27 @@ pub fn lora_params(spec: &TransformerSpec, rank: u64, targets: LoraTargets) -> u
     rank * (dense_blocks * per_block(LayerKind::default()) + moe_layers * per_block(moe) + cross)
 }
 
+/// Trainable parameters in adapter matrices of fewer than `threshold` elements (each `lora_A`
+/// of `rank × in`, each `lora_B` of `out × rank`) over every layer of the language model:
+/// what DeepSpeed ZeRO-3 keeps whole on every rank (`stage3_param_persistence_threshold`,
+/// `ds_persist`). Each layer is taken as the first layer's kind.
+pub fn small_adapter_params(
+    spec: &TransformerSpec,
+    rank: u64,
+    targets: LoraTargets,
+    threshold: u64,
+) -> u64 {
+    let per_layer: u64 = block_linears(spec, spec.layer_kind(0))
+        .iter()
+        .filter(|(roles, ..)| targets.has(*roles))
+        .map(|&(_, i, o, n)| {
+            let small = |numel: u64| if numel < threshold { numel } else { 0 };
+            (small(rank * i) + small(o * rank)) * n
+        })
+        .sum();
+    per_layer * (spec.layers + spec.encoder_layers)
+}
+
 /// Bytes per token a dense block's saved inputs change by under LoRA, against full training
 /// (where each input group — the norm output q/k/v read, the attention output o reads, the norm
 /// output the MLP's first linears read, the activation down reads — is one tensor of `act`

@@ -162,6 +162,16 @@ impl<'a> OldRelease<'a> {
         self.family() == "opt" && self.before((4, 49))
     }
 
+    /// Does the family's attention make its queries, keys and values contiguous per head (OPT
+    /// before 4.49: `_shape` is `view(...).transpose(1, 2).contiguous()`; 4.49 keeps the
+    /// transposed views)? A fused kernel that lays its output out as the queries (CUDA's flash
+    /// attention: `out = at::empty_like(q)` in `mha_fwd`) then returns it per head, and merging
+    /// the heads (`attn_output.transpose(1, 2).contiguous()`) copies it, a copy the output
+    /// projection saves.
+    pub(crate) fn queries_contiguous_per_head(&self) -> bool {
+        self.family() == "opt" && self.before((4, 49))
+    }
+
     /// Does the rotary embedding run in fp32 (GPT-NeoX before 4.45: its `cos_cached` and
     /// `sin_cached` tables stay fp32 in a half-precision model, so the rotated queries and keys,
     /// concatenated with their pass-through part, come out fp32)? The fp32 keys are what the

@@ -296,7 +296,15 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
     for index in 0..STEPS {
         out.events.push(PlannedEvent::Step { index });
         let kept = kept_and_recomputed(units, workload.checkpointing);
+        // A loop that keeps its last outputs has them alive until the forward returns (the
+        // first step stands for one after a warm-up step).
+        let previous = if workload.keep_outputs {
+            out.alloc(units.iter().map(|u| u.retained).sum())
+        } else {
+            None
+        };
         let (saved, held) = train_forward(out, units, &kept, states, shapes);
+        out.free(previous);
         let mut gradients = train_backward(out, units, saved, &kept, states, workload, shapes);
         // FSDP's root reduce-scatter: its buffers, then the root's sharded gradients.
         let reducing = out.alloc(states.buffers.backward_end_gradients);

@@ -94,6 +94,11 @@ pub struct Settings {
     /// Gradients zeroed, not freed, between steps (zero_grad(set_to_none=False)).
     #[cfg_attr(feature = "clap", arg(long))]
     pub keep_grads: bool,
+    /// With --loss none: the previous step's outputs (logits, and the KV cache a causal LM
+    /// returns in training) stay referenced until the next forward returns, as in a loop
+    /// `outputs = model(...)` without `del outputs` (forward/backward benchmark scripts).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub keep_outputs: bool,
     /// Total GPUs [default: 1].
     #[cfg_attr(feature = "clap", arg(long))]
     pub gpus: Option<u64>,
@@ -118,6 +123,13 @@ pub struct Settings {
     /// the total, outside PyTorch's allocator) [default: 4194304].
     #[cfg_attr(feature = "clap", arg(long))]
     pub nccl_buffsize: Option<u64>,
+    /// DeepSpeed ZeRO's bucket sizes and stage-3 thresholds with --zero 1-3: default
+    /// (DeepSpeed's own: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
+    /// stage3_param_persistence_threshold 1e5 elements; accelerate's config questions leave
+    /// them so) or auto (a DeepSpeed config file's "auto", filled from hidden_size h by
+    /// accelerate and the HF Trainer: h², 0.9·h², 10·h) [default: default].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "SIZES"))]
+    pub zero_buckets: Option<String>,
     /// Offload optimizer states (and ZeRO-3/FSDP parameters) to CPU.
     #[cfg_attr(feature = "clap", arg(long))]
     pub offload: bool,
@@ -153,8 +165,11 @@ pub struct Settings {
     /// position, upcast to fp32 for causal LMs), none (backward from logits.sum(), the outputs
     /// kept through backward, as forward/backward benchmarks run), chunked (litgpt: LM head and
     /// cross-entropy per chunk of positions in the logits' dtype), chunked-fp32 (torchtune's
-    /// CEWithChunkedOutputLoss: each chunk upcast for its own cross-entropy) or fused
-    /// (Liger-Kernel's fused linear cross-entropy: no logits kept) [default: hf].
+    /// CEWithChunkedOutputLoss: each chunk upcast for its own cross-entropy), fused
+    /// (Liger-Kernel's fused linear cross-entropy: no logits kept) or cross-entropy (a
+    /// hand-written loop's F.cross_entropy on the logits as returned, as nanoGPT and
+    /// LLMs-from-scratch call it: no fp32 upcast; pair with --no-cache for a model without a
+    /// KV cache) [default: hf].
     #[cfg_attr(feature = "clap", arg(long))]
     pub loss: Option<String>,
     /// Whose model and LoRA code runs the training step: hf (transformers models, PEFT's LoRA
@@ -171,7 +186,8 @@ pub struct Settings {
     /// prefill computes every prompt position's logits before the family took `logits_to_keep`
     /// (Llama family 4.45, GPT-NeoX 4.49, GPT-2 4.53, OPT and BigCode 5.0; Llama-family forwards
     /// upcast them all to fp32 before 4.45), tuple KV caches, per-layer causal-mask buffers,
-    /// OPT's clamped eager scores, GPT-NeoX's fp32 rotary [default: latest].
+    /// OPT's clamped eager scores and per-head q/k/v copies, GPT-NeoX's fp32 rotary [default:
+    /// latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub transformers: Option<String>,
     /// bitsandbytes release a QLoRA base (--qlora, or --quant fp4/nf4 with --lora-rank) runs
@@ -435,6 +451,7 @@ impl Settings {
             }),
             grad_accum: self.grad_accum.unwrap_or(d.grad_accum),
             keep_grads: self.keep_grads,
+            keep_outputs: self.keep_outputs,
             checkpointing,
             attention: pick(&self.attn, "attention", choices::ATTENTIONS)?.unwrap_or(d.attention),
             lora,
@@ -539,6 +556,12 @@ impl Settings {
             )?
             .filter(|_| sharding == Sharding::Fsdp),
             nccl_buffsize: self.nccl_buffsize.unwrap_or(d.nccl_buffsize),
+            zero_buckets: pick(
+                &self.zero_buckets,
+                "ZeRO bucket sizes",
+                choices::ZERO_BUCKETS,
+            )?
+            .unwrap_or(d.zero_buckets),
         })
     }
 
@@ -594,6 +617,10 @@ impl Settings {
         let no_lora = self.lora_rank.is_none() && !self.qlora;
         let no_adapters = "no LoRA adapters are planned (add --lora-rank or --qlora)".to_string();
         let no_fsdp = "it sets up PyTorch FSDP, planned for training with --fsdp".to_string();
+        let no_zero =
+            "it sets DeepSpeed ZeRO's buckets, planned for training with --zero 1-3".to_string();
+        let zero_inactive =
+            inference || matches!(self.zero.as_deref(), None | Some("0")) || self.fsdp;
         let tokens = format!(
             "{} reads tokens, not images: its input is --seq",
             model.name
@@ -669,6 +696,11 @@ impl Settings {
                 &no_fsdp,
             ),
             (
+                "--zero-buckets",
+                zero_inactive && self.zero_buckets.is_some(),
+                &no_zero,
+            ),
+            (
                 "--seq",
                 !model.reads_tokens() && self.seq.is_some(),
                 &images,
@@ -742,6 +774,18 @@ impl Settings {
                 Ok(Loss::Chunked | Loss::ChunkedFp32)
             )
         });
+        let summed = self
+            .loss
+            .as_deref()
+            .is_some_and(|l| parse("loss", l, choices::LOSSES).ok() == Some(Loss::None));
+        if self.keep_outputs && (mode != Mode::Train || !summed) {
+            warnings.push(Warning::Ignored {
+                flag: "--keep-outputs",
+                reason: "only a training step with --loss none returns outputs the loop keeps \
+                         (the loss of the others is all the caller holds)"
+                    .into(),
+            });
+        }
         if self.loss_chunk.is_some() && (mode != Mode::Train || !chunked) {
             warnings.push(Warning::Ignored {
                 flag: "--loss-chunk",
@@ -849,6 +893,10 @@ mod tests {
             ),
             ("fsdp_mp", "none".to_string()),
             ("nccl_buffsize", d.layout.nccl_buffsize.to_string()),
+            (
+                "zero_buckets",
+                name(choices::ZERO_BUCKETS, d.layout.zero_buckets).to_string(),
+            ),
             ("lora_rank", DEFAULT_LORA_RANK.to_string()),
             ("amp", "none".to_string()),
         ];

@@ -18,6 +18,11 @@ pub struct Unit {
     pub per_op_saved: f64,
     /// Bytes the unit's output keeps alive until the step ends (logits held by the model output).
     pub held: f64,
+    /// Bytes the step's outputs still reference once its backward has run (the logits, the KV
+    /// cache a causal LM's training forward returns and what its tensors keep alive): a loop
+    /// that keeps its last outputs (`Workload::keep_outputs`) has them alive through the next
+    /// step's forward.
+    pub retained: f64,
     /// Bytes the model's output keeps alive until the forward returns, released before backward
     /// (the caller keeps only the loss): cache copies of k and v that no kernel saves.
     pub forward_held: f64,

@@ -37,6 +37,22 @@ pub enum FsdpVersion {
 /// per-unit buffers (see `fsdp_buffers` in [`crate::distributed`]).
 pub const DEFAULT_FSDP_VERSION: FsdpVersion = FsdpVersion::V2;
 
+/// How DeepSpeed ZeRO's bucket sizes and stage-3 thresholds are set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ZeroBuckets {
+    /// DeepSpeed's own defaults (`runtime/zero/config.py`): `reduce_bucket_size` 5e8,
+    /// `stage3_prefetch_bucket_size` 5e7, `stage3_param_persistence_threshold` 1e5 elements;
+    /// what a config without these keys gets, as accelerate builds it from its own
+    /// `deepspeed_config` questions.
+    Default,
+    /// "auto" in a DeepSpeed config file, filled by accelerate (`accelerator.py`
+    /// `_prepare_deepspeed`) and the HF Trainer from the model's `hidden_size` h:
+    /// `reduce_bucket_size` h², `stage3_prefetch_bucket_size` 0.9·h²,
+    /// `stage3_param_persistence_threshold` 10·h.
+    Auto,
+}
+
 /// NCCL's default `NCCL_BUFFSIZE` (Simple protocol, per connection): 4 MiB.
 pub const DEFAULT_NCCL_BUFFSIZE: u64 = 4 << 20;
 
@@ -80,6 +96,11 @@ pub enum Loss {
     /// Liger-Kernel's fused linear cross-entropy: no logits beyond one chunk of rows; the
     /// forward computes the loss and the gradients of the hidden states and of the LM head.
     Fused,
+    /// A hand-written loop's `F.cross_entropy(logits.view(-1, V), targets.view(-1))` on the
+    /// logits as the model returns them (nanoGPT, LLMs-from-scratch): no upcast to fp32, so
+    /// `log_softmax` runs and saves its output in the logits' dtype (under CUDA's autocast,
+    /// `nll_loss` saves its fp32 copy of half-precision log-probabilities).
+    CrossEntropy,
 }
 
 impl Loss {
@@ -338,6 +359,8 @@ pub struct Layout {
     pub fsdp_mp: Option<Dtype>,
     /// NCCL's `NCCL_BUFFSIZE`: bytes of the Simple-protocol buffer of each connection.
     pub nccl_buffsize: u64,
+    /// DeepSpeed ZeRO's bucket sizes and stage-3 thresholds (with ZeRO stages 1-3).
+    pub zero_buckets: ZeroBuckets,
 }
 
 impl Layout {
@@ -354,6 +377,7 @@ impl Layout {
             fsdp_version: DEFAULT_FSDP_VERSION,
             fsdp_mp: None,
             nccl_buffsize: DEFAULT_NCCL_BUFFSIZE,
+            zero_buckets: ZeroBuckets::Default,
         }
     }
 
@@ -389,6 +413,10 @@ pub struct Workload {
     /// Gradients are zeroed instead of freed after the step (`zero_grad(set_to_none=False)`,
     /// the PyTorch < 2.0 default): they stay allocated through the next forward.
     pub keep_grads: bool,
+    /// The loop keeps the previous step's outputs referenced through the next step's forward
+    /// (`outputs = model(...)` rebinds only when the forward returns): with `--loss none` its
+    /// logits and the KV cache a causal LM returns in training (`Unit::retained`).
+    pub keep_outputs: bool,
     /// Activation recomputation.
     pub checkpointing: Checkpointing,
     /// Attention implementation.
@@ -450,6 +478,7 @@ impl Default for Workload {
             optimizer_impl: OptimizerImpl::Foreach,
             grad_accum: 1,
             keep_grads: false,
+            keep_outputs: false,
             checkpointing: Checkpointing::None,
             attention: Attention::Sdpa,
             lora: None,
@@ -677,6 +706,7 @@ pub mod choices {
         ("chunked", Loss::Chunked),
         ("chunked-fp32", Loss::ChunkedFp32),
         ("fused", Loss::Fused),
+        ("cross-entropy", Loss::CrossEntropy),
     ];
     /// `--fsdp-mp`.
     pub const FSDP_MP_DTYPES: &[(&str, Dtype)] = &[
@@ -684,6 +714,11 @@ pub mod choices {
         ("bfloat16", Dtype::Bf16),
         ("fp16", Dtype::Fp16),
         ("float16", Dtype::Fp16),
+    ];
+    /// `--zero-buckets`.
+    pub const ZERO_BUCKETS: &[(&str, ZeroBuckets)] = &[
+        ("default", ZeroBuckets::Default),
+        ("auto", ZeroBuckets::Auto),
     ];
     /// `--zero`.
     pub const ZERO_STAGES: &[(&str, Sharding)] = &[

@@ -634,3 +634,68 @@ fn cuda_memory_efficient_attention_returns_token_major_output() {
     let merges = (4 * 4 * 1500 + 4 * 2 * 4 * 128) * 384 * 4;
     assert_eq!(at_forward_end(None) - at_forward_end(Some("h100")), merges);
 }
+
+#[test]
+fn old_opt_releases_merge_a_per_head_flash_output_with_a_copy() {
+    // Before 4.49 OPT makes q, k and v contiguous per head (`_shape`'s `.contiguous()`); CUDA's
+    // flash kernel lays its output out as the queries (`out = at::empty_like(q)`), so the
+    // head merge copies it and the output projection saves the copy: one fp16 hidden-sized
+    // tensor more per layer by the end of the forward (6 layers, 2 × 256 tokens, width 512).
+    // 4.49 keeps the transposed views and the merge is a view.
+    let opt = config("opt-6l");
+    let at_forward_end = |release: &str| {
+        let settings = Settings {
+            mode: Some("train".into()),
+            target: Some("gpu".into()),
+            gpu: Some("l40s".into()),
+            dtype: Some("fp16".into()),
+            attn: Some("sdpa".into()),
+            optimizer: Some("none".into()),
+            loss: Some("none".into()),
+            transformers: Some(release.into()),
+            ..train(2, 256)
+        };
+        let e = estimate(
+            &opt,
+            &settings.to_workload().unwrap(),
+            &Overheads::default(),
+        )
+        .unwrap();
+        phase_peak(&e, Phase::ForwardEnd)
+    };
+    let merges = 6 * 2 * 256 * 512 * 2;
+    assert_eq!(at_forward_end("4.48") - at_forward_end("4.49"), merges);
+}
+
+#[test]
+fn a_loop_that_keeps_its_last_outputs_holds_them_through_the_next_forward() {
+    // `outputs = model(...)` in a loop rebinds only when the forward returns: the previous
+    // step's logits and the KV cache a causal LM returns in training (each layer's k and v
+    // copies) are alive at the forward's end beside the new step's (OPT-6l, fp16, 2 × 256
+    // tokens, width 512, vocabulary 4096).
+    let opt = config("opt-6l");
+    let at_forward_end = |keep_outputs: bool| {
+        let settings = Settings {
+            mode: Some("train".into()),
+            target: Some("gpu".into()),
+            gpu: Some("a100".into()),
+            dtype: Some("fp16".into()),
+            attn: Some("sdpa".into()),
+            optimizer: Some("none".into()),
+            loss: Some("none".into()),
+            keep_outputs,
+            ..train(2, 256)
+        };
+        let e = estimate(
+            &opt,
+            &settings.to_workload().unwrap(),
+            &Overheads::default(),
+        )
+        .unwrap();
+        phase_peak(&e, Phase::ForwardEnd)
+    };
+    let tokens = 2 * 256;
+    let logits = tokens * 4096 * 2;
+    let cache = 6 * tokens * 2 * 512 * 2;
+    assert_eq!(at_forward_end(true) - at_forward_end(false), logits + cache);
+}

@@ -670,6 +670,57 @@ fn no_loss_keeps_the_logits_and_drops_the_fp32_cross_entropy() {
 }
 
 #[test]
+fn hand_written_cross_entropy_keeps_the_logits_dtype() {
+    // A hand-written loop's `F.cross_entropy` on Llama 3.2 1B's 4 × 1024 bf16 logits: bf16
+    // log-probabilities saved and two bf16 vocabulary-sized gradients, where transformers' loss
+    // upcasts first (an fp32 copy, fp32 log-probabilities and fp32 gradients): at the start of
+    // backward, 3 × the bf16 logits' bytes less.
+    let logits = 4 * 1024 * 128_256 * 2;
+    let peak = |settings: &Settings| plan("llama-3.2-1b", settings).peak_allocated_bytes;
+    let with = |base: &Settings, loss: &str| Settings {
+        loss: Some(loss.into()),
+        ..base.clone()
+    };
+    let bf16 = settings("train", 4, 1024);
+    assert_eq!(
+        peak(&bf16) - peak(&with(&bf16, "cross-entropy")),
+        3 * logits
+    );
+    // In fp32 the upcast is the logits themselves: the same plan.
+    let fp32 = Settings {
+        dtype: Some("fp32".into()),
+        ..bf16.clone()
+    };
+    assert_eq!(peak(&fp32), peak(&with(&fp32, "cross-entropy")));
+    // CUDA's autocast (fp32 weights, bf16 logits): log_softmax keeps the logits' dtype and
+    // nll_loss saves its fp32 copy of them, one bf16 logits' bytes less than fp32
+    // log-probabilities beside the fp32 copy; CPU's autocast casts cross_entropy's input to
+    // fp32, as transformers' upcast does.
+    let amp = Settings {
+        amp: Some("bf16".into()),
+        ..fp32.clone()
+    };
+    assert_eq!(peak(&amp) - peak(&with(&amp, "cross-entropy")), logits);
+    let cpu_amp = Settings {
+        target: Some("cpu".into()),
+        ..amp.clone()
+    };
+    assert_eq!(peak(&cpu_amp), peak(&with(&cpu_amp, "cross-entropy")));
+    // Spelt with an underscore it is the same choice; a wrong name is an error that names it
+    // among the accepted losses; in inference it is ignored (warned).
+    assert_eq!(
+        peak(&with(&bf16, "cross_entropy")),
+        peak(&with(&bf16, "cross-entropy"))
+    );
+    let err = with(&bf16, "crossentropy")
+        .resolve(&find_model("gpt2").unwrap())
+        .expect_err("unknown loss");
+    assert!(err.to_string().contains("cross-entropy"), "{err}");
+    let infer = with(&settings("infer", 1, 128), "cross-entropy");
+    assert!(ignored_flags("gpt2", &infer).contains(&"--loss"));
+}
+
+#[test]
 fn chunked_loss_heads_keep_their_inputs_while_the_weight_gradient_is_summed() {
     // Anchored on two measured steps (`measured_losses.jsonl`, traced by op): every chunk's
     // loss backward runs first, then the head's weight gradient is made chunk by chunk, summed

@@ -28,6 +28,8 @@ pub(super) struct AttentionMemory {
     /// Of `key_saved`, the keys and values a training forward's cache holds until the step
     /// ends, because the caller keeps the outputs through backward (`--loss none`).
     pub(super) cache_held: Bytes,
+    /// What the cache the forward returns keeps alive after backward (`Unit::retained`).
+    pub(super) retained: Bytes,
     /// The k and v copies a training cache holds that the kernel does not save (see
     /// `Unit::forward_held`).
     pub(super) forward_held: Bytes,
@@ -136,10 +138,15 @@ impl TransformerGraph<'_> {
     }
 
     /// Are the queries contiguous per head when they reach the kernel (the family's own code,
-    /// or litgpt's attention, which builds its rotated queries with `torch.cat`)? The kernel's
-    /// output then comes in head layout and merging the heads is a copy.
+    /// an old release's (OPT's `_shape` before 4.49), or litgpt's attention, which builds its
+    /// rotated queries with `torch.cat`)? The kernel's output then comes in head layout and
+    /// merging the heads is a copy.
     pub(super) fn head_layout_queries(&self) -> bool {
-        self.spec.head_layout_queries || self.litgpt()
+        self.spec.head_layout_queries
+            || self.litgpt()
+            || self
+                .old_release()
+                .is_some_and(|o| o.queries_contiguous_per_head())
     }
 
     /// Does fused `kernel` return its output in head layout, so that merging the heads copies
@@ -179,6 +186,7 @@ impl TransformerGraph<'_> {
             stack_held: masks.stack_bias + core.stack_mask,
             kv_cache,
             cache_held,
+            retained: self.retained_cache(&call),
             forward_held: self.math_path_cache_copies(&call),
             score_gradients: core.score_gradients,
             input_gradients: act / self.split.tp

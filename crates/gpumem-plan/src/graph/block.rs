@@ -64,6 +64,7 @@ impl TransformerGraph<'_> {
             checkpoint: Some((tokens * self.bytes.residual * h / self.split.sequence).bytes()),
             per_op_saved: self.per_op_saved(shape, cross, layer).bytes(),
             held: (own.cache_held + outputs_held.0).bytes(),
+            retained: (own.retained + cross_memory.retained).bytes(),
             forward_held: outputs_held.1.bytes(),
             forward_transient: ((transient + tokens * act * f).max(adapters) + dequantised).bytes(),
             // Saved tensors are released as their node runs: one intermediate's gradient at a

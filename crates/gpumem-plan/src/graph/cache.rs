@@ -3,7 +3,7 @@
 use super::attention::AttentionCall;
 use super::sizes::AttentionShape;
 use super::TransformerGraph;
-use crate::quantity::{Bytes, BytesPerElement, Tokens, Width};
+use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Tokens, Width};
 use crate::workload::{Checkpointing, Loss, Mode};
 
 impl TransformerGraph<'_> {
@@ -95,18 +95,8 @@ impl TransformerGraph<'_> {
     /// stays alive; decoding then keeps only the window (`Unit::kv_window`).
     pub(super) fn attention_cache(&self, call: &AttentionCall) -> (Bytes, Bytes) {
         let spec = self.spec;
-        let act = self.bytes.act;
-        let key_bytes = self.cached_key_bytes();
-        let copies = (key_bytes * call.kv + act * call.value) / self.split.tp;
-        let cache_bytes = match (spec.latent, self.old_release()) {
-            (Some(_), _) => act * Width(spec.cache_width() as f64),
-            // A prompt's cache of the layer's own tensors (an old release's), whose views keep
-            // a fused projection alive; decoding concatenates copies.
-            (None, Some(old)) if call.shape.queries > Tokens(1.0) && !call.cross => {
-                (old.prompt_cache_bytes(act, key_bytes) / self.split.tp).max(copies)
-            }
-            (None, _) => copies,
-        };
+        let copies = self.cache_copy_bytes();
+        let cache_bytes = self.cache_bytes(call);
         let kv_cache = if self.attention_caches(call) {
             cache_bytes * call.key_tokens
         } else {
@@ -125,6 +115,42 @@ impl TransformerGraph<'_> {
             Bytes::ZERO
         };
         (kv_cache, held)
+    }
+
+    /// Bytes per key token of the k and v copies a cache concatenates (this GPU's heads).
+    fn cache_copy_bytes(&self) -> BytesPerToken {
+        let spec = self.spec;
+        (self.cached_key_bytes() * Width(spec.kv_width() as f64)
+            + self.bytes.act * Width(spec.value_width() as f64))
+            / self.split.tp
+    }
+
+    /// Bytes per key token the attention's cache keeps alive: copies of k and v; latent
+    /// attention's latent; a prompt's cache of the layer's own tensors (an old release's),
+    /// whose views keep a fused projection alive (decoding concatenates copies).
+    fn cache_bytes(&self, call: &AttentionCall) -> BytesPerToken {
+        let spec = self.spec;
+        let act = self.bytes.act;
+        let copies = self.cache_copy_bytes();
+        match (spec.latent, self.old_release()) {
+            (Some(_), _) => act * Width(spec.cache_width() as f64),
+            (None, Some(old)) if call.shape.queries > Tokens(1.0) && !call.cross => {
+                (old.prompt_cache_bytes(act, self.cached_key_bytes()) / self.split.tp).max(copies)
+            }
+            (None, _) => copies,
+        }
+    }
+
+    /// What the cache a training forward returns keeps alive once its backward has run (the
+    /// kernel's saved tensors are gone by then, the returned tensors are not): with `--loss
+    /// none` the caller holds it, and a loop that keeps its last outputs has it alive through
+    /// the next step's forward (`Unit::retained`).
+    pub(super) fn retained_cache(&self, call: &AttentionCall) -> Bytes {
+        if self.outputs_hold_cache() && !call.cross {
+            self.cache_bytes(call) * call.key_tokens
+        } else {
+            Bytes::ZERO
+        }
     }
 
     /// Does an old release's cache hold the layer's own tensors (views that keep a fused

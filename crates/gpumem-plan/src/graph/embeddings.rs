@@ -57,10 +57,11 @@ impl TransformerGraph<'_> {
             saved += tokens * h * BytesPerElement::BOOL;
         }
         // A tied word embedding already holds the LM head's gradient: the embedding backward adds a
-        // new V×h gradient and accumulating it allocates the sum.
+        // new gradient of the table (V × its width: OPT-350m's 512, projected to the hidden 1024
+        // by `project_in`) and accumulating it allocates the sum.
         let tied_accumulation = if spec.tied_embeddings && spec.head != Head::None {
             // In the weights' dtype: the module dtype, the residual stream's.
-            ACCUMULATION_COPIES * Elements((spec.vocab * spec.hidden) as f64) / self.split.tp
+            ACCUMULATION_COPIES * Elements((spec.vocab * spec.word_width()) as f64) / self.split.tp
                 * residual
         } else {
             Bytes::ZERO

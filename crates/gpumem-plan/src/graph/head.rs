@@ -6,7 +6,7 @@ use super::TransformerGraph;
 use super::Unit;
 use crate::model::Head;
 use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
-use crate::workload::{Mode, Target};
+use crate::workload::{Loss, Mode, Target};
 
 /// The tensors of an LM head under a workload, whichever way its logits are then used.
 #[derive(Debug, Clone, Copy)]
@@ -100,18 +100,19 @@ impl TransformerGraph<'_> {
             tokens
         };
         let logits = logits_tokens * vocab * act;
-        // Causal LMs upcast logits before the loss; autocast runs cross-entropy in fp32;
-        // masked-LM and T5 heads take the loss in the activation dtype.
-        let upcast = spec.head == Head::CausalLm || self.workload.amp.is_some();
+        // Causal LMs upcast logits before the loss (transformers' `ForCausalLMLoss`:
+        // `logits.float()`), a hand-written loop's `F.cross_entropy` does not; autocast runs
+        // cross-entropy in fp32; masked-LM and T5 heads take the loss in the activation dtype.
+        let model_upcasts = spec.head == Head::CausalLm
+            && !(self.workload.mode == Mode::Train && self.workload.loss == Loss::CrossEntropy);
+        let upcast = model_upcasts || self.workload.amp.is_some();
         // Except CUDA's autocast on half-precision logits that the model does not
         // upcast: `cross_entropy` names the logits' dtype for its log_softmax, which so
         // runs (and saves its output) in half precision, and nll_loss, an fp32 op,
         // saves the fp32 copy of the log-probabilities it reads. CPU's autocast casts
         // the logits to fp32 before log_softmax.
-        let half_log_probs = upcast
-            && spec.head != Head::CausalLm
-            && self.workload.target == Target::Gpu
-            && act < fp32;
+        let half_log_probs =
+            upcast && !model_upcasts && self.workload.target == Target::Gpu && act < fp32;
         let loss_bytes = if upcast && !half_log_probs { fp32 } else { act };
         // A masked-LM decoder's (or a biased LM head's) bias gradient sums the logits'
         // gradient through a staging buffer beside the input's gradient.

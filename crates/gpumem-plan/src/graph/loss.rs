@@ -55,6 +55,7 @@ impl TransformerGraph<'_> {
             name: "head",
             saved: (t.head_saved + t.softcap).bytes(),
             held: t.logits.bytes(),
+            retained: t.logits.bytes(),
             forward_transient: (t.softcap + autocast_sum).bytes(),
             // Soft-capping's backward makes tanh's gradient while the gradient of
             // the final `· cap` still lives: two logits-sized gradients.
@@ -271,7 +272,7 @@ impl TransformerGraph<'_> {
                     ..unit
                 }
             }
-            Loss::Fused | Loss::Hf | Loss::None => {
+            Loss::Fused | Loss::Hf | Loss::None | Loss::CrossEntropy => {
                 self.fused_loss_head(tokens, vocab, saved, head_gradient, unit)
             }
         }
