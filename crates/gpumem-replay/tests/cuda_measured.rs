@@ -160,10 +160,10 @@ fn summary(errors: &mut [f64]) -> (f64, f64) {
 /// Goal for the median |error| of the planned peak allocated bytes over each file.
 const ALLOCATED_MEDIAN_GOAL: f64 = 0.01;
 
-/// Bound on any one case's |error| of the planned peak allocated bytes: the maximum docs/plan.md
-/// states (5.2 %, ResNet-18's SGD step, whose cuDNN workspaces the plan lacks), so that no
-/// change makes a case worse unnoticed.
-const ALLOCATED_MAX_BOUND: f64 = 0.053;
+/// Bound on any one case's |error| of the planned peak allocated bytes: issue 28's 5 % (the
+/// largest today is 3.9 %, OPT-350m's fp16 step without an optimizer; docs/plan.md states each
+/// set's), so that no change makes a case worse unnoticed.
+const ALLOCATED_MAX_BOUND: f64 = 0.05;
 
 /// Bound on a set's median |error| of the planned peak reserved bytes (the settings grid's
 /// 7.9 % is the largest docs/plan.md states). The harness ran each grid in one process, so a
