@@ -32,7 +32,8 @@ pub struct Cores {
     pub amd: bool,
     /// NVIDIA Ampere or later: tensor cores take fp32 convolutions as TF32 (PyTorch's
     /// default `torch.backends.cudnn.allow_tf32`), so cuDNN runs them, as it runs half
-    /// precision, on NHWC tensor-core engines ([`crate::graph`]'s convolution workspaces).
+    /// precision, on NHWC tensor-core engines (the planner's cuDNN convolution workspaces,
+    /// `graph/cudnn.rs`).
     pub tf32: bool,
 }
 
