@@ -260,12 +260,30 @@ def native_trace(recorder: Recorder, *, name: str, meta: dict[str, str] | None =
 @dataclasses.dataclass(frozen=True)
 class GpuFacts:
     """What the planner knows of a GPU: its name and memory (None: no GPU asked about), the
-    CUDA context and framework bytes outside the allocator, and cuBLAS's workspace."""
+    CUDA context and framework bytes outside the allocator, cuBLAS's workspace, and its
+    multiprocessors as the planner's reduction and cuDNN rules read them (``gpu::Cores``:
+    ``multiprocessors``, ``threads_per_multiprocessor``, ``amd``, ``tf32``)."""
 
     name: str | None
     memory_bytes: int | None
     context_bytes: int
     blas_workspace_bytes: int
+    multiprocessors: int = 132
+    threads_per_multiprocessor: int = 2048
+    amd: bool = False
+    tf32: bool = True
+
+    @property
+    def generation(self) -> str:
+        """The GPU's generation as the planner's facts tell it: ``"amd"``; ``"pre-ampere"``
+        (NVIDIA without TF32: Volta, Turing); ``"hopper"`` (Ampere or later with Hopper's
+        32 MiB cuBLAS workspace: Hopper and Blackwell, sm90/sm100); ``"ampere"`` (Ampere,
+        Ada)."""
+        if self.amd:
+            return "amd"
+        if not self.tf32:
+            return "pre-ampere"
+        return "hopper" if self.blas_workspace_bytes >= 32 << 20 else "ampere"
 
 
 def gpu_facts(gpu: str | int | None) -> GpuFacts:
@@ -279,12 +297,54 @@ def gpu_facts(gpu: str | int | None) -> GpuFacts:
     if gpu is not None:
         settings["gpu"] = str(gpu)
     plan = gpumem.plan(**settings)
+    cores = (plan.to_dict().get("workload") or {}).get("cores") or {}
     return GpuFacts(
         name=plan.gpu.name if plan.gpu is not None else None,
         memory_bytes=plan.gpu.memory_bytes if plan.gpu is not None else None,
         context_bytes=plan.breakdown.framework,
         blas_workspace_bytes=plan.breakdown.blas_workspace,
+        multiprocessors=int(cores.get("multiprocessors", 132)),
+        threads_per_multiprocessor=int(cores.get("threads_per_multiprocessor", 2048)),
+        amd=bool(cores.get("amd", False)),
+        tf32=bool(cores.get("tf32", True)),
     )
+
+
+def column_sum_staging_bytes(rows: int, cols: int, facts: GpuFacts) -> list[int]:
+    """The buffers CUDA's column sum of a contiguous ``rows × cols`` tensor into ``cols``
+    outputs (``grad.sum(0)``: a linear's bias gradient) allocates through the caching
+    allocator inside the kernel: the blocks' fp32 partial sums and their semaphores, when
+    ``setReduceConfig`` (aten/src/ATen/native/cuda/Reduce.cuh) splits the rows across blocks;
+    none when one block sums them. The planner's ``gpu::column_sum_staging_bytes``
+    (crates/gpumem-plan/src/gpu.rs) is the reference: the extension does not expose it, and
+    ``python/tests/test_torch_trace.py`` holds this to the figures its tests and the H200's op
+    logs give."""
+    max_threads_all, max_values_per_thread = 512, 256
+    if rows <= 0 or cols <= 0:
+        return []
+    warp, min_values, min_blocks = (64, 128, 64) if facts.amd else (32, 16, 1)
+    vector = next(v for v in (4, 2, 1) if cols % v == 0)
+    max_threads = max_threads_all // vector
+
+    def below(n: int) -> int:
+        return 1 << (n.bit_length() - 1) if n < max_threads else max_threads
+
+    outputs, inputs = below(cols // vector), below(rows)
+    height = min(inputs, max_threads // min(outputs, warp))
+    width = min(outputs, max_threads // height)
+    split_rows = rows >= min(height * 16, max_values_per_thread)
+    step_input, step_output = (height, width) if split_rows else (1, width * height)
+    values_per_thread = -(-rows // step_input)
+    grid = -(-(cols // vector) // step_output)
+    target = facts.multiprocessors * (facts.threads_per_multiprocessor // (width * height))
+    if not split_rows or values_per_thread < max_values_per_thread or grid > target:
+        return []
+    blocks = max(min(-(-target // grid), -(-values_per_thread // min_values)),
+                 -(-values_per_thread // max_values_per_thread))
+    if blocks <= 1:
+        return []
+    blocks = max(blocks, min_blocks)
+    return [cuda_rounded(4 * cols * blocks * width * vector), cuda_rounded(4 * grid)]
 
 
 def replay_trace(trace: bytes, facts: GpuFacts) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import math
 import os
 import time
 import weakref
@@ -59,9 +60,15 @@ MAPPED = [
     "cuBLAS workspace (the GPU's size) at the first matrix product of the forward thread "
     "and of the autograd thread",
     "dropout as CUDA's fused native_dropout (1-byte mask)",
-    "scaled_dot_product_attention as CUDA's kernel choice: flash (fp16/bf16, no mask, head "
-    "dim a multiple of 8 up to 256), memory-efficient (masks, fp32; log-sum-exp padded to "
-    "32), math otherwise",
+    "scaled_dot_product_attention as CUDA's kernel choice for the GPU's generation "
+    "(sdp_utils.cpp): cuDNN first on Hopper and Blackwell (fp16/bf16, head dims up to 128, a "
+    "mask without gradient), then flash (fp16/bf16, no mask), memory-efficient (masks, fp32; "
+    "log-sum-exp padded to 32), math otherwise; a mask whose last dimension is strided runs "
+    "math, as it does on CUDA",
+    "flash attention's backward accumulators (fp32 dq_accum and softmax_d, mha_bwd)",
+    "a column sum's fp32 staging buffers (a bias gradient, Reduce.cuh's setReduceConfig)",
+    "cuDNN's convolution workspaces (input, weight and output transposed + 512 B; half "
+    "precision, and fp32 from Ampere on)",
     "softmax(fp16, dtype=float32) as CUDA's fused half_to_float kernel",
     "autocast with CUDA's fp32 op lists",
     "optimizers left to their default implementation run foreach, as on CUDA",
@@ -111,11 +118,13 @@ class _Record(TorchDispatchMode):
     """Records the storages every aten operator returns, and allocates the cuBLAS workspace
     of a thread at its first matrix product."""
 
-    def __init__(self, storages: _Storages, workspace: int, cuda: bool = True) -> None:
+    def __init__(self, storages: _Storages, workspace: int, cuda: bool = True,
+                 facts: _steptrace.GpuFacts | None = None) -> None:
         super().__init__()
         self.storages = storages
         self.workspace = workspace
         self.cuda = cuda
+        self.facts = facts
         self.workspaces: set[str] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
@@ -133,21 +142,110 @@ class _Record(TorchDispatchMode):
             # fake tensors have none, and it sizes nothing there; 1 stands for it.
             return True if args[0].dtype == torch.bool else \
                 1.0 if args[0].is_floating_point() else 1
-        staging = None
-        if func is torch.ops.aten._softmax_backward_data.default and self.cuda:
-            # CUDA's softmax backward first makes grad * output (SoftMax.cu), a temporary the
-            # size of the gradient beside it and the result (the H200's op logs, docs/gpu.md).
-            grad = args[0]
-            staging = recorder.alloc(grad.numel() * grad.element_size(),
-                                     op="softmax backward: grad * output (CUDA)",
-                                     kind="temporary")
+        staging = []
+        if self.cuda:
+            staging = [recorder.alloc(nbytes, op=label, kind="temporary")
+                       for nbytes, label in _kernel_inside(func, args, kwargs or {}, self.facts)]
         out = func(*args, **(kwargs or {}))
         op = str(func)
         for tensor in tree_flatten(out)[0]:
             if isinstance(tensor, torch.Tensor):
                 self.storages.track(tensor, op=op)
-        recorder.free(staging)
+        if self.cuda:
+            # Allocated inside the kernel once its outputs exist, freed when it returns.
+            staging += [recorder.alloc(nbytes, op=label, kind="temporary")
+                        for nbytes, label in _kernel_after(func, args, out, self.facts)]
+        for made in staging:
+            recorder.free(made)
         return out
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _kernel_inside(func: Any, args: Any, kwargs: dict[str, Any],
+                   facts: _steptrace.GpuFacts | None) -> list[tuple[int, str]]:
+    """Memory a CUDA kernel takes from the caching allocator inside itself, beside its inputs
+    and outputs, which no dispatcher-level tracker sees: (bytes, label) each, held while the
+    operator runs."""
+    aten = torch.ops.aten
+    if func is aten._softmax_backward_data.default:
+        # CUDA's softmax backward first makes grad * output (SoftMax.cu), a temporary the size
+        # of the gradient beside it and the result (the H200's op logs, docs/gpu.md).
+        return [(_nbytes(args[0]), "softmax backward: grad * output (CUDA)")]
+    if func is aten._scaled_dot_product_flash_attention_backward.default:
+        # mha_bwd (flash_api.cpp): softmax_d [b, h, ⌈s_q⌉128] and dq_accum [b, ⌈s_q⌉128, h,
+        # ⌈d⌉32] in fp32; with fewer key heads, dk and dv expanded to every query head.
+        query, key = args[1], args[2]
+        batch, heads, seq_q, head_dim = query.shape
+        seq_k, key_heads = key.shape[2], key.shape[1]
+        rows = _round_up(seq_q, 128)
+        made = [(4 * batch * heads * rows, "flash attention backward: softmax_d (CUDA)"),
+                (4 * batch * rows * heads * _round_up(_round_up(head_dim, 8), 32),
+                 "flash attention backward: dq_accum (CUDA)")]
+        if key_heads != heads:
+            expanded = batch * seq_k * heads * _round_up(head_dim, 8) * query.element_size()
+            made += [(expanded, "flash attention backward: dk expanded (CUDA)"),
+                     (expanded, "flash attention backward: dv expanded (CUDA)")]
+        return made
+    if func is aten.sum.dim_IntList and facts is not None:
+        rows_cols = _column_sum(args, kwargs)
+        if rows_cols is not None:
+            return [(nbytes, "column sum: fp32 partial sums (CUDA, Reduce.cuh)")
+                    for nbytes in _steptrace.column_sum_staging_bytes(*rows_cols, facts)]
+    return []
+
+
+def _column_sum(args: Any, kwargs: dict[str, Any]) -> tuple[int, int] | None:
+    """(rows, columns) of a sum over the leading dimensions of a contiguous floating tensor
+    (a bias gradient: ``grad.sum(0)``), None for any other sum."""
+    tensor = args[0]
+    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or \
+            not tensor.is_contiguous() or not dims or tensor.dim() < 2:
+        return None
+    reduced = sorted({d % tensor.dim() for d in dims})
+    if reduced != list(range(len(reduced))) or len(reduced) == tensor.dim():
+        return None
+    rows = 1
+    for d in reduced:
+        rows *= tensor.shape[d]
+    return rows, tensor.numel() // max(rows, 1)
+
+
+def _kernel_after(func: Any, args: Any, out: Any,
+                  facts: _steptrace.GpuFacts | None) -> list[tuple[int, str]]:
+    """cuDNN's convolution workspaces (crates/gpumem-plan/src/graph/cudnn.rs, the planner's
+    rule): ``run_conv_plan`` allocates the plan's workspace after the op's output exists and
+    frees it when it returns; the tensor-core engines (half precision on every NVIDIA GPU,
+    fp32 as TF32 from Ampere on) hold the input, the weight (unless 1×1) and the output
+    transposed to NHWC, plus 512 bytes. The backward's data and filter plans take as much,
+    with both gradients made."""
+    aten = torch.ops.aten
+    if facts is None or facts.amd or func not in (aten.convolution.default,
+                                                   aten.convolution_backward.default):
+        return []
+    forward = func is aten.convolution.default
+    if forward:
+        x, weight = args[0], args[1]
+        transposed, groups = args[6], args[8]
+        y = out
+    else:
+        x, weight = args[1], args[2]
+        transposed, groups = args[7], args[9]
+        y = args[0]
+    if transposed or groups != 1 or x.dim() != 4 or \
+            x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or \
+            (x.dtype == torch.float32 and not facts.tf32):
+        return []
+    size = x.numel() + y.numel() + (weight.numel() if weight.shape[2:].numel() > 1 else 0)
+    phase = "forward" if forward else "backward"
+    return [(size * x.element_size() + 512, f"cuDNN convolution {phase} workspace (CUDA)")]
 
 
 def _is_fake(tensor: Any) -> bool:
@@ -156,30 +254,99 @@ def _is_fake(tensor: Any) -> bool:
     return isinstance(tensor, FakeTensor)
 
 
+#: The GPU the trace plans for while it runs (its generation picks SDPA's kernels).
+_GPU: list[_steptrace.GpuFacts] = []
+
+
+def _sdpa_generation() -> str:
+    return _GPU[-1].generation if _GPU else "hopper"
+
+
+def _fused_strides_ok(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      mask: torch.Tensor | None, ignore_singleton: bool) -> bool:
+    """check_last_dim_stride_equals_1_dense (sdp_utils_cpp.h): every fused kernel wants the
+    last dimension of q, k, v and of the mask at stride 1 (a strided mask, such as T5's
+    permuted position bias before transformers made it contiguous, runs the math path)."""
+    qkv = all(t.stride(-1) == 1 for t in (query, key, value))
+    if ignore_singleton:
+        qkv = qkv or query.shape[-1] == 1
+    return qkv and (mask is None or mask.stride(-1) == 1)
+
+
+def _cudnn_attention_ok(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        mask: torch.Tensor | None, enable_gqa: bool) -> bool:
+    """can_use_cudnn_attention (sdp_utils.cpp) for dense inputs: half precision, a mask that
+    needs no gradient and broadcasts as [b|1, h|1, s_q|1, s_k|1] (check_attn_mask_shape),
+    head dims up to 128 and multiples of 8, more than one key, stride-1 last dimensions."""
+    if query.dtype not in (torch.float16, torch.bfloat16) or \
+            not query.dtype == key.dtype == value.dtype:
+        return False
+    if mask is not None:
+        if mask.requires_grad or mask.dim() not in (2, 4):
+            return False
+        if mask.shape[-2] not in (query.shape[2], 1) or mask.shape[-1] not in (key.shape[2], 1):
+            return False
+        if mask.dim() == 4 and (mask.shape[0] not in (query.shape[0], 1) or
+                                mask.shape[1] not in (query.shape[1], 1)):
+            return False
+    d_qk, d_v = query.shape[-1], value.shape[-1]
+    if d_qk > 128 or d_v > 128 or d_qk % 8 or d_v % 8 or key.shape[2] == 1:
+        return False
+    if query.shape[0] != key.shape[0] or (key.shape[1] != query.shape[1] and not enable_gqa):
+        return False
+    return _fused_strides_ok(query, key, value, mask, ignore_singleton=True)
+
+
 def _sdpa_cuda(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
                is_causal: bool = False, scale: float | None = None,
                enable_gqa: bool = False) -> torch.Tensor:
-    """``scaled_dot_product_attention`` as CUDA's dispatcher runs it (sdp_utils.cpp: flash,
-    then memory-efficient, then math), through those kernels' own aten operators, whose
-    shapes fake tensors compute as on CUDA."""
+    """``scaled_dot_product_attention`` as CUDA's dispatcher runs it on the planned GPU's
+    generation (sdp_utils.cpp's ``select_sdp_backend``: cuDNN first on sm90/sm100
+    (``check_prefer_cudnn_attention``), then flash, memory-efficient and math; before Ampere
+    no flash, no cuDNN and no bf16 in the memory-efficient kernel), through those kernels'
+    own aten operators, whose shapes fake tensors compute as on CUDA."""
     aten = torch.ops.aten
+    generation = _sdpa_generation()
     head_dim = query.shape[-1]
-    same_heads = query.dim() < 4 or key.shape[-3] == query.shape[-3]
+    dense4 = query.dim() == 4 and key.dim() == 4 and value.dim() == 4 and \
+        query.shape[-2] > 0 and key.shape[-2] > 0
+    same_heads = dense4 and key.shape[-3] == query.shape[-3] == value.shape[-3]
     half = query.dtype in (torch.float16, torch.bfloat16)
-    dims_ok = query.dim() == 4 and key.shape[-1] == head_dim and value.shape[-1] == head_dim
-    if half and attn_mask is None and dims_ok and head_dim % 8 == 0 and head_dim <= 256:
+    bool_mask = attn_mask is not None and attn_mask.dtype == torch.bool
+    compute_lse = query.requires_grad or key.requires_grad or value.requires_grad
+    if generation == "hopper" and dense4 and \
+            _cudnn_attention_ok(query, key, value, attn_mask, enable_gqa):
+        bias = attn_mask
+        if bool_mask:
+            bias = torch.where(bias.logical_not(), float("-inf"), 0.0).to(query.dtype)
+        return aten._scaled_dot_product_cudnn_attention(
+            query, key, value, bias, compute_lse and torch.is_grad_enabled(), dropout_p,
+            is_causal, False, scale=scale)[0]
+    flash_gpu = generation in ("ampere", "hopper")
+    dims_ok = dense4 and key.shape[-1] == head_dim and value.shape[-1] == head_dim
+    if flash_gpu and half and attn_mask is None and dims_ok and head_dim % 8 == 0 and \
+            head_dim <= 256 and same_heads and \
+            not (is_causal and query.shape[-2] != key.shape[-2]) and \
+            _fused_strides_ok(query, key, value, None, ignore_singleton=True):
         return aten._scaled_dot_product_flash_attention(
             query, key, value, dropout_p, is_causal, False, scale=scale)[0]
-    alignment = 8 if half else 4
+    # minimum_gemm_alignment: 8 for half precision, 4 for fp32 from Ampere on (1 before).
+    alignment = 8 if half else 4 if generation != "pre-ampere" else 1
     # The memory-efficient kernel takes values of another head width (latent attention's
     # narrower values), aligned as the queries' (check_head_dim_size_mem_efficient).
-    efficient_dims = query.dim() == 4 and key.shape[-1] == head_dim and \
+    efficient_dims = dense4 and key.shape[-1] == head_dim and \
         value.shape[-1] % alignment == 0
-    if efficient_dims and same_heads and head_dim % alignment == 0 and \
-            query.dtype in (torch.float16, torch.bfloat16, torch.float32):
+    efficient_dtypes = (torch.float16, torch.float32) if generation == "pre-ampere" else \
+        (torch.float16, torch.bfloat16, torch.float32)
+    aligned = generation == "pre-ampere" or all(
+        (t.storage_offset() * t.element_size()) % (alignment * t.element_size()) == 0
+        for t in (query, key, value))
+    if efficient_dims and same_heads and head_dim % alignment == 0 and aligned and \
+            query.dtype in efficient_dtypes and \
+            _fused_strides_ok(query, key, value, attn_mask, ignore_singleton=False):
         bias = attn_mask
-        if bias is not None and bias.dtype == torch.bool:
+        if bool_mask:
             # convert_boolean_attn_mask: where(logical_not(mask), -inf, 0) in q's dtype.
             bias = torch.where(bias.logical_not(), float("-inf"), 0.0).to(query.dtype)
         if bias is not None and bias.shape[-1] % 16:
@@ -188,12 +355,41 @@ def _sdpa_cuda(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             bias = F.pad(bias, (0, pad))[..., :bias.shape[-1]]
         if bias is not None:
             bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-        compute_lse = query.requires_grad or key.requires_grad or value.requires_grad
         return aten._scaled_dot_product_efficient_attention(
             query, key, value, bias, compute_lse, dropout_p, is_causal, scale=scale)[0]
+    if dropout_p > 0.0 and torch.is_grad_enabled() and query.shape[-3:-2] == key.shape[-3:-2]:
+        return _sdpa_math_cuda_dropout(query, key, value, attn_mask, dropout_p, is_causal,
+                                       scale)
     return aten._scaled_dot_product_attention_math(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
         enable_gqa=enable_gqa)[0]
+
+
+def _sdpa_math_cuda_dropout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool,
+                            scale: float | None) -> torch.Tensor:
+    """SDPA's math path with dropout as CUDA runs it: ``_scaled_dot_product_attention_math``
+    (attention.cpp) op for op — half precision upcast to fp32, q and k scaled by the square
+    root of the scale, the mask added in place, ``_safe_softmax`` — with its ``at::dropout``
+    as CUDA's fused ``native_dropout`` (1-byte mask) where the CPU's would keep a noise tensor
+    of the scores' dtype."""
+    origin = query.dtype
+    if origin in (torch.float16, torch.bfloat16):
+        query, key, value = query.float(), key.float(), value.float()
+    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+    query = query * factor
+    if is_causal:
+        rows, cols = query.shape[-2], key.shape[-2]
+        causal = torch.ones(rows, cols, dtype=torch.bool).tril()
+        attn_mask = torch.where(causal.logical_not(), float("-inf"), 0.0).to(query.dtype)
+    elif attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), 0.0).to(query.dtype)
+    attn = torch.matmul(query, key.transpose(-2, -1) * factor)
+    if attn_mask is not None:
+        attn.add_(attn_mask)
+    attn = torch.ops.aten._safe_softmax(attn, -1)
+    attn = torch.native_dropout(attn, dropout_p, True)[0]
+    return torch.matmul(attn, value).to(origin)
 
 
 class _CudaRules(TorchFunctionMode):
@@ -413,7 +609,8 @@ def trace(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None,
     facts = _steptrace.gpu_facts(gpu)
     started = time.perf_counter()
     recorder = record(model, example_inputs, optimizer=optimizer, loss_fn=loss_fn,
-                      steps=steps, amp=amp, workspace=facts.blas_workspace_bytes)
+                      steps=steps, amp=amp, workspace=facts.blas_workspace_bytes,
+                      facts=facts)
     trace_bytes = _steptrace.native_trace(
         recorder, name=f"gpumem.torch.trace: {type(model).__name__}",
         meta={"steps": str(steps), "amp": amp or "none", "gpu": facts.name or "default",
@@ -428,11 +625,14 @@ def trace(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None,
 
 def record(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None,
            loss_fn: Callable[[Any], Any] | None = None, steps: int = 2, amp: str | None = None,
-           workspace: int = 0, fake: bool = True, cuda_rules: bool = True) -> Recorder:
+           workspace: int = 0, fake: bool = True, cuda_rules: bool = True,
+           facts: _steptrace.GpuFacts | None = None) -> Recorder:
     """The allocations of ``steps`` training steps. ``fake=False`` runs them on real tensors
     (a copy of the model on its own device: for checking the record against the real
     allocator), ``cuda_rules=False`` leaves out the CUDA mappings (the CPU's own kernels,
-    no cuBLAS workspace)."""
+    no cuBLAS workspace). ``facts``: the GPU planned for (its generation picks SDPA's
+    kernels, its multiprocessors size a column sum's staging, TF32 decides cuDNN's fp32
+    workspaces); None: the planner's default GPU."""
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"steps must be a positive integer, not {steps!r}")
     if amp is not None and amp not in AMP_DTYPES:
@@ -475,13 +675,19 @@ def record(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None
     dtype = AMP_DTYPES.get(amp or "")
     rules = [_cuda_autocast_policy(amp is not None), _patched_functional(), _CudaRules()] \
         if cuda_rules else []
+    if cuda_rules and facts is None:
+        facts = _steptrace.gpu_facts(None)
     try:
         with contextlib.ExitStack() as stack:
+            if cuda_rules:
+                _GPU.append(facts)
+                stack.callback(_GPU.pop)
             if fake_mode is not None:
                 stack.enter_context(fake_mode)
             for rule in rules:
                 stack.enter_context(rule)
-            stack.enter_context(_Record(storages, workspace if cuda_rules else 0, cuda_rules))
+            stack.enter_context(_Record(storages, workspace if cuda_rules else 0, cuda_rules,
+                                        facts if cuda_rules else None))
             for _ in range(steps):
                 _step(fake_model, fake_inputs, fake_optimizer, loss_fn, dtype, recorder,
                       storages, param_names)

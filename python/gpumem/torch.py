@@ -250,18 +250,23 @@ def trace(model: Any, example_inputs: dict[str, Any] | tuple[Any, ...], *, optim
     paths): storages rounded to CUDA's 512-byte blocks; cuBLAS's workspace allocated at the
     first matrix product of the forward and of the backward (the autograd engine's thread);
     dropout as CUDA's fused kernel (1-byte mask); ``scaled_dot_product_attention`` as CUDA
-    chooses (flash for fp16/bf16 without a mask and head dims that are multiples of 8 up to
-    256, memory-efficient for masks and fp32, math otherwise), run through those kernels' own
-    operators, whose outputs (log-sum-exp, padded to 32 for memory-efficient) fake tensors
-    size as on CUDA; ``softmax(fp16, dtype=float32)`` as the fused ``half_to_float`` kernel;
-    autocast with CUDA's fp32 op lists; an optimizer left to PyTorch's default runs
-    ``foreach`` (CUDA's default); its step counters stay in host memory.
+    chooses on ``gpu``'s generation (cuDNN first on Hopper and Blackwell for fp16/bf16, head
+    dims up to 128 and a mask without gradient; flash from Ampere on for fp16/bf16 without a
+    mask; memory-efficient for masks and fp32; math otherwise, and for a mask whose last
+    dimension is strided), run through those kernels' own operators, whose outputs fake
+    tensors size as on CUDA; memory kernels take inside themselves, as ``temporary``
+    allocations around the operator: flash attention's backward accumulators, a bias
+    gradient's column-sum staging (on the GPU's multiprocessors), cuDNN's convolution
+    workspaces (half precision, and fp32 from Ampere on); ``softmax(fp16, dtype=float32)`` as
+    the fused ``half_to_float`` kernel; autocast with CUDA's fp32 op lists; an optimizer left
+    to PyTorch's default runs ``foreach`` (CUDA's default); its step counters stay in host
+    memory.
 
-    **What is not**: memory a CUDA kernel allocates inside itself through the caching
-    allocator (cuDNN's convolution workspaces, flash attention's backward accumulators,
-    reduction staging buffers), in-place dropout (CPU's noise tensor, as on CUDA), SDPA
-    choices on pre-Ampere GPUs and cuDNN attention, the math path's own dropout, and
-    anything the step puts on another device or in host memory besides step counters.
+    **What is not**: other memory kernels allocate inside themselves (cuDNN attention's and
+    the memory-efficient kernel's backward workspaces, other reductions, transposed or grouped
+    convolutions), in-place dropout (CPU's noise tensor, as on CUDA), SDPA choices that
+    depend on the build (cuDNN's version, FlashAttention-3, ROCm), and anything the step puts
+    on another device or in host memory besides step counters.
     Tensors created outside PyTorch's dispatcher are seen only when an operator returns
     them. Needs PyTorch 2.1 or later; raises what the step raises.
     """

@@ -207,3 +207,21 @@ def test_trace_is_documented_with_what_is_mapped():
     doc = gt.trace.__doc__ or ""
     for words in ("FakeTensorMode", "512-byte", "cuBLAS", "1-byte mask", "flash", "What is not"):
         assert words in doc, words
+
+
+def test_column_sum_staging_is_the_planners():
+    # The figures crates/gpumem-plan/src/gpu.rs's column_sum_staging_matches_h200_traces holds
+    # (PyTorch 2.11's column sums on an H200, read from its allocation history).
+    h200 = _steptrace.gpu_facts("h200")
+    for rows, cols, bytes_ in ((1024, 1024, 8_389_120), (2048, 8192, 134_218_240),
+                               (1576, 1024, 13_107_712), (3000, 1536, 36_962_816),
+                               (64, 1024, 0), (0, 1024, 0)):
+        assert sum(_steptrace.column_sum_staging_bytes(rows, cols, h200)) == bytes_
+    t4 = _steptrace.gpu_facts("t4")
+    assert sum(_steptrace.column_sum_staging_bytes(2048, 8192, t4)) < 134_218_240
+
+
+def test_gpu_generation_from_the_planners_facts():
+    assert [_steptrace.gpu_facts(g).generation for g in ("h200", "b200", "a100", "rtx-4090",
+                                                          "t4", "mi300x")] == \
+        ["hopper", "hopper", "ampere", "ampere", "pre-ampere", "amd"]
