@@ -115,6 +115,43 @@ def unsupported(row: dict[str, Any]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def measured_position_bias_mask(row: dict[str, Any]) -> Any:
+    """T5's SDPA mask as the measured transformers made it. Up to 5.17 (the H200 sets),
+    ``create_position_bias_mask`` returned the relative position bias as the model computed it,
+    ``values.permute([2, 0, 1]).unsqueeze(0)``, whose last dimension is strided (the heads
+    innermost), or ``where``/``+`` over it, which keeps that layout; 5.23 adds
+    ``.contiguous()``. CUDA's fused kernels refuse a mask whose last stride is not 1
+    (``check_last_dim_stride_equals_1_dense``), so the measured step ran the math path there:
+    the case is traced with the measured release's layout, by dropping that copy."""
+    measured = row.get("versions", {}).get("transformers", "")
+    try:
+        from transformers.integrations import sdpa_attention
+    except ImportError:
+        yield
+        return
+    original = getattr(sdpa_attention, "create_position_bias_mask", None)
+    if original is None or not measured or \
+            tuple(int(p) for p in measured.split(".")[:2]) > (5, 17):
+        yield
+        return
+
+    def uncopied(position_bias: Any, attention_mask: Any, is_causal: bool, query: Any,
+                 key: Any) -> Any:
+        if attention_mask is None and not is_causal:
+            return position_bias
+        made = original(position_bias, attention_mask, is_causal, query, key)
+        # where/+ over the permuted bias give the bias's layout (TensorIterator follows it).
+        layout = torch.empty_like(position_bias.expand(made.shape))
+        return layout.copy_(made) if layout.stride() != made.stride() else made
+
+    sdpa_attention.create_position_bias_mask = uncopied
+    try:
+        yield
+    finally:
+        sdpa_attention.create_position_bias_mask = original
+
+
 def trace_case(row: dict[str, Any], target: str) -> dict[str, Any]:
     """The traced peak of one measured case (``target`` cpu or h200)."""
     models, workloads, Settings = _tools()
@@ -163,6 +200,7 @@ def trace_case(row: dict[str, Any], target: str) -> dict[str, Any]:
             traced = _steptrace.step_peaks(recorder)[-1].requested
             out = {"traced": traced}
         else:
+            stack.enter_context(measured_position_bias_mask(row))
             result = gt.trace(step, inputs, optimizer=optimizer, loss_fn=loss_fn, steps=2,
                               amp=s.amp, gpu="h200")
             workspace = result.blas_workspace_bytes
