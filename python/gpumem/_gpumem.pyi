@@ -17,6 +17,13 @@ class ReplayError(GpumemError):
 
 def plan(request: str) -> str:
     """The plan of request (a JSON object of settings by name) as gpumem plan --json."""
+
+def column_sum_staging(rows: int, cols: int, multiprocessors: int,
+                       threads_per_multiprocessor: int, amd: bool) -> list[int]:
+    """The buffers CUDA's column sum of a contiguous rows × cols tensor allocates inside the
+    kernel (the planner's rule): the fp32 partial sums and their semaphores; empty when one
+    block sums the rows."""
+
 def replay(source: str | bytes | None, *, format: str, device: int | None, name: str,
            policies: list[str], capacity: str | None, pytorch_alloc_conf: str | None,
            gpumem_policy_conf: str | None, smallest_capacity: bool) -> str:

@@ -315,36 +315,14 @@ def column_sum_staging_bytes(rows: int, cols: int, facts: GpuFacts) -> list[int]
     outputs (``grad.sum(0)``: a linear's bias gradient) allocates through the caching
     allocator inside the kernel: the blocks' fp32 partial sums and their semaphores, when
     ``setReduceConfig`` (aten/src/ATen/native/cuda/Reduce.cuh) splits the rows across blocks;
-    none when one block sums them. The planner's ``gpu::column_sum_staging_bytes``
-    (crates/gpumem-plan/src/gpu.rs) is the reference: the extension does not expose it, and
-    ``python/tests/test_torch_trace.py`` holds this to the figures its tests and the H200's op
-    logs give."""
-    max_threads_all, max_values_per_thread = 512, 256
+    none when one block sums them. The planner's own rule (``gpu::column_sum_staging``,
+    crates/gpumem-plan/src/gpu.rs), called through the extension."""
+    from gpumem import _gpumem
+
     if rows <= 0 or cols <= 0:
         return []
-    warp, min_values, min_blocks = (64, 128, 64) if facts.amd else (32, 16, 1)
-    vector = next(v for v in (4, 2, 1) if cols % v == 0)
-    max_threads = max_threads_all // vector
-
-    def below(n: int) -> int:
-        return 1 << (n.bit_length() - 1) if n < max_threads else max_threads
-
-    outputs, inputs = below(cols // vector), below(rows)
-    height = min(inputs, max_threads // min(outputs, warp))
-    width = min(outputs, max_threads // height)
-    split_rows = rows >= min(height * 16, max_values_per_thread)
-    step_input, step_output = (height, width) if split_rows else (1, width * height)
-    values_per_thread = -(-rows // step_input)
-    grid = -(-(cols // vector) // step_output)
-    target = facts.multiprocessors * (facts.threads_per_multiprocessor // (width * height))
-    if not split_rows or values_per_thread < max_values_per_thread or grid > target:
-        return []
-    blocks = max(min(-(-target // grid), -(-values_per_thread // min_values)),
-                 -(-values_per_thread // max_values_per_thread))
-    if blocks <= 1:
-        return []
-    blocks = max(blocks, min_blocks)
-    return [cuda_rounded(4 * cols * blocks * width * vector), cuda_rounded(4 * grid)]
+    return _gpumem.column_sum_staging(rows, cols, facts.multiprocessors,
+                                      facts.threads_per_multiprocessor, facts.amd)
 
 
 def replay_trace(trace: bytes, facts: GpuFacts) -> Any:

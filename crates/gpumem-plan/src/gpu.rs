@@ -169,12 +169,21 @@ pub fn find_gpu(name: &str) -> Result<Gpu> {
 /// (`grad.sum(0)`). It splits the rows across blocks when each thread would otherwise sum 256
 /// values or more, into as many blocks as fill the device, each thread left 16 values at
 /// least (128 on ROCm) and 256 at most (`setReduceConfig`, aten/src/ATen/native/cuda/Reduce.cuh;
-/// the partial sums are fp32). 0 when the rows are summed within one block.
+/// the partial sums are fp32). 0 when the rows are summed within one block. The sum of
+/// [`column_sum_staging`]'s buffers.
 pub fn column_sum_staging_bytes(rows: u64, cols: u64, cores: &Cores) -> u64 {
+    column_sum_staging(rows, cols, cores).map_or(0, |[partials, semaphores]| partials + semaphores)
+}
+
+/// The two buffers of [`column_sum_staging_bytes`] as the caching allocator hands them out,
+/// each rounded up to 512 bytes: the blocks' fp32 partial sums and their semaphores (one per
+/// output block); `None` when one block sums the rows. `gpumem.torch.trace` records them as two
+/// allocations inside the sum.
+pub fn column_sum_staging(rows: u64, cols: u64, cores: &Cores) -> Option<[u64; 2]> {
     const MAX_THREADS: u64 = 512;
     const MAX_VALUES_PER_THREAD: u64 = 256;
     if rows == 0 || cols == 0 {
-        return 0;
+        return None;
     }
     let (warp, min_values, min_blocks) = if cores.amd {
         (64, 128, 64)
@@ -207,18 +216,21 @@ pub fn column_sum_staging_bytes(rows: u64, cols: u64, cores: &Cores) -> u64 {
     let grid = (cols / vector).div_ceil(step_output);
     let target = cores.multiprocessors * (cores.threads_per_multiprocessor / (width * height));
     if !split_rows || values_per_thread < MAX_VALUES_PER_THREAD || grid > target {
-        return 0;
+        return None;
     }
     let blocks = target
         .div_ceil(grid)
         .min(values_per_thread.div_ceil(min_values))
         .max(values_per_thread.div_ceil(MAX_VALUES_PER_THREAD));
     if blocks <= 1 {
-        return 0;
+        return None;
     }
     let blocks = blocks.max(min_blocks);
     let rounded = |bytes: u64| bytes.div_ceil(512) * 512;
-    rounded(4 * cols * blocks * width * vector) + rounded(4 * grid)
+    Some([
+        rounded(4 * cols * blocks * width * vector),
+        rounded(4 * grid),
+    ])
 }
 
 /// Parses "24GB" (1e9), "24GiB"/"24G" (2^30) or "24000MB"/"MiB"; `None` if it is not a size.

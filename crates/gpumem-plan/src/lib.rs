@@ -42,7 +42,7 @@ pub use checks::check;
 pub use error::{PlanError, Result};
 pub use estimate::{estimate, Breakdown, Estimate, KvCacheKind, Overheads, Phase, PhasePeak};
 pub use fit::{fewest_gpus, fit, Fit, FitTarget};
-pub use gpu::{column_sum_staging_bytes, find_gpu, Cores, Gpu};
+pub use gpu::{column_sum_staging, column_sum_staging_bytes, find_gpu, Cores, Gpu};
 pub use hf::parse_config;
 pub use model::{Architecture, ModelSpec, ParamCounts, ResnetSpec, TransformerSpec};
 pub use quant::{CheckpointQuant, QuantFormat, Quantization};

@@ -234,6 +234,28 @@ fn plan(py: Python<'_>, request: &str) -> PyResult<String> {
     to_json(&report.map_err(|e| PlanError::new_err(e.to_string()))?)
 }
 
+/// The buffers CUDA's column sum of a contiguous `rows × cols` tensor allocates inside the
+/// kernel on a GPU with these cores (`gpumem_plan::column_sum_staging`: the blocks' fp32
+/// partial sums and their semaphores, each rounded to 512 bytes; empty when one block sums the
+/// rows), so that `gpumem.torch.trace` records what the planner plans.
+#[pyfunction]
+fn column_sum_staging(
+    rows: u64,
+    cols: u64,
+    multiprocessors: u64,
+    threads_per_multiprocessor: u64,
+    amd: bool,
+) -> Vec<u64> {
+    let cores = gpumem_plan::Cores {
+        multiprocessors,
+        threads_per_multiprocessor,
+        amd,
+        // The reduction does not depend on TF32.
+        tf32: !amd,
+    };
+    gpumem_plan::column_sum_staging(rows, cols, &cores).map_or_else(Vec::new, Vec::from)
+}
+
 /// A trace to read: a file's path, or a file's bytes.
 #[derive(FromPyObject)]
 enum Source {
@@ -464,6 +486,7 @@ fn _gpumem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TraceError", py.get_type::<TraceError>())?;
     m.add("ReplayError", py.get_type::<ReplayError>())?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(column_sum_staging, m)?)?;
     m.add_function(wrap_pyfunction!(replay, m)?)?;
     m.add_function(wrap_pyfunction!(tune, m)?)?;
     m.add_function(wrap_pyfunction!(report, m)?)?;
