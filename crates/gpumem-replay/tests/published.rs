@@ -38,6 +38,19 @@ struct Point {
     #[serde(default)]
     context_bytes: u64,
     settings: Settings,
+    /// A point the planner misses by more than the goal today: the error it has (a signed
+    /// fraction) and why, as far as it is known. The point stays in the table and the test
+    /// holds it there: it fails if the point gets worse, and also once the point meets the
+    /// goal, so that the marker goes.
+    #[serde(default)]
+    miss: Option<Miss>,
+}
+
+/// A known miss (see `Point::miss`).
+#[derive(Deserialize)]
+struct Miss {
+    error: f64,
+    why: String,
 }
 
 /// The kinds of run a point may be, as the error table groups them.
@@ -53,27 +66,35 @@ const KINDS: [&str; 7] = [
 
 /// The issue's goals for published GPU measurements, old and new together.
 const MEDIAN_GOAL: f64 = 0.03;
-/// Bound on any one point's |error|: where the planner stands today (the worst, the HF docs'
-/// BERT-large fp16 autocast run read by nvidia-smi, is 11.09 % low). The goal is 10 %.
-const MAX_BOUND: f64 = 0.12;
-/// Bounds of the kinds the planner misses by more today (issue 28), each where it stands:
-/// multi-GPU (DeepSpeed ZeRO-3 QLoRA on Llama-2-70B, 2 GPUs, nvidia-smi: 17.1 % low), FSDP CPU
-/// offload of parameters (PEFT's FSDP QLoRA of Llama-2-70B on 2 GPUs, nvidia-smi: 32.5 % low)
-/// and hand-written loops (rasbt/pytorch-memory-optim's ViT-L/16 in pure bf16 at micro-batch 4
-/// with 4 accumulation steps, max_memory_reserved: 18.3 % low). The goal is MAX_BOUND's; the
-/// misses are reported, not hidden.
-const KIND_BOUNDS: [(&str, f64); 3] = [
-    ("multi-gpu", 0.18),
-    ("offload", 0.33),
-    ("hand-written", 0.19),
-];
+/// The issue's goal for any one point's |error|; a point beyond it is marked as a known miss
+/// with its error and why (`Point::miss`).
+const MAX_GOAL: f64 = 0.10;
 
-/// The bound on one point's |error| for its kind.
-fn bound(kind: &str) -> f64 {
-    KIND_BOUNDS
-        .iter()
-        .find(|(k, _)| *k == kind)
-        .map_or(MAX_BOUND, |(_, b)| *b)
+/// How much worse than its recorded error a known miss may get (the recorded error is rounded
+/// to 0.01 %).
+const MISS_SLACK: f64 = 0.005;
+
+/// What is wrong with `point`'s `error` against the goal and its recorded miss, if anything.
+fn out_of_bound(point: &Point, error: f64) -> Option<String> {
+    let id = &point.id;
+    match &point.miss {
+        None if error.abs() > MAX_GOAL => Some(format!(
+            "{id} {:+.2}%: beyond the {:.0}% goal and not a recorded miss",
+            100.0 * error,
+            100.0 * MAX_GOAL
+        )),
+        Some(miss) if miss.why.trim().is_empty() => Some(format!("{id}: a miss without why")),
+        Some(miss) if error.abs() > miss.error.abs() + MISS_SLACK => Some(format!(
+            "{id} {:+.2}%: worse than its recorded miss ({:+.2}%)",
+            100.0 * error,
+            100.0 * miss.error
+        )),
+        Some(_) if error.abs() <= MAX_GOAL => Some(format!(
+            "{id} {:+.2}%: meets the goal now; remove its miss marker",
+            100.0 * error
+        )),
+        _ => None,
+    }
 }
 
 /// The model a point or candidate names: its `config` file where it has one, else the
@@ -131,7 +152,7 @@ fn planner_matches_published_gpu_measurements() {
     let mut ids = std::collections::HashSet::new();
     let mut by_kind: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     let mut errors = Vec::new();
-    let mut out_of_bound = Vec::new();
+    let mut wrong = Vec::new();
     for (file, set) in published() {
         assert!(
             !set.skipped.is_empty() || !set.points.is_empty(),
@@ -174,9 +195,7 @@ fn planner_matches_published_gpu_measurements() {
                 planned,
                 100.0 * error
             );
-            if error.abs() > bound(kind) {
-                out_of_bound.push(format!("{} {:+.2}%", point.id, 100.0 * error));
-            }
+            wrong.extend(out_of_bound(point, error));
             by_kind.entry(kind).or_default().push(error.abs());
             errors.push(error.abs());
         }
@@ -199,12 +218,10 @@ fn planner_matches_published_gpu_measurements() {
         100.0 * worst
     );
     assert!(
-        median <= MEDIAN_GOAL && out_of_bound.is_empty(),
-        "median |error| {:.2}% (goal ≤ 3%), max {:.2}%; beyond their kind's bound \
-         ({:.0}%, {KIND_BOUNDS:?}): {out_of_bound:?}",
+        median <= MEDIAN_GOAL && wrong.is_empty(),
+        "median |error| {:.2}% (goal ≤ 3%), max {:.2}%; {wrong:#?}",
         100.0 * median,
         100.0 * worst,
-        100.0 * MAX_BOUND
     );
 }
 
