@@ -32,6 +32,7 @@ pub mod safetensors;
 pub mod sequence;
 pub mod settings;
 mod single_gpu;
+mod states;
 mod unit;
 pub mod warning;
 pub mod workload;

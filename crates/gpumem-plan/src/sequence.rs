@@ -14,12 +14,10 @@
 
 use crate::distributed::reduced_at_backward_end;
 use crate::error::Result;
-use crate::estimate::{
-    accumulates_gradients, blas_workspace_count, kept_and_recomputed, model_states,
-    trainable_params, States,
-};
+use crate::estimate::{accumulates_gradients, blas_workspace_count, kept_and_recomputed};
 use crate::graph::build_units;
 use crate::model::{Architecture, ModelSpec};
+use crate::states::{model_states, trainable_params, States};
 use crate::unit::{SavedGroup, Unit};
 use crate::workload::{Mode, Sharding, Workload};
 use serde::Serialize;

@@ -120,7 +120,7 @@ fn memory_mechanism_recipe_names_what_exists() {
             ("forward_transient", "src/unit.rs"),
             ("simulate_training", "src/estimate.rs"),
             ("simulate_inference", "src/estimate.rs"),
-            ("model_states", "src/estimate.rs"),
+            ("model_states", "src/states.rs"),
             ("Breakdown", "src/estimate.rs"),
             ("advise", "src/advice.rs"),
             ("allocation_sequence", "src/sequence.rs"),
