@@ -172,38 +172,16 @@ pub(crate) fn model_states(
     units: &[Unit],
     trainable: u64,
 ) -> States {
-    let layout = &workload.layout;
-    let dp = layout.dp() as f64;
-    let tp = layout.tp as f64;
-    let stage_params: u64 = units.iter().map(|u| u.params).sum();
-    let full_params = stage_params as f64 / tp;
-    let trained_params = units.iter().map(Unit::trained_params).sum::<u64>() as f64 / tp;
-    let share = full_params / counts.total().max(1) as f64;
-    let weight_bytes = workload.dtype.bytes() as f64;
-    let lora = workload.lora;
-    // PEFT keeps its adapters in fp32 whatever the base's dtype (`autocast_adapter_dtype`), so
-    // their gradients and optimizer states are fp32 too.
-    // litgpt keeps them in the model's dtype.
-    let peft = workload.framework == crate::workload::Framework::Hf;
-    let trained_bytes = if lora.is_some() && peft {
-        4.0
-    } else {
-        weight_bytes
-    };
+    let stage = StageParams::of(workload, counts, units, trainable);
     let weights = stage_weight_bytes(
         model,
         workload,
         counts,
-        full_params,
-        share,
+        stage.full_params,
+        stage.share,
         trainable,
-        trained_bytes,
+        stage.trained_bytes,
     );
-    let trainable_local = if lora.is_some() {
-        trainable as f64 * share
-    } else {
-        trained_params
-    };
     if workload.mode != Mode::Train {
         return States {
             weights,
@@ -212,18 +190,101 @@ pub(crate) fn model_states(
     }
     let master = workload.amp.is_some() && workload.dtype != Dtype::Fp32;
     // Optimizer states follow the parameter dtype unless a fp32 master copy exists.
-    let state_bytes = if master { 4.0 } else { trained_bytes };
+    let state_bytes = if master { 4.0 } else { stage.trained_bytes };
+    let trainable_local = stage.trainable_local;
     let optimizer = trainable_local * optimizer_bytes_per_param(model, workload, state_bytes);
     let step_temporaries =
         optimizer_step_temporaries(model, workload, counts, trainable_local, state_bytes);
-    let grad_bytes = trained_bytes;
     // Gradient bytes per parameter of a unit: only the trainable share (LoRA adapters) gets one.
-    let grad_per_param = grad_bytes / tp * trainable_local / trained_params.max(1.0);
-    let gradients_full = trainable_local * grad_bytes;
+    let grad_per_param =
+        stage.trained_bytes / stage.tp * trainable_local / stage.trained_params.max(1.0);
+    let (buffers, zero) = stage_buffers(model, workload, counts, units, &stage);
+    // The quantisation statistics stay whole on every rank (see `quant_statistics_bytes`),
+    // and so do ZeRO-3's persistent parameters.
+    let statistics = quant_statistics_bytes(model, workload, counts, stage.share)
+        + zero3_persistent_bytes(model, workload, counts, zero, stage.trained_bytes) * stage.share;
+    let mut states = States {
+        weights: weights - statistics,
+        grad_per_param,
+        optimizer,
+        buffers,
+        step_temporaries,
+    };
+    shard_or_offload_states(&mut states, workload, workload.layout.dp() as f64);
+    states.weights += statistics;
+    states.step_temporaries += zero_step_gradients(workload, trainable_local);
+    states
+}
+
+/// The parameters of one pipeline stage on one GPU (split over tensor-parallel ranks, before
+/// any data-parallel sharding), and the bytes each trained one takes.
+#[derive(Debug, Clone, Copy)]
+struct StageParams {
+    /// Tensor-parallel degree.
+    tp: f64,
+    /// Parameters of the stage's units on this GPU.
+    full_params: f64,
+    /// Of those, the parameters the units train.
+    trained_params: f64,
+    /// The stage's share of the whole model's parameters.
+    share: f64,
+    /// Trainable parameters on this GPU: the stage's share of the LoRA adapters, or
+    /// `trained_params`.
+    trainable_local: f64,
+    /// Bytes of a trained parameter, its gradient and (without a fp32 master copy) each of
+    /// its optimizer states.
+    trained_bytes: f64,
+}
+
+impl StageParams {
+    /// The parameters of `units` (`trainable` of the whole model) on one GPU.
+    fn of(workload: &Workload, counts: &ParamCounts, units: &[Unit], trainable: u64) -> Self {
+        let tp = workload.layout.tp as f64;
+        let stage_params: u64 = units.iter().map(|u| u.params).sum();
+        let full_params = stage_params as f64 / tp;
+        let trained_params = units.iter().map(Unit::trained_params).sum::<u64>() as f64 / tp;
+        let share = full_params / counts.total().max(1) as f64;
+        let lora = workload.lora;
+        // PEFT keeps its adapters in fp32 whatever the base's dtype (`autocast_adapter_dtype`), so
+        // their gradients and optimizer states are fp32 too.
+        // litgpt keeps them in the model's dtype.
+        let peft = workload.framework == crate::workload::Framework::Hf;
+        let trained_bytes = if lora.is_some() && peft {
+            4.0
+        } else {
+            workload.dtype.bytes() as f64
+        };
+        let trainable_local = if lora.is_some() {
+            trainable as f64 * share
+        } else {
+            trained_params
+        };
+        StageParams {
+            tp,
+            full_params,
+            trained_params,
+            share,
+            trainable_local,
+            trained_bytes,
+        }
+    }
+}
+
+/// The communication buckets and gathered layers of a training stage, by phase
+/// ([`sharding_buffers`]), and DeepSpeed's sizes for the model.
+fn stage_buffers(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+    units: &[Unit],
+    stage: &StageParams,
+) -> (PhaseBuffers, ZeroSizes) {
+    let tp = stage.tp;
+    let gradients_full = stage.trainable_local * stage.trained_bytes;
     let module = workload.module_dtype().bytes() as f64;
     let gathered = gathered_block_bytes(workload, counts, module);
     let largest_block = counts.largest_block as f64 / tp * gathered;
-    let trainable_share = trainable_local / full_params.max(1.0);
+    let trainable_share = stage.trainable_local / stage.full_params.max(1.0);
     let (hidden, head_params) = match &model.arch {
         Architecture::Transformer(spec) => (
             Some(spec.hidden),
@@ -235,7 +296,7 @@ pub(crate) fn model_states(
         ),
         _ => (None, 0),
     };
-    let zero = zero_sizes(layout.zero_buckets, hidden);
+    let zero = zero_sizes(workload.layout.zero_buckets, hidden);
     let buffers = sharding_buffers(
         units,
         workload,
@@ -244,26 +305,12 @@ pub(crate) fn model_states(
             gradients_full,
             trainable_share,
             gathered,
-            bucket_bytes: weight_bytes,
+            bucket_bytes: workload.dtype.bytes() as f64,
             head: head_params as f64 / tp * gathered_head_bytes(model, workload, module),
             zero,
         },
     );
-    // The quantisation statistics stay whole on every rank (see `quant_statistics_bytes`),
-    // and so do ZeRO-3's persistent parameters.
-    let statistics = quant_statistics_bytes(model, workload, counts, share)
-        + zero3_persistent_bytes(model, workload, counts, zero, trained_bytes) * share;
-    let mut states = States {
-        weights: weights - statistics,
-        grad_per_param,
-        optimizer,
-        buffers,
-        step_temporaries,
-    };
-    shard_or_offload_states(&mut states, workload, dp);
-    states.weights += statistics;
-    states.step_temporaries += zero_step_gradients(workload, trainable_local);
-    states
+    (buffers, zero)
 }
 
 /// Bytes of a stage's weights (its `share` of the model, `full_params` of them per GPU) before
