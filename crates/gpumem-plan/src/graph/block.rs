@@ -81,28 +81,49 @@ impl TransformerGraph<'_> {
             inference_live: (inference_live + dequantised).bytes(),
             kv_cache: (own.kv_cache + cross_memory.kv_cache).bytes(),
             kv_window: shape.cached_keys.map(Tokens::count),
-            whole: WholeTensors {
-                saved: [
-                    SavedGroup {
-                        bytes: tally.core.bytes(),
-                        tensor: own.score_matrix.bytes(),
-                    },
-                    // A mixture of experts saves per-expert slices, not whole intermediates.
-                    if layer.moe {
-                        SavedGroup::default()
-                    } else {
-                        SavedGroup {
-                            bytes: (tokens * self.mlp_intermediates(layer) / self.split.tp).bytes(),
-                            tensor: (tokens * act * f).bytes(),
-                        }
-                    },
-                ],
-                live: mlp_intermediates,
-                block_matrices: !layer.moe,
-                ..WholeTensors::default()
-            },
+            whole: self.block_whole_tensors(
+                tokens,
+                layer,
+                tally.core,
+                own.score_matrix,
+                mlp_intermediates,
+            ),
             params: spec.block_params(attentions.has_cross, layer),
             ..Unit::default()
+        }
+    }
+
+    /// The block's tensors big enough to decide the allocator's segments: the score matrix
+    /// among the attention core's saved bytes (`core`), the MLP's saved intermediates and,
+    /// where they make a no-grad block's peak, its live ones (`live`), and its weight matrices.
+    fn block_whole_tensors(
+        &self,
+        tokens: Tokens,
+        layer: LayerKind,
+        core: Bytes,
+        score_matrix: Bytes,
+        live: SavedGroup,
+    ) -> WholeTensors {
+        let f = Width(self.spec.routed_intermediate(layer) as f64) / self.split.tp;
+        WholeTensors {
+            saved: [
+                SavedGroup {
+                    bytes: core.bytes(),
+                    tensor: score_matrix.bytes(),
+                },
+                // A mixture of experts saves per-expert slices, not whole intermediates.
+                if layer.moe {
+                    SavedGroup::default()
+                } else {
+                    SavedGroup {
+                        bytes: (tokens * self.mlp_intermediates(layer) / self.split.tp).bytes(),
+                        tensor: (tokens * self.bytes.act * f).bytes(),
+                    }
+                },
+            ],
+            live,
+            block_matrices: !layer.moe,
+            ..WholeTensors::default()
         }
     }
 

@@ -25,27 +25,7 @@ impl TransformerGraph<'_> {
         let (act, residual) = (self.bytes.act, self.bytes.residual);
         let tokens = self.batch * self.sequence();
         let h = Width(spec.hidden as f64);
-        // Token ids (int64), and labels in an evaluation forward, are held by the caller for the
-        // whole step.
-        let int64 = BytesPerToken(8.0);
-        let labels = if self.workload.mode == Mode::Infer && self.workload.labels {
-            tokens * int64
-        } else {
-            Bytes::ZERO
-        };
-        let mut held = tokens * int64 + labels;
-        let mut saved = Bytes::ZERO;
-        if let Some(p) = spec.patches {
-            let pixels = Elements(
-                self.batch * p.channels as f64 * (self.workload.image_size as f64).powi(2),
-            );
-            held = pixels * residual;
-            saved = if self.bytes.autocast {
-                pixels * act
-            } else {
-                Bytes::ZERO
-            };
-        }
+        let (mut held, mut saved) = self.model_inputs(tokens);
         let stem = self.audio_stem();
         held += stem.held;
         saved += stem.saved;
@@ -103,6 +83,32 @@ impl TransformerGraph<'_> {
             untrained_params: spec.audio.map_or(0, |a| a.frames * spec.hidden),
             ..Unit::default()
         }
+    }
+
+    /// The model's inputs over `tokens`, as (held, saved): the caller holds the token ids
+    /// (int64), and labels in an evaluation forward, for the whole step; a patch stem's pixels
+    /// instead, with autocast's copy of them saved.
+    fn model_inputs(&self, tokens: Tokens) -> (Bytes, Bytes) {
+        let int64 = BytesPerToken(8.0);
+        let labels = if self.workload.mode == Mode::Infer && self.workload.labels {
+            tokens * int64
+        } else {
+            Bytes::ZERO
+        };
+        let mut held = tokens * int64 + labels;
+        let mut saved = Bytes::ZERO;
+        if let Some(p) = self.spec.patches {
+            let pixels = Elements(
+                self.batch * p.channels as f64 * (self.workload.image_size as f64).powi(2),
+            );
+            held = pixels * self.bytes.residual;
+            saved = if self.bytes.autocast {
+                pixels * self.bytes.act
+            } else {
+                Bytes::ZERO
+            };
+        }
+        (held, saved)
     }
 
     /// The projector of a vision-language model: two linears with a GELU between them, from
