@@ -275,15 +275,7 @@ pub fn from_config(json: &Value) -> Result<Option<CheckpointQuant>> {
         }
         "fp8" => {
             let mut quant = Quantization::of(QuantFormat::Fp8);
-            quant.block = config
-                .get("weight_block_size")
-                .and_then(Value::as_array)
-                .map_or(0, |sides| {
-                    sides
-                        .iter()
-                        .map(|s| s.as_u64().unwrap_or(1))
-                        .product::<u64>()
-                });
+            quant.block = fp8_block(config);
             quant
         }
         _ => {
@@ -297,6 +289,20 @@ pub fn from_config(json: &Value) -> Result<Option<CheckpointQuant>> {
         }
     };
     Ok(Some(CheckpointQuant::Known(quant)))
+}
+
+/// Weights sharing one scale in an fp8 checkpoint: the product of `weight_block_size`'s
+/// sides (rows × columns), or 0 without one (one scale per matrix).
+fn fp8_block(config: &Value) -> u64 {
+    config
+        .get("weight_block_size")
+        .and_then(Value::as_array)
+        .map_or(0, |sides| {
+            sides
+                .iter()
+                .map(|s| s.as_u64().unwrap_or(1))
+                .product::<u64>()
+        })
 }
 
 /// The error for inference on a checkpoint whose quantisation is not modelled.

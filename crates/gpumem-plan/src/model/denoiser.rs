@@ -205,21 +205,7 @@ impl UnetSpec {
                 skips.push(channels);
             }
         }
-        let bottom = (stages - 1) as u32;
-        let mid = UnetLayer::Resnet {
-            inputs: channels,
-            outputs: channels,
-            level: bottom,
-        };
-        steps.push(step(mid));
-        steps.push(step(UnetLayer::Attention {
-            channels,
-            heads: self.heads[stages - 1],
-            layers: self.transformer_layers[stages - 1],
-            cross_dim: self.cross_dim[stages - 1],
-            level: bottom,
-        }));
-        steps.push(step(mid));
+        steps.extend(self.middle_block(channels).map(step));
         for up in 0..stages {
             let stage = stages - 1 - up;
             let level = stage as u32;
@@ -247,6 +233,26 @@ impl UnetSpec {
         }
         steps.push(step(UnetLayer::Out));
         steps
+    }
+
+    /// The middle block, at the bottom level over `channels`: a resnet, the bottom stage's
+    /// attention and a second resnet.
+    fn middle_block(&self, channels: u64) -> [UnetLayer; 3] {
+        let stages = self.channels.len();
+        let bottom = (stages - 1) as u32;
+        let mid = UnetLayer::Resnet {
+            inputs: channels,
+            outputs: channels,
+            level: bottom,
+        };
+        let attention = UnetLayer::Attention {
+            channels,
+            heads: self.heads[stages - 1],
+            layers: self.transformer_layers[stages - 1],
+            cross_dim: self.cross_dim[stages - 1],
+            level: bottom,
+        };
+        [mid, attention, mid]
     }
 
     /// The attention of stage `stage` (down or up).
