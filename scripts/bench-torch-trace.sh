@@ -3,7 +3,8 @@
 # gpumem.torch.trace beside PyTorch's MemTracker on the same models and step
 # (python/checks/torch_trace_bench.py: a catalogue GPT-2, a hand-written decoder, a UNet, a
 # speech-like model), printing the accuracy and wall-time tables of docs/benchmarks.md.
-# TORCH_PYTHON as for scripts/test-torch-cpu.sh (default target/torch-venv/bin/python).
+# TORCH_PYTHON as for scripts/test-torch-cpu.sh (default target/torch-venv/bin/python);
+# BENCH_REPEAT: runs per timing, the median reported (default 3).
 # Builds and installs the wheel beside that PyTorch as test-torch-cpu.sh does.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

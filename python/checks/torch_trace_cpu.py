@@ -67,7 +67,8 @@ class TinyLM(nn.Module):
         self.head.weight = self.emb.weight
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        x = self.emb(input_ids) + self.pos(torch.arange(input_ids.shape[1]))
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.emb(input_ids) + self.pos(positions)
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln(x))
