@@ -9,19 +9,11 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 torch_python="${TORCH_PYTHON:-$repo/target/torch-venv/bin/python}"
-build_venv="$repo/target/python-build-venv"
-site="$repo/target/torch-cpu-site"
 "$torch_python" -c 'import torch, transformers, gpumem_devtools.recorder' || {
   echo "bench-torch-trace.sh: $torch_python needs torch, transformers and tools/ (pip install './tools[torch]')" >&2
   exit 1
 }
-if ! "$build_venv/bin/python" -m maturin --version >/dev/null 2>&1; then
-  python3 -m venv "$build_venv"
-  "$build_venv/bin/python" -m pip install -q 'maturin>=1.7,<2'
-fi
-rm -rf "$repo/target/torch-cpu-wheel" "$site"
-(cd "$repo/python" && "$build_venv/bin/python" -m maturin build --profile dev --strip \
-  --out "$repo/target/torch-cpu-wheel" --quiet)
-"$torch_python" -m pip install -q --no-deps --target "$site" "$repo"/target/torch-cpu-wheel/gpumem-*.whl
+# Builds the wheel and installs it into $site beside that PyTorch.
+source "$repo/scripts/torch-cpu-site.sh"
 cd "$repo/target"
 PYTHONPATH="$site" "$torch_python" "$repo/python/checks/torch_trace_bench.py" "$@"

@@ -12,6 +12,9 @@
 //! a case's recorded peak holds only those made during it, while its reserved peak holds the
 //! segments of all made so far. The comparison plans each case as that process ran it.
 
+mod common;
+
+use common::median_and_max;
 use gpumem_plan::{load_config, Overheads, Settings};
 use gpumem_replay::planned::estimate_replayed;
 use serde::Deserialize;
@@ -145,18 +148,6 @@ const FILES: [&str; 6] = [
     "measured_cuda_multimodal.jsonl",
 ];
 
-/// (median, max) of `errors`.
-fn summary(errors: &mut [f64]) -> (f64, f64) {
-    errors.sort_by(f64::total_cmp);
-    let n = errors.len();
-    let median = if n % 2 == 1 {
-        errors[n / 2]
-    } else {
-        (errors[n / 2 - 1] + errors[n / 2]) / 2.0
-    };
-    (median, errors[n - 1])
-}
-
 /// Goal for the median |error| of the planned peak allocated bytes over each file.
 const ALLOCATED_MEDIAN_GOAL: f64 = 0.01;
 
@@ -178,8 +169,8 @@ const RESERVED_MAX_BOUND: f64 = 0.49;
 fn planner_against_h200_measurements() {
     for file in FILES {
         let (mut allocated, mut reserved) = errors(file);
-        let (am, ax) = summary(&mut allocated);
-        let (rm, rx) = summary(&mut reserved);
+        let (am, ax) = median_and_max(&mut allocated);
+        let (rm, rx) = median_and_max(&mut reserved);
         println!(
             "{file}: {} cases; allocated median {:.2}% max {:.2}%; reserved median {:.2}% max {:.2}%\n",
             allocated.len(),

@@ -7,6 +7,9 @@
 //! `nvml` against reserved + the CUDA context measured by the same source. Run with
 //! `--nocapture` for the table, point by point and by kind.
 
+mod common;
+
+use common::median_and_max;
 use gpumem_plan::{find_model, load_config, ModelSpec, Overheads, Settings};
 use gpumem_replay::planned::estimate_replayed;
 use serde::Deserialize;
@@ -129,18 +132,6 @@ fn published() -> Vec<(String, Published)> {
             (name, set)
         })
         .collect()
-}
-
-/// (median, max) of unsorted |errors|.
-fn median_and_max(errors: &mut [f64]) -> (f64, f64) {
-    errors.sort_by(f64::total_cmp);
-    let n = errors.len();
-    let median = if n % 2 == 1 {
-        errors[n / 2]
-    } else {
-        (errors[n / 2 - 1] + errors[n / 2]) / 2.0
-    };
-    (median, errors[n - 1])
 }
 
 #[test]
