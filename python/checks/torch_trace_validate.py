@@ -56,8 +56,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 #: The cases ``--check`` re-runs (a few seconds each): a decoder, an encoder, an
 #: encoder-decoder, a CNN, LoRA, autocast, checkpointing, inference; CPU and H200.
 CHECK = [
-    ("cpu", "gpt2-2l-train-b2-s128-fp32-adamw-foreach-sdpa"),
-    ("cpu", "bert-2l-train-b4-s128-fp32-adamw-foreach-sdpa"),
+    ("cpu", "gpt2-2l-train-b1-s128-fp32-adamw-foreach-sdpa"),
+    ("cpu", "bert-2l-train-b4-s256-fp32-adamw-foreach-sdpa"),
     ("cpu", "resnet18-train-b8-img128-fp32-adamw-foreach"),
     ("h200", "bert-2l-train-b2-s128-fp32-adamw-foreach-sdpa"),
     ("h200", "vit-2l-infer-b16-img224-fp32-sdpa"),
