@@ -15,7 +15,7 @@
 
 use crate::unit::Unit;
 // The FSDP version and NCCL buffer size are workload settings, defined with it.
-use crate::workload::{Dtype, Layout, Sharding, Target, Workload, ZeroBuckets};
+use crate::workload::{Dtype, Layout, Optimizer, Sharding, Target, Workload, ZeroBuckets};
 pub use crate::workload::{FsdpVersion, DEFAULT_FSDP_VERSION, DEFAULT_NCCL_BUFFSIZE};
 
 /// DeepSpeed `reduce_bucket_size` default (elements; `runtime/zero/config.py`).
@@ -313,6 +313,9 @@ pub(crate) fn zero_step_gradients(
     let layout = &workload.layout;
     let dp = layout.dp() as f64;
     let fp32 = Dtype::Fp32.bytes() as f64;
+    if workload.optimizer == Optimizer::None {
+        return 0.0;
+    }
     match layout.sharding {
         Sharding::Zero1 | Sharding::Zero2 => trainable_local / dp * fp32,
         Sharding::Zero3 if !layout.offload => {
@@ -337,9 +340,11 @@ pub(crate) fn zero_step_gradients(
 /// view, 1418-1435; the step's `zero_grad(set_to_none=True)` drops only `param.grad`). So every
 /// gradient partition is on the GPU from the first backward on, through forward and backward, as
 /// accumulated gradients are. With optimizer offload the buffer is on the host (`self.device`
-/// is the CPU).
+/// is the CPU), and without an optimizer there is no ZeRO-3 optimizer to allocate it.
 pub(crate) fn zero3_keeps_gradient_partitions(workload: &Workload) -> bool {
-    workload.layout.sharding == Sharding::Zero3 && !workload.layout.offload
+    workload.layout.sharding == Sharding::Zero3
+        && !workload.layout.offload
+        && workload.optimizer != Optimizer::None
 }
 
 /// Whether `unit`'s sharded gradients appear only when the backward ends: FSDP's root (every
@@ -642,6 +647,13 @@ mod zero_step_tests {
         // With optimizer offload the step runs on the host: nothing on the GPU.
         let offload = step_gradients(settings("3", 8, |s| s.offload = true), 8e9, 4e8);
         assert_eq!(offload, 0.0);
+        // Nor without an optimizer step.
+        let none = step_gradients(
+            settings("3", 8, |s| s.optimizer = Some("none".into())),
+            8e9,
+            4e8,
+        );
+        assert_eq!(none, 0.0);
         // ZeRO-1/2: the whole partition's fp32 gradient, and with offload the updated fp32
         // partition copied back to the GPU before its cast (`stage_1_and_2.py` `step`).
         for offload in [false, true] {
@@ -674,6 +686,9 @@ mod zero_step_tests {
         assert!(keeps(settings("3", 4, |_| {})));
         assert!(!keeps(settings("3", 4, |s| s.offload = true)));
         assert!(!keeps(settings("2", 4, |_| {})));
+        assert!(!keeps(
+            settings("3", 4, |s| s.optimizer = Some("none".into()))
+        ));
     }
 
     #[test]
