@@ -15,7 +15,7 @@
 
 use crate::unit::Unit;
 // The FSDP version and NCCL buffer size are workload settings, defined with it.
-use crate::workload::{Dtype, Layout, Sharding, Target, Workload, ZeroBuckets};
+use crate::workload::{Dtype, Layout, Optimizer, Sharding, Target, Workload, ZeroBuckets};
 pub use crate::workload::{FsdpVersion, DEFAULT_FSDP_VERSION, DEFAULT_NCCL_BUFFSIZE};
 
 /// DeepSpeed `reduce_bucket_size` default (elements; `runtime/zero/config.py`).
@@ -31,6 +31,10 @@ pub const MAX_LIVE_ELEMENTS: u64 = 1_000_000_000;
 /// DeepSpeed `stage3_max_reuse_distance` default (elements): a module's parameters are not
 /// released if the trace uses them again within this many elements (`__params_to_release`).
 pub const MAX_REUSE_ELEMENTS: u64 = 1_000_000_000;
+
+/// DeepSpeed `sub_group_size` default (elements; `runtime/zero/config.py`): ZeRO-3's optimizer
+/// step converts gradients to fp32 one sub-group of partitions at a time.
+pub const ZERO3_SUB_GROUP_ELEMENTS: u64 = 1_000_000_000;
 
 /// DeepSpeed ZeRO's sizes in elements, as `--zero-buckets` sets them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -79,6 +83,8 @@ pub(crate) struct ShardingInputs {
     pub(crate) bucket_bytes: f64,
     /// The LM head as ZeRO-3 gathers it, bytes (none for a model without one).
     pub(crate) head: f64,
+    /// Elements of the largest trained tensor on this GPU.
+    pub(crate) largest_trainable: f64,
     /// DeepSpeed's sizes.
     pub(crate) zero: ZeroSizes,
 }
@@ -229,11 +235,22 @@ pub(crate) fn sharding_buffers(
         Sharding::None => PhaseBuffers::default(),
         // `contiguous_gradients` (on by default, forced by offloading) allocates one
         // `reduce_bucket_size` buffer every backward, whatever the model's size (a second one
-        // with `overlap_comm`, off by default below stage 3).
-        Sharding::Zero1 | Sharding::Zero2 => PhaseBuffers {
-            step_gradients: bucket,
-            ..PhaseBuffers::default()
-        },
+        // with `overlap_comm`, off by default below stage 3). With optimizer offload the
+        // optimizer also keeps a GPU buffer of the largest trained parameter's size in the
+        // module dtype for the gradients it copies to the host (`stage_1_and_2.py`
+        // `temp_grad_buffer_for_gpu_offload`, allocated with the optimizer, v0.14.2 lines
+        // 445-455 and 476-478; `async_accumulate_grad_in_cpu_via_gpu`, 1182-1188).
+        Sharding::Zero1 | Sharding::Zero2 => {
+            let offload_buffer = if layout.offload {
+                inputs.largest_trainable * inputs.bucket_bytes
+            } else {
+                0.0
+            };
+            PhaseBuffers {
+                step_gradients: bucket + offload_buffer,
+                ..PhaseBuffers::default()
+            }
+        }
         // Stage 3: the IPG flat buffer of `reduce_bucket_size` elements (`stage3.py`, allocated
         // with the optimizer for the run); the layer in use and the prefetch bucket gathered
         // (no more than `stage3_max_live_parameters` ahead). At the turn from forward to
@@ -273,15 +290,61 @@ pub(crate) fn sharding_buffers(
 /// DeepSpeed ZeRO-1/2's optimizer step flattens this rank's gradient partition and converts it to
 /// the fp32 of its master partition (`stage_1_and_2.py` `step`: `flatten(averaged_gradients)
 /// .to(fp32)`, assigned as the master's `.grad` for the base optimizer): `trainable_local / dp`
-/// fp32 elements alive through the step on the GPU. With offloading the step runs on the CPU.
-pub(crate) fn zero_step_gradients(workload: &Workload, trainable_local: f64) -> f64 {
+/// fp32 elements alive through the step on the GPU. With optimizer offload the step runs on the
+/// CPU, and each parameter group's updated fp32 partition comes back to the GPU as an fp32 copy
+/// before it is cast into the module-dtype partition (`bit16_partitions[partition_id].data.copy_(
+/// fp32_partition.to(current_device).data)`, v0.14.2 lines 1869-1871): `trainable_local / dp`
+/// fp32 elements at the end of the step.
+///
+/// ZeRO-3 does the same one sub-group at a time (`stage3.py` `step` →
+/// `_prepare_fp32_grad_for_sub_group`: `self.flatten(self.averaged_gradients[i]).to(fp32)`,
+/// DeepSpeed v0.14.2 lines 1847-1858, freed by `_release_sub_group`, 1895-1899): the flattened
+/// copy in the gradients' dtype (the dtype the engine cast the module to) and its fp32
+/// conversion exist together, over the largest sub-group. `sub_group_size` (1e9 elements,
+/// `runtime/zero/config.py`) closes a sub-group once its partitions reach it
+/// (`_create_fp16_sub_groups`), so the largest holds at most that plus one parameter's
+/// partition, and all of this rank's partitions below it. fp32 gradients are not converted
+/// (`.to` of the same dtype returns the tensor): the flattened copy alone.
+pub(crate) fn zero_step_gradients(
+    workload: &Workload,
+    trainable_local: f64,
+    largest_trainable: f64,
+) -> f64 {
     let layout = &workload.layout;
+    let dp = layout.dp() as f64;
+    let fp32 = Dtype::Fp32.bytes() as f64;
+    if workload.optimizer == Optimizer::None {
+        return 0.0;
+    }
     match layout.sharding {
-        Sharding::Zero1 | Sharding::Zero2 if !layout.offload => {
-            trainable_local / layout.dp() as f64 * Dtype::Fp32.bytes() as f64
+        Sharding::Zero1 | Sharding::Zero2 => trainable_local / dp * fp32,
+        Sharding::Zero3 if !layout.offload => {
+            let partition = trainable_local / dp;
+            let sub_group = partition.min(ZERO3_SUB_GROUP_ELEMENTS as f64 + largest_trainable / dp);
+            let grad = workload.dtype.bytes() as f64;
+            let converted = if workload.dtype == Dtype::Fp32 {
+                0.0
+            } else {
+                fp32
+            };
+            sub_group * (grad + converted)
         }
         _ => 0.0,
     }
+}
+
+/// DeepSpeed ZeRO-3 keeps its reduced gradient partitions in one flat buffer of this rank's
+/// partitions, allocated once when the optimizer is built and never freed (`stage3.py`
+/// `_setup_for_real_optimizer`: `grad_partitions_flat_buffer = torch.zeros(…, device=
+/// self.device)`, v0.14.2 lines 494-508; `partition_grads` copies each reduced partition into its
+/// view, 1418-1435; the step's `zero_grad(set_to_none=True)` drops only `param.grad`). So every
+/// gradient partition is on the GPU from the first backward on, through forward and backward, as
+/// accumulated gradients are. With optimizer offload the buffer is on the host (`self.device`
+/// is the CPU), and without an optimizer there is no ZeRO-3 optimizer to allocate it.
+pub(crate) fn zero3_keeps_gradient_partitions(workload: &Workload) -> bool {
+    workload.layout.sharding == Sharding::Zero3
+        && !workload.layout.offload
+        && workload.optimizer != Optimizer::None
 }
 
 /// Whether `unit`'s sharded gradients appear only when the backward ends: FSDP's root (every
@@ -515,5 +578,143 @@ mod offload_tests {
         assert!(v1.breakdown.gradients as f64 >= counts.body as f64 * 2.0 / 2.0);
         assert!(v2.breakdown.gradients < v1.breakdown.gradients);
         assert_eq!(v1.breakdown.optimizer_states, 0);
+    }
+}
+
+#[cfg(test)]
+mod zero_step_tests {
+    use super::{
+        sharding_buffers, zero_sizes, zero_step_gradients, ShardingInputs, REDUCE_BUCKET_ELEMENTS,
+    };
+    use crate::workload::ZeroBuckets;
+    use crate::{estimate, find_model, Estimate, Overheads, Phase, Settings};
+
+    fn settings(zero: &str, gpus: u64, f: impl FnOnce(&mut Settings)) -> Settings {
+        let mut s = Settings {
+            batch: Some(1),
+            seq: Some(128),
+            gpus: Some(gpus),
+            zero: Some(zero.into()),
+            dtype: Some("fp16".into()),
+            amp: Some("fp16".into()),
+            optimizer_impl: Some("fused".into()),
+            ..Settings::default()
+        };
+        f(&mut s);
+        s
+    }
+
+    fn step_gradients(s: Settings, trainable: f64, largest: f64) -> f64 {
+        let model = find_model("gpt2").unwrap();
+        let workload = s.resolve(&model).unwrap().workload;
+        zero_step_gradients(&workload, trainable, largest)
+    }
+
+    fn plan(model: &str, s: Settings) -> Estimate {
+        let model = find_model(model).unwrap();
+        let workload = s.resolve(&model).unwrap().workload;
+        estimate(&model, &workload, &Overheads::default()).unwrap()
+    }
+
+    fn phase(e: &Estimate, phase: Phase) -> f64 {
+        e.phases
+            .iter()
+            .find(|p| p.phase == phase)
+            .map(|p| p.allocated_bytes as f64)
+            .unwrap()
+    }
+
+    #[test]
+    fn zero3_step_converts_one_sub_group_of_gradients_to_fp32() {
+        // 8e9 trained elements over 8 ranks: a 1e9-element partition, one sub-group; its fp16
+        // flattened copy and the fp32 conversion together (`_prepare_fp32_grad_for_sub_group`).
+        let one_group = step_gradients(settings("3", 8, |_| {}), 8e9, 4e8);
+        assert_eq!(one_group, 1e9 * (2.0 + 4.0));
+        // A 2e9-element partition: sub-groups close at 1e9 elements plus one parameter's
+        // partition (`_create_fp16_sub_groups`), not the whole partition.
+        let two_groups = step_gradients(settings("3", 8, |_| {}), 16e9, 4e8);
+        assert_eq!(two_groups, (1e9 + 4e8 / 8.0) * 6.0);
+        // fp32 gradients are not converted: the flattened copy alone.
+        let fp32 = step_gradients(
+            settings("3", 8, |s| {
+                s.dtype = Some("fp32".into());
+                s.amp = None;
+            }),
+            8e9,
+            4e8,
+        );
+        assert_eq!(fp32, 1e9 * 4.0);
+        // With optimizer offload the step runs on the host: nothing on the GPU.
+        let offload = step_gradients(settings("3", 8, |s| s.offload = true), 8e9, 4e8);
+        assert_eq!(offload, 0.0);
+        // Nor without an optimizer step.
+        let none = step_gradients(
+            settings("3", 8, |s| s.optimizer = Some("none".into())),
+            8e9,
+            4e8,
+        );
+        assert_eq!(none, 0.0);
+        // ZeRO-1/2: the whole partition's fp32 gradient, and with offload the updated fp32
+        // partition copied back to the GPU before its cast (`stage_1_and_2.py` `step`).
+        for offload in [false, true] {
+            let z2 = step_gradients(settings("2", 8, |s| s.offload = offload), 8e9, 4e8);
+            assert_eq!(z2, 1e9 * 4.0, "offload {offload}");
+        }
+    }
+
+    #[test]
+    fn zero3_keeps_its_gradient_partitions_from_step_to_step() {
+        // The flat buffer of gradient partitions is allocated once and never freed: the
+        // forward of every step after the first has it, as accumulated gradients are had.
+        let grads = |s: Settings| plan("llama-3.2-1b", s).breakdown.gradients as f64;
+        let z3 = plan("llama-3.2-1b", settings("3", 4, |_| {}));
+        let accumulating = plan("llama-3.2-1b", settings("3", 4, |s| s.grad_accum = Some(2)));
+        assert_eq!(
+            phase(&z3, Phase::Forward),
+            phase(&accumulating, Phase::Forward)
+        );
+        // And more than one step's backward frees: the forward holds this rank's gradient
+        // partitions (fp16, a quarter of the model on 4 ranks). Not with optimizer offload
+        // (the buffer is on the host).
+        let counts = find_model("llama-3.2-1b").unwrap().params();
+        let partition = counts.total() as f64 / 4.0 * 2.0;
+        assert!(grads(settings("3", 4, |_| {})) >= partition);
+        let model = find_model("llama-3.2-1b").unwrap();
+        let keeps = |s: Settings| {
+            super::zero3_keeps_gradient_partitions(&s.resolve(&model).unwrap().workload)
+        };
+        assert!(keeps(settings("3", 4, |_| {})));
+        assert!(!keeps(settings("3", 4, |s| s.offload = true)));
+        assert!(!keeps(settings("2", 4, |_| {})));
+        assert!(!keeps(
+            settings("3", 4, |s| s.optimizer = Some("none".into()))
+        ));
+    }
+
+    #[test]
+    fn zero2_offload_keeps_a_gpu_buffer_of_the_largest_parameter() {
+        // `temp_grad_buffer_for_gpu_offload`: the largest trained parameter in the module
+        // dtype, on top of the IPG bucket, only with optimizer offload.
+        let model = find_model("gpt2").unwrap();
+        let buffers = |offload: bool| {
+            let workload = settings("2", 4, |s| s.offload = offload)
+                .resolve(&model)
+                .unwrap()
+                .workload;
+            let inputs = ShardingInputs {
+                largest_block: 0.0,
+                gradients_full: 0.0,
+                trainable_share: 1.0,
+                gathered: 2.0,
+                bucket_bytes: 2.0,
+                head: 0.0,
+                largest_trainable: 3e8,
+                zero: zero_sizes(ZeroBuckets::Default, None),
+            };
+            sharding_buffers(&[], &workload, &inputs).step_gradients
+        };
+        let bucket = REDUCE_BUCKET_ELEMENTS as f64 * 2.0;
+        assert_eq!(buffers(false), bucket);
+        assert_eq!(buffers(true), bucket + 3e8 * 2.0);
     }
 }

@@ -391,9 +391,12 @@ fn simulate_training(
     phases
 }
 
-/// Whether gradients live across steps (accumulation, or kept by the caller).
+/// Whether gradients live across steps (accumulation, kept by the caller, or ZeRO-3's flat
+/// buffer of gradient partitions: `distributed::zero3_keeps_gradient_partitions`).
 pub(crate) fn accumulates_gradients(workload: &Workload) -> bool {
-    workload.grad_accum > 1 || workload.keep_grads
+    workload.grad_accum > 1
+        || workload.keep_grads
+        || crate::distributed::zero3_keeps_gradient_partitions(workload)
 }
 
 /// A training phase's breakdown: the step's states and buffers, plus `extra`, the phase's

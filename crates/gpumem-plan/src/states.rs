@@ -212,7 +212,11 @@ pub(crate) fn model_states(
     };
     shard_or_offload_states(&mut states, workload, workload.layout.dp() as f64);
     states.weights += statistics;
-    states.step_temporaries += zero_step_gradients(workload, trainable_local);
+    states.step_temporaries += zero_step_gradients(
+        workload,
+        trainable_local,
+        largest_trainable_tensor(model, workload, counts),
+    );
     states
 }
 
@@ -307,6 +311,7 @@ fn stage_buffers(
             gathered,
             bucket_bytes: workload.dtype.bytes() as f64,
             head: head_params as f64 / tp * gathered_head_bytes(model, workload, module),
+            largest_trainable: largest_trainable_tensor(model, workload, counts),
             zero,
         },
     );
@@ -379,6 +384,16 @@ fn optimizer_bytes_per_param(model: &ModelSpec, workload: &Workload, state_bytes
     per_param_states + master_bytes
 }
 
+/// Elements of the largest trained tensor on this GPU (a LoRA adapter's under LoRA).
+fn largest_trainable_tensor(model: &ModelSpec, workload: &Workload, counts: &ParamCounts) -> f64 {
+    match (workload.lora, &model.arch) {
+        (Some(l), Architecture::Transformer(spec)) => {
+            (l.rank * spec.hidden.max(spec.intermediate)) as f64
+        }
+        _ => counts.largest_tensor as f64 / workload.layout.tp as f64,
+    }
+}
+
 /// Temporaries of the optimizer step before sharding, by optimizer and implementation.
 fn optimizer_step_temporaries(
     model: &ModelSpec,
@@ -387,13 +402,7 @@ fn optimizer_step_temporaries(
     trainable_local: f64,
     state_bytes: f64,
 ) -> f64 {
-    let tp = workload.layout.tp as f64;
-    let largest_trainable = match (workload.lora, &model.arch) {
-        (Some(l), Architecture::Transformer(spec)) => {
-            (l.rank * spec.hidden.max(spec.intermediate)) as f64
-        }
-        _ => counts.largest_tensor as f64 / tp,
-    };
+    let largest_trainable = largest_trainable_tensor(model, workload, counts);
     match (workload.optimizer, workload.optimizer_impl) {
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Foreach) => {
             trainable_local * state_bytes
