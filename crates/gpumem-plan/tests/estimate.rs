@@ -635,6 +635,24 @@ fn cuda_memory_efficient_attention_returns_token_major_output() {
     assert_eq!(at_forward_end(None) - at_forward_end(Some("h100")), merges);
 }
 
+/// The peak at the forward's end of OPT-6l's fp16 SDPA step without an optimizer or a loss on
+/// `gpu`, with `more`'s other settings.
+fn opt_fp16_forward_end(gpu: &str, more: Settings) -> u64 {
+    let settings = Settings {
+        mode: Some("train".into()),
+        target: Some("gpu".into()),
+        gpu: Some(gpu.into()),
+        dtype: Some("fp16".into()),
+        attn: Some("sdpa".into()),
+        optimizer: Some("none".into()),
+        loss: Some("none".into()),
+        ..more
+    };
+    let workload = settings.to_workload().unwrap();
+    let e = estimate(&config("opt-6l"), &workload, &Overheads::default()).unwrap();
+    phase_peak(&e, Phase::ForwardEnd)
+}
+
 #[test]
 fn old_opt_releases_merge_a_per_head_flash_output_with_a_copy() {
     // Before 4.49 OPT makes q, k and v contiguous per head (`_shape`'s `.contiguous()`); CUDA's
@@ -642,26 +660,12 @@ fn old_opt_releases_merge_a_per_head_flash_output_with_a_copy() {
     // head merge copies it and the output projection saves the copy: one fp16 hidden-sized
     // tensor more per layer by the end of the forward (6 layers, 2 × 256 tokens, width 512).
     // 4.49 keeps the transposed views and the merge is a view.
-    let opt = config("opt-6l");
     let at_forward_end = |release: &str| {
         let settings = Settings {
-            mode: Some("train".into()),
-            target: Some("gpu".into()),
-            gpu: Some("l40s".into()),
-            dtype: Some("fp16".into()),
-            attn: Some("sdpa".into()),
-            optimizer: Some("none".into()),
-            loss: Some("none".into()),
             transformers: Some(release.into()),
             ..train(2, 256)
         };
-        let e = estimate(
-            &opt,
-            &settings.to_workload().unwrap(),
-            &Overheads::default(),
-        )
-        .unwrap();
-        phase_peak(&e, Phase::ForwardEnd)
+        opt_fp16_forward_end("l40s", settings)
     };
     let merges = 6 * 2 * 256 * 512 * 2;
     assert_eq!(at_forward_end("4.48") - at_forward_end("4.49"), merges);
@@ -673,26 +677,12 @@ fn a_loop_that_keeps_its_last_outputs_holds_them_through_the_next_forward() {
     // step's logits and the KV cache a causal LM returns in training (each layer's k and v
     // copies) are alive at the forward's end beside the new step's (OPT-6l, fp16, 2 × 256
     // tokens, width 512, vocabulary 4096).
-    let opt = config("opt-6l");
     let at_forward_end = |keep_outputs: bool| {
         let settings = Settings {
-            mode: Some("train".into()),
-            target: Some("gpu".into()),
-            gpu: Some("a100".into()),
-            dtype: Some("fp16".into()),
-            attn: Some("sdpa".into()),
-            optimizer: Some("none".into()),
-            loss: Some("none".into()),
             keep_outputs,
             ..train(2, 256)
         };
-        let e = estimate(
-            &opt,
-            &settings.to_workload().unwrap(),
-            &Overheads::default(),
-        )
-        .unwrap();
-        phase_peak(&e, Phase::ForwardEnd)
+        opt_fp16_forward_end("a100", settings)
     };
     let tokens = 2 * 256;
     let logits = tokens * 4096 * 2;
