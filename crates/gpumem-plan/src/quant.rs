@@ -163,19 +163,28 @@ impl Quantization {
     pub fn bytes_per_weight(&self) -> f64 {
         const ROW: f64 = 4096.0;
         let per = |n: u64| if n == 0 { ROW } else { n as f64 };
+        let packed = self.packed_bytes_per_weight();
         match self.format {
             // `SCB`: one fp32 absmax per output row.
-            QuantFormat::Int8 => 1.0 + 4.0 / ROW,
+            QuantFormat::Int8 => packed + 4.0 / ROW,
             QuantFormat::Fp4 | QuantFormat::Nf4 if self.double_quant => {
-                0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)
+                packed + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)
             }
-            QuantFormat::Fp4 | QuantFormat::Nf4 => 0.5 + 4.0 / 64.0,
+            QuantFormat::Fp4 | QuantFormat::Nf4 => packed + 4.0 / 64.0,
             // `qweight`, then an fp16 scale and a `bits`-wide zero per group and column.
-            QuantFormat::Gptq | QuantFormat::Awq => {
-                let bits = self.bits as f64 / 8.0;
-                bits + (2.0 + bits) / per(self.group)
-            }
-            QuantFormat::Fp8 => 1.0 + 4.0 / per(self.block),
+            QuantFormat::Gptq | QuantFormat::Awq => packed + (2.0 + packed) / per(self.group),
+            QuantFormat::Fp8 => packed + 4.0 / per(self.block),
+        }
+    }
+
+    /// Bytes per quantised weight of the packed data alone, without scales, zeros or absmax:
+    /// what FSDP flattens and ZeRO-3 partitions of a bitsandbytes base (its statistics are
+    /// attributes, not parameters).
+    pub fn packed_bytes_per_weight(&self) -> f64 {
+        match self.format {
+            QuantFormat::Int8 | QuantFormat::Fp8 => 1.0,
+            QuantFormat::Fp4 | QuantFormat::Nf4 => 0.5,
+            QuantFormat::Gptq | QuantFormat::Awq => self.bits as f64 / 8.0,
         }
     }
 

@@ -63,15 +63,23 @@ fn four_bit_head_params(model: &ModelSpec, workload: &Workload) -> u64 {
     }
 }
 
+/// The quantisation of a LoRA base; None when it is not quantised.
+fn base_quantization(quant: BaseQuant) -> Option<Quantization> {
+    match quant {
+        BaseQuant::None => None,
+        BaseQuant::Int8 => Some(Quantization::of(QuantFormat::Int8)),
+        BaseQuant::Nf4 { double_quant } => Some(Quantization {
+            double_quant,
+            ..Quantization::of(QuantFormat::Nf4)
+        }),
+    }
+}
+
 /// Bytes per weight of the frozen base's packed weights alone: the `Params4bit` /
 /// `Int8Params` data FSDP flattens and ZeRO-3 partitions (a 4-bit weight packs two per byte
 /// whatever its `quant_storage` dtype), without the quantisation statistics.
 fn base_packed_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
-    match quant {
-        BaseQuant::None => dtype.bytes() as f64,
-        BaseQuant::Int8 => 1.0,
-        BaseQuant::Nf4 { .. } => 0.5,
-    }
+    base_quantization(quant).map_or(dtype.bytes() as f64, |q| q.packed_bytes_per_weight())
 }
 
 /// Bytes of the frozen base's quantisation statistics on this stage (`share` of the model):
@@ -151,17 +159,9 @@ fn zero3_persistent_bytes(
     norms + adapters
 }
 
-/// Bytes per weight of the frozen base under LoRA quantisation.
+/// Bytes per weight of the frozen base under LoRA quantisation, statistics included.
 fn base_weight_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
-    match quant {
-        BaseQuant::None => dtype.bytes() as f64,
-        BaseQuant::Int8 => Quantization::of(QuantFormat::Int8).bytes_per_weight(),
-        BaseQuant::Nf4 { double_quant } => Quantization {
-            double_quant,
-            ..Quantization::of(QuantFormat::Nf4)
-        }
-        .bytes_per_weight(),
-    }
+    base_quantization(quant).map_or(dtype.bytes() as f64, |q| q.bytes_per_weight())
 }
 
 /// Per-GPU weights, gradients and optimizer states of one pipeline stage's `units`.

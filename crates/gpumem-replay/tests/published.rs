@@ -239,13 +239,11 @@ struct Candidate {
 fn published_candidates_are_complete() {
     let text = include_str!("../../gpumem-plan/tests/data/published_candidates.json");
     let mut candidates: Vec<Candidate> = serde_json::from_str(text).unwrap();
-    let points: Vec<String> = published()
-        .into_iter()
-        .flat_map(|(_, set)| {
-            candidates.extend(set.candidates);
-            set.points.into_iter().map(|p| p.id)
-        })
-        .collect();
+    let mut points = Vec::new();
+    for (_, set) in published() {
+        candidates.extend(set.candidates);
+        points.extend(set.points.into_iter().map(|p| p.id));
+    }
     assert!(!candidates.is_empty());
     let mut ids: std::collections::HashSet<&str> = points.iter().map(String::as_str).collect();
     for c in &candidates {
