@@ -922,8 +922,9 @@ impl VirtualMemory for SimDevice {
         let g = self.vmm_granularity()?;
         let mut s = self.lock();
         s.counters.map += 1;
-        let size = match s.physical.get(&handle.0) {
-            Some(c) if !c.released => c.size,
+        let SimState { physical, vmm, .. } = &mut *s;
+        let chunk = match physical.get_mut(&handle.0) {
+            Some(c) if !c.released => c,
             _ => {
                 return Err(DeviceError::UnknownHandle {
                     kind: "physical handle",
@@ -931,9 +932,9 @@ impl VirtualMemory for SimDevice {
                 })
             }
         };
-        s.vmm.check_map(ptr, size, g)?;
-        s.vmm.add_mapping(ptr, size, handle.0);
-        s.physical.get_mut(&handle.0).expect("checked above").mapped += 1;
+        vmm.check_map(ptr, chunk.size, g)?;
+        vmm.add_mapping(ptr, chunk.size, handle.0);
+        chunk.mapped += 1;
         Ok(())
     }
 

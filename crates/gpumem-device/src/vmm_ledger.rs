@@ -93,11 +93,13 @@ impl<M> VmmLedger<M> {
                 what: format!("{size} bytes from here are not inside one reservation"),
             });
         }
-        let overlaps_before = matches!(
-            self.mappings.range(..ptr).next_back(),
+        // Mappings never overlap, so the last one starting before `end` is the only one that
+        // can reach into the range: one lookup, on the path of every map call.
+        let overlaps = matches!(
+            self.mappings.range(..end).next_back(),
             Some((&start, m)) if start + m.size > ptr
         );
-        if overlaps_before || self.mappings.range(ptr..end).next().is_some() {
+        if overlaps {
             return Err(DeviceError::InvalidAddress {
                 ptr,
                 what: "range is already mapped".into(),
@@ -196,6 +198,13 @@ mod tests {
             ledger.check_map(base, 2 * MIB, 2 * MIB).is_err(),
             "already mapped"
         );
+        ledger.add_mapping(base + 6 * MIB, 2 * MIB, 'c');
+        assert!(
+            ledger.check_map(base + 4 * MIB, 4 * MIB, 2 * MIB).is_err(),
+            "runs into a later mapping"
+        );
+        ledger.check_map(base + 4 * MIB, 2 * MIB, 2 * MIB).unwrap();
+        ledger.remove_mapping(base + 6 * MIB).unwrap();
         assert!(
             ledger.remove_reservation(base, 8 * MIB).is_err(),
             "still mapped"

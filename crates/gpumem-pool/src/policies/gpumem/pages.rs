@@ -109,9 +109,22 @@ impl PageMap {
         true
     }
 
-    /// The end of the run of unmapped pages starting at `p`, at most `end`.
+    /// The end of the run of unmapped pages starting at `p`, at most `end`: the first mapped
+    /// page found a bitmap word at a time, since a block of gigabytes asks this once per chunk
+    /// it maps and a page-by-page scan made growing it quadratic in its pages.
     pub(crate) fn unmapped_run_end(&self, p: u64, end: u64) -> u64 {
-        (p..end).find(|&q| self.is_mapped(q)).unwrap_or(end)
+        let mut q = p;
+        while q < end {
+            let Some(&word) = self.mapped.get((q / 64) as usize) else {
+                return end;
+            };
+            let ahead = word >> (q % 64);
+            if ahead != 0 {
+                return (q + u64::from(ahead.trailing_zeros())).min(end);
+            }
+            q = (q / 64 + 1) * 64;
+        }
+        end
     }
 
     /// Chunks lying wholly inside `[addr, addr + size)`, as (first page, chunk): the chunks an
@@ -234,5 +247,22 @@ impl PageMap {
                 *word &= !(1 << (p % 64));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unmapped_run_ends_at_the_next_mapped_page_across_words() {
+        let mut pages = PageMap::new(0, 1);
+        pages.set_bits(3, 1, true);
+        pages.set_bits(130, 2, true);
+        assert_eq!(pages.unmapped_run_end(0, 500), 3);
+        assert_eq!(pages.unmapped_run_end(4, 500), 130);
+        assert_eq!(pages.unmapped_run_end(4, 100), 100, "capped at the end");
+        assert_eq!(pages.unmapped_run_end(132, 500), 500, "past the bitmap");
+        assert_eq!(pages.unmapped_run_end(3, 500), 3, "starts on a mapped page");
     }
 }
