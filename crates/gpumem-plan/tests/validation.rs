@@ -21,9 +21,26 @@ struct Case {
     config: String,
     settings: Settings,
     measured: Measured,
+    versions: Versions,
+    run: Run,
     /// Measured with the set but not looked at while the planner's mechanisms were fixed.
     #[serde(default)]
     heldout: bool,
+}
+
+/// The measuring stack's versions.
+#[derive(Deserialize)]
+struct Versions {
+    torch: String,
+    transformers: String,
+}
+
+/// Where and when a case ran (`run_record` in `tools/`; rows measured before it existed carry
+/// the date of the commit that recorded their figures).
+#[derive(Deserialize)]
+struct Run {
+    device: String,
+    date: String,
 }
 
 #[derive(Deserialize)]
@@ -99,6 +116,14 @@ fn check_measured_set(file: &str) {
     let mut errors = Vec::new();
     let mut heldout_errors = Vec::new();
     for case in &cases {
+        for (what, value) in [
+            ("versions.torch", &case.versions.torch),
+            ("versions.transformers", &case.versions.transformers),
+            ("run.device", &case.run.device),
+            ("run.date", &case.run.date),
+        ] {
+            assert!(!value.is_empty(), "{file}: {}: {what} is empty", case.id);
+        }
         let (error, planned, phase) = relative_error(case);
         println!(
             "{:<58} {:>12} {:>12} {:>+7.2}%  {} / {}",

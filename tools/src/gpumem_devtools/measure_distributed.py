@@ -26,6 +26,7 @@ from typing import Any
 
 from ._cli import fail, regex
 from ._deps import MissingDependency, require
+from .measure_peak import run_record
 from .paths import repo_root
 
 PROG = "python -m gpumem_devtools.measure_distributed"
@@ -206,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             row = {"id": case.id, "config": config, "settings": case.settings(),
                    "measured": {"peak_allocated_bytes": max(peaks), "phase": phase,
                                 "per_rank": peaks},
-                   "versions": versions, "notes": _notes(case)}
+                   "versions": versions, "run": run_record("cpu"), "notes": _notes(case)}
             out.write(json.dumps(row) + "\n")
             out.flush()
             print(case.id, peaks, phase, flush=True)

@@ -837,6 +837,36 @@ def versions(diffusers: bool = False, peft: bool = False,
     return out
 
 
+def run_record(device: str) -> dict[str, Any]:
+    """Where and when a case ran, as the measured sets record it (`run`): the device type and
+    the date, and on a GPU its name, memory, driver and CUDA version, which the validation
+    tests require of every row."""
+    import datetime
+
+    run: dict[str, Any] = {"device": device_type(device),
+                           "date": datetime.date.today().isoformat()}
+    if run["device"] == "cuda":
+        torch = require("torch")
+        index = torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(index)
+        run.update(gpu=props.name, gpu_memory_mib=props.total_memory // 2**20,
+                   driver=_driver_version(), cuda=torch.version.cuda)
+    return run
+
+
+def _driver_version() -> str:
+    """The NVIDIA driver's version from nvidia-smi (empty when it cannot be read: the
+    validation test then names the row)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.splitlines()[0].strip() if out.strip() else ""
+
+
 def measure(config_path: Path, s: Settings, device: str
             ) -> tuple[int, str | None, dict[str, int]]:
     """(peak live bytes in the last step, phase of the peak, what CUDA's allocator reports).
@@ -1140,7 +1170,8 @@ def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, s
         tv = require("torchvision").__version__ if name.startswith("resnet") else None
         done[cid] = {"id": cid, "config": cfg, "settings": s.as_dict(),
                      "measured": {"peak_allocated_bytes": peak, "phase": phase, **allocator},
-                     "versions": vers, "notes": notes(name, s, device, threads, tv)}
+                     "versions": vers, "run": run_record(device),
+                     "notes": notes(name, s, device, threads, tv)}
         if any((name, s) in held for held in (MULTIMODAL_HELDOUT, LORA_HELDOUT, LOSSES_HELDOUT,
                                                LITGPT_HELDOUT, SETTINGS_HELDOUT)):
             done[cid]["heldout"] = True
