@@ -128,6 +128,10 @@ pub(crate) struct PhaseBuffers {
     /// Of `backward_gradients`, the reduce-scatter's buffers (the reduce-dtype copy and the
     /// sharded output).
     pub(crate) backward_reduce: f64,
+    /// Unsharded weights freed in backward but not yet reusable: on FSDP1's unshard stream, a
+    /// resharded unit's output returns to the pool only when its free event has completed
+    /// (see [`side_streams`]).
+    pub(crate) backward_pending: f64,
     /// Whether these buffers are made on the producer's own streams (see [`side_streams`]).
     pub(crate) side_streams: bool,
 }
@@ -142,7 +146,13 @@ pub(crate) struct PhaseBuffers {
 /// frees that output after `_no_dispatch_record_stream` on the compute stream, and the
 /// `limit_all_gathers` rate limiter (`_free_event_queue.dequeue_if_needed`, two in flight)
 /// makes the host wait for the free of the unit resharded two all-gathers before, so a freed
-/// output is back in the unshard pool by the all-gather after next; `_post_backward_hook` runs
+/// output is back in the unshard pool by the all-gather after next. In backward a unit is
+/// unsharded only by the prefetch of the unit before it (`_pre_backward_hook` skips `_unshard`
+/// for a prefetched handle; `_prefetch_handle`, `BACKWARD_PRE`), so while a unit computes, the
+/// one after it has been resharded with its event still queued: the queue holds fewer than two
+/// events when the next prefetch comes, which then waits for none and cannot reuse that
+/// output. The pool holds three units' outputs in backward (computing, prefetched, awaiting
+/// its event) where it holds two in forward. `_post_backward_hook` runs
 /// the reduce-dtype cast and `_reduce_grad` (`_get_reduce_scatter_tensors`: the padded input
 /// and `new_sharded_grad`) under the post-backward stream. On the CPU (gloo) there is one
 /// stream. FSDP2's streams are not modelled: its buffers stay on the compute stream.
@@ -230,6 +240,7 @@ fn fsdp_buffers(
         _ => 0.0,
     };
     let backward_reduce = trainable_share * (block + in_flight) * reduce;
+    let fsdp1_streams = side_streams(workload);
     PhaseBuffers {
         forward_weights: root * module + (block + in_flight) * gathered + staging,
         backward_start_weights: root * module + block * gathered + staging,
@@ -244,7 +255,8 @@ fn fsdp_buffers(
                 }),
         staging,
         backward_reduce,
-        side_streams: side_streams(workload),
+        backward_pending: if fsdp1_streams { block * gathered } else { 0.0 },
+        side_streams: fsdp1_streams,
         ..PhaseBuffers::default()
     }
 }

@@ -493,7 +493,13 @@ fn train_backward(
         let finishing = unit_backward(out, unit, unit_saved, recompute, shapes);
         if index == last && last > 0 {
             let block = buffers.backward_weights - buffers.backward_start_weights;
-            gathered.extend(out.buffers(buffers, &[(block, Stream::Unshard)]));
+            gathered.extend(out.buffers(
+                buffers,
+                &[
+                    (block, Stream::Unshard),
+                    (buffers.backward_pending, Stream::Unshard),
+                ],
+            ));
             gathered.extend(out.buffers(
                 buffers,
                 &[
@@ -712,6 +718,51 @@ mod tests {
         // FSDP1 and FSDP2 differ only in the root's end-of-backward reduction.
         let difference = fsdp1_peak.abs_diff(fsdp2_peak) as f64 / fsdp2_peak as f64;
         assert!(difference < 0.05, "{fsdp1_peak} vs {fsdp2_peak}");
+    }
+
+    /// FSDP1's unshard pool holds three units' outputs in backward (computing, prefetched, and
+    /// the one resharded last, awaiting its free event) and two in forward; FSDP2 and FSDP1 on
+    /// the CPU have no pending one.
+    #[test]
+    fn fsdp1_backward_waits_for_one_resharded_unit() {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let buffers = |version: &str, target: &str| {
+            let settings = Settings {
+                batch: Some(2),
+                seq: Some(512),
+                gpus: Some(2),
+                fsdp: true,
+                fsdp_version: Some(version.into()),
+                target: Some(target.into()),
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            let counts = model.params();
+            let trainable = trainable_params(&model, &workload, &counts);
+            let units = build_units(&model, &workload, workload.batch);
+            let states = model_states(&model, &workload, &counts, &units, trainable);
+            let events = allocation_sequence(&model, &workload).unwrap();
+            let unshard: Vec<PlannedEvent> = events
+                .iter()
+                .copied()
+                .filter(|e| match e {
+                    PlannedEvent::Alloc { stream, .. } => *stream == Stream::Unshard,
+                    _ => true,
+                })
+                .collect();
+            (states.buffers, peak_live_bytes(&unshard) as f64)
+        };
+        let (fsdp1, unshard_peak) = buffers("1", "gpu");
+        let block = fsdp1.backward_weights - fsdp1.backward_start_weights;
+        assert!(block > 0.0);
+        assert_eq!(fsdp1.backward_pending, block);
+        let three_units = fsdp1.backward_weights + fsdp1.backward_pending;
+        assert!(
+            (unshard_peak - three_units).abs() < 2.0,
+            "{unshard_peak} vs {three_units}"
+        );
+        assert_eq!(buffers("2", "gpu").0.backward_pending, 0.0);
+        assert_eq!(buffers("1", "cpu").0.backward_pending, 0.0);
     }
 
     #[test]
