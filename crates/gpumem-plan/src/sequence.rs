@@ -10,7 +10,9 @@
 //! what the planner knows only as a total (other weights, other saved activations) as tensors
 //! of the model's typical matrix size or of a hidden state. The live bytes of the sequence follow the estimate (the
 //! `sequence_follows_the_estimate` test checks it); the reserved memory its replay predicts is
-//! checked against real traces (`crates/gpumem-replay/tests/planned.rs`).
+//! checked against real traces (`crates/gpumem-replay/tests/planned.rs`). Each allocation
+//! names the stream it is made on ([`Stream`]): the replay keeps one pool per stream, as
+//! PyTorch's allocator does, and a free stands where its block may be reused.
 
 use crate::distributed::{reduced_at_backward_end, PhaseBuffers};
 use crate::error::Result;
@@ -674,7 +676,8 @@ mod tests {
     /// FSDP1 on a GPU makes its gathered flat parameters on the unshard stream, the offloaded
     /// shard's GPU copy on the pre-unshard stream and the reduce-scatter's buffers on the
     /// post-backward stream; FSDP2, and FSDP1 on the CPU (gloo), everything on the compute
-    /// stream. The live bytes are the same either way.
+    /// stream. The live peaks differ only by FSDP1's own buffers (the root's reduction, the
+    /// unit awaiting its free event).
     #[test]
     fn fsdp1_buffers_are_on_its_streams() {
         let model = find_model("llama-3.2-1b").unwrap();
