@@ -122,6 +122,44 @@ pub(crate) struct PhaseBuffers {
     pub(crate) step_weights: f64,
     /// Buffers alive the whole step (gradients kind): DDP buckets, ZeRO's IPG bucket.
     pub(crate) step_gradients: f64,
+    /// Of each unsharded-weights field above, the host shard copied to the GPU before an
+    /// all-gather (parameter offload).
+    pub(crate) staging: f64,
+    /// Of `backward_gradients`, the reduce-scatter's buffers (the reduce-dtype copy and the
+    /// sharded output).
+    pub(crate) backward_reduce: f64,
+    /// Unsharded weights freed in backward but not yet reusable: on FSDP1's unshard stream, a
+    /// resharded unit's output returns to the pool only when its free event has completed
+    /// (see [`side_streams`]).
+    pub(crate) backward_pending: f64,
+    /// Whether these buffers are made on the producer's own streams (see [`side_streams`]).
+    pub(crate) side_streams: bool,
+}
+
+/// Whether FSDP makes its buffers on streams of its own, each with its own pool in PyTorch's
+/// caching allocator: FSDP1 on a GPU (PyTorch 2.1-2.3, `torch/distributed/fsdp/`):
+/// `_runtime_utils.py` `_init_streams` creates the unshard, post-backward and pre-unshard
+/// streams; `_unshard` runs `handle.pre_unshard()` under the pre-unshard stream (with parameter
+/// offload `_flat_param.py` `pre_unshard` → `flat_param_to(self.device, non_blocking=True)`,
+/// the host shard's GPU copy) and `handle.unshard()` under the unshard stream
+/// (`_alloc_padded_unsharded_flat_param`, the all-gather output); `_free_unsharded_flat_param`
+/// frees that output after `_no_dispatch_record_stream` on the compute stream, and the
+/// `limit_all_gathers` rate limiter (`_free_event_queue.dequeue_if_needed`, two in flight)
+/// makes the host wait for the free of the unit resharded two all-gathers before, so a freed
+/// output is back in the unshard pool by the all-gather after next. In backward a unit is
+/// unsharded only by the prefetch of the unit before it (`_pre_backward_hook` skips `_unshard`
+/// for a prefetched handle; `_prefetch_handle`, `BACKWARD_PRE`), so while a unit computes, the
+/// one after it has been resharded with its event still queued: the queue holds fewer than two
+/// events when the next prefetch comes, which then waits for none and cannot reuse that
+/// output. The pool holds three units' outputs in backward (computing, prefetched, awaiting
+/// its event) where it holds two in forward. `_post_backward_hook` runs
+/// the reduce-dtype cast and `_reduce_grad` (`_get_reduce_scatter_tensors`: the padded input
+/// and `new_sharded_grad`) under the post-backward stream. On the CPU (gloo) there is one
+/// stream. FSDP2's streams are not modelled: its buffers stay on the compute stream.
+pub(crate) fn side_streams(workload: &Workload) -> bool {
+    workload.layout.sharding == Sharding::Fsdp
+        && workload.layout.fsdp_version == FsdpVersion::V1
+        && workload.target == Target::Gpu
 }
 
 /// Bytes per element of the gradient reduction: FSDP mixed precision reduces in fp32 (as
@@ -201,12 +239,13 @@ fn fsdp_buffers(
         (true, Target::Gpu) => block * gathered / workload.layout.dp() as f64,
         _ => 0.0,
     };
+    let backward_reduce = trainable_share * (block + in_flight) * reduce;
+    let fsdp1_streams = side_streams(workload);
     PhaseBuffers {
         forward_weights: root * module + (block + in_flight) * gathered + staging,
         backward_start_weights: root * module + block * gathered + staging,
         backward_weights: root * module + 2.0 * block * gathered + staging,
-        backward_gradients: trainable_share
-            * (head * module + block * (module + reduce) + in_flight * reduce),
+        backward_gradients: trainable_share * (head + block) * module + backward_reduce,
         backward_last: (root * module, trainable_share * head * module),
         backward_end_gradients: trainable_share
             * (2.0 * root * reduce
@@ -214,6 +253,10 @@ fn fsdp_buffers(
                     FsdpVersion::V1 => root * reduce * (1.0 - 1.0 / workload.layout.dp() as f64),
                     FsdpVersion::V2 => 0.0,
                 }),
+        staging,
+        backward_reduce,
+        backward_pending: if fsdp1_streams { block * gathered } else { 0.0 },
+        side_streams: fsdp1_streams,
         ..PhaseBuffers::default()
     }
 }

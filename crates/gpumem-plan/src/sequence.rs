@@ -10,9 +10,11 @@
 //! what the planner knows only as a total (other weights, other saved activations) as tensors
 //! of the model's typical matrix size or of a hidden state. The live bytes of the sequence follow the estimate (the
 //! `sequence_follows_the_estimate` test checks it); the reserved memory its replay predicts is
-//! checked against real traces (`crates/gpumem-replay/tests/planned.rs`).
+//! checked against real traces (`crates/gpumem-replay/tests/planned.rs`). Each allocation
+//! names the stream it is made on ([`Stream`]): the replay keeps one pool per stream, as
+//! PyTorch's allocator does, and a free stands where its block may be reused.
 
-use crate::distributed::reduced_at_backward_end;
+use crate::distributed::{reduced_at_backward_end, PhaseBuffers};
 use crate::error::Result;
 use crate::estimate::{accumulates_gradients, blas_workspace_count, kept_and_recomputed};
 use crate::graph::build_units;
@@ -22,16 +24,44 @@ use crate::unit::{SavedGroup, Unit};
 use crate::workload::{Mode, Sharding, Workload};
 use serde::Serialize;
 
-/// One event of a planned allocation sequence.
+/// The stream an allocation is made on. PyTorch's caching allocator keeps a freed block with
+/// the stream it was allocated on and serves only that stream's requests from it, so memory a
+/// side stream has cached is not reusable by the compute stream's tensors, nor the reverse.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    /// The current stream: every tensor of the model's own work.
+    #[default]
+    Compute,
+    /// FSDP1's unshard stream: the all-gathered (unsharded) flat parameters.
+    Unshard,
+    /// FSDP1's pre-unshard stream: the host shard's GPU copy under parameter offload.
+    PreUnshard,
+    /// FSDP1's post-backward stream: the reduce-scatter's buffers.
+    PostBackward,
+}
+
+impl Stream {
+    /// The stream's number in a trace (0 = the compute stream).
+    pub fn id(self) -> u64 {
+        self as u64
+    }
+}
+
+/// One event of a planned allocation sequence. A free stands where its block may be reused:
+/// for a block another stream used (`record_stream`), once that stream's work up to the free
+/// is done (see `distributed::side_streams` for FSDP1's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum PlannedEvent {
-    /// A tensor of `bytes` bytes is allocated; `id` names it until its free.
+    /// A tensor of `bytes` bytes is allocated on `stream`; `id` names it until its free.
     Alloc {
         /// Identifier, unique among live tensors.
         id: u64,
         /// Bytes requested.
         bytes: u64,
+        /// The stream it is allocated on.
+        stream: Stream,
     },
     /// The tensor `id` is freed.
     Free {
@@ -211,16 +241,35 @@ struct Emitter {
 }
 
 impl Emitter {
-    /// Allocates one tensor of `bytes` (none when it rounds to 0 bytes).
+    /// Allocates one tensor of `bytes` on the compute stream (none when it rounds to 0 bytes).
     fn alloc(&mut self, bytes: f64) -> Option<u64> {
+        self.alloc_on(bytes, Stream::Compute)
+    }
+
+    /// Allocates one tensor of `bytes` on `stream` (none when it rounds to 0 bytes).
+    fn alloc_on(&mut self, bytes: f64, stream: Stream) -> Option<u64> {
         let bytes = bytes.max(0.0).round() as u64;
         if bytes == 0 {
             return None;
         }
         let id = self.next;
         self.next += 1;
-        self.events.push(PlannedEvent::Alloc { id, bytes });
+        self.events.push(PlannedEvent::Alloc { id, bytes, stream });
         Some(id)
+    }
+
+    /// Allocates a sharded layout's buffers of a phase, `parts` of bytes each with the stream
+    /// the producer makes it on: each part on its stream where `buffers` has side streams, the
+    /// parts' sum as one tensor on the compute stream otherwise.
+    fn buffers(&mut self, buffers: &PhaseBuffers, parts: &[(f64, Stream)]) -> Vec<Option<u64>> {
+        if buffers.side_streams {
+            parts
+                .iter()
+                .map(|&(bytes, stream)| self.alloc_on(bytes, stream))
+                .collect()
+        } else {
+            vec![self.alloc(parts.iter().map(|p| p.0).sum())]
+        }
     }
 
     /// Allocates `total` bytes as tensors of `piece` bytes (at most [`MAX_PIECES`] of them, the
@@ -305,7 +354,11 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
         out.free(previous);
         let mut gradients = train_backward(out, units, saved, &kept, states, workload, shapes);
         // FSDP's root reduce-scatter: its buffers, then the root's sharded gradients.
-        let reducing = out.alloc(states.buffers.backward_end_gradients);
+        let buffers = &states.buffers;
+        let reducing = out.buffers(
+            buffers,
+            &[(buffers.backward_end_gradients, Stream::PostBackward)],
+        );
         for unit in units
             .iter()
             .filter(|u| reduced_at_backward_end(workload, u))
@@ -314,7 +367,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
                 gradients.push(gradient_tensors(out, unit, states, shapes));
             }
         }
-        out.free(reducing);
+        reducing.into_iter().for_each(|r| out.free(r));
         if index == 0 {
             optimizer = per_param_tensors(out, units, shapes, states.optimizer);
         }
@@ -325,6 +378,19 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
     }
     optimizer.into_iter().for_each(|o| out.free_all(o));
     kept_gradients.into_iter().for_each(|g| out.free_all(g));
+}
+
+/// A phase's unsharded weights, `bytes` with the host shard's staging copy: FSDP1 makes the
+/// gathered flat parameters on its unshard stream and the staging copy on its pre-unshard
+/// stream.
+fn unsharded(out: &mut Emitter, buffers: &PhaseBuffers, bytes: f64) -> Vec<Option<u64>> {
+    out.buffers(
+        buffers,
+        &[
+            (bytes - buffers.staging, Stream::Unshard),
+            (buffers.staging, Stream::PreUnshard),
+        ],
+    )
 }
 
 /// A unit's parameter gradients, as tensors.
@@ -370,7 +436,7 @@ fn train_forward(
     let mut held = Vec::new();
     let mut forward_held = Vec::new();
     // Gathered units (FSDP) while the forward runs, then while the backward runs.
-    let gathered = out.alloc(states.buffers.forward_weights);
+    let gathered = unsharded(out, &states.buffers, states.buffers.forward_weights);
     for (unit, &(keep, _)) in units.iter().zip(kept) {
         let whole = &unit.whole;
         let transient = out.tensors(
@@ -388,7 +454,7 @@ fn train_forward(
         held.push(out.alloc(unit.held));
         forward_held.push(out.alloc(unit.forward_held));
     }
-    out.free(gathered);
+    gathered.into_iter().for_each(|g| out.free(g));
     // The model's output, dropped once the loss is taken.
     forward_held.into_iter().for_each(|h| out.free(h));
     (saved, held)
@@ -412,7 +478,7 @@ fn train_backward(
     // the head's gradients appear, only the root and the head's gradients in the
     // embeddings' backward.
     let buffers = &states.buffers;
-    let mut gathered = vec![out.alloc(buffers.backward_start_weights)];
+    let mut gathered = unsharded(out, buffers, buffers.backward_start_weights);
     let mut gradients = Vec::new();
     let last = units.len().saturating_sub(1);
     for (index, ((unit, unit_saved), &(_, recompute))) in
@@ -420,12 +486,32 @@ fn train_backward(
     {
         if index == 0 && last > 0 {
             gathered.drain(..).for_each(|g| out.free(g));
-            gathered.push(out.alloc(buffers.backward_last.0 + buffers.backward_last.1));
+            let (weights, gradients) = buffers.backward_last;
+            gathered.extend(out.buffers(
+                buffers,
+                &[(weights, Stream::Unshard), (gradients, Stream::Compute)],
+            ));
         }
         let finishing = unit_backward(out, unit, unit_saved, recompute, shapes);
         if index == last && last > 0 {
-            gathered.push(out.alloc(buffers.backward_weights - buffers.backward_start_weights));
-            gathered.push(out.alloc(buffers.backward_gradients));
+            let block = buffers.backward_weights - buffers.backward_start_weights;
+            gathered.extend(out.buffers(
+                buffers,
+                &[
+                    (block, Stream::Unshard),
+                    (buffers.backward_pending, Stream::Unshard),
+                ],
+            ));
+            gathered.extend(out.buffers(
+                buffers,
+                &[
+                    (
+                        buffers.backward_gradients - buffers.backward_reduce,
+                        Stream::Compute,
+                    ),
+                    (buffers.backward_reduce, Stream::PostBackward),
+                ],
+            ));
         }
         if !accumulating && !reduced_at_backward_end(workload, unit) {
             gradients.push(gradient_tensors(out, unit, states, shapes));
@@ -525,7 +611,7 @@ pub fn peak_live_bytes(events: &[PlannedEvent]) -> u64 {
     let (mut live, mut peak) = (0u64, 0u64);
     for event in events {
         match *event {
-            PlannedEvent::Alloc { id, bytes } => {
+            PlannedEvent::Alloc { id, bytes, .. } => {
                 sizes.insert(id, bytes);
                 live += bytes;
                 peak = peak.max(live);
@@ -585,6 +671,101 @@ mod tests {
                 "{name}: sequence peak {peak}, estimate {allocated}"
             );
         }
+    }
+
+    /// FSDP1 on a GPU makes its gathered flat parameters on the unshard stream, the offloaded
+    /// shard's GPU copy on the pre-unshard stream and the reduce-scatter's buffers on the
+    /// post-backward stream; FSDP2, and FSDP1 on the CPU (gloo), everything on the compute
+    /// stream. The live peaks differ only by FSDP1's own buffers (the root's reduction, the
+    /// unit awaiting its free event).
+    #[test]
+    fn fsdp1_buffers_are_on_its_streams() {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let streams = |version: &str, target: &str| {
+            let settings = Settings {
+                batch: Some(2),
+                seq: Some(512),
+                gpus: Some(2),
+                fsdp: true,
+                fsdp_version: Some(version.into()),
+                offload: true,
+                target: Some(target.into()),
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            let events = allocation_sequence(&model, &workload).unwrap();
+            let mut used: Vec<Stream> = events
+                .iter()
+                .filter_map(|e| match e {
+                    PlannedEvent::Alloc { stream, .. } => Some(*stream),
+                    _ => None,
+                })
+                .collect();
+            used.sort_by_key(|s| s.id());
+            used.dedup();
+            (used, peak_live_bytes(&events))
+        };
+        let (fsdp1, fsdp1_peak) = streams("1", "gpu");
+        assert_eq!(
+            fsdp1,
+            [
+                Stream::Compute,
+                Stream::Unshard,
+                Stream::PreUnshard,
+                Stream::PostBackward
+            ]
+        );
+        let (fsdp2, fsdp2_peak) = streams("2", "gpu");
+        assert_eq!(fsdp2, [Stream::Compute]);
+        assert_eq!(streams("1", "cpu").0, [Stream::Compute]);
+        // FSDP1 and FSDP2 differ only in the root's end-of-backward reduction.
+        let difference = fsdp1_peak.abs_diff(fsdp2_peak) as f64 / fsdp2_peak as f64;
+        assert!(difference < 0.05, "{fsdp1_peak} vs {fsdp2_peak}");
+    }
+
+    /// FSDP1's unshard pool holds three units' outputs in backward (computing, prefetched, and
+    /// the one resharded last, awaiting its free event) and two in forward; FSDP2 and FSDP1 on
+    /// the CPU have no pending one.
+    #[test]
+    fn fsdp1_backward_waits_for_one_resharded_unit() {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let buffers = |version: &str, target: &str| {
+            let settings = Settings {
+                batch: Some(2),
+                seq: Some(512),
+                gpus: Some(2),
+                fsdp: true,
+                fsdp_version: Some(version.into()),
+                target: Some(target.into()),
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            let counts = model.params();
+            let trainable = trainable_params(&model, &workload, &counts);
+            let units = build_units(&model, &workload, workload.batch);
+            let states = model_states(&model, &workload, &counts, &units, trainable);
+            let events = allocation_sequence(&model, &workload).unwrap();
+            let unshard: Vec<PlannedEvent> = events
+                .iter()
+                .copied()
+                .filter(|e| match e {
+                    PlannedEvent::Alloc { stream, .. } => *stream == Stream::Unshard,
+                    _ => true,
+                })
+                .collect();
+            (states.buffers, peak_live_bytes(&unshard) as f64)
+        };
+        let (fsdp1, unshard_peak) = buffers("1", "gpu");
+        let block = fsdp1.backward_weights - fsdp1.backward_start_weights;
+        assert!(block > 0.0);
+        assert_eq!(fsdp1.backward_pending, block);
+        let three_units = fsdp1.backward_weights + fsdp1.backward_pending;
+        assert!(
+            (unshard_peak - three_units).abs() < 2.0,
+            "{unshard_peak} vs {three_units}"
+        );
+        assert_eq!(buffers("2", "gpu").0.backward_pending, 0.0);
+        assert_eq!(buffers("1", "cpu").0.backward_pending, 0.0);
     }
 
     #[test]

@@ -31,10 +31,10 @@ pub fn planned_trace(name: &str, events: &[PlannedEvent]) -> Trace {
         events: events
             .iter()
             .map(|e| match *e {
-                PlannedEvent::Alloc { id, bytes } => Event::Alloc {
+                PlannedEvent::Alloc { id, bytes, stream } => Event::Alloc {
                     addr: address(id),
                     size: bytes,
-                    stream: 0,
+                    stream: stream.id(),
                 },
                 PlannedEvent::Free { id } => Event::Free {
                     addr: address(id),
@@ -197,4 +197,39 @@ pub fn fit_reserved(
         needed_gib: needed as f64 / (1u64 << 30) as f64,
         usable_gib: usable / (1u64 << 30) as f64,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumem_plan::Stream;
+
+    /// A block freed on a side stream stays in that stream's pool: the compute stream's request
+    /// of the same size grows the pool, where a block freed on the compute stream is reused.
+    #[test]
+    fn a_side_stream_block_serves_only_its_stream() {
+        let reserved = |first: Stream| {
+            let bytes = 100 << 20;
+            let events = [
+                PlannedEvent::Alloc {
+                    id: 0,
+                    bytes,
+                    stream: first,
+                },
+                PlannedEvent::Free { id: 0 },
+                PlannedEvent::Alloc {
+                    id: 1,
+                    bytes,
+                    stream: Stream::Compute,
+                },
+                PlannedEvent::Free { id: 1 },
+            ];
+            let trace = planned_trace("streams", &events);
+            replay_peaks(&trace, PolicyKind::Torch, &ReplayOptions::default())
+                .unwrap()
+                .peak_reserved_bytes
+        };
+        assert_eq!(reserved(Stream::Compute), 100 << 20);
+        assert_eq!(reserved(Stream::Unshard), 200 << 20);
+    }
 }
