@@ -37,8 +37,17 @@ const UPCAST_ALL_LOGITS_BEFORE_4_45: &[&str] = &[
 
 /// The first release whose family decodes with a cache class (`DynamicCache`) instead of a
 /// tuple of per-layer `(key, value)` tensors; None: the family never had a tuple cache.
+///
+/// The Llama family's models took a `DynamicCache` in 4.36 (`modeling_llama.py` 4.36.0:
+/// `DynamicCache.from_legacy_cache`), but `generate` still started from no cache, so each
+/// forward wrapped the tuple it was given and returned `to_legacy_cache()`: the previous
+/// step's tuple stayed referenced by `model_kwargs` as before. 4.42 made `generate` start from
+/// `DynamicCache()` for every model with `_supports_cache_class` (`generation/utils.py` 4.42.4,
+/// lines 1775-1783, "avoid back and forth from legacy format that keeps copying the cache"):
+/// llama, mistral, mixtral, qwen2, gemma, phi and phi3 among the catalogue's families.
 fn cache_class_since(model_type: &str) -> Option<Since> {
     match model_type {
+        "llama" | "mistral" | "mixtral" | "qwen2" | "gemma" | "phi" | "phi3" => Some((4, 42)),
         "gpt_neox" => Some((4, 45)),
         "opt" => Some((4, 49)),
         "gpt2" => Some((4, 52)),

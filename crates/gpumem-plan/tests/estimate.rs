@@ -672,6 +672,38 @@ fn old_opt_releases_merge_a_per_head_flash_output_with_a_copy() {
 }
 
 #[test]
+fn llama_generate_before_4_42_keeps_the_previous_steps_cache() {
+    // Until 4.42 `generate` handed a Llama-family model the legacy tuple cache every step: the
+    // forward concatenates each layer's keys and values into new tensors while the previous
+    // step's tuple stays referenced, so at a decode step's end two whole caches are alive where
+    // a `DynamicCache` replaces one layer at a time. Llama-8l, fp16: 8 layers × 2 (k, v) × 2 KV
+    // heads × 64 dims × 2 bytes per token, batch 2, 256 prompt + 64 new tokens: the last step
+    // grows the cache from 318 to 319 tokens.
+    let decode_peak = |release: &str| {
+        let settings = Settings {
+            mode: Some("generate".into()),
+            batch: Some(2),
+            seq: Some(256),
+            new_tokens: Some(64),
+            dtype: Some("fp16".into()),
+            attn: Some("sdpa".into()),
+            transformers: Some(release.into()),
+            ..Settings::default()
+        };
+        let workload = settings.to_workload().unwrap();
+        let e = estimate(&config("llama-8l"), &workload, &Overheads::default()).unwrap();
+        phase_peak(&e, Phase::Decode)
+    };
+    let per_token_layer = 2 * 2 * 2 * 64 * 2;
+    let whole_cache = 8 * per_token_layer * 318;
+    let one_layer = per_token_layer * 319;
+    assert_eq!(
+        decode_peak("4.41") - decode_peak("4.42"),
+        whole_cache - one_layer
+    );
+}
+
+#[test]
 fn a_loop_that_keeps_its_last_outputs_holds_them_through_the_next_forward() {
     // `outputs = model(...)` in a loop rebinds only when the forward returns: the previous
     // step's logits and the KV cache a causal LM returns in training (each layer's k and v
