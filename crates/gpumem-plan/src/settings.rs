@@ -172,12 +172,25 @@ pub struct Settings {
     /// KV cache) [default: hf].
     #[cfg_attr(feature = "clap", arg(long))]
     pub loss: Option<String>,
-    /// Whose model and LoRA code runs the training step: hf (transformers models, PEFT's LoRA
-    /// with fp32 adapters) or litgpt (its own models: one LoRA lora_A and dropout for the
-    /// fused qkv, adapters in the model's dtype, grouped-query keys and values repeated to every
-    /// head) [default: hf].
+    /// Whose model and LoRA code runs the step: hf (transformers models, PEFT's LoRA with fp32
+    /// adapters), litgpt (its own models: one LoRA lora_A and dropout for the fused qkv,
+    /// adapters in the model's dtype, grouped-query keys and values repeated to every head) or
+    /// gpt-fast (generate mode: gpt-fast's / torchao's generate.py without --compile, a static
+    /// KV cache of --cache-len positions, default the prompt and new tokens rounded up to 8, with
+    /// its cache-len² boolean causal mask) [default: hf].
     #[cfg_attr(feature = "clap", arg(long))]
     pub framework: Option<String>,
+    /// Generate with a static KV cache preallocated for N positions, which decoding writes in
+    /// place and every forward's attention reads whole: transformers'
+    /// cache_implementation="static" / StaticCache(max_cache_len=N), gpt-fast's --cache_size N;
+    /// at least --seq + --new-tokens - 1 (what transformers' generate sizes it to) [default:
+    /// none, a dynamic cache that grows by concatenation; gpt-fast's own: --seq +
+    /// --new-tokens].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "N", allow_negative_numbers = true, value_parser = count)
+    )]
+    pub cache_len: Option<u64>,
     /// Positions per chunk of `--loss chunked` / `chunked-fp32` [default: 128 (litgpt's
     /// lm_head_chunk_size) / an eighth of --seq (torchtune's 8 output chunks)].
     #[cfg_attr(feature = "clap", arg(long, value_name = "POSITIONS"))]
@@ -473,6 +486,7 @@ impl Settings {
             loss_chunk: self.loss_chunk,
             framework: pick(&self.framework, "framework", choices::FRAMEWORKS)?
                 .unwrap_or(d.framework),
+            cache_len: self.cache_len,
             transformers: self
                 .transformers
                 .as_deref()
@@ -792,6 +806,14 @@ impl Settings {
                 reason: "only --loss chunked and chunked-fp32 split the logits into chunks of \
                          positions (fused sizes its own chunks)"
                     .into(),
+            });
+        }
+        if mode != Mode::Generate && self.cache_len.is_some() {
+            warnings.push(Warning::Ignored {
+                flag: "--cache-len",
+                reason: format!(
+                    "only generate mode keeps a KV cache it decodes with, not {mode_name}"
+                ),
             });
         }
         if mode != Mode::Generate && self.new_tokens.is_some() {

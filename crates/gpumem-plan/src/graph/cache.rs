@@ -1,6 +1,7 @@
 //! KV caches: of a no-grad forward, and the cache copies a training forward makes.
 
 use super::attention::AttentionCall;
+use super::kernel::AttentionKernel;
 use super::sizes::AttentionShape;
 use super::TransformerGraph;
 use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Tokens, Width};
@@ -98,7 +99,7 @@ impl TransformerGraph<'_> {
         let copies = self.cache_copy_bytes();
         let cache_bytes = self.cache_bytes(call);
         let kv_cache = if self.attention_caches(call) {
-            cache_bytes * call.key_tokens
+            cache_bytes * self.cached_positions(call)
         } else {
             Bytes::ZERO
         };
@@ -115,6 +116,69 @@ impl TransformerGraph<'_> {
             Bytes::ZERO
         };
         (kv_cache, held)
+    }
+
+    /// Key positions the attention's cache holds in a no-grad forward: a static cache's
+    /// positions per sequence, preallocated whatever the tokens so far (a sliding layer's at
+    /// most its window, as transformers' `StaticSlidingWindowLayer`); else the keys it has seen.
+    fn cached_positions(&self, call: &AttentionCall) -> Tokens {
+        match self.static_positions(call) {
+            Some(positions) => self.batch * positions,
+            None => call.key_tokens,
+        }
+    }
+
+    /// Positions per sequence of the static cache this self-attention reads whole in every
+    /// forward of a generation (`Workload::static_cache_positions`); None without one.
+    fn static_positions(&self, call: &AttentionCall) -> Option<Tokens> {
+        let positions = Tokens(self.workload.static_cache_positions()? as f64);
+        if call.cross || !self.attention_caches(call) {
+            return None;
+        }
+        Some(match call.shape.cached_keys {
+            Some(window) if window < positions => window,
+            _ => positions,
+        })
+    }
+
+    /// Bytes alive while an attention reads a static cache whole (every position, written or
+    /// not, under a mask): the boolean mask of `queries × positions` and SDPA's additive copy
+    /// of it; keys and values repeated to every head, by transformers' `repeat_kv` for grouped
+    /// heads (eager attention always; a mask keeps SDPA from taking grouped keys itself:
+    /// `use_gqa_in_sdpa`; FlashAttention-2 takes them as they are), by gpt-fast's
+    /// `repeat_interleave` always (a copy even at one repeat); and gpt-fast's decode step,
+    /// which runs SDPA's math path (`decode_n_tokens` enables only math): fp32 copies of the
+    /// half-precision repeated keys and values and the scaled key copy
+    /// (`key.transpose(-2, -1) * scaling_factor`). Sources: transformers
+    /// `integrations/sdpa_attention.py` (`use_gqa_in_sdpa`, `repeat_kv`); torchao
+    /// `_models/llama/model.py` at 62c239cf3, `Transformer.forward` (line 225) and
+    /// `Attention.forward` (lines 302-305), `generate.py` `decode_n_tokens` (line 69);
+    /// PyTorch `attention.cpp` `_scaled_dot_product_attention_math`. Zero without a static
+    /// cache.
+    pub(super) fn static_cache_reads(&self, call: &AttentionCall) -> Bytes {
+        let Some(positions) = self.static_positions(call) else {
+            return Bytes::ZERO;
+        };
+        let (act, fp32) = (self.bytes.act, BytesPerElement::FP32);
+        let keys = self.batch * positions;
+        let mask = (BytesPerElement::BOOL + act) * (call.query_tokens * positions.as_width());
+        let gpt_fast = self.gpt_fast();
+        let heads_width = call.q / self.split.tp;
+        let grouped =
+            self.spec.heads > self.spec.kv_heads && call.kernel != AttentionKernel::FlashAttention2;
+        let repeated = if gpt_fast || grouped {
+            keys * act * (2.0 * heads_width)
+        } else {
+            Bytes::ZERO
+        };
+        let decoding = call.shape.queries <= Tokens(1.0);
+        let math_copies = if gpt_fast && decoding {
+            let copies = if act < fp32 { 3.0 } else { 1.0 };
+            keys * fp32 * (copies * heads_width)
+        } else {
+            Bytes::ZERO
+        };
+        mask + repeated + math_copies
     }
 
     /// Bytes per key token of the k and v copies a cache concatenates (this GPU's heads).
