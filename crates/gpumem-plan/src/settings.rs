@@ -8,8 +8,8 @@ use crate::quant::{CheckpointQuant, QuantFormat, Quantization};
 use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
-    BaseQuant, Checkpointing, Dtype, Layout, Lora, Loss, Mode, Optimizer, OptimizerImpl, Release,
-    Sharding, Target, Workload,
+    Attention, BaseQuant, Checkpointing, Dtype, Framework, Layout, Lora, Loss, Mode, Optimizer,
+    OptimizerImpl, Release, Sharding, Target, Workload,
 };
 use serde::{Deserialize, Serialize};
 
@@ -443,6 +443,8 @@ impl Settings {
             Mode::Train => d.dtype,
             Mode::Infer | Mode::Generate => inference_dtype.unwrap_or(d.dtype),
         };
+        let framework =
+            pick(&self.framework, "framework", choices::FRAMEWORKS)?.unwrap_or(d.framework);
         let workload = Workload {
             mode,
             batch: self.batch.unwrap_or(d.batch),
@@ -466,7 +468,13 @@ impl Settings {
             keep_grads: self.keep_grads,
             keep_outputs: self.keep_outputs,
             checkpointing,
-            attention: pick(&self.attn, "attention", choices::ATTENTIONS)?.unwrap_or(d.attention),
+            // gpt-fast's model calls SDPA itself (`F.scaled_dot_product_attention`).
+            attention: match framework {
+                Framework::GptFast => Attention::Sdpa,
+                Framework::Hf | Framework::Litgpt => {
+                    pick(&self.attn, "attention", choices::ATTENTIONS)?.unwrap_or(d.attention)
+                }
+            },
             lora,
             layout: self.layout(sharding)?,
             target,
@@ -484,8 +492,7 @@ impl Settings {
             labels: self.labels,
             loss: pick(&self.loss, "loss", choices::LOSSES)?.unwrap_or(d.loss),
             loss_chunk: self.loss_chunk,
-            framework: pick(&self.framework, "framework", choices::FRAMEWORKS)?
-                .unwrap_or(d.framework),
+            framework,
             cache_len: self.cache_len,
             transformers: self
                 .transformers
@@ -806,6 +813,15 @@ impl Settings {
                 reason: "only --loss chunked and chunked-fp32 split the logits into chunks of \
                          positions (fused sizes its own chunks)"
                     .into(),
+            });
+        }
+        let gpt_fast = self.framework.as_deref().is_some_and(|f| {
+            parse("framework", f, choices::FRAMEWORKS).ok() == Some(Framework::GptFast)
+        });
+        if gpt_fast && self.attn.is_some() {
+            warnings.push(Warning::Ignored {
+                flag: "--attn",
+                reason: "gpt-fast's model calls PyTorch's SDPA itself".into(),
             });
         }
         if mode != Mode::Generate && self.cache_len.is_some() {

@@ -269,4 +269,17 @@ fn a_static_cache_too_short_and_gpt_fast_outside_generation_are_errors() {
     };
     let message = training.to_workload().unwrap_err().to_string();
     assert!(message.contains("--mode generate"), "{message}");
+    // gpt-fast calls SDPA itself: --attn is ignored with a warning.
+    let eager = Settings {
+        mode: Some("generate".into()),
+        attn: Some("eager".into()),
+        ..training
+    };
+    let resolved = eager.resolve(&find_model("llama-3-8b").unwrap()).unwrap();
+    assert_eq!(resolved.workload.attention, gpumem_plan::Attention::Sdpa);
+    assert!(
+        format!("{:?}", resolved.warnings).contains("--attn"),
+        "{:?}",
+        resolved.warnings
+    );
 }
