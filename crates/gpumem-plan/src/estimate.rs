@@ -561,6 +561,57 @@ fn simulate_backward(
     backward
 }
 
+/// Generation with a static KV cache of `positions` per sequence: the cache (and gpt-fast's
+/// causal-mask buffer) is allocated before the prompt runs and lives through every forward;
+/// decoding writes into it in place (no concatenation copy), and each decode step's attention
+/// reads every position (`TransformerGraph::static_cache_reads`). transformers' StaticCache
+/// allocates a layer's cache when the prefill first reaches it, which changes no peak after
+/// the prefill's first layer. gpt-fast's mask is made from a `ones` tensor of its size, alive
+/// beside it before the cache exists: the prefill phase is that moment where it is larger.
+/// `pass` runs the units over a cache already holding its bytes.
+fn static_cache_generation(
+    model: &ModelSpec,
+    units: &[Unit],
+    states: &States,
+    workload: &Workload,
+    positions: u64,
+    pass: impl Fn(&[Unit], f64) -> Breakdown,
+) -> Vec<(Phase, Breakdown)> {
+    let mask = workload.static_causal_mask_bytes() as f64;
+    // The units' caches are the static cache's layers, allocated before the pass.
+    let preallocated = |units: &[Unit]| -> (Vec<Unit>, f64) {
+        let cache: f64 = units.iter().map(|u| u.kv_cache).sum();
+        let units = units
+            .iter()
+            .map(|u| Unit {
+                kv_cache: 0.0,
+                ..u.clone()
+            })
+            .collect();
+        (units, cache + mask)
+    };
+    let (prompt_units, cache) = preallocated(units);
+    let mut prefill = pass(&prompt_units, cache);
+    let setup = Breakdown {
+        weights: bytes(states.weights),
+        kv_cache: bytes(mask),
+        temporaries: bytes(mask),
+        ..Breakdown::default()
+    };
+    if setup.allocated() > prefill.allocated() {
+        prefill = setup;
+    }
+    let one_token = Workload {
+        seq: 1,
+        new_tokens: 1,
+        cache_len: Some(positions),
+        ..workload.clone()
+    };
+    let (step_units, cache) = preallocated(&build_units(model, &one_token, workload.batch));
+    let decode = pass(&step_units, cache);
+    vec![(Phase::Prefill, prefill), (Phase::Decode, decode)]
+}
+
 fn simulate_inference(
     model: &ModelSpec,
     units: &[Unit],
@@ -596,6 +647,9 @@ fn simulate_inference(
         }
         peak
     };
+    if let Some(positions) = workload.static_cache_positions() {
+        return static_cache_generation(model, units, states, workload, positions, pass);
+    }
     let prefill = pass(units, 0.0);
     if workload.mode == Mode::Infer {
         return vec![(Phase::Prefill, prefill)];

@@ -110,10 +110,17 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
     match workload.mode {
         Mode::Train => train(&mut out, &units, &states, workload, &shapes),
         Mode::Infer | Mode::Generate => {
+            let preallocated = workload.static_cache_positions().is_some();
+            let setup = if preallocated {
+                static_cache(&mut out, &units, workload.static_causal_mask_bytes() as f64)
+            } else {
+                Vec::new()
+            };
             for index in 0..STEPS {
                 out.events.push(PlannedEvent::Step { index });
-                infer(&mut out, &units, &shapes);
+                infer(&mut out, &units, &shapes, preallocated);
             }
+            out.free_all(setup);
         }
     }
     weights.into_iter().for_each(|w| out.free_all(w));
@@ -573,9 +580,23 @@ fn unit_backward(
     finishing
 }
 
-/// One no-grad forward: each unit's live tensors while it runs, the KV cache it adds, what its
-/// output keeps; all released when the pass returns.
-fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes) {
+/// A static KV cache made before generation starts: gpt-fast's causal-mask buffer of `mask`
+/// bytes (made beside the `ones` it comes from), then each layer's key and value tensors.
+/// Returns them, alive to the end.
+fn static_cache(out: &mut Emitter, units: &[Unit], mask: f64) -> Vec<u64> {
+    let ones = out.alloc(mask);
+    let mut kept: Vec<u64> = out.alloc(mask).into_iter().collect();
+    out.free(ones);
+    for unit in units.iter().filter(|u| u.kv_cache > 0.0) {
+        kept.extend(out.pieces(unit.kv_cache, unit.kv_cache / 2.0));
+    }
+    kept
+}
+
+/// One no-grad forward: each unit's live tensors while it runs, the KV cache it adds (none
+/// where the cache was `preallocated`), what its output keeps; all released when the pass
+/// returns.
+fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes, preallocated: bool) {
     let mut cache = Vec::new();
     let mut held = Vec::new();
     let mut body = Vec::new();
@@ -591,7 +612,9 @@ fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes) {
             shapes.live
         };
         let live = out.grouped(unit.inference_live, [unit.whole.live], piece);
-        cache.push(out.pieces(unit.kv_cache, shapes.activation));
+        if !preallocated {
+            cache.push(out.pieces(unit.kv_cache, shapes.activation));
+        }
         // What the unit returns exists beside its last live tensors (logits and the copy
         // they were made from).
         held.push(out.alloc(unit.held));

@@ -8,8 +8,8 @@ use crate::quant::{CheckpointQuant, QuantFormat, Quantization};
 use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
-    BaseQuant, Checkpointing, Dtype, Layout, Lora, Loss, Mode, Optimizer, OptimizerImpl, Release,
-    Sharding, Target, Workload,
+    Attention, BaseQuant, Checkpointing, Dtype, Framework, Layout, Lora, Loss, Mode, Optimizer,
+    OptimizerImpl, Release, Sharding, Target, Workload,
 };
 use serde::{Deserialize, Serialize};
 
@@ -172,12 +172,25 @@ pub struct Settings {
     /// KV cache) [default: hf].
     #[cfg_attr(feature = "clap", arg(long))]
     pub loss: Option<String>,
-    /// Whose model and LoRA code runs the training step: hf (transformers models, PEFT's LoRA
-    /// with fp32 adapters) or litgpt (its own models: one LoRA lora_A and dropout for the
-    /// fused qkv, adapters in the model's dtype, grouped-query keys and values repeated to every
-    /// head) [default: hf].
+    /// Whose model and LoRA code runs the step: hf (transformers models, PEFT's LoRA with fp32
+    /// adapters), litgpt (its own models: one LoRA lora_A and dropout for the fused qkv,
+    /// adapters in the model's dtype, grouped-query keys and values repeated to every head) or
+    /// gpt-fast (generate mode: gpt-fast's / torchao's generate.py without --compile, a static
+    /// KV cache of --cache-len positions, default the prompt and new tokens rounded up to 8, with
+    /// its cache-len² boolean causal mask) [default: hf].
     #[cfg_attr(feature = "clap", arg(long))]
     pub framework: Option<String>,
+    /// Generate with a static KV cache preallocated for N positions, which decoding writes in
+    /// place and every forward's attention reads whole: transformers'
+    /// cache_implementation="static" / StaticCache(max_cache_len=N), gpt-fast's --cache_size N;
+    /// at least --seq + --new-tokens - 1 (what transformers' generate sizes it to) [default:
+    /// none, a dynamic cache that grows by concatenation; gpt-fast's own: --seq +
+    /// --new-tokens].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "N", allow_negative_numbers = true, value_parser = count)
+    )]
+    pub cache_len: Option<u64>,
     /// Positions per chunk of `--loss chunked` / `chunked-fp32` [default: 128 (litgpt's
     /// lm_head_chunk_size) / an eighth of --seq (torchtune's 8 output chunks)].
     #[cfg_attr(feature = "clap", arg(long, value_name = "POSITIONS"))]
@@ -430,6 +443,8 @@ impl Settings {
             Mode::Train => d.dtype,
             Mode::Infer | Mode::Generate => inference_dtype.unwrap_or(d.dtype),
         };
+        let framework =
+            pick(&self.framework, "framework", choices::FRAMEWORKS)?.unwrap_or(d.framework);
         let workload = Workload {
             mode,
             batch: self.batch.unwrap_or(d.batch),
@@ -453,7 +468,13 @@ impl Settings {
             keep_grads: self.keep_grads,
             keep_outputs: self.keep_outputs,
             checkpointing,
-            attention: pick(&self.attn, "attention", choices::ATTENTIONS)?.unwrap_or(d.attention),
+            // gpt-fast's model calls SDPA itself (`F.scaled_dot_product_attention`).
+            attention: match framework {
+                Framework::GptFast => Attention::Sdpa,
+                Framework::Hf | Framework::Litgpt => {
+                    pick(&self.attn, "attention", choices::ATTENTIONS)?.unwrap_or(d.attention)
+                }
+            },
             lora,
             layout: self.layout(sharding)?,
             target,
@@ -471,8 +492,8 @@ impl Settings {
             labels: self.labels,
             loss: pick(&self.loss, "loss", choices::LOSSES)?.unwrap_or(d.loss),
             loss_chunk: self.loss_chunk,
-            framework: pick(&self.framework, "framework", choices::FRAMEWORKS)?
-                .unwrap_or(d.framework),
+            framework,
+            cache_len: self.cache_len,
             transformers: self
                 .transformers
                 .as_deref()
@@ -792,6 +813,23 @@ impl Settings {
                 reason: "only --loss chunked and chunked-fp32 split the logits into chunks of \
                          positions (fused sizes its own chunks)"
                     .into(),
+            });
+        }
+        let gpt_fast = self.framework.as_deref().is_some_and(|f| {
+            parse("framework", f, choices::FRAMEWORKS).ok() == Some(Framework::GptFast)
+        });
+        if gpt_fast && self.attn.is_some() {
+            warnings.push(Warning::Ignored {
+                flag: "--attn",
+                reason: "gpt-fast's model calls PyTorch's SDPA itself".into(),
+            });
+        }
+        if mode != Mode::Generate && self.cache_len.is_some() {
+            warnings.push(Warning::Ignored {
+                flag: "--cache-len",
+                reason: format!(
+                    "only generate mode keeps a KV cache it decodes with, not {mode_name}"
+                ),
             });
         }
         if mode != Mode::Generate && self.new_tokens.is_some() {

@@ -120,6 +120,13 @@ pub enum Framework {
     /// for the enabled q/k/v, adapters in the model's dtype, and grouped-query keys and values
     /// repeated to every head before SDPA.
     Litgpt,
+    /// gpt-fast's `generate.py` (pytorch-labs/gpt-fast, and torchao's copy in
+    /// `torchao/_models/llama`), generation only: its own `Transformer` with a static KV cache
+    /// and a causal-mask buffer made by `setup_caches`, keys and values repeated to every head
+    /// (`repeat_interleave`) and decoding in SDPA's math path
+    /// ([`Workload::static_cache_positions`]).
+    #[serde(rename = "gpt-fast")]
+    GptFast,
 }
 
 /// PyTorch's optimizer-step implementations differ in their temporaries.
@@ -442,6 +449,10 @@ pub struct Workload {
     pub loss_chunk: Option<u64>,
     /// Whose model and LoRA code runs the step.
     pub framework: Framework,
+    /// Generation with a static (preallocated) KV cache of this many positions (`--cache-len`):
+    /// transformers' `StaticCache(max_cache_len=N)`, gpt-fast's `--cache_size`. None: a
+    /// dynamic cache (gpt-fast's own default, [`Workload::static_cache_positions`]).
+    pub cache_len: Option<u64>,
     /// The transformers release whose modelling code is planned (see `releases`); None:
     /// today's (the latest).
     pub transformers: Option<Release>,
@@ -491,6 +502,7 @@ impl Default for Workload {
             loss: Loss::Hf,
             loss_chunk: None,
             framework: Framework::Hf,
+            cache_len: None,
             transformers: None,
             bitsandbytes: None,
             quant: None,
@@ -522,7 +534,7 @@ impl Workload {
         };
         let stored = match self.framework {
             Framework::Litgpt => Dtype::Fp16,
-            Framework::Hf => self.dtype,
+            Framework::Hf | Framework::GptFast => self.dtype,
         };
         Some((quant, stored))
     }
@@ -569,6 +581,37 @@ impl Workload {
         }
     }
 
+    /// Positions of the static KV cache a generation preallocates: `--cache-len`, else under
+    /// gpt-fast the prompt and the new tokens (`generate`: `cache_size = max_seq_length = T +
+    /// max_new_tokens`), which gpt-fast rounds up to a multiple of 8 (`setup_caches`:
+    /// `find_multiple(max_seq_length, 8)`; torchao/_models/llama/model.py at 62c239cf3, line
+    /// 160; generate.py, lines 108-120). None: not generating, or a dynamic cache that grows with the tokens.
+    pub fn static_cache_positions(&self) -> Option<u64> {
+        if self.mode != Mode::Generate {
+            return None;
+        }
+        match self.framework {
+            Framework::GptFast => Some(
+                self.cache_len
+                    .unwrap_or(self.seq.saturating_add(self.new_tokens))
+                    .next_multiple_of(8),
+            ),
+            Framework::Hf | Framework::Litgpt => self.cache_len,
+        }
+    }
+
+    /// Bytes of the causal-mask buffer gpt-fast's `setup_caches` keeps beside its static cache:
+    /// `torch.tril(torch.ones(N, N, dtype=torch.bool))` over the cache's N positions (torchao
+    /// `_models/llama/model.py` at 62c239cf3, line 172), whose row of each forward's positions
+    /// every attention is masked with. While it is made, the `ones` it is made from exists
+    /// too. Zero without gpt-fast.
+    pub fn static_causal_mask_bytes(&self) -> u64 {
+        match (self.framework, self.static_cache_positions()) {
+            (Framework::GptFast, Some(positions)) => positions.saturating_mul(positions),
+            _ => 0,
+        }
+    }
+
     /// Rejects nonsense sizes and layouts, and flash attention in fp32, with a typed error (the
     /// checks that need the model are in [`crate::checks::check`]).
     pub fn validate(&self) -> Result<()> {
@@ -587,6 +630,32 @@ impl Workload {
         }
         if self.mode == Mode::Generate {
             check_size("new-tokens", self.new_tokens)?;
+        }
+        if let (Mode::Generate, Some(positions)) = (self.mode, self.cache_len) {
+            check_size("cache-len", positions)?;
+            // A static cache holds every position a generation writes: the prompt and every
+            // new token but the last (transformers sizes its own `max_length - 1`; gpt-fast
+            // asserts one more, `cache_size >= T + max_new_tokens`).
+            let needed = self.tokens();
+            if positions < needed {
+                return Err(invalid(
+                    "cache-len",
+                    positions,
+                    format!(
+                        "a static cache must hold the prompt and every new token but the last: at \
+                         least seq + new-tokens - 1 = {needed}"
+                    ),
+                ));
+            }
+        }
+        if self.framework == Framework::GptFast && self.mode != Mode::Generate {
+            return Err(invalid(
+                "framework",
+                "gpt-fast",
+                "gpt-fast's generate.py is planned for --mode generate; use hf or litgpt for \
+                 training and plain forwards"
+                    .into(),
+            ));
         }
         if let Some(chunk) = self.loss_chunk {
             check_size("loss-chunk", chunk)?;
@@ -697,8 +766,11 @@ pub mod choices {
         &[("1", FsdpVersion::V1), ("2", FsdpVersion::V2)];
     /// `--fsdp-mp` (a half-precision `param_dtype`).
     /// `--framework`.
-    pub const FRAMEWORKS: &[(&str, Framework)] =
-        &[("hf", Framework::Hf), ("litgpt", Framework::Litgpt)];
+    pub const FRAMEWORKS: &[(&str, Framework)] = &[
+        ("hf", Framework::Hf),
+        ("litgpt", Framework::Litgpt),
+        ("gpt-fast", Framework::GptFast),
+    ];
     /// `--loss`.
     pub const LOSSES: &[(&str, Loss)] = &[
         ("hf", Loss::Hf),

@@ -240,3 +240,46 @@ fn llava_feature_layer_must_index_the_tower() {
     json["vision_feature_layer"] = serde_json::json!([-3, -1]);
     assert!(plan(&json).is_ok());
 }
+
+#[test]
+fn a_static_cache_too_short_and_gpt_fast_outside_generation_are_errors() {
+    let generate = Settings {
+        mode: Some("generate".into()),
+        seq: Some(100),
+        new_tokens: Some(50),
+        ..Settings::default()
+    };
+    let short = Settings {
+        cache_len: Some(148),
+        ..generate.clone()
+    };
+    let message = short.to_workload().unwrap_err().to_string();
+    assert!(
+        message.contains("cache-len") && message.contains("149"),
+        "{message}"
+    );
+    let enough = Settings {
+        cache_len: Some(149),
+        ..generate
+    };
+    assert!(enough.to_workload().is_ok());
+    let training = Settings {
+        framework: Some("gpt-fast".into()),
+        ..Settings::default()
+    };
+    let message = training.to_workload().unwrap_err().to_string();
+    assert!(message.contains("--mode generate"), "{message}");
+    // gpt-fast calls SDPA itself: --attn is ignored with a warning.
+    let eager = Settings {
+        mode: Some("generate".into()),
+        attn: Some("eager".into()),
+        ..training
+    };
+    let resolved = eager.resolve(&find_model("llama-3-8b").unwrap()).unwrap();
+    assert_eq!(resolved.workload.attention, gpumem_plan::Attention::Sdpa);
+    assert!(
+        format!("{:?}", resolved.warnings).contains("--attn"),
+        "{:?}",
+        resolved.warnings
+    );
+}

@@ -721,3 +721,131 @@ fn a_loop_that_keeps_its_last_outputs_holds_them_through_the_next_forward() {
     let cache = 6 * tokens * 2 * 512 * 2;
     assert_eq!(at_forward_end(true) - at_forward_end(false), logits + cache);
 }
+
+/// Generation settings for Llama-3-8B in bf16: a 16-token prompt and `new_tokens` more.
+fn generate_bf16(new_tokens: u64) -> Settings {
+    Settings {
+        mode: Some("generate".into()),
+        seq: Some(16),
+        new_tokens: Some(new_tokens),
+        dtype: Some("bf16".into()),
+        ..Settings::default()
+    }
+}
+
+#[test]
+fn a_static_cache_holds_its_positions_whatever_the_tokens() {
+    // Llama-3-8B: 128 KiB of keys and values per position, preallocated for all 4096.
+    let per_position = 32 * 2 * 8 * 128 * 2;
+    let static_cache = |new_tokens: u64| {
+        plan(
+            "llama-3-8b",
+            Settings {
+                cache_len: Some(4096),
+                ..generate_bf16(new_tokens)
+            },
+        )
+    };
+    for new_tokens in [8, 2000] {
+        let e = static_cache(new_tokens);
+        assert_eq!(e.breakdown.kv_cache, per_position * 4096, "{new_tokens}");
+    }
+    // The prompt's dynamic cache gives way to the static one; nothing else grows: the prefill
+    // reads only the prompt's keys, and a decode step folds the grouped query heads onto the
+    // key heads (`pack_gqa`) instead of repeating the keys.
+    let dynamic = plan("llama-3-8b", generate_bf16(8));
+    let grown = static_cache(8).peak_allocated_bytes - dynamic.peak_allocated_bytes;
+    let expected = per_position * (4096 - 16);
+    assert!(
+        grown.abs_diff(expected) < expected / 100,
+        "{grown} vs {expected}"
+    );
+}
+
+#[test]
+fn gpt_fast_keeps_a_square_causal_mask_and_decodes_in_the_math_path() {
+    let gpt_fast = |cache_len: u64| {
+        plan(
+            "llama-3-8b",
+            Settings {
+                framework: Some("gpt-fast".into()),
+                cache_len: Some(cache_len),
+                ..generate_bf16(200)
+            },
+        )
+    };
+    let (small, large) = (gpt_fast(8192), gpt_fast(16384));
+    assert_eq!(large.peak_phase, Phase::Decode);
+    // The mask (N² bytes) is counted with the cache it is made with.
+    let per_position = 32 * 2 * 8 * 128 * 2;
+    assert_eq!(
+        large.breakdown.kv_cache,
+        16384 * 16384 + per_position * 16384
+    );
+    // Per position read: the repeated keys and values (bf16) and, in the math path, fp32
+    // copies of both and the scaled keys: 8 × 8 KiB.
+    let per_read = 8 * 32 * 128 * 2;
+    let grown = large.peak_allocated_bytes - small.peak_allocated_bytes;
+    let expected = (16384 * 16384 - 8192 * 8192) + (per_position + per_read) * 8192;
+    assert!(
+        grown.abs_diff(expected) < expected / 100,
+        "{grown} vs {expected}"
+    );
+    // Without --cache-len, gpt-fast's own: prompt + new tokens rounded up to 8 positions.
+    let default = plan(
+        "llama-3-8b",
+        Settings {
+            framework: Some("gpt-fast".into()),
+            ..generate_bf16(200)
+        },
+    );
+    assert_eq!(default.breakdown.kv_cache, 216 * 216 + per_position * 216);
+}
+
+/// transformers' StaticCache on the CPU (PyTorch 2.15, transformers 5.23, one thread): the
+/// llama-8l config (`testdata/plan/configs/llama-8l.json`, grouped heads) generating with
+/// `past_key_values=StaticCache(config, max_cache_len=N)`, greedy, `min_new_tokens =
+/// max_new_tokens`; peak live bytes of the second of two `generate` calls, from the
+/// torch.profiler allocation trace (`gpumem_devtools.recorder.CpuRecorder`), which starts after
+/// the model is built, so the weights are not in it. SDPA's prefill reads only the prompt's keys;
+/// eager attention reads every position.
+#[test]
+fn a_static_cache_matches_cpu_allocation_traces() {
+    let model = config("llama-8l");
+    // (dtype, attention, batch, prompt, new tokens, cache positions, measured bytes)
+    let measured = [
+        ("fp32", "sdpa", 2, 64, 32, 1024, 20_057_192),
+        ("bf16", "sdpa", 2, 64, 32, 1024, 10_030_184),
+        ("fp32", "sdpa", 1, 16, 16, 4096, 33_964_512),
+        ("bf16", "sdpa", 4, 128, 16, 2048, 40_120_440),
+        ("fp32", "eager", 2, 64, 32, 1024, 35_196_020),
+        ("fp32", "eager", 1, 16, 16, 4096, 54_927_852),
+        ("bf16", "eager", 2, 64, 32, 1024, 23_891_048),
+        ("bf16", "eager", 4, 128, 16, 2048, 138_555_512),
+    ];
+    for (dtype, attn, batch, seq, new_tokens, cache_len, bytes) in measured {
+        let settings = Settings {
+            mode: Some("generate".into()),
+            batch: Some(batch),
+            seq: Some(seq),
+            new_tokens: Some(new_tokens),
+            dtype: Some(dtype.into()),
+            attn: Some(attn.into()),
+            cache_len: Some(cache_len),
+            target: Some("cpu".into()),
+            ..Settings::default()
+        };
+        let e = estimate(
+            &model,
+            &settings.resolve(&model).unwrap().workload,
+            &Overheads::default(),
+        )
+        .unwrap();
+        let planned = e.peak_allocated_bytes - e.breakdown.weights;
+        let error = (planned as f64 - bytes as f64) / bytes as f64;
+        assert!(
+            error.abs() < 0.01,
+            "{dtype} {attn} b{batch} s{seq}+{new_tokens} cache {cache_len}: {planned} vs {bytes}"
+        );
+    }
+}

@@ -181,7 +181,7 @@ impl TransformerGraph<'_> {
         AttentionMemory {
             key_saved: key_side / self.split.tp * call.key_tokens,
             forward_transient: core.transient,
-            inference_live: core.inference_live,
+            inference_live: core.inference_live + self.static_cache_reads(&call),
             inference_kept: core.inference_kept,
             stack_held: masks.stack_bias + core.stack_mask,
             kv_cache,

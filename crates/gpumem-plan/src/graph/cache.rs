@@ -1,6 +1,7 @@
 //! KV caches: of a no-grad forward, and the cache copies a training forward makes.
 
 use super::attention::AttentionCall;
+use super::kernel::AttentionKernel;
 use super::sizes::AttentionShape;
 use super::TransformerGraph;
 use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Tokens, Width};
@@ -98,7 +99,7 @@ impl TransformerGraph<'_> {
         let copies = self.cache_copy_bytes();
         let cache_bytes = self.cache_bytes(call);
         let kv_cache = if self.attention_caches(call) {
-            cache_bytes * call.key_tokens
+            cache_bytes * self.cached_positions(call)
         } else {
             Bytes::ZERO
         };
@@ -115,6 +116,89 @@ impl TransformerGraph<'_> {
             Bytes::ZERO
         };
         (kv_cache, held)
+    }
+
+    /// Key positions the attention's cache holds in a no-grad forward: a static cache's
+    /// positions per sequence, preallocated whatever the tokens so far (a sliding layer's at
+    /// most its window, as transformers' `StaticSlidingWindowLayer`); else the keys it has seen.
+    fn cached_positions(&self, call: &AttentionCall) -> Tokens {
+        match self.static_positions(call) {
+            Some(positions) => self.batch * positions,
+            None => call.key_tokens,
+        }
+    }
+
+    /// Positions per sequence of the static cache this self-attention reads whole in every
+    /// forward of a generation (`Workload::static_cache_positions`); None without one.
+    fn static_positions(&self, call: &AttentionCall) -> Option<Tokens> {
+        let positions = Tokens(self.workload.static_cache_positions()? as f64);
+        if call.cross || !self.attention_caches(call) {
+            return None;
+        }
+        Some(match call.shape.cached_keys {
+            Some(window) if window < positions => window,
+            _ => positions,
+        })
+    }
+
+    /// Bytes alive while an attention reads a static cache whole (every position, written or
+    /// not, under a boolean mask of `queries × positions`, which SDPA copies into an additive
+    /// one). transformers (5.x) reads it so only to decode: its prefill slices the keys to the
+    /// prompt's (`sdpa_attention_forward`: `is_causal` with no mask), and a one-token query of
+    /// grouped heads is folded onto the key heads (`pack_gqa`) rather than the keys repeated;
+    /// eager attention reads every position in prefill and decode alike: it repeats grouped
+    /// keys and values (`repeat_kv`) and makes the scores over them and their softmax. gpt-fast reads all positions in every forward,
+    /// repeats the keys and values to every head (`repeat_interleave`, a copy even at one
+    /// repeat), and decodes in SDPA's math path (`decode_n_tokens` enables only math): fp32
+    /// copies of the half-precision repeated keys and values and a scaled fp32 key copy
+    /// (`key.transpose(-2, -1) * scaling_factor`). Sources: transformers 5.23
+    /// `integrations/sdpa_attention.py` (`sdpa_attention_forward`, `pack_gqa`) and
+    /// `models/llama/modeling_llama.py` (`eager_attention_forward`); torchao
+    /// `_models/llama/model.py` at 62c239cf3, `Transformer.forward` (line 225) and
+    /// `Attention.forward` (lines 302-305), `generate.py` `decode_n_tokens` (line 69);
+    /// PyTorch `attention.cpp` `_scaled_dot_product_attention_math`. Zero without a static
+    /// cache.
+    pub(super) fn static_cache_reads(&self, call: &AttentionCall) -> Bytes {
+        let Some(positions) = self.static_positions(call) else {
+            return Bytes::ZERO;
+        };
+        let gpt_fast = self.gpt_fast();
+        let decoding = call.shape.queries <= Tokens(1.0);
+        let eager = !gpt_fast && call.kernel == AttentionKernel::Eager;
+        if !gpt_fast && !decoding && !eager {
+            return Bytes::ZERO;
+        }
+        // Eager attention's own terms count its scores, mask and repeated keys over the keys of
+        // its shape: the cache adds the positions beyond them.
+        let read = if eager {
+            Tokens((positions.count() - call.shape.keys.count()).max(0.0))
+        } else {
+            positions
+        };
+        let (act, fp32) = (self.bytes.act, BytesPerElement::FP32);
+        let keys = self.batch * read;
+        let mask = (BytesPerElement::BOOL + act) * (call.query_tokens * read.as_width());
+        let heads_width = call.q / self.split.tp;
+        let grouped = self.spec.heads > self.spec.kv_heads;
+        let repeated = if gpt_fast || (eager && grouped) {
+            keys * act * (2.0 * heads_width)
+        } else {
+            Bytes::ZERO
+        };
+        // The scores at their no-grad peak, as over the attention's own keys (`score_bytes`).
+        let scores = if eager {
+            self.score_bytes(call.kernel).no_grad_peak()
+                * (call.heads * (call.query_tokens * read.as_width()))
+        } else {
+            Bytes::ZERO
+        };
+        let math_copies = if gpt_fast && decoding {
+            let copies = if act < fp32 { 3.0 } else { 1.0 };
+            keys * fp32 * (copies * heads_width)
+        } else {
+            Bytes::ZERO
+        };
+        mask + repeated + scores + math_copies
     }
 
     /// Bytes per key token of the k and v copies a cache concatenates (this GPU's heads).

@@ -93,6 +93,9 @@ impl TransformerGraph<'_> {
             BytesPerToken::ZERO
         };
         let (full_prompt, upcast_all) = self.old_logits();
+        // gpt-fast's `Transformer.forward` computes every prompt position's logits
+        // (`logits = self.output(x)`), in the model's dtype.
+        let full_prompt = full_prompt || self.gpt_fast();
         let logits_tokens = if self.workload.mode == Mode::Generate && !full_prompt {
             // One position per sequence.
             Tokens(self.batch)

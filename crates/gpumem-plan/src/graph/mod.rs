@@ -179,6 +179,11 @@ impl<'a> TransformerGraph<'a> {
         self.workload.framework == Framework::Litgpt
     }
 
+    /// Does generation run gpt-fast's own model (`--framework gpt-fast`)?
+    fn gpt_fast(&self) -> bool {
+        self.workload.framework == Framework::GptFast
+    }
+
     /// The older transformers release this run plans, if any.
     fn old_release(&self) -> Option<OldRelease<'a>> {
         OldRelease::of(self.spec, self.workload)
