@@ -689,3 +689,54 @@ fn a_loop_that_keeps_its_last_outputs_holds_them_through_the_next_forward() {
     let cache = 6 * tokens * 2 * 512 * 2;
     assert_eq!(at_forward_end(true) - at_forward_end(false), logits + cache);
 }
+
+fn generate_eager(new_tokens: u64) -> Settings {
+    Settings {
+        mode: Some("generate".into()),
+        batch: Some(2),
+        seq: Some(512),
+        new_tokens: Some(new_tokens),
+        dtype: Some("fp16".into()),
+        attn: Some("eager".into()),
+        ..Settings::default()
+    }
+}
+
+#[test]
+fn generate_of_one_token_is_its_prefill() {
+    // The first new token comes from the prefill's logits: no decode step, no second cache.
+    let one = plan("llama-2-7b", generate_eager(1));
+    assert_eq!(one.peak_phase, Phase::Prefill);
+    assert!(one.phases.iter().all(|p| p.phase == Phase::Prefill));
+    let two = plan("llama-2-7b", generate_eager(2));
+    assert!(two.phases.iter().any(|p| p.phase == Phase::Decode));
+}
+
+#[test]
+fn llama_before_4_36_decodes_with_a_tuple_cache_and_per_layer_rotary_tables() {
+    let at = |release: &str| {
+        plan(
+            "llama-2-7b",
+            Settings {
+                transformers: Some(release.into()),
+                ..generate_eager(512)
+            },
+        )
+    };
+    let (tuple, dynamic, computed) = (at("4.35"), at("4.36"), at("4.38"));
+    // 4.35 to 4.37: 32 layers × cos and sin tables of 4096 positions × 128 in fp16.
+    let tables = 32 * 2 * 4096 * 128 * 2;
+    assert_eq!(
+        dynamic.breakdown.weights - computed.breakdown.weights,
+        tables
+    );
+    assert_eq!(tuple.breakdown.weights, dynamic.breakdown.weights);
+    // The last decode step of a tuple cache holds the previous step's whole cache (1022
+    // earlier tokens, 32 layers) beside the new one, where a DynamicCache holds one layer's old
+    // and new copy (1023 tokens); per layer and token: 2 sequences × (k, v) × 4096 × 2 bytes.
+    let per = 2 * 2 * 4096 * 2;
+    assert_eq!(
+        tuple.peak_allocated_bytes - dynamic.peak_allocated_bytes,
+        32 * per * 1022 - per * 1023
+    );
+}
