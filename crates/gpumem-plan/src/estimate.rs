@@ -651,7 +651,9 @@ fn simulate_inference(
         return static_cache_generation(model, units, states, workload, positions, pass);
     }
     let prefill = pass(units, 0.0);
-    if workload.mode == Mode::Infer {
+    // `generate` takes its first new token from the prefill's logits: one new token is the
+    // prefill alone, no decode step (and no second cache beside the prompt's).
+    if workload.mode == Mode::Infer || workload.new_tokens <= 1 {
         return vec![(Phase::Prefill, prefill)];
     }
     // Decode: one token per step against a cache of prompt + new − 1 tokens; concatenating into a

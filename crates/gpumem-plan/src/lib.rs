@@ -46,7 +46,7 @@ pub use fit::{fewest_gpus, fit, Fit, FitTarget};
 pub use gpu::{column_sum_staging, column_sum_staging_bytes, find_gpu, Cores, Gpu};
 pub use hf::parse_config;
 pub use model::{Architecture, ModelSpec, ParamCounts, ResnetSpec, TransformerSpec};
-pub use quant::{CheckpointQuant, QuantFormat, Quantization};
+pub use quant::{CheckpointQuant, GptqKernel, QuantFormat, Quantization};
 pub use sequence::{allocation_sequence, PlannedEvent, Stream};
 pub use settings::{Resolved, Settings};
 pub use warning::Warning;

@@ -7,6 +7,7 @@
 
 use crate::dtype::{Dtype, DTYPES};
 use crate::error::{PlanError, Result};
+use crate::model::TransformerSpec;
 use crate::names::lookup;
 use serde::Serialize;
 use serde_json::Value;
@@ -30,6 +31,42 @@ pub enum QuantFormat {
     Fp8,
 }
 
+/// The kernel a GPTQ checkpoint's linears run (AutoGPTQ's `QuantLinear` classes, chosen by
+/// transformers' `GPTQConfig(use_exllama, exllama_config={"version"})`), which decides what
+/// each allocates beside the packed weights (AutoGPTQ v0.5.0, commit c70d29f).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GptqKernel {
+    /// `qlinear_exllama.py`: 4-bit only; one fp16 `temp_dq` per device as large as the
+    /// largest linear's weight (`autogptq_post_init`, `modeling/_utils.py` 303 and 329),
+    /// into which `q4_matmul` reconstructs a weight for 8 rows or more before cuBLAS
+    /// (`exllama_ext.cpp` 194-213).
+    Exllama,
+    /// `qlinear_exllamav2.py`: 4-bit only; one fp16 scratch per device sized by
+    /// `scratch_space_fixed()` (a weight's `temp_dq` plus a forward buffer for 2048 tokens × 8
+    /// sequences, lines 168-176; `modeling/_utils.py` 352-366), reconstructed into for more
+    /// than 50 rows (`MAX_Q_GEMM_ROWS`, `q_gemm.cu` 118).
+    Exllamav2,
+    /// `qlinear_cuda_old.py`: the CUDA kernel below 128 rows (`kernel_switch_threshold`), above
+    /// it the weight dequantised with torch ops (lines 231-273).
+    CudaOld,
+}
+
+/// The accepted GPTQ `kernel=` names.
+const KERNELS: &[(&str, GptqKernel)] = &[
+    ("exllama", GptqKernel::Exllama),
+    ("exllamav2", GptqKernel::Exllamav2),
+    ("cuda-old", GptqKernel::CudaOld),
+];
+
+/// AutoGPTQ v0.5.0's exllamav2 forward buffer is sized for this many tokens per sequence and
+/// sequences (`scratch_space_fixed(max_input_len=2048, max_batch_size=8)`), whatever runs.
+const EXLLAMAV2_SCRATCH_TOKENS: u64 = 2048 * 8;
+
+/// Rows (tokens) from which AutoGPTQ's `cuda-old` linear dequantises its weight with torch ops
+/// instead of its CUDA kernel (`kernel_switch_threshold`).
+const CUDA_OLD_SWITCH_ROWS: f64 = 128.0;
+
 /// A quantised checkpoint's storage and compute settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Quantization {
@@ -49,6 +86,9 @@ pub struct Quantization {
     /// FP8: weights sharing one scale (rows × columns of `weight_block_size`); 0 = one per
     /// matrix.
     pub block: u64,
+    /// GPTQ: the kernel its linears run; None: a dequantised fp16 copy of a weight while its
+    /// matmul runs on several tokens, and no buffers.
+    pub kernel: Option<GptqKernel>,
 }
 
 /// The accepted `--quant` formats.
@@ -99,11 +139,12 @@ impl Quantization {
             bits: 4,
             group: 128,
             block: 128 * 128,
+            kernel: None,
         }
     }
 
     /// Parses `FORMAT[:OPTION,...]` (`nf4:double,compute=bf16`, `gptq:bits=8,group=64`,
-    /// `fp8:block=16384`); `none` is `Ok(None)`.
+    /// `gptq:bits=4,group=128,kernel=exllamav2`, `fp8:block=16384`); `none` is `Ok(None)`.
     pub fn parse(text: &str) -> Result<Option<Self>> {
         let (name, options) = text.split_once(':').unwrap_or((text, ""));
         if name.trim() == "none" && options.is_empty() {
@@ -112,6 +153,19 @@ impl Quantization {
         let mut quant = Self::of(lookup("quant", name.trim(), FORMATS)?);
         for option in options.split(',').filter(|o| !o.trim().is_empty()) {
             quant.set(option.trim())?;
+        }
+        // AutoGPTQ's exllama linears refuse other widths (`QuantLinear.__init__`).
+        if let Some(kernel @ (GptqKernel::Exllama | GptqKernel::Exllamav2)) = quant.kernel {
+            if quant.bits != 4 {
+                let name = KERNELS
+                    .iter()
+                    .find(|(_, k)| *k == kernel)
+                    .map_or("?", |k| k.0);
+                return Err(invalid(
+                    text,
+                    format!("kernel={name} runs 4-bit weights only (bits=4)"),
+                ));
+            }
         }
         Ok(Some(quant))
     }
@@ -138,11 +192,17 @@ impl Quantization {
                 }
             }
             "group" if grouped => self.group = number(1 << 20)?,
+            "kernel" if self.format == QuantFormat::Gptq => {
+                self.kernel = Some(lookup("quant kernel", value, KERNELS)?)
+            }
             "block" if self.format == QuantFormat::Fp8 => self.block = number(1 << 30)?,
             _ => {
                 let accepted = match self.format {
                     QuantFormat::Fp4 | QuantFormat::Nf4 => "double, compute=fp32|bf16|fp16",
-                    QuantFormat::Gptq | QuantFormat::Awq => "bits=2|3|4|8, group=N (0: per column)",
+                    QuantFormat::Gptq => {
+                        "bits=2|3|4|8, group=N (0: per column), kernel=exllama|exllamav2|cuda-old"
+                    }
+                    QuantFormat::Awq => "bits=2|3|4|8, group=N (0: per column)",
                     QuantFormat::Fp8 => "block=N (weights per scale; 0: one per matrix)",
                     QuantFormat::Int8 => "none",
                 };
@@ -195,10 +255,27 @@ impl Quantization {
     ///   runs the `gemv_4bit` kernel on the packed weight;
     /// * LLM.int8 transforms the row-major int8 weight into the tensor-core layout on its first
     ///   forward (the row-major copy is freed after it);
-    /// * GPTQ/AWQ kernels dequantise to fp16 for more than one token;
+    /// * GPTQ/AWQ kernels dequantise to fp16 for more than one token; AutoGPTQ's exllama
+    ///   kernels reconstruct into their persistent buffer instead ([`Self::kernel_buffer_bytes`]),
+    ///   and its `cuda-old` linear, from 128 tokens, shifts the packed weight out into an int32
+    ///   tensor of one element per weight and casts that to int8 (int16 for 8 bits) before the
+    ///   fp16 product: the shift and its cast are its largest moment (`qlinear_cuda_old.py`
+    ///   244-245; the 3-bit path is planned as the 4-bit one);
     /// * FP8 quantises the activations only (a small share).
     pub fn dequantised_bytes(&self, elements: f64, tokens: f64, dtype: Dtype) -> f64 {
         let several = tokens > 1.0;
+        match (self.format, self.kernel) {
+            (QuantFormat::Gptq, Some(GptqKernel::Exllama | GptqKernel::Exllamav2)) => return 0.0,
+            (QuantFormat::Gptq, Some(GptqKernel::CudaOld)) => {
+                let cast = if self.bits == 8 { 2.0 } else { 1.0 };
+                return if tokens >= CUDA_OLD_SWITCH_ROWS {
+                    elements * (4.0 + cast)
+                } else {
+                    0.0
+                };
+            }
+            _ => {}
+        }
         match self.format {
             QuantFormat::Fp4 | QuantFormat::Nf4 if several => {
                 let cast = if self.compute == dtype {
@@ -213,6 +290,25 @@ impl Quantization {
             QuantFormat::Gptq | QuantFormat::Awq if several => 2.0 * elements,
             _ => 0.0,
         }
+    }
+
+    /// Bytes a GPTQ kernel allocates once per device when the model is loaded (AutoGPTQ's
+    /// `autogptq_post_init`), sized by the largest linear of `spec`'s blocks (inputs × outputs):
+    /// exllama's fp16 `temp_dq` of one weight; exllamav2's scratch of one weight (+128 bytes)
+    /// and an fp32 forward buffer of its outputs for 2048 × 8 tokens (+128 bytes). Nothing for
+    /// other formats and kernels.
+    pub fn kernel_buffer_bytes(&self, spec: &TransformerSpec) -> f64 {
+        if self.format != QuantFormat::Gptq {
+            return 0.0;
+        }
+        let largest = match self.kernel {
+            Some(GptqKernel::Exllama) => spec.largest_linear(|i, o| 2 * i * o),
+            Some(GptqKernel::Exllamav2) => {
+                spec.largest_linear(|i, o| 2 * i * o + 128 + 4 * o * EXLLAMAV2_SCRATCH_TOKENS + 128)
+            }
+            Some(GptqKernel::CudaOld) | None => 0,
+        };
+        largest as f64
     }
 }
 
@@ -342,10 +438,17 @@ mod tests {
             .unwrap();
         assert_eq!((gptq.bits, gptq.group), (8, 64));
         assert_eq!(Quantization::parse("none").unwrap(), None);
+        let exllama = Quantization::parse("gptq:bits=4,group=128,kernel=exllamav2")
+            .unwrap()
+            .unwrap();
+        assert_eq!(exllama.kernel, Some(GptqKernel::Exllamav2));
         for bad in [
             "int4",
             "nf4:bits=4",
             "gptq:bits=5",
+            "gptq:kernel=marlin",
+            "gptq:bits=8,kernel=exllama",
+            "awq:kernel=exllama",
             "int8:double",
             "fp8:block=x",
         ] {
@@ -366,6 +469,36 @@ mod tests {
         assert!((of("nf4:double") - 0.516).abs() < 1e-3);
         assert_eq!(of("gptq"), 0.5 + 2.5 / 128.0);
         assert_eq!(of("fp8"), 1.0 + 4.0 / 16384.0);
+    }
+
+    #[test]
+    fn gptq_kernels_allocate_as_autogptq_0_5_does() {
+        let model = crate::find_model("llama-2-13b").unwrap();
+        let crate::model::Architecture::Transformer(spec) = &model.arch else {
+            panic!("llama-2-13b is a transformer")
+        };
+        let of = |text: &str| Quantization::parse(text).unwrap().unwrap();
+        // The largest linears are the gate and up projections: 5120 inputs × 13824 outputs.
+        let weight = 2.0 * 5120.0 * 13824.0;
+        let buffer = |text: &str| of(text).kernel_buffer_bytes(spec);
+        assert_eq!(buffer("gptq:kernel=exllama"), weight);
+        assert_eq!(
+            buffer("gptq:kernel=exllamav2"),
+            weight + 256.0 + 4.0 * 13824.0 * 2048.0 * 8.0
+        );
+        for none in ["gptq:kernel=cuda-old", "gptq", "awq", "nf4"] {
+            assert_eq!(buffer(none), 0.0, "{none}");
+        }
+        // Only cuda-old copies a weight while it runs, and only from 128 tokens.
+        let cuda_old = of("gptq:kernel=cuda-old");
+        assert_eq!(cuda_old.dequantised_bytes(100.0, 127.0, Dtype::Fp16), 0.0);
+        assert_eq!(cuda_old.dequantised_bytes(100.0, 128.0, Dtype::Fp16), 500.0);
+        let exllama = of("gptq:kernel=exllama");
+        assert_eq!(exllama.dequantised_bytes(100.0, 512.0, Dtype::Fp16), 0.0);
+        assert_eq!(
+            of("gptq").dequantised_bytes(100.0, 512.0, Dtype::Fp16),
+            200.0
+        );
     }
 
     #[test]

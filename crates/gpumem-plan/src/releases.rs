@@ -141,17 +141,20 @@ impl<'a> OldRelease<'a> {
     /// Bytes of the per-layer buffers the release registers and later ones dropped: GPT-2's
     /// attention (before 5.2) and GPT-NeoX's (before 4.49) keep a boolean causal mask of
     /// `max_positions²` (`register_buffer("bias", torch.tril(...))`); Qwen2's attention (before
-    /// 4.45) its own rotary `cos_cached` and `sin_cached` tables (`max_positions × head_dim`
-    /// each) in the weight dtype. In every mode: they are part of the model.
+    /// 4.45) and Llama's (before 4.38: 4.37's `LlamaRotaryEmbedding._set_cos_sin_cache`, gone
+    /// in 4.38, which computes them per call) their own rotary `cos_cached` and `sin_cached`
+    /// tables (`max_positions × head_dim` each) in the weight dtype (`from_pretrained` sets the
+    /// default dtype they are built in to `torch_dtype`). In every mode: they are part of the
+    /// model.
     pub(crate) fn buffer_bytes(&self, weight_bytes: f64) -> f64 {
         let spec = self.spec;
         let positions = spec.max_positions.unwrap_or(0) as f64;
+        let rotary_tables = 2.0 * positions * spec.head_dim as f64 * weight_bytes;
         let per_layer = match self.family() {
             "gpt2" if self.before((5, 2)) => positions * positions,
             "gpt_neox" if self.before((4, 49)) => positions * positions,
-            "qwen2" if self.before((4, 45)) => {
-                2.0 * positions * spec.head_dim as f64 * weight_bytes
-            }
+            "qwen2" if self.before((4, 45)) => rotary_tables,
+            "llama" if self.before((4, 38)) => rotary_tables,
             _ => 0.0,
         };
         per_layer * spec.layers as f64

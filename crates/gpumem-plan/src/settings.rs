@@ -209,8 +209,9 @@ pub struct Settings {
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub bitsandbytes: Option<String>,
     /// Inference from a quantised checkpoint, FORMAT[:OPTION,...]: int8 (bitsandbytes
-    /// LLM.int8), fp4 | nf4 (bitsandbytes 4-bit; options double, compute=fp32|bf16|fp16), gptq |
-    /// awq (options bits=2|3|4|8, group=N), fp8 (option block=N weights per scale), or none
+    /// LLM.int8), fp4 | nf4 (bitsandbytes 4-bit; options double, compute=fp32|bf16|fp16), gptq
+    /// (options bits=2|3|4|8, group=N, kernel=exllama|exllamav2|cuda-old: AutoGPTQ's linear and
+    /// its buffers), awq (options bits, group), fp8 (option block=N weights per scale), or none
     /// [default: the config's quantization_config, else none].
     #[cfg_attr(feature = "clap", arg(long, value_name = "FORMAT"))]
     pub quant: Option<String>,

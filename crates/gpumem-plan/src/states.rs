@@ -339,11 +339,18 @@ fn stage_weight_bytes(
                 + (full_params - quantised) * weight_bytes
                 + trainable as f64 * share * trained_bytes
         }
-        // A quantised checkpoint stores its block linears in its format.
+        // A quantised checkpoint stores its block linears in its format; its kernel may
+        // allocate a buffer per GPU when the model is loaded.
         None => match workload.quant {
             Some(quant) => {
                 let quantised = counts.block_linear as f64 * share;
-                quantised * quant.bytes_per_weight() + (full_params - quantised) * weight_bytes
+                let kernel = match &model.arch {
+                    Architecture::Transformer(spec) => quant.kernel_buffer_bytes(spec),
+                    _ => 0.0,
+                };
+                quantised * quant.bytes_per_weight()
+                    + (full_params - quantised) * weight_bytes
+                    + kernel
             }
             None => full_params * weight_bytes,
         },

@@ -733,6 +733,19 @@ fn generate_bf16(new_tokens: u64) -> Settings {
     }
 }
 
+/// Eager fp16 generation for Llama-2-7B: batch 2, a 512-token prompt and `new_tokens` more.
+fn generate_eager(new_tokens: u64) -> Settings {
+    Settings {
+        mode: Some("generate".into()),
+        batch: Some(2),
+        seq: Some(512),
+        new_tokens: Some(new_tokens),
+        dtype: Some("fp16".into()),
+        attn: Some("eager".into()),
+        ..Settings::default()
+    }
+}
+
 #[test]
 fn a_static_cache_holds_its_positions_whatever_the_tokens() {
     // Llama-3-8B: 128 KiB of keys and values per position, preallocated for all 4096.
@@ -848,4 +861,40 @@ fn a_static_cache_matches_cpu_allocation_traces() {
             "{dtype} {attn} b{batch} s{seq}+{new_tokens} cache {cache_len}: {planned} vs {bytes}"
         );
     }
+}
+
+#[test]
+fn generate_of_one_token_is_its_prefill() {
+    // The first new token comes from the prefill's logits: no decode step, no second cache.
+    let one = plan("llama-2-7b", generate_eager(1));
+    assert_eq!(one.peak_phase, Phase::Prefill);
+    assert!(one.phases.iter().all(|p| p.phase == Phase::Prefill));
+    let two = plan("llama-2-7b", generate_eager(2));
+    assert!(two.phases.iter().any(|p| p.phase == Phase::Decode));
+}
+
+#[test]
+fn llama_before_4_38_keeps_per_layer_rotary_tables() {
+    let at = |release: &str| {
+        plan(
+            "llama-2-7b",
+            Settings {
+                transformers: Some(release.into()),
+                ..generate_eager(512)
+            },
+        )
+    };
+    let (tables_kept, computed) = (at("4.37"), at("4.38"));
+    // 4.35 to 4.37: 32 layers × cos and sin tables of 4096 positions × 128 in fp16.
+    let tables = 32 * 2 * 4096 * 128 * 2;
+    assert_eq!(
+        tables_kept.breakdown.weights - computed.breakdown.weights,
+        tables
+    );
+    assert_eq!(at("4.35").breakdown.weights, tables_kept.breakdown.weights);
+    // The tuple cache of those releases is `llama_generate_before_4_42_keeps_the_previous_steps_cache`'s.
+    assert_eq!(
+        at("4.35").peak_allocated_bytes,
+        tables_kept.peak_allocated_bytes
+    );
 }

@@ -617,10 +617,33 @@ impl TransformerSpec {
     /// Elements of the largest weight matrix of a block of kind `layer` (one expert's for a
     /// mixture): the largest one bitsandbytes dequantises at a time under QLoRA.
     pub fn largest_block_matrix(&self, layer: LayerKind) -> u64 {
+        self.largest_in(&[layer], |i, o| i * o)
+    }
+
+    /// The largest `size(inputs, outputs)` over the weight matrices of every kind of block the
+    /// model has: a buffer one kernel sizes for all its linears (AutoGPTQ's exllama scratch).
+    /// An MLP's matrices are all given as (hidden, intermediate).
+    pub fn largest_linear(&self, size: impl Fn(u64, u64) -> u64) -> u64 {
+        let moe = LayerKind {
+            sliding: false,
+            moe: true,
+        };
+        if self.moe_layers() > 0 {
+            self.largest_in(&[LayerKind::default(), moe], size)
+        } else {
+            self.largest_in(&[LayerKind::default()], size)
+        }
+    }
+
+    /// The largest `size(inputs, outputs)` over the weight matrices of blocks of the `layers`
+    /// kinds.
+    fn largest_in(&self, layers: &[LayerKind], size: impl Fn(u64, u64) -> u64) -> u64 {
         let mut largest = 0;
-        let mut each = |i: u64, o: u64, _: u64| largest = largest.max(i * o);
+        let mut each = |i: u64, o: u64, _: u64| largest = largest.max(size(i, o));
         self.attention_linears(&mut each);
-        self.mlp_linears(layer, &mut each);
+        for layer in layers {
+            self.mlp_linears(*layer, &mut each);
+        }
         largest
     }
 
