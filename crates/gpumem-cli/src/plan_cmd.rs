@@ -160,7 +160,12 @@ fn serving_table(model: &str, p: &ServingProfile) -> String {
 fn table(r: &PlanReport, trace_out: Option<&Path>) -> String {
     use std::fmt::Write;
     if let Some(serving) = &r.serving {
-        return serving_table(&r.model, serving);
+        let warnings = r
+            .estimate
+            .warnings
+            .iter()
+            .map(|w| format!("warning: {w}\n"));
+        return warnings.collect::<String>() + &serving_table(&r.model, serving);
     }
     let e = &r.estimate;
     let mut t = String::new();

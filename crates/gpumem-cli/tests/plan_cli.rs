@@ -536,6 +536,9 @@ fn the_vllm_engine_prints_the_kv_cache_it_leaves() {
     let alone = gpumem(&["plan", "--model", "llama-3-8b", "--max-num-seqs", "64"]);
     assert_eq!(alone.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&alone.stderr).contains("--engine"));
+    // The shape of a PyTorch forward is not the profile's: said, not silently dropped.
+    let batch = args(&["--batch", "8"]);
+    assert!(String::from_utf8_lossy(&batch.stdout).contains("warning: --batch"));
     // A model the profile does not cover is refused by name.
     let bert = gpumem(&["plan", "--model", "bert-base-uncased", "--engine", "vllm"]);
     assert_eq!(bert.status.code(), Some(2));

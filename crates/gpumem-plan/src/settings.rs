@@ -307,6 +307,7 @@ impl Settings {
             workload.image_size = size;
         }
         let mut warnings = self.ignored(model, workload.mode);
+        warnings.extend(self.ignored_by_engine());
         if self.bitsandbytes.is_some()
             && (workload.mode != Mode::Train || workload.four_bit_base().is_none())
         {
@@ -403,6 +404,32 @@ impl Settings {
             )?,
             non_torch_bytes: self.non_torch_bytes.unwrap_or(0),
         }))
+    }
+
+    /// The shape flags of a PyTorch forward that a serving engine's profile does not read: it
+    /// runs its own batch (`max_num_seqs` sequences sharing `max_num_batched_tokens` tokens)
+    /// with its own attention kernel and no KV cache.
+    fn ignored_by_engine(&self) -> Vec<Warning> {
+        if self.engine.is_none() {
+            return Vec::new();
+        }
+        [
+            ("--batch", self.batch.is_some()),
+            ("--seq", self.seq.is_some()),
+            ("--new-tokens", self.new_tokens.is_some()),
+            ("--attn", self.attn.is_some()),
+            ("--no-cache", self.no_cache),
+            ("--labels", self.labels),
+        ]
+        .into_iter()
+        .filter(|(_, given)| *given)
+        .map(|(flag, _)| Warning::Ignored {
+            flag,
+            reason: "the serving engine's profile runs its own batch (--max-num-seqs sequences \
+                     sharing --max-num-batched-tokens tokens) with its own attention kernel"
+                .into(),
+        })
+        .collect()
     }
 
     /// `--lora-targets` read with `model_type`'s module names (all-linear without the flag).
