@@ -149,6 +149,36 @@ class PlanThatFits(Report):
 
 
 @dataclasses.dataclass(frozen=True)
+class ServeSettings(Report):
+    """A serving engine's settings as planned (vLLM's flags of the same names)."""
+
+    engine: str
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    block_size: int
+    non_torch_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingProfile(Report):
+    """The engine's start-up profile (weights, activation peak) and the KV cache it leaves."""
+
+    settings: ServeSettings
+    weights_bytes: int
+    forward_peak_bytes: int
+    sampler_peak_bytes: int
+    activation_peak_bytes: int
+    kv_bytes_per_token: int
+    gpu_bytes: int | None
+    kv_cache_bytes: int | None
+    gpu_blocks: int | None
+    kv_tokens: int | None
+    max_concurrency: float | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan(Report):
     """The answer of :func:`gpumem.plan`: ``gpumem plan --json``."""
 
@@ -172,6 +202,7 @@ class Plan(Report):
     min_gpus: MinGpus | None = None
     plan_that_fits: PlanThatFits | None = None
     fit_error: str | None = None
+    serving: ServingProfile | None = None
 
 
 # --- gpumem replay / tune -------------------------------------------------------------------

@@ -2,7 +2,7 @@
 //! its [`PlanReport`] printed as a table or JSON (and written as HTML or a trace when asked).
 
 use crate::output::{self, CommandError};
-use gpumem_plan::{allocation_sequence, PlanError};
+use gpumem_plan::{allocation_sequence, PlanError, ServingProfile};
 use gpumem_replay::plan::{plan, PlanReport, PlanRequest, ReservedBy};
 use gpumem_replay::planned::planned_trace;
 use gpumem_trace::Format;
@@ -80,9 +80,93 @@ fn write_trace(request: &PlanRequest, report: &PlanReport, path: &Path) -> Resul
     })
 }
 
+/// A serving engine's profile as `gpumem plan --engine` prints it, in the terms of vLLM's own
+/// start-up log.
+fn serving_table(model: &str, p: &ServingProfile) -> String {
+    use std::fmt::Write;
+    let s = &p.settings;
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "model: {model}  served by vLLM (V0 profile): max_model_len {}, max_num_batched_tokens \
+         {}, max_num_seqs {}, block_size {}",
+        s.max_model_len, s.max_num_batched_tokens, s.max_num_seqs, s.block_size
+    );
+    let _ = writeln!(
+        t,
+        "  model weights take           {:>12}",
+        gib(p.weights_bytes)
+    );
+    let _ = writeln!(
+        t,
+        "  activation peak              {:>12}  (forward {}, sampler {})",
+        gib(p.activation_peak_bytes),
+        gib(p.forward_peak_bytes),
+        gib(p.sampler_peak_bytes)
+    );
+    let _ = writeln!(
+        t,
+        "  non-torch memory (given)     {:>12}",
+        gib(s.non_torch_bytes)
+    );
+    let _ = writeln!(
+        t,
+        "  KV cache per token           {:>12}",
+        format!("{} KiB", p.kv_bytes_per_token as f64 / 1024.0)
+    );
+    match (
+        p.gpu_bytes,
+        p.kv_cache_bytes,
+        p.gpu_blocks,
+        p.kv_tokens,
+        p.max_concurrency,
+    ) {
+        (Some(total), Some(kv), Some(blocks), Some(tokens), Some(concurrency)) => {
+            let _ = writeln!(
+                t,
+                "  the instance can use         {:>12}  ({} × gpu_memory_utilization {:.2})",
+                gib((total as f64 * s.gpu_memory_utilization) as u64),
+                gib(total),
+                s.gpu_memory_utilization
+            );
+            if kv <= 0 {
+                let _ = writeln!(
+                    t,
+                    "  KV cache: none left ({:.2} GiB short): vLLM refuses to start",
+                    -kv as f64 / (1u64 << 30) as f64
+                );
+            } else {
+                let _ = writeln!(t, "  KV cache                     {:>12}", gib(kv as u64));
+                let _ = writeln!(t, "  # GPU blocks: {blocks}");
+                let _ = writeln!(t, "  GPU KV cache size: {tokens} tokens");
+                let _ = writeln!(
+                    t,
+                    "  Maximum concurrency for {} tokens per request: {:.2}x",
+                    s.max_model_len, concurrency
+                );
+            }
+        }
+        _ => {
+            let _ = writeln!(
+                t,
+                "  (give --gpu for the KV-cache blocks, tokens and concurrency)"
+            );
+        }
+    }
+    t.trim_end().to_string()
+}
+
 /// The report as the table `gpumem plan` prints.
 fn table(r: &PlanReport, trace_out: Option<&Path>) -> String {
     use std::fmt::Write;
+    if let Some(serving) = &r.serving {
+        let warnings = r
+            .estimate
+            .warnings
+            .iter()
+            .map(|w| format!("warning: {w}\n"));
+        return warnings.collect::<String>() + &serving_table(&r.model, serving);
+    }
     let e = &r.estimate;
     let mut t = String::new();
     let _ = writeln!(

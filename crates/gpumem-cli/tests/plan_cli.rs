@@ -484,3 +484,63 @@ fn reserved_by_estimate_replays_nothing() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("replay"));
 }
+
+#[test]
+fn the_vllm_engine_prints_the_kv_cache_it_leaves() {
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "plan",
+            "--model",
+            "llama-3-8b",
+            "--engine",
+            "vllm",
+            "--gpu",
+            "h100",
+        ];
+        a.extend_from_slice(extra);
+        gpumem(&a)
+    };
+    let out = args(&["--max-model-len", "8192"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "model weights take",
+        "activation peak",
+        "# GPU blocks:",
+        "GPU KV cache size:",
+        "Maximum concurrency for 8192 tokens per request:",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+    let json = json_of(&args(&["--max-model-len", "8192", "--json"]));
+    let serving = &json["serving"];
+    let blocks = serving["gpu_blocks"].as_u64().unwrap();
+    assert_eq!(serving["kv_tokens"].as_u64().unwrap(), blocks * 16);
+    // Less memory for the instance, fewer blocks.
+    let less = json_of(&args(&[
+        "--max-model-len",
+        "8192",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--json",
+    ]));
+    assert!(less["serving"]["gpu_blocks"].as_u64().unwrap() < blocks);
+    // A share above 1 and engine flags without an engine are errors naming the flag.
+    let bad = args(&["--gpu-memory-utilization", "1.5"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("gpu-memory-utilization"));
+    let alone = gpumem(&["plan", "--model", "llama-3-8b", "--max-num-seqs", "64"]);
+    assert_eq!(alone.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&alone.stderr).contains("--engine"));
+    // The shape of a PyTorch forward is not the profile's: said, not silently dropped.
+    let batch = args(&["--batch", "8"]);
+    assert!(String::from_utf8_lossy(&batch.stdout).contains("warning: --batch"));
+    // A model the profile does not cover is refused by name.
+    let bert = gpumem(&["plan", "--model", "bert-base-uncased", "--engine", "vllm"]);
+    assert_eq!(bert.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bert.stderr).contains("decoder-only"));
+}

@@ -30,6 +30,7 @@ mod quantity;
 mod releases;
 pub mod safetensors;
 pub mod sequence;
+pub mod serving;
 pub mod settings;
 mod single_gpu;
 mod states;
@@ -48,6 +49,7 @@ pub use hf::parse_config;
 pub use model::{Architecture, ModelSpec, ParamCounts, ResnetSpec, TransformerSpec};
 pub use quant::{CheckpointQuant, GptqKernel, QuantFormat, Quantization};
 pub use sequence::{allocation_sequence, PlannedEvent, Stream};
+pub use serving::{serving_profile, Engine, ServeSettings, ServingProfile};
 pub use settings::{Resolved, Settings};
 pub use warning::Warning;
 pub use workload::{

@@ -11,8 +11,8 @@ use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
 use gpumem_plan::fit::MAX_GPUS;
 use gpumem_plan::{
     advise, allocation_sequence, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model,
-    load_config, Estimate, Estimated, Fit, FitTarget, ModelSpec, Overheads, PeakMeasure, PlanError,
-    Settings, Suggestion, Warning, Workload,
+    load_config, serving_profile, Estimate, Estimated, Fit, FitTarget, ModelSpec, Overheads,
+    PeakMeasure, PlanError, ServingProfile, Settings, Suggestion, Warning, Workload,
 };
 use gpumem_pool::PolicyKind;
 use serde::{Deserialize, Serialize};
@@ -303,6 +303,10 @@ pub struct PlanReport {
     /// Why the fit asked for failed (nothing fits); the plan shown is then the one asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fit_error: Option<String>,
+    /// The serving engine's start-up profile and the KV cache it leaves on the GPU, when
+    /// `--engine` is given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serving: Option<ServingProfile>,
 }
 
 /// Plans `request`: the estimate (reserved memory as `request.reserved` says), the advice,
@@ -317,6 +321,10 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     let resolved = settings.resolve(&model)?;
     let workload = resolved.workload;
     let gpu = request.gpu.as_deref().map(find_gpu).transpose()?;
+    let serving = settings
+        .serving(&model)?
+        .map(|serve| serving_profile(&model, &workload, &serve, gpu.as_ref()))
+        .transpose()?;
     let overheads = Overheads {
         context_bytes: request.context_mib.saturating_mul(1 << 20),
         ..Overheads::default()
@@ -439,6 +447,7 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
         min_gpus,
         plan_that_fits,
         fit_error,
+        serving,
     })
 }
 

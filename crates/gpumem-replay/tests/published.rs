@@ -7,12 +7,17 @@
 //! `nvml` against reserved + the CUDA context measured by the same source, `alloc+context`
 //! (allocated peak + nvidia-smi's peak − reserved peak: the tensors plus what lives outside
 //! PyTorch's pool) against allocated + the plan's bytes outside the pool (the CUDA context
-//! the point names). Run with `--nocapture` for the table, point by point and by kind.
+//! the point names); a serving point (`settings.engine`) against the engine's planned
+//! start-up profile, `activation` being the profile run's torch peak above the weights.
+//! Run with `--nocapture` for the table, point by point and by kind.
 
 mod common;
 
 use common::median_and_max;
-use gpumem_plan::{find_model, load_config, ModelSpec, Overheads, Settings};
+use gpumem_plan::{
+    find_model, load_config, serving_profile, ModelSpec, Overheads, ServeSettings, Settings,
+    Workload,
+};
 use gpumem_replay::planned::estimate_replayed;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -62,7 +67,14 @@ struct Miss {
 }
 
 /// The metrics a point or candidate may compare (see the module's comment).
-const METRICS: [&str; 5] = ["alloc", "active", "reserved", "nvml", "alloc+context"];
+const METRICS: [&str; 6] = [
+    "alloc",
+    "active",
+    "reserved",
+    "nvml",
+    "alloc+context",
+    "activation",
+];
 
 /// The kinds of run a point may be, as the error table groups them.
 const KINDS: [&str; 7] = [
@@ -171,26 +183,13 @@ fn planner_matches_published_gpu_measurements() {
                 .settings
                 .resolve(&model)
                 .unwrap_or_else(|e| panic!("{}: {e}", point.id));
-            let overheads = Overheads {
-                context_bytes: point.context_bytes,
-                ..Overheads::default()
-            };
-            let e = estimate_replayed(&model, &resolved.workload, &overheads)
+            let serve = point
+                .settings
+                .serving(&model)
                 .unwrap_or_else(|e| panic!("{}: {e}", point.id));
-            let planned = match point.metric.as_str() {
-                "alloc" | "active" => e.peak_allocated_bytes,
-                "reserved" => e.peak_reserved_bytes,
-                "nvml" => e.peak_total_bytes,
-                // Allocated plus what the plan places outside the pool (total − reserved).
-                "alloc+context" => {
-                    assert!(
-                        point.context_bytes > 0,
-                        "{}: alloc+context without context_bytes",
-                        point.id
-                    );
-                    e.peak_allocated_bytes + (e.peak_total_bytes - e.peak_reserved_bytes)
-                }
-                other => panic!("{}: unknown metric {other}", point.id),
+            let planned = match serve {
+                Some(serve) => serving_planned(point, &model, &resolved.workload, &serve),
+                None => process_planned(point, &model, &resolved.workload),
             };
             let error =
                 (planned as f64 - point.measured_bytes as f64) / point.measured_bytes as f64;
@@ -231,6 +230,51 @@ fn planner_matches_published_gpu_measurements() {
         100.0 * median,
         100.0 * worst,
     );
+}
+
+/// The planned bytes of `point`'s metric for a PyTorch process: `alloc`/`active` against
+/// allocated bytes, `reserved` against the replayed reserved bytes, `nvml` against reserved +
+/// the context the source measured.
+fn process_planned(point: &Point, model: &ModelSpec, workload: &Workload) -> u64 {
+    let overheads = Overheads {
+        context_bytes: point.context_bytes,
+        ..Overheads::default()
+    };
+    let e = estimate_replayed(model, workload, &overheads)
+        .unwrap_or_else(|e| panic!("{}: {e}", point.id));
+    match point.metric.as_str() {
+        "alloc" | "active" => e.peak_allocated_bytes,
+        "reserved" => e.peak_reserved_bytes,
+        "nvml" => e.peak_total_bytes,
+        // Allocated plus what the plan places outside the pool (total − reserved).
+        "alloc+context" => {
+            assert!(
+                point.context_bytes > 0,
+                "{}: alloc+context without context_bytes",
+                point.id
+            );
+            e.peak_allocated_bytes + (e.peak_total_bytes - e.peak_reserved_bytes)
+        }
+        other => panic!("{}: unknown metric {other}", point.id),
+    }
+}
+
+/// The planned bytes of a serving engine's logged profile: `activation` against its
+/// "PyTorch activation peak memory" (the torch peak of the profile run above the weights),
+/// `alloc` against weights + that peak.
+fn serving_planned(
+    point: &Point,
+    model: &ModelSpec,
+    workload: &Workload,
+    serve: &ServeSettings,
+) -> u64 {
+    let profile = serving_profile(model, workload, serve, None)
+        .unwrap_or_else(|e| panic!("{}: {e}", point.id));
+    match point.metric.as_str() {
+        "activation" => profile.activation_peak_bytes,
+        "alloc" => profile.peak_allocated_bytes(),
+        other => panic!("{}: metric {other} is not a serving profile's", point.id),
+    }
 }
 
 /// A published measurement the planner cannot express yet (the `candidates` of a file in

@@ -154,6 +154,10 @@ fn reports() -> BTreeMap<&'static str, Value> {
             plan_json(json!({"model": "llama-3-8b", "gpu": "8GiB", "fit": "batch",
                 "min_gpus": true, "reserved": "estimate"})),
             plan_json(json!({"model": "gpt2", "mode": "generate", "zero": "3"})),
+            plan_json(
+                json!({"model": "llama-3-8b", "engine": "vllm", "gpu": "h100",
+                "max_model_len": 8192}),
+            ),
         ]),
     );
     let small = small_trace();

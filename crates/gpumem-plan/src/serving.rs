@@ -1,0 +1,306 @@
+//! Serving: vLLM's start-up memory profile planned from the model config, and the KV-cache
+//! capacity it leaves (`gpumem plan --engine vllm`).
+//!
+//! vLLM sizes its KV cache by a profile run at start-up (V0 engine, releases 0.6.5 to 0.8:
+//! `Worker.determine_num_available_blocks` in `vllm/worker/worker.py`, measured by
+//! `memory_profiling` in `vllm/utils.py`, PR #10511): with the weights loaded and no KV cache,
+//! `GPUModelRunnerBase.profile_run` (`vllm/worker/model_runner.py`) runs one dummy batch of
+//! `max_num_seqs` sequences sharing `max_num_batched_tokens` tokens, every one sampled with
+//! `top_p=0.99, top_k=vocab-1` (the sampler's most expensive path). The log's
+//! "PyTorch activation peak memory" is the torch peak allocated during that run minus what was
+//! allocated before it; the KV cache gets
+//! `gpu_memory_utilization × total − weights − activation peak − non-torch memory`, in blocks
+//! of `block_size` tokens.
+//!
+//! What is planned here, and from where in vLLM's model code (the Llama family,
+//! `vllm/model_executor/models/llama.py`, and the families written like it):
+//! - the dummy forward over the flattened batch of tokens: between layers the hidden states
+//!   and the residual (`fused_add_rms_norm` updates both in place); in attention the fused
+//!   `qkv_proj` output (kept by `LlamaAttention.forward` until it returns), the attention
+//!   output (FlashAttention varlen writes into one `torch.empty_like(query)`; no KV cache is
+//!   written while profiling) and the `o_proj` output; in the MLP the fused `gate_up_proj`
+//!   output (kept until `LlamaMLP.forward` returns), `SiluAndMul`'s half-width output and the
+//!   `down_proj` output;
+//! - the sampler (`vllm/model_executor/layers/sampler.py`, `Sampler.forward` and
+//!   `_apply_top_k_top_p`) over one row per sequence: the LM head's logits in the model dtype
+//!   over the vocabulary padded to 64 (`ParallelLMHead`), kept by `ModelRunner.execute_model`
+//!   while it samples; `logits.to(torch.float)`; `sort` (fp32 values, int64 indices); the
+//!   top-k mask (bool); `softmax` and `cumsum` (fp32); the top-p mask (bool); the inverse
+//!   permutation (int64, `scatter_`) and the re-sorted fp32 logits (`gather`), all alive at the
+//!   `gather`, with the final hidden states of every token and the pruned ones of the sampled
+//!   positions.
+
+use crate::error::{PlanError, Result};
+use crate::gpu::Gpu;
+use crate::model::{Architecture, ModelSpec, Norm, TransformerSpec};
+use crate::workload::{Dtype, Workload};
+use serde::Serialize;
+
+/// The serving engines whose start-up profile is planned (`--engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Engine {
+    /// vLLM's V0 engine (releases 0.6.5 to 0.8), whose profile run samples every sequence.
+    Vllm,
+}
+
+/// Names of `--engine`.
+pub const ENGINES: &[(&str, Engine)] = &[("vllm", Engine::Vllm)];
+
+/// vLLM's default `max_num_seqs` (`SchedulerConfig`).
+pub const DEFAULT_MAX_NUM_SEQS: u64 = 256;
+/// vLLM's default `gpu_memory_utilization` (`CacheConfig`).
+pub const DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
+/// vLLM's default KV-cache block size in tokens on CUDA (`CacheConfig.block_size`).
+pub const DEFAULT_BLOCK_SIZE: u64 = 16;
+/// The smallest `max_num_batched_tokens` vLLM's V0 scheduler picks without chunked prefill:
+/// `max(max_model_len, 2048)` (`SchedulerConfig.__post_init__`).
+pub const MIN_BATCHED_TOKENS_WITHOUT_CHUNKING: u64 = 2048;
+/// `ParallelLMHead` pads the vocabulary to a multiple of this (`DEFAULT_VOCAB_PADDING_SIZE`).
+pub const VOCAB_PADDING: u64 = 64;
+
+/// The engine settings of a serving plan, resolved (vLLM's flags of the same names).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ServeSettings {
+    /// The engine.
+    pub engine: Engine,
+    /// Longest sequence (prompt and output) a request may have.
+    pub max_model_len: u64,
+    /// Tokens of one scheduler step: the dummy forward's token count.
+    pub max_num_batched_tokens: u64,
+    /// Sequences of one step: the dummy batch's sequences and the sampler's rows.
+    pub max_num_seqs: u64,
+    /// Share of the GPU's total memory the instance may use.
+    pub gpu_memory_utilization: f64,
+    /// Tokens per KV-cache block.
+    pub block_size: u64,
+    /// Memory outside PyTorch's allocator that the profile counts (cuBLAS and NCCL
+    /// workspaces, CUDA graphs' pools are later): vLLM's `non_torch_memory`, bytes.
+    pub non_torch_bytes: u64,
+}
+
+/// vLLM's start-up memory profile, planned, and the KV-cache capacity it leaves.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServingProfile {
+    /// The settings planned.
+    pub settings: ServeSettings,
+    /// "model weights take": the weights in the model dtype.
+    pub weights_bytes: u64,
+    /// Peak of the dummy forward over `max_num_batched_tokens` tokens above the weights.
+    pub forward_peak_bytes: u64,
+    /// Peak of the sampler over `max_num_seqs` rows above the weights (with the hidden states
+    /// the forward returned).
+    pub sampler_peak_bytes: u64,
+    /// "PyTorch activation peak memory": the larger of the two.
+    pub activation_peak_bytes: u64,
+    /// Keys and values of one token over every layer.
+    pub kv_bytes_per_token: u64,
+    /// The GPU's total memory, when a GPU is given.
+    pub gpu_bytes: Option<u64>,
+    /// What the rest leaves for the KV cache (`gpu_memory_utilization × total − weights −
+    /// activation peak − non-torch`), when a GPU is given; negative: the model does not fit.
+    pub kv_cache_bytes: Option<i64>,
+    /// Whole KV-cache blocks in it ("# GPU blocks").
+    pub gpu_blocks: Option<u64>,
+    /// Tokens the blocks hold ("GPU KV cache size").
+    pub kv_tokens: Option<u64>,
+    /// Requests of `max_model_len` tokens the cache holds at once ("Maximum concurrency").
+    pub max_concurrency: Option<f64>,
+}
+
+impl ServingProfile {
+    /// Tensor bytes at the profile's peak (`torch.cuda.max_memory_allocated` over the run).
+    pub fn peak_allocated_bytes(&self) -> u64 {
+        self.weights_bytes + self.activation_peak_bytes
+    }
+}
+
+/// Plans vLLM's start-up profile of `model` under `serve` (weights in `workload.dtype`), and
+/// the KV cache it leaves on `gpu` when one is given.
+pub fn serving_profile(
+    model: &ModelSpec,
+    workload: &Workload,
+    serve: &ServeSettings,
+    gpu: Option<&Gpu>,
+) -> Result<ServingProfile> {
+    let spec = served_decoder(model)?;
+    if workload.quant.is_some() {
+        return Err(not_planned(
+            model,
+            "quantised checkpoints (their dequantising kernels' workspaces are not modelled)",
+        ));
+    }
+    let d = workload.dtype.bytes();
+    let weights_bytes = model.params().total() * d;
+    let forward_peak_bytes = forward_peak(spec, serve.max_num_batched_tokens, d);
+    let sampler_peak_bytes = sampler_peak(spec, serve, d);
+    let activation_peak_bytes = forward_peak_bytes.max(sampler_peak_bytes);
+    let kv_bytes_per_token = spec.layers * spec.cache_width() * kv_dtype(workload).bytes();
+    let mut profile = ServingProfile {
+        settings: *serve,
+        weights_bytes,
+        forward_peak_bytes,
+        sampler_peak_bytes,
+        activation_peak_bytes,
+        kv_bytes_per_token,
+        gpu_bytes: None,
+        kv_cache_bytes: None,
+        gpu_blocks: None,
+        kv_tokens: None,
+        max_concurrency: None,
+    };
+    if let Some(gpu) = gpu {
+        let usable = (gpu.memory_bytes as f64 * serve.gpu_memory_utilization) as i64;
+        let kv = usable - (weights_bytes + activation_peak_bytes + serve.non_torch_bytes) as i64;
+        let blocks = kv.max(0) as u64 / (serve.block_size * kv_bytes_per_token);
+        let tokens = blocks * serve.block_size;
+        profile.gpu_bytes = Some(gpu.memory_bytes);
+        profile.kv_cache_bytes = Some(kv);
+        profile.gpu_blocks = Some(blocks);
+        profile.kv_tokens = Some(tokens);
+        profile.max_concurrency = Some(tokens as f64 / serve.max_model_len as f64);
+    }
+    Ok(profile)
+}
+
+/// The KV cache's dtype: vLLM's `kv_cache_dtype="auto"`, the model's.
+fn kv_dtype(workload: &Workload) -> Dtype {
+    workload.dtype
+}
+
+/// The decoder vLLM's Llama-style model code runs: a causal LM with RMSNorm, a gated MLP,
+/// standard (not latent) attention and no experts; anything else is a typed error.
+fn served_decoder(model: &ModelSpec) -> Result<&TransformerSpec> {
+    let Architecture::Transformer(spec) = &model.arch else {
+        return Err(not_planned(model, "models that are not transformers"));
+    };
+    let unplanned = if !spec.is_causal_lm() || spec.is_encoder_decoder() {
+        Some("models that are not decoder-only causal LMs")
+    } else if spec.norm != Norm::RmsNorm || spec.sandwich_norms || spec.post_norm {
+        Some("norms other than pre-block RMSNorm (Gemma's offset and sandwich norms, LayerNorm)")
+    } else if !spec.gated_mlp {
+        Some("MLPs without a gate (vLLM fuses gate and up projections)")
+    } else if spec.latent.is_some() || spec.experts > 1 {
+        Some("latent attention and mixtures of experts")
+    } else if spec.vision.is_some() || spec.dual.is_some() || spec.audio.is_some() {
+        Some("multimodal models (the profile also runs dummy images or audio)")
+    } else {
+        None
+    };
+    match unplanned {
+        Some(what) => Err(not_planned(model, what)),
+        None => Ok(spec),
+    }
+}
+
+/// The typed error for a model or setting the serving plan does not cover.
+fn not_planned(model: &ModelSpec, what: &str) -> PlanError {
+    PlanError::InvalidValue {
+        name: "engine".into(),
+        value: format!("vllm for {}", model.name),
+        reason: format!(
+            "the vLLM profile is planned for Llama-style decoders (RMSNorm, gated MLP, \
+             grouped-query attention: Llama, Mistral, Qwen2, Qwen3, ...), not {what}"
+        ),
+    }
+}
+
+/// Peak bytes of the dummy forward over `tokens` flattened tokens in `d`-byte elements: the
+/// larger of the attention step (hidden, residual, fused qkv, attention output, o_proj output)
+/// and the MLP step (hidden, residual, fused gate_up, SiluAndMul output, down_proj output).
+fn forward_peak(spec: &TransformerSpec, tokens: u64, d: u64) -> u64 {
+    let h = spec.hidden;
+    let qkv = spec.query_width() + spec.kv_width() + spec.value_width();
+    let attention = 3 * h + qkv + spec.query_width();
+    let mlp = 3 * h + 3 * spec.intermediate;
+    tokens * d * attention.max(mlp)
+}
+
+/// Bytes per logit element alive at the sampler's `gather` besides the LM head's own output:
+/// fp32 logits (4), sorted values (4) and indices (8), top-k mask (1), softmax (4), cumsum
+/// (4), top-p mask (1), inverse permutation (8) and re-sorted logits (4).
+const SAMPLER_BYTES_PER_LOGIT: u64 = 4 + 4 + 8 + 1 + 4 + 4 + 1 + 8 + 4;
+
+/// Peak bytes of the profile's sampler step: the final hidden states of every token and of
+/// the sampled ones, the LM head's logits over the padded vocabulary, and the top-k/top-p
+/// path's tensors over one row per sequence.
+fn sampler_peak(spec: &TransformerSpec, serve: &ServeSettings, d: u64) -> u64 {
+    let rows = serve.max_num_seqs.min(serve.max_num_batched_tokens);
+    let padded_vocab = spec.vocab.div_ceil(VOCAB_PADDING) * VOCAB_PADDING;
+    let hidden = (serve.max_num_batched_tokens + rows) * spec.hidden * d;
+    hidden + rows * padded_vocab * d + rows * spec.vocab * SAMPLER_BYTES_PER_LOGIT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::find_model;
+    use crate::settings::Settings;
+
+    fn settings(tokens: u64, seqs: u64) -> ServeSettings {
+        ServeSettings {
+            engine: Engine::Vllm,
+            max_model_len: 8192,
+            max_num_batched_tokens: tokens,
+            max_num_seqs: seqs,
+            gpu_memory_utilization: 0.9,
+            block_size: 16,
+            non_torch_bytes: 0,
+        }
+    }
+
+    fn bf16() -> Workload {
+        Settings {
+            mode: Some("infer".into()),
+            dtype: Some("bf16".into()),
+            ..Settings::default()
+        }
+        .to_workload()
+        .unwrap()
+    }
+
+    #[test]
+    fn llama_3_8b_profile_by_hand() {
+        let model = find_model("llama-3-8b").unwrap();
+        let p = serving_profile(&model, &bf16(), &settings(8192, 256), None).unwrap();
+        // Sampler: 256 rows × 128256 logits × (2 + 38) bytes, hidden states of 8192 + 256
+        // tokens × 4096 × 2 bytes.
+        let rows = 256 * 128_256u64;
+        assert_eq!(p.sampler_peak_bytes, rows * 40 + (8192 + 256) * 4096 * 2);
+        // Forward: the MLP step, 3 × (4096 + 14336) elements per token.
+        assert_eq!(p.forward_peak_bytes, 8192 * 2 * 3 * (4096 + 14336));
+        assert_eq!(p.activation_peak_bytes, p.sampler_peak_bytes);
+        // 32 layers × 8 KV heads × 128 × 2 (k and v) × 2 bytes.
+        assert_eq!(p.kv_bytes_per_token, 32 * 8 * 128 * 2 * 2);
+    }
+
+    #[test]
+    fn long_batches_peak_in_the_forward() {
+        let model = find_model("llama-3-8b").unwrap();
+        let p = serving_profile(&model, &bf16(), &settings(65_536, 256), None).unwrap();
+        assert_eq!(p.activation_peak_bytes, p.forward_peak_bytes);
+        assert!(p.forward_peak_bytes > p.sampler_peak_bytes);
+    }
+
+    #[test]
+    fn kv_capacity_from_the_gpu() {
+        let model = find_model("llama-3-8b").unwrap();
+        let gpu = crate::gpu::find_gpu("h100").unwrap();
+        let p = serving_profile(&model, &bf16(), &settings(8192, 256), Some(&gpu)).unwrap();
+        let kv = p.kv_cache_bytes.unwrap();
+        let expected = (gpu.memory_bytes as f64 * 0.9) as i64
+            - (p.weights_bytes + p.activation_peak_bytes) as i64;
+        assert_eq!(kv, expected);
+        let blocks = p.gpu_blocks.unwrap();
+        assert_eq!(blocks, kv as u64 / (16 * p.kv_bytes_per_token));
+        assert_eq!(p.kv_tokens, Some(blocks * 16));
+        assert_eq!(p.max_concurrency, Some((blocks * 16) as f64 / 8192.0));
+    }
+
+    #[test]
+    fn encoders_are_refused_by_name() {
+        let model = find_model("bert-base-uncased").unwrap();
+        let err = serving_profile(&model, &bf16(), &settings(8192, 256), None).unwrap_err();
+        assert!(err.to_string().contains("decoder-only"), "{err}");
+    }
+}
