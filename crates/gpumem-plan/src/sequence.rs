@@ -696,6 +696,22 @@ mod tests {
         }
     }
 
+    /// Training of `model` with FSDP `version` over 2 ranks on `target`, batch 2 × 512,
+    /// parameters offloaded or not.
+    fn fsdp_workload(model: &ModelSpec, version: &str, target: &str, offload: bool) -> Workload {
+        let settings = Settings {
+            batch: Some(2),
+            seq: Some(512),
+            gpus: Some(2),
+            fsdp: true,
+            fsdp_version: Some(version.into()),
+            offload,
+            target: Some(target.into()),
+            ..Settings::default()
+        };
+        settings.resolve(model).unwrap().workload
+    }
+
     /// FSDP1 on a GPU makes its gathered flat parameters on the unshard stream, the offloaded
     /// shard's GPU copy on the pre-unshard stream and the reduce-scatter's buffers on the
     /// post-backward stream; FSDP2, and FSDP1 on the CPU (gloo), everything on the compute
@@ -705,17 +721,7 @@ mod tests {
     fn fsdp1_buffers_are_on_its_streams() {
         let model = find_model("llama-3.2-1b").unwrap();
         let streams = |version: &str, target: &str| {
-            let settings = Settings {
-                batch: Some(2),
-                seq: Some(512),
-                gpus: Some(2),
-                fsdp: true,
-                fsdp_version: Some(version.into()),
-                offload: true,
-                target: Some(target.into()),
-                ..Settings::default()
-            };
-            let workload = settings.resolve(&model).unwrap().workload;
+            let workload = fsdp_workload(&model, version, target, true);
             let events = allocation_sequence(&model, &workload).unwrap();
             let mut used: Vec<Stream> = events
                 .iter()
@@ -753,16 +759,7 @@ mod tests {
     fn fsdp1_backward_waits_for_one_resharded_unit() {
         let model = find_model("llama-3.2-1b").unwrap();
         let buffers = |version: &str, target: &str| {
-            let settings = Settings {
-                batch: Some(2),
-                seq: Some(512),
-                gpus: Some(2),
-                fsdp: true,
-                fsdp_version: Some(version.into()),
-                target: Some(target.into()),
-                ..Settings::default()
-            };
-            let workload = settings.resolve(&model).unwrap().workload;
+            let workload = fsdp_workload(&model, version, target, false);
             let counts = model.params();
             let trainable = trainable_params(&model, &workload, &counts);
             let units = build_units(&model, &workload, workload.batch);
