@@ -5,7 +5,6 @@ use crate::error::{PlanError, Result};
 use crate::lora::LoraTargets;
 use crate::model::{Architecture, ModelSpec};
 use crate::quant::{CheckpointQuant, QuantFormat, Quantization};
-use crate::serving::ServeSettings;
 use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
@@ -274,7 +273,7 @@ fn count(text: &str) -> std::result::Result<u64, String> {
 pub const DEFAULT_LORA_RANK: u64 = 16;
 
 /// Parses an optional choice against its table of accepted names.
-fn pick<T: Clone>(
+pub(crate) fn pick<T: Clone>(
     value: &Option<String>,
     kind: &'static str,
     table: &[(&str, T)],
@@ -334,116 +333,6 @@ impl Settings {
         }
         warnings.extend(self.lower_default_seq(model, &mut workload));
         Ok(Resolved { workload, warnings })
-    }
-
-    /// The serving engine's settings when `--engine` is given (None without it), with vLLM's
-    /// defaults for `model`; a bad name, a zero count or a utilization outside (0, 1] is a
-    /// typed error, and so are engine flags without `--engine`.
-    pub fn serving(&self, model: &ModelSpec) -> Result<Option<ServeSettings>> {
-        let Some(engine) = pick(&self.engine, "engine", crate::serving::ENGINES)? else {
-            let given = [
-                ("--max-model-len", self.max_model_len.is_some()),
-                (
-                    "--max-num-batched-tokens",
-                    self.max_num_batched_tokens.is_some(),
-                ),
-                ("--max-num-seqs", self.max_num_seqs.is_some()),
-                (
-                    "--gpu-memory-utilization",
-                    self.gpu_memory_utilization.is_some(),
-                ),
-                ("--block-size", self.block_size.is_some()),
-                ("--non-torch-bytes", self.non_torch_bytes.is_some()),
-            ];
-            return match given.iter().find(|(_, set)| *set) {
-                Some((flag, _)) => Err(PlanError::Conflict {
-                    first: (*flag).into(),
-                    second: "no --engine".into(),
-                    reason: "it sets a serving engine; add --engine vllm".into(),
-                }),
-                None => Ok(None),
-            };
-        };
-        let positive = |name: &str, value: Option<u64>, default: u64| match value {
-            Some(0) => Err(PlanError::InvalidValue {
-                name: name.into(),
-                value: "0".into(),
-                reason: "must be a positive integer".into(),
-            }),
-            Some(v) => Ok(v),
-            None => Ok(default),
-        };
-        let max_model_len = match (self.max_model_len, max_position_embeddings(model)) {
-            (Some(len), _) => positive("max-model-len", Some(len), 0)?,
-            (None, Some(len)) => len,
-            (None, None) => {
-                return Err(PlanError::InvalidValue {
-                    name: "max-model-len".into(),
-                    value: "none".into(),
-                    reason: format!(
-                        "{} states no max_position_embeddings; give --max-model-len",
-                        model.name
-                    ),
-                })
-            }
-        };
-        let utilization = self
-            .gpu_memory_utilization
-            .unwrap_or(crate::serving::DEFAULT_GPU_MEMORY_UTILIZATION);
-        if !(utilization > 0.0 && utilization <= 1.0) {
-            return Err(PlanError::InvalidValue {
-                name: "gpu-memory-utilization".into(),
-                value: utilization.to_string(),
-                reason: "must be a share of the GPU above 0 and at most 1".into(),
-            });
-        }
-        Ok(Some(ServeSettings {
-            engine,
-            max_model_len,
-            max_num_batched_tokens: positive(
-                "max-num-batched-tokens",
-                self.max_num_batched_tokens,
-                max_model_len.max(crate::serving::MIN_BATCHED_TOKENS_WITHOUT_CHUNKING),
-            )?,
-            max_num_seqs: positive(
-                "max-num-seqs",
-                self.max_num_seqs,
-                crate::serving::DEFAULT_MAX_NUM_SEQS,
-            )?,
-            gpu_memory_utilization: utilization,
-            block_size: positive(
-                "block-size",
-                self.block_size,
-                crate::serving::DEFAULT_BLOCK_SIZE,
-            )?,
-            non_torch_bytes: self.non_torch_bytes.unwrap_or(0),
-        }))
-    }
-
-    /// The shape flags of a PyTorch forward that a serving engine's profile does not read: it
-    /// runs its own batch (`max_num_seqs` sequences sharing `max_num_batched_tokens` tokens)
-    /// with its own attention kernel and no KV cache.
-    fn ignored_by_engine(&self) -> Vec<Warning> {
-        if self.engine.is_none() {
-            return Vec::new();
-        }
-        [
-            ("--batch", self.batch.is_some()),
-            ("--seq", self.seq.is_some()),
-            ("--new-tokens", self.new_tokens.is_some()),
-            ("--attn", self.attn.is_some()),
-            ("--no-cache", self.no_cache),
-            ("--labels", self.labels),
-        ]
-        .into_iter()
-        .filter(|(_, given)| *given)
-        .map(|(flag, _)| Warning::Ignored {
-            flag,
-            reason: "the serving engine's profile runs its own batch (--max-num-seqs sequences \
-                     sharing --max-num-batched-tokens tokens) with its own attention kernel"
-                .into(),
-        })
-        .collect()
     }
 
     /// `--lora-targets` read with `model_type`'s module names (all-linear without the flag).
@@ -1100,13 +989,5 @@ mod tests {
                 help(id)
             );
         }
-    }
-}
-
-/// The config's `max_position_embeddings`: vLLM's default `max_model_len`.
-fn max_position_embeddings(model: &ModelSpec) -> Option<u64> {
-    match &model.arch {
-        Architecture::Transformer(spec) => spec.max_positions,
-        _ => None,
     }
 }
