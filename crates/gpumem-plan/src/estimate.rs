@@ -379,11 +379,13 @@ fn simulate_training(
     ];
     // Without an optimizer the step ends with backward, its gradients allocated.
     if workload.optimizer != Optimizer::None {
+        // What the units hold until the step ends (outputs the caller holds) lives through it.
+        let held = units.iter().map(|u| u.held).sum();
         let step = phase_breakdown(
             states,
             (0.0, 0.0),
             all_gradients,
-            0.0,
+            held,
             states.step_temporaries,
         );
         phases.push((Phase::OptimizerStep, step));

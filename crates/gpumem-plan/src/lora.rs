@@ -125,19 +125,22 @@ pub fn small_adapter_params(
 /// output the MLP's first linears read, the activation down reads — is one tensor of `act`
 /// bytes per element, saved by the trained linears):
 /// * a group none of whose linears is adapted is saved by nothing (its linears are frozen);
-/// * with dropout (`p > 0`), each adapter saves its dropout's fp32 output and 1-byte mask
-///   instead of the input;
-/// * without, each adapter over a half-precision base saves its own fp32 copy of the input
-///   (PEFT's `autocast_adapter_dtype`), and over an fp32 base the input itself (one tensor).
+/// * with dropout (`p > 0`), each adapter saves its dropout's output (in the adapters' dtype:
+///   fp32 under PEFT's `autocast_adapter_dtype`) and 1-byte mask instead of the input;
+/// * without, each fp32 adapter over a half-precision base saves its own fp32 copy of the
+///   input, and otherwise the input itself (one tensor).
 ///
 /// With `o_input_shared`, the output projection's input is the attention kernel's output, which
 /// the kernel saves whether or not o is adapted. Each adapter also saves its `lora_A` output
-/// (`rank` fp32 values per token) for `lora_B`.
+/// (`rank` values per token) for `lora_B`.
 pub struct LoraBlock {
     /// Bytes per activation element.
     pub act: f64,
-    /// The base weights are in half precision (PEFT then casts each adapter's input to fp32).
+    /// The base weights are in half precision (fp32 adapters then cast each input to fp32).
     pub half_base: bool,
+    /// Bytes per element of the adapters and what they compute: 4 for PEFT's fp32 adapters
+    /// (`Workload::fp32_adapters`), else the base's dtype (litgpt, PEFT before 0.12).
+    pub adapter: f64,
     /// The output projection reads what the attention kernel saves anyway.
     pub o_input_shared: bool,
     /// litgpt's LoRA: adapters in the activation dtype (no fp32 copy); the fused qkv linear
@@ -230,17 +233,19 @@ impl AdaptedInputs<'_> {
                 freed,
             );
         }
+        let adapter = self.block.adapter;
         let inputs = if adapted == 0.0 {
             -freed
         } else if dropout > 0.0 {
-            adapted * 5.0 * width - freed
-        } else if self.block.half_base {
-            adapted * 4.0 * width - freed
+            // Dropout's output in the adapters' dtype and its 1-byte mask.
+            adapted * (adapter + 1.0) * width - freed
+        } else if self.block.half_base && adapter > self.block.act {
+            adapted * adapter * width - freed
         } else {
             0.0
         };
         // Each adapter's `lora_A` output, saved by its `lora_B`.
-        inputs + adapted * 4.0 * rank
+        inputs + adapted * adapter * rank
     }
 
     /// The group's input as full training saves it, which the frozen linears free unless they
@@ -513,6 +518,7 @@ mod tests {
             let block = LoraBlock {
                 act: 2.0,
                 half_base: true,
+                adapter: 4.0,
                 o_input_shared: false,
                 litgpt: true,
                 base_saves_inputs: false,
@@ -621,6 +627,7 @@ mod tests {
         let block = LoraBlock {
             act: 2.0,
             half_base: true,
+            adapter: 4.0,
             o_input_shared: true,
             litgpt: false,
             base_saves_inputs: false,
@@ -678,6 +685,7 @@ mod tests {
             let block = LoraBlock {
                 act: 2.0,
                 half_base: true,
+                adapter: 4.0,
                 o_input_shared: false,
                 litgpt: false,
                 base_saves_inputs: false,

@@ -99,6 +99,13 @@ pub struct Settings {
     /// `outputs = model(...)` without `del outputs` (forward/backward benchmark scripts).
     #[cfg_attr(feature = "clap", arg(long))]
     pub keep_outputs: bool,
+    /// With the model's own loss (--loss hf): the loop holds the model's outputs (the logits
+    /// it returns: fp32 in a Llama-family forward before transformers 4.45) through backward
+    /// and the optimizer step, and drops them before the next forward (`output = model(...,
+    /// labels=...)`, `output.loss.backward()`, `optimizer.step()`, `output = None`, as
+    /// AnswerDotAI's fsdp_qlora train.py runs); the HF Trainer keeps only the loss.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub hold_outputs: bool,
     /// Total GPUs [default: 1].
     #[cfg_attr(feature = "clap", arg(long))]
     pub gpus: Option<u64>,
@@ -172,9 +179,10 @@ pub struct Settings {
     /// KV cache) [default: hf].
     #[cfg_attr(feature = "clap", arg(long))]
     pub loss: Option<String>,
-    /// Whose model and LoRA code runs the step: hf (transformers models, PEFT's LoRA with fp32
-    /// adapters), litgpt (its own models: one LoRA lora_A and dropout for the fused qkv,
-    /// adapters in the model's dtype, grouped-query keys and values repeated to every head) or
+    /// Whose model and LoRA code runs the step: hf (transformers models, PEFT's LoRA: fp32
+    /// adapters since PEFT 0.12, see --peft), litgpt (its own models: one LoRA lora_A and
+    /// dropout for the fused qkv, adapters in the model's dtype, grouped-query keys and values
+    /// repeated to every head) or
     /// gpt-fast (generate mode: gpt-fast's / torchao's generate.py without --compile, a static
     /// KV cache of --cache-len positions, default the prompt and new tokens rounded up to 8, with
     /// its cache-len² boolean causal mask) [default: hf].
@@ -208,6 +216,11 @@ pub struct Settings {
     /// backward [default: latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub bitsandbytes: Option<String>,
+    /// PEFT release the LoRA adapters (--lora-rank) are built with, MAJOR.MINOR[.PATCH]:
+    /// before 0.12 they take the base weights' dtype (bf16 adapters, gradients and optimizer
+    /// states over a bf16 base), since then fp32 [default: latest].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
+    pub peft: Option<String>,
     /// Inference from a quantised checkpoint, FORMAT[:OPTION,...]: int8 (bitsandbytes
     /// LLM.int8), fp4 | nf4 (bitsandbytes 4-bit; options double, compute=fp32|bf16|fp16), gptq
     /// (options bits=2|3|4|8, group=N, kernel=exllama|exllamav2|cuda-old: AutoGPTQ's linear and
@@ -488,6 +501,7 @@ impl Settings {
         };
         let framework =
             pick(&self.framework, "framework", choices::FRAMEWORKS)?.unwrap_or(d.framework);
+        let loss = pick(&self.loss, "loss", choices::LOSSES)?.unwrap_or(d.loss);
         let workload = Workload {
             mode,
             batch: self.batch.unwrap_or(d.batch),
@@ -510,6 +524,7 @@ impl Settings {
             grad_accum: self.grad_accum.unwrap_or(d.grad_accum),
             keep_grads: self.keep_grads,
             keep_outputs: self.keep_outputs,
+            hold_outputs: self.hold_outputs && mode == Mode::Train && loss == Loss::Hf,
             checkpointing,
             // gpt-fast's model calls SDPA itself (`F.scaled_dot_product_attention`).
             attention: match framework {
@@ -533,7 +548,7 @@ impl Settings {
             },
             use_cache: !self.no_cache,
             labels: self.labels,
-            loss: pick(&self.loss, "loss", choices::LOSSES)?.unwrap_or(d.loss),
+            loss,
             loss_chunk: self.loss_chunk,
             framework,
             cache_len: self.cache_len,
@@ -546,6 +561,11 @@ impl Settings {
                 .bitsandbytes
                 .as_deref()
                 .map(|text| Release::parse("bitsandbytes", text))
+                .transpose()?,
+            peft: self
+                .peft
+                .as_deref()
+                .map(|text| Release::parse("peft", text))
                 .transpose()?,
             quant: None,
             freeze_vision_tower: self.freeze_vision_tower,
@@ -715,6 +735,11 @@ impl Settings {
                 if no_lora { &no_adapters } else { &no_training },
             ),
             (
+                "--peft",
+                self.peft.is_some() && (no_lora || inference),
+                if no_lora { &no_adapters } else { &no_training },
+            ),
+            (
                 "--optimizer-impl",
                 inference && self.optimizer_impl.is_some(),
                 &no_training,
@@ -847,6 +872,17 @@ impl Settings {
                 flag: "--keep-outputs",
                 reason: "only a training step with --loss none returns outputs the loop keeps \
                          (the loss of the others is all the caller holds)"
+                    .into(),
+            });
+        }
+        let hf_loss = self
+            .loss
+            .as_deref()
+            .is_none_or(|l| parse("loss", l, choices::LOSSES).ok() == Some(Loss::Hf));
+        if self.hold_outputs && (mode != Mode::Train || !hf_loss) {
+            warnings.push(Warning::Ignored {
+                flag: "--hold-outputs",
+                reason: "only a training step with the model's own loss (--loss hf) returns                          logits beside the loss (--loss none holds its outputs anyway)"
                     .into(),
             });
         }

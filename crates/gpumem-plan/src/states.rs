@@ -249,11 +249,10 @@ impl StageParams {
         let trained_params = units.iter().map(Unit::trained_params).sum::<u64>() as f64 / tp;
         let share = full_params / counts.total().max(1) as f64;
         let lora = workload.lora;
-        // PEFT keeps its adapters in fp32 whatever the base's dtype (`autocast_adapter_dtype`), so
-        // their gradients and optimizer states are fp32 too.
-        // litgpt keeps them in the model's dtype.
-        let peft = workload.framework == crate::workload::Framework::Hf;
-        let trained_bytes = if lora.is_some() && peft {
+        // PEFT since 0.12 keeps its adapters in fp32 whatever the base's dtype
+        // (`autocast_adapter_dtype`), so their gradients and optimizer states are fp32 too.
+        // litgpt, and PEFT before 0.12, keep them in the model's dtype.
+        let trained_bytes = if lora.is_some() && workload.fp32_adapters() {
             4.0
         } else {
             workload.dtype.bytes() as f64

@@ -114,7 +114,8 @@ impl Loss {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Framework {
-    /// Hugging Face transformers models, PEFT's LoRA (fp32 adapters, one per linear).
+    /// Hugging Face transformers models, PEFT's LoRA (one adapter per linear, fp32 since PEFT 0.12:
+    /// [`Workload::fp32_adapters`]).
     Hf,
     /// litgpt's own models: one fused qkv linear whose LoRA has one `lora_A` (and one dropout)
     /// for the enabled q/k/v, adapters in the model's dtype, and grouped-query keys and values
@@ -206,6 +207,14 @@ pub const GROUPED_KEYS_TO_SDPA_SINCE: Release = Release::new(4, 48, 0);
 /// `ctx.tensors = (A, B)` held every frozen 4-bit linear's input until its backward ran,
 /// though only the weight is needed for the input's gradient.
 pub const BNB_4BIT_MATMUL_FREES_INPUT_SINCE: Release = Release::new(0, 43, 2);
+
+/// The first PEFT release that keeps LoRA adapters in fp32 over a half-precision base
+/// (`get_peft_model(..., autocast_adapter_dtype=True)`, `BaseTuner._cast_adapter_dtype`, peft
+/// 0.12.0 `tuners/tuners_utils.py`). Before it `LoraLayer.update_layer` moved each new adapter
+/// to the base weight's device and dtype (peft 0.9.0-0.11.1 `tuners/lora/layer.py`,
+/// `self.to(weight.device, dtype=weight.dtype)`): bf16 adapters over a bf16 base, and so bf16
+/// dropout outputs, gradients and optimizer states.
+pub const PEFT_FP32_ADAPTERS_SINCE: Release = Release::new(0, 12, 0);
 
 impl Release {
     /// The release `major.minor.patch`.
@@ -424,6 +433,9 @@ pub struct Workload {
     /// (`outputs = model(...)` rebinds only when the forward returns): with `--loss none` its
     /// logits and the KV cache a causal LM returns in training (`Unit::retained`).
     pub keep_outputs: bool,
+    /// With the model's own loss ([`Loss::Hf`]), the loop holds the model's outputs through
+    /// backward and the optimizer step (`Unit::held`), dropping them before the next forward.
+    pub hold_outputs: bool,
     /// Activation recomputation.
     pub checkpointing: Checkpointing,
     /// Attention implementation.
@@ -459,6 +471,9 @@ pub struct Workload {
     /// The bitsandbytes release a QLoRA base runs with (see
     /// [`BNB_4BIT_MATMUL_FREES_INPUT_SINCE`]); None: today's (the latest).
     pub bitsandbytes: Option<Release>,
+    /// The PEFT release LoRA adapters are built with (see [`PEFT_FP32_ADAPTERS_SINCE`]);
+    /// None: today's (the latest).
+    pub peft: Option<Release>,
     /// Inference from a quantised checkpoint: how its block linears are stored (None: in
     /// `dtype`). Training plans a quantised base through [`Lora::base`].
     pub quant: Option<crate::quant::Quantization>,
@@ -490,6 +505,7 @@ impl Default for Workload {
             grad_accum: 1,
             keep_grads: false,
             keep_outputs: false,
+            hold_outputs: false,
             checkpointing: Checkpointing::None,
             attention: Attention::Sdpa,
             lora: None,
@@ -505,6 +521,7 @@ impl Default for Workload {
             cache_len: None,
             transformers: None,
             bitsandbytes: None,
+            peft: None,
             quant: None,
             freeze_vision_tower: false,
         }
@@ -544,6 +561,16 @@ impl Workload {
     /// embedding unquantised.
     pub fn four_bit_lm_head(&self) -> bool {
         self.framework == Framework::Litgpt && self.four_bit_base().is_some()
+    }
+
+    /// Whether PEFT's LoRA adapters are fp32 whatever the base's dtype (a PEFT release since
+    /// [`PEFT_FP32_ADAPTERS_SINCE`]); otherwise they are in the model's dtype (litgpt's own
+    /// LoRA, or an older PEFT).
+    pub fn fp32_adapters(&self) -> bool {
+        self.framework == Framework::Hf
+            && self
+                .peft
+                .is_none_or(|release| release >= PEFT_FP32_ADAPTERS_SINCE)
     }
 
     /// Whether each frozen 4-bit linear of a QLoRA base keeps its input for backward: a

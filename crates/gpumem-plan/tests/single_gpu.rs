@@ -1,6 +1,7 @@
 //! The single-GPU settings: `--optimizer none`, `--loss none`, `--grad-ckpt-every K`, `--grad-ckpt-per-op`,
-//! `--transformers VERSION` and the bitsandbytes dequantisation buffers under `--qlora`: their
-//! errors, warnings, and what they change in the estimate and the allocation sequence.
+//! `--transformers VERSION`, `--peft VERSION`, `--hold-outputs` and the bitsandbytes
+//! dequantisation buffers under `--qlora`: their errors, warnings, and what they change in the
+//! estimate and the allocation sequence.
 
 use gpumem_plan::sequence::peak_live_bytes;
 use gpumem_plan::workload::Release;
@@ -836,4 +837,69 @@ fn dropout_on_a_mixture_of_experts_router_or_experts_is_refused_as_peft_refuses_
     );
     // Attention adapters are modules: dropout is theirs to take.
     assert!(checked(lora(Some("q_proj,v_proj"))).is_ok());
+}
+
+/// PEFT LoRA (r 16, all linears, dropout 0.1) over a bf16 Llama 2 7B, one 512-token sequence,
+/// with AdamW, built by `peft` (None: today's).
+fn peft_lora(peft: Option<&str>) -> Settings {
+    Settings {
+        optimizer: Some("adamw".into()),
+        lora_rank: Some(16),
+        lora_dropout: Some(0.1),
+        peft: peft.map(Into::into),
+        ..settings("train", 1, 512)
+    }
+}
+
+#[test]
+fn peft_before_0_12_keeps_adapters_in_the_base_dtype() {
+    let today = plan("llama-2-7b", &peft_lora(None));
+    let since = plan("llama-2-7b", &peft_lora(Some("0.12.0")));
+    let old = plan("llama-2-7b", &peft_lora(Some("0.11.1")));
+    assert_eq!(since.peak_allocated_bytes, today.peak_allocated_bytes);
+    // bf16 adapters: half the fp32 adapters' bytes, their gradients and AdamW's two moments.
+    let half = |b: fn(&Estimate) -> u64| (b(&today) as f64 / 2.0 - b(&old) as f64).abs() <= 1.0;
+    assert!(half(|e| e.breakdown.gradients), "{old:?}");
+    assert!(half(|e| e.breakdown.optimizer_states), "{old:?}");
+    // Each adapter saves its dropout's output in bf16 (2 bytes, not 4) beside the 1-byte mask.
+    assert!(old.breakdown.activations < today.breakdown.activations);
+    // The release matters only to LoRA in training.
+    let full = Settings {
+        lora_rank: None,
+        lora_dropout: None,
+        ..peft_lora(Some("0.10"))
+    };
+    assert!(ignored_flags("llama-2-7b", &full).contains(&"--peft"));
+    assert!(!ignored_flags("llama-2-7b", &peft_lora(Some("0.10"))).contains(&"--peft"));
+}
+
+/// A causal LM's step with the model's own loss, its outputs held through backward or not.
+fn held_outputs(hold: bool, transformers: Option<&str>) -> Settings {
+    Settings {
+        optimizer: Some("adamw".into()),
+        hold_outputs: hold,
+        transformers: transformers.map(Into::into),
+        ..settings("train", 2, 512)
+    }
+}
+
+#[test]
+fn held_outputs_keep_the_returned_logits_through_backward() {
+    // Llama 3.2 1B: vocabulary 128256; its forward upcasts all logits to fp32 before 4.45.
+    let logits = 2.0 * 512.0 * 128256.0;
+    for (release, bytes) in [(Some("4.38"), 4.0), (None, 2.0)] {
+        let dropped = plan("llama-3.2-1b", &held_outputs(false, release));
+        let held = plan("llama-3.2-1b", &held_outputs(true, release));
+        // Held until the step ends: through the optimizer step too.
+        assert_eq!(held.peak_phase, dropped.peak_phase);
+        let more = held.peak_allocated_bytes as f64 - dropped.peak_allocated_bytes as f64;
+        assert!((more - bytes * logits).abs() < 1.0, "{release:?}: {more}");
+    }
+    // --loss none holds its outputs anyway; inference returns them to the caller.
+    let summed = Settings {
+        loss: Some("none".into()),
+        ..held_outputs(true, None)
+    };
+    assert!(ignored_flags("llama-3.2-1b", &summed).contains(&"--hold-outputs"));
+    assert!(!ignored_flags("llama-3.2-1b", &held_outputs(true, None)).contains(&"--hold-outputs"));
 }

@@ -30,6 +30,7 @@ impl TransformerGraph<'_> {
             return LoraInputs::default();
         };
         let half_base = self.bytes.residual < BytesPerElement::FP32;
+        let adapter = self.adapter_bytes().bytes();
         // The output projection reads the attention kernel's output, which the kernel saves
         // anyway, unless eager attention (or per-head queries) makes a merged copy for it.
         let o_input_shared = !self.own_kernel.materialises_scores()
@@ -37,6 +38,7 @@ impl TransformerGraph<'_> {
         let block = crate::lora::LoraBlock {
             act: self.bytes.act.bytes(),
             half_base,
+            adapter,
             o_input_shared,
             litgpt: self.litgpt(),
             base_saves_inputs: self.workload.four_bit_base_saves_inputs(),
@@ -72,27 +74,35 @@ impl TransformerGraph<'_> {
         };
         let (fp32, none) = (BytesPerElement::FP32, BytesPerElement::ZERO);
         let cpu = self.workload.target == Target::Cpu;
-        let half_base = self.bytes.residual < fp32;
-        let litgpt = self.litgpt();
-        let adapter_dtype = if litgpt { self.bytes.act } else { fp32 };
+        let adapter_dtype = self.adapter_bytes();
+        // fp32 adapters over a half-precision base cast what they read and what they add.
+        let casts = self.bytes.residual < fp32 && adapter_dtype > self.bytes.act;
         let before = if lora.dropout > 0.0 {
-            let cast = if half_base && !litgpt { fp32 } else { none };
+            let cast = if casts { adapter_dtype } else { none };
             cast + if cpu { adapter_dtype } else { none }
         } else {
             none
         };
-        let after = 2.0 * adapter_dtype
-            + if cpu && half_base && !litgpt {
-                fp32
-            } else {
-                none
-            };
+        let after = 2.0 * adapter_dtype + if cpu && casts { fp32 } else { none };
         let cross_reads = encoder_tokens > Tokens::ZERO;
         let (own, cross) = crate::lora::adapter_widths(self.spec, layer, lora.targets, cross_reads);
         let bytes = |tokens: Tokens, w: crate::lora::AdapterWidths| {
             tokens * (before * Width(w.input)).max(after * Width(w.output))
         };
         bytes(tokens, own).max(bytes(encoder_tokens, cross)) / self.split.tp
+    }
+
+    /// Bytes per element of the LoRA adapters and of what they compute: PEFT's fp32 adapters
+    /// (`Workload::fp32_adapters`), else the model's dtype (litgpt's adapters, and PEFT before
+    /// 0.12 moved each adapter to its base weight's dtype).
+    fn adapter_bytes(&self) -> BytesPerElement {
+        if self.litgpt() {
+            self.bytes.act
+        } else if self.workload.fp32_adapters() {
+            BytesPerElement::FP32
+        } else {
+            BytesPerElement(self.workload.dtype.bytes() as f64)
+        }
     }
 
     /// Bytes a mixture of experts saves for the weights PEFT folds its router's and experts'

@@ -7,7 +7,6 @@ use crate::model::LayerKind;
 use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
 use crate::single_gpu::per_op_saved_matmul_widths;
 use crate::unit::{SavedGroup, Unit, WholeTensors};
-use crate::workload::Loss;
 
 /// A block's attentions as they ran: its self-attention and a decoder's cross-attention.
 struct BlockAttentions {
@@ -47,10 +46,10 @@ impl TransformerGraph<'_> {
         let (inference_live, mlp_intermediates) =
             self.block_no_grad_live(tokens, layer, &attentions);
         let dequantised = self.dequantised(layer, tokens);
-        // The cache copies the outputs hold: through backward with `--loss none` (the caller
-        // keeps the outputs), else until the forward returns. As (held, forward_held).
+        // The cache copies the outputs hold: through backward where the caller keeps the
+        // outputs (`--loss none`, `--hold-outputs`), else until the forward returns. As (held, forward_held).
         let cache_copies = own.forward_held + cross_memory.forward_held;
-        let outputs_held = if self.workload.loss == Loss::None {
+        let outputs_held = if self.outputs_through_backward() {
             (cache_copies, Bytes::ZERO)
         } else {
             (Bytes::ZERO, cache_copies)

@@ -97,11 +97,20 @@ impl TransformerGraph<'_> {
             (Bytes::ZERO, t.fp32_copy, [log_probs, log_probs])
         };
         let backward_start = backward_start.map(Bytes::bytes);
+        // A loop that holds the outputs (`--hold-outputs`) keeps the logits they return until
+        // the step ends: the fp32 copy where the forward upcasts them all (transformers before
+        // 4.45: `logits = logits.float()` before the loss), else as the head made them.
+        let held = match (self.workload.hold_outputs, t.upcast_all) {
+            (false, _) => Bytes::ZERO,
+            (true, true) => t.logits_tokens * t.vocab * BytesPerElement::FP32,
+            (true, false) => t.logits,
+        };
         Unit {
             name: "head",
             saved: (t.head_saved + log_probs + kept_copy + t.softcap).bytes(),
-            // Only the loss leaves the model (as in the HF Trainer): logits and their fp32
-            // copy live until log_softmax has run.
+            held: held.bytes(),
+            // Unless held, only the loss leaves the model (as in the HF Trainer): logits and
+            // their fp32 copy live until log_softmax has run.
             forward_transient: (t.logits + forward_copy + t.softcap).bytes(),
             backward_transient: backward_start.iter().sum(),
             // The logits' gradient (cast back to the logits dtype) feeds the LM head,

@@ -7,7 +7,7 @@ use crate::model::{Architecture, ModelSpec, Patches, TransformerSpec};
 use crate::quantity::{Bytes, Tokens, Width};
 use crate::releases::OldRelease;
 use crate::unit::Unit;
-use crate::workload::{Framework, Mode, Workload};
+use crate::workload::{Framework, Loss, Mode, Workload};
 use kernel::AttentionKernel;
 use resnet::resnet_units;
 use sizes::{ElementSizes, Split};
@@ -172,6 +172,12 @@ impl<'a> TransformerGraph<'a> {
         } else {
             self.sequence()
         }
+    }
+
+    /// Does the caller hold the model's outputs through backward: `--loss none` (backward
+    /// starts from them) or a loop that holds them until the step ends (`--hold-outputs`)?
+    fn outputs_through_backward(&self) -> bool {
+        self.workload.loss == Loss::None || self.workload.hold_outputs
     }
 
     /// Does the step run litgpt's own model (`--framework litgpt`) rather than the family's?
