@@ -280,7 +280,12 @@ impl TransformerGraph<'_> {
 
     /// `unit` as Liger-Kernel's fused linear cross-entropy runs it (see `chunked_loss_head`):
     /// `saved` less the head's input, plus the gradients of the hidden states and (when it
-    /// trains) of the head's weight, `head_gradient`.
+    /// trains) of the head's weight, `head_gradient`. Since liger-kernel 0.6.2 each chunk adds
+    /// its weight gradient as `grad_weight += torch.mm(grad_logits_chunk.t(), _input_chunk)
+    /// .float()` (0.8.0 `ops/fused_linear_cross_entropy.py`, in the chunk loop of
+    /// `fused_linear_cross_entropy_forward`): a vocabulary × hidden product in the compute dtype
+    /// and its fp32 copy exist beside the chunk's logits (releases up to 0.6.1 accumulated in
+    /// place with `torch.addmm(..., out=grad_weight)`; the latest is planned).
     fn fused_loss_head(
         &self,
         tokens: Tokens,
@@ -296,10 +301,18 @@ impl TransformerGraph<'_> {
             .max(1.0);
         let rows = Tokens(((tokens / factor).ceil().count() as u64).next_power_of_two() as f64);
         let head_input = tokens * self.head_input();
+        let weight_gradient_product = if head_gradient > Bytes::ZERO {
+            vocab * h * (act + BytesPerElement::FP32)
+        } else {
+            Bytes::ZERO
+        };
         Unit {
             saved: (saved - head_input + tokens * h * act + head_gradient).bytes(),
-            // The chunk's logits and the per-row fp32 loss.
-            forward_transient: (rows.min(tokens) * vocab * act + tokens * BytesPerToken(4.0))
+            // The chunk's logits, the per-row fp32 loss and the chunk's weight-gradient product
+            // with its fp32 copy.
+            forward_transient: (rows.min(tokens) * vocab * act
+                + tokens * BytesPerToken(4.0)
+                + weight_gradient_product)
                 .bytes(),
             ..unit
         }
