@@ -893,6 +893,16 @@ fn liger_kernels_save_the_norm_inputs_and_the_gated_projections_only() {
         plan("llama-3.2-1b", &liger_fused).peak_allocated_bytes,
         liger_plan.peak_allocated_bytes
     );
+    // Gemma 2's final soft-capping runs inside the fused loss's kernel: no capped logits saved.
+    let capped = test_config("gemma2-4l", |_| {});
+    let uncapped = test_config("gemma2-4l", |c| {
+        c["final_logit_softcapping"] = serde_json::Value::Null
+    });
+    let forward_end_of = |model: &gpumem_plan::ModelSpec| {
+        let workload = liger.resolve(model).unwrap().workload;
+        forward_end(&estimate(model, &workload, &Overheads::default()).unwrap())
+    };
+    assert_eq!(forward_end_of(&capped), forward_end_of(&uncapped));
     let err = liger
         .resolve(&find_model("gpt2").unwrap())
         .expect_err("GPT-2 has no Liger patch");

@@ -69,7 +69,14 @@ impl TransformerGraph<'_> {
 
     /// The LM head of a training step whose loss reads the logits in chunks (or fused).
     pub(super) fn chunked_lm_head(&self, t: &LmLogits) -> Unit {
-        let head = self.chunked_loss_head(t.tokens, t.vocab, t.head_saved + t.softcap, t.params);
+        // Liger's fused loss caps each chunk's logits inside its cross-entropy kernel
+        // (`HAS_SOFTCAPPING` in `ops/cross_entropy.py`): no capped logits are saved.
+        let softcap = if self.workload.loss == Loss::Fused {
+            Bytes::ZERO
+        } else {
+            t.softcap
+        };
+        let head = self.chunked_loss_head(t.tokens, t.vocab, t.head_saved + softcap, t.params);
         // Chunk by chunk, the head's weight gradient is made (and summed) while the
         // chunks' inputs and the final norm's saved tensors are still referenced.
         let through = if self.workload.loss == Loss::Fused {
