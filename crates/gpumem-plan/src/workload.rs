@@ -130,6 +130,33 @@ pub enum Framework {
     GptFast,
 }
 
+/// Whose kernels run a model's norms, gated activations, rotary embedding and loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernels {
+    /// The family's own eager modules (transformers' RMSNorm, MLP and `apply_rotary_pos_emb`).
+    Hf,
+    /// Liger-Kernel's Triton kernels as its `apply_liger_kernel_to_*` functions install them by
+    /// default (liger-kernel 0.8.0 `transformers/monkey_patch.py`; `AutoLigerKernelForCausalLM`
+    /// and the HF Trainer's `use_liger_kernel=True` call the same functions): RMSNorm saves only
+    /// its input and an fp32 reciprocal RMS per row (`ops/rms_norm.py` 409-482, 607-630), the
+    /// gated MLP's fused SiLU/GELU-tanh product saves only the gate and up projections
+    /// (`ops/swiglu.py`, `ops/geglu.py`: `ctx.save_for_backward(a, b)`), RoPE rotates q and k in
+    /// place and saves its cos/sin tables (`ops/rope.py` 118-158, 226), as the eager products
+    /// with the tables do; the loss is the fused linear cross-entropy ([`Loss::Fused`]).
+    Liger,
+}
+
+impl Kernels {
+    /// The `model_type`s whose `apply_liger_kernel_to_*` (liger-kernel 0.8.0
+    /// `transformers/monkey_patch.py`) replaces RMSNorm, the gated MLP (SwiGLU, or GeGLU for
+    /// Gemma) and RoPE, with the fused linear cross-entropy on by default: the dense families
+    /// [`Kernels::Liger`] plans. (MoE, vision-language and LayerNorm families get other patches.)
+    pub const LIGER_MODEL_TYPES: [&'static str; 7] = [
+        "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3",
+    ];
+}
+
 /// PyTorch's optimizer-step implementations differ in their temporaries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -461,6 +488,8 @@ pub struct Workload {
     pub loss_chunk: Option<u64>,
     /// Whose model and LoRA code runs the step.
     pub framework: Framework,
+    /// Whose kernels run the norms, gated activations, rotary embedding and loss.
+    pub kernels: Kernels,
     /// Generation with a static (preallocated) KV cache of this many positions (`--cache-len`):
     /// transformers' `StaticCache(max_cache_len=N)`, gpt-fast's `--cache_size`. None: a
     /// dynamic cache (gpt-fast's own default, [`Workload::static_cache_positions`]).
@@ -518,6 +547,7 @@ impl Default for Workload {
             loss: Loss::Hf,
             loss_chunk: None,
             framework: Framework::Hf,
+            kernels: Kernels::Hf,
             cache_len: None,
             transformers: None,
             bitsandbytes: None,
@@ -798,6 +828,8 @@ pub mod choices {
         ("litgpt", Framework::Litgpt),
         ("gpt-fast", Framework::GptFast),
     ];
+    /// `--kernels`.
+    pub const KERNELS: &[(&str, Kernels)] = &[("hf", Kernels::Hf), ("liger", Kernels::Liger)];
     /// `--loss`.
     pub const LOSSES: &[(&str, Loss)] = &[
         ("hf", Loss::Hf),

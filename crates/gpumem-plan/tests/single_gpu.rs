@@ -6,8 +6,8 @@
 use gpumem_plan::sequence::peak_live_bytes;
 use gpumem_plan::workload::Release;
 use gpumem_plan::{
-    allocation_sequence, estimate, find_model, Estimate, Overheads, Phase, PlanError, Settings,
-    Warning,
+    allocation_sequence, estimate, find_model, Architecture, Estimate, Overheads, Phase, PlanError,
+    Settings, Warning,
 };
 
 fn settings(mode: &str, batch: u64, seq: u64) -> Settings {
@@ -902,4 +902,88 @@ fn held_outputs_keep_the_returned_logits_through_backward() {
     };
     assert!(ignored_flags("llama-3.2-1b", &summed).contains(&"--hold-outputs"));
     assert!(!ignored_flags("llama-3.2-1b", &held_outputs(true, None)).contains(&"--hold-outputs"));
+}
+
+/// `--kernels liger` on a Llama step: each block's two RMSNorms save their bf16 input instead of
+/// the fp32 copy and the bf16 normalised values (4 bytes less per element), and the fused SwiGLU
+/// saves the gate and up projections without the SiLU output (one intermediate less); the loss
+/// is Liger's fused linear cross-entropy unless `--loss` names another. Families without a
+/// Liger patch, and other frameworks, are typed errors; inference warns that it plans eager.
+#[test]
+fn liger_kernels_save_the_norm_inputs_and_the_gated_projections_only() {
+    let (batch, seq) = (2u64, 1024u64);
+    let step = Settings {
+        optimizer: Some("none".into()),
+        ..settings("train", batch, seq)
+    };
+    let eager = Settings {
+        loss: Some("fused".into()),
+        ..step.clone()
+    };
+    let liger = Settings {
+        kernels: Some("liger".into()),
+        ..step
+    };
+    let model = find_model("llama-3.2-1b").unwrap();
+    let Architecture::Transformer(spec) = &model.arch else {
+        panic!("a transformer")
+    };
+    let (h, f, layers) = (
+        spec.hidden as f64,
+        spec.intermediate as f64,
+        spec.layers as f64,
+    );
+    let tokens = (batch * seq) as f64;
+    // Per block two norms and the MLP; the final norm saves 4 bytes less per element too.
+    let expected = tokens * (layers * (2.0 * 4.0 * h + 2.0 * f) + 4.0 * h);
+    let (eager_plan, liger_plan) = (plan("llama-3.2-1b", &eager), plan("llama-3.2-1b", &liger));
+    // When the forward has ended every saved activation is alive.
+    let forward_end = |e: &Estimate| {
+        e.phases
+            .iter()
+            .find(|p| p.phase == Phase::ForwardEnd)
+            .map(|p| p.allocated_bytes as f64)
+            .unwrap()
+    };
+    let fewer = forward_end(&eager_plan) - forward_end(&liger_plan);
+    assert!(
+        (fewer - expected).abs() < 0.01 * expected,
+        "saved {fewer} fewer bytes, expected {expected}"
+    );
+    // The fused linear cross-entropy is Liger's default loss.
+    let liger_fused = Settings {
+        loss: Some("fused".into()),
+        ..liger.clone()
+    };
+    assert_eq!(
+        plan("llama-3.2-1b", &liger_fused).peak_allocated_bytes,
+        liger_plan.peak_allocated_bytes
+    );
+    // Gemma 2's final soft-capping runs inside the fused loss's kernel: no capped logits saved.
+    let capped = test_config("gemma2-4l", |_| {});
+    let uncapped = test_config("gemma2-4l", |c| {
+        c["final_logit_softcapping"] = serde_json::Value::Null
+    });
+    let forward_end_of = |model: &gpumem_plan::ModelSpec| {
+        let workload = liger.resolve(model).unwrap().workload;
+        forward_end(&estimate(model, &workload, &Overheads::default()).unwrap())
+    };
+    assert_eq!(forward_end_of(&capped), forward_end_of(&uncapped));
+    let err = liger
+        .resolve(&find_model("gpt2").unwrap())
+        .expect_err("GPT-2 has no Liger patch");
+    assert!(err.to_string().contains("llama, mistral"), "{err}");
+    let litgpt = Settings {
+        framework: Some("litgpt".into()),
+        ..liger.clone()
+    };
+    assert!(matches!(
+        litgpt.resolve(&model),
+        Err(PlanError::Conflict { .. })
+    ));
+    let infer = Settings {
+        kernels: Some("liger".into()),
+        ..settings("infer", 1, 128)
+    };
+    assert!(ignored_flags("llama-3.2-1b", &infer).contains(&"--kernels"));
 }

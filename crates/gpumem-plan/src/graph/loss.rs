@@ -69,7 +69,14 @@ impl TransformerGraph<'_> {
 
     /// The LM head of a training step whose loss reads the logits in chunks (or fused).
     pub(super) fn chunked_lm_head(&self, t: &LmLogits) -> Unit {
-        let head = self.chunked_loss_head(t.tokens, t.vocab, t.head_saved + t.softcap, t.params);
+        // Liger's fused loss caps each chunk's logits inside its cross-entropy kernel
+        // (`HAS_SOFTCAPPING` in `ops/cross_entropy.py`): no capped logits are saved.
+        let softcap = if self.workload.loss == Loss::Fused {
+            Bytes::ZERO
+        } else {
+            t.softcap
+        };
+        let head = self.chunked_loss_head(t.tokens, t.vocab, t.head_saved + softcap, t.params);
         // Chunk by chunk, the head's weight gradient is made (and summed) while the
         // chunks' inputs and the final norm's saved tensors are still referenced.
         let through = if self.workload.loss == Loss::Fused {
@@ -289,7 +296,12 @@ impl TransformerGraph<'_> {
 
     /// `unit` as Liger-Kernel's fused linear cross-entropy runs it (see `chunked_loss_head`):
     /// `saved` less the head's input, plus the gradients of the hidden states and (when it
-    /// trains) of the head's weight, `head_gradient`.
+    /// trains) of the head's weight, `head_gradient`. Since liger-kernel 0.6.2 each chunk adds
+    /// its weight gradient as `grad_weight += torch.mm(grad_logits_chunk.t(), _input_chunk)
+    /// .float()` (0.8.0 `ops/fused_linear_cross_entropy.py`, in the chunk loop of
+    /// `fused_linear_cross_entropy_forward`): a vocabulary × hidden product in the compute dtype
+    /// and its fp32 copy exist beside the chunk's logits (releases up to 0.6.1 accumulated in
+    /// place with `torch.addmm(..., out=grad_weight)`; the latest is planned).
     fn fused_loss_head(
         &self,
         tokens: Tokens,
@@ -305,10 +317,18 @@ impl TransformerGraph<'_> {
             .max(1.0);
         let rows = Tokens(((tokens / factor).ceil().count() as u64).next_power_of_two() as f64);
         let head_input = tokens * self.head_input();
+        let weight_gradient_product = if head_gradient > Bytes::ZERO {
+            vocab * h * (act + BytesPerElement::FP32)
+        } else {
+            Bytes::ZERO
+        };
         Unit {
             saved: (saved - head_input + tokens * h * act + head_gradient).bytes(),
-            // The chunk's logits and the per-row fp32 loss.
-            forward_transient: (rows.min(tokens) * vocab * act + tokens * BytesPerToken(4.0))
+            // The chunk's logits, the per-row fp32 loss and the chunk's weight-gradient product
+            // with its fp32 copy.
+            forward_transient: (rows.min(tokens) * vocab * act
+                + tokens * BytesPerToken(4.0)
+                + weight_gradient_product)
                 .bytes(),
             ..unit
         }

@@ -48,7 +48,11 @@ impl TransformerGraph<'_> {
             }
             Activation::GeluTanhPython => 5.0 * act,
         };
-        if spec.gated_mlp {
+        if spec.gated_mlp && self.liger() {
+            // Liger's fused SiLU/GELU-tanh product saves the gate and up projections only; its
+            // output is the down projection's saved input (no activation output is made).
+            per_expert = act * 3.0 * f;
+        } else if spec.gated_mlp {
             per_expert += act * 2.0 * f; // up projection and the gated product
         }
         if self.dropout_active(spec.activation_dropout) {
@@ -105,8 +109,11 @@ impl TransformerGraph<'_> {
     /// gradient replaces the freed output). CLIP's `x * sigmoid(1.702 x)` as Python ops: the
     /// product's backward makes both inputs' gradients while the output's gradient is alive,
     /// two more than the freed product.
+    /// Liger's fused gated product writes the gate's and up projection's gradients into their
+    /// saved tensors (`ops/swiglu.py` `swiglu_backward`, `ops/geglu.py`): none.
     pub(super) fn mlp_backward_intermediates(&self) -> f64 {
         match (self.spec.gated_mlp, self.spec.activation) {
+            (true, _) if self.liger() => 0.0,
             (false, Activation::QuickGelu) => 2.0,
             // ReLU saves its output, which is also the next linear's saved input: that
             // linear's backward frees nothing before ReLU's gradient is made beside its own.

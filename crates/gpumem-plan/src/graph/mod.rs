@@ -7,7 +7,7 @@ use crate::model::{Architecture, ModelSpec, Patches, TransformerSpec};
 use crate::quantity::{Bytes, Tokens, Width};
 use crate::releases::OldRelease;
 use crate::unit::Unit;
-use crate::workload::{Framework, Loss, Mode, Workload};
+use crate::workload::{Framework, Kernels, Loss, Mode, Workload};
 use kernel::AttentionKernel;
 use resnet::resnet_units;
 use sizes::{ElementSizes, Split};
@@ -188,6 +188,12 @@ impl<'a> TransformerGraph<'a> {
     /// Does generation run gpt-fast's own model (`--framework gpt-fast`)?
     fn gpt_fast(&self) -> bool {
         self.workload.framework == Framework::GptFast
+    }
+
+    /// Do Liger-Kernel's fused kernels replace the norms and gated MLP of a training step
+    /// (`--kernels liger`; a no-grad forward saves nothing either way)?
+    fn liger(&self) -> bool {
+        self.training && self.workload.kernels == Kernels::Liger
     }
 
     /// The older transformers release this run plans, if any.

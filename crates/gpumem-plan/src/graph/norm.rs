@@ -30,6 +30,9 @@ impl TransformerGraph<'_> {
             BytesPerElement::ZERO
         };
         match self.spec.norm {
+            // Liger-Kernel's RMSNorm saves its input as it came (and the per-row fp32
+            // reciprocal RMS, counted per row), whether or not the weight trains.
+            Norm::RmsNorm | Norm::RmsNormOffset if self.liger() => input,
             Norm::RmsNorm | Norm::RmsNormOffset | Norm::RmsNormScaledInput if frozen => {
                 fp32 + scaled_input
             }

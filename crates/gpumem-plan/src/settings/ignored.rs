@@ -5,7 +5,7 @@ use super::Settings;
 use crate::model::ModelSpec;
 use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
-use crate::workload::{Framework, Loss, Mode, Optimizer};
+use crate::workload::{Framework, Kernels, Loss, Mode, Optimizer};
 
 impl Settings {
     /// The flags given that `mode` or `model` ignores, each with the reason.
@@ -222,6 +222,19 @@ impl Settings {
             warnings.push(Warning::Ignored {
                 flag: "--attn",
                 reason: "gpt-fast's model calls PyTorch's SDPA itself".into(),
+            });
+        }
+        let liger = self
+            .kernels
+            .as_deref()
+            .is_some_and(|k| parse("kernels", k, choices::KERNELS).ok() == Some(Kernels::Liger));
+        if liger && mode != Mode::Train {
+            warnings.push(Warning::Ignored {
+                flag: "--kernels",
+                reason: format!(
+                    "Liger-Kernel changes what a training step saves for backward; {mode_name} \
+                     mode is planned with the eager modules"
+                ),
             });
         }
         if mode != Mode::Generate && self.cache_len.is_some() {

@@ -10,8 +10,8 @@ use crate::quant::{CheckpointQuant, QuantFormat, Quantization};
 use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
-    Attention, BaseQuant, Checkpointing, Dtype, Framework, Layout, Lora, Loss, Mode, OptimizerImpl,
-    Release, Sharding, Target, Workload,
+    Attention, BaseQuant, Checkpointing, Dtype, Framework, Kernels, Layout, Lora, Loss, Mode,
+    OptimizerImpl, Release, Sharding, Target, Workload,
 };
 use serde::{Deserialize, Serialize};
 
@@ -190,6 +190,14 @@ pub struct Settings {
     /// its cache-len² boolean causal mask) [default: hf].
     #[cfg_attr(feature = "clap", arg(long))]
     pub framework: Option<String>,
+    /// Whose kernels run the norms, gated MLP activations, rotary embedding and loss: hf (the
+    /// family's eager modules) or liger (Liger-Kernel as `apply_liger_kernel_to_*`,
+    /// `AutoLigerKernelForCausalLM` and the HF Trainer's `use_liger_kernel=True` install it:
+    /// fused RMSNorm, RoPE and SwiGLU/GeGLU, and its fused linear cross-entropy as the training
+    /// loss unless --loss says otherwise; Llama, Mistral, Qwen2/3, Gemma 1/2 and Phi-3 families)
+    /// [default: hf].
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub kernels: Option<String>,
     /// Generate with a static KV cache preallocated for N positions, which decoding writes in
     /// place and every forward's attention reads whole: transformers'
     /// cache_implementation="static" / StaticCache(max_cache_len=N), gpt-fast's --cache_size N;
@@ -296,6 +304,34 @@ pub(crate) fn pick<T: Clone>(
     value.as_deref().map(|v| parse(kind, v, table)).transpose()
 }
 
+/// `--kernels liger` needs a family Liger-Kernel patches as planned
+/// ([`Kernels::LIGER_MODEL_TYPES`]); any other model is a typed error naming them.
+fn check_liger_family(model: &ModelSpec) -> Result<()> {
+    let model_type = match &model.arch {
+        Architecture::Transformer(spec) if spec.vision.is_none() && spec.dual.is_none() => {
+            spec.model_type.as_str()
+        }
+        _ => "",
+    };
+    if Kernels::LIGER_MODEL_TYPES.contains(&model_type) {
+        return Ok(());
+    }
+    Err(PlanError::InvalidValue {
+        name: "kernels".into(),
+        value: "liger".into(),
+        reason: format!(
+            "{} ({}) has no Liger-Kernel patch planned; planned families (model_type): {}",
+            model.name,
+            if model_type.is_empty() {
+                "not a text decoder"
+            } else {
+                model_type
+            },
+            Kernels::LIGER_MODEL_TYPES.join(", ")
+        ),
+    })
+}
+
 /// Settings resolved against the model they run on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resolved {
@@ -324,6 +360,9 @@ impl Settings {
     pub fn resolve(&self, model: &ModelSpec) -> Result<Resolved> {
         let mut workload = self.build(model.torch_dtype)?;
         self.quantize(model.quantization.as_ref(), &model.name, &mut workload)?;
+        if workload.kernels == Kernels::Liger {
+            check_liger_family(model)?;
+        }
         // Module names are the family's (GPT-NeoX's `dense` is the attention output, BERT's
         // every output projection).
         if let (Some(lora), Architecture::Transformer(spec)) = (workload.lora.as_mut(), &model.arch)
@@ -503,7 +542,22 @@ impl Settings {
         };
         let framework =
             pick(&self.framework, "framework", choices::FRAMEWORKS)?.unwrap_or(d.framework);
-        let loss = pick(&self.loss, "loss", choices::LOSSES)?.unwrap_or(d.loss);
+        let kernels = pick(&self.kernels, "kernels", choices::KERNELS)?.unwrap_or(d.kernels);
+        if kernels == Kernels::Liger && framework != Framework::Hf {
+            return Err(PlanError::Conflict {
+                first: "--kernels liger".into(),
+                second: format!("--framework {}", self.framework.as_deref().unwrap_or("")),
+                reason: "Liger-Kernel patches transformers' modelling code, which litgpt and \
+                         gpt-fast do not run; keep one"
+                    .into(),
+            });
+        }
+        // Liger's `apply_liger_kernel_to_*` install its fused linear cross-entropy by default.
+        let default_loss = match kernels {
+            Kernels::Liger => Loss::Fused,
+            Kernels::Hf => d.loss,
+        };
+        let loss = pick(&self.loss, "loss", choices::LOSSES)?.unwrap_or(default_loss);
         let workload = Workload {
             mode,
             batch: self.batch.unwrap_or(d.batch),
@@ -553,6 +607,7 @@ impl Settings {
             loss,
             loss_chunk: self.loss_chunk,
             framework,
+            kernels,
             cache_len: self.cache_len,
             transformers: self
                 .transformers
@@ -783,6 +838,7 @@ mod tests {
                 "zero_buckets",
                 name(choices::ZERO_BUCKETS, d.layout.zero_buckets).to_string(),
             ),
+            ("kernels", name(choices::KERNELS, d.kernels).to_string()),
             ("lora_rank", DEFAULT_LORA_RANK.to_string()),
             ("amp", "none".to_string()),
         ];
