@@ -7,8 +7,8 @@ use crate::fit::{fit, FitTarget};
 use crate::model::{Architecture, ModelSpec};
 use crate::quant::{QuantFormat, Quantization};
 use crate::workload::{
-    Attention, BaseQuant, Checkpointing, Dtype, Lora, Mode, Optimizer, OptimizerImpl, Sharding,
-    Workload,
+    Attention, BaseQuant, Checkpointing, Dtype, Lora, Mode, Offload, Optimizer, OptimizerImpl,
+    Sharding, Workload,
 };
 use serde::Serialize;
 
@@ -174,11 +174,11 @@ fn sharding_and_accumulation_candidates(model: &ModelSpec, w: &Workload) -> Vec<
                 with(&|x| x.layout.sharding = stage),
             ));
         }
-        if !w.layout.offload && w.layout.sharding != Sharding::None {
+        if w.layout.offload != Offload::All && w.layout.sharding != Sharding::None {
             list.push((
                 "--offload".into(),
                 "CPU memory and PCIe time per step; often 2× slower",
-                with(&|x| x.layout.offload = true),
+                with(&|x| x.layout.offload = Offload::All),
             ));
         }
     }

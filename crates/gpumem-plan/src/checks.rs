@@ -56,7 +56,7 @@ pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
     let layout = &workload.layout;
     let sharded = layout.sharding != Sharding::None;
     // Offloading moves the states off the GPU even on one rank (ZeRO-Offload), so it saves.
-    if workload.mode == Mode::Train && sharded && layout.dp() == 1 && !layout.offload {
+    if workload.mode == Mode::Train && sharded && layout.dp() == 1 && !layout.offload.optimizer() {
         warnings.push(Warning::ShardingOverOneRank {
             sharding: layout.sharding,
         });

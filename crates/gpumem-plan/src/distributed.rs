@@ -235,7 +235,7 @@ fn fsdp_buffers(
     // `_flat_param.py` `pre_unshard` → `flat_param_to(device, non_blocking=True)`, a new
     // shard-sized tensor the all-gather reads, freed once it is done; FSDP2 the all-gather
     // copy-in of `sharded_param.to(device)`): one block's shard per all-gather in flight.
-    let staging = match (workload.layout.offload, workload.target) {
+    let staging = match (workload.layout.offload.params(), workload.target) {
         (true, Target::Gpu) => block * gathered / workload.layout.dp() as f64,
         _ => 0.0,
     };
@@ -284,7 +284,7 @@ pub(crate) fn sharding_buffers(
         // `temp_grad_buffer_for_gpu_offload`, allocated with the optimizer, v0.14.2 lines
         // 445-455 and 476-478; `async_accumulate_grad_in_cpu_via_gpu`, 1182-1188).
         Sharding::Zero1 | Sharding::Zero2 => {
-            let offload_buffer = if layout.offload {
+            let offload_buffer = if layout.offload.optimizer() {
                 inputs.largest_trainable * inputs.bucket_bytes
             } else {
                 0.0
@@ -361,7 +361,7 @@ pub(crate) fn zero_step_gradients(
     }
     match layout.sharding {
         Sharding::Zero1 | Sharding::Zero2 => trainable_local / dp * fp32,
-        Sharding::Zero3 if !layout.offload => {
+        Sharding::Zero3 if !layout.offload.optimizer() => {
             let partition = trainable_local / dp;
             let sub_group = partition.min(ZERO3_SUB_GROUP_ELEMENTS as f64 + largest_trainable / dp);
             let grad = workload.dtype.bytes() as f64;
@@ -386,7 +386,7 @@ pub(crate) fn zero_step_gradients(
 /// is the CPU), and without an optimizer there is no ZeRO-3 optimizer to allocate it.
 pub(crate) fn zero3_keeps_gradient_partitions(workload: &Workload) -> bool {
     workload.layout.sharding == Sharding::Zero3
-        && !workload.layout.offload
+        && !workload.layout.offload.optimizer()
         && workload.optimizer != Optimizer::None
 }
 
@@ -575,7 +575,7 @@ mod offload_tests {
             fsdp: true,
             fsdp_version: Some("1".into()),
             dtype: Some("bf16".into()),
-            offload: true,
+            offload: Some("all".into()),
             ..Settings::default()
         };
         f(&mut s);
@@ -688,7 +688,11 @@ mod zero_step_tests {
         );
         assert_eq!(fp32, 1e9 * 4.0);
         // With optimizer offload the step runs on the host: nothing on the GPU.
-        let offload = step_gradients(settings("3", 8, |s| s.offload = true), 8e9, 4e8);
+        let offload = step_gradients(
+            settings("3", 8, |s| s.offload = Some("all".into())),
+            8e9,
+            4e8,
+        );
         assert_eq!(offload, 0.0);
         // Nor without an optimizer step.
         let none = step_gradients(
@@ -700,7 +704,11 @@ mod zero_step_tests {
         // ZeRO-1/2: the whole partition's fp32 gradient, and with offload the updated fp32
         // partition copied back to the GPU before its cast (`stage_1_and_2.py` `step`).
         for offload in [false, true] {
-            let z2 = step_gradients(settings("2", 8, |s| s.offload = offload), 8e9, 4e8);
+            let z2 = step_gradients(
+                settings("2", 8, |s| s.offload = offload.then(|| "all".into())),
+                8e9,
+                4e8,
+            );
             assert_eq!(z2, 1e9 * 4.0, "offload {offload}");
         }
     }
@@ -727,7 +735,7 @@ mod zero_step_tests {
             super::zero3_keeps_gradient_partitions(&s.resolve(&model).unwrap().workload)
         };
         assert!(keeps(settings("3", 4, |_| {})));
-        assert!(!keeps(settings("3", 4, |s| s.offload = true)));
+        assert!(!keeps(settings("3", 4, |s| s.offload = Some("all".into()))));
         assert!(!keeps(settings("2", 4, |_| {})));
         assert!(!keeps(
             settings("3", 4, |s| s.optimizer = Some("none".into()))
@@ -740,7 +748,7 @@ mod zero_step_tests {
         // dtype, on top of the IPG bucket, only with optimizer offload.
         let model = find_model("gpt2").unwrap();
         let buffers = |offload: bool| {
-            let workload = settings("2", 4, |s| s.offload = offload)
+            let workload = settings("2", 4, |s| s.offload = offload.then(|| "all".into()))
                 .resolve(&model)
                 .unwrap()
                 .workload;

@@ -44,6 +44,10 @@ impl Default for Overheads {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// Before the first step: what the framework puts on the GPU while it sets the model up
+    /// (DeepSpeed ZeRO-3 without `zero.Init`: the whole model, then its partitions; see
+    /// [`crate::sequence::startup_sequence`]).
+    Startup,
     /// Inside the forward pass (a transient: attention scores, logits and the loss).
     Forward,
     /// After the forward pass: all saved activations alive.
@@ -62,6 +66,7 @@ impl Phase {
     /// Human-readable name.
     pub fn label(self) -> &'static str {
         match self {
+            Phase::Startup => "start-up",
             Phase::Forward => "forward",
             Phase::ForwardEnd => "forward end",
             Phase::Backward => "backward",
@@ -196,6 +201,14 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
                 let stage = simulate_training(&stage_units, &states, workload, in_flight);
                 merge_busiest(&mut peaks, stage);
             }
+            let startup = crate::sequence::startup_peak(model, workload)?;
+            if startup > 0 {
+                let weights = Breakdown {
+                    weights: startup,
+                    ..Breakdown::default()
+                };
+                peaks.insert(0, (Phase::Startup, weights));
+            }
             peaks
         }
         Mode::Infer | Mode::Generate => {
@@ -205,7 +218,8 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
         }
     };
     let workspace = blas_workspace_count(workload.mode) * workload.blas_workspace;
-    for (_, phase) in peaks.iter_mut() {
+    // No matrix product runs before the first step.
+    for (_, phase) in peaks.iter_mut().filter(|(p, _)| *p != Phase::Startup) {
         phase.blas_workspace = workspace;
     }
     let (peak_phase, mut breakdown) = peaks

@@ -48,11 +48,11 @@ pub use gpu::{column_sum_staging, column_sum_staging_bytes, find_gpu, Cores, Gpu
 pub use hf::parse_config;
 pub use model::{Architecture, ModelSpec, ParamCounts, ResnetSpec, TransformerSpec};
 pub use quant::{CheckpointQuant, GptqKernel, QuantFormat, Quantization};
-pub use sequence::{allocation_sequence, PlannedEvent, Stream};
+pub use sequence::{allocation_sequence, startup_sequence, PlannedEvent, Stream};
 pub use serving::{serving_profile, Engine, ServeSettings, ServingProfile};
 pub use settings::{Resolved, Settings};
 pub use warning::Warning;
 pub use workload::{
-    Attention, BaseQuant, Checkpointing, Dtype, Layout, Lora, Loss, Mode, Optimizer, OptimizerImpl,
-    Sharding, Target, Workload,
+    Attention, BaseQuant, Checkpointing, Dtype, Layout, Lora, Loss, Mode, Offload, Optimizer,
+    OptimizerImpl, Sharding, Target, Workload,
 };

@@ -447,7 +447,7 @@ fn shard_or_offload_states(states: &mut States, workload: &Workload, dp: f64) {
             states.weights /= dp;
         }
     }
-    if layout.offload {
+    if layout.offload.optimizer() {
         states.optimizer = 0.0;
         // The reduced gradient partitions go to pinned host buffers (DeepSpeed's
         // `contiguous_gradients` is forced on; FSDP2's `foreach_reduce` copies each sharded
@@ -460,11 +460,11 @@ fn shard_or_offload_states(states: &mut States, workload: &Workload, dp: f64) {
         if layout.sharding != Sharding::None && !fsdp1 {
             states.grad_per_param = 0.0;
         }
-        if matches!(layout.sharding, Sharding::Zero3 | Sharding::Fsdp) {
+        if layout.offload.params() && matches!(layout.sharding, Sharding::Zero3 | Sharding::Fsdp) {
             states.weights = 0.0;
         }
     }
-    states.step_temporaries = if layout.offload {
+    states.step_temporaries = if layout.offload.optimizer() {
         0.0
     } else {
         states.step_temporaries / optimizer_shards(layout.sharding, dp)

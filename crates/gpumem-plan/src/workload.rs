@@ -53,6 +53,39 @@ pub enum ZeroBuckets {
     Auto,
 }
 
+/// What CPU offloading moves to the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Offload {
+    /// Nothing: every state on the GPU.
+    #[default]
+    None,
+    /// The optimizer only, as DeepSpeed's `offload_optimizer` without `offload_param`: the
+    /// fp32 master partitions, the optimizer states and the step on the host, with the reduced
+    /// gradient partitions they update (`stage3.py` / `stage_1_and_2.py`: `self.device` is the
+    /// CPU, so the gradient partitions' flat buffer is allocated there); ZeRO-3's parameter
+    /// partitions stay on the GPU (`offload_param` alone decides their `remote_device`,
+    /// `partition_parameters.py` `Init`).
+    Optimizer,
+    /// The optimizer and, with ZeRO-3 or FSDP, the parameter shards and their gradients:
+    /// DeepSpeed's `offload_optimizer` with `offload_param`, FSDP's
+    /// `CPUOffload(offload_params=True)` (which runs the optimizer step on the host).
+    All,
+}
+
+impl Offload {
+    /// Whether the optimizer states and step (and the reduced gradient partitions) are on
+    /// the host.
+    pub fn optimizer(self) -> bool {
+        self != Offload::None
+    }
+
+    /// Whether ZeRO-3's or FSDP's parameter shards are on the host.
+    pub fn params(self) -> bool {
+        self == Offload::All
+    }
+}
+
 /// NCCL's default `NCCL_BUFFSIZE` (Simple protocol, per connection): 4 MiB.
 pub const DEFAULT_NCCL_BUFFSIZE: u64 = 4 << 20;
 
@@ -393,8 +426,13 @@ pub struct Layout {
     pub sp: bool,
     /// Model-state sharding over the data-parallel group.
     pub sharding: Sharding,
-    /// Optimizer states (and, with ZeRO-3/FSDP, parameters) offloaded to CPU memory.
-    pub offload: bool,
+    /// What is offloaded to CPU memory.
+    pub offload: Offload,
+    /// Whether a ZeRO-3 model was built under `deepspeed.zero.Init` (each parameter
+    /// partitioned as it is created); without it `deepspeed.initialize` moves the whole
+    /// module-dtype model to each GPU and partitions it there (see
+    /// [`crate::sequence::startup_sequence`]).
+    pub zero_init: bool,
     /// Which PyTorch FSDP (with [`Sharding::Fsdp`]).
     pub fsdp_version: FsdpVersion,
     /// FSDP mixed precision: the dtype parameters are gathered and computed in, from sharded
@@ -416,7 +454,8 @@ impl Layout {
             pp: 1,
             sp: false,
             sharding: Sharding::None,
-            offload: false,
+            offload: Offload::None,
+            zero_init: true,
             fsdp_version: DEFAULT_FSDP_VERSION,
             fsdp_mp: None,
             nccl_buffsize: DEFAULT_NCCL_BUFFSIZE,
@@ -845,6 +884,12 @@ pub mod choices {
         ("bfloat16", Dtype::Bf16),
         ("fp16", Dtype::Fp16),
         ("float16", Dtype::Fp16),
+    ];
+    /// `--offload` (a bare `--offload`, or `true` in a settings file, is `all`).
+    pub const OFFLOADS: &[(&str, Offload)] = &[
+        ("none", Offload::None),
+        ("optimizer", Offload::Optimizer),
+        ("all", Offload::All),
     ];
     /// `--zero-buckets`.
     pub const ZERO_BUCKETS: &[(&str, ZeroBuckets)] = &[

@@ -109,7 +109,7 @@ fn sharding_over_one_rank_warns() {
     let zero2 = |gpus: u64, offload: bool| Settings {
         zero: Some("2".into()),
         gpus: Some(gpus),
-        offload,
+        offload: offload.then(|| "all".into()),
         ..Settings::default()
     };
     assert_eq!(
@@ -193,7 +193,7 @@ fn training_flags_in_inference_warn() {
         keep_grads: true,
         zero: Some("3".into()),
         gpus: Some(8),
-        offload: true,
+        offload: Some("all".into()),
         ..Settings::default()
     };
     let resolved = settings("infer").resolve(&llama).unwrap();
@@ -757,4 +757,55 @@ fn inference_that_does_not_fit_is_advised_to_load_quantised_weights() {
         "{changes:?}"
     );
     assert!(changes.contains(&"--quant int8"), "{changes:?}");
+}
+
+#[test]
+fn offload_says_what_it_moves_and_takes_older_booleans() {
+    let parse = |json: &str| serde_json::from_str::<Settings>(json).unwrap().offload;
+    assert_eq!(parse(r#"{"offload": true}"#).as_deref(), Some("all"));
+    assert_eq!(parse(r#"{"offload": false}"#), None);
+    assert_eq!(
+        parse(r#"{"offload": "optimizer"}"#).as_deref(),
+        Some("optimizer")
+    );
+    let llama = model("llama-3-8b");
+    let zero3 = |offload: &str| Settings {
+        zero: Some("3".into()),
+        gpus: Some(8),
+        dtype: Some("bf16".into()),
+        offload: Some(offload.into()),
+        ..Settings::default()
+    };
+    match plan(&llama, zero3("params")) {
+        Err(PlanError::UnknownName { kind, accepted, .. }) => {
+            assert_eq!(kind, "offload");
+            assert_eq!(accepted, ["none", "optimizer", "all"]);
+        }
+        other => panic!("expected UnknownName, got {other:?}"),
+    }
+    // offload_optimizer alone keeps ZeRO-3's bf16 partitions (an eighth of the model) on the
+    // GPU; the optimizer states leave it either way.
+    let weights = |offload: &str| plan(&llama, zero3(offload)).unwrap().breakdown.weights;
+    let partitions = llama.params().total() as f64 * 2.0 / 8.0;
+    let kept = weights("optimizer") as f64 - weights("all") as f64;
+    assert!(
+        (kept / partitions - 1.0).abs() < 0.05,
+        "{kept} vs {partitions}"
+    );
+    let states = |offload: &str| {
+        plan(&llama, zero3(offload))
+            .unwrap()
+            .breakdown
+            .optimizer_states
+    };
+    assert_eq!((states("optimizer"), states("all")), (0, 0));
+    let fsdp = Settings {
+        zero: None,
+        fsdp: true,
+        ..zero3("optimizer")
+    };
+    assert!(matches!(
+        plan(&llama, fsdp),
+        Err(PlanError::Conflict { .. })
+    ));
 }

@@ -10,15 +10,15 @@ use std::sync::OnceLock;
 use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
 use gpumem_plan::fit::MAX_GPUS;
 use gpumem_plan::{
-    advise, allocation_sequence, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model,
-    load_config, serving_profile, Estimate, Estimated, Fit, FitTarget, ModelSpec, Overheads,
-    PeakMeasure, PlanError, ServingProfile, Settings, Suggestion, Warning, Workload,
+    advise, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model, load_config,
+    serving_profile, Estimate, Estimated, Fit, FitTarget, ModelSpec, Overheads, PeakMeasure,
+    PlanError, ServingProfile, Settings, Suggestion, Warning, Workload,
 };
 use gpumem_pool::PolicyKind;
 use serde::{Deserialize, Serialize};
 
 use crate::planned::{
-    fit_reserved, planned_trace, replay_failed, replay_planned, PlanReplayError, Replayed,
+    fit_reserved, replay_failed, replay_run, PlanReplayError, Replayed, PLAN_POLICIES,
 };
 
 /// Where a plan's reserved memory comes from.
@@ -468,19 +468,18 @@ fn fit_report(fit: &Fit, reserved_bytes: u64, total_bytes: u64) -> FitReport {
 /// Replays the planned allocation sequence of `workload` through the torch, expandable and
 /// gpumem policies: reserved memory as each allocator would hold it.
 fn replay_plan(model: &ModelSpec, workload: &Workload) -> Result<Vec<PlannedReserved>, PlanError> {
-    let trace = planned_trace(
-        &format!("gpumem plan: {}", model.name),
-        &allocation_sequence(model, workload)?,
-    );
-    let reports = replay_planned(&trace).map_err(|e| replay_failed(model, e))?;
-    Ok(reports
-        .into_iter()
-        .map(|r| PlannedReserved {
-            policy: r.policy,
-            peak_allocated_bytes: r.peak_allocated_bytes,
-            peak_reserved_bytes: r.peak_reserved_bytes,
+    PLAN_POLICIES
+        .iter()
+        .map(|&policy| match replay_run(model, workload, policy) {
+            Ok(r) => Ok(PlannedReserved {
+                policy: r.policy,
+                peak_allocated_bytes: r.peak_allocated_bytes,
+                peak_reserved_bytes: r.peak_reserved_bytes,
+            }),
+            Err(PlanReplayError::Plan(e)) => Err(e),
+            Err(PlanReplayError::Replay(e)) => Err(replay_failed(model, e)),
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]

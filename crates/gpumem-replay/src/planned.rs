@@ -3,8 +3,8 @@
 //! recorded one, so that the plan predicts reserved memory as each allocator would hold it.
 
 use gpumem_plan::{
-    allocation_sequence, estimate, Estimate, Fit, FitTarget, ModelSpec, Overheads, PeakMeasure,
-    PlanError, PlannedEvent, Workload,
+    allocation_sequence, estimate, startup_sequence, Estimate, Fit, FitTarget, ModelSpec,
+    Overheads, PeakMeasure, PlanError, PlannedEvent, Workload,
 };
 use gpumem_pool::PolicyKind;
 use gpumem_trace::{Event, Trace, TraceMeta};
@@ -56,11 +56,43 @@ pub fn replay_planned(trace: &Trace) -> Result<Vec<PolicyReport>, ReplayError> {
         .collect()
 }
 
-/// Peak reserved bytes of `workload`'s allocation sequence replayed through PyTorch's policy
-/// (`torch`, default settings).
+/// Peaks of `workload`'s run replayed through `policy` (default settings): its steps
+/// ([`allocation_sequence`]) and, where it has one, its start-up ([`startup_sequence`]), each
+/// replayed on its own because the start-up ends by emptying the allocator's cache; every peak
+/// is the larger of the two (the rest of the report is the steps').
+pub fn replay_run(
+    model: &ModelSpec,
+    workload: &Workload,
+    policy: PolicyKind,
+) -> Result<PolicyReport, PlanReplayError> {
+    let options = ReplayOptions::default();
+    let steps = planned_trace(&model.name, &allocation_sequence(model, workload)?);
+    let steps = replay_peaks(&steps, policy, &options)?;
+    let startup = startup_sequence(model, workload)?;
+    if startup.is_empty() {
+        return Ok(steps);
+    }
+    let name = format!("{} start-up", model.name);
+    let startup = replay_peaks(&planned_trace(&name, &startup), policy, &options)?;
+    let allocated = steps.peak_allocated_bytes.max(startup.peak_allocated_bytes);
+    let reserved = steps.peak_reserved_bytes.max(startup.peak_reserved_bytes);
+    Ok(PolicyReport {
+        peak_allocated_bytes: allocated,
+        peak_requested_bytes: steps.peak_requested_bytes.max(startup.peak_requested_bytes),
+        peak_reserved_bytes: reserved,
+        utilization: if reserved == 0 {
+            steps.utilization
+        } else {
+            allocated as f64 / reserved as f64
+        },
+        ..steps
+    })
+}
+
+/// Peak reserved bytes of `workload`'s run replayed through PyTorch's policy (`torch`, default
+/// settings; [`replay_run`]).
 pub fn torch_reserved(model: &ModelSpec, workload: &Workload) -> Result<u64, PlanReplayError> {
-    let trace = planned_trace(&model.name, &allocation_sequence(model, workload)?);
-    Ok(replay_peaks(&trace, PolicyKind::Torch, &ReplayOptions::default())?.peak_reserved_bytes)
+    Ok(replay_run(model, workload, PolicyKind::Torch)?.peak_reserved_bytes)
 }
 
 /// The estimate with reserved memory from the allocator replay ([`torch_reserved`]) in place of

@@ -24,6 +24,9 @@ impl Settings {
         let no_fsdp = "it sets up PyTorch FSDP, planned for training with --fsdp".to_string();
         let no_zero =
             "it sets DeepSpeed ZeRO's buckets, planned for training with --zero 1-3".to_string();
+        let no_zero3 =
+            "it says how DeepSpeed ZeRO-3 builds the model, planned for training with --zero 3"
+                .to_string();
         let zero_inactive =
             inference || matches!(self.zero.as_deref(), None | Some("0")) || self.fsdp;
         let tokens = format!(
@@ -89,7 +92,11 @@ impl Settings {
             ("--keep-grads", inference && self.keep_grads, &no_training),
             ("--zero", inference && self.zero.is_some(), &no_sharding),
             ("--fsdp", inference && self.fsdp, &no_sharding),
-            ("--offload", inference && self.offload, &no_sharding),
+            (
+                "--offload",
+                inference && self.offload.is_some(),
+                &no_sharding,
+            ),
             (
                 "--fsdp-version",
                 fsdp_inactive && self.fsdp_version.is_some(),
@@ -109,6 +116,11 @@ impl Settings {
                 "--zero-buckets",
                 zero_inactive && self.zero_buckets.is_some(),
                 &no_zero,
+            ),
+            (
+                "--no-zero-init",
+                (zero_inactive || self.zero.as_deref() != Some("3")) && self.no_zero_init,
+                &no_zero3,
             ),
             (
                 "--seq",

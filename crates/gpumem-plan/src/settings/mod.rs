@@ -11,7 +11,7 @@ use crate::warning::Warning;
 use crate::workload::choices::{self, parse};
 use crate::workload::{
     Attention, BaseQuant, Checkpointing, Dtype, Framework, Kernels, Layout, Lora, Loss, Mode,
-    OptimizerImpl, Release, Sharding, Target, Workload,
+    Offload, OptimizerImpl, Release, Sharding, Target, Workload,
 };
 use serde::{Deserialize, Serialize};
 
@@ -139,9 +139,25 @@ pub struct Settings {
     /// accelerate and the HF Trainer: h², 0.9·h², 10·h) [default: default].
     #[cfg_attr(feature = "clap", arg(long, value_name = "SIZES"))]
     pub zero_buckets: Option<String>,
-    /// Offload optimizer states (and ZeRO-3/FSDP parameters) to CPU.
+    /// Offload to CPU: all (a bare --offload: the optimizer and, with ZeRO-3/FSDP, the
+    /// parameters and their gradients; FSDP's CPUOffload, DeepSpeed's offload_optimizer with
+    /// offload_param), optimizer (DeepSpeed's offload_optimizer alone: optimizer states, step
+    /// and gradient partitions on the host, ZeRO-3's parameter partitions on the GPU) or none
+    /// [default: none].
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "WHAT", num_args = 0..=1, default_missing_value = "all")
+    )]
+    #[serde(deserialize_with = "offload_value")]
+    pub offload: Option<String>,
+    /// With --zero 3: the model was loaded without deepspeed.zero.Init, so
+    /// deepspeed.initialize moves the whole model, cast to the module dtype, to each GPU and
+    /// partitions it there, a start-up peak before the first step (a script that calls
+    /// from_pretrained before building TrainingArguments or an HfDeepSpeedConfig, or plain
+    /// deepspeed.initialize on a loaded model) [default: zero.Init, as the HF Trainer and
+    /// accelerate's zero3_init_flag load a ZeRO-3 model].
     #[cfg_attr(feature = "clap", arg(long))]
-    pub offload: bool,
+    pub no_zero_init: bool,
     /// Tensor-parallel size [default: 1].
     #[cfg_attr(feature = "clap", arg(long))]
     pub tp: Option<u64>,
@@ -296,6 +312,24 @@ fn count(text: &str) -> std::result::Result<u64, String> {
 pub const DEFAULT_LORA_RANK: u64 = 16;
 
 /// Parses an optional choice against its table of accepted names.
+/// `offload` as a settings file or Python gives it: a string of [`choices::OFFLOADS`], or a
+/// boolean as earlier settings files have it (`true` is `all`, `false` none).
+fn offload_value<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Value {
+        Flag(bool),
+        Name(String),
+    }
+    Ok(match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Flag(false)) => None,
+        Some(Value::Flag(true)) => Some("all".into()),
+        Some(Value::Name(name)) => Some(name),
+    })
+}
+
 pub(crate) fn pick<T: Clone>(
     value: &Option<String>,
     kind: &'static str,
@@ -687,7 +721,8 @@ impl Settings {
             pp: self.pp.unwrap_or(d.pp),
             sp: self.sp,
             sharding,
-            offload: self.offload,
+            offload: self.offload_for(sharding)?,
+            zero_init: !self.no_zero_init,
             fsdp_version: pick(&self.fsdp_version, "FSDP version", choices::FSDP_VERSIONS)?
                 .unwrap_or(d.fsdp_version),
             fsdp_mp: pick(
@@ -704,6 +739,23 @@ impl Settings {
             )?
             .unwrap_or(d.zero_buckets),
         })
+    }
+
+    /// What `--offload` moves to the host under `sharding`. FSDP has no optimizer-only
+    /// offload: its `CPUOffload(offload_params=True)` moves the parameter shards and runs the
+    /// optimizer step on the host, so `optimizer` with `--fsdp` is a conflict.
+    fn offload_for(&self, sharding: Sharding) -> Result<Offload> {
+        let offload = pick(&self.offload, "offload", choices::OFFLOADS)?.unwrap_or_default();
+        if sharding == Sharding::Fsdp && offload == Offload::Optimizer {
+            return Err(PlanError::Conflict {
+                first: "--fsdp".into(),
+                second: "--offload optimizer".into(),
+                reason: "FSDP's CPU offload moves the parameters with the optimizer; use \
+                         --offload all"
+                    .into(),
+            });
+        }
+        Ok(offload)
     }
 
     /// The checkpointing policy the flags ask for; two policies at once are a conflict.
@@ -833,6 +885,10 @@ mod tests {
                 name(choices::FSDP_VERSIONS, d.layout.fsdp_version).to_string(),
             ),
             ("fsdp_mp", "none".to_string()),
+            (
+                "offload",
+                name(choices::OFFLOADS, d.layout.offload).to_string(),
+            ),
             ("nccl_buffsize", d.layout.nccl_buffsize.to_string()),
             (
                 "zero_buckets",
