@@ -203,20 +203,7 @@ pub fn startup_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec<Pl
 
 /// Peak allocated bytes of the start-up ([`startup_sequence`]); 0 without one.
 pub(crate) fn startup_peak(model: &ModelSpec, workload: &Workload) -> Result<u64> {
-    let mut live = std::collections::HashMap::new();
-    let (mut now, mut peak) = (0u64, 0u64);
-    for event in startup_sequence(model, workload)? {
-        match event {
-            PlannedEvent::Alloc { id, bytes, .. } => {
-                live.insert(id, bytes);
-                now += bytes;
-                peak = peak.max(now);
-            }
-            PlannedEvent::Free { id } => now -= live.remove(&id).unwrap_or(0),
-            PlannedEvent::Step { .. } => {}
-        }
-    }
-    Ok(peak)
+    Ok(peak_live_bytes(&startup_sequence(model, workload)?))
 }
 
 /// Tensor sizes of a model under a workload.
@@ -884,6 +871,17 @@ mod tests {
         assert_eq!(buffers("1", "cpu").0.backward_pending, 0.0);
     }
 
+    /// As many frees as allocations in `events` (`what` names the sequence in the failure).
+    fn assert_all_freed(events: &[PlannedEvent], what: &str) {
+        let allocs = events
+            .iter()
+            .filter(|e| matches!(e, PlannedEvent::Alloc { .. }));
+        let frees = events
+            .iter()
+            .filter(|e| matches!(e, PlannedEvent::Free { .. }));
+        assert_eq!(allocs.count(), frees.count(), "{what}");
+    }
+
     #[test]
     fn sequence_follows_the_estimate() {
         let cases = [
@@ -905,14 +903,7 @@ mod tests {
                 error.abs() < 0.05,
                 "{name}: sequence peak {peak}, estimate {allocated}"
             );
-            // Every tensor is freed, and freed once.
-            let allocs = events
-                .iter()
-                .filter(|e| matches!(e, PlannedEvent::Alloc { .. }));
-            let frees = events
-                .iter()
-                .filter(|e| matches!(e, PlannedEvent::Free { .. }));
-            assert_eq!(allocs.count(), frees.count(), "{name}");
+            assert_all_freed(&events, name);
         }
     }
 
@@ -987,13 +978,7 @@ mod tests {
             peak.abs_diff(model_bytes + embeddings) < model_bytes / 1000,
             "{peak}"
         );
-        let allocs = events
-            .iter()
-            .filter(|e| matches!(e, PlannedEvent::Alloc { .. }));
-        let frees = events
-            .iter()
-            .filter(|e| matches!(e, PlannedEvent::Free { .. }));
-        assert_eq!(allocs.count(), frees.count());
+        assert_all_freed(&events, "start-up");
         // With parameter offload the partitions are made on the host.
         let (_, e) = run(true, "all");
         assert!(e.phases[0].allocated_bytes.abs_diff(model_bytes) < model_bytes / 1000);
