@@ -123,7 +123,7 @@ fn memory_mechanism_recipe_names_what_exists() {
             ("model_states", "src/states.rs"),
             ("Breakdown", "src/estimate.rs"),
             ("advise", "src/advice.rs"),
-            ("allocation_sequence", "src/sequence.rs"),
+            ("allocation_sequence", "src/sequence/mod.rs"),
             ("Overheads::context_bytes", "src/estimate.rs"),
             ("PeakMeasure", "src/advice.rs"),
         ],
