@@ -35,7 +35,7 @@ pub fn has_startup(workload: &Workload) -> bool {
 ///   partition to the host, frees it, and calls `empty_cache()` (`defragment`, 526-557) before
 ///   the flat buffer of all partitions comes back to the GPU: what start-up cached is
 ///   released, and the step starts from the flat buffer (the first event of
-///   [`allocation_sequence`]).
+///   [`allocation_sequence`](super::allocation_sequence)).
 ///
 /// So the start-up's own peak (the whole module-dtype model plus the first partitions) is a
 /// separate peak of the process: replayed on its own, its reserved memory is what the
