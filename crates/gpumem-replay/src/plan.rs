@@ -468,18 +468,19 @@ fn fit_report(fit: &Fit, reserved_bytes: u64, total_bytes: u64) -> FitReport {
 /// Replays the planned allocation sequence of `workload` through the torch, expandable and
 /// gpumem policies: reserved memory as each allocator would hold it.
 fn replay_plan(model: &ModelSpec, workload: &Workload) -> Result<Vec<PlannedReserved>, PlanError> {
-    PLAN_POLICIES
-        .iter()
-        .map(|&policy| match replay_run(model, workload, policy) {
-            Ok(r) => Ok(PlannedReserved {
-                policy: r.policy,
-                peak_allocated_bytes: r.peak_allocated_bytes,
-                peak_reserved_bytes: r.peak_reserved_bytes,
-            }),
-            Err(PlanReplayError::Plan(e)) => Err(e),
-            Err(PlanReplayError::Replay(e)) => Err(replay_failed(model, e)),
+    let reports = match replay_run(model, workload, &PLAN_POLICIES) {
+        Ok(reports) => reports,
+        Err(PlanReplayError::Plan(e)) => return Err(e),
+        Err(PlanReplayError::Replay(e)) => return Err(replay_failed(model, e)),
+    };
+    Ok(reports
+        .into_iter()
+        .map(|r| PlannedReserved {
+            policy: r.policy,
+            peak_allocated_bytes: r.peak_allocated_bytes,
+            peak_reserved_bytes: r.peak_reserved_bytes,
         })
-        .collect()
+        .collect())
 }
 
 #[cfg(test)]

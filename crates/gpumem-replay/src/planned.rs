@@ -47,52 +47,51 @@ pub fn planned_trace(name: &str, events: &[PlannedEvent]) -> Trace {
     }
 }
 
-/// Replays a planned trace once through each of [`PLAN_POLICIES`] with default settings
-/// ([`replay_peaks`]).
-pub fn replay_planned(trace: &Trace) -> Result<Vec<PolicyReport>, ReplayError> {
-    PLAN_POLICIES
-        .iter()
-        .map(|&policy| replay_peaks(trace, policy, &ReplayOptions::default()))
-        .collect()
-}
-
-/// Peaks of `workload`'s run replayed through `policy` (default settings): its steps
+/// Peaks of `workload`'s run replayed through each of `policies` (default settings): its steps
 /// ([`allocation_sequence`]) and, where it has one, its start-up ([`startup_sequence`]), each
 /// replayed on its own because the start-up ends by emptying the allocator's cache; every peak
-/// is the larger of the two (the rest of the report is the steps').
+/// is the larger of the two (the rest of a report is the steps'). The sequences are planned
+/// once for all the policies.
 pub fn replay_run(
     model: &ModelSpec,
     workload: &Workload,
-    policy: PolicyKind,
-) -> Result<PolicyReport, PlanReplayError> {
+    policies: &[PolicyKind],
+) -> Result<Vec<PolicyReport>, PlanReplayError> {
     let options = ReplayOptions::default();
     let steps = planned_trace(&model.name, &allocation_sequence(model, workload)?);
-    let steps = replay_peaks(&steps, policy, &options)?;
     let startup = startup_sequence(model, workload)?;
-    if startup.is_empty() {
-        return Ok(steps);
-    }
-    let name = format!("{} start-up", model.name);
-    let startup = replay_peaks(&planned_trace(&name, &startup), policy, &options)?;
-    let allocated = steps.peak_allocated_bytes.max(startup.peak_allocated_bytes);
-    let reserved = steps.peak_reserved_bytes.max(startup.peak_reserved_bytes);
-    Ok(PolicyReport {
-        peak_allocated_bytes: allocated,
-        peak_requested_bytes: steps.peak_requested_bytes.max(startup.peak_requested_bytes),
-        peak_reserved_bytes: reserved,
-        utilization: if reserved == 0 {
-            steps.utilization
-        } else {
-            allocated as f64 / reserved as f64
-        },
-        ..steps
-    })
+    let startup =
+        (!startup.is_empty()).then(|| planned_trace(&format!("{} start-up", model.name), &startup));
+    policies
+        .iter()
+        .map(|&policy| {
+            let steps = replay_peaks(&steps, policy, &options)?;
+            let Some(startup) = &startup else {
+                return Ok(steps);
+            };
+            let startup = replay_peaks(startup, policy, &options)?;
+            let allocated = steps.peak_allocated_bytes.max(startup.peak_allocated_bytes);
+            let reserved = steps.peak_reserved_bytes.max(startup.peak_reserved_bytes);
+            Ok(PolicyReport {
+                peak_allocated_bytes: allocated,
+                peak_requested_bytes: steps.peak_requested_bytes.max(startup.peak_requested_bytes),
+                peak_reserved_bytes: reserved,
+                utilization: if reserved == 0 {
+                    steps.utilization
+                } else {
+                    allocated as f64 / reserved as f64
+                },
+                ..steps
+            })
+        })
+        .collect()
 }
 
 /// Peak reserved bytes of `workload`'s run replayed through PyTorch's policy (`torch`, default
 /// settings; [`replay_run`]).
 pub fn torch_reserved(model: &ModelSpec, workload: &Workload) -> Result<u64, PlanReplayError> {
-    Ok(replay_run(model, workload, PolicyKind::Torch)?.peak_reserved_bytes)
+    let mut reports = replay_run(model, workload, &[PolicyKind::Torch])?;
+    Ok(reports.remove(0).peak_reserved_bytes)
 }
 
 /// The estimate with reserved memory from the allocator replay ([`torch_reserved`]) in place of

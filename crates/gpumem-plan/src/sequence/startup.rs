@@ -42,11 +42,12 @@ pub fn has_startup(workload: &Workload) -> bool {
 /// allocator holds at that moment. Frozen parameters (LoRA bases) are not defragmented and
 /// their partitions would stay where they were placed; they are freed here with the rest.
 pub fn startup_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec<PlannedEvent>> {
+    // Asked by every estimate: the cheap test first.
+    if !has_startup(workload) {
+        return Ok(Vec::new());
+    }
     crate::check(model, workload)?;
     let mut out = Emitter::default();
-    if !has_startup(workload) {
-        return Ok(out.events);
-    }
     let counts = model.params();
     let trainable = trainable_params(model, workload, &counts);
     let units = build_units(model, workload, workload.batch);
