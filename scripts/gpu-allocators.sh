@@ -49,10 +49,15 @@ if [ -z "${COMPUTE_SANITIZER:-}" ] && ! command -v compute-sanitizer >/dev/null 
     rm -rf "$sanitizer_dir"
     "$TORCH_PYTHON" -m pip install -q --no-deps --no-index --target "$sanitizer_dir" \
       "$sanitizer_wheel"
-    COMPUTE_SANITIZER="$(ls "$sanitizer_dir"/nvidia/*/compute-sanitizer/compute-sanitizer \
+    # CUDA 13's wheel holds nvidia/cu13/bin/compute-sanitizer; CUDA 12's, nvidia/*/compute-sanitizer/.
+    COMPUTE_SANITIZER="$(find "$sanitizer_dir/nvidia" -type f -name compute-sanitizer -perm -u+x \
       | head -1)"
-    export COMPUTE_SANITIZER
-    say "compute-sanitizer from $(basename "$sanitizer_wheel")"
+    if [ -n "$COMPUTE_SANITIZER" ]; then
+      export COMPUTE_SANITIZER
+      say "compute-sanitizer from $(basename "$sanitizer_wheel")"
+    else
+      say "$(basename "$sanitizer_wheel") holds no compute-sanitizer: memcheck is reported as not installed"
+    fi
   else
     say "no compute-sanitizer here: the memcheck runs are reported as not installed"
   fi

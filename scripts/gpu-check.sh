@@ -35,7 +35,9 @@
 # nothing was run (said plainly). Arguments after the mode go to the test binaries as a name
 # filter (e.g. `scripts/gpu-check.sh vmm`). Environment: GPUMEM_CUDA_DEVICE (the device ordinal
 # the tests use, default 0); GPUMEM_GPU_CHECK_FORCE=1 runs the checks even where no GPU is seen
-# (to try this script itself); logs go to target/gpu-check/ (GPUMEM_GPU_CHECK_LOGS overrides).
+# (to try this script itself); logs go to target/gpu-check/ (GPUMEM_GPU_CHECK_LOGS overrides);
+# GPUMEM_GPU_CHECKS=name,name runs (and bundles) only the checks named, for a short GPU lease.
+# GPUMEM_ALLOCATORS_ARGS holds arguments for the allocators check (e.g. "--budget-s 300 --reps 1").
 set -uo pipefail
 say() { echo "gpu-check.sh: $*" >&2; }
 mode=cargo
@@ -68,12 +70,28 @@ checks=(
   "gpumem-python|script scripts/gpu-python.sh|"
   "allocators|script scripts/gpu-allocators.sh|"
 )
+if [ -n "${GPUMEM_GPU_CHECKS:-}" ]; then
+  chosen=()
+  IFS=',' read -ra wanted <<<"$GPUMEM_GPU_CHECKS"
+  for want in "${wanted[@]}"; do
+    found=""
+    for entry in "${checks[@]}"; do [ "${entry%%|*}" = "$want" ] && found="$entry"; done
+    if [ -z "$found" ]; then
+      say "GPUMEM_GPU_CHECKS names '$want', which is no check; the checks are:" \
+        "$(printf '%s ' "${checks[@]%%|*}")"
+      exit 2
+    fi
+    chosen+=("$found")
+  done
+  checks=("${chosen[@]}")
+fi
 
 # --bundle: every test binary (named in cargo's JSON messages), the gpumem binary, the wheel,
 # and the scripts, laid out like the repository so that the scripts find each other.
 if [ "$mode" = bundle ]; then
   rm -rf "${bundle:?}"/{bin,wheel,scripts,python,checks.txt}
   mkdir -p "$bundle/bin" "$bundle/scripts" "$bundle/python/checks"
+  : >"$bundle/checks.txt" # the test binaries' list; empty when only scripts are chosen
   for entry in "${checks[@]}"; do
     IFS='|' read -r name selection _ <<<"$entry"
     [[ "$selection" == script* ]] && continue
@@ -140,7 +158,10 @@ run_check() { # name selection arguments [filter...]
   shift 3
   if [[ "$selection" == script* ]]; then
     echo "     Running ${selection##*/}"
-    bash "${selection#script }"
+    local extra=()
+    # shellcheck disable=SC2206 # a word list on purpose
+    [ "$name" = allocators ] && extra=(${GPUMEM_ALLOCATORS_ARGS:-})
+    bash "${selection#script }" "${extra[@]}"
     return
   fi
   if [ "$mode" = cargo ]; then

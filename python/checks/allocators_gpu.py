@@ -581,8 +581,11 @@ def find_sanitizer() -> str | None:
     candidates = [os.environ.get("COMPUTE_SANITIZER", ""), shutil.which("compute-sanitizer") or "",
                   "/usr/local/cuda/bin/compute-sanitizer"]
     for entry in sys.path:
-        candidates += sorted(glob.glob(os.path.join(
-            entry or ".", "nvidia", "*", "compute-sanitizer", "compute-sanitizer")))
+        # The wheel's layout: nvidia/cu13/bin/ (CUDA 13); nvidia/cuda_sanitizer_api/compute-sanitizer/
+        # in the CUDA 12 wheels.
+        for layout in (("bin",), ("compute-sanitizer",)):
+            candidates += sorted(glob.glob(os.path.join(
+                entry or ".", "nvidia", "*", *layout, "compute-sanitizer")))
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 
@@ -669,6 +672,8 @@ def compare_losses(a: list[float], b: list[float]) -> dict[str, Any]:
         differing.append(min(len(a), len(b)))
     diffs = [abs(x - y) if not (math.isnan(x) or math.isnan(y)) else math.inf
              for x, y in zip(a, b) if not same(x, y)]
+    if len(a) != len(b):
+        diffs.append(math.inf)
     return {"identical": not differing, "first_step": differing[0] if differing else None,
             "max_abs_diff": max(diffs, default=0.0)}
 
@@ -701,16 +706,23 @@ def check_runs(results: dict[str, Any]) -> list[Verdict]:
     return verdicts
 
 
+#: How far an allocator's losses may stray from PyTorch's default, as a multiple of how far
+#: PyTorch's own two runs strayed from each other, where its kernels are not deterministic.
+#: Memory handed back too early shows as garbage or NaN, orders of magnitude beyond.
+NOISE_MULTIPLE = 4.0
+
+
 def check_losses(results: dict[str, Any]) -> list[Verdict]:
     """Each allocator's per-step losses equal PyTorch's default, repetition by repetition.
-    A difference fails when PyTorch's own two runs agree (the kernels are deterministic) and
-    is ignored when they do not."""
+    Where PyTorch's own two runs agree (deterministic kernels) any difference fails; where
+    they differ, a difference within NOISE_MULTIPLE times theirs passes; with one repetition
+    of PyTorch, a difference is ignored (its kernels' determinism is unknown)."""
     verdicts = []
     deterministic = results["config"]["deterministic"]
     for w in results["config"]["workloads"]:
         reference = {r["rep"]: r["losses"] for r in runs_of(results, w, REFERENCE)}
-        stable = (compare_losses(reference[1], reference[2])["identical"]
-                  if {1, 2} <= reference.keys() else None)
+        own = (compare_losses(reference[1], reference[2])
+               if {1, 2} <= reference.keys() else None)
         for a in results["config"]["allocators"]:
             if a == REFERENCE:
                 continue
@@ -719,21 +731,30 @@ def check_losses(results: dict[str, Any]) -> list[Verdict]:
                      for r in runs_of(results, w, a) if r["rep"] in reference]
             if not deterministic:
                 verdicts.append(Verdict(name, None, "not compared: run without --deterministic"))
-            elif not pairs:
+                continue
+            if not pairs:
                 verdicts.append(Verdict(name, None, "not compared: no pair of completed runs"))
-            elif all(c["identical"] for _, c in pairs):
+                continue
+            if all(c["identical"] for _, c in pairs):
                 verdicts.append(Verdict(name, True, f"identical in {len(pairs)} repetitions"))
+                continue
+            detail = "; ".join(
+                f"rep {rep}: " + ("identical" if c["identical"] else
+                                  f"differ from step {c['first_step']}, "
+                                  f"max |difference| {c['max_abs_diff']:.3g}")
+                for rep, c in pairs)
+            if own is None:
+                verdicts.append(Verdict(name, None, detail + " (one run of PyTorch: whether its "
+                                        "kernels are deterministic here is unknown)"))
+            elif own["identical"]:
+                verdicts.append(Verdict(name, False, detail + " (PyTorch's own two runs agree)"))
             else:
-                detail = "; ".join(
-                    f"rep {rep}: " + ("identical" if c["identical"] else
-                                      f"differ from step {c['first_step']}, "
-                                      f"max |difference| {c['max_abs_diff']:.3g}")
-                    for rep, c in pairs)
-                if stable is False:
-                    verdicts.append(Verdict(name, None, detail + " (PyTorch's own two runs "
-                                            "differ too: the kernels are not deterministic)"))
-                else:
-                    verdicts.append(Verdict(name, False, detail))
+                bound = NOISE_MULTIPLE * own["max_abs_diff"]
+                worst = max(c["max_abs_diff"] for _, c in pairs)
+                verdicts.append(Verdict(
+                    name, worst <= bound,
+                    detail + f" (PyTorch's own two runs differ by up to {own['max_abs_diff']:.3g}:"
+                    f" the kernels are not deterministic; allowed {bound:.3g})"))
     return verdicts
 
 
