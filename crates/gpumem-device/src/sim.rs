@@ -31,7 +31,7 @@
 //! host's. [`SimDevice::elapsed_ns`] is the time when everything issued so far has finished.
 //! The clocks only measure: which events have completed is still decided by the work tickets.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::vmm_ledger::{check_granularity_multiple, VmmLedger};
@@ -171,6 +171,9 @@ struct SimState {
     /// Physical bytes in use: live mallocs plus chunks not yet returned.
     used: u64,
     next_address: u64,
+    /// Addresses `malloc` hands out by size, in order, before it picks its own
+    /// ([`SimDevice::place_mallocs_at`]).
+    placements: HashMap<u64, VecDeque<DevicePtr>>,
     /// Live `malloc` ranges by start address.
     allocations: BTreeMap<DevicePtr, Region>,
     /// Reservations and mappings (a mapping keeps its chunk's handle id).
@@ -283,6 +286,25 @@ impl SimDevice {
     /// The settings this device was made with.
     pub fn config(&self) -> &SimConfig {
         &self.config
+    }
+
+    /// Has `malloc` hand out the given `(address, size)` placements: a later `malloc` of a
+    /// size takes the first placement of that size not yet taken whose range is free, and
+    /// picks an address of its own only when none is left. A replay gives it the addresses a
+    /// real driver returned to the traced allocator, so that a policy that breaks ties by
+    /// address sees the blocks in the order the traced process did. The device's own
+    /// addresses continue above every placement, so the two never overlap. Placements of zero
+    /// bytes, or beyond a 56-bit address space (no driver's), are left out.
+    pub fn place_mallocs_at(&self, placements: impl IntoIterator<Item = (DevicePtr, u64)>) {
+        let mut s = self.lock();
+        for (address, size) in placements {
+            let end = address.checked_add(size).filter(|&end| end <= 1 << 56);
+            let Some(end) = end.filter(|_| size > 0) else {
+                continue;
+            };
+            s.next_address = s.next_address.max(end);
+            s.placements.entry(size).or_default().push_back(address);
+        }
     }
 
     /// The call counters so far.
@@ -465,6 +487,23 @@ impl SimState {
         self.record(stream)
     }
 
+    /// The next `malloc` address for `size` bytes: the first placement given for that size
+    /// whose range no live allocation overlaps (those that one does are dropped), else the
+    /// next address of the device's own.
+    fn malloc_address(&mut self, size: u64, align: u64) -> DevicePtr {
+        while let Some(ptr) = self.placements.get_mut(&size).and_then(VecDeque::pop_front) {
+            let overlaps = self
+                .allocations
+                .range(..ptr + size)
+                .next_back()
+                .is_some_and(|(&start, region)| start + region.size > ptr);
+            if !overlaps {
+                return ptr;
+            }
+        }
+        self.bump_address(size, align)
+    }
+
     fn bump_address(&mut self, size: u64, align: u64) -> DevicePtr {
         let ptr = align_up(self.next_address, align);
         self.next_address = ptr + size;
@@ -567,7 +606,7 @@ impl Device for SimDevice {
             s.counters.malloc_failed += 1;
             return Err(e);
         }
-        let ptr = s.bump_address(size, self.config.malloc_alignment);
+        let ptr = s.malloc_address(size, self.config.malloc_alignment);
         let bytes = self.zeroed(size);
         s.allocations.insert(ptr, Region { size, bytes });
         Ok(ptr)
@@ -981,6 +1020,22 @@ mod tests {
         dev.copy_to_host(&mut again, other, StreamId::DEFAULT)
             .unwrap();
         assert_eq!(again, data);
+    }
+
+    #[test]
+    fn mallocs_take_the_placements_of_their_size_when_free() {
+        let dev = host(64 * MIB);
+        let top = 0x7f0c_0000_0000;
+        dev.place_mallocs_at([(top, 4 * MIB), (top - 8 * MIB, 4 * MIB), (top, 2 * MIB)]);
+        let first = dev.malloc(4 * MIB).unwrap();
+        assert_eq!(first, top);
+        assert_eq!(dev.malloc(4 * MIB).unwrap(), top - 8 * MIB);
+        // `top` is live: its 2 MiB placement is dropped and the device picks its own address,
+        // above every placement.
+        let own = dev.malloc(2 * MIB).unwrap();
+        assert!(own >= top + 4 * MIB, "{own:#x}");
+        dev.free(first).unwrap();
+        assert!(dev.malloc(4 * MIB).unwrap() > own);
     }
 
     #[test]

@@ -422,23 +422,26 @@ struct Run {
     seconds: f64,
 }
 
-/// A fresh pool of `policy` on an address-only device of `capacity` bytes, for placement
-/// only (see [`replay_pool`] for the asynchronous model).
+/// A fresh pool of `policy` for `trace` on an address-only device of `capacity` bytes, for
+/// placement only (see [`replay_pool`] for the asynchronous model).
 fn new_pool(
+    trace: &Trace,
     policy: &dyn PolicySource,
     capacity: u64,
     options: &ReplayOptions,
     history_capacity: usize,
 ) -> Result<Pool, ReplayError> {
-    Ok(replay_pool(policy, capacity, options, history_capacity, false)?.0)
+    Ok(replay_pool(trace, policy, capacity, options, history_capacity, false)?.0)
 }
 
-/// A fresh pool of `policy` on an address-only device of `capacity` bytes. With
-/// `asynchronous`, the trace's work runs asynchronously: the device is a simulated GPU that
+/// A fresh pool of `policy` for `trace` on an address-only device of `capacity` bytes, whose
+/// `malloc` hands out the addresses the traced driver did ([`Trace::initial_segments`], then
+/// [`Trace::device_allocations`]) for allocations of the same sizes. With `asynchronous`, the trace's work runs asynchronously: the device is a simulated GPU that
 /// finishes work only when the host waits for it, watched by a [`HazardChecker`] (returned too,
 /// for the hazards it finds), and every block is used by a kernel on its stream when it is
 /// allocated and right before it is freed ([`KernelsOnBlocks`]).
 fn replay_pool(
+    trace: &Trace,
     policy: &dyn PolicySource,
     capacity: u64,
     options: &ReplayOptions,
@@ -446,6 +449,13 @@ fn replay_pool(
     asynchronous: bool,
 ) -> Result<(Pool, Option<Arc<HazardChecker>>), ReplayError> {
     let sim = Arc::new(SimDevice::new(SimConfig::address_only(capacity))?);
+    // The segments a mid-process trace starts with are taken over first, at their addresses.
+    let initial = trace.initial_segments.iter().filter(|s| !s.expandable);
+    sim.place_mallocs_at(
+        initial
+            .map(|s| (s.address, s.size))
+            .chain(trace.device_allocations.iter().map(|a| (a.address, a.size))),
+    );
     let checker =
         asynchronous.then(|| {
             let work = sim.clone();
@@ -587,6 +597,7 @@ fn run(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Run, ReplayError> {
     let (pool, checker) = replay_pool(
+        trace,
         policy,
         capacity,
         options,
@@ -645,7 +656,7 @@ fn steady_state_calls(
     if steps.len() < 2 {
         return Ok(None);
     }
-    let pool = new_pool(policy, UNLIMITED_CAPACITY, options, 0)?;
+    let pool = new_pool(trace, policy, UNLIMITED_CAPACITY, options, 0)?;
     let mut live = AddressMap::default();
     let mut ignore = |_| {};
     initial_state::drive_trace(&pool, trace, &mut live, &mut ignore)?;

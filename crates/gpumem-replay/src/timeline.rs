@@ -47,7 +47,7 @@ pub fn timeline(
     options: &ReplayOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Timeline, ReplayError> {
-    let pool = new_pool(&policy, UNLIMITED_CAPACITY, options, 0)?;
+    let pool = new_pool(trace, &policy, UNLIMITED_CAPACITY, options, 0)?;
     let total = trace.events.len();
     let mut line = Timeline {
         allocated: Vec::with_capacity(total),
@@ -78,7 +78,7 @@ pub fn segments_after(
     options: &ReplayOptions,
     event_index: usize,
 ) -> Result<SegmentMap, ReplayError> {
-    let pool = new_pool(&policy, UNLIMITED_CAPACITY, options, 0)?;
+    let pool = new_pool(trace, &policy, UNLIMITED_CAPACITY, options, 0)?;
     let end = event_index.saturating_add(1).min(trace.events.len());
     drive_until(&pool, trace, end, &mut AddressMap::default(), &mut |_| {})?;
     let mut segments = pool.segments();

@@ -36,5 +36,6 @@ pub use error::{ReadError, SnapshotEncoding};
 pub use formats::{read, read_path, write, write_path, Format, ReadOptions};
 pub use snapshot::{Frame, SegmentType, Snapshot, StackId, Stacks};
 pub use trace::{
-    Event, InitialBlock, InitialSegment, Trace, TraceMeta, TraceSummary, ValidationError, Violation,
+    DeviceAllocation, Event, InitialBlock, InitialSegment, Trace, TraceMeta, TraceSummary,
+    ValidationError, Violation,
 };

@@ -68,6 +68,22 @@ pub struct Trace {
     /// segments reserved as they were, the blocks at their offsets, the rest cached. Empty
     /// for a trace recorded from the start and for formats that cannot say.
     pub initial_segments: Vec<InitialSegment>,
+    /// The device allocations (`cudaMalloc`) the traced allocator made, in order, each at the
+    /// address the driver returned (PyTorch snapshots' `segment_alloc` entries). A best-fit
+    /// allocator breaks ties between cached blocks of one size by address, so where the
+    /// driver put each segment decides which block a request splits: a replay places its own
+    /// device allocations of the same sizes at these addresses. Empty where the producer did
+    /// not record them.
+    pub device_allocations: Vec<DeviceAllocation>,
+}
+
+/// A device allocation a traced allocator made: see [`Trace::device_allocations`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceAllocation {
+    /// The address the driver returned.
+    pub address: u64,
+    /// Bytes asked of the driver.
+    pub size: u64,
 }
 
 /// A segment (device allocation) that existed when a trace's recording began.
@@ -203,6 +219,7 @@ impl Trace {
             stacks: Stacks::default(),
             alloc_stacks: Vec::new(),
             initial_segments: Vec::new(),
+            device_allocations: Vec::new(),
         }
     }
 

@@ -6,7 +6,9 @@
 //! [`Trace::initial_segments`] as `"initial_segments": [{"address": int, "size": int,
 //! "stream": int, "pool": "small"|"large", "expandable": bool, "blocks": [{"address": int,
 //! "requested": int, "size": int}]}]` (`stream`, `expandable`, `blocks` and a block's `size`
-//! optional; the blocks' allocs are the first events, as in the trace),
+//! optional; the blocks' allocs are the first events, as in the trace), and, where the
+//! producer recorded them, its [`Trace::device_allocations`] as `"device_allocations":
+//! [{"address": int, "size": int}]`,
 //! then one event per line:
 //! `{"op":"alloc","addr":int,"size":int,"stream":int}`,
 //! `{"op":"free","addr":int,"size":int,"stream":int}` (size optional, checked against the
@@ -20,7 +22,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ReadError;
 use crate::snapshot::SegmentType;
-use crate::trace::{Event, InitialBlock, InitialSegment, LiveBlocks, Trace, TraceMeta, Violation};
+use crate::trace::{
+    DeviceAllocation, Event, InitialBlock, InitialSegment, LiveBlocks, Trace, TraceMeta, Violation,
+};
 
 /// The version this module reads and writes.
 pub const VERSION: u64 = 1;
@@ -44,6 +48,8 @@ struct HeaderIn {
     meta: BTreeMap<String, String>,
     #[serde(default)]
     initial_segments: Vec<SegmentEntry>,
+    #[serde(default)]
+    device_allocations: Vec<DeviceAllocationEntry>,
 }
 
 /// The header line, as written (borrows the trace's metadata).
@@ -56,6 +62,15 @@ struct HeaderOut<'a> {
     meta: &'a BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     initial_segments: Vec<SegmentEntry>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    device_allocations: Vec<DeviceAllocationEntry>,
+}
+
+/// A device allocation in the header.
+#[derive(Serialize, Deserialize)]
+struct DeviceAllocationEntry {
+    address: u64,
+    size: u64,
 }
 
 /// An initial segment in the header.
@@ -284,7 +299,7 @@ pub fn read_native(reader: impl Read) -> Result<Trace, ReadError> {
     let mut line = Vec::with_capacity(256);
     let mut line_number = 0u64;
 
-    let (meta, initial_segments) = loop {
+    let (meta, initial_segments, device_allocations) = loop {
         line.clear();
         if reader.read_until(b'\n', &mut line)? == 0 {
             return Err(ReadError::Empty {
@@ -319,6 +334,7 @@ pub fn read_native(reader: impl Read) -> Result<Trace, ReadError> {
     }
     let mut trace = Trace::new(meta, events);
     trace.initial_segments = initial_segments;
+    trace.device_allocations = device_allocations;
     trace.validate_initial_segments().map_err(|error| {
         // A missing alloc is reported at the event in its place (after the last event if the
         // trace is shorter); a layout fault at the header.
@@ -352,6 +368,14 @@ pub fn write_native(trace: &Trace, writer: impl Write) -> std::io::Result<()> {
             .initial_segments
             .iter()
             .map(SegmentEntry::from)
+            .collect(),
+        device_allocations: trace
+            .device_allocations
+            .iter()
+            .map(|a| DeviceAllocationEntry {
+                address: a.address,
+                size: a.size,
+            })
             .collect(),
     };
     serde_json::to_writer(&mut writer, &header)?;
@@ -393,10 +417,10 @@ fn is_blank(line: &[u8]) -> bool {
     line.trim_ascii().is_empty()
 }
 
-fn parse_header(
-    line: &[u8],
-    line_number: u64,
-) -> Result<(TraceMeta, Vec<InitialSegment>), ReadError> {
+/// A header's parts: the metadata, the initial segments and the device allocations.
+type Header = (TraceMeta, Vec<InitialSegment>, Vec<DeviceAllocation>);
+
+fn parse_header(line: &[u8], line_number: u64) -> Result<Header, ReadError> {
     let header: HeaderIn = serde_json::from_slice(line).map_err(|error| ReadError::Malformed {
         line: line_number,
         expected: HEADER_EXPECTED,
@@ -414,7 +438,14 @@ fn parse_header(
         extra: header.meta,
     };
     let initial = header.initial_segments.into_iter().map(Into::into);
-    Ok((meta, initial.collect()))
+    let device_allocations = header
+        .device_allocations
+        .into_iter()
+        .map(|a| DeviceAllocation {
+            address: a.address,
+            size: a.size,
+        });
+    Ok((meta, initial.collect(), device_allocations.collect()))
 }
 
 fn parse_event(line: &[u8], line_number: u64, live: &mut LiveBlocks) -> Result<Event, ReadError> {
@@ -464,7 +495,7 @@ mod tests {
     fn sample() -> Trace {
         let mut extra = BTreeMap::new();
         extra.insert("model".to_owned(), "gpt2 \"small\"".to_owned());
-        Trace::new(
+        let mut trace = Trace::new(
             TraceMeta {
                 name: "sample".to_owned(),
                 source: "unit test".to_owned(),
@@ -489,7 +520,12 @@ mod tests {
                 },
                 Event::Step { index: 1 },
             ],
-        )
+        );
+        trace.device_allocations = vec![DeviceAllocation {
+            address: 0x7f00_0000_0000,
+            size: 2 << 20,
+        }];
+        trace
     }
 
     fn read_str(text: &str) -> Result<Trace, ReadError> {

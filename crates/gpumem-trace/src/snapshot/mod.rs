@@ -23,7 +23,7 @@ pub use gpumem_snapshot::{
 use crate::error::{ReadError, SnapshotEncoding};
 
 use self::initial::{DumpSegment, SegmentHistory};
-use crate::trace::{saturating_sum, Event, LiveBlocks, Trace, TraceMeta};
+use crate::trace::{saturating_sum, DeviceAllocation, Event, LiveBlocks, Trace, TraceMeta};
 
 /// Where a snapshot reader hands what it reads, piece by piece, in the order of the input
 /// (PyTorch writes `segments` before `device_traces`, but a sink must not rely on it).
@@ -167,7 +167,8 @@ pub fn from_trace(trace: &Trace, device: usize) -> Snapshot {
 }
 
 /// The block trace of one device: `alloc` → [`Event::Alloc`], `free_completed` (or a bare
-/// `free`) → [`Event::Free`]; other actions are ignored.
+/// `free`) → [`Event::Free`]; `segment_alloc`s → [`Trace::device_allocations`]; other
+/// actions are ignored.
 ///
 /// `device` defaults to the first device with a non-empty trace. A snapshot recorded in a
 /// process that had allocated before (`_record_memory_history` called mid-process) starts
@@ -218,6 +219,8 @@ struct TraceBuilder {
     allocs: usize,
     stacks: Stacks,
     segments: Vec<DumpSegment>,
+    /// The chosen device's `segment_alloc`s, in order.
+    device_allocations: Vec<DeviceAllocation>,
 }
 
 impl TraceBuilder {
@@ -234,6 +237,7 @@ impl TraceBuilder {
             allocs: 0,
             stacks: Stacks::default(),
             segments: Vec::new(),
+            device_allocations: Vec::new(),
         }
     }
 
@@ -316,6 +320,7 @@ impl TraceBuilder {
         trace.stacks = self.stacks;
         trace.alloc_stacks = alloc_stacks;
         trace.initial_segments = initial.segments;
+        trace.device_allocations = self.device_allocations;
         Ok(trace)
     }
 }
@@ -371,7 +376,15 @@ impl SnapshotSink for TraceBuilder {
                 }
                 self.events.push(Event::Free { addr, stream });
             }
-            Action::SegmentAlloc | Action::SegmentMap => self.history.created(addr, size),
+            Action::SegmentAlloc | Action::SegmentMap => {
+                if entry.action == Action::SegmentAlloc {
+                    self.device_allocations.push(DeviceAllocation {
+                        address: addr,
+                        size,
+                    });
+                }
+                self.history.created(addr, size)
+            }
             Action::SegmentFree | Action::SegmentUnmap => {
                 let unmap = entry.action == Action::SegmentUnmap;
                 self.history.released(addr, size, stream, unmap, index);
