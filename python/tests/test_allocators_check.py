@@ -163,6 +163,20 @@ def test_serving_is_judged_on_the_time_to_serve_every_request():
     assert verdict.ok is False and "33.00 ms vs 30.00 ms" in verdict.detail
 
 
+def test_step_time_is_not_judged_where_pytorchs_own_runs_disagree_beyond_3pct():
+    def case(second_pytorch_ms: float) -> Any:
+        runs = [run("gpt2-varlen", "pytorch", 1, step_ms=[150.0] * 20),
+                run("gpt2-varlen", "pytorch", 2, step_ms=[second_pytorch_ms] * 20),
+                run("gpt2-varlen", "gpumem-gpumem", 1, step_ms=[170.0] * 20)]
+        r = results(runs, workloads=["gpt2-varlen"], allocators=["pytorch", "gpumem-gpumem"])
+        (verdict,) = ag.goal_step_time(r)
+        return verdict
+
+    noisy = case(124.0)
+    assert noisy.ok is None and "differ by 21.0 %: too noisy" in noisy.detail
+    assert case(151.0).ok is False
+
+
 def test_goals_are_ignored_when_not_measured():
     runs = [run("gpt2-varlen", "pytorch", reserved=None),
             run("gpt2-varlen", "gpumem-gpumem", reserved=None),
