@@ -109,11 +109,13 @@ impl TransformerGraph<'_> {
     /// gradient replaces the freed output). CLIP's `x * sigmoid(1.702 x)` as Python ops: the
     /// product's backward makes both inputs' gradients while the output's gradient is alive,
     /// two more than the freed product.
-    /// Liger's fused gated product writes the gate's and up projection's gradients into their
-    /// saved tensors (`ops/swiglu.py` `swiglu_backward`, `ops/geglu.py`): none.
+    /// Liger's fused gated product also counts one: the down projection's backward makes the
+    /// product's gradient (`grad_output @ W`, intermediate-wide) while the product it saved is
+    /// still alive, before the fused backward writes the gate's and up projection's gradients
+    /// into their saved tensors (liger-kernel 0.8.0 `ops/swiglu.py` `swiglu_backward` 89-107 and
+    /// `LigerSiLUMulFunction.backward` 148-176, `ops/geglu.py` `geglu_backward` likewise), which adds none.
     pub(super) fn mlp_backward_intermediates(&self) -> f64 {
         match (self.spec.gated_mlp, self.spec.activation) {
-            (true, _) if self.liger() => 0.0,
             (false, Activation::QuickGelu) => 2.0,
             // ReLU saves its output, which is also the next linear's saved input: that
             // linear's backward frees nothing before ReLU's gradient is made beside its own.
