@@ -13,9 +13,12 @@
 //! `reduce_bucket_size` elements allocated in every backward), `stage3.py` (the IPG flat buffer,
 //! prefetch bucket); NCCL `NCCL_BUFFSIZE` and its LL/LL128 buffers per channel and connection.
 
+use crate::model::{Architecture, ModelSpec, ParamCounts};
 use crate::unit::Unit;
 // The FSDP version and NCCL buffer size are workload settings, defined with it.
-use crate::workload::{Dtype, Layout, Optimizer, Sharding, Target, Workload, ZeroBuckets};
+use crate::workload::{
+    BaseQuant, Dtype, Layout, Optimizer, Sharding, Target, Workload, ZeroBuckets,
+};
 pub use crate::workload::{FsdpVersion, DEFAULT_FSDP_VERSION, DEFAULT_NCCL_BUFFSIZE};
 
 /// DeepSpeed `reduce_bucket_size` default (elements; `runtime/zero/config.py`).
@@ -390,6 +393,45 @@ pub(crate) fn zero3_keeps_gradient_partitions(workload: &Workload) -> bool {
         && workload.optimizer != Optimizer::None
 }
 
+/// transformers model types whose block linears are `Conv1D` (`pytorch_utils.py`:
+/// `torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)`): the matmul saves the weight
+/// parameter itself for backward, not a view of it, so ZeRO-3's release (which empties
+/// `param.data`) frees the gathered storage whichever linear DeepSpeed installed.
+const CONV1D_MODEL_TYPES: &[&str] = &["gpt2", "openai-gpt", "imagegpt", "decision_transformer"];
+
+/// Bytes per block parameter of the gathered weights a block keeps from its forward to its
+/// backward on this GPU when [`Workload::zero3_keeps_gathered_linears`]: DeepSpeed's releases
+/// before 0.19.4 install their ZeRO-3 linear only inside a `zero.Init` context, and PyTorch's
+/// `F.linear` (`matmul(input, weight.t())`, whose `MmBackward0` saves `weight.t()` for the
+/// input's gradient) holds the storage the all-gather made after ZeRO-3 releases the parameter,
+/// until that matmul's backward runs. So every block's linear weights, as gathered (the module
+/// dtype, split over tensor-parallel ranks), stay allocated from the block's forward until its
+/// backward; the pre-backward hook gathers a second copy for the backward itself (the parameter
+/// was released), which the planned gathered block already is. Only the blocks: the embeddings'
+/// backward keeps only the indices, and ZeRO-3 keeps the LM head gathered from its forward
+/// through its backward anyway (`sharding_buffers`). Zero for a `Conv1D` family
+/// ([`CONV1D_MODEL_TYPES`]), a quantised base (bitsandbytes' matmuls, not `F.linear`) and models
+/// other than transformers. DeepSpeed's own linear (`linear.py` `LinearFunctionForZeroStage3`:
+/// `ctx.save_for_backward(input, weight, bias)`, the parameter itself) keeps nothing.
+pub(crate) fn zero3_saved_linear_bytes(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+) -> f64 {
+    match &model.arch {
+        Architecture::Transformer(spec)
+            if workload.zero3_keeps_gathered_linears()
+                && !CONV1D_MODEL_TYPES.contains(&spec.model_type.as_str())
+                && workload.lora.is_none_or(|l| l.base == BaseQuant::None)
+                && counts.body > 0 =>
+        {
+            counts.block_linear as f64 / counts.body as f64 * workload.module_dtype().bytes() as f64
+                / workload.layout.tp as f64
+        }
+        _ => 0.0,
+    }
+}
+
 /// Whether `unit`'s sharded gradients appear only when the backward ends: FSDP's root (every
 /// unit but the blocks) reduce-scatters once all its parameters have gradients.
 pub(crate) fn reduced_at_backward_end(workload: &Workload, unit: &Unit) -> bool {
@@ -559,6 +601,27 @@ mod settings_tests {
             zero.resolve(&model),
             Err(PlanError::InvalidValue { .. })
         ));
+        // --deepspeed names the release of a ZeRO run: ignored without one, a typed error when
+        // it is not a release.
+        let release = |zero: Option<&str>, version: &str| Settings {
+            zero: zero.map(Into::into),
+            deepspeed: Some(version.into()),
+            ..Settings::default()
+        };
+        let ignored = release(None, "0.14.2").resolve(&model).unwrap().warnings;
+        assert!(ignored.iter().any(|w| matches!(
+            w,
+            Warning::Ignored {
+                flag: "--deepspeed",
+                ..
+            }
+        )));
+        let used = release(Some("3"), "0.14.2").resolve(&model).unwrap();
+        assert!(used.warnings.is_empty(), "{:?}", used.warnings);
+        assert!(matches!(
+            release(Some("3"), "0.14.2rc1").resolve(&model),
+            Err(PlanError::InvalidValue { .. })
+        ));
     }
 }
 
@@ -627,7 +690,8 @@ mod offload_tests {
 #[cfg(test)]
 mod zero_step_tests {
     use super::{
-        sharding_buffers, zero_sizes, zero_step_gradients, ShardingInputs, REDUCE_BUCKET_ELEMENTS,
+        sharding_buffers, zero_sizes, zero_step_gradients, Architecture, ShardingInputs,
+        REDUCE_BUCKET_ELEMENTS,
     };
     use crate::workload::ZeroBuckets;
     use crate::{estimate, find_model, Estimate, Overheads, Phase, Settings};
@@ -711,6 +775,61 @@ mod zero_step_tests {
             );
             assert_eq!(z2, 1e9 * 4.0, "offload {offload}");
         }
+    }
+
+    #[test]
+    fn zero3_without_deepspeeds_linear_keeps_each_gathered_block_to_its_backward() {
+        // A model loaded without zero.Init under DeepSpeed before 0.19.4 runs PyTorch's
+        // F.linear, whose backward keeps `weight.t()`: at the end of the forward every block's
+        // linear weights, as gathered (fp16, whole), are still allocated.
+        let loaded = |version: &str, gpus: u64, f: fn(&mut Settings)| {
+            settings("3", gpus, |s| {
+                s.no_zero_init = true;
+                s.deepspeed = (!version.is_empty()).then(|| version.into());
+                f(s);
+            })
+        };
+        let forward_end = |model: &str, s: Settings| phase(&plan(model, s), Phase::ForwardEnd);
+        let spec = find_model("llama-3.2-1b").unwrap();
+        let counts = spec.params();
+        let kept = counts.block_linear as f64 * 2.0;
+        let old = forward_end("llama-3.2-1b", loaded("0.14.2", 4, |_| {}));
+        let new = forward_end("llama-3.2-1b", loaded("0.19.4", 4, |_| {}));
+        assert!(
+            ((old - new) - kept).abs() < 1e-6 * kept,
+            "{old} - {new} != {kept}"
+        );
+        // Today's DeepSpeed (no --deepspeed) installs its linear for a loaded model too.
+        assert_eq!(new, forward_end("llama-3.2-1b", loaded("", 4, |_| {})));
+        let unchanged = |f: fn(&mut Settings), gpus: u64| {
+            let with = forward_end("llama-3.2-1b", loaded("0.14.2", gpus, f));
+            let without = forward_end("llama-3.2-1b", loaded("0.19.4", gpus, f));
+            assert_eq!(with, without);
+        };
+        // zero.Init patched F.linear; one rank gathers nothing.
+        unchanged(|s| s.no_zero_init = false, 4);
+        unchanged(|_| {}, 1);
+        // Full checkpointing saves nothing in the forward: the recomputation's copy of one
+        // block lives from its recomputation to its backward, in backward only (where the
+        // loss's vocabulary-wide tensors may still make the peak).
+        unchanged(|s| s.grad_ckpt = true, 4);
+        let backward = |version: &str| {
+            let e = plan("llama-3.2-1b", loaded(version, 4, |s| s.grad_ckpt = true));
+            phase(&e, Phase::Backward)
+        };
+        let layers = match &spec.arch {
+            Architecture::Transformer(t) => t.layers,
+            _ => unreachable!("llama-3.2-1b is a transformer"),
+        };
+        let block = kept / layers as f64;
+        let grown = backward("0.14.2") - backward("0.19.4");
+        assert!(
+            (0.0..=block * 1.000_001).contains(&grown),
+            "{grown} vs {block}"
+        );
+        // GPT-2's Conv1D saves the parameter itself, which the release empties.
+        let gpt2 = |version: &str| forward_end("gpt2", loaded(version, 4, |_| {}));
+        assert_eq!(gpt2("0.14.2"), gpt2("0.19.4"));
     }
 
     #[test]
