@@ -121,6 +121,9 @@ pub(crate) struct PhaseBuffers {
     /// Reduction buffers alive when the backward ends, after the last activations are freed
     /// (FSDP's reduce-scatter of the root's gradients).
     pub(crate) backward_end_gradients: f64,
+    /// The LM head's unsharded gradient while the head's backward finishes (ZeRO-3, which
+    /// moves it into the IPG bucket or reduces it only after its matmul has made it whole).
+    pub(crate) head_gradients: f64,
     /// Buffers alive the whole step (weights kind): ZeRO-3's gathered layers.
     pub(crate) step_weights: f64,
     /// Buffers alive the whole step (gradients kind): DDP buckets, ZeRO's IPG bucket.
@@ -312,9 +315,24 @@ pub(crate) fn sharding_buffers(
             } else {
                 0.0
             };
+            // A trained head's weight gradient is made whole by its matmul's backward before
+            // its hook runs (`create_reduce_and_remove_grad_hooks`: on the parameter's
+            // AccumulateGrad), which copies it into the IPG bucket if it fits and drops it, or,
+            // for a head of more than `reduce_bucket_size` elements (Llama-3's 128256 × 4096
+            // over 5e8), keeps it as its own tensor until the next hook reduces it
+            // (`__add_grad_to_ipg_bucket`, v0.14.2 `stage3.py` 1230-1247; `partition_grads`
+            // drops `param.grad`, 1418-1478): the unsharded head gradient, in the module
+            // dtype, is alive while the head's backward finishes.
+            let head_elements = inputs.head / inputs.gathered.max(1.0);
+            let head_gradients = if workload.lora.is_none() {
+                head_elements * inputs.bucket_bytes
+            } else {
+                0.0
+            };
             PhaseBuffers {
                 step_weights: inputs.largest_block + prefetched,
                 step_gradients: bucket,
+                head_gradients,
                 // Released after its backward in DeepSpeed; here it stays to the embeddings'
                 // backward, as the planned sequence frees what backward gathered (an
                 // over-count of at most the head through the blocks' backward).
@@ -886,5 +904,29 @@ mod zero_step_tests {
         let bucket = REDUCE_BUCKET_ELEMENTS as f64 * 2.0;
         assert_eq!(buffers(false), bucket);
         assert_eq!(buffers(true), bucket + 3e8 * 2.0);
+    }
+
+    #[test]
+    fn zero3_head_gradient_is_whole_while_the_heads_backward_finishes() {
+        // The head's matmul makes its weight gradient whole before the hook moves it into the
+        // IPG bucket (or, above the bucket's size, reduces it from its own tensor); a frozen
+        // head under LoRA has none.
+        let model = find_model("llama-3-8b").unwrap();
+        let head = |f: fn(&mut Settings)| {
+            let workload = settings("3", 8, f).resolve(&model).unwrap().workload;
+            let inputs = ShardingInputs {
+                largest_block: 0.0,
+                gradients_full: 0.0,
+                trainable_share: 1.0,
+                gathered: 2.0,
+                bucket_bytes: 2.0,
+                head: 128256.0 * 4096.0 * 2.0,
+                largest_trainable: 0.0,
+                zero: zero_sizes(ZeroBuckets::Default, Some(4096)),
+            };
+            sharding_buffers(&[], &workload, &inputs).head_gradients
+        };
+        assert_eq!(head(|_| {}), 128256.0 * 4096.0 * 2.0);
+        assert_eq!(head(|s| s.lora_rank = Some(8)), 0.0);
     }
 }

@@ -602,9 +602,15 @@ fn simulate_backward(
         if !kept.wrapped {
             linears -= own_linears * in_flight;
         }
+        // The head's unsharded gradient, where the layout keeps one, while the head finishes.
+        let finishing_extra = if index + 1 == units.len() {
+            (extra.0, extra.1 + buffers.head_gradients)
+        } else {
+            extra
+        };
         let finishing = phase_breakdown(
             states,
-            with(extra, linears),
+            with(finishing_extra, linears),
             gradients + grown,
             saved + held + unit.saved_through_gradients.min(kept.saved),
             unit.gradient_transient + transient_gradients,

@@ -532,7 +532,10 @@ fn train_backward(
         if kept.wrapped {
             unit_saved.extend(shapes.saved_linears(out, unit, states));
         }
-        let finishing = unit_backward(out, unit, unit_saved, kept.recomputed, shapes);
+        let mut finishing = unit_backward(out, unit, unit_saved, kept.recomputed, shapes);
+        if index == last {
+            finishing.extend(out.alloc(buffers.head_gradients));
+        }
         if index == last && last > 0 {
             let block = buffers.backward_weights - buffers.backward_start_weights;
             gathered.extend(out.buffers(
