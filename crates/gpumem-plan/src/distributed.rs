@@ -13,9 +13,12 @@
 //! `reduce_bucket_size` elements allocated in every backward), `stage3.py` (the IPG flat buffer,
 //! prefetch bucket); NCCL `NCCL_BUFFSIZE` and its LL/LL128 buffers per channel and connection.
 
+use crate::model::{Architecture, ModelSpec, ParamCounts};
 use crate::unit::Unit;
 // The FSDP version and NCCL buffer size are workload settings, defined with it.
-use crate::workload::{Dtype, Layout, Optimizer, Sharding, Target, Workload, ZeroBuckets};
+use crate::workload::{
+    BaseQuant, Dtype, Layout, Optimizer, Sharding, Target, Workload, ZeroBuckets,
+};
 pub use crate::workload::{FsdpVersion, DEFAULT_FSDP_VERSION, DEFAULT_NCCL_BUFFSIZE};
 
 /// DeepSpeed `reduce_bucket_size` default (elements; `runtime/zero/config.py`).
@@ -118,6 +121,9 @@ pub(crate) struct PhaseBuffers {
     /// Reduction buffers alive when the backward ends, after the last activations are freed
     /// (FSDP's reduce-scatter of the root's gradients).
     pub(crate) backward_end_gradients: f64,
+    /// The LM head's unsharded gradient while the head's backward finishes (ZeRO-3, which
+    /// moves it into the IPG bucket or reduces it only after its matmul has made it whole).
+    pub(crate) head_gradients: f64,
     /// Buffers alive the whole step (weights kind): ZeRO-3's gathered layers.
     pub(crate) step_weights: f64,
     /// Buffers alive the whole step (gradients kind): DDP buckets, ZeRO's IPG bucket.
@@ -309,9 +315,24 @@ pub(crate) fn sharding_buffers(
             } else {
                 0.0
             };
+            // A trained head's weight gradient is made whole by its matmul's backward before
+            // its hook runs (`create_reduce_and_remove_grad_hooks`: on the parameter's
+            // AccumulateGrad), which copies it into the IPG bucket if it fits and drops it, or,
+            // for a head of more than `reduce_bucket_size` elements (Llama-3's 128256 × 4096
+            // over 5e8), keeps it as its own tensor until the next hook reduces it
+            // (`__add_grad_to_ipg_bucket`, v0.14.2 `stage3.py` 1230-1247; `partition_grads`
+            // drops `param.grad`, 1418-1478): the unsharded head gradient, in the module
+            // dtype, is alive while the head's backward finishes.
+            let head_elements = inputs.head / inputs.gathered.max(1.0);
+            let head_gradients = if workload.lora.is_none() {
+                head_elements * inputs.bucket_bytes
+            } else {
+                0.0
+            };
             PhaseBuffers {
                 step_weights: inputs.largest_block + prefetched,
                 step_gradients: bucket,
+                head_gradients,
                 // Released after its backward in DeepSpeed; here it stays to the embeddings'
                 // backward, as the planned sequence frees what backward gathered (an
                 // over-count of at most the head through the blocks' backward).
@@ -388,6 +409,45 @@ pub(crate) fn zero3_keeps_gradient_partitions(workload: &Workload) -> bool {
     workload.layout.sharding == Sharding::Zero3
         && !workload.layout.offload.optimizer()
         && workload.optimizer != Optimizer::None
+}
+
+/// transformers model types whose block linears are `Conv1D` (`pytorch_utils.py`:
+/// `torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)`): the matmul saves the weight
+/// parameter itself for backward, not a view of it, so ZeRO-3's release (which empties
+/// `param.data`) frees the gathered storage whichever linear DeepSpeed installed.
+const CONV1D_MODEL_TYPES: &[&str] = &["gpt2", "openai-gpt", "imagegpt", "decision_transformer"];
+
+/// Bytes per block parameter of the gathered weights a block keeps from its forward to its
+/// backward on this GPU when [`Workload::zero3_keeps_gathered_linears`]: DeepSpeed's releases
+/// before 0.19.4 install their ZeRO-3 linear only inside a `zero.Init` context, and PyTorch's
+/// `F.linear` (`matmul(input, weight.t())`, whose `MmBackward0` saves `weight.t()` for the
+/// input's gradient) holds the storage the all-gather made after ZeRO-3 releases the parameter,
+/// until that matmul's backward runs. So every block's linear weights, as gathered (the module
+/// dtype, split over tensor-parallel ranks), stay allocated from the block's forward until its
+/// backward; the pre-backward hook gathers a second copy for the backward itself (the parameter
+/// was released), which the planned gathered block already is. Only the blocks: the embeddings'
+/// backward keeps only the indices, and ZeRO-3 keeps the LM head gathered from its forward
+/// through its backward anyway (`sharding_buffers`). Zero for a `Conv1D` family
+/// ([`CONV1D_MODEL_TYPES`]), a quantised base (bitsandbytes' matmuls, not `F.linear`) and models
+/// other than transformers. DeepSpeed's own linear (`linear.py` `LinearFunctionForZeroStage3`:
+/// `ctx.save_for_backward(input, weight, bias)`, the parameter itself) keeps nothing.
+pub(crate) fn zero3_saved_linear_bytes(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+) -> f64 {
+    match &model.arch {
+        Architecture::Transformer(spec)
+            if workload.zero3_keeps_gathered_linears()
+                && !CONV1D_MODEL_TYPES.contains(&spec.model_type.as_str())
+                && workload.lora.is_none_or(|l| l.base == BaseQuant::None)
+                && counts.body > 0 =>
+        {
+            counts.block_linear as f64 / counts.body as f64 * workload.module_dtype().bytes() as f64
+                / workload.layout.tp as f64
+        }
+        _ => 0.0,
+    }
 }
 
 /// Whether `unit`'s sharded gradients appear only when the backward ends: FSDP's root (every
@@ -559,6 +619,27 @@ mod settings_tests {
             zero.resolve(&model),
             Err(PlanError::InvalidValue { .. })
         ));
+        // --deepspeed names the release of a ZeRO run: ignored without one, a typed error when
+        // it is not a release.
+        let release = |zero: Option<&str>, version: &str| Settings {
+            zero: zero.map(Into::into),
+            deepspeed: Some(version.into()),
+            ..Settings::default()
+        };
+        let ignored = release(None, "0.14.2").resolve(&model).unwrap().warnings;
+        assert!(ignored.iter().any(|w| matches!(
+            w,
+            Warning::Ignored {
+                flag: "--deepspeed",
+                ..
+            }
+        )));
+        let used = release(Some("3"), "0.14.2").resolve(&model).unwrap();
+        assert!(used.warnings.is_empty(), "{:?}", used.warnings);
+        assert!(matches!(
+            release(Some("3"), "0.14.2rc1").resolve(&model),
+            Err(PlanError::InvalidValue { .. })
+        ));
     }
 }
 
@@ -627,7 +708,8 @@ mod offload_tests {
 #[cfg(test)]
 mod zero_step_tests {
     use super::{
-        sharding_buffers, zero_sizes, zero_step_gradients, ShardingInputs, REDUCE_BUCKET_ELEMENTS,
+        sharding_buffers, zero_sizes, zero_step_gradients, Architecture, ShardingInputs,
+        REDUCE_BUCKET_ELEMENTS,
     };
     use crate::workload::ZeroBuckets;
     use crate::{estimate, find_model, Estimate, Overheads, Phase, Settings};
@@ -714,6 +796,61 @@ mod zero_step_tests {
     }
 
     #[test]
+    fn zero3_without_deepspeeds_linear_keeps_each_gathered_block_to_its_backward() {
+        // A model loaded without zero.Init under DeepSpeed before 0.19.4 runs PyTorch's
+        // F.linear, whose backward keeps `weight.t()`: at the end of the forward every block's
+        // linear weights, as gathered (fp16, whole), are still allocated.
+        let loaded = |version: &str, gpus: u64, f: fn(&mut Settings)| {
+            settings("3", gpus, |s| {
+                s.no_zero_init = true;
+                s.deepspeed = (!version.is_empty()).then(|| version.into());
+                f(s);
+            })
+        };
+        let forward_end = |model: &str, s: Settings| phase(&plan(model, s), Phase::ForwardEnd);
+        let spec = find_model("llama-3.2-1b").unwrap();
+        let counts = spec.params();
+        let kept = counts.block_linear as f64 * 2.0;
+        let old = forward_end("llama-3.2-1b", loaded("0.14.2", 4, |_| {}));
+        let new = forward_end("llama-3.2-1b", loaded("0.19.4", 4, |_| {}));
+        assert!(
+            ((old - new) - kept).abs() < 1e-6 * kept,
+            "{old} - {new} != {kept}"
+        );
+        // Today's DeepSpeed (no --deepspeed) installs its linear for a loaded model too.
+        assert_eq!(new, forward_end("llama-3.2-1b", loaded("", 4, |_| {})));
+        let unchanged = |f: fn(&mut Settings), gpus: u64| {
+            let with = forward_end("llama-3.2-1b", loaded("0.14.2", gpus, f));
+            let without = forward_end("llama-3.2-1b", loaded("0.19.4", gpus, f));
+            assert_eq!(with, without);
+        };
+        // zero.Init patched F.linear; one rank gathers nothing.
+        unchanged(|s| s.no_zero_init = false, 4);
+        unchanged(|_| {}, 1);
+        // Full checkpointing saves nothing in the forward: the recomputation's copy of one
+        // block lives from its recomputation to its backward, in backward only (where the
+        // loss's vocabulary-wide tensors may still make the peak).
+        unchanged(|s| s.grad_ckpt = true, 4);
+        let backward = |version: &str| {
+            let e = plan("llama-3.2-1b", loaded(version, 4, |s| s.grad_ckpt = true));
+            phase(&e, Phase::Backward)
+        };
+        let layers = match &spec.arch {
+            Architecture::Transformer(t) => t.layers,
+            _ => unreachable!("llama-3.2-1b is a transformer"),
+        };
+        let block = kept / layers as f64;
+        let grown = backward("0.14.2") - backward("0.19.4");
+        assert!(
+            (0.0..=block * 1.000_001).contains(&grown),
+            "{grown} vs {block}"
+        );
+        // GPT-2's Conv1D saves the parameter itself, which the release empties.
+        let gpt2 = |version: &str| forward_end("gpt2", loaded(version, 4, |_| {}));
+        assert_eq!(gpt2("0.14.2"), gpt2("0.19.4"));
+    }
+
+    #[test]
     fn zero3_keeps_its_gradient_partitions_from_step_to_step() {
         // The flat buffer of gradient partitions is allocated once and never freed: the
         // forward of every step after the first has it, as accumulated gradients are had.
@@ -767,5 +904,29 @@ mod zero_step_tests {
         let bucket = REDUCE_BUCKET_ELEMENTS as f64 * 2.0;
         assert_eq!(buffers(false), bucket);
         assert_eq!(buffers(true), bucket + 3e8 * 2.0);
+    }
+
+    #[test]
+    fn zero3_head_gradient_is_whole_while_the_heads_backward_finishes() {
+        // The head's matmul makes its weight gradient whole before the hook moves it into the
+        // IPG bucket (or, above the bucket's size, reduces it from its own tensor); a frozen
+        // head under LoRA has none.
+        let model = find_model("llama-3-8b").unwrap();
+        let head = |f: fn(&mut Settings)| {
+            let workload = settings("3", 8, f).resolve(&model).unwrap().workload;
+            let inputs = ShardingInputs {
+                largest_block: 0.0,
+                gradients_full: 0.0,
+                trainable_share: 1.0,
+                gathered: 2.0,
+                bucket_bytes: 2.0,
+                head: 128256.0 * 4096.0 * 2.0,
+                largest_trainable: 0.0,
+                zero: zero_sizes(ZeroBuckets::Default, Some(4096)),
+            };
+            sharding_buffers(&[], &workload, &inputs).head_gradients
+        };
+        assert_eq!(head(|_| {}), 128256.0 * 4096.0 * 2.0);
+        assert_eq!(head(|s| s.lora_rank = Some(8)), 0.0);
     }
 }

@@ -322,28 +322,53 @@ fn pipeline_stages(model: &ModelSpec, workload: &Workload) -> Vec<(Vec<Unit>, f6
     vec![(first, in_flight), (last, 1.0)]
 }
 
+/// What a unit saves for backward under the checkpointing policy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Kept {
+    /// Bytes saved from the forward.
+    pub(crate) saved: f64,
+    /// Bytes its backward recomputes.
+    pub(crate) recomputed: f64,
+    /// A checkpoint wraps the whole unit (full, every-k-th, per-op): its forward saves nothing
+    /// but the checkpoint's input, what it would save existing only from its recomputation to
+    /// its backward.
+    pub(crate) wrapped: bool,
+}
+
 /// Saved bytes of each unit under the checkpointing policy, and what its backward recomputes.
 /// Checkpointable units (blocks) are counted in order for every-k-th-layer checkpointing.
-pub(crate) fn kept_and_recomputed(units: &[Unit], policy: Checkpointing) -> Vec<(f64, f64)> {
+pub(crate) fn kept_and_recomputed(units: &[Unit], policy: Checkpointing) -> Vec<Kept> {
     let mut block = 0;
     units
         .iter()
         .map(|unit| {
+            let whole = |saved, recomputed| Kept {
+                saved,
+                recomputed,
+                wrapped: true,
+            };
+            let part = |saved, recomputed| Kept {
+                saved,
+                recomputed,
+                wrapped: false,
+            };
             let Some(input) = unit.checkpoint else {
-                return (unit.saved, 0.0);
+                return part(unit.saved, 0.0);
             };
             let covered = policy.covers_block(block);
             block += 1;
             match policy {
-                _ if !covered => (unit.saved, 0.0),
-                Checkpointing::Full | Checkpointing::EveryNth(_) => (input, unit.saved),
-                Checkpointing::Selective => (unit.saved - unit.attention_core, unit.attention_core),
+                _ if !covered => part(unit.saved, 0.0),
+                Checkpointing::Full | Checkpointing::EveryNth(_) => whole(input, unit.saved),
+                Checkpointing::Selective => {
+                    part(unit.saved - unit.attention_core, unit.attention_core)
+                }
                 // The saved op outputs are cached, not recomputed.
-                Checkpointing::PerOp => (
+                Checkpointing::PerOp => whole(
                     input + unit.per_op_saved,
                     (unit.saved - unit.per_op_saved).max(0.0),
                 ),
-                Checkpointing::None => (unit.saved, 0.0),
+                Checkpointing::None => part(unit.saved, 0.0),
             }
         })
         .collect()
@@ -453,53 +478,67 @@ struct ForwardActivations {
     saved: f64,
     /// Held until the step ends.
     held: f64,
+    /// Gathered weights saved for the backward ([`States::saved_linears`]).
+    linears: f64,
 }
 
 /// The forward's peak and its end, unit by unit, and the activations it leaves;
 /// `previous_outputs`: the last step's outputs, alive until the forward returns.
 fn simulate_forward(
     units: &[Unit],
-    kept: &[(f64, f64)],
+    kept: &[Kept],
     states: &States,
     in_flight: f64,
     gradients_in_forward: f64,
     previous_outputs: f64,
 ) -> (Breakdown, Breakdown, ForwardActivations) {
-    let in_forward = (states.buffers.forward_weights, 0.0);
+    let in_forward = |linears: f64| (states.buffers.forward_weights + linears, 0.0);
     let mut forward = Breakdown::default();
     let mut saved = 0.0;
     let mut held = 0.0;
     let mut forward_held = 0.0;
-    for (unit, (keep, _)) in units.iter().zip(kept) {
+    let mut linears = 0.0;
+    for (unit, kept) in units.iter().zip(kept) {
         let live = phase_breakdown(
             states,
-            in_forward,
+            in_forward(linears),
             gradients_in_forward,
-            previous_outputs + saved + held + forward_held + keep,
+            previous_outputs + saved + held + forward_held + kept.saved,
             unit.forward_transient,
         );
         if live.allocated() > forward.allocated() {
             forward = live;
         }
-        saved += keep * in_flight;
+        saved += kept.saved * in_flight;
         held += unit.held;
         forward_held += unit.forward_held;
+        if !kept.wrapped {
+            linears += states.saved_linears(unit) * in_flight;
+        }
     }
     let forward_end = phase_breakdown(
         states,
-        in_forward,
+        in_forward(linears),
         gradients_in_forward,
         previous_outputs + saved + held + forward_held,
         0.0,
     );
-    (forward, forward_end, ForwardActivations { saved, held })
+    (
+        forward,
+        forward_end,
+        ForwardActivations {
+            saved,
+            held,
+            linears,
+        },
+    )
 }
 
 /// The backward's peak: units in reverse, each at the start of its backward and as its
 /// parameter gradients appear, then the backward's last reductions.
 fn simulate_backward(
     units: &[Unit],
-    kept: &[(f64, f64)],
+    kept: &[Kept],
     states: &States,
     workload: &Workload,
     in_flight: f64,
@@ -510,11 +549,17 @@ fn simulate_backward(
     let buffers = &states.buffers;
     let in_backward = (buffers.backward_weights, buffers.backward_gradients);
     let backward_start = (buffers.backward_start_weights, 0.0);
-    let ForwardActivations { mut saved, held } = activations;
+    let ForwardActivations {
+        mut saved,
+        held,
+        mut linears,
+    } = activations;
+    // A phase's gathered weights with `linears` saved ones on top.
+    let with = |(weights, gradients): (f64, f64), linears: f64| (weights + linears, gradients);
     let mut backward = Breakdown::default();
     let mut gradients = gradients_in_forward;
     let mut deferred = 0.0;
-    for (index, (unit, (keep, recompute))) in units.iter().zip(kept).enumerate().rev() {
+    for (index, (unit, kept)) in units.iter().zip(kept).enumerate().rev() {
         let mut new_gradients = unit.trained_params() as f64 * states.grad_per_param;
         // (Accumulating under `no_sync`, FSDP keeps unsharded gradients and reduces none.)
         if !accumulating && reduced_at_backward_end(workload, unit) {
@@ -536,23 +581,38 @@ fn simulate_backward(
         } else {
             in_backward
         };
+        // A wrapped unit's recomputation saves its gathered weights again, to its backward.
+        let own_linears = states.saved_linears(unit);
+        let recomputed_linears = if kept.wrapped { own_linears } else { 0.0 };
         let starting = phase_breakdown(
             states,
-            if index + 1 == units.len() {
-                backward_start
-            } else {
-                extra
-            },
+            with(
+                if index + 1 == units.len() {
+                    backward_start
+                } else {
+                    extra
+                },
+                linears + recomputed_linears,
+            ),
             gradients,
             saved + held,
-            recompute + unit.backward_transient,
+            kept.recomputed + unit.backward_transient,
         );
-        saved -= keep * in_flight;
+        saved -= kept.saved * in_flight;
+        if !kept.wrapped {
+            linears -= own_linears * in_flight;
+        }
+        // The head's unsharded gradient, where the layout keeps one, while the head finishes.
+        let finishing_extra = if index + 1 == units.len() {
+            (extra.0, extra.1 + buffers.head_gradients)
+        } else {
+            extra
+        };
         let finishing = phase_breakdown(
             states,
-            extra,
+            with(finishing_extra, linears),
             gradients + grown,
-            saved + held + unit.saved_through_gradients.min(*keep),
+            saved + held + unit.saved_through_gradients.min(kept.saved),
             unit.gradient_transient + transient_gradients,
         );
         for live in [starting, finishing] {

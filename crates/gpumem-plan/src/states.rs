@@ -4,7 +4,8 @@
 //! phase simulation (`estimate`) and the allocation sequence (`sequence`) put under the units.
 
 use crate::distributed::{
-    sharding_buffers, zero_sizes, zero_step_gradients, PhaseBuffers, ShardingInputs, ZeroSizes,
+    sharding_buffers, zero3_saved_linear_bytes, zero_sizes, zero_step_gradients, PhaseBuffers,
+    ShardingInputs, ZeroSizes,
 };
 use crate::graph::build_units;
 use crate::model::{Architecture, ModelSpec, ParamCounts};
@@ -26,6 +27,19 @@ pub(crate) struct States {
     /// Communication buckets and gathered layers, by phase ([`crate::distributed`]).
     pub(crate) buffers: PhaseBuffers,
     pub(crate) step_temporaries: f64,
+    /// Gathered weight bytes per block parameter that a block's backward keeps from its
+    /// forward (ZeRO-3 without DeepSpeed's linear: `distributed::zero3_saved_linear_bytes`).
+    pub(crate) saved_linear_bytes: f64,
+}
+
+impl States {
+    /// Gathered weight bytes `unit` keeps from its forward to its backward.
+    pub(crate) fn saved_linears(&self, unit: &Unit) -> f64 {
+        match unit.name {
+            "block" => unit.params as f64 * self.saved_linear_bytes,
+            _ => 0.0,
+        }
+    }
 }
 
 /// Parameters being trained: the LoRA adapters, else (in training) every parameter some
@@ -209,6 +223,7 @@ pub(crate) fn model_states(
         optimizer,
         buffers,
         step_temporaries,
+        saved_linear_bytes: zero3_saved_linear_bytes(model, workload, counts),
     };
     shard_or_offload_states(&mut states, workload, workload.layout.dp() as f64);
     states.weights += statistics;

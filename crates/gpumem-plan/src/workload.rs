@@ -247,7 +247,8 @@ impl Checkpointing {
 }
 
 /// A release of a library whose memory behaviour changed between versions: transformers
-/// (`--transformers`) or bitsandbytes (`--bitsandbytes`).
+/// (`--transformers`), bitsandbytes (`--bitsandbytes`), PEFT (`--peft`) or DeepSpeed
+/// (`--deepspeed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Release {
     /// Major version.
@@ -275,6 +276,16 @@ pub const BNB_4BIT_MATMUL_FREES_INPUT_SINCE: Release = Release::new(0, 43, 2);
 /// `self.to(weight.device, dtype=weight.dtype)`): bf16 adapters over a bf16 base, and so bf16
 /// dropout outputs, gradients and optimizer states.
 pub const PEFT_FP32_ADAPTERS_SINCE: Release = Release::new(0, 12, 0);
+
+/// The first DeepSpeed release that installs its ZeRO-3 linear (`zero3_linear_wrap`, which saves
+/// the weight parameter itself for backward) for a model handed to `deepspeed.initialize`
+/// already built (DeepSpeed PR #8189, commit 617061d6, in v0.19.4: `Init.__init__` calls
+/// `_enable_mem_efficient_linear` when given a `module`). Before it only entering a
+/// `deepspeed.zero.Init()` context patched `torch.nn.functional.linear` (v0.14.2
+/// `partition_parameters.py` 317-327 and 548-553, in `patch_init_and_builtins`), so a model
+/// loaded without one ran PyTorch's own linear, whose backward keeps `weight.t()`, a view of the
+/// gathered weight's storage: see [`Workload::zero3_keeps_gathered_linears`].
+pub const DEEPSPEED_LINEAR_WRAPPER_FOR_BUILT_MODELS_SINCE: Release = Release::new(0, 19, 4);
 
 impl Release {
     /// The release `major.minor.patch`.
@@ -542,6 +553,9 @@ pub struct Workload {
     /// The PEFT release LoRA adapters are built with (see [`PEFT_FP32_ADAPTERS_SINCE`]);
     /// None: today's (the latest).
     pub peft: Option<Release>,
+    /// The DeepSpeed release a ZeRO run uses (see
+    /// [`DEEPSPEED_LINEAR_WRAPPER_FOR_BUILT_MODELS_SINCE`]); None: today's (the latest).
+    pub deepspeed: Option<Release>,
     /// Inference from a quantised checkpoint: how its block linears are stored (None: in
     /// `dtype`). Training plans a quantised base through [`Lora::base`].
     pub quant: Option<crate::quant::Quantization>,
@@ -591,6 +605,7 @@ impl Default for Workload {
             transformers: None,
             bitsandbytes: None,
             peft: None,
+            deepspeed: None,
             quant: None,
             freeze_vision_tower: false,
         }
@@ -650,6 +665,25 @@ impl Workload {
             && self
                 .bitsandbytes
                 .is_some_and(|release| release < BNB_4BIT_MATMUL_FREES_INPUT_SINCE)
+    }
+
+    /// Whether ZeRO-3's gathered linear weights stay allocated from their forward to their
+    /// backward: a model built before `deepspeed.initialize` (no `zero.Init` context, see
+    /// [`Layout::zero_init`]) under a DeepSpeed release before
+    /// [`DEEPSPEED_LINEAR_WRAPPER_FOR_BUILT_MODELS_SINCE`] runs PyTorch's `F.linear`, whose
+    /// matmul saves `weight.t()` for the input's gradient: a view that keeps the gathered
+    /// storage when ZeRO-3 releases the parameter after the forward (`free_param` only swaps
+    /// `param.data` for an empty tensor, v0.14.2 `partition_parameters.py` 279-289). With more
+    /// than one data-parallel rank only: on one rank nothing is gathered (`param.data` is the
+    /// partition itself, `_no_gather_coalesced`). Training only.
+    pub fn zero3_keeps_gathered_linears(&self) -> bool {
+        self.mode == Mode::Train
+            && self.layout.sharding == Sharding::Zero3
+            && !self.layout.zero_init
+            && self.layout.dp() > 1
+            && self
+                .deepspeed
+                .is_some_and(|release| release < DEEPSPEED_LINEAR_WRAPPER_FOR_BUILT_MODELS_SINCE)
     }
 
     /// The dtype activations are computed in: the autocast dtype if any, else the dtype the

@@ -16,7 +16,7 @@
 
 use crate::distributed::{reduced_at_backward_end, PhaseBuffers};
 use crate::error::Result;
-use crate::estimate::{accumulates_gradients, blas_workspace_count, kept_and_recomputed};
+use crate::estimate::{accumulates_gradients, blas_workspace_count, kept_and_recomputed, Kept};
 use crate::graph::build_units;
 use crate::model::{Architecture, ModelSpec};
 use crate::states::{model_states, trainable_params, States};
@@ -155,6 +155,9 @@ struct Shapes {
     whole_params: bool,
     /// Elements of each weight matrix of a dense transformer block.
     block_matrices: Vec<u64>,
+    /// Bytes per element of a weight matrix as ZeRO-3 gathers it: the module dtype, split over
+    /// tensor-parallel ranks.
+    gathered: f64,
 }
 
 impl Shapes {
@@ -202,6 +205,7 @@ impl Shapes {
                 Architecture::Transformer(t) => t.block_matrices(),
                 Architecture::Resnet(_) | Architecture::Diffusion(_) => Vec::new(),
             },
+            gathered: workload.module_dtype().bytes() as f64 / layout.tp as f64,
         }
     }
 
@@ -243,6 +247,16 @@ impl Shapes {
             std::slice::from_ref(&unit.whole.params)
         };
         matrices.iter().copied().filter(|&m| m > 0)
+    }
+
+    /// `unit`'s gathered weights its backward keeps (`States::saved_linears`), as tensors: each
+    /// weight matrix whole, as the all-gather makes it.
+    fn saved_linears(&self, out: &mut Emitter, unit: &Unit, states: &States) -> Vec<u64> {
+        let wholes: Vec<f64> = self
+            .matrices(unit)
+            .map(|m| m as f64 * self.gathered)
+            .collect();
+        out.tensors(states.saved_linears(unit), &wholes, self.tensor)
     }
 
     /// The share of the model's parameters in `unit`.
@@ -446,7 +460,7 @@ fn per_param_tensors(
 fn train_forward(
     out: &mut Emitter,
     units: &[Unit],
-    kept: &[(f64, f64)],
+    kept: &[Kept],
     states: &States,
     shapes: &Shapes,
 ) -> (Vec<Vec<u64>>, Vec<Option<u64>>) {
@@ -455,19 +469,23 @@ fn train_forward(
     let mut forward_held = Vec::new();
     // Gathered units (FSDP) while the forward runs, then while the backward runs.
     let gathered = unsharded(out, &states.buffers, states.buffers.forward_weights);
-    for (unit, &(keep, _)) in units.iter().zip(kept) {
+    for (unit, kept) in units.iter().zip(kept) {
         let whole = &unit.whole;
         let transient = out.tensors(
             unit.forward_transient,
             &whole.forward_transient,
             shapes.transient(unit),
         );
-        saved.push(if keep < unit.saved {
+        let mut unit_saved = if kept.saved < unit.saved {
             // Recomputed in backward: what is kept is the block input.
-            out.pieces(keep, shapes.activation)
+            out.pieces(kept.saved, shapes.activation)
         } else {
-            out.grouped(keep, whole.saved, shapes.activation)
-        });
+            out.grouped(kept.saved, whole.saved, shapes.activation)
+        };
+        if !kept.wrapped {
+            unit_saved.extend(shapes.saved_linears(out, unit, states));
+        }
+        saved.push(unit_saved);
         out.free_all(transient);
         held.push(out.alloc(unit.held));
         forward_held.push(out.alloc(unit.forward_held));
@@ -485,7 +503,7 @@ fn train_backward(
     out: &mut Emitter,
     units: &[Unit],
     saved: Vec<Vec<u64>>,
-    kept: &[(f64, f64)],
+    kept: &[Kept],
     states: &States,
     workload: &Workload,
     shapes: &Shapes,
@@ -499,7 +517,7 @@ fn train_backward(
     let mut gathered = unsharded(out, buffers, buffers.backward_start_weights);
     let mut gradients = Vec::new();
     let last = units.len().saturating_sub(1);
-    for (index, ((unit, unit_saved), &(_, recompute))) in
+    for (index, ((unit, mut unit_saved), kept)) in
         units.iter().zip(saved).zip(kept).enumerate().rev()
     {
         if index == 0 && last > 0 {
@@ -510,7 +528,14 @@ fn train_backward(
                 &[(weights, Stream::Unshard), (gradients, Stream::Compute)],
             ));
         }
-        let finishing = unit_backward(out, unit, unit_saved, recompute, shapes);
+        // A wrapped unit's recomputation saves its gathered weights again, to its backward.
+        if kept.wrapped {
+            unit_saved.extend(shapes.saved_linears(out, unit, states));
+        }
+        let mut finishing = unit_backward(out, unit, unit_saved, kept.recomputed, shapes);
+        if index == last {
+            finishing.extend(out.alloc(buffers.head_gradients));
+        }
         if index == last && last > 0 {
             let block = buffers.backward_weights - buffers.backward_start_weights;
             gathered.extend(out.buffers(
@@ -832,6 +857,37 @@ mod tests {
                 "{name}: sequence peak {peak}, estimate {allocated}"
             );
             assert_all_freed(&events, name);
+        }
+    }
+
+    /// ZeRO-3's gathered block weights kept by PyTorch's linear (DeepSpeed before 0.19.4, no
+    /// zero.Init) are allocated after each block's forward and freed with its saved tensors,
+    /// as the estimate has them, with and without checkpointing.
+    #[test]
+    fn zero3_saved_linears_follow_the_estimate() {
+        let model = find_model("llama-3.2-1b").unwrap();
+        for grad_ckpt in [false, true] {
+            let settings = Settings {
+                batch: Some(2),
+                seq: Some(1024),
+                dtype: Some("bf16".into()),
+                gpus: Some(4),
+                zero: Some("3".into()),
+                no_zero_init: true,
+                deepspeed: Some("0.14.2".into()),
+                grad_ckpt,
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            let events = allocation_sequence(&model, &workload).unwrap();
+            let planned = estimate(&model, &workload, &Overheads::default()).unwrap();
+            let peak = peak_live_bytes(&events) as f64;
+            let allocated = planned.peak_allocated_bytes as f64;
+            assert!(
+                ((peak - allocated) / allocated).abs() < 0.05,
+                "checkpointing {grad_ckpt}: sequence peak {peak}, estimate {allocated}"
+            );
+            assert_all_freed(&events, "llama-3.2-1b ZeRO-3");
         }
     }
 

@@ -27,6 +27,9 @@ impl Settings {
         let no_zero3 =
             "it says how DeepSpeed ZeRO-3 builds the model, planned for training with --zero 3"
                 .to_string();
+        let no_deepspeed =
+            "it names the DeepSpeed release of a ZeRO run, planned for training with --zero 1-3"
+                .to_string();
         let zero_inactive =
             inference || matches!(self.zero.as_deref(), None | Some("0")) || self.fsdp;
         let tokens = format!(
@@ -116,6 +119,11 @@ impl Settings {
                 "--zero-buckets",
                 zero_inactive && self.zero_buckets.is_some(),
                 &no_zero,
+            ),
+            (
+                "--deepspeed",
+                zero_inactive && self.deepspeed.is_some(),
+                &no_deepspeed,
             ),
             (
                 "--no-zero-init",

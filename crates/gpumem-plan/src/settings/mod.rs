@@ -247,6 +247,12 @@ pub struct Settings {
     /// states over a bf16 base), since then fp32 [default: latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub peft: Option<String>,
+    /// DeepSpeed release a ZeRO run (--zero 1-3) uses, MAJOR.MINOR[.PATCH]: before 0.19.4 a
+    /// ZeRO-3 model loaded without deepspeed.zero.Init (--no-zero-init) runs PyTorch's own
+    /// linear, whose backward keeps each gathered weight from its forward to its backward
+    /// [default: latest].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
+    pub deepspeed: Option<String>,
     /// Inference from a quantised checkpoint, FORMAT[:OPTION,...]: int8 (bitsandbytes
     /// LLM.int8), fp4 | nf4 (bitsandbytes 4-bit; options double, compute=fp32|bf16|fp16), gptq
     /// (options bits=2|3|4|8, group=N, kernel=exllama|exllamav2|cuda-old: AutoGPTQ's linear and
@@ -657,6 +663,11 @@ impl Settings {
                 .peft
                 .as_deref()
                 .map(|text| Release::parse("peft", text))
+                .transpose()?,
+            deepspeed: self
+                .deepspeed
+                .as_deref()
+                .map(|text| Release::parse("deepspeed", text))
                 .transpose()?,
             quant: None,
             freeze_vision_tower: self.freeze_vision_tower,
