@@ -247,7 +247,7 @@ impl Checkpointing {
 }
 
 /// A release of a library whose memory behaviour changed between versions: transformers
-/// (`--transformers`) or bitsandbytes (`--bitsandbytes`).
+/// (`--transformers`), bitsandbytes (`--bitsandbytes`), PEFT (`--peft`) or PyTorch (`--torch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Release {
     /// Major version.
@@ -275,6 +275,16 @@ pub const BNB_4BIT_MATMUL_FREES_INPUT_SINCE: Release = Release::new(0, 43, 2);
 /// `self.to(weight.device, dtype=weight.dtype)`): bf16 adapters over a bf16 base, and so bf16
 /// dropout outputs, gradients and optimizer states.
 pub const PEFT_FP32_ADAPTERS_SINCE: Release = Release::new(0, 12, 0);
+
+/// The first PyTorch release whose foreach Adam and AdamW keep one parameter-sized
+/// intermediate through the step (pytorch/pytorch PRs #104780 and #104898, merged in July 2023
+/// for 2.1: `torch._foreach_add_(exp_avg_sq_sqrt, eps)` in place). Before it
+/// `_multi_tensor_adam` / `_multi_tensor_adamw` (torch 2.0.1 `torch/optim/adam.py` and
+/// `adamw.py`, the non-capturable branch) made `exp_avg_sq_sqrt = torch._foreach_sqrt(...)`
+/// and then `denom = torch._foreach_add(exp_avg_sq_sqrt, eps)`, both alive at the
+/// `_foreach_addcdiv_` that updates the parameters: two copies of every parameter's size in
+/// the states' dtype (issue #97712 documents them).
+pub const FOREACH_ADAM_ONE_INTERMEDIATE_SINCE: Release = Release::new(2, 1, 0);
 
 impl Release {
     /// The release `major.minor.patch`.
@@ -542,6 +552,9 @@ pub struct Workload {
     /// The PEFT release LoRA adapters are built with (see [`PEFT_FP32_ADAPTERS_SINCE`]);
     /// None: today's (the latest).
     pub peft: Option<Release>,
+    /// The PyTorch release the run trains with (see [`FOREACH_ADAM_ONE_INTERMEDIATE_SINCE`]);
+    /// None: today's (the latest).
+    pub torch: Option<Release>,
     /// Inference from a quantised checkpoint: how its block linears are stored (None: in
     /// `dtype`). Training plans a quantised base through [`Lora::base`].
     pub quant: Option<crate::quant::Quantization>,
@@ -591,6 +604,7 @@ impl Default for Workload {
             transformers: None,
             bitsandbytes: None,
             peft: None,
+            torch: None,
             quant: None,
             freeze_vision_tower: false,
         }
@@ -640,6 +654,19 @@ impl Workload {
             && self
                 .peft
                 .is_none_or(|release| release >= PEFT_FP32_ADAPTERS_SINCE)
+    }
+
+    /// Parameter-sized intermediates a foreach Adam or AdamW step holds at once: two before
+    /// [`FOREACH_ADAM_ONE_INTERMEDIATE_SINCE`], one since.
+    pub fn foreach_adam_intermediates(&self) -> f64 {
+        if self
+            .torch
+            .is_some_and(|release| release < FOREACH_ADAM_ONE_INTERMEDIATE_SINCE)
+        {
+            2.0
+        } else {
+            1.0
+        }
     }
 
     /// Whether each frozen 4-bit linear of a QLoRA base keeps its input for backward: a

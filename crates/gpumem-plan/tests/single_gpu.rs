@@ -1,5 +1,5 @@
 //! The single-GPU settings: `--optimizer none`, `--loss none`, `--grad-ckpt-every K`, `--grad-ckpt-per-op`,
-//! `--transformers VERSION`, `--peft VERSION`, `--hold-outputs` and the bitsandbytes
+//! `--transformers VERSION`, `--peft VERSION`, `--torch VERSION`, `--hold-outputs` and the bitsandbytes
 //! dequantisation buffers under `--qlora`: their errors, warnings, and what they change in the
 //! estimate and the allocation sequence.
 
@@ -871,6 +871,68 @@ fn peft_before_0_12_keeps_adapters_in_the_base_dtype() {
     };
     assert!(ignored_flags("llama-2-7b", &full).contains(&"--peft"));
     assert!(!ignored_flags("llama-2-7b", &peft_lora(Some("0.10"))).contains(&"--peft"));
+}
+
+/// ViT-L/16 in pure bf16 at micro-batch 4 (its step's peak is the optimizer step's), with
+/// `optimizer` and `implementation` under PyTorch `torch` (None: today's).
+fn vit_step(optimizer: &str, implementation: &str, torch: Option<&str>) -> Settings {
+    Settings {
+        optimizer: Some(optimizer.into()),
+        optimizer_impl: Some(implementation.into()),
+        torch: torch.map(Into::into),
+        seq: None,
+        ..settings("train", 4, 1)
+    }
+}
+
+#[test]
+fn torch_before_2_1_keeps_two_foreach_adam_intermediates() {
+    let model = find_model("vit-large").unwrap();
+    let param_bytes =
+        2.0 * plan("vit-large", &vit_step("adam", "foreach", None)).total_params as f64;
+    for optimizer in ["adam", "adamw"] {
+        let today = plan("vit-large", &vit_step(optimizer, "foreach", None));
+        let since = plan("vit-large", &vit_step(optimizer, "foreach", Some("2.1")));
+        let old = plan("vit-large", &vit_step(optimizer, "foreach", Some("2.0.1")));
+        assert_eq!(since.peak_allocated_bytes, today.peak_allocated_bytes);
+        // The square root and the denominator, each of every parameter's size in bf16.
+        let temporaries = old.breakdown.temporaries as f64;
+        assert!((temporaries - 2.0 * param_bytes).abs() < 1e3, "{old:?}");
+        assert_eq!(old.peak_phase, Phase::OptimizerStep);
+        let more = old.peak_allocated_bytes as f64 - today.peak_allocated_bytes as f64;
+        assert!(
+            more > 0.9 * param_bytes && more <= param_bytes + 1e3,
+            "{more}"
+        );
+    }
+    // Other steps made no such copy: SGD, and the for-loop Adam's per-parameter temporaries.
+    for (optimizer, implementation) in [("sgd", "foreach"), ("adam", "forloop")] {
+        let today = plan("vit-large", &vit_step(optimizer, implementation, None));
+        let old = plan(
+            "vit-large",
+            &vit_step(optimizer, implementation, Some("2.0")),
+        );
+        assert_eq!(old.peak_allocated_bytes, today.peak_allocated_bytes);
+    }
+    // A release is MAJOR.MINOR[.PATCH]; inference runs no optimizer step.
+    let nightly = vit_step("adam", "foreach", Some("2.1.0.dev20230623"));
+    let err = nightly.resolve(&model).unwrap_err().to_string();
+    assert!(
+        err.contains("torch") && err.contains("MAJOR.MINOR"),
+        "{err}"
+    );
+    let infer = Settings {
+        optimizer: None,
+        optimizer_impl: None,
+        ..Settings {
+            mode: Some("infer".into()),
+            ..vit_step("adam", "foreach", Some("2.0"))
+        }
+    };
+    assert!(ignored_flags("vit-large", &infer).contains(&"--torch"));
+    assert!(
+        !ignored_flags("vit-large", &vit_step("adam", "foreach", Some("2.0"))).contains(&"--torch")
+    );
 }
 
 /// A causal LM's step with the model's own loss, its outputs held through backward or not.
