@@ -286,6 +286,14 @@ pub const PEFT_FP32_ADAPTERS_SINCE: Release = Release::new(0, 12, 0);
 /// the states' dtype (issue #97712 documents them).
 pub const FOREACH_ADAM_ONE_INTERMEDIATE_SINCE: Release = Release::new(2, 1, 0);
 
+/// The first PyTorch release whose softmax keeps only its output for backward (PR #66018,
+/// the reland of #65242, October 2021: `derivatives.yaml` passes `self.scalar_type()` to
+/// `_softmax_backward_data`). Before it the formula was `_softmax_backward_data(grad, result,
+/// dim, self)`, so autograd saved the softmax's input beside its output although the kernels
+/// never read it (issue #64000): an eager attention kept its scores, one more score-sized
+/// tensor per layer, until its backward.
+pub const SOFTMAX_SAVES_OUTPUT_ONLY_SINCE: Release = Release::new(1, 11, 0);
+
 impl Release {
     /// The release `major.minor.patch`.
     pub const fn new(major: u64, minor: u64, patch: u64) -> Self {
@@ -667,6 +675,13 @@ impl Workload {
         } else {
             1.0
         }
+    }
+
+    /// Whether a softmax saves its input for backward beside its output: a PyTorch release
+    /// before [`SOFTMAX_SAVES_OUTPUT_ONLY_SINCE`].
+    pub fn softmax_saves_input(&self) -> bool {
+        self.torch
+            .is_some_and(|release| release < SOFTMAX_SAVES_OUTPUT_ONLY_SINCE)
     }
 
     /// Whether each frozen 4-bit linear of a QLoRA base keeps its input for backward: a

@@ -935,6 +935,36 @@ fn torch_before_2_1_keeps_two_foreach_adam_intermediates() {
     );
 }
 
+/// BERT-large at batch 2 × 512 in fp32, for-loop AdamW (the foreach step's intermediates also
+/// depend on the release), eager attention, autocast `amp`, under PyTorch `torch` (None:
+/// today's).
+fn bert_step(amp: Option<&str>, torch: Option<&str>) -> Settings {
+    Settings {
+        dtype: Some("fp32".into()),
+        optimizer: Some("adamw".into()),
+        optimizer_impl: Some("forloop".into()),
+        attn: Some("eager".into()),
+        amp: amp.map(Into::into),
+        torch: torch.map(Into::into),
+        ..settings("train", 2, 512)
+    }
+}
+
+#[test]
+fn torch_before_1_11_saves_the_softmax_input() {
+    // 24 layers of 16 heads' 512 × 512 scores per sequence, fp32 (under fp16 autocast too:
+    // autocast hands the softmax an fp32 copy).
+    let scores = 2.0 * 24.0 * 16.0 * 512.0 * 512.0 * 4.0;
+    for amp in [None, Some("fp16")] {
+        let today = plan("bert-large", &bert_step(amp, None));
+        let since = plan("bert-large", &bert_step(amp, Some("1.11")));
+        let old = plan("bert-large", &bert_step(amp, Some("1.10.2")));
+        assert_eq!(since.peak_allocated_bytes, today.peak_allocated_bytes);
+        let more = old.breakdown.activations as f64 - today.breakdown.activations as f64;
+        assert!((more - scores).abs() < 1e3, "{amp:?}: {more}");
+    }
+}
+
 /// A causal LM's step with the model's own loss, its outputs held through backward or not.
 fn held_outputs(hold: bool, transformers: Option<&str>) -> Settings {
     Settings {

@@ -249,7 +249,8 @@ pub struct Settings {
     pub peft: Option<String>,
     /// PyTorch release the run trains with, MAJOR.MINOR[.PATCH]: before 2.1 a foreach Adam or
     /// AdamW step keeps two parameter-sized intermediates at once (the second moment's square
-    /// root and the denominator made from it), since then one [default: latest].
+    /// root and the denominator made from it), since then one; before 1.11 an eager
+    /// attention's softmax saves its input (the scores) beside its output [default: latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub torch: Option<String>,
     /// Inference from a quantised checkpoint, FORMAT[:OPTION,...]: int8 (bitsandbytes
