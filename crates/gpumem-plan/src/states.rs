@@ -426,7 +426,7 @@ fn optimizer_step_temporaries(
     let largest_trainable = largest_trainable_tensor(model, workload, counts);
     match (workload.optimizer, workload.optimizer_impl) {
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::Foreach) => {
-            trainable_local * state_bytes
+            workload.foreach_adam_intermediates() * trainable_local * state_bytes
         }
         (Optimizer::AdamW | Optimizer::Adam, OptimizerImpl::ForLoop) => {
             2.0 * largest_trainable * state_bytes

@@ -247,8 +247,8 @@ impl Checkpointing {
 }
 
 /// A release of a library whose memory behaviour changed between versions: transformers
-/// (`--transformers`), bitsandbytes (`--bitsandbytes`), PEFT (`--peft`) or DeepSpeed
-/// (`--deepspeed`).
+/// (`--transformers`), bitsandbytes (`--bitsandbytes`), PEFT (`--peft`), DeepSpeed
+/// (`--deepspeed`) or PyTorch (`--torch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Release {
     /// Major version.
@@ -286,6 +286,24 @@ pub const PEFT_FP32_ADAPTERS_SINCE: Release = Release::new(0, 12, 0);
 /// loaded without one ran PyTorch's own linear, whose backward keeps `weight.t()`, a view of the
 /// gathered weight's storage: see [`Workload::zero3_keeps_gathered_linears`].
 pub const DEEPSPEED_LINEAR_WRAPPER_FOR_BUILT_MODELS_SINCE: Release = Release::new(0, 19, 4);
+
+/// The first PyTorch release whose foreach Adam and AdamW keep one parameter-sized
+/// intermediate through the step (pytorch/pytorch PRs #104780 and #104898, merged in July 2023
+/// for 2.1: `torch._foreach_add_(exp_avg_sq_sqrt, eps)` in place). Before it
+/// `_multi_tensor_adam` / `_multi_tensor_adamw` (torch 2.0.1 `torch/optim/adam.py` and
+/// `adamw.py`, the non-capturable branch) made `exp_avg_sq_sqrt = torch._foreach_sqrt(...)`
+/// and then `denom = torch._foreach_add(exp_avg_sq_sqrt, eps)`, both alive at the
+/// `_foreach_addcdiv_` that updates the parameters: two copies of every parameter's size in
+/// the states' dtype (issue #97712 documents them).
+pub const FOREACH_ADAM_ONE_INTERMEDIATE_SINCE: Release = Release::new(2, 1, 0);
+
+/// The first PyTorch release whose softmax keeps only its output for backward (PR #66018,
+/// the reland of #65242, October 2021: `derivatives.yaml` passes `self.scalar_type()` to
+/// `_softmax_backward_data`). Before it the formula was `_softmax_backward_data(grad, result,
+/// dim, self)`, so autograd saved the softmax's input beside its output although the kernels
+/// never read it (issue #64000): an eager attention kept its scores, one more score-sized
+/// tensor per layer, until its backward.
+pub const SOFTMAX_SAVES_OUTPUT_ONLY_SINCE: Release = Release::new(1, 11, 0);
 
 impl Release {
     /// The release `major.minor.patch`.
@@ -556,6 +574,9 @@ pub struct Workload {
     /// The DeepSpeed release a ZeRO run uses (see
     /// [`DEEPSPEED_LINEAR_WRAPPER_FOR_BUILT_MODELS_SINCE`]); None: today's (the latest).
     pub deepspeed: Option<Release>,
+    /// The PyTorch release the run trains with (see [`FOREACH_ADAM_ONE_INTERMEDIATE_SINCE`]);
+    /// None: today's (the latest).
+    pub torch: Option<Release>,
     /// Inference from a quantised checkpoint: how its block linears are stored (None: in
     /// `dtype`). Training plans a quantised base through [`Lora::base`].
     pub quant: Option<crate::quant::Quantization>,
@@ -606,6 +627,7 @@ impl Default for Workload {
             bitsandbytes: None,
             peft: None,
             deepspeed: None,
+            torch: None,
             quant: None,
             freeze_vision_tower: false,
         }
@@ -655,6 +677,26 @@ impl Workload {
             && self
                 .peft
                 .is_none_or(|release| release >= PEFT_FP32_ADAPTERS_SINCE)
+    }
+
+    /// Parameter-sized intermediates a foreach Adam or AdamW step holds at once: two before
+    /// [`FOREACH_ADAM_ONE_INTERMEDIATE_SINCE`], one since.
+    pub fn foreach_adam_intermediates(&self) -> f64 {
+        if self
+            .torch
+            .is_some_and(|release| release < FOREACH_ADAM_ONE_INTERMEDIATE_SINCE)
+        {
+            2.0
+        } else {
+            1.0
+        }
+    }
+
+    /// Whether a softmax saves its input for backward beside its output: a PyTorch release
+    /// before [`SOFTMAX_SAVES_OUTPUT_ONLY_SINCE`].
+    pub fn softmax_saves_input(&self) -> bool {
+        self.torch
+            .is_some_and(|release| release < SOFTMAX_SAVES_OUTPUT_ONLY_SINCE)
     }
 
     /// Whether each frozen 4-bit linear of a QLoRA base keeps its input for backward: a

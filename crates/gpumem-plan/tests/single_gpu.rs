@@ -1,5 +1,5 @@
 //! The single-GPU settings: `--optimizer none`, `--loss none`, `--grad-ckpt-every K`, `--grad-ckpt-per-op`,
-//! `--transformers VERSION`, `--peft VERSION`, `--hold-outputs` and the bitsandbytes
+//! `--transformers VERSION`, `--peft VERSION`, `--torch VERSION`, `--hold-outputs` and the bitsandbytes
 //! dequantisation buffers under `--qlora`: their errors, warnings, and what they change in the
 //! estimate and the allocation sequence.
 
@@ -871,6 +871,98 @@ fn peft_before_0_12_keeps_adapters_in_the_base_dtype() {
     };
     assert!(ignored_flags("llama-2-7b", &full).contains(&"--peft"));
     assert!(!ignored_flags("llama-2-7b", &peft_lora(Some("0.10"))).contains(&"--peft"));
+}
+
+/// ViT-L/16 in pure bf16 at micro-batch 4 (its step's peak is the optimizer step's), with
+/// `optimizer` and `implementation` under PyTorch `torch` (None: today's).
+fn vit_step(optimizer: &str, implementation: &str, torch: Option<&str>) -> Settings {
+    Settings {
+        optimizer: Some(optimizer.into()),
+        optimizer_impl: Some(implementation.into()),
+        torch: torch.map(Into::into),
+        seq: None,
+        ..settings("train", 4, 1)
+    }
+}
+
+#[test]
+fn torch_before_2_1_keeps_two_foreach_adam_intermediates() {
+    let model = find_model("vit-large").unwrap();
+    let param_bytes =
+        2.0 * plan("vit-large", &vit_step("adam", "foreach", None)).total_params as f64;
+    for optimizer in ["adam", "adamw"] {
+        let today = plan("vit-large", &vit_step(optimizer, "foreach", None));
+        let since = plan("vit-large", &vit_step(optimizer, "foreach", Some("2.1")));
+        let old = plan("vit-large", &vit_step(optimizer, "foreach", Some("2.0.1")));
+        assert_eq!(since.peak_allocated_bytes, today.peak_allocated_bytes);
+        // The square root and the denominator, each of every parameter's size in bf16.
+        let temporaries = old.breakdown.temporaries as f64;
+        assert!((temporaries - 2.0 * param_bytes).abs() < 1e3, "{old:?}");
+        assert_eq!(old.peak_phase, Phase::OptimizerStep);
+        let more = old.peak_allocated_bytes as f64 - today.peak_allocated_bytes as f64;
+        assert!(
+            more > 0.9 * param_bytes && more <= param_bytes + 1e3,
+            "{more}"
+        );
+    }
+    // Other steps made no such copy: SGD, and the for-loop Adam's per-parameter temporaries.
+    for (optimizer, implementation) in [("sgd", "foreach"), ("adam", "forloop")] {
+        let today = plan("vit-large", &vit_step(optimizer, implementation, None));
+        let old = plan(
+            "vit-large",
+            &vit_step(optimizer, implementation, Some("2.0")),
+        );
+        assert_eq!(old.peak_allocated_bytes, today.peak_allocated_bytes);
+    }
+    // A release is MAJOR.MINOR[.PATCH]; inference runs no optimizer step.
+    let nightly = vit_step("adam", "foreach", Some("2.1.0.dev20230623"));
+    let err = nightly.resolve(&model).unwrap_err().to_string();
+    assert!(
+        err.contains("torch") && err.contains("MAJOR.MINOR"),
+        "{err}"
+    );
+    let infer = Settings {
+        optimizer: None,
+        optimizer_impl: None,
+        ..Settings {
+            mode: Some("infer".into()),
+            ..vit_step("adam", "foreach", Some("2.0"))
+        }
+    };
+    assert!(ignored_flags("vit-large", &infer).contains(&"--torch"));
+    assert!(
+        !ignored_flags("vit-large", &vit_step("adam", "foreach", Some("2.0"))).contains(&"--torch")
+    );
+}
+
+/// BERT-large at batch 2 × 512 in fp32, for-loop AdamW (the foreach step's intermediates also
+/// depend on the release), eager attention, autocast `amp`, under PyTorch `torch` (None:
+/// today's).
+fn bert_step(amp: Option<&str>, torch: Option<&str>) -> Settings {
+    Settings {
+        dtype: Some("fp32".into()),
+        optimizer: Some("adamw".into()),
+        optimizer_impl: Some("forloop".into()),
+        attn: Some("eager".into()),
+        amp: amp.map(Into::into),
+        torch: torch.map(Into::into),
+        ..settings("train", 2, 512)
+    }
+}
+
+#[test]
+fn torch_before_1_11_saves_the_softmax_input() {
+    // 24 layers of 16 heads' 512 × 512 scores per sequence, fp32 (under fp16 autocast too:
+    // autocast hands the softmax an fp32 copy).
+    let scores = 2.0 * 24.0 * 16.0 * 512.0 * 512.0 * 4.0;
+    for amp in [None, Some("fp16")] {
+        let today = plan("bert-large", &bert_step(amp, None));
+        let since = plan("bert-large", &bert_step(amp, Some("1.11")));
+        let old = plan("bert-large", &bert_step(amp, Some("1.10.2")));
+        assert_eq!(since.peak_allocated_bytes, today.peak_allocated_bytes);
+        let more = old.breakdown.activations as f64 - today.breakdown.activations as f64;
+        assert!((more - scores).abs() < 1e3, "{amp:?}: {more}");
+    }
 }
 
 /// A causal LM's step with the model's own loss, its outputs held through backward or not.

@@ -25,6 +25,10 @@ pub(super) struct ScoreBytes {
     pub(super) dropout: BytesPerElement,
     /// The masked scores an old release's clamp (`torch.max`) saves for backward.
     pub(super) clamp: BytesPerElement,
+    /// The tensor the softmax ran on, which PyTorch before 1.11 saved for backward beside its
+    /// output ([`crate::workload::SOFTMAX_SAVES_OUTPUT_ONLY_SINCE`]): the scores, or the fp32
+    /// copy autocast (or a bf16 input's conversion) hands the softmax.
+    pub(super) softmax_input: BytesPerElement,
 }
 
 impl ScoreBytes {
@@ -37,7 +41,7 @@ impl ScoreBytes {
         } else {
             self.cast
         };
-        self.probs + into_values + self.softcap + self.clamp
+        self.probs + into_values + self.softcap + self.clamp + self.softmax_input
     }
 
     /// Peak in a no-grad forward: the input stays named while the softmax makes its fp32 copy
@@ -57,8 +61,24 @@ impl ScoreBytes {
 }
 
 impl TransformerGraph<'_> {
-    /// Bytes per score element of a materialised attention's softmax under `kernel`.
+    /// Bytes per score element of a materialised attention's softmax under `kernel`, with the
+    /// softmax's input saved too under a PyTorch release that saved it.
     pub(super) fn score_bytes(&self, kernel: AttentionKernel) -> ScoreBytes {
+        let mut score = self.kernel_score_bytes(kernel);
+        if self.workload.softmax_saves_input() {
+            score.softmax_input =
+                if self.workload.amp.is_some() || score.conversion > BytesPerElement::ZERO {
+                    score.probs
+                } else {
+                    score.input
+                };
+        }
+        score
+    }
+
+    /// Bytes per score element of a materialised attention's softmax under `kernel`, as
+    /// today's PyTorch saves them.
+    fn kernel_score_bytes(&self, kernel: AttentionKernel) -> ScoreBytes {
         let input = self.bytes.act;
         let dropout = if self.dropout_active(self.spec.attention_dropout) {
             BytesPerElement::BOOL + input
@@ -81,6 +101,7 @@ impl TransformerGraph<'_> {
                 softcap: BytesPerElement::ZERO,
                 dropout,
                 clamp,
+                softmax_input: BytesPerElement::ZERO,
             };
         }
         // SDPA's math fallback computes in fp32: the scores and their softmax. Its dropout is
@@ -104,6 +125,7 @@ impl TransformerGraph<'_> {
                     BytesPerElement::ZERO
                 },
                 clamp,
+                softmax_input: BytesPerElement::ZERO,
             };
         }
         // OPT before 4.49 upcast the softmax of fp16 scores only (bf16 ran in bf16).
@@ -132,6 +154,7 @@ impl TransformerGraph<'_> {
             },
             dropout,
             clamp,
+            softmax_input: BytesPerElement::ZERO,
         }
     }
 }

@@ -71,6 +71,7 @@ impl Settings {
                 inference && self.optimizer_impl.is_some(),
                 &no_training,
             ),
+            ("--torch", inference && self.torch.is_some(), &no_training),
             ("--grad-ckpt", inference && self.grad_ckpt, &no_training),
             (
                 "--grad-ckpt-selective",

@@ -253,6 +253,12 @@ pub struct Settings {
     /// [default: latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub deepspeed: Option<String>,
+    /// PyTorch release the run trains with, MAJOR.MINOR[.PATCH]: before 2.1 a foreach Adam or
+    /// AdamW step keeps two parameter-sized intermediates at once (the second moment's square
+    /// root and the denominator made from it), since then one; before 1.11 an eager
+    /// attention's softmax saves its input (the scores) beside its output [default: latest].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
+    pub torch: Option<String>,
     /// Inference from a quantised checkpoint, FORMAT[:OPTION,...]: int8 (bitsandbytes
     /// LLM.int8), fp4 | nf4 (bitsandbytes 4-bit; options double, compute=fp32|bf16|fp16), gptq
     /// (options bits=2|3|4|8, group=N, kernel=exllama|exllamav2|cuda-old: AutoGPTQ's linear and
@@ -668,6 +674,11 @@ impl Settings {
                 .deepspeed
                 .as_deref()
                 .map(|text| Release::parse("deepspeed", text))
+                .transpose()?,
+            torch: self
+                .torch
+                .as_deref()
+                .map(|text| Release::parse("torch", text))
                 .transpose()?,
             quant: None,
             freeze_vision_tower: self.freeze_vision_tower,
