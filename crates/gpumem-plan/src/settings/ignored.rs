@@ -27,6 +27,10 @@ impl Settings {
         let no_zero3 =
             "it says how DeepSpeed ZeRO-3 builds the model, planned for training with --zero 3"
                 .to_string();
+        let no_fsdp1 = "it says how FullyShardedDataParallel is set up, planned for training \
+                        with --fsdp --fsdp-version 1"
+            .to_string();
+        let fsdp1_inactive = fsdp_inactive || self.fsdp_version.as_deref() != Some("1");
         let zero_inactive =
             inference || matches!(self.zero.as_deref(), None | Some("0")) || self.fsdp;
         let tokens = format!(
@@ -116,6 +120,11 @@ impl Settings {
                 "--zero-buckets",
                 zero_inactive && self.zero_buckets.is_some(),
                 &no_zero,
+            ),
+            (
+                "--fsdp-cpu-ram-efficient-loading",
+                fsdp1_inactive && self.fsdp_cpu_ram_efficient_loading,
+                &no_fsdp1,
             ),
             (
                 "--no-zero-init",
