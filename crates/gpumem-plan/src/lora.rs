@@ -99,6 +99,22 @@ pub fn lora_params(spec: &TransformerSpec, rank: u64, targets: LoraTargets) -> u
     rank * (dense_blocks * per_block(LayerKind::default()) + moe_layers * per_block(moe) + cross)
 }
 
+/// Elements of each adapter matrix of one layer of `layer`'s kind, in the order of its linears:
+/// each adapted linear's `lora_A` (`rank × in`) then its `lora_B` (`out × rank`), once per copy
+/// (expert).
+pub fn adapter_matrices(
+    spec: &TransformerSpec,
+    layer: LayerKind,
+    rank: u64,
+    targets: LoraTargets,
+) -> Vec<u64> {
+    block_linears(spec, layer)
+        .iter()
+        .filter(|(roles, ..)| targets.has(*roles))
+        .flat_map(|&(_, i, o, n)| (0..n).flat_map(move |_| [rank * i, o * rank]))
+        .collect()
+}
+
 /// Trainable parameters in adapter matrices of fewer than `threshold` elements (each `lora_A`
 /// of `rank × in`, each `lora_B` of `out × rank`) over every layer of the language model:
 /// what DeepSpeed ZeRO-3 keeps whole on every rank (`stage3_param_persistence_threshold`,
@@ -109,13 +125,9 @@ pub fn small_adapter_params(
     targets: LoraTargets,
     threshold: u64,
 ) -> u64 {
-    let per_layer: u64 = block_linears(spec, spec.layer_kind(0))
-        .iter()
-        .filter(|(roles, ..)| targets.has(*roles))
-        .map(|&(_, i, o, n)| {
-            let small = |numel: u64| if numel < threshold { numel } else { 0 };
-            (small(rank * i) + small(o * rank)) * n
-        })
+    let per_layer: u64 = adapter_matrices(spec, spec.layer_kind(0), rank, targets)
+        .into_iter()
+        .filter(|&numel| numel < threshold)
         .sum();
     per_layer * (spec.layers + spec.encoder_layers)
 }

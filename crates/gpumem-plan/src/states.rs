@@ -92,7 +92,7 @@ fn base_quantization(quant: BaseQuant) -> Option<Quantization> {
 /// Bytes per weight of the frozen base's packed weights alone: the `Params4bit` /
 /// `Int8Params` data FSDP flattens and ZeRO-3 partitions (a 4-bit weight packs two per byte
 /// whatever its `quant_storage` dtype), without the quantisation statistics.
-fn base_packed_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
+pub(crate) fn base_packed_bytes(quant: BaseQuant, dtype: Dtype) -> f64 {
     base_quantization(quant).map_or(dtype.bytes() as f64, |q| q.packed_bytes_per_weight())
 }
 

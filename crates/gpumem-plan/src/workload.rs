@@ -462,6 +462,10 @@ pub struct Layout {
     /// module-dtype model to each GPU and partitions it there (see
     /// [`crate::sequence::startup_sequence`]).
     pub zero_init: bool,
+    /// Whether FSDP1 wraps a model rank 0 loaded on the host: each unit moved to the GPU,
+    /// broadcast from rank 0, flattened and sharded there before the first step, its freed
+    /// blocks left in the allocator's cache (see [`crate::sequence::has_fsdp_setup`]).
+    pub fsdp_cpu_loading: bool,
     /// Which PyTorch FSDP (with [`Sharding::Fsdp`]).
     pub fsdp_version: FsdpVersion,
     /// FSDP mixed precision: the dtype parameters are gathered and computed in, from sharded
@@ -485,6 +489,7 @@ impl Layout {
             sharding: Sharding::None,
             offload: Offload::None,
             zero_init: true,
+            fsdp_cpu_loading: false,
             fsdp_version: DEFAULT_FSDP_VERSION,
             fsdp_mp: None,
             nccl_buffsize: DEFAULT_NCCL_BUFFSIZE,

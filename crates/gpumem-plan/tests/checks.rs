@@ -226,6 +226,28 @@ fn training_flags_in_inference_warn() {
 }
 
 #[test]
+fn fsdp_cpu_loading_warns_outside_fsdp1_training() {
+    let llama = model("llama-3-8b");
+    let warned = |fsdp: bool, version: Option<&str>| {
+        let settings = Settings {
+            gpus: Some(2),
+            fsdp,
+            fsdp_version: version.map(Into::into),
+            fsdp_cpu_ram_efficient_loading: true,
+            ..Settings::default()
+        };
+        ignored(&settings.resolve(&llama).unwrap().warnings)
+    };
+    assert!(warned(true, Some("1")).is_empty());
+    // FSDP2 (the default) and no FSDP have no FullyShardedDataParallel wrapping to plan.
+    assert_eq!(warned(true, None), ["--fsdp-cpu-ram-efficient-loading"]);
+    assert_eq!(
+        warned(false, Some("1")).last(),
+        Some(&"--fsdp-cpu-ram-efficient-loading")
+    );
+}
+
+#[test]
 fn cache_and_labels_flags_warn_where_they_do_nothing() {
     let flags = |mode: &str| Settings {
         mode: Some(mode.into()),

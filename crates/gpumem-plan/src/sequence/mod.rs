@@ -27,7 +27,7 @@ use serde::Serialize;
 mod startup;
 
 pub(crate) use startup::startup_peak;
-pub use startup::{has_startup, startup_sequence};
+pub use startup::{has_fsdp_setup, has_startup, startup_sequence};
 
 /// The stream an allocation is made on. PyTorch's caching allocator keeps a freed block with
 /// the stream it was allocated on and serves only that stream's requests from it, so memory a
@@ -97,15 +97,22 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
     let states = model_states(model, workload, &counts, &units, trainable);
     let mut out = Emitter::default();
     let shapes = Shapes::of(model, workload, &units, &states);
+    // FSDP1's set-up on the GPU, in the same pool: its shards are the sharded weights.
+    let (shards, shard_bytes) = if has_fsdp_setup(workload) {
+        startup::fsdp1_setup(&mut out, model, workload, &units, &shapes)
+    } else {
+        (Vec::new(), 0.0)
+    };
     let persistent: Vec<u64> = [states.buffers.step_weights, states.buffers.step_gradients]
         .into_iter()
         .filter_map(|b| out.alloc(b))
         .collect();
+    let other_weights = (states.weights - shard_bytes).max(0.0);
     let weights: Vec<Vec<u64>> = units
         .iter()
         .map(|u| {
             let whole = shapes.param_tensors(u, shapes.weight_per_param, 1);
-            out.tensors(shapes.share(u) * states.weights, &whole, shapes.tensor)
+            out.tensors(shapes.share(u) * other_weights, &whole, shapes.tensor)
         })
         .collect();
     // The cuBLAS workspaces, from the first matrix product to the end of the process.
@@ -129,6 +136,7 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
         }
     }
     weights.into_iter().for_each(|w| out.free_all(w));
+    out.free_all(shards);
     out.free_all(workspaces);
     out.free_all(persistent);
     Ok(out.events)

@@ -1,13 +1,16 @@
 //! The start-up before a run's first step, where a framework puts memory on the GPU that the
-//! step itself does not hold (DeepSpeed ZeRO-3 without `zero.Init`), as its own allocation
-//! sequence.
+//! step itself does not hold: DeepSpeed ZeRO-3 without `zero.Init`, as its own allocation
+//! sequence (the cache is emptied after it), and FSDP1's wrapping of a host-loaded model, whose
+//! events open the steps' own sequence (the cache it leaves is the steps').
 
 use super::{peak_live_bytes, Emitter, PlannedEvent, Shapes};
 use crate::error::Result;
 use crate::graph::build_units;
-use crate::model::ModelSpec;
-use crate::states::{model_states, trainable_params};
-use crate::workload::{Mode, Sharding, Workload};
+use crate::lora::adapter_matrices;
+use crate::model::{Architecture, LayerKind, ModelSpec};
+use crate::states::{base_packed_bytes, model_states, trainable_params};
+use crate::unit::Unit;
+use crate::workload::{FsdpVersion, Mode, Sharding, Workload};
 
 /// Whether `workload` puts memory on the GPU before its first step that the step itself does
 /// not hold: DeepSpeed ZeRO-3 training on a model loaded without `deepspeed.zero.Init`.
@@ -82,9 +85,184 @@ pub fn startup_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec<Pl
     Ok(out.events)
 }
 
-/// Peak allocated bytes of the start-up ([`startup_sequence`]); 0 without one.
+/// Peak allocated bytes of the start-up: [`startup_sequence`]'s, or FSDP1's set-up
+/// ([`has_fsdp_setup`]) up to the first step; 0 without one.
 pub(crate) fn startup_peak(model: &ModelSpec, workload: &Workload) -> Result<u64> {
-    Ok(peak_live_bytes(&startup_sequence(model, workload)?))
+    if !has_fsdp_setup(workload) {
+        return Ok(peak_live_bytes(&startup_sequence(model, workload)?));
+    }
+    Ok(peak_live_bytes(&fsdp1_setup_alone(model, workload)?.0))
+}
+
+/// FSDP1's set-up ([`fsdp1_setup`]) as a sequence of its own, with the shards it leaves.
+fn fsdp1_setup_alone(
+    model: &ModelSpec,
+    workload: &Workload,
+) -> Result<(Vec<PlannedEvent>, Vec<u64>)> {
+    crate::check(model, workload)?;
+    let counts = model.params();
+    let trainable = trainable_params(model, workload, &counts);
+    let units = build_units(model, workload, workload.batch);
+    let states = model_states(model, workload, &counts, &units, trainable);
+    let shapes = Shapes::of(model, workload, &units, &states);
+    let mut out = Emitter::default();
+    let (shards, _) = fsdp1_setup(&mut out, model, workload, &units, &shapes);
+    Ok((out.events, shards))
+}
+
+/// PyTorch's `PARAM_BROADCAST_BUCKET_SIZE` (250 MiB, `torch/distributed/fsdp/_init_utils.py`):
+/// the bucket size `sync_module_states` broadcasts a unit's parameters in.
+const BROADCAST_BUCKET_BYTES: f64 = 250.0 * 1024.0 * 1024.0;
+
+/// Whether `workload` is FSDP1 training over a model rank 0 loaded on the host, which
+/// `FullyShardedDataParallel(device_id=…, sync_module_states=True)` moves to the GPU and
+/// shards there unit by unit before the first step, ahead of the steps in
+/// [`allocation_sequence`](super::allocation_sequence).
+pub fn has_fsdp_setup(workload: &Workload) -> bool {
+    let layout = &workload.layout;
+    workload.mode == Mode::Train
+        && layout.sharding == Sharding::Fsdp
+        && layout.fsdp_version == FsdpVersion::V1
+        && layout.fsdp_cpu_loading
+}
+
+/// FSDP1's wrapping of a model rank 0 holds on the host, on rank 0's GPU, emitted into `out`
+/// ahead of the steps: returns the ids of the sharded flat parameters it leaves on the GPU
+/// (none with parameter offload) and their bytes. Nothing empties the cache between the
+/// wrapping and the first step (fsdp_qlora `train.py` at 05ed9f2, lines 753-838: `FSDP(…)`,
+/// then checkpointing, the optimizer and `reset_peak_memory_stats`; its one `empty_cache`,
+/// line 663, comes before, after the 4-bit loading), so the blocks it frees stay cached under
+/// the steps, in the sizes of the set-up's tensors. PyTorch 2.2-2.15 FSDP1, for each unit in
+/// wrapping order ([`fsdp1_units`]), `_init_utils.py` `_init_param_handle_from_module`:
+///
+/// - `_move_module_to_device` → `_move_states_to_device`: `param.data = param.to(device)`, one
+///   tensor per parameter still on the host (a quantised `Params4bit` moves its packed data);
+/// - `_sync_module_params_and_buffers` → `dist._broadcast_coalesced(…, 250 MiB, src=0)`
+///   (c10d `comm.cpp` `broadcast_coalesced`): buckets closed once they reach the size
+///   (`compute_bucket_assignment_by_size`), each flattened into one new tensor unless it holds
+///   a single one (`flatten_dense_tensors`). NCCL records each on its stream, so its block
+///   returns to the pool only once the host has waited for the broadcast: at its next
+///   synchronising copy, the shard's copy to the host with parameter offload, else the next
+///   unit's first parameter copy (a pageable host-to-device copy synchronises the stream);
+/// - `FlatParamHandle.flatten_tensors`: `torch.cat` of the unit's parameters into the flat
+///   parameter; `shard` → `_get_shard`: a clone of this rank's chunk (`1/dp`, rounded up),
+///   then the flat parameter's storage is freed (`_typed_storage()._resize_(0)`);
+/// - with `CPUOffload(offload_params=True)`, `_init_param_handle_from_params` copies the shard
+///   to the host (`flat_param_to(cpu)`) and frees it;
+/// - the moved parameters are freed when the function returns (`managed_params` held them).
+pub(super) fn fsdp1_setup(
+    out: &mut Emitter,
+    model: &ModelSpec,
+    workload: &Workload,
+    units: &[Unit],
+    shapes: &Shapes,
+) -> (Vec<u64>, f64) {
+    let dp = workload.layout.dp() as f64;
+    let offload = workload.layout.offload.params();
+    let (mut shards, mut kept) = (Vec::new(), 0.0);
+    let mut broadcast = Vec::new();
+    for params in fsdp1_units(model, workload, units, shapes) {
+        let mut moved = Vec::with_capacity(params.len());
+        for (index, &bytes) in params.iter().enumerate() {
+            moved.push(out.alloc(bytes));
+            if index == 0 {
+                out.free_all(std::mem::take(&mut broadcast));
+            }
+        }
+        broadcast = broadcast_buckets(&params)
+            .into_iter()
+            .filter_map(|bucket| out.alloc(bucket))
+            .collect();
+        let total: f64 = params.iter().sum();
+        let flat = out.alloc(total);
+        let shard_bytes = (total / dp).ceil();
+        let shard = out.alloc(shard_bytes);
+        out.free(flat);
+        if offload {
+            out.free(shard);
+            out.free_all(std::mem::take(&mut broadcast));
+        } else if let Some(id) = shard {
+            shards.push(id);
+            kept += shard_bytes;
+        }
+        moved.into_iter().for_each(|m| out.free(m));
+    }
+    out.free_all(broadcast);
+    (shards, kept)
+}
+
+/// The bytes of each flattened broadcast bucket over a unit's `params` (bytes each, in order):
+/// a bucket closes once it reaches [`BROADCAST_BUCKET_BYTES`]; one of a single tensor is
+/// broadcast in place.
+fn broadcast_buckets(params: &[f64]) -> Vec<f64> {
+    let mut buckets = Vec::new();
+    let (mut bytes, mut count) = (0.0, 0);
+    for &param in params {
+        bytes += param;
+        count += 1;
+        if bytes >= BROADCAST_BUCKET_BYTES {
+            buckets.push((bytes, count));
+            (bytes, count) = (0.0, 0);
+        }
+    }
+    if count > 0 {
+        buckets.push((bytes, count));
+    }
+    buckets
+        .into_iter()
+        .filter(|&(_, count)| count > 1)
+        .map(|(bytes, _)| bytes)
+        .collect()
+}
+
+/// FSDP1's units in wrapping order (the auto-wrap policy wraps children first), each as the
+/// bytes of its parameters on the host: per block, each LoRA adapter matrix as its own unit
+/// (fsdp_qlora's `lambda_policy_fn` and PEFT's `fsdp_auto_wrap_policy` wrap every leaf module
+/// with a trainable weight), then the block's frozen weight matrices (the packed data of a
+/// quantised base) and the rest of its parameters (norms) as one; last the root: the other
+/// units' parameters (embeddings, final norm, head). The module's parameters are in `--dtype`
+/// (FSDP's mixed precision casts only what it gathers).
+fn fsdp1_units(
+    model: &ModelSpec,
+    workload: &Workload,
+    units: &[Unit],
+    shapes: &Shapes,
+) -> Vec<Vec<f64>> {
+    let module = workload.dtype.bytes() as f64;
+    let tp = workload.layout.tp as f64;
+    let (adapters, matrix_bytes, adapter_bytes) = match (&model.arch, workload.lora) {
+        (Architecture::Transformer(spec), Some(lora)) => (
+            adapter_matrices(spec, LayerKind::default(), lora.rank, lora.targets),
+            base_packed_bytes(lora.base, workload.dtype),
+            if workload.fp32_adapters() {
+                4.0
+            } else {
+                module
+            },
+        ),
+        _ => (Vec::new(), module, module),
+    };
+    let elements = |n: u64| (n as f64 / tp).ceil();
+    let mut out = Vec::new();
+    let mut root = Vec::new();
+    for unit in units {
+        let matrices: Vec<u64> = shapes.matrices(unit).collect();
+        let rest = unit.params.saturating_sub(matrices.iter().sum());
+        if unit.whole.block_matrices {
+            out.extend(adapters.iter().map(|&a| vec![elements(a) * adapter_bytes]));
+            let mut block: Vec<f64> = matrices
+                .iter()
+                .map(|&m| elements(m) * matrix_bytes)
+                .collect();
+            block.extend((rest > 0).then(|| elements(rest) * module));
+            out.push(block);
+        } else {
+            root.extend(matrices.iter().map(|&m| elements(m) * module));
+            root.extend((rest > 0).then(|| elements(rest) * module));
+        }
+    }
+    out.extend((!root.is_empty()).then_some(root));
+    out
 }
 
 #[cfg(test)]
@@ -129,5 +307,87 @@ mod tests {
         // With parameter offload the partitions are made on the host.
         let (_, e) = run(true, "all");
         assert!(e.phases[0].allocated_bytes.abs_diff(model_bytes) < model_bytes / 1000);
+    }
+
+    #[test]
+    fn fsdp1_host_loading_leaves_one_shard_per_unit_and_its_cache_to_the_steps() {
+        let model = find_model("meta-llama/Llama-2-7b-hf").unwrap();
+        let run = |loading: bool, offload: Option<&str>| {
+            let settings = Settings {
+                seq: Some(512),
+                gpus: Some(2),
+                fsdp: true,
+                fsdp_version: Some("1".into()),
+                dtype: Some("bf16".into()),
+                lora_rank: Some(64),
+                qlora: true,
+                offload: offload.map(Into::into),
+                fsdp_cpu_ram_efficient_loading: loading,
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            let events = crate::allocation_sequence(&model, &workload).unwrap();
+            let e = estimate(&model, &workload, &Overheads::default()).unwrap();
+            (events, e)
+        };
+        let (plain, before) = run(false, None);
+        let (events, after) = run(true, None);
+        // The set-up comes before the first step and adds no live bytes to the steps.
+        let first_step = |events: &[PlannedEvent]| {
+            events
+                .iter()
+                .position(|e| matches!(e, PlannedEvent::Step { .. }))
+                .unwrap()
+        };
+        assert!(first_step(&events) > first_step(&plain) + 32 * 4);
+        assert_eq!(before.peak_allocated_bytes, after.peak_allocated_bytes);
+        assert_eq!(after.phases[0].phase, Phase::Startup);
+        assert!(after.phases[0].allocated_bytes < after.peak_allocated_bytes);
+        crate::sequence::tests::assert_all_freed(&events, "FSDP1 set-up and steps");
+        // Each block's broadcast bucket and flat parameter: its packed 4-bit matrices and
+        // norms, 202 M weights at half a byte and 8192 bf16 norm weights; its shard is half.
+        let block = (4 * 4096 * 4096 + 3 * 4096 * 11008) / 2 + 2 * 4096 * 2;
+        let allocs: Vec<u64> = events[..first_step(&events)]
+            .iter()
+            .filter_map(|e| match *e {
+                PlannedEvent::Alloc { bytes, .. } => Some(bytes),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(allocs.iter().filter(|&&b| b == block).count(), 2 * 32);
+        assert_eq!(allocs.iter().filter(|&&b| b == block / 2).count(), 32);
+        // With parameter offload the shards go to the host: nothing stays for the steps.
+        let settings = |offload: Option<&str>| {
+            let settings = Settings {
+                seq: Some(512),
+                gpus: Some(2),
+                fsdp: true,
+                fsdp_version: Some("1".into()),
+                dtype: Some("bf16".into()),
+                lora_rank: Some(64),
+                qlora: true,
+                offload: offload.map(Into::into),
+                fsdp_cpu_ram_efficient_loading: true,
+                ..Settings::default()
+            };
+            settings.resolve(&model).unwrap().workload
+        };
+        // One shard per FSDP unit: per block each adapter matrix (A and B on all seven
+        // linears) and the block, then the root.
+        let (_, shards) = fsdp1_setup_alone(&model, &settings(None)).unwrap();
+        assert_eq!(shards.len(), 32 * (7 * 2 + 1) + 1);
+        let (setup, shards) = fsdp1_setup_alone(&model, &settings(Some("all"))).unwrap();
+        assert!(shards.is_empty());
+        crate::sequence::tests::assert_all_freed(&setup, "FSDP1 set-up with offload");
+    }
+
+    #[test]
+    fn broadcast_buckets_close_at_250_mib_and_skip_single_tensors() {
+        let mib = 1024.0 * 1024.0;
+        // A Llama-2-70B block's packed matrices: q, k, v, o, gate, up, down.
+        let block = [32.0, 4.0, 4.0, 32.0, 112.0, 112.0, 112.0].map(|m| m * mib);
+        // q to up reach 296 MiB and close the bucket; down alone is broadcast in place.
+        assert_eq!(broadcast_buckets(&block), vec![296.0 * mib]);
+        assert!(broadcast_buckets(&[300.0 * mib]).is_empty());
     }
 }

@@ -30,6 +30,10 @@ impl Settings {
         let no_deepspeed =
             "it names the DeepSpeed release of a ZeRO run, planned for training with --zero 1-3"
                 .to_string();
+        let no_fsdp1 = "it says how FullyShardedDataParallel is set up, planned for training \
+                        with --fsdp --fsdp-version 1"
+            .to_string();
+        let fsdp1_inactive = fsdp_inactive || self.fsdp_version.as_deref() != Some("1");
         let zero_inactive =
             inference || matches!(self.zero.as_deref(), None | Some("0")) || self.fsdp;
         let tokens = format!(
@@ -125,6 +129,11 @@ impl Settings {
                 "--deepspeed",
                 zero_inactive && self.deepspeed.is_some(),
                 &no_deepspeed,
+            ),
+            (
+                "--fsdp-cpu-ram-efficient-loading",
+                fsdp1_inactive && self.fsdp_cpu_ram_efficient_loading,
+                &no_fsdp1,
             ),
             (
                 "--no-zero-init",

@@ -158,6 +158,14 @@ pub struct Settings {
     /// accelerate's zero3_init_flag load a ZeRO-3 model].
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_zero_init: bool,
+    /// With --fsdp --fsdp-version 1 in training: rank 0 loaded the model on the host (the
+    /// others on the meta device) and FullyShardedDataParallel(device_id=…,
+    /// sync_module_states=True) moves each unit to the GPU, broadcasts it from rank 0, flattens
+    /// and shards it there; what that wrapping frees stays in the allocator's cache under the
+    /// steps (accelerate's fsdp_cpu_ram_efficient_loading, fsdp_qlora's --low_memory)
+    /// [default: the set-up is not planned].
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub fsdp_cpu_ram_efficient_loading: bool,
     /// Tensor-parallel size [default: 1].
     #[cfg_attr(feature = "clap", arg(long))]
     pub tp: Option<u64>,
@@ -745,6 +753,7 @@ impl Settings {
             sharding,
             offload: self.offload_for(sharding)?,
             zero_init: !self.no_zero_init,
+            fsdp_cpu_loading: self.fsdp_cpu_ram_efficient_loading,
             fsdp_version: pick(&self.fsdp_version, "FSDP version", choices::FSDP_VERSIONS)?
                 .unwrap_or(d.fsdp_version),
             fsdp_mp: pick(
