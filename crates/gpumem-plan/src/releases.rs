@@ -1,5 +1,8 @@
-//! What older transformers releases' modelling code did differently, family by family, and the
-//! first release of each family that stopped (`--transformers`). Every boundary is read from the
+//! Library releases whose memory behaviour changed: the [`Release`] type (`--transformers`,
+//! `--bitsandbytes`, `--peft`, `--deepspeed`, `--torch`), the first release of each library
+//! that changed (the `*_SINCE` boundaries, each with the change it marks), and what older
+//! transformers releases' modelling code did differently, family by family, and the first
+//! release of each family that stopped (`--transformers`). Every boundary is read from the
 //! released sources (`transformers/models/<family>/modeling_<family>.py` of each release); the
 //! memory each change makes is measured on CPU under the old release (`measured_settings.jsonl`,
 //! the `tf4.44.2` and `tf4.46.3` cases).
@@ -9,7 +12,113 @@
 
 use crate::model::TransformerSpec;
 use crate::quantity::{BytesPerElement, BytesPerToken, Width};
-use crate::workload::{Release, Workload};
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::workload::{invalid, Workload};
+
+/// A release of a library whose memory behaviour changed between versions: transformers
+/// (`--transformers`), bitsandbytes (`--bitsandbytes`), PEFT (`--peft`), DeepSpeed
+/// (`--deepspeed`) or PyTorch (`--torch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Release {
+    /// Major version.
+    pub major: u64,
+    /// Minor version.
+    pub minor: u64,
+    /// Patch version (0 when not given).
+    pub patch: u64,
+}
+
+/// The first transformers release taken to hand grouped keys to SDPA unrepeated
+/// (`enable_gqa`, its attention-interface rewrite); earlier ones repeat them (`repeat_kv`).
+pub const GROUPED_KEYS_TO_SDPA_SINCE: Release = Release::new(4, 48, 0);
+
+/// The first bitsandbytes release whose 4-bit matmul (`MatMul4Bit`) no longer keeps its input
+/// for backward (bitsandbytes PR #1270, "delete useless buffered activation"): before it,
+/// `ctx.tensors = (A, B)` held every frozen 4-bit linear's input until its backward ran,
+/// though only the weight is needed for the input's gradient.
+pub const BNB_4BIT_MATMUL_FREES_INPUT_SINCE: Release = Release::new(0, 43, 2);
+
+/// The first PEFT release that keeps LoRA adapters in fp32 over a half-precision base
+/// (`get_peft_model(..., autocast_adapter_dtype=True)`, `BaseTuner._cast_adapter_dtype`, peft
+/// 0.12.0 `tuners/tuners_utils.py`). Before it `LoraLayer.update_layer` moved each new adapter
+/// to the base weight's device and dtype (peft 0.9.0-0.11.1 `tuners/lora/layer.py`,
+/// `self.to(weight.device, dtype=weight.dtype)`): bf16 adapters over a bf16 base, and so bf16
+/// dropout outputs, gradients and optimizer states.
+pub const PEFT_FP32_ADAPTERS_SINCE: Release = Release::new(0, 12, 0);
+
+/// The first DeepSpeed release that installs its ZeRO-3 linear (`zero3_linear_wrap`, which saves
+/// the weight parameter itself for backward) for a model handed to `deepspeed.initialize`
+/// already built (DeepSpeed PR #8189, commit 617061d6, in v0.19.4: `Init.__init__` calls
+/// `_enable_mem_efficient_linear` when given a `module`). Before it only entering a
+/// `deepspeed.zero.Init()` context patched `torch.nn.functional.linear` (v0.14.2
+/// `partition_parameters.py` 317-327 and 548-553, in `patch_init_and_builtins`), so a model
+/// loaded without one ran PyTorch's own linear, whose backward keeps `weight.t()`, a view of the
+/// gathered weight's storage: see [`Workload::zero3_keeps_gathered_linears`].
+pub const DEEPSPEED_LINEAR_WRAPPER_FOR_BUILT_MODELS_SINCE: Release = Release::new(0, 19, 4);
+
+/// The first PyTorch release whose foreach Adam and AdamW keep one parameter-sized
+/// intermediate through the step (pytorch/pytorch PRs #104780 and #104898, merged in July 2023
+/// for 2.1: `torch._foreach_add_(exp_avg_sq_sqrt, eps)` in place). Before it
+/// `_multi_tensor_adam` / `_multi_tensor_adamw` (torch 2.0.1 `torch/optim/adam.py` and
+/// `adamw.py`, the non-capturable branch) made `exp_avg_sq_sqrt = torch._foreach_sqrt(...)`
+/// and then `denom = torch._foreach_add(exp_avg_sq_sqrt, eps)`, both alive at the
+/// `_foreach_addcdiv_` that updates the parameters: two copies of every parameter's size in
+/// the states' dtype (issue #97712 documents them).
+pub const FOREACH_ADAM_ONE_INTERMEDIATE_SINCE: Release = Release::new(2, 1, 0);
+
+/// The first PyTorch release whose softmax keeps only its output for backward (PR #66018,
+/// the reland of #65242, October 2021: `derivatives.yaml` passes `self.scalar_type()` to
+/// `_softmax_backward_data`). Before it the formula was `_softmax_backward_data(grad, result,
+/// dim, self)`, so autograd saved the softmax's input beside its output although the kernels
+/// never read it (issue #64000): an eager attention kept its scores, one more score-sized
+/// tensor per layer, until its backward.
+pub const SOFTMAX_SAVES_OUTPUT_ONLY_SINCE: Release = Release::new(1, 11, 0);
+
+impl Release {
+    /// The release `major.minor.patch`.
+    pub const fn new(major: u64, minor: u64, patch: u64) -> Self {
+        Release {
+            major,
+            minor,
+            patch,
+        }
+    }
+
+    /// Parses `library`'s release as `MAJOR.MINOR` or `MAJOR.MINOR.PATCH` (e.g. `4.44.2`),
+    /// with a typed error naming the flag and the accepted form.
+    pub fn parse(library: &str, text: &str) -> Result<Self> {
+        let parts: Vec<&str> = text.trim().split('.').collect();
+        let numbers: Option<Vec<u64>> = parts
+            .iter()
+            .map(|p| {
+                (!p.is_empty() && p.len() <= 6 && p.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| p.parse().ok())
+                    .flatten()
+            })
+            .collect();
+        let any = |major: u64, minor: u64| major > 0 || minor > 0;
+        match numbers.as_deref() {
+            Some(&[major, minor]) if any(major, minor) => Ok(Self::new(major, minor, 0)),
+            Some(&[major, minor, patch]) if any(major, minor) => Ok(Self::new(major, minor, patch)),
+            _ => Err(invalid(
+                library,
+                text,
+                format!(
+                    "must be a {library} release as MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. \
+                     4.44.2 or 0.42.0 (no pre-release suffix)"
+                ),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
 
 /// A release as `(major, minor)`, for the tables below.
 type Since = (u64, u64);
