@@ -18,6 +18,7 @@ use crate::unit::Unit;
 // The FSDP version and NCCL buffer size are workload settings, defined with it.
 use crate::workload::{
     BaseQuant, Dtype, Layout, Optimizer, Sharding, Target, Workload, ZeroBuckets,
+    DEEPSPEED_OVERFLOW_CHECK_MASKS_SINCE,
 };
 pub use crate::workload::{FsdpVersion, DEFAULT_FSDP_VERSION, DEFAULT_NCCL_BUFFSIZE};
 
@@ -295,8 +296,22 @@ pub(crate) fn sharding_buffers(
             } else {
                 0.0
             };
+            let check = zero_offload_overflow_check(workload, inputs);
+            // The check runs as the parameter's bucket is reduced: the head's, as the head's
+            // backward finishes, when its weight is the largest trained tensor (an untied LM
+            // head); any other's is planned at the backward's end, with the last reductions.
+            let head_elements = inputs.head / inputs.gathered.max(1.0);
+            let head_is_largest =
+                workload.lora.is_none() && head_elements >= inputs.largest_trainable;
+            let (head_gradients, backward_end_gradients) = if head_is_largest {
+                (check, 0.0)
+            } else {
+                (0.0, check)
+            };
             PhaseBuffers {
                 step_gradients: bucket + offload_buffer,
+                head_gradients,
+                backward_end_gradients,
                 ..PhaseBuffers::default()
             }
         }
@@ -349,6 +364,38 @@ pub(crate) fn sharding_buffers(
             inputs.gathered,
         ),
     }
+}
+
+/// DeepSpeed ZeRO-1/2 with optimizer offload checks every gradient of this rank's partition for
+/// inf/NaN on the GPU once its bucket is reduced (`stage_1_and_2.py` v0.14.2
+/// `copy_grads_in_partition` → `update_overflow_tracker_for_param_grad`, lines 1167-1170 and
+/// 1320-1331), over the parameter's whole gradient: since v0.14.0 `_has_inf_or_nan` keeps its
+/// fp32 copy, `isnan`, `isinf` and their `logical_or` alive while it makes the or's fp32 copy
+/// (lines 2020-2025: 4 + 1 + 1 + 1 + 4 bytes per element); before it, `x.float().sum()` (4). The
+/// busiest rank holds the largest trained parameter (each parameter lies in some rank's
+/// partition), and, for a parameter over `reduce_bucket_size` elements, its gradient as its own
+/// tensor in the module dtype (`extra_large_param_to_reduce`, 944-950; a smaller one's is in the
+/// IPG bucket); both are alive during the check. Returns those bytes (none without offload).
+fn zero_offload_overflow_check(workload: &Workload, inputs: &ShardingInputs) -> f64 {
+    if !workload.layout.offload.optimizer() || workload.optimizer == Optimizer::None {
+        return 0.0;
+    }
+    let largest = inputs.largest_trainable;
+    let per_element = if workload
+        .deepspeed
+        .is_some_and(|release| release < DEEPSPEED_OVERFLOW_CHECK_MASKS_SINCE)
+    {
+        Dtype::Fp32.bytes() as f64
+    } else {
+        // Two fp32 tensors and three torch.bool masks (one byte per element).
+        (2 * Dtype::Fp32.bytes() + 3) as f64
+    };
+    let own_gradient = if largest > inputs.zero.reduce_bucket as f64 {
+        largest * inputs.bucket_bytes
+    } else {
+        0.0
+    };
+    largest * per_element + own_gradient
 }
 
 /// DeepSpeed ZeRO-1/2's optimizer step flattens this rank's gradient partition and converts it to
@@ -904,6 +951,42 @@ mod zero_step_tests {
         let bucket = REDUCE_BUCKET_ELEMENTS as f64 * 2.0;
         assert_eq!(buffers(false), bucket);
         assert_eq!(buffers(true), bucket + 3e8 * 2.0);
+    }
+
+    #[test]
+    fn zero2_offload_checks_the_largest_gradient_for_overflow() {
+        // `_has_inf_or_nan` over the largest parameter's gradient: since v0.14.0 its fp32 copy,
+        // three masks and the or's fp32 copy (11 bytes per element), before it the fp32 copy;
+        // over `reduce_bucket_size`, the gradient itself too. At the head's backward when the
+        // head is the largest, else at the backward's end; none without offload.
+        let model = find_model("llama-3-8b").unwrap();
+        let head_params = 128256.0 * 4096.0;
+        let buffers = |head: f64, f: fn(&mut Settings)| {
+            let workload = settings("2", 8, f).resolve(&model).unwrap().workload;
+            let inputs = ShardingInputs {
+                largest_block: 0.0,
+                gradients_full: 0.0,
+                trainable_share: 1.0,
+                gathered: 2.0,
+                bucket_bytes: 2.0,
+                head: head * 2.0,
+                largest_trainable: head_params,
+                zero: zero_sizes(ZeroBuckets::Default, None),
+            };
+            let b = sharding_buffers(&[], &workload, &inputs);
+            (b.head_gradients, b.backward_end_gradients)
+        };
+        let offload = |s: &mut Settings| s.offload = Some("all".into());
+        assert_eq!(buffers(head_params, offload), (head_params * 13.0, 0.0));
+        assert_eq!(buffers(0.0, offload), (0.0, head_params * 13.0));
+        assert_eq!(
+            buffers(head_params, |s| {
+                s.offload = Some("all".into());
+                s.deepspeed = Some("0.13.5".into());
+            }),
+            (head_params * 6.0, 0.0)
+        );
+        assert_eq!(buffers(head_params, |_| {}), (0.0, 0.0));
     }
 
     #[test]

@@ -58,6 +58,12 @@ pub const PEFT_FP32_ADAPTERS_SINCE: Release = Release::new(0, 12, 0);
 /// gathered weight's storage: see [`Workload::zero3_keeps_gathered_linears`].
 pub const DEEPSPEED_LINEAR_WRAPPER_FOR_BUILT_MODELS_SINCE: Release = Release::new(0, 19, 4);
 
+/// The first DeepSpeed release whose ZeRO-1/2 inf/NaN check (`stage_1_and_2.py`
+/// `_has_inf_or_nan`) builds `isnan`, `isinf` and `logical_or` masks beside the gradient's fp32
+/// copy and converts the or to fp32 (v0.14.0, lines 2015-2020); v0.13.x summed the fp32 copy
+/// (`float(x.float().sum())`). See `distributed.rs` `zero_offload_overflow_check`.
+pub const DEEPSPEED_OVERFLOW_CHECK_MASKS_SINCE: Release = Release::new(0, 14, 0);
+
 /// The first PyTorch release whose foreach Adam and AdamW keep one parameter-sized
 /// intermediate through the step (pytorch/pytorch PRs #104780 and #104898, merged in July 2023
 /// for 2.1: `torch._foreach_add_(exp_avg_sq_sqrt, eps)` in place). Before it
