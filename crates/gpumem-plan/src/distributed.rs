@@ -14,6 +14,7 @@
 //! prefetch bucket); NCCL `NCCL_BUFFSIZE` and its LL/LL128 buffers per channel and connection.
 
 use crate::model::{Architecture, ModelSpec, ParamCounts};
+use crate::sequence::Stream;
 use crate::unit::Unit;
 // The FSDP version and NCCL buffer size are workload settings, defined with it.
 use crate::workload::{
@@ -89,6 +90,8 @@ pub(crate) struct ShardingInputs {
     pub(crate) head: f64,
     /// Elements of the largest trained tensor on this GPU.
     pub(crate) largest_trainable: f64,
+    /// Elements of all trained parameters on this GPU (before ZeRO partitions them).
+    pub(crate) trainable_local: f64,
     /// DeepSpeed's sizes.
     pub(crate) zero: ZeroSizes,
 }
@@ -120,8 +123,11 @@ pub(crate) struct PhaseBuffers {
     /// Unsharded gradients and reduction buffers alive through the backward pass.
     pub(crate) backward_gradients: f64,
     /// Reduction buffers alive when the backward ends, after the last activations are freed
-    /// (FSDP's reduce-scatter of the root's gradients).
+    /// (FSDP's reduce-scatter of the root's gradients, ZeRO-3's bucket copy).
     pub(crate) backward_end_gradients: f64,
+    /// The stream `backward_end_gradients` is allocated on: FSDP1's post-backward stream,
+    /// ZeRO-3's reduce-and-partition stream, the compute stream otherwise.
+    pub(crate) backward_end_stream: Stream,
     /// The LM head's unsharded gradient while the head's backward finishes (ZeRO-3, which
     /// moves it into the IPG bucket or reduces it only after its matmul has made it whole).
     pub(crate) head_gradients: f64,
@@ -263,6 +269,11 @@ fn fsdp_buffers(
         staging,
         backward_reduce,
         backward_pending: if fsdp1_streams { block * gathered } else { 0.0 },
+        backward_end_stream: if fsdp1_streams {
+            Stream::PostBackward
+        } else {
+            Stream::Compute
+        },
         side_streams: fsdp1_streams,
         ..PhaseBuffers::default()
     }
@@ -348,6 +359,8 @@ pub(crate) fn sharding_buffers(
                 step_weights: inputs.largest_block + prefetched,
                 step_gradients: bucket,
                 head_gradients,
+                backward_end_gradients: zero3_bucket_copy(inputs),
+                backward_end_stream: zero3_reduce_stream(workload),
                 // Released after its backward in DeepSpeed; here it stays to the embeddings'
                 // backward, as the planned sequence frees what backward gathered (an
                 // over-count of at most the head through the blocks' backward).
@@ -363,6 +376,38 @@ pub(crate) fn sharding_buffers(
             inputs.trainable_share,
             inputs.gathered,
         ),
+    }
+}
+
+/// The copy ZeRO-3 makes of a gradient bucket to reduce-scatter it, bytes: with `reduce_scatter`
+/// on (the default, `runtime/zero/config.py`) `__reduce_and_partition_ipg_grads` reduces a bucket
+/// through `__avg_scatter_grads` → `reduce_scatter_coalesced` (DeepSpeed v0.14.2 `stage3.py`
+/// 1249-1285 and 1327-1350), which concatenates the bucket's gradients, each padded to a
+/// multiple of the ranks, into one new flat tensor in the module dtype
+/// (`comm/coalesced_collectives.py` 100-122; only a bucket of one tensor that needs no padding
+/// is reduced in place). The reduced partitions are views of that tensor, alive until
+/// `partition_grads` has copied them into `grad_partitions_flat_buffer`. A bucket holds at most
+/// `reduce_bucket_size` elements (`reduce_independent_p_g_buckets_and_remove_grads` reduces it
+/// before it would overflow), and the last is reduced as the backward ends
+/// (`independent_gradient_partition_epilogue`); the largest copy is the smaller of the bucket
+/// and this GPU's trained parameters (a model that fits one bucket is copied whole once, at the
+/// backward's end).
+fn zero3_bucket_copy(inputs: &ShardingInputs) -> f64 {
+    inputs.trainable_local.min(inputs.zero.reduce_bucket as f64) * inputs.bucket_bytes
+}
+
+/// The stream ZeRO-3 reduces its gradient buckets on: `reduce_and_partition_stream`, a stream of
+/// its own on a GPU with `overlap_comm` (on by default for stage 3, `runtime/zero/config.py`
+/// `overlap_comm_valid`), the default stream on a synchronized device such as the CPU
+/// (DeepSpeed v0.14.2 `stage3.py` 227-228). `__reduce_and_partition_ipg_grads` runs the
+/// reduction and `partition_grads` under it (1265-1285), so the bucket copy
+/// ([`zero3_bucket_copy`]) is allocated, freed and cached in that stream's pool; `has_overflow`
+/// (2138-2150) makes its fp16 `isinf`/`isnan` masks of the gradient partitions there too, which
+/// that cached copy serves (each mask is one byte per element of a partition, the copy two).
+fn zero3_reduce_stream(workload: &Workload) -> Stream {
+    match workload.target {
+        Target::Gpu => Stream::ReduceAndPartition,
+        Target::Cpu => Stream::Compute,
     }
 }
 
@@ -944,6 +989,7 @@ mod zero_step_tests {
                 bucket_bytes: 2.0,
                 head: 0.0,
                 largest_trainable: 3e8,
+                trainable_local: 0.0,
                 zero: zero_sizes(ZeroBuckets::Default, None),
             };
             sharding_buffers(&[], &workload, &inputs).step_gradients
@@ -971,6 +1017,7 @@ mod zero_step_tests {
                 bucket_bytes: 2.0,
                 head: head * 2.0,
                 largest_trainable: head_params,
+                trainable_local: 0.0,
                 zero: zero_sizes(ZeroBuckets::Default, None),
             };
             let b = sharding_buffers(&[], &workload, &inputs);
@@ -1005,6 +1052,7 @@ mod zero_step_tests {
                 bucket_bytes: 2.0,
                 head: 128256.0 * 4096.0 * 2.0,
                 largest_trainable: 0.0,
+                trainable_local: 0.0,
                 zero: zero_sizes(ZeroBuckets::Default, Some(4096)),
             };
             sharding_buffers(&[], &workload, &inputs).head_gradients

@@ -326,6 +326,7 @@ fn stage_buffers(
             bucket_bytes: workload.dtype.bytes() as f64,
             head: head_params as f64 / tp * gathered_head_bytes(model, workload, module),
             largest_trainable: largest_trainable_tensor(model, workload, counts),
+            trainable_local: stage.trainable_local,
             zero,
         },
     );

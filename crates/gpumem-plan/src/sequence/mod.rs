@@ -44,6 +44,9 @@ pub enum Stream {
     PreUnshard,
     /// FSDP1's post-backward stream: the reduce-scatter's buffers.
     PostBackward,
+    /// DeepSpeed ZeRO-3's reduce-and-partition stream (`overlap_comm`): the copy of a gradient
+    /// bucket its reduce-scatter makes (see `distributed::zero3_reduce_stream`).
+    ReduceAndPartition,
 }
 
 impl Stream {
@@ -395,10 +398,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
         let mut gradients = train_backward(out, units, saved, &kept, states, workload, shapes);
         // FSDP's root reduce-scatter: its buffers, then the root's sharded gradients.
         let buffers = &states.buffers;
-        let reducing = out.buffers(
-            buffers,
-            &[(buffers.backward_end_gradients, Stream::PostBackward)],
-        );
+        let reducing = out.alloc_on(buffers.backward_end_gradients, buffers.backward_end_stream);
         for unit in units
             .iter()
             .filter(|u| reduced_at_backward_end(workload, u))
@@ -407,7 +407,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
                 gradients.push(gradient_tensors(out, unit, states, shapes));
             }
         }
-        reducing.into_iter().for_each(|r| out.free(r));
+        out.free(reducing);
         if index == 0 {
             optimizer = per_param_tensors(out, units, shapes, states.optimizer);
         }
@@ -897,6 +897,38 @@ mod tests {
             );
             assert_all_freed(&events, "llama-3.2-1b ZeRO-3");
         }
+    }
+
+    /// ZeRO-3 copies each gradient bucket for its reduce-scatter on its reduce-and-partition
+    /// stream on a GPU (one copy per step of the whole model's gradients when they fit the
+    /// bucket, in the module dtype); on the CPU the copy is on the compute stream.
+    #[test]
+    fn zero3_bucket_copy_is_on_its_reduce_stream() {
+        let model = find_model("gpt2").unwrap();
+        let copies = |target: &str| {
+            let settings = Settings {
+                batch: Some(1),
+                seq: Some(512),
+                dtype: Some("fp16".into()),
+                zero: Some("3".into()),
+                target: Some(target.into()),
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            allocation_sequence(&model, &workload)
+                .unwrap()
+                .iter()
+                .filter_map(|e| match e {
+                    PlannedEvent::Alloc { bytes, stream, .. } => Some((*bytes, *stream)),
+                    _ => None,
+                })
+                .filter(|(_, stream)| *stream == Stream::ReduceAndPartition)
+                .map(|(bytes, _)| bytes)
+                .collect::<Vec<u64>>()
+        };
+        let gradients = model.params().total() * 2;
+        assert_eq!(copies("gpu"), [gradients; STEPS as usize]);
+        assert!(copies("cpu").is_empty());
     }
 
     /// The vocabulary matrix (tied in GPT-2), its gradient, AdamW's two moments and its foreach
