@@ -64,7 +64,7 @@ pub(crate) fn trainable_params(
 }
 
 /// Parameters of an untied LM head stored in the 4-bit base ([`Workload::four_bit_lm_head`]).
-fn four_bit_head_params(model: &ModelSpec, workload: &Workload) -> u64 {
+pub(crate) fn four_bit_head_params(model: &ModelSpec, workload: &Workload) -> u64 {
     match &model.arch {
         Architecture::Transformer(spec)
             if workload.four_bit_lm_head()

@@ -100,9 +100,14 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
     let states = model_states(model, workload, &counts, &units, trainable);
     let mut out = Emitter::default();
     let shapes = Shapes::of(model, workload, &units, &states);
-    // FSDP1's set-up on the GPU, in the same pool: its shards are the sharded weights.
+    // FSDP1's set-up on the GPU, in the same pool, after the 4-bit loading before it: its
+    // shards are the sharded weights, the loading's statistics the base's others.
     let (shards, shard_bytes) = if has_fsdp_setup(workload) {
-        startup::fsdp1_setup(&mut out, model, workload, &units, &shapes)
+        let (mut loaded, statistics) =
+            startup::four_bit_loading(&mut out, model, workload, &units, &shapes);
+        let (shards, bytes) = startup::fsdp1_setup(&mut out, model, workload, &units, &shapes);
+        loaded.extend(shards);
+        (loaded, bytes + statistics)
     } else {
         (Vec::new(), 0.0)
     };

@@ -8,9 +8,9 @@ use crate::error::Result;
 use crate::graph::build_units;
 use crate::lora::adapter_matrices;
 use crate::model::{Architecture, LayerKind, ModelSpec};
-use crate::states::{base_packed_bytes, model_states, trainable_params};
+use crate::states::{base_packed_bytes, four_bit_head_params, model_states, trainable_params};
 use crate::unit::Unit;
-use crate::workload::{FsdpVersion, Mode, Sharding, Workload};
+use crate::workload::{BaseQuant, FsdpVersion, Mode, Sharding, Workload};
 
 /// Whether `workload` puts memory on the GPU before its first step that the step itself does
 /// not hold: DeepSpeed ZeRO-3 training on a model loaded without `deepspeed.zero.Init`.
@@ -94,7 +94,8 @@ pub(crate) fn startup_peak(model: &ModelSpec, workload: &Workload) -> Result<u64
     Ok(peak_live_bytes(&fsdp1_setup_alone(model, workload)?.0))
 }
 
-/// FSDP1's set-up ([`fsdp1_setup`]) as a sequence of its own, with the shards it leaves.
+/// FSDP1's set-up ([`fsdp1_setup`]) after the 4-bit loading before it ([`four_bit_loading`],
+/// freed at the end) as a sequence of its own, with the shards it leaves.
 fn fsdp1_setup_alone(
     model: &ModelSpec,
     workload: &Workload,
@@ -106,7 +107,9 @@ fn fsdp1_setup_alone(
     let states = model_states(model, workload, &counts, &units, trainable);
     let shapes = Shapes::of(model, workload, &units, &states);
     let mut out = Emitter::default();
+    let (loaded, _) = four_bit_loading(&mut out, model, workload, &units, &shapes);
     let (shards, _) = fsdp1_setup(&mut out, model, workload, &units, &shapes);
+    out.free_all(loaded);
     Ok((out.events, shards))
 }
 
@@ -189,6 +192,72 @@ pub(super) fn fsdp1_setup(
     }
     out.free_all(broadcast);
     (shards, kept)
+}
+
+/// Weights per absmax of a bitsandbytes 4-bit weight (`Params4bit`'s default `blocksize=64`).
+const FOUR_BIT_BLOCK: f64 = 64.0;
+
+/// Absmax values per fp32 scale under double quantisation (`quantize_4bit` calls
+/// `quantize_blockwise(absmax, blocksize=256)`).
+const NESTED_BLOCK: f64 = 256.0;
+
+/// Bytes of a 4-bit `QuantState`'s code: the 16 fp32 values of the NF4/FP4 table.
+const FOUR_BIT_CODE_BYTES: f64 = 16.0 * 4.0;
+
+/// Bytes of double quantisation's shared code: the 256 fp32 values of `create_dynamic_map`.
+const DYNAMIC_MAP_BYTES: f64 = 256.0 * 4.0;
+
+/// The 4-bit loading of a quantised base on rank 0's GPU before FSDP1's wrapping, emitted into
+/// `out` ahead of [`fsdp1_setup`]: the `QuantState` tensors each weight leaves on the GPU, in
+/// the order bitsandbytes makes them; returns their ids and bytes (they are the weights'
+/// quantisation statistics, which the steps would otherwise allocate). fsdp_qlora `train.py`
+/// at 05ed9f2, `load_and_quantize` (204-277) under `--low_memory`: each weight is copied to the
+/// GPU, `Params4bit.cuda` quantises it there, and only its packed data goes to the host
+/// (`type(param)(value.data.to("cpu"), **value.__dict__)`), the `quant_state` staying on the
+/// GPU; then `torch.cuda.empty_cache()` (663) releases every segment nothing live is left in:
+/// the bf16 copies, the packed data and the fp32 absmax temporaries, so they are not emitted.
+/// bitsandbytes 0.43.0 `functional.py` `quantize_4bit` (936-1009) allocates per weight the
+/// fp32 absmax (one per [`FOUR_BIT_BLOCK`] weights) and the packed output, then its code
+/// (`get_4bit_type(…).to(device)`, 16 fp32); with `compress_statistics` (double
+/// quantisation) the absmax's mean (`offset`, a 0-d fp32 tensor), and `quantize_blockwise`
+/// (726-800) the shared dynamic map once (`name2qmap["dynamic"]`, 256 fp32), one fp32 scale
+/// per [`NESTED_BLOCK`] absmax values and the int8 absmax, after which the fp32 absmax is
+/// freed; without it the fp32 absmax stays. Live, these are small tensors that PyTorch's
+/// allocator packs into its small-block segments, which the wrapping's large tensors cannot use.
+pub(super) fn four_bit_loading(
+    out: &mut Emitter,
+    model: &ModelSpec,
+    workload: &Workload,
+    units: &[Unit],
+    shapes: &Shapes,
+) -> (Vec<u64>, f64) {
+    let Some(BaseQuant::Nf4 { double_quant }) = workload.lora.map(|l| l.base) else {
+        return (Vec::new(), 0.0);
+    };
+    let tp = workload.layout.tp as f64;
+    let head = four_bit_head_params(model, workload);
+    let matrices = units
+        .iter()
+        .filter(|u| u.whole.block_matrices)
+        .flat_map(|u| shapes.matrices(u))
+        .chain((head > 0).then_some(head))
+        .map(|m| (m as f64 / tp).ceil());
+    let mut sizes = Vec::new();
+    let mut shared_map = double_quant;
+    for elements in matrices {
+        let blocks = (elements / FOUR_BIT_BLOCK).ceil();
+        if !double_quant {
+            sizes.extend([blocks * 4.0, FOUR_BIT_CODE_BYTES]);
+            continue;
+        }
+        sizes.extend([FOUR_BIT_CODE_BYTES, 4.0]);
+        if std::mem::take(&mut shared_map) {
+            sizes.push(DYNAMIC_MAP_BYTES);
+        }
+        sizes.extend([(blocks / NESTED_BLOCK).ceil() * 4.0, blocks]);
+    }
+    let ids = sizes.iter().filter_map(|&bytes| out.alloc(bytes)).collect();
+    (ids, sizes.iter().sum())
 }
 
 /// The bytes of each flattened broadcast bucket over a unit's `params` (bytes each, in order):
@@ -356,6 +425,25 @@ mod tests {
             .collect();
         assert_eq!(allocs.iter().filter(|&&b| b == block).count(), 2 * 32);
         assert_eq!(allocs.iter().filter(|&&b| b == block / 2).count(), 32);
+        // Before the wrapping, the 4-bit loading's int8 absmax of each quantised matrix (one
+        // per 64 weights) and its fp32 scales (one per 256 of those), ahead of every shard.
+        let position = |bytes: u64| allocs.iter().position(|&b| b == bytes).unwrap();
+        assert_eq!(
+            allocs.iter().filter(|&&b| b == 4096 * 4096 / 64).count(),
+            4 * 32
+        );
+        assert_eq!(
+            allocs.iter().filter(|&&b| b == 4096 * 11008 / 64).count(),
+            3 * 32
+        );
+        assert_eq!(
+            allocs
+                .iter()
+                .filter(|&&b| b == 4096 * 11008 / 64 / 256 * 4)
+                .count(),
+            3 * 32
+        );
+        assert!(allocs.iter().rposition(|&b| b == 4096 * 11008 / 64) < Some(position(block)));
         // With parameter offload the shards go to the host: nothing stays for the steps.
         let settings = |offload: Option<&str>| {
             let settings = Settings {
