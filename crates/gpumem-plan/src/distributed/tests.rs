@@ -238,6 +238,22 @@ mod zero_step_tests {
     use crate::workload::ZeroBuckets;
     use crate::{estimate, find_model, Estimate, Overheads, Phase, Settings};
 
+    /// Sharding inputs for a ZeRO buffer test: one trained share, 2-byte gathered weights and
+    /// buckets, the head's and the largest trained parameter's bytes as given, default buckets.
+    fn zero_inputs(head: f64, largest_trainable: f64, hidden: Option<u64>) -> ShardingInputs {
+        ShardingInputs {
+            largest_block: 0.0,
+            gradients_full: 0.0,
+            trainable_share: 1.0,
+            gathered: 2.0,
+            bucket_bytes: 2.0,
+            head,
+            largest_trainable,
+            trainable_local: 0.0,
+            zero: zero_sizes(ZeroBuckets::Default, hidden),
+        }
+    }
+
     fn settings(zero: &str, gpus: u64, f: impl FnOnce(&mut Settings)) -> Settings {
         let mut s = Settings {
             batch: Some(1),
@@ -413,17 +429,7 @@ mod zero_step_tests {
                 .resolve(&model)
                 .unwrap()
                 .workload;
-            let inputs = ShardingInputs {
-                largest_block: 0.0,
-                gradients_full: 0.0,
-                trainable_share: 1.0,
-                gathered: 2.0,
-                bucket_bytes: 2.0,
-                head: 0.0,
-                largest_trainable: 3e8,
-                trainable_local: 0.0,
-                zero: zero_sizes(ZeroBuckets::Default, None),
-            };
+            let inputs = zero_inputs(0.0, 3e8, None);
             sharding_buffers(&[], &workload, &inputs).step_gradients
         };
         let bucket = REDUCE_BUCKET_ELEMENTS as f64 * 2.0;
@@ -441,17 +447,7 @@ mod zero_step_tests {
         let head_params = 128256.0 * 4096.0;
         let buffers = |head: f64, f: fn(&mut Settings)| {
             let workload = settings("2", 8, f).resolve(&model).unwrap().workload;
-            let inputs = ShardingInputs {
-                largest_block: 0.0,
-                gradients_full: 0.0,
-                trainable_share: 1.0,
-                gathered: 2.0,
-                bucket_bytes: 2.0,
-                head: head * 2.0,
-                largest_trainable: head_params,
-                trainable_local: 0.0,
-                zero: zero_sizes(ZeroBuckets::Default, None),
-            };
+            let inputs = zero_inputs(head * 2.0, head_params, None);
             let b = sharding_buffers(&[], &workload, &inputs);
             (b.head_gradients, b.backward_end_gradients)
         };
@@ -476,17 +472,7 @@ mod zero_step_tests {
         let model = find_model("llama-3-8b").unwrap();
         let head = |f: fn(&mut Settings)| {
             let workload = settings("3", 8, f).resolve(&model).unwrap().workload;
-            let inputs = ShardingInputs {
-                largest_block: 0.0,
-                gradients_full: 0.0,
-                trainable_share: 1.0,
-                gathered: 2.0,
-                bucket_bytes: 2.0,
-                head: 128256.0 * 4096.0 * 2.0,
-                largest_trainable: 0.0,
-                trainable_local: 0.0,
-                zero: zero_sizes(ZeroBuckets::Default, Some(4096)),
-            };
+            let inputs = zero_inputs(128256.0 * 4096.0 * 2.0, 0.0, Some(4096));
             sharding_buffers(&[], &workload, &inputs).head_gradients
         };
         assert_eq!(head(|_| {}), 128256.0 * 4096.0 * 2.0);

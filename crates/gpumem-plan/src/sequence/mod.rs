@@ -734,14 +734,7 @@ mod tests {
                 ..Settings::default()
             };
             let workload = settings.resolve(&model).unwrap().workload;
-            let events = allocation_sequence(&model, &workload).unwrap();
-            let planned = estimate(&model, &workload, &Overheads::default()).unwrap();
-            let peak = peak_live_bytes(&events) as f64;
-            let allocated = planned.peak_allocated_bytes as f64;
-            assert!(
-                ((peak - allocated) / allocated).abs() < 0.05,
-                "{name}: sequence peak {peak}, estimate {allocated}"
-            );
+            sequence_matching_estimate(&model, &workload, name);
         }
     }
 
@@ -837,6 +830,24 @@ mod tests {
         assert_eq!(buffers("1", "cpu").0.backward_pending, 0.0);
     }
 
+    /// The sequence's peak of live bytes is the estimate's peak allocated within 5 %; returns
+    /// the sequence.
+    fn sequence_matching_estimate(
+        model: &ModelSpec,
+        workload: &Workload,
+        what: &str,
+    ) -> Vec<PlannedEvent> {
+        let events = allocation_sequence(model, workload).unwrap();
+        let planned = estimate(model, workload, &Overheads::default()).unwrap();
+        let peak = peak_live_bytes(&events) as f64;
+        let allocated = planned.peak_allocated_bytes as f64;
+        assert!(
+            ((peak - allocated) / allocated).abs() < 0.05,
+            "{what}: sequence peak {peak}, estimate {allocated}"
+        );
+        events
+    }
+
     /// As many frees as allocations in `events` (`what` names the sequence in the failure).
     pub(in crate::sequence) fn assert_all_freed(events: &[PlannedEvent], what: &str) {
         let allocs = events
@@ -860,15 +871,7 @@ mod tests {
         ];
         for (name, mode, batch, seq, dtype) in cases {
             let (model, workload) = planned(name, mode, batch, seq, dtype);
-            let events = allocation_sequence(&model, &workload).unwrap();
-            let planned = estimate(&model, &workload, &Overheads::default()).unwrap();
-            let peak = peak_live_bytes(&events) as f64;
-            let allocated = planned.peak_allocated_bytes as f64;
-            let error = (peak - allocated) / allocated;
-            assert!(
-                error.abs() < 0.05,
-                "{name}: sequence peak {peak}, estimate {allocated}"
-            );
+            let events = sequence_matching_estimate(&model, &workload, name);
             assert_all_freed(&events, name);
         }
     }
@@ -892,15 +895,9 @@ mod tests {
                 ..Settings::default()
             };
             let workload = settings.resolve(&model).unwrap().workload;
-            let events = allocation_sequence(&model, &workload).unwrap();
-            let planned = estimate(&model, &workload, &Overheads::default()).unwrap();
-            let peak = peak_live_bytes(&events) as f64;
-            let allocated = planned.peak_allocated_bytes as f64;
-            assert!(
-                ((peak - allocated) / allocated).abs() < 0.05,
-                "checkpointing {grad_ckpt}: sequence peak {peak}, estimate {allocated}"
-            );
-            assert_all_freed(&events, "llama-3.2-1b ZeRO-3");
+            let what = format!("llama-3.2-1b ZeRO-3, checkpointing {grad_ckpt}");
+            let events = sequence_matching_estimate(&model, &workload, &what);
+            assert_all_freed(&events, &what);
         }
     }
 

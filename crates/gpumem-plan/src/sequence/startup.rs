@@ -378,23 +378,31 @@ mod tests {
         assert!(e.phases[0].allocated_bytes.abs_diff(model_bytes) < model_bytes / 1000);
     }
 
+    /// QLoRA (rank 64, bf16) under FSDP1 on 2 GPUs at 512 tokens, as fsdp_qlora's benchmark
+    /// runs it: with or without the host-side loading, with the offload given.
+    fn fsdp1_qlora(loading: bool, offload: Option<&str>) -> Settings {
+        Settings {
+            seq: Some(512),
+            gpus: Some(2),
+            fsdp: true,
+            fsdp_version: Some("1".into()),
+            dtype: Some("bf16".into()),
+            lora_rank: Some(64),
+            qlora: true,
+            offload: offload.map(Into::into),
+            fsdp_cpu_ram_efficient_loading: loading,
+            ..Settings::default()
+        }
+    }
+
     #[test]
     fn fsdp1_host_loading_leaves_one_shard_per_unit_and_its_cache_to_the_steps() {
         let model = find_model("meta-llama/Llama-2-7b-hf").unwrap();
         let run = |loading: bool, offload: Option<&str>| {
-            let settings = Settings {
-                seq: Some(512),
-                gpus: Some(2),
-                fsdp: true,
-                fsdp_version: Some("1".into()),
-                dtype: Some("bf16".into()),
-                lora_rank: Some(64),
-                qlora: true,
-                offload: offload.map(Into::into),
-                fsdp_cpu_ram_efficient_loading: loading,
-                ..Settings::default()
-            };
-            let workload = settings.resolve(&model).unwrap().workload;
+            let workload = fsdp1_qlora(loading, offload)
+                .resolve(&model)
+                .unwrap()
+                .workload;
             let events = crate::allocation_sequence(&model, &workload).unwrap();
             let e = estimate(&model, &workload, &Overheads::default()).unwrap();
             (events, e)
@@ -445,21 +453,8 @@ mod tests {
         );
         assert!(allocs.iter().rposition(|&b| b == 4096 * 11008 / 64) < Some(position(block)));
         // With parameter offload the shards go to the host: nothing stays for the steps.
-        let settings = |offload: Option<&str>| {
-            let settings = Settings {
-                seq: Some(512),
-                gpus: Some(2),
-                fsdp: true,
-                fsdp_version: Some("1".into()),
-                dtype: Some("bf16".into()),
-                lora_rank: Some(64),
-                qlora: true,
-                offload: offload.map(Into::into),
-                fsdp_cpu_ram_efficient_loading: true,
-                ..Settings::default()
-            };
-            settings.resolve(&model).unwrap().workload
-        };
+        let settings =
+            |offload: Option<&str>| fsdp1_qlora(true, offload).resolve(&model).unwrap().workload;
         // One shard per FSDP unit: per block each adapter matrix (A and B on all seven
         // linears) and the block, then the root.
         let (_, shards) = fsdp1_setup_alone(&model, &settings(None)).unwrap();
