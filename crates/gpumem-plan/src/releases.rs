@@ -61,7 +61,7 @@ pub const DEEPSPEED_LINEAR_WRAPPER_FOR_BUILT_MODELS_SINCE: Release = Release::ne
 /// The first DeepSpeed release whose ZeRO-1/2 inf/NaN check (`stage_1_and_2.py`
 /// `_has_inf_or_nan`) builds `isnan`, `isinf` and `logical_or` masks beside the gradient's fp32
 /// copy and converts the or to fp32 (v0.14.0, lines 2015-2020); v0.13.x summed the fp32 copy
-/// (`float(x.float().sum())`). See `distributed.rs` `zero_offload_overflow_check`.
+/// (`float(x.float().sum())`). See `distributed/mod.rs` `zero_offload_overflow_check`.
 pub const DEEPSPEED_OVERFLOW_CHECK_MASKS_SINCE: Release = Release::new(0, 14, 0);
 
 /// The first PyTorch release whose foreach Adam and AdamW keep one parameter-sized
