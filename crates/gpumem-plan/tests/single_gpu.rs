@@ -1,7 +1,7 @@
-//! The single-GPU settings: `--optimizer none`, `--loss none`, `--grad-ckpt-every K`, `--grad-ckpt-per-op`,
-//! `--transformers VERSION`, `--peft VERSION`, `--torch VERSION`, `--hold-outputs` and the bitsandbytes
-//! dequantisation buffers under `--qlora`: their errors, warnings, and what they change in the
-//! estimate and the allocation sequence.
+//! The single-GPU settings: `--optimizer none`, `--loss none`, `--grad-ckpt-every K`,
+//! `--grad-ckpt-per-op`, `--transformers VERSION`, `--peft VERSION`, `--torch VERSION`,
+//! `--hold-outputs` and the bitsandbytes dequantisation buffers under `--qlora`: their errors,
+//! warnings, and what they change in the estimate and the allocation sequence.
 
 use gpumem_plan::sequence::peak_live_bytes;
 use gpumem_plan::workload::Release;

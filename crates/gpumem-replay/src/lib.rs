@@ -436,8 +436,9 @@ fn new_pool(
 
 /// A fresh pool of `policy` for `trace` on an address-only device of `capacity` bytes, whose
 /// `malloc` hands out the addresses the traced driver did ([`Trace::initial_segments`], then
-/// [`Trace::device_allocations`]) for allocations of the same sizes. With `asynchronous`, the trace's work runs asynchronously: the device is a simulated GPU that
-/// finishes work only when the host waits for it, watched by a [`HazardChecker`] (returned too,
+/// [`Trace::device_allocations`]) for allocations of the same sizes. With `asynchronous`, the
+/// trace's work runs asynchronously: the device is a simulated GPU that finishes work only
+/// when the host waits for it, watched by a [`HazardChecker`] (returned too,
 /// for the hazards it finds), and every block is used by a kernel on its stream when it is
 /// allocated and right before it is freed ([`KernelsOnBlocks`]).
 fn replay_pool(

@@ -47,7 +47,8 @@ impl TransformerGraph<'_> {
             self.block_no_grad_live(tokens, layer, &attentions);
         let dequantised = self.dequantised(layer, tokens);
         // The cache copies the outputs hold: through backward where the caller keeps the
-        // outputs (`--loss none`, `--hold-outputs`), else until the forward returns. As (held, forward_held).
+        // outputs (`--loss none`, `--hold-outputs`), else until the forward returns. As
+        // (held, forward_held).
         let cache_copies = own.forward_held + cross_memory.forward_held;
         let outputs_held = if self.outputs_through_backward() {
             (cache_copies, Bytes::ZERO)

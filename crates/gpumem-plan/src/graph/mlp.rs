@@ -113,7 +113,8 @@ impl TransformerGraph<'_> {
     /// product's gradient (`grad_output @ W`, intermediate-wide) while the product it saved is
     /// still alive, before the fused backward writes the gate's and up projection's gradients
     /// into their saved tensors (liger-kernel 0.8.0 `ops/swiglu.py` `swiglu_backward` 89-107 and
-    /// `LigerSiLUMulFunction.backward` 148-176, `ops/geglu.py` `geglu_backward` likewise), which adds none.
+    /// `LigerSiLUMulFunction.backward` 148-176, `ops/geglu.py` `geglu_backward` likewise), which
+    /// adds none.
     pub(super) fn mlp_backward_intermediates(&self) -> f64 {
         match (self.spec.gated_mlp, self.spec.activation) {
             (false, Activation::QuickGelu) => 2.0,

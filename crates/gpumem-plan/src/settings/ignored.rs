@@ -233,7 +233,8 @@ impl Settings {
         if self.hold_outputs && (mode != Mode::Train || !hf_loss) {
             warnings.push(Warning::Ignored {
                 flag: "--hold-outputs",
-                reason: "only a training step with the model's own loss (--loss hf) returns                          logits beside the loss (--loss none holds its outputs anyway)"
+                reason: "only a training step with the model's own loss (--loss hf) returns \
+                         logits beside the loss (--loss none holds its outputs anyway)"
                     .into(),
             });
         }
