@@ -126,6 +126,11 @@ impl std::fmt::Display for Release {
     }
 }
 
+/// The transformers patch release that gave Llama's rotary embedding its `_cos_cached` and
+/// `_sin_cached` tables back "for BC" (4.38.2, `modeling_llama.py` lines 102-111; 4.38.0 and
+/// 4.38.1 had none), and turned 4.38's `LlamaModel.causal_mask` buffer from int64 to bool.
+const LLAMA_BC_ROTARY_TABLES_SINCE: Release = Release::new(4, 38, 2);
+
 /// A release as `(major, minor)`, for the tables below.
 type Since = (u64, u64);
 
@@ -188,6 +193,11 @@ impl<'a> OldRelease<'a> {
 
     fn before(&self, (major, minor): Since) -> bool {
         (self.release.major, self.release.minor) < (major, minor)
+    }
+
+    /// Is the release a patch of `major.minor`?
+    fn minor_is(&self, (major, minor): Since) -> bool {
+        (self.release.major, self.release.minor) == (major, minor)
     }
 
     fn family(&self) -> &str {
@@ -253,26 +263,57 @@ impl<'a> OldRelease<'a> {
         act * (q + kv + value) + rotated_key
     }
 
-    /// Bytes of the per-layer buffers the release registers and later ones dropped: GPT-2's
-    /// attention (before 5.2) and GPT-NeoX's (before 4.49) keep a boolean causal mask of
-    /// `max_positions²` (`register_buffer("bias", torch.tril(...))`); Qwen2's attention (before
-    /// 4.45) and Llama's (before 4.38: 4.37's `LlamaRotaryEmbedding._set_cos_sin_cache`, gone
-    /// in 4.38, which computes them per call) their own rotary `cos_cached` and `sin_cached`
-    /// tables (`max_positions × head_dim` each) in the weight dtype (`from_pretrained` sets the
-    /// default dtype they are built in to `torch_dtype`). In every mode: they are part of the
-    /// model.
+    /// Bytes of the buffers the release registers and later ones dropped (`register_buffer`,
+    /// so every rank keeps them whole: FSDP and ZeRO-3 shard parameters only). Per layer:
+    /// GPT-2's attention (before 5.2) and GPT-NeoX's (before 4.49) keep a boolean causal mask
+    /// of `max_positions²` (`register_buffer("bias", torch.tril(...))`); Qwen2's (before
+    /// 4.45), Mistral's (before 4.42) and Llama's rotary embedding their `cos` and `sin`
+    /// tables (`max_positions × head_dim` each) in the weight dtype (`from_pretrained` sets
+    /// the default dtype they are built in to `torch_dtype`): Llama's `_set_cos_sin_cache`
+    /// before 4.38, and again from 4.38.2 to 4.40 its `_cos_cached` / `_sin_cached` "for BC"
+    /// (4.38.0 and 4.38.1 compute them per call only; 4.41 dropped them). Per model: Llama
+    /// 4.38's `LlamaModel.causal_mask` of `max_positions²`, `torch.full(..., fill_value=1)`
+    /// (int64) in 4.38.0 and 4.38.1, boolean in 4.38.2 (4.39 builds its mask per forward).
+    /// In every mode: they are part of the model.
     pub(crate) fn buffer_bytes(&self, weight_bytes: f64) -> f64 {
+        let layer: f64 = self.layer_buffers(weight_bytes).iter().sum();
+        let model: f64 = self.model_buffers().iter().sum();
+        layer * self.spec.layers as f64 + model
+    }
+
+    /// The bytes of each buffer one layer registers (see [`Self::buffer_bytes`]), in
+    /// registration order.
+    pub(crate) fn layer_buffers(&self, weight_bytes: f64) -> Vec<f64> {
         let spec = self.spec;
         let positions = spec.max_positions.unwrap_or(0) as f64;
-        let rotary_tables = 2.0 * positions * spec.head_dim as f64 * weight_bytes;
-        let per_layer = match self.family() {
-            "gpt2" if self.before((5, 2)) => positions * positions,
-            "gpt_neox" if self.before((4, 49)) => positions * positions,
-            "qwen2" if self.before((4, 45)) => rotary_tables,
-            "llama" if self.before((4, 38)) => rotary_tables,
-            _ => 0.0,
-        };
-        per_layer * spec.layers as f64
+        let table = positions * spec.head_dim as f64 * weight_bytes;
+        let llama_tables = self.before((4, 38))
+            || (self.release >= LLAMA_BC_ROTARY_TABLES_SINCE && self.before((4, 41)));
+        match self.family() {
+            "gpt2" if self.before((5, 2)) => vec![positions * positions],
+            "gpt_neox" if self.before((4, 49)) => vec![positions * positions],
+            "qwen2" if self.before((4, 45)) => vec![table, table],
+            "mistral" if self.before((4, 42)) => vec![table, table],
+            "llama" if llama_tables => vec![table, table],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The bytes of each buffer the model registers outside its layers (see
+    /// [`Self::buffer_bytes`]).
+    pub(crate) fn model_buffers(&self) -> Vec<f64> {
+        let positions = self.spec.max_positions.unwrap_or(0) as f64;
+        match self.family() {
+            "llama" if self.minor_is((4, 38)) => {
+                let element = if self.release >= LLAMA_BC_ROTARY_TABLES_SINCE {
+                    1.0
+                } else {
+                    8.0
+                };
+                vec![element * positions * positions]
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// Does eager attention clamp the masked scores (OPT before 4.49:

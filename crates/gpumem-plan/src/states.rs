@@ -214,9 +214,10 @@ pub(crate) fn model_states(
         stage.trained_bytes / stage.tp * trainable_local / stage.trained_params.max(1.0);
     let (buffers, zero) = stage_buffers(model, workload, counts, units, &stage);
     // The quantisation statistics stay whole on every rank (see `quant_statistics_bytes`),
-    // and so do ZeRO-3's persistent parameters.
+    // and so do ZeRO-3's persistent parameters and the module buffers.
     let statistics = quant_statistics_bytes(model, workload, counts, stage.share)
-        + zero3_persistent_bytes(model, workload, counts, zero, stage.trained_bytes) * stage.share;
+        + zero3_persistent_bytes(model, workload, counts, zero, stage.trained_bytes) * stage.share
+        + module_buffer_bytes(model, workload, counts, stage.share);
     let mut states = States {
         weights: weights - statistics,
         grad_per_param,
@@ -346,7 +347,7 @@ fn stage_weight_bytes(
     trained_bytes: f64,
 ) -> f64 {
     let weight_bytes = workload.dtype.bytes() as f64;
-    let mut weights = match workload.lora {
+    let weights = match workload.lora {
         Some(l) => {
             let quantised =
                 (counts.block_linear + four_bit_head_params(model, workload)) as f64 * share;
@@ -370,18 +371,26 @@ fn stage_weight_bytes(
             None => full_params * weight_bytes,
         },
     };
-    weights += counts.buffers as f64 * share * weight_bytes;
-    // Buffers a family's modelling code registers (replicated, not sharded).
-    if let Architecture::Transformer(spec) = &model.arch {
-        weights += model_buffer_bytes(spec);
-    }
-    // Planning an older transformers release: the buffers its modelling code had.
-    if let Architecture::Transformer(spec) = &model.arch {
-        if let Some(old) = OldRelease::of(spec, workload) {
-            weights += old.buffer_bytes(weight_bytes) * share;
-        }
-    }
-    weights
+    weights + module_buffer_bytes(model, workload, counts, share)
+}
+
+/// Bytes of a stage's module buffers (its `share` of the model): the model's own (norm
+/// statistics), those a family's modelling code registers today ([`model_buffer_bytes`]) and,
+/// planning an older transformers release, those its modelling code had. FSDP and ZeRO-3
+/// shard and offload parameters only: every rank keeps the buffers whole, on the GPU.
+fn module_buffer_bytes(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+    share: f64,
+) -> f64 {
+    let weight_bytes = workload.dtype.bytes() as f64;
+    let own = counts.buffers as f64 * share * weight_bytes;
+    let Architecture::Transformer(spec) = &model.arch else {
+        return own;
+    };
+    let old = OldRelease::of(spec, workload).map_or(0.0, |old| old.buffer_bytes(weight_bytes));
+    own + model_buffer_bytes(spec) + old * share
 }
 
 /// Bytes of optimizer state per trainable parameter, with states of `state_bytes` each, plus any

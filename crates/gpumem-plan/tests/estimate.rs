@@ -878,7 +878,7 @@ fn generate_of_one_token_is_its_prefill() {
 }
 
 #[test]
-fn llama_before_4_38_keeps_per_layer_rotary_tables() {
+fn llama_releases_keep_the_rotary_tables_and_causal_mask_buffers_they_registered() {
     let at = |release: &str| {
         plan(
             "llama-2-7b",
@@ -888,17 +888,52 @@ fn llama_before_4_38_keeps_per_layer_rotary_tables() {
             },
         )
     };
-    let (tables_kept, computed) = (at("4.37"), at("4.38"));
-    // 4.35 to 4.37: 32 layers × cos and sin tables of 4096 positions × 128 in fp16.
+    let weights = |release: &str| at(release).breakdown.weights;
+    let none = weights("4.41");
+    // 32 layers × cos and sin tables of 4096 positions × 128 in fp16: 4.35 to 4.37, and
+    // 4.38.2 to 4.40 ("for BC"); 4.38's model-wide causal mask of 4096² int64, boolean from
+    // 4.38.2.
     let tables = 32 * 2 * 4096 * 128 * 2;
-    assert_eq!(
-        tables_kept.breakdown.weights - computed.breakdown.weights,
-        tables
-    );
-    assert_eq!(at("4.35").breakdown.weights, tables_kept.breakdown.weights);
+    let mask = 4096 * 4096;
+    assert_eq!(weights("4.37") - none, tables);
+    assert_eq!(weights("4.38") - none, 8 * mask);
+    assert_eq!(weights("4.38.2") - none, tables + mask);
+    assert_eq!(weights("4.39") - none, tables);
+    assert_eq!(weights("4.40.2") - none, tables);
+    assert_eq!(weights("4.35"), weights("4.37"));
     // The tuple cache of those releases is `llama_generate_before_4_42_keeps_the_previous_steps_cache`'s.
     assert_eq!(
         at("4.35").peak_allocated_bytes,
-        tables_kept.peak_allocated_bytes
+        at("4.37").peak_allocated_bytes
     );
+}
+
+#[test]
+fn sharded_training_keeps_module_buffers_whole_on_every_rank() {
+    // FSDP and ZeRO-3 shard (and offload) parameters, never buffers: 4.37's rotary tables
+    // are on each of the 4 GPUs whole, with or without parameter offload.
+    let tables = 32 * 2 * 4096 * 128 * 2;
+    for (zero, fsdp, offload) in [(None, true, None), (Some("3"), false, Some("all"))] {
+        let at = |release: &str| {
+            plan(
+                "llama-2-7b",
+                Settings {
+                    transformers: Some(release.into()),
+                    dtype: Some("bf16".into()),
+                    gpus: Some(4),
+                    zero: zero.map(Into::into),
+                    fsdp,
+                    offload: offload.map(Into::into),
+                    ..train(1, 512)
+                },
+            )
+            .breakdown
+            .weights
+        };
+        assert_eq!(
+            at("4.37") - at("4.41"),
+            tables,
+            "{zero:?} {fsdp} {offload:?}"
+        );
+    }
 }

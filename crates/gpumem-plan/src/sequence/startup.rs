@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::graph::build_units;
 use crate::lora::adapter_matrices;
 use crate::model::{Architecture, LayerKind, ModelSpec};
+use crate::releases::OldRelease;
 use crate::states::{base_packed_bytes, four_bit_head_params, model_states, trainable_params};
 use crate::unit::Unit;
 use crate::workload::{BaseQuant, FsdpVersion, Mode, Sharding, Workload};
@@ -130,8 +131,8 @@ pub fn has_fsdp_setup(workload: &Workload) -> bool {
 }
 
 /// FSDP1's wrapping of a model rank 0 holds on the host, on rank 0's GPU, emitted into `out`
-/// ahead of the steps: returns the ids of the sharded flat parameters it leaves on the GPU
-/// (none with parameter offload) and their bytes. Nothing empties the cache between the
+/// ahead of the steps: returns the ids of what it leaves on the GPU, the sharded flat
+/// parameters (none with parameter offload) and the buffers it moved there, and their bytes. Nothing empties the cache between the
 /// wrapping and the first step (fsdp_qlora `train.py` at 05ed9f2, lines 753-838: `FSDP(…)`,
 /// then checkpointing, the optimizer and `reset_peak_memory_stats`; its one `empty_cache`,
 /// line 663, comes before, after the 4-bit loading), so the blocks it frees stay cached under
@@ -139,14 +140,16 @@ pub fn has_fsdp_setup(workload: &Workload) -> bool {
 /// wrapping order ([`fsdp1_units`]), `_init_utils.py` `_init_param_handle_from_module`:
 ///
 /// - `_move_module_to_device` → `_move_states_to_device`: `param.data = param.to(device)`, one
-///   tensor per parameter still on the host (a quantised `Params4bit` moves its packed data);
+///   tensor per parameter still on the host (a quantised `Params4bit` moves its packed data),
+///   then `buffer.data = buffer.to(device)` for its buffers, which stay whole;
 /// - `_sync_module_params_and_buffers` → `dist._broadcast_coalesced(…, 250 MiB, src=0)`
 ///   (c10d `comm.cpp` `broadcast_coalesced`): buckets closed once they reach the size
-///   (`compute_bucket_assignment_by_size`), each flattened into one new tensor unless it holds
-///   a single one (`flatten_dense_tensors`). NCCL records each on its stream, so its block
-///   returns to the pool only once the host has waited for the broadcast: at its next
-///   synchronising copy, the shard's copy to the host with parameter offload, else the next
-///   unit's first parameter copy (a pageable host-to-device copy synchronises the stream);
+///   (`compute_bucket_assignment_by_size`, the buffers first, one bucket per dtype), each
+///   flattened into one new tensor unless it holds a single one (`flatten_dense_tensors`).
+///   NCCL records each on its stream, so its block returns to the pool only once the host has
+///   waited for the broadcast: at its next synchronising copy, the shard's copy to the host
+///   with parameter offload, else the next unit's first parameter copy (a pageable
+///   host-to-device copy synchronises the stream);
 /// - `FlatParamHandle.flatten_tensors`: `torch.cat` of the unit's parameters into the flat
 ///   parameter; `shard` → `_get_shard`: a clone of this rank's chunk (`1/dp`, rounded up),
 ///   then the flat parameter's storage is freed (`_typed_storage()._resize_(0)`);
@@ -164,7 +167,7 @@ pub(super) fn fsdp1_setup(
     let offload = workload.layout.offload.params();
     let (mut shards, mut kept) = (Vec::new(), 0.0);
     let mut broadcast = Vec::new();
-    for params in fsdp1_units(model, workload, units, shapes) {
+    for FsdpUnit { params, buffers } in fsdp1_units(model, workload, units, shapes) {
         let mut moved = Vec::with_capacity(params.len());
         for (index, &bytes) in params.iter().enumerate() {
             moved.push(out.alloc(bytes));
@@ -172,7 +175,18 @@ pub(super) fn fsdp1_setup(
                 out.free_all(std::mem::take(&mut broadcast));
             }
         }
-        broadcast = broadcast_buckets(&params)
+        // The buffers move after the parameters and stay: FSDP shards parameters only.
+        for &bytes in &buffers.layer {
+            shards.extend(out.alloc(bytes));
+            kept += bytes;
+        }
+        for &bytes in &buffers.model {
+            shards.extend(out.alloc(bytes));
+            kept += bytes;
+        }
+        // `_sync_module_params_and_buffers` broadcasts the buffers first; the model's own
+        // (a mask of another dtype) go in a bucket of their own, whole.
+        broadcast = broadcast_buckets(&[buffers.layer.as_slice(), &params].concat())
             .into_iter()
             .filter_map(|bucket| out.alloc(bucket))
             .collect();
@@ -284,19 +298,35 @@ fn broadcast_buckets(params: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// One FSDP1 unit's tensors on the host before the wrapping, in bytes: its parameters (which
+/// it flattens and shards) and the module buffers it moves whole.
+struct FsdpUnit {
+    params: Vec<f64>,
+    buffers: UnitBuffers,
+}
+
+/// A unit's buffers: its layer's (an older transformers release's rotary tables), and the
+/// model's own outside the layers (the root's).
+#[derive(Default)]
+struct UnitBuffers {
+    layer: Vec<f64>,
+    model: Vec<f64>,
+}
+
 /// FSDP1's units in wrapping order (the auto-wrap policy wraps children first), each as the
 /// bytes of its parameters on the host: per block, each LoRA adapter matrix as its own unit
 /// (fsdp_qlora's `lambda_policy_fn` and PEFT's `fsdp_auto_wrap_policy` wrap every leaf module
 /// with a trainable weight), then the block's frozen weight matrices (the packed data of a
-/// quantised base) and the rest of its parameters (norms) as one; last the root: the other
-/// units' parameters (embeddings, final norm, head). The module's parameters are in `--dtype`
-/// (FSDP's mixed precision casts only what it gathers).
+/// quantised base) and the rest of its parameters (norms) as one, with the buffers its layer
+/// registers; last the root: the other units' parameters (embeddings, final norm, head) and
+/// the model's own buffers. The module's parameters are in `--dtype` (FSDP's mixed precision
+/// casts only what it gathers).
 fn fsdp1_units(
     model: &ModelSpec,
     workload: &Workload,
     units: &[Unit],
     shapes: &Shapes,
-) -> Vec<Vec<f64>> {
+) -> Vec<FsdpUnit> {
     let module = workload.dtype.bytes() as f64;
     let tp = workload.layout.tp as f64;
     let (adapters, matrix_bytes, adapter_bytes) = match (&model.arch, workload.lora) {
@@ -311,26 +341,53 @@ fn fsdp1_units(
         ),
         _ => (Vec::new(), module, module),
     };
+    let old = match &model.arch {
+        Architecture::Transformer(spec) => OldRelease::of(spec, workload),
+        _ => None,
+    };
+    let layer_buffers = old.map_or_else(Vec::new, |o| o.layer_buffers(module));
     let elements = |n: u64| (n as f64 / tp).ceil();
+    let whole = |params: Vec<f64>| FsdpUnit {
+        params,
+        buffers: UnitBuffers::default(),
+    };
     let mut out = Vec::new();
     let mut root = Vec::new();
     for unit in units {
         let matrices: Vec<u64> = shapes.matrices(unit).collect();
         let rest = unit.params.saturating_sub(matrices.iter().sum());
         if unit.whole.block_matrices {
-            out.extend(adapters.iter().map(|&a| vec![elements(a) * adapter_bytes]));
+            out.extend(
+                adapters
+                    .iter()
+                    .map(|&a| whole(vec![elements(a) * adapter_bytes])),
+            );
             let mut block: Vec<f64> = matrices
                 .iter()
                 .map(|&m| elements(m) * matrix_bytes)
                 .collect();
             block.extend((rest > 0).then(|| elements(rest) * module));
-            out.push(block);
+            out.push(FsdpUnit {
+                params: block,
+                buffers: UnitBuffers {
+                    layer: layer_buffers.clone(),
+                    model: Vec::new(),
+                },
+            });
         } else {
             root.extend(matrices.iter().map(|&m| elements(m) * module));
             root.extend((rest > 0).then(|| elements(rest) * module));
         }
     }
-    out.extend((!root.is_empty()).then_some(root));
+    if !root.is_empty() {
+        out.push(FsdpUnit {
+            params: root,
+            buffers: UnitBuffers {
+                layer: Vec::new(),
+                model: old.map_or_else(Vec::new, |o| o.model_buffers()),
+            },
+        });
+    }
     out
 }
 
