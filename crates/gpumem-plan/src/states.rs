@@ -24,6 +24,9 @@ pub(crate) struct States {
     /// Gradient bytes per parameter of a unit, on this GPU.
     pub(crate) grad_per_param: f64,
     pub(crate) optimizer: f64,
+    /// Bytes per element of an optimizer state (fp32 beside a master copy, else the trained
+    /// parameters' dtype): how many tensors a parameter's states and step temporaries are.
+    pub(crate) state_element_bytes: f64,
     /// Communication buckets and gathered layers, by phase ([`crate::distributed`]).
     pub(crate) buffers: PhaseBuffers,
     pub(crate) step_temporaries: f64,
@@ -222,6 +225,7 @@ pub(crate) fn model_states(
         weights: weights - statistics,
         grad_per_param,
         optimizer,
+        state_element_bytes: state_bytes,
         buffers,
         step_temporaries,
         saved_linear_bytes: zero3_saved_linear_bytes(model, workload, counts),

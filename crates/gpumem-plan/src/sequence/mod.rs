@@ -18,7 +18,8 @@ use crate::distributed::{reduced_at_backward_end, PhaseBuffers};
 use crate::error::Result;
 use crate::estimate::{accumulates_gradients, blas_workspace_count, kept_and_recomputed, Kept};
 use crate::graph::build_units;
-use crate::model::{Architecture, ModelSpec};
+use crate::lora::adapter_matrices;
+use crate::model::{Architecture, LayerKind, ModelSpec, TransformerSpec};
 use crate::states::{model_states, trainable_params, States};
 use crate::unit::{SavedGroup, Unit};
 use crate::workload::{Mode, Sharding, Workload};
@@ -171,6 +172,17 @@ struct Shapes {
     whole_params: bool,
     /// Elements of each weight matrix of a dense transformer block.
     block_matrices: Vec<u64>,
+    /// Elements on this GPU of each trained tensor of a dense block, where they are not its
+    /// weights: LoRA's adapter matrices, whole, or this rank's shard of each under FSDP (FSDP1
+    /// wraps every adapter as a unit of its own and shards its flat parameter; FSDP2 shards
+    /// each parameter). Empty otherwise, and under ZeRO, whose gradients and optimizer states
+    /// live in flat buffers.
+    adapter_elements: Vec<f64>,
+    /// The dense blocks that hold those adapters (each the same).
+    adapter_blocks: f64,
+    /// Trained parameters of all units, over which a trained total is spread (see
+    /// [`Self::trained_share`]).
+    trained_params: f64,
     /// Bytes per element of a weight matrix as ZeRO-3 gathers it: the module dtype, split over
     /// tensor-parallel ranks.
     gathered: f64,
@@ -221,6 +233,34 @@ impl Shapes {
                 Architecture::Transformer(t) => t.block_matrices(),
                 Architecture::Resnet(_) | Architecture::Diffusion(_) => Vec::new(),
             },
+            adapter_elements: match (&model.arch, workload.lora) {
+                (Architecture::Transformer(t), Some(lora))
+                    if matches!(layout.sharding, Sharding::None | Sharding::Fsdp)
+                        && adapters_in_dense_blocks_only(t) =>
+                {
+                    let sharded = if layout.sharding == Sharding::Fsdp {
+                        layout.dp() as f64
+                    } else {
+                        1.0
+                    };
+                    let split = sharded * layout.tp as f64;
+                    adapter_matrices(t, LayerKind::default(), lora.rank, lora.targets)
+                        .into_iter()
+                        .map(|e| (e as f64 / split).ceil())
+                        .collect()
+                }
+                _ => Vec::new(),
+            },
+            adapter_blocks: units
+                .iter()
+                .filter(|u| u.whole.block_matrices)
+                .count()
+                .max(1) as f64,
+            trained_params: units
+                .iter()
+                .map(|u| u.trained_params() as f64)
+                .sum::<f64>()
+                .max(1.0),
             gathered: workload.module_dtype().bytes() as f64 / layout.tp as f64,
         }
     }
@@ -254,6 +294,43 @@ impl Shapes {
             .collect()
     }
 
+    /// `unit`'s trained tensors holding `total` bytes, `copies` of each (a gradient, an
+    /// optimizer's states or step temporaries): where the trained tensors are known
+    /// ([`Self::adapter_elements`]) and `unit` is a dense block, each adapter matrix's share of
+    /// every copy by its elements; else the weight matrices' ([`Self::param_tensors`]).
+    fn trained_tensors(&self, unit: &Unit, total: f64, per_param: f64, copies: usize) -> Vec<f64> {
+        let elements: f64 = self.adapter_elements.iter().sum();
+        if !(self.has_adapters(unit) && elements > 0.0) {
+            return self.param_tensors(unit, per_param, copies);
+        }
+        let per_copy = total / copies.max(1) as f64;
+        (0..copies.max(1))
+            .flat_map(|_| {
+                self.adapter_elements
+                    .iter()
+                    .map(move |&e| per_copy * e / elements)
+            })
+            .collect()
+    }
+
+    /// `unit`'s share of bytes spread over the trained parameters (gradients, optimizer
+    /// states): by its trained parameters, or, where they are LoRA adapters of known sizes,
+    /// an equal share per dense block and none elsewhere (the embeddings and head are frozen).
+    fn trained_share(&self, unit: &Unit) -> f64 {
+        if self.adapter_elements.is_empty() {
+            unit.trained_params() as f64 / self.trained_params
+        } else if unit.whole.block_matrices {
+            1.0 / self.adapter_blocks
+        } else {
+            0.0
+        }
+    }
+
+    /// Whether `unit`'s trained tensors are LoRA adapters of known sizes.
+    fn has_adapters(&self, unit: &Unit) -> bool {
+        unit.whole.block_matrices && !self.adapter_elements.is_empty()
+    }
+
     /// Elements of each of `unit`'s single parameters the planner knows by size: its
     /// vocabulary matrix, or a dense block's weight matrices (whole, before any sharding).
     fn matrices<'a>(&'a self, unit: &'a Unit) -> impl Iterator<Item = u64> + 'a {
@@ -279,6 +356,16 @@ impl Shapes {
     fn share(&self, unit: &Unit) -> f64 {
         unit.params as f64 / self.params
     }
+}
+
+/// Whether every LoRA adapter of `spec` sits in a dense decoder block, the same in each: no
+/// mixture of experts, encoder or vision or audio tower, whose linears differ.
+fn adapters_in_dense_blocks_only(spec: &TransformerSpec) -> bool {
+    spec.encoder_layers == 0
+        && spec.vision.is_none()
+        && spec.dual.is_none()
+        && spec.audio.is_none()
+        && (0..spec.layers).all(|i| !spec.layer_kind(i).moe)
 }
 
 /// Builds the events, naming tensors by a counter.
@@ -414,9 +501,21 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
         }
         out.free(reducing);
         if index == 0 {
-            optimizer = per_param_tensors(out, units, shapes, states.optimizer);
+            optimizer = per_param_tensors(
+                out,
+                units,
+                shapes,
+                states.optimizer,
+                states.state_element_bytes,
+            );
         }
-        let temporaries = per_param_tensors(out, units, shapes, states.step_temporaries);
+        let temporaries = per_param_tensors(
+            out,
+            units,
+            shapes,
+            states.step_temporaries,
+            states.state_element_bytes,
+        );
         temporaries.into_iter().for_each(|t| out.free_all(t));
         gradients.into_iter().for_each(|g| out.free_all(g));
         held.into_iter().for_each(|h| out.free(h));
@@ -440,30 +539,39 @@ fn unsharded(out: &mut Emitter, buffers: &PhaseBuffers, bytes: f64) -> Vec<Optio
 
 /// A unit's parameter gradients, as tensors.
 fn gradient_tensors(out: &mut Emitter, u: &Unit, states: &States, shapes: &Shapes) -> Vec<u64> {
-    let whole = shapes.param_tensors(u, states.grad_per_param, 1);
-    out.tensors(
-        u.trained_params() as f64 * states.grad_per_param,
-        &whole,
-        shapes.tensor,
-    )
+    let total = shapes.trained_share(u) * shapes.trained_params * states.grad_per_param;
+    let whole = shapes.trained_tensors(u, total, states.grad_per_param, 1);
+    out.tensors(total, &whole, shapes.tensor)
 }
 
 /// Each optimizer state and step temporary of a whole weight is one tensor of the weight's size
 /// (AdamW's two moments, SGD's momentum, foreach's per-parameter results); smaller ones (8-bit
-/// states, factored second moments) are not. Allocates `total` bytes so, unit by unit.
+/// states, factored second moments) are not. Allocates `total` bytes so, unit by unit. LoRA's
+/// are its adapters' ([`Shapes::trained_tensors`]), `total` split over the blocks
+/// ([`Shapes::trained_share`]), one tensor per adapter matrix and state of `state_bytes` per
+/// element.
 fn per_param_tensors(
     out: &mut Emitter,
     units: &[Unit],
     shapes: &Shapes,
     total: f64,
+    state_bytes: f64,
 ) -> Vec<Vec<u64>> {
     let per_param = total / shapes.params;
     let count = (per_param / shapes.weight_per_param).floor().min(4.0) as usize;
+    let adapters = units.iter().any(|u| shapes.has_adapters(u));
     units
         .iter()
         .map(|u| {
-            let whole = shapes.param_tensors(u, shapes.weight_per_param, count);
-            out.tensors(shapes.share(u) * total, &whole, shapes.tensor)
+            if !adapters {
+                let whole = shapes.param_tensors(u, shapes.weight_per_param, count);
+                return out.tensors(shapes.share(u) * total, &whole, shapes.tensor);
+            }
+            let unit_total = total * shapes.trained_share(u);
+            let local: f64 = shapes.adapter_elements.iter().sum();
+            let copies = (unit_total / local / state_bytes).round().clamp(1.0, 4.0) as usize;
+            let whole = shapes.trained_tensors(u, unit_total, 0.0, copies);
+            out.tensors(unit_total, &whole, shapes.tensor)
         })
         .collect()
 }
@@ -969,5 +1077,46 @@ mod tests {
         };
         let workload = fsdp.resolve(&model).unwrap().workload;
         assert!(!sizes(&workload, &model).contains(&vocabulary));
+    }
+
+    #[test]
+    fn lora_trained_tensors_are_its_adapter_matrices_or_their_shards() {
+        let model = find_model("meta-llama/Llama-2-7b-hf").unwrap();
+        let sizes = |gpus: u64, fsdp: bool| -> Vec<u64> {
+            let settings = Settings {
+                batch: Some(1),
+                seq: Some(256),
+                dtype: Some("bf16".into()),
+                lora_rank: Some(64),
+                lora_targets: Some("q,k,v,gate,up,down".into()),
+                peft: Some("0.10".into()),
+                gpus: Some(gpus),
+                fsdp,
+                fsdp_version: fsdp.then(|| "1".into()),
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            allocation_sequence(&model, &workload)
+                .unwrap()
+                .iter()
+                .filter_map(|e| match e {
+                    PlannedEvent::Alloc { bytes, .. } => Some(*bytes),
+                    _ => None,
+                })
+                .collect()
+        };
+        let count = |sizes: &[u64], bytes: u64| sizes.iter().filter(|&&b| b == bytes).count();
+        // bf16 adapters (PEFT 0.10): q, k and v's lora_A and lora_B of 64 × 4096, gate and
+        // up's lora_A of 64 × 4096 and down's lora_B of 4096 × 64: nine of 0.5 MiB per block.
+        let adapter = 64 * 4096 * 2;
+        // On one GPU, per block and step: each one's gradient, AdamW's two moments (made in
+        // the first step) and the foreach step's temporary.
+        let single = sizes(1, false);
+        assert_eq!(count(&single, adapter), 32 * 9 * (2 + 2 + 2));
+        // FSDP1 on 2 GPUs: every adapter is a unit of its own, and what is trained is this
+        // rank's half of it: allocations of PyTorch's small pool (at most 1 MiB).
+        let sharded = sizes(2, true);
+        assert!(count(&sharded, adapter / 2) >= 32 * 9 * (2 + 2 + 2));
+        assert_eq!(count(&sharded, adapter), 0);
     }
 }
