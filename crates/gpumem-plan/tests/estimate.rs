@@ -901,7 +901,8 @@ fn llama_releases_keep_the_rotary_tables_and_causal_mask_buffers_they_registered
     assert_eq!(weights("4.39") - none, tables);
     assert_eq!(weights("4.40.2") - none, tables);
     assert_eq!(weights("4.35"), weights("4.37"));
-    // The tuple cache of those releases is `llama_generate_before_4_42_keeps_the_previous_steps_cache`'s.
+    // The tuple cache of those releases is
+    // `llama_generate_before_4_42_keeps_the_previous_steps_cache`'s.
     assert_eq!(
         at("4.35").peak_allocated_bytes,
         at("4.37").peak_allocated_bytes

@@ -132,11 +132,12 @@ pub fn has_fsdp_setup(workload: &Workload) -> bool {
 
 /// FSDP1's wrapping of a model rank 0 holds on the host, on rank 0's GPU, emitted into `out`
 /// ahead of the steps: returns the ids of what it leaves on the GPU, the sharded flat
-/// parameters (none with parameter offload) and the buffers it moved there, and their bytes. Nothing empties the cache between the
-/// wrapping and the first step (fsdp_qlora `train.py` at 05ed9f2, lines 753-838: `FSDP(…)`,
-/// then checkpointing, the optimizer and `reset_peak_memory_stats`; its one `empty_cache`,
-/// line 663, comes before, after the 4-bit loading), so the blocks it frees stay cached under
-/// the steps, in the sizes of the set-up's tensors. PyTorch 2.2-2.15 FSDP1, for each unit in
+/// parameters (none with parameter offload) and the buffers it moved there, and their bytes.
+/// Nothing empties the cache between the wrapping and the first step (fsdp_qlora `train.py`
+/// at 05ed9f2, lines 753-838: `FSDP(…)`, then checkpointing, the optimizer and
+/// `reset_peak_memory_stats`; its one `empty_cache`, line 663, comes before, after the 4-bit
+/// loading), so the blocks it frees stay cached under the steps, in the sizes of the set-up's
+/// tensors. PyTorch 2.2-2.15 FSDP1, for each unit in
 /// wrapping order ([`fsdp1_units`]), `_init_utils.py` `_init_param_handle_from_module`:
 ///
 /// - `_move_module_to_device` → `_move_states_to_device`: `param.data = param.to(device)`, one
