@@ -808,6 +808,26 @@ mod tests {
     use super::*;
     use crate::{estimate, find_model, Overheads, Settings};
 
+    /// The bytes and stream of each allocation of `model`'s planned sequence under `workload`.
+    fn allocations(model: &ModelSpec, workload: &Workload) -> Vec<(u64, Stream)> {
+        allocation_sequence(model, workload)
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                PlannedEvent::Alloc { bytes, stream, .. } => Some((*bytes, *stream)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The bytes of each allocation of the planned sequence.
+    fn allocation_sizes(model: &ModelSpec, workload: &Workload) -> Vec<u64> {
+        allocations(model, workload)
+            .into_iter()
+            .map(|(bytes, _)| bytes)
+            .collect()
+    }
+
     fn planned(
         model: &str,
         mode: &str,
@@ -1025,13 +1045,8 @@ mod tests {
                 ..Settings::default()
             };
             let workload = settings.resolve(&model).unwrap().workload;
-            allocation_sequence(&model, &workload)
-                .unwrap()
-                .iter()
-                .filter_map(|e| match e {
-                    PlannedEvent::Alloc { bytes, stream, .. } => Some((*bytes, *stream)),
-                    _ => None,
-                })
+            allocations(&model, &workload)
+                .into_iter()
                 .filter(|(_, stream)| *stream == Stream::ReduceAndPartition)
                 .map(|(bytes, _)| bytes)
                 .collect::<Vec<u64>>()
@@ -1046,16 +1061,7 @@ mod tests {
     /// FSDP, whose flat parameters hold a shard of many weights, the matrix is not whole.
     #[test]
     fn the_largest_tensors_are_allocated_whole() {
-        let sizes = |workload: &Workload, model: &ModelSpec| -> Vec<u64> {
-            allocation_sequence(model, workload)
-                .unwrap()
-                .iter()
-                .filter_map(|e| match e {
-                    PlannedEvent::Alloc { bytes, .. } => Some(*bytes),
-                    _ => None,
-                })
-                .collect()
-        };
+        let sizes = |workload: &Workload, model: &ModelSpec| allocation_sizes(model, workload);
         let (model, workload) = planned("gpt2", "train", 4, 512, "fp32");
         let sizes_single = sizes(&workload, &model);
         let count = |bytes: u64| sizes_single.iter().filter(|&&b| b == bytes).count();
@@ -1096,14 +1102,7 @@ mod tests {
                 ..Settings::default()
             };
             let workload = settings.resolve(&model).unwrap().workload;
-            allocation_sequence(&model, &workload)
-                .unwrap()
-                .iter()
-                .filter_map(|e| match e {
-                    PlannedEvent::Alloc { bytes, .. } => Some(*bytes),
-                    _ => None,
-                })
-                .collect()
+            allocation_sizes(&model, &workload)
         };
         let count = |sizes: &[u64], bytes: u64| sizes.iter().filter(|&&b| b == bytes).count();
         // bf16 adapters (PEFT 0.10): q, k and v's lora_A and lora_B of 64 × 4096, gate and
