@@ -152,7 +152,7 @@ def test_case_ids_are_unique_and_descriptive() -> None:
         case_id(n, s) for n, s in MULTIMODAL_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
     single = [case_id(n, s) for n, s in settings_grid()]
-    assert len(single) == len(set(single)) == 79
+    assert len(single) == len(set(single)) == 81
     assert len(SETTINGS_HELDOUT) == 19 and single[-19:] == [
         case_id(n, s) for n, s in SETTINGS_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(single)
@@ -168,6 +168,10 @@ def test_case_ids_are_unique_and_descriptive() -> None:
     assert case_id("gpt2-12l", Settings("generate", 4, 256, new_tokens=32, attn="sdpa",
                                         transformers="4.44.2")) == \
         "gpt2-12l-generate-b4-s256-new32-fp32-sdpa-tf4.44.2"
+    assert case_id("tinyllama-8l", Settings("train", 2, 512, dtype="bf16", optimizer="adamw",
+                                            optimizer_impl="foreach", attn="sdpa",
+                                            transformers="4.39.3", hold_outputs=True)) == \
+        "tinyllama-8l-train-b2-s512-bf16-adamw-foreach-sdpa-tf4.39.3-hold"
     # Cache and labels are named where they depart from the harness's convention.
     assert case_id("t5-small-4l", Settings("infer", 4, 256, attn="sdpa", no_cache=False,
                                            labels=True)) == \

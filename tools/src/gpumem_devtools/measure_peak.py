@@ -404,6 +404,12 @@ def settings_grid() -> list[tuple[str, Settings]]:
                         G(2, 256, 32, dtype="fp16", attn="eager", **new),
                         T(1, 512, attn="eager", **bare_old, **new)]
     cases["pythia-6l"] += [G(2, 256, 32, dtype="fp16", **new), T(2, 256, **bare_old, **new)]
+    # The Llama family between 4.38.2 and 4.40 keeps each layer's rotary tables as buffers
+    # (`_cos_cached`, `_sin_cached`) and its forward upcasts all logits to fp32; AnswerDotAI's
+    # fsdp_qlora loop holds the model's outputs through the optimizer step (`--only tf4.39`).
+    held = {"transformers": "4.39.3", "hold_outputs": True}
+    cases["tinyllama-8l"] += [T(2, 512, dtype="bf16", **held),
+                              T(4, 512, dtype="bf16", grad_ckpt=True, **held)]
     cases["gpt2-12l"] += [G(4, 256, 32, **new), T(4, 256, **bare_old, **new)]
     ordered = [(name, s) for name, lst in cases.items() for s in lst]
     # No loss module (`--loss none`): forward and backward from `outputs.logits.sum()` with the
@@ -708,6 +714,8 @@ def case_id(name: str, s: Settings) -> str:
         parts.append(f"chunk{s.loss_chunk}")
     if s.freeze_vision_tower:
         parts.append("frozen-tower")
+    if s.hold_outputs:
+        parts.append("hold")
     if s.framework:
         parts.append(s.framework)
     return "-".join(parts)
@@ -753,6 +761,9 @@ def notes(name: str, s: Settings, device: str, threads: int,
                        "-100")
         else:
             out.append("loss: model's own loss with labels=input_ids")
+        if s.hold_outputs:
+            out.append("the model's outputs held through backward and the optimizer step, "
+                       "dropped before the next forward (fsdp_qlora's train.py)")
         if s.optimizer == "sgd":
             out.append("sgd momentum=0.9")
     if s.grad_ckpt_every:

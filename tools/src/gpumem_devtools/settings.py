@@ -73,6 +73,10 @@ class Settings:
     # `framework` (`--framework litgpt`): the step runs litgpt's own model and LoRA
     # (litgpt_run.py) instead of a transformers model with PEFT.
     framework: str | None = None
+    # `hold_outputs` (`--hold-outputs`): with the model's own loss, the loop keeps the model's
+    # outputs (its logits) through backward and the optimizer step and drops them before the
+    # next forward, as AnswerDotAI's fsdp_qlora `train.py` does (`output = None`).
+    hold_outputs: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -80,7 +84,7 @@ class Settings:
             del out["no_cache"]
         for key in ("labels", "grad_ckpt_every", "grad_ckpt_per_op", "transformers", "loss",
                     "lora_rank", "freeze_vision_tower", "loss_chunk", "lora_targets",
-                    "lora_dropout", "framework"):
+                    "lora_dropout", "framework", "hold_outputs"):
             if not out[key]:
                 del out[key]
         return out

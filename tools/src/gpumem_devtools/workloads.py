@@ -96,7 +96,10 @@ def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) ->
         rec.boundary("forward")
         outputs = None
         with _autocast(device, s.amp):
-            if s.loss is None:
+            if s.loss is None and s.hold_outputs:
+                outputs = wl.model(**inputs, **extra)
+                loss = outputs.loss
+            elif s.loss is None:
                 loss = wl.loss(**inputs, **extra)
             elif s.loss == "none":
                 outputs = wl.model(**inputs, **extra)
@@ -108,7 +111,8 @@ def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) ->
                                  "chunked-fp32)")
         rec.boundary("backward")
         loss.backward()
-        del outputs
+        if not s.hold_outputs:
+            del outputs
         if opt is not None:
             rec.boundary("optimizer")
             opt.step()
@@ -117,6 +121,8 @@ def _train(wl: Workload, s: Settings, rec: Recorder, steps: int, device: str) ->
         rec.boundary("zero_grad")
         (opt or wl.model).zero_grad(set_to_none=True)
         del loss, inputs
+        # A loop that holds its outputs drops them only now, before the next forward.
+        outputs = None
 
 
 def _chunked_loss(wl: Workload, ids: torch.Tensor, s: Settings) -> tuple[torch.Tensor, Any]:
