@@ -15,7 +15,7 @@ use crate::quantity::{BytesPerElement, BytesPerToken, Width};
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::workload::{invalid, Workload};
+use crate::workload::{invalid, Attention, Workload};
 
 /// A release of a library whose memory behaviour changed between versions: transformers
 /// (`--transformers`), bitsandbytes (`--bitsandbytes`), PEFT (`--peft`), DeepSpeed
@@ -313,6 +313,28 @@ impl<'a> OldRelease<'a> {
                 vec![element * positions * positions]
             }
             _ => Vec::new(),
+        }
+    }
+
+    /// Bytes of the causal mask the release's model builds at every forward over all its
+    /// positions, not the sequence's, where `attention` is not FlashAttention-2: Llama 4.38's
+    /// `LlamaModel._update_causal_mask` repeats its `max_positions²` buffer over the batch
+    /// and casts it to the embeddings' dtype (`act_bytes`), `batch × max_positions²`, and each
+    /// layer copies its slice out of it (`attention_mask[:, :, cache_position, :kv_len]`);
+    /// 4.39 builds a sequence-sized mask. Not planned: [`crate::Warning::UnplannedMask`]
+    /// says so.
+    pub(crate) fn all_positions_mask_bytes(
+        &self,
+        attention: Attention,
+        batch: u64,
+        act_bytes: f64,
+    ) -> f64 {
+        let positions = self.spec.max_positions.unwrap_or(0) as f64;
+        match self.family() {
+            "llama" if self.minor_is((4, 38)) && attention != Attention::Flash => {
+                batch as f64 * positions * positions * act_bytes
+            }
+            _ => 0.0,
         }
     }
 
