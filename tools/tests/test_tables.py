@@ -152,7 +152,7 @@ def test_case_ids_are_unique_and_descriptive() -> None:
         case_id(n, s) for n, s in MULTIMODAL_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(multimodal)
     single = [case_id(n, s) for n, s in settings_grid()]
-    assert len(single) == len(set(single)) == 81
+    assert len(single) == len(set(single)) == 84
     assert len(SETTINGS_HELDOUT) == 19 and single[-19:] == [
         case_id(n, s) for n, s in SETTINGS_HELDOUT]
     assert not (set(ids) | set(heldout) | set(architectures)) & set(single)

@@ -4,7 +4,6 @@
 
 use crate::error::{PlanError, Result};
 use crate::model::{Architecture, Head, ModelSpec, TransformerSpec};
-use crate::releases::OldRelease;
 use crate::warning::Warning;
 use crate::workload::{choices, Dtype, Mode, Sharding, Workload};
 
@@ -129,7 +128,6 @@ fn check_architecture(
             check_tensor_parallel(model, t, workload.layout.tp)?;
             check_lora_rank(model, t, workload)?;
             check_positions(model, t, workload, warnings)?;
-            warn_unplanned_release_mask(t, workload, warnings);
         }
         Architecture::Resnet(_) | Architecture::Diffusion(_) if workload.lora.is_some() => {
             return Err(PlanError::InvalidValue {
@@ -227,30 +225,6 @@ fn check_lora_rank(model: &ModelSpec, t: &TransformerSpec, workload: &Workload) 
             ),
         }),
         _ => Ok(()),
-    }
-}
-
-/// An older transformers release whose model builds its causal mask over all positions at every
-/// forward: the plan leaves it out and says so.
-fn warn_unplanned_release_mask(
-    t: &TransformerSpec,
-    workload: &Workload,
-    warnings: &mut Vec<Warning>,
-) {
-    let Some(old) = OldRelease::of(t, workload) else {
-        return;
-    };
-    // The mask takes the embeddings' dtype, the weights' (embeddings do not autocast).
-    let act = workload.dtype.bytes() as f64;
-    let bytes = old.all_positions_mask_bytes(workload.attention, workload.batch, act);
-    if let (true, Some(release), Some(positions)) =
-        (bytes > 0.0, workload.transformers, t.max_positions)
-    {
-        warnings.push(Warning::UnplannedMask {
-            release,
-            positions,
-            bytes: bytes as u64,
-        });
     }
 }
 

@@ -176,6 +176,16 @@ fn cache_class_since(model_type: &str) -> Option<Since> {
     }
 }
 
+/// The causal mask an older release builds over all positions at every forward (see
+/// [`OldRelease::all_positions_mask`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AllPositionsMask {
+    /// Elements of one sample's mask: `max_positions²`.
+    pub(crate) elements_per_sample: f64,
+    /// Bytes per element of the buffer it is repeated from (the mask is cast from it).
+    pub(crate) buffer_element_bytes: f64,
+}
+
 /// A transformers release other than today's, as it runs one family's model.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OldRelease<'a> {
@@ -316,25 +326,26 @@ impl<'a> OldRelease<'a> {
         }
     }
 
-    /// Bytes of the causal mask the release's model builds at every forward over all its
-    /// positions, not the sequence's, where `attention` is not FlashAttention-2: Llama 4.38's
-    /// `LlamaModel._update_causal_mask` repeats its `max_positions²` buffer over the batch
-    /// and casts it to the embeddings' dtype (`act_bytes`), `batch × max_positions²`, and each
-    /// layer copies its slice out of it (`attention_mask[:, :, cache_position, :kv_len]`);
-    /// 4.39 builds a sequence-sized mask. Not planned: [`crate::Warning::UnplannedMask`]
-    /// says so.
-    pub(crate) fn all_positions_mask_bytes(
-        &self,
-        attention: Attention,
-        batch: u64,
-        act_bytes: f64,
-    ) -> f64 {
-        let positions = self.spec.max_positions.unwrap_or(0) as f64;
+    /// The causal mask the release's model builds at every forward over all its positions,
+    /// not the sequence's, where `attention` is not FlashAttention-2: Llama 4.38's
+    /// `LlamaModel._update_causal_mask` repeats its `max_positions²` buffer over the batch,
+    /// casts it to the embeddings' dtype and multiplies it by the dtype's minimum (`batch ×
+    /// max_positions²` kept through the model's forward, an input of every layer), and each
+    /// layer copies its slice out of it (`attention_mask[:, :, cache_position, :kv_len]`,
+    /// which SDPA saves for backward); 4.39 builds a sequence-sized mask. None otherwise.
+    pub(crate) fn all_positions_mask(&self, attention: Attention) -> Option<AllPositionsMask> {
+        let positions = self.spec.max_positions? as f64;
         match self.family() {
             "llama" if self.minor_is((4, 38)) && attention != Attention::Flash => {
-                batch as f64 * positions * positions * act_bytes
+                Some(AllPositionsMask {
+                    elements_per_sample: positions * positions,
+                    buffer_element_bytes: self
+                        .model_buffers()
+                        .first()
+                        .map_or(1.0, |&bytes| bytes / (positions * positions)),
+                })
             }
-            _ => 0.0,
+            _ => None,
         }
     }
 

@@ -2,7 +2,6 @@
 //! is still computed; each warning travels with it (in [`crate::Estimate`] and
 //! [`crate::settings::Resolved`]) and says why it may mislead.
 
-use crate::releases::Release;
 use crate::workload::{choices, Dtype, Sharding};
 use serde::ser::{Serialize, SerializeStruct, Serializer};
 use std::fmt;
@@ -36,16 +35,6 @@ pub enum Warning {
         /// The model's `max_position_embeddings`.
         positions: u64,
     },
-    /// An older transformers release whose model builds a causal mask over all its positions
-    /// at every forward, which the plan leaves out (see `OldRelease::all_positions_mask_bytes`).
-    UnplannedMask {
-        /// The release planned (`--transformers`).
-        release: Release,
-        /// The model's `max_position_embeddings`.
-        positions: u64,
-        /// Bytes of the mask for the micro-batch.
-        bytes: u64,
-    },
     /// A default lowered to what the model can run: the default sequence is longer than the
     /// model's learned positions (Whisper's decoder has 448, CLIP's text tower 77).
     DefaultLowered {
@@ -69,7 +58,6 @@ impl Warning {
             Warning::MixedHalfTypes { .. } => "mixed_half_types",
             Warning::PastTrainedPositions { .. } => "past_trained_positions",
             Warning::DefaultLowered { .. } => "default_lowered",
-            Warning::UnplannedMask { .. } => "unplanned_mask",
         }
     }
 }
@@ -106,18 +94,6 @@ impl fmt::Display for Warning {
                 "{tokens} tokens per sequence exceed the {positions} positions the model was \
                  trained for (max_position_embeddings): rotary attention runs, but quality \
                  degrades without RoPE scaling"
-            ),
-            Warning::UnplannedMask {
-                release,
-                positions,
-                bytes,
-            } => write!(
-                f,
-                "transformers {release} builds the causal mask over all {positions} positions at \
-                 every forward (batch × {positions}², {:.2} GiB here, and a copy of each layer's \
-                 slice): not planned, so the plan is low by at least that; 4.39 builds a \
-                 sequence-sized mask, and --attn flash none",
-                *bytes as f64 / (1u64 << 30) as f64
             ),
             Warning::DefaultLowered {
                 flag,

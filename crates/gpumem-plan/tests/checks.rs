@@ -831,39 +831,3 @@ fn offload_says_what_it_moves_and_takes_older_booleans() {
         Err(PlanError::Conflict { .. })
     ));
 }
-
-#[test]
-fn llama_4_38_all_positions_mask_is_named_as_not_planned() {
-    let llama = model("meta-llama/Llama-2-7b-hf");
-    let warnings = |release: &str, attn: &str| {
-        plan(
-            &llama,
-            Settings {
-                batch: Some(4),
-                seq: Some(512),
-                dtype: Some("bf16".into()),
-                attn: Some(attn.into()),
-                transformers: Some(release.into()),
-                ..Settings::default()
-            },
-        )
-        .unwrap()
-        .warnings
-    };
-    // 4 × 4096² bf16 elements: 128 MiB, for SDPA and eager alike, every 4.38 patch.
-    for (release, attn) in [("4.38", "sdpa"), ("4.38.2", "eager")] {
-        let found = warnings(release, attn);
-        let mask = found.iter().find_map(|w| match w {
-            Warning::UnplannedMask {
-                positions, bytes, ..
-            } => Some((*positions, *bytes)),
-            _ => None,
-        });
-        assert_eq!(mask, Some((4096, 4 * 4096 * 4096 * 2)), "{release} {attn}");
-        let message = found[0].to_string();
-        assert!(message.contains("not planned"), "{message}");
-    }
-    // FlashAttention-2 gets no mask; 4.39 builds one of the sequence's size.
-    assert!(warnings("4.38.2", "flash").is_empty());
-    assert!(warnings("4.39", "sdpa").is_empty());
-}

@@ -938,3 +938,28 @@ fn sharded_training_keeps_module_buffers_whole_on_every_rank() {
         );
     }
 }
+
+#[test]
+fn llama_4_38_builds_its_causal_mask_over_all_positions_at_every_forward() {
+    let at = |release: &str, attn: &str| {
+        plan(
+            "llama-2-7b",
+            Settings {
+                transformers: Some(release.into()),
+                dtype: Some("bf16".into()),
+                attn: Some(attn.into()),
+                grad_ckpt: true,
+                lora_rank: Some(16),
+                ..train(4, 512)
+            },
+        )
+        .peak_allocated_bytes
+    };
+    // 4.38.2 keeps a 4096² boolean buffer (4.39 none) and, under SDPA or eager attention,
+    // builds 4 × 4096² bf16 at every forward, which checkpointing keeps as every layer's
+    // input into the backward (LoRA: its peak is there); FlashAttention-2 gets no mask.
+    let (buffer, mask) = (4096 * 4096, 4 * 4096 * 4096 * 2);
+    assert_eq!(at("4.38.2", "flash") - at("4.39", "flash"), buffer);
+    assert!(at("4.38.2", "sdpa") - at("4.39", "sdpa") >= buffer + mask);
+    assert!(at("4.38.2", "eager") - at("4.39", "eager") >= buffer + mask);
+}

@@ -410,6 +410,12 @@ def settings_grid() -> list[tuple[str, Settings]]:
     held = {"transformers": "4.39.3", "hold_outputs": True}
     cases["tinyllama-8l"] += [T(2, 512, dtype="bf16", **held),
                               T(4, 512, dtype="bf16", grad_ckpt=True, **held)]
+    # Llama 4.38 builds its causal mask over all max_position_embeddings at every forward and
+    # copies each layer's slice of it (`--only tf4.38`).
+    mask = {"transformers": "4.38.2"}
+    cases["tinyllama-8l"] += [T(2, 512, dtype="bf16", **mask),
+                              T(4, 512, dtype="bf16", grad_ckpt=True, **mask),
+                              I(4, 512, dtype="bf16", no_cache=True, **mask)]
     cases["gpt2-12l"] += [G(4, 256, 32, **new), T(4, 256, **bare_old, **new)]
     ordered = [(name, s) for name, lst in cases.items() for s in lst]
     # No loss module (`--loss none`): forward and backward from `outputs.logits.sum()` with the

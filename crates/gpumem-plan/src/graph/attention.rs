@@ -80,7 +80,8 @@ pub(super) struct AttentionMasks {
     pub(super) kernel_causal: bool,
     /// SDPA's boolean sliding-window mask, held through the stack.
     pub(super) sliding: Elements,
-    /// Its additive conversion on a sliding layer, saved for backward.
+    /// A mask a fused kernel is given and saves for backward: a sliding layer's additive
+    /// conversion, or an older release's per-layer copy of its mask's slice.
     pub(super) converted: Bytes,
 }
 
@@ -372,7 +373,7 @@ impl TransformerGraph<'_> {
         // SDPA takes a boolean mask for sliding layers once the keys exceed the window (built
         // once, held through the stack), which it converts to an additive mask in the
         // activation dtype on each sliding layer (saved for backward).
-        let (sliding, converted) = match spec.sliding {
+        let (sliding, mut converted) = match spec.sliding {
             Some(s) if shape.causal && shape.keys > Tokens(s.window as f64) => {
                 let elements = self.batch * shape.queries * shape.keys.as_width();
                 let converted = if shape.cached_keys.is_some() {
@@ -384,6 +385,14 @@ impl TransformerGraph<'_> {
             }
             _ => (Elements(0.0), Bytes::ZERO),
         };
+        // An older release's mask over all positions (Llama 4.38): each layer copies its
+        // slice (`attention_mask[:, :, cache_position, :kv_len]`), which a fused kernel saves.
+        let all_positions = self
+            .old_release()
+            .and_then(|o| o.all_positions_mask(self.workload.attention));
+        if all_positions.is_some() && shape.causal && !call.cross {
+            converted += act * self.batch * shape.queries * shape.keys.as_width();
+        }
         AttentionMasks {
             stack_bias,
             causal,

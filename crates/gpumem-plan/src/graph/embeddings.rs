@@ -4,7 +4,7 @@ use super::TransformerGraph;
 use crate::model::Head;
 use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
 use crate::unit::{Unit, ACCUMULATION_COPIES};
-use crate::workload::Mode;
+use crate::workload::{Checkpointing, Mode};
 
 /// What an audio stem keeps, in bytes.
 #[derive(Debug, Clone, Copy, Default)]
@@ -66,18 +66,44 @@ impl TransformerGraph<'_> {
         }
         // The cos and sin tables: a row per position, of the rotated part of a head.
         let rotary = 2.0 * position_rows * spec.rotary_fraction * Width(spec.head_dim as f64);
-        let body_held =
+        let mut body_held =
             tokens * spec.held.embeddings as f64 * residual * h + positions + rotary * act;
         let hidden = tokens * residual * h;
+        let mut forward_transient = (2.0 * tokens * residual * h).max(stem.live);
+        let mut inference_live = (2.0 * tokens * residual * h).max(stem.live);
+        let mut saved = saved / self.split.sequence;
+        let mut forward_held = Bytes::ZERO;
+        // An older release's mask over all positions (Llama 4.38): the batch's repeat of the
+        // buffer and its cast exist together, then the cast and the product (the mask).
+        let all_positions = self
+            .old_release()
+            .and_then(|o| o.all_positions_mask(self.workload.attention));
+        if let Some(m) = all_positions {
+            let elements = Elements(self.batch * m.elements_per_sample);
+            let mask = elements * residual;
+            let making = elements * BytesPerElement(m.buffer_element_bytes.max(residual.0));
+            inference_live = inference_live.max(making);
+            body_held += mask;
+            if self.training && self.workload.checkpointing == Checkpointing::None {
+                // Released when the body returns; it exists beside what makes it.
+                forward_transient = forward_transient.max(making + mask);
+                forward_held += mask;
+            } else if self.training {
+                // An input of every checkpointed layer, kept until the first one's backward.
+                forward_transient = forward_transient.max(making);
+                saved += mask;
+            }
+        }
         Unit {
             name: "embeddings",
-            saved: (saved / self.split.sequence).bytes(),
+            saved: saved.bytes(),
             held: held.bytes(),
             body_held: body_held.bytes(),
-            forward_transient: (2.0 * tokens * residual * h).max(stem.live).bytes(),
+            forward_held: forward_held.bytes(),
+            forward_transient: forward_transient.bytes(),
             backward_transient: hidden.bytes(),
             gradient_transient: (tied_accumulation + hidden).bytes(),
-            inference_live: (2.0 * tokens * residual * h).max(stem.live).bytes(),
+            inference_live: inference_live.bytes(),
             params: spec.params_of_embeddings(),
             // Whisper's sinusoidal encoder positions are a frozen parameter.
             untrained_params: spec.audio.map_or(0, |a| a.frames * spec.hidden),
