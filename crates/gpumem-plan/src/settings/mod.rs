@@ -240,8 +240,9 @@ pub struct Settings {
     /// transformers release whose modelling code is planned, MAJOR.MINOR[.PATCH]: generate's
     /// prefill computes every prompt position's logits before the family took `logits_to_keep`
     /// (Llama family 4.45, GPT-NeoX 4.49, GPT-2 4.53, OPT and BigCode 5.0; Llama-family forwards
-    /// upcast them all to fp32 before 4.45), tuple KV caches, per-layer causal-mask buffers,
-    /// OPT's clamped eager scores and per-head q/k/v copies, GPT-NeoX's fp32 rotary [default:
+    /// upcast them all to fp32 before 4.45), tuple KV caches, per-layer causal-mask buffers and
+    /// rotary tables, Llama 4.38's causal mask over all positions at every forward, OPT's
+    /// clamped eager scores and per-head q/k/v copies, GPT-NeoX's fp32 rotary [default:
     /// latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub transformers: Option<String>,
