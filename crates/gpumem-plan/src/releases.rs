@@ -313,16 +313,24 @@ impl<'a> OldRelease<'a> {
     /// [`Self::buffer_bytes`]).
     pub(crate) fn model_buffers(&self) -> Vec<f64> {
         let positions = self.spec.max_positions.unwrap_or(0) as f64;
+        self.causal_mask_element_bytes()
+            .map(|element| vec![element * positions * positions])
+            .unwrap_or_default()
+    }
+
+    /// Bytes per element of Llama 4.38's `LlamaModel.causal_mask` buffer: int64 in 4.38.0 and
+    /// 4.38.1 (`torch.full(..., fill_value=1)`), boolean from 4.38.2; None for other releases
+    /// and families.
+    fn causal_mask_element_bytes(&self) -> Option<f64> {
         match self.family() {
             "llama" if self.minor_is((4, 38)) => {
-                let element = if self.release >= LLAMA_BC_ROTARY_TABLES_SINCE {
+                Some(if self.release >= LLAMA_BC_ROTARY_TABLES_SINCE {
                     1.0
                 } else {
                     8.0
-                };
-                vec![element * positions * positions]
+                })
             }
-            _ => Vec::new(),
+            _ => None,
         }
     }
 
@@ -335,18 +343,11 @@ impl<'a> OldRelease<'a> {
     /// which SDPA saves for backward); 4.39 builds a sequence-sized mask. None otherwise.
     pub(crate) fn all_positions_mask(&self, attention: Attention) -> Option<AllPositionsMask> {
         let positions = self.spec.max_positions? as f64;
-        match self.family() {
-            "llama" if self.minor_is((4, 38)) && attention != Attention::Flash => {
-                Some(AllPositionsMask {
-                    elements_per_sample: positions * positions,
-                    buffer_element_bytes: self
-                        .model_buffers()
-                        .first()
-                        .map_or(1.0, |&bytes| bytes / (positions * positions)),
-                })
-            }
-            _ => None,
-        }
+        let buffer_element_bytes = self.causal_mask_element_bytes()?;
+        (attention != Attention::Flash).then_some(AllPositionsMask {
+            elements_per_sample: positions * positions,
+            buffer_element_bytes,
+        })
     }
 
     /// Does eager attention clamp the masked scores (OPT before 4.49:

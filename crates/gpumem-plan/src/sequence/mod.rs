@@ -181,7 +181,7 @@ struct Shapes {
     /// The dense blocks that hold those adapters (each the same).
     adapter_blocks: f64,
     /// Trained parameters of all units, over which a trained total is spread (see
-    /// [`Self::trained_share`]).
+    /// [`Self::trained_params_of`]).
     trained_params: f64,
     /// Bytes per element of a weight matrix as ZeRO-3 gathers it: the module dtype, split over
     /// tensor-parallel ranks.
@@ -294,17 +294,13 @@ impl Shapes {
             .collect()
     }
 
-    /// `unit`'s trained tensors holding `total` bytes, `copies` of each (a gradient, an
-    /// optimizer's states or step temporaries): where the trained tensors are known
-    /// ([`Self::adapter_elements`]) and `unit` is a dense block, each adapter matrix's share of
-    /// every copy by its elements; else the weight matrices' ([`Self::param_tensors`]).
-    fn trained_tensors(&self, unit: &Unit, total: f64, per_param: f64, copies: usize) -> Vec<f64> {
+    /// `total` bytes of a dense block's LoRA adapters, `copies` of each (a gradient, an
+    /// optimizer's states or step temporaries): one tensor per adapter matrix and copy, by its
+    /// elements ([`Self::adapter_elements`]).
+    fn adapter_tensors(&self, total: f64, copies: usize) -> Vec<f64> {
         let elements: f64 = self.adapter_elements.iter().sum();
-        if !(self.has_adapters(unit) && elements > 0.0) {
-            return self.param_tensors(unit, per_param, copies);
-        }
-        let per_copy = total / copies.max(1) as f64;
-        (0..copies.max(1))
+        let per_copy = total / copies as f64;
+        (0..copies)
             .flat_map(|_| {
                 self.adapter_elements
                     .iter()
@@ -313,14 +309,14 @@ impl Shapes {
             .collect()
     }
 
-    /// `unit`'s share of bytes spread over the trained parameters (gradients, optimizer
-    /// states): by its trained parameters, or, where they are LoRA adapters of known sizes,
+    /// The trained parameters `unit` holds, over which per-parameter totals (gradients,
+    /// optimizer states) are spread: its own, or, where they are LoRA adapters of known sizes,
     /// an equal share per dense block and none elsewhere (the embeddings and head are frozen).
-    fn trained_share(&self, unit: &Unit) -> f64 {
+    fn trained_params_of(&self, unit: &Unit) -> f64 {
         if self.adapter_elements.is_empty() {
-            unit.trained_params() as f64 / self.trained_params
+            unit.trained_params() as f64
         } else if unit.whole.block_matrices {
-            1.0 / self.adapter_blocks
+            self.trained_params / self.adapter_blocks
         } else {
             0.0
         }
@@ -539,17 +535,21 @@ fn unsharded(out: &mut Emitter, buffers: &PhaseBuffers, bytes: f64) -> Vec<Optio
 
 /// A unit's parameter gradients, as tensors.
 fn gradient_tensors(out: &mut Emitter, u: &Unit, states: &States, shapes: &Shapes) -> Vec<u64> {
-    let total = shapes.trained_share(u) * shapes.trained_params * states.grad_per_param;
-    let whole = shapes.trained_tensors(u, total, states.grad_per_param, 1);
+    let total = shapes.trained_params_of(u) * states.grad_per_param;
+    let whole = if shapes.has_adapters(u) {
+        shapes.adapter_tensors(total, 1)
+    } else {
+        shapes.param_tensors(u, states.grad_per_param, 1)
+    };
     out.tensors(total, &whole, shapes.tensor)
 }
 
 /// Each optimizer state and step temporary of a whole weight is one tensor of the weight's size
 /// (AdamW's two moments, SGD's momentum, foreach's per-parameter results); smaller ones (8-bit
 /// states, factored second moments) are not. Allocates `total` bytes so, unit by unit. LoRA's
-/// are its adapters' ([`Shapes::trained_tensors`]), `total` split over the blocks
-/// ([`Shapes::trained_share`]), one tensor per adapter matrix and state of `state_bytes` per
-/// element.
+/// are its adapters' ([`Shapes::adapter_tensors`]), `total` split over the blocks
+/// ([`Shapes::trained_params_of`]), one tensor per adapter matrix and state of `state_bytes`
+/// per element.
 fn per_param_tensors(
     out: &mut Emitter,
     units: &[Unit],
@@ -559,18 +559,21 @@ fn per_param_tensors(
 ) -> Vec<Vec<u64>> {
     let per_param = total / shapes.params;
     let count = (per_param / shapes.weight_per_param).floor().min(4.0) as usize;
-    let adapters = units.iter().any(|u| shapes.has_adapters(u));
+    let adapter_elements: f64 = shapes.adapter_elements.iter().sum();
     units
         .iter()
         .map(|u| {
-            if !adapters {
+            if adapter_elements == 0.0 {
                 let whole = shapes.param_tensors(u, shapes.weight_per_param, count);
                 return out.tensors(shapes.share(u) * total, &whole, shapes.tensor);
             }
-            let unit_total = total * shapes.trained_share(u);
-            let local: f64 = shapes.adapter_elements.iter().sum();
-            let copies = (unit_total / local / state_bytes).round().clamp(1.0, 4.0) as usize;
-            let whole = shapes.trained_tensors(u, unit_total, 0.0, copies);
+            let unit_total = total * shapes.trained_params_of(u) / shapes.trained_params;
+            let whole = if shapes.has_adapters(u) {
+                let copies = (unit_total / adapter_elements / state_bytes).round();
+                shapes.adapter_tensors(unit_total, copies.clamp(1.0, 4.0) as usize)
+            } else {
+                Vec::new()
+            };
             out.tensors(unit_total, &whole, shapes.tensor)
         })
         .collect()

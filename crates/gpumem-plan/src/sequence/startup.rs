@@ -177,11 +177,7 @@ pub(super) fn fsdp1_setup(
             }
         }
         // The buffers move after the parameters and stay: FSDP shards parameters only.
-        for &bytes in &buffers.layer {
-            shards.extend(out.alloc(bytes));
-            kept += bytes;
-        }
-        for &bytes in &buffers.model {
+        for &bytes in buffers.layer.iter().chain(&buffers.model) {
             shards.extend(out.alloc(bytes));
             kept += bytes;
         }
