@@ -48,7 +48,9 @@ pub use gpu::{column_sum_staging, column_sum_staging_bytes, find_gpu, Cores, Gpu
 pub use hf::parse_config;
 pub use model::{Architecture, ModelSpec, ParamCounts, ResnetSpec, TransformerSpec};
 pub use quant::{CheckpointQuant, GptqKernel, QuantFormat, Quantization};
-pub use sequence::{allocation_sequence, startup_sequence, PlannedEvent, Stream};
+pub use sequence::{
+    allocation_sequence, planned_run, startup_sequence, PlannedEvent, PlannedRun, Stream,
+};
 pub use serving::{serving_profile, Engine, ServeSettings, ServingProfile};
 pub use settings::{Resolved, Settings};
 pub use warning::Warning;

@@ -176,6 +176,11 @@ fn cache_class_since(model_type: &str) -> Option<Since> {
     }
 }
 
+/// The first transformers release whose mixture-of-experts blocks hold the routed experts as
+/// two 3-D parameters (`gate_up_proj`, `down_proj`) rather than a list of expert MLPs (read
+/// from `modeling_mixtral.py` and its siblings of 4.57.3 and 5.0.0).
+const FUSED_EXPERTS_SINCE: Since = (5, 0);
+
 /// The causal mask an older release builds over all positions at every forward (see
 /// [`OldRelease::all_positions_mask`]).
 #[derive(Debug, Clone, Copy)]
@@ -379,6 +384,14 @@ impl<'a> OldRelease<'a> {
     /// concatenated with their pass-through part, come out fp32)? The fp32 keys are what the
     /// layer returns as its cache (`present`), the SDPA path casts both back, and eager
     /// attention computes its scores from them in fp32.
+    /// Does the family keep each routed expert's MLP as modules of its own
+    /// (`nn.ModuleList`), one weight tensor per expert and projection? transformers 5.0 made
+    /// them two tensors over all experts (`<Family>Experts.gate_up_proj`/`down_proj`) in every
+    /// mixture family the planner reads (Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3).
+    pub(crate) fn experts_as_modules(&self) -> bool {
+        self.before(FUSED_EXPERTS_SINCE)
+    }
+
     pub(crate) fn fp32_rotary(&self) -> bool {
         self.family() == "gpt_neox" && self.before((4, 45))
     }

@@ -89,6 +89,9 @@ pub struct WholeTensors {
     /// `TransformerSpec::block_matrices`, each one tensor, and what its total holds besides
     /// (norms, biases, a decoder's cross-attention).
     pub block_matrices: bool,
+    /// The unit is a mixture-of-experts block: its parameters are the tensors of
+    /// `TransformerSpec::moe_block_tensors`, each one tensor.
+    pub moe_tensors: bool,
 }
 
 /// Saved bytes of one kind, kept as tensors of one size.

@@ -123,6 +123,7 @@ impl TransformerGraph<'_> {
             ],
             live,
             block_matrices: !layer.moe,
+            moe_tensors: layer.moe,
             ..WholeTensors::default()
         }
     }

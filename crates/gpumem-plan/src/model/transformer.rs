@@ -602,15 +602,48 @@ impl TransformerSpec {
     /// Elements of each weight matrix of a dense block, a fused q/k/v projection as one: the
     /// tensors its parameters, gradients and optimizer states are.
     pub fn block_matrices(&self) -> Vec<u64> {
+        let mut matrices = self.attention_matrices();
+        self.mlp_linears(LayerKind::default(), &mut |i, o, n| {
+            matrices.extend((0..n).map(|_| i * o))
+        });
+        matrices
+    }
+
+    /// Elements of each weight tensor of a mixture-of-experts block, as
+    /// [`Self::block_matrices`] for a dense one: the attention's matrices, the router's, the
+    /// shared experts' and the routed experts'. With `fused_experts` (transformers 5's
+    /// `<Family>Experts`: `gate_up_proj` of experts × 2·intermediate × hidden and `down_proj`
+    /// of experts × hidden × intermediate, both `nn.Parameter`s) the routed experts are those
+    /// two tensors; otherwise (4.x's `nn.ModuleList` of expert MLPs) one matrix per expert and
+    /// projection.
+    pub fn moe_block_tensors(&self, fused_experts: bool) -> Vec<u64> {
+        let mut tensors = self.attention_matrices();
+        tensors.push(self.hidden * self.experts);
+        let expert = self.hidden * self.intermediate;
+        let projections = self.mlp_matrices();
+        if fused_experts {
+            tensors.push(self.experts * (projections - 1) * expert);
+            tensors.push(self.experts * expert);
+        } else {
+            tensors.extend(std::iter::repeat_n(
+                expert,
+                (projections * self.experts) as usize,
+            ));
+        }
+        let shared = self.hidden * self.moe.shared_intermediate;
+        tensors.extend(std::iter::repeat_n(shared, projections as usize));
+        tensors.retain(|&t| t > 0);
+        tensors
+    }
+
+    /// Elements of each weight matrix of one attention module, a fused q/k/v projection as one.
+    fn attention_matrices(&self) -> Vec<u64> {
         let mut matrices = Vec::new();
         self.attention_linears(&mut |i, o, n| matrices.extend((0..n).map(|_| i * o)));
         if self.fused_qkv && self.latent.is_none() {
             let qkv: u64 = matrices.drain(..3).sum();
             matrices.insert(0, qkv);
         }
-        self.mlp_linears(LayerKind::default(), &mut |i, o, n| {
-            matrices.extend((0..n).map(|_| i * o))
-        });
         matrices
     }
 

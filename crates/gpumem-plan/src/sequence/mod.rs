@@ -20,9 +20,10 @@ use crate::estimate::{accumulates_gradients, blas_workspace_count, kept_and_reco
 use crate::graph::build_units;
 use crate::lora::adapter_matrices;
 use crate::model::{Architecture, LayerKind, ModelSpec, TransformerSpec};
+use crate::releases::OldRelease;
 use crate::states::{model_states, trainable_params, States};
 use crate::unit::{SavedGroup, Unit};
-use crate::workload::{Mode, Sharding, Workload};
+use crate::workload::{Loss, Mode, Sharding, Workload};
 use serde::Serialize;
 
 mod startup;
@@ -94,12 +95,38 @@ const MAX_PIECES: f64 = 64.0;
 /// The allocation sequence of `workload` on `model` (the first pipeline stage for `--pp`; the
 /// whole model otherwise), on one GPU.
 pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec<PlannedEvent>> {
+    Ok(planned_run(model, workload)?.events)
+}
+
+/// A planned run's allocation sequence ([`allocation_sequence`]) with the allocations the
+/// process keeps after the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedRun {
+    /// The events, in order.
+    pub events: Vec<PlannedEvent>,
+    /// The cuBLAS workspaces, in the order the run makes them (the forward thread's at the
+    /// forward's first matrix product; in training the autograd thread's at the backward's
+    /// first). PyTorch keeps them to the end of the process, in whatever segment they were
+    /// carved from; the sequence frees them at its end, as a process running only this run
+    /// would exit. A process that runs several cases makes each once.
+    pub process_workspaces: Vec<u64>,
+}
+
+/// [`allocation_sequence`] with the ids of the process's workspaces ([`PlannedRun`]).
+pub fn planned_run(model: &ModelSpec, workload: &Workload) -> Result<PlannedRun> {
     crate::check(model, workload)?;
     let counts = model.params();
     let trainable = trainable_params(model, workload, &counts);
     let units = build_units(model, workload, workload.batch);
     let states = model_states(model, workload, &counts, &units, trainable);
-    let mut out = Emitter::default();
+    let mut out = Emitter {
+        workspaces: Workspaces {
+            bytes: workload.blas_workspace as f64,
+            count: blas_workspace_count(workload.mode) as usize,
+            made: Vec::new(),
+        },
+        ..Emitter::default()
+    };
     let shapes = Shapes::of(model, workload, &units, &states);
     // FSDP1's set-up on the GPU, in the same pool, after the 4-bit loading before it: its
     // shards are the sharded weights, the loading's statistics the base's others.
@@ -124,10 +151,6 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
             out.tensors(shapes.share(u) * other_weights, &whole, shapes.tensor)
         })
         .collect();
-    // The cuBLAS workspaces, from the first matrix product to the end of the process.
-    let workspaces: Vec<u64> = (0..blas_workspace_count(workload.mode))
-        .filter_map(|_| out.alloc(workload.blas_workspace as f64))
-        .collect();
     match workload.mode {
         Mode::Train => train(&mut out, &units, &states, workload, &shapes),
         Mode::Infer | Mode::Generate => {
@@ -146,9 +169,35 @@ pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec
     }
     weights.into_iter().for_each(|w| out.free_all(w));
     out.free_all(shards);
-    out.free_all(workspaces);
+    let process_workspaces = std::mem::take(&mut out.workspaces.made);
+    out.free_all(process_workspaces.clone());
     out.free_all(persistent);
-    Ok(out.events)
+    Ok(PlannedRun {
+        events: out.events,
+        process_workspaces,
+    })
+}
+
+/// The cuBLAS workspaces a run makes: PyTorch gives each thread's handle one of `bytes` at its
+/// first matrix product (`getCurrentCUDABlasHandle`, after the product's output exists), the
+/// forward's on the caller's thread and the backward's on the autograd engine's, and keeps it.
+/// Where it is made decides which cached block it is carved from.
+#[derive(Default)]
+struct Workspaces {
+    bytes: f64,
+    /// How many the run makes (`blas_workspace_count`).
+    count: usize,
+    /// Those made so far.
+    made: Vec<u64>,
+}
+
+/// The first unit whose forward runs a matrix product: the first after the embeddings (a
+/// lookup).
+fn first_product_unit(units: &[Unit]) -> usize {
+    units
+        .iter()
+        .position(|u| u.name != "embeddings")
+        .unwrap_or(0)
 }
 
 /// Tensor sizes of a model under a workload.
@@ -172,6 +221,9 @@ struct Shapes {
     whole_params: bool,
     /// Elements of each weight matrix of a dense transformer block.
     block_matrices: Vec<u64>,
+    /// Elements of each weight tensor of a mixture-of-experts block, as the release planned
+    /// holds them.
+    moe_block_tensors: Vec<u64>,
     /// Elements on this GPU of each trained tensor of a dense block, where they are not its
     /// weights: LoRA's adapter matrices, whole, or this rank's shard of each under FSDP (FSDP1
     /// wraps every adapter as a unit of its own and shards its flat parameter; FSDP2 shards
@@ -231,6 +283,13 @@ impl Shapes {
                 && !layout.offload.optimizer(),
             block_matrices: match &model.arch {
                 Architecture::Transformer(t) => t.block_matrices(),
+                Architecture::Resnet(_) | Architecture::Diffusion(_) => Vec::new(),
+            },
+            moe_block_tensors: match &model.arch {
+                Architecture::Transformer(t) => {
+                    let release = OldRelease::of(t, workload);
+                    t.moe_block_tensors(!release.is_some_and(|r| r.experts_as_modules()))
+                }
                 Architecture::Resnet(_) | Architecture::Diffusion(_) => Vec::new(),
             },
             adapter_elements: match (&model.arch, workload.lora) {
@@ -328,10 +387,12 @@ impl Shapes {
     }
 
     /// Elements of each of `unit`'s single parameters the planner knows by size: its
-    /// vocabulary matrix, or a dense block's weight matrices (whole, before any sharding).
+    /// vocabulary matrix, or a block's weight tensors (whole, before any sharding).
     fn matrices<'a>(&'a self, unit: &'a Unit) -> impl Iterator<Item = u64> + 'a {
         let matrices: &[u64] = if unit.whole.block_matrices {
             &self.block_matrices
+        } else if unit.whole.moe_tensors {
+            &self.moe_block_tensors
         } else {
             std::slice::from_ref(&unit.whole.params)
         };
@@ -369,9 +430,20 @@ fn adapters_in_dense_blocks_only(spec: &TransformerSpec) -> bool {
 struct Emitter {
     events: Vec<PlannedEvent>,
     next: u64,
+    workspaces: Workspaces,
 }
 
 impl Emitter {
+    /// Makes the run's `index`-th cuBLAS workspace (0: the forward's, 1: the backward's) at its
+    /// first matrix product, unless it exists or the run makes none.
+    fn workspace(&mut self, index: usize) {
+        let w = &self.workspaces;
+        if w.made.len() == index && index < w.count {
+            let id = self.alloc(w.bytes);
+            self.workspaces.made.extend(id);
+        }
+    }
+
     /// Allocates one tensor of `bytes` on the compute stream (none when it rounds to 0 bytes).
     fn alloc(&mut self, bytes: f64) -> Option<u64> {
         self.alloc_on(bytes, Stream::Compute)
@@ -593,7 +665,11 @@ fn train_forward(
     let mut forward_held = Vec::new();
     // Gathered units (FSDP) while the forward runs, then while the backward runs.
     let gathered = unsharded(out, &states.buffers, states.buffers.forward_weights);
-    for (unit, kept) in units.iter().zip(kept) {
+    let first_product = first_product_unit(units);
+    for (index, (unit, kept)) in units.iter().zip(kept).enumerate() {
+        if index == first_product {
+            out.workspace(0);
+        }
         let whole = &unit.whole;
         let transient = out.tensors(
             unit.forward_transient,
@@ -641,6 +717,13 @@ fn train_backward(
     let mut gathered = unsharded(out, buffers, buffers.backward_start_weights);
     let mut gradients = Vec::new();
     let last = units.len().saturating_sub(1);
+    // The backward's first matrix product is the head's, unless a fused loss made the head's
+    // gradients in the forward (Liger's): then the last block's.
+    let first_product = if workload.loss == Loss::Fused {
+        last.saturating_sub(1)
+    } else {
+        last
+    };
     for (index, ((unit, mut unit_saved), kept)) in
         units.iter().zip(saved).zip(kept).enumerate().rev()
     {
@@ -656,7 +739,14 @@ fn train_backward(
         if kept.wrapped {
             unit_saved.extend(shapes.saved_linears(out, unit, states));
         }
-        let mut finishing = unit_backward(out, unit, unit_saved, kept.recomputed, shapes);
+        let mut finishing = unit_backward(
+            out,
+            unit,
+            unit_saved,
+            kept.recomputed,
+            shapes,
+            index == first_product,
+        );
         if index == last {
             finishing.extend(out.alloc(buffers.head_gradients));
         }
@@ -690,13 +780,16 @@ fn train_backward(
 }
 
 /// A unit's backward up to its parameter gradients: recomputes `recompute` bytes, frees its
-/// `saved` tensors, and returns what is live while the parameter gradients are made.
+/// `saved` tensors, and returns what is live while the parameter gradients are made. The
+/// backward's cuBLAS workspace is made at the unit's first product where it is the
+/// backward's `first_product`.
 fn unit_backward(
     out: &mut Emitter,
     unit: &Unit,
     saved: Vec<u64>,
     recompute: f64,
     shapes: &Shapes,
+    first_product: bool,
 ) -> Vec<u64> {
     // Recomputation re-creates activation-sized tensors; the gradients of its outputs
     // start the unit's backward.
@@ -733,6 +826,9 @@ fn unit_backward(
             shapes.transient(unit),
         ),
     };
+    if first_product {
+        out.workspace(1);
+    }
     // What the unit still saves while its parameter gradients are made, in
     // activation-sized pieces in place of the tensors freed above.
     finishing.extend(out.pieces(unit.saved_through_gradients, shapes.activation));
@@ -761,7 +857,11 @@ fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes, preallocated: bool)
     let mut held = Vec::new();
     let mut body = Vec::new();
     let last = units.len().saturating_sub(1);
+    let first_product = first_product_unit(units);
     for (index, unit) in units.iter().enumerate() {
+        if index == first_product {
+            out.workspace(0);
+        }
         if index == last {
             // The body returns before the head runs, releasing what it held.
             body.drain(..).for_each(|b| out.free(b));
@@ -1086,6 +1186,87 @@ mod tests {
         };
         let workload = fsdp.resolve(&model).unwrap().workload;
         assert!(!sizes(&workload, &model).contains(&vocabulary));
+    }
+
+    /// The cuBLAS workspaces are made where the run's first matrix products are, the
+    /// forward's in the first step's forward and the backward's once the loss's gradients
+    /// exist, and freed only at the sequence's end; a forward-only run makes one.
+    #[test]
+    fn workspaces_are_made_at_the_first_products() {
+        let (model, workload) = planned("gpt2", "train", 4, 512, "fp32");
+        let run = planned_run(&model, &workload).unwrap();
+        let position =
+            |wanted: &dyn Fn(&PlannedEvent) -> bool| run.events.iter().position(wanted).unwrap();
+        let made = |id: u64| {
+            position(&|e: &PlannedEvent| matches!(*e, PlannedEvent::Alloc { id: i, .. } if i == id))
+        };
+        let step = |index: u64| position(&|e: &PlannedEvent| *e == PlannedEvent::Step { index });
+        let log_probs = 4 * 512 * 50257 * 4;
+        let loss = position(
+            &|e: &PlannedEvent| matches!(*e, PlannedEvent::Alloc { bytes, .. } if bytes == log_probs),
+        );
+        let [forward, backward] = run.process_workspaces[..] else {
+            panic!("{:?}", run.process_workspaces);
+        };
+        assert!(step(0) < made(forward), "made before the step");
+        assert!(made(forward) < loss && loss < made(backward));
+        assert!(made(backward) < step(1), "made in the second step");
+        let freed: Vec<usize> = run
+            .events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(**e, PlannedEvent::Free { id } if id == forward || id == backward))
+            .map(|(at, _)| at)
+            .collect();
+        let last_alloc = run
+            .events
+            .iter()
+            .rposition(|e| matches!(e, PlannedEvent::Alloc { .. }))
+            .unwrap();
+        assert!(freed.len() == 2 && freed.iter().all(|&at| at > last_alloc));
+
+        let (model, workload) = planned("gpt2", "infer", 4, 512, "fp32");
+        assert_eq!(
+            planned_run(&model, &workload)
+                .unwrap()
+                .process_workspaces
+                .len(),
+            1
+        );
+    }
+
+    /// A mixture's routed experts are two tensors over all experts per layer under
+    /// transformers 5 (`gate_up_proj`, `down_proj`), one matrix per expert and projection
+    /// under 4.x: the planned weights follow the release.
+    #[test]
+    fn mixture_weights_follow_the_release() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../testdata/plan/configs/mixtral-4l.json"
+        );
+        let model = crate::load_config(std::path::Path::new(path)).unwrap();
+        // hidden 512, intermediate 1024, 8 experts, 4 layers, bf16; the embeddings and the
+        // untied head (8192 × 512) are the size of a `down_proj` too.
+        let sizes = |transformers: Option<&str>| {
+            let settings = Settings {
+                mode: Some("infer".into()),
+                batch: Some(1),
+                // Logits of 48 positions are no expert's size.
+                seq: Some(48),
+                dtype: Some("bf16".into()),
+                transformers: transformers.map(Into::into),
+                ..Settings::default()
+            };
+            allocation_sizes(&model, &settings.resolve(&model).unwrap().workload)
+        };
+        let count = |sizes: &[u64], bytes: u64| sizes.iter().filter(|&&b| b == bytes).count();
+        let (gate_up, down, expert) = (8 * 2 * 1024 * 512 * 2, 8 * 512 * 1024 * 2, 512 * 1024 * 2);
+        let today = sizes(None);
+        assert_eq!((count(&today, gate_up), count(&today, down)), (4, 4 + 2));
+        assert_eq!(count(&today, expert), 0);
+        let old = sizes(Some("4.57"));
+        assert_eq!((count(&old, gate_up), count(&old, down)), (0, 2));
+        assert_eq!(count(&old, expert), 4 * 8 * 3);
     }
 
     #[test]

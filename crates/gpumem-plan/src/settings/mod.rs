@@ -242,8 +242,8 @@ pub struct Settings {
     /// (Llama family 4.45, GPT-NeoX 4.49, GPT-2 4.53, OPT and BigCode 5.0; Llama-family forwards
     /// upcast them all to fp32 before 4.45), tuple KV caches, per-layer causal-mask buffers and
     /// rotary tables, Llama 4.38's causal mask over all positions at every forward, OPT's
-    /// clamped eager scores and per-head q/k/v copies, GPT-NeoX's fp32 rotary [default:
-    /// latest].
+    /// clamped eager scores and per-head q/k/v copies, GPT-NeoX's fp32 rotary, mixtures'
+    /// experts as one weight per expert before 5.0 [default: latest].
     #[cfg_attr(feature = "clap", arg(long, value_name = "VERSION"))]
     pub transformers: Option<String>,
     /// bitsandbytes release a QLoRA base (--qlora, or --quant fp4/nf4 with --lora-rank) runs
