@@ -111,9 +111,16 @@ impl TransformerGraph<'_> {
                     bytes: core.bytes(),
                     tensor: score_matrix.bytes(),
                 },
-                // A mixture of experts saves per-expert slices, not whole intermediates.
+                // A mixture of experts (transformers 5's `grouped_mm` over the routed copies,
+                // sorted by expert) saves its gathered input and its output before the
+                // routing weights, each one tensor of every routed copy.
                 if layer.moe {
-                    SavedGroup::default()
+                    let copy = tokens * self.spec.experts_per_token as f64 * self.bytes.act;
+                    let h = Width(self.spec.hidden as f64);
+                    SavedGroup {
+                        bytes: (2.0 * copy * h).bytes(),
+                        tensor: (copy * h).bytes(),
+                    }
                 } else {
                     SavedGroup {
                         bytes: (tokens * self.mlp_intermediates(layer) / self.split.tp).bytes(),
