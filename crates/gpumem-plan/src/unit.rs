@@ -92,6 +92,10 @@ pub struct WholeTensors {
     /// The unit is a mixture-of-experts block: its parameters are the tensors of
     /// `TransformerSpec::moe_block_tensors`, each one tensor.
     pub moe_tensors: bool,
+    /// Bytes of one hidden state of an encoder block whose sequence is not the model's typical
+    /// one (Whisper's 1500 frames against the decoder's tokens): what the rest of its
+    /// activations are made of. Zero: the model's typical hidden state.
+    pub encoder_hidden: f64,
 }
 
 /// Saved bytes of one kind, kept as tensors of one size.

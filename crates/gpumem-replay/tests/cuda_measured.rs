@@ -233,14 +233,14 @@ const ALLOCATED_MEDIAN_GOAL: f64 = 0.01;
 const ALLOCATED_MAX_BOUND: f64 = 0.05;
 
 /// Bound on a set's median |error| of the planned peak reserved bytes (the multimodal grid's
-/// 4.2 % is the largest docs/plan.md states), each case replayed in the grid's process
+/// 3.8 % is the largest docs/plan.md states), each case replayed in the grid's process
 /// ([`Process`]).
-const RESERVED_MEDIAN_BOUND: f64 = 0.045;
+const RESERVED_MEDIAN_BOUND: f64 = 0.04;
 
-/// Bound on any one case's |error| of the planned peak reserved bytes (31.7 %, a Whisper LoRA
-/// step whose small tensors the plan does not place in the cached segment the grid's process
-/// keeps, is the largest docs/plan.md states).
-const RESERVED_MAX_BOUND: f64 = 0.32;
+/// Bound on any one case's |error| of the planned peak reserved bytes (26.3 %, TinyLlama's
+/// step without a loss in the settings grid, whose tensors the plan does not place in the
+/// cached segment the grid's process keeps, is the largest docs/plan.md states).
+const RESERVED_MAX_BOUND: f64 = 0.27;
 
 #[test]
 fn planner_against_h200_measurements() {

@@ -72,6 +72,8 @@ fn planned_reserved_against_real_traces() {
         // experts and routed copies.
         "sequence/qwen3moe-4l-train-b2-s512-bf16-sdpa",
         "sequence/deepseekv3-4l-train-b2-s512-bf16-sdpa",
+        // And Whisper's encoder over 1500 frames beside a 64-token decoder.
+        "sequence/whisper-4l-train-b2-s64-bf16-sdpa",
     ];
     let options = ReplayOptions::default();
     println!(

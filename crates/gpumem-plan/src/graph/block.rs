@@ -81,13 +81,20 @@ impl TransformerGraph<'_> {
             inference_live: (inference_live + dequantised).bytes(),
             kv_cache: (own.kv_cache + cross_memory.kv_cache).bytes(),
             kv_window: shape.cached_keys.map(Tokens::count),
-            whole: self.block_whole_tensors(
-                tokens,
-                layer,
-                tally.core,
-                own.score_matrix,
-                mlp_intermediates,
-            ),
+            whole: WholeTensors {
+                encoder_hidden: if spec.audio.is_some() && cross.is_none() {
+                    (tokens * act * h).bytes()
+                } else {
+                    0.0
+                },
+                ..self.block_whole_tensors(
+                    tokens,
+                    layer,
+                    tally.core,
+                    own.score_matrix,
+                    mlp_intermediates,
+                )
+            },
             params: spec.block_params(attentions.has_cross, layer),
             ..Unit::default()
         }

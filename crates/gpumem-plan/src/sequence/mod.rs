@@ -324,6 +324,16 @@ impl Shapes {
         }
     }
 
+    /// Bytes of one of `unit`'s hidden states: an audio encoder block's own, else the
+    /// model's typical one.
+    fn activation_of(&self, unit: &Unit) -> f64 {
+        if unit.whole.encoder_hidden > 0.0 {
+            unit.whole.encoder_hidden.max(512.0)
+        } else {
+            self.activation
+        }
+    }
+
     /// Bytes of one of `unit`'s transient tensors in training: a block's are at most its
     /// largest saved kind (a score matrix, an MLP intermediate) or a hidden state; other
     /// units' (the loss's) up to the largest activation.
@@ -335,7 +345,7 @@ impl Shapes {
             .map(|g| g.tensor)
             .fold(0.0, f64::max);
         if unit.whole.block_matrices {
-            saved.max(self.activation)
+            saved.max(self.activation_of(unit))
         } else {
             self.largest
         }
@@ -678,9 +688,9 @@ fn train_forward(
         );
         let mut unit_saved = if kept.saved < unit.saved {
             // Recomputed in backward: what is kept is the block input.
-            out.pieces(kept.saved, shapes.activation)
+            out.pieces(kept.saved, shapes.activation_of(unit))
         } else {
-            out.grouped(kept.saved, whole.saved, shapes.activation)
+            out.grouped(kept.saved, whole.saved, shapes.activation_of(unit))
         };
         if !kept.wrapped {
             unit_saved.extend(shapes.saved_linears(out, unit, states));
@@ -793,7 +803,7 @@ fn unit_backward(
 ) -> Vec<u64> {
     // Recomputation re-creates activation-sized tensors; the gradients of its outputs
     // start the unit's backward.
-    let recomputed = out.pieces(recompute, shapes.activation);
+    let recomputed = out.pieces(recompute, shapes.activation_of(unit));
     let whole = &unit.whole;
     let mut starting = out.tensors(
         unit.backward_transient,
@@ -831,7 +841,8 @@ fn unit_backward(
     }
     // What the unit still saves while its parameter gradients are made, in
     // activation-sized pieces in place of the tensors freed above.
-    finishing.extend(out.pieces(unit.saved_through_gradients, shapes.activation));
+    let through = unit.saved_through_gradients;
+    finishing.extend(out.pieces(through, shapes.activation_of(unit)));
     out.free_all(starting);
     finishing
 }
@@ -868,12 +879,14 @@ fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes, preallocated: bool)
         }
         let piece = if index == last {
             shapes.largest
+        } else if unit.whole.encoder_hidden > 0.0 {
+            shapes.activation_of(unit)
         } else {
             shapes.live
         };
         let live = out.grouped(unit.inference_live, [unit.whole.live], piece);
         if !preallocated {
-            cache.push(out.pieces(unit.kv_cache, shapes.activation));
+            cache.push(out.pieces(unit.kv_cache, shapes.activation_of(unit)));
         }
         // What the unit returns exists beside its last live tensors (logits and the copy
         // they were made from).
@@ -1267,6 +1280,38 @@ mod tests {
         let old = sizes(Some("4.57"));
         assert_eq!((count(&old, gate_up), count(&old, down)), (0, 2));
         assert_eq!(count(&old, expert), 4 * 8 * 3);
+    }
+
+    /// Whisper's encoder blocks are cut into hidden states of its 1500 frames, its decoder's
+    /// into hidden states of the decoder's tokens.
+    #[test]
+    fn an_audio_encoder_has_hidden_states_of_its_own_frames() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../testdata/plan/configs/whisper-4l.json"
+        );
+        let model = crate::load_config(std::path::Path::new(path)).unwrap();
+        let settings = Settings {
+            mode: Some("train".into()),
+            batch: Some(2),
+            seq: Some(64),
+            dtype: Some("bf16".into()),
+            ..Settings::default()
+        };
+        let workload = settings.resolve(&model).unwrap().workload;
+        let units = build_units(&model, &workload, workload.batch);
+        let counts = model.params();
+        let trainable = trainable_params(&model, &workload, &counts);
+        let states = model_states(&model, &workload, &counts, &units, trainable);
+        let shapes = Shapes::of(&model, &workload, &units, &states);
+        // d_model 384, bf16.
+        let (encoder, decoder) = (2.0 * 1500.0 * 384.0 * 2.0, 2.0 * 64.0 * 384.0 * 2.0);
+        let blocks: Vec<f64> = units
+            .iter()
+            .filter(|u| u.name == "block")
+            .map(|u| shapes.activation_of(u))
+            .collect();
+        assert_eq!(blocks, [[encoder; 4], [decoder; 4]].concat());
     }
 
     #[test]
