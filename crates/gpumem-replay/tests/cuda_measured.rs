@@ -237,10 +237,9 @@ const ALLOCATED_MAX_BOUND: f64 = 0.05;
 /// ([`Process`]).
 const RESERVED_MEDIAN_BOUND: f64 = 0.04;
 
-/// Bound on any one case's |error| of the planned peak reserved bytes (26.3 %, TinyLlama's
-/// step without a loss in the settings grid, whose tensors the plan does not place in the
-/// cached segment the grid's process keeps, is the largest docs/plan.md states).
-const RESERVED_MAX_BOUND: f64 = 0.27;
+/// Bound on any one case's |error| of the planned peak reserved bytes (20.7 %, Whisper-4l's
+/// bf16 eager forward with labels, is the largest docs/plan.md states).
+const RESERVED_MAX_BOUND: f64 = 0.21;
 
 #[test]
 fn planner_against_h200_measurements() {

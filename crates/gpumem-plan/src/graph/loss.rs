@@ -62,6 +62,14 @@ impl TransformerGraph<'_> {
             backward_transient: (t.logits + t.softcap).bytes(),
             gradient_transient: (t.logits_gradient + t.input_gradient).bytes(),
             saved_through_gradients: t.head_saved.bytes(),
+            // The logits-sized gradient the backward starts with is the one the head's matmul
+            // reads: one tensor, not a second beside it.
+            whole: WholeTensors {
+                backward_transient: [t.softcap.bytes(), t.logits.bytes()],
+                gradient_transient: t.logits.bytes(),
+                gradient_continues: true,
+                ..WholeTensors::default()
+            },
             params: t.params,
             ..Unit::default()
         }

@@ -1120,6 +1120,35 @@ mod tests {
         }
     }
 
+    /// `--loss none` (`outputs.logits.sum().backward()`): the logits-sized gradient the head's
+    /// backward starts with is the one its matmul reads, so the sequence holds two
+    /// logits-sized tensors there (the held logits and that gradient), as the estimate does,
+    /// with or without soft-capping's second gradient (Gemma 2).
+    #[test]
+    fn a_summed_loss_follows_the_estimate() {
+        // Small models, whose logits are most of the step.
+        for (name, dtype) in [("opt-2l", "fp16"), ("gemma2-4l", "bf16")] {
+            let path = format!(
+                "{}/../../testdata/plan/configs/{name}.json",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let model = crate::load_config(std::path::Path::new(&path)).unwrap();
+            let settings = Settings {
+                mode: Some("train".into()),
+                batch: Some(4),
+                seq: Some(256),
+                dtype: Some(dtype.into()),
+                optimizer: Some("none".into()),
+                loss: Some("none".into()),
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            let what = format!("{name} --loss none");
+            let events = sequence_matching_estimate(&model, &workload, &what);
+            assert_all_freed(&events, &what);
+        }
+    }
+
     /// ZeRO-3's gathered block weights kept by PyTorch's linear (DeepSpeed before 0.19.4, no
     /// zero.Init) are allocated after each block's forward and freed with its saved tensors,
     /// as the estimate has them, with and without checkpointing.
