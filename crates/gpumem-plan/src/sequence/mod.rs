@@ -191,9 +191,12 @@ struct Workspaces {
     made: Vec<u64>,
 }
 
-/// The first unit whose forward runs a matrix product: the first after the embeddings (a
-/// lookup).
+/// The first unit whose forward runs a cuBLAS matrix product: the first after the embeddings
+/// (a lookup); in a ResNet, whose convolutions run on cuDNN, its head's classifier.
 fn first_product_unit(units: &[Unit]) -> usize {
+    if units.first().is_some_and(|u| u.name == "stem") {
+        return units.len() - 1;
+    }
     units
         .iter()
         .position(|u| u.name != "embeddings")
