@@ -1278,6 +1278,40 @@ mod tests {
                 .len(),
             1
         );
+
+        // A ResNet's first product is its classifier's, after its convolutions' tensors.
+        let model = find_model("resnet50").unwrap();
+        let settings = Settings {
+            mode: Some("infer".into()),
+            batch: Some(8),
+            image_size: Some(224),
+            ..Settings::default()
+        };
+        let workload = settings.resolve(&model).unwrap().workload;
+        let run = planned_run(&model, &workload).unwrap();
+        // The first step's allocations, in order.
+        let step = |index: u64| {
+            run.events
+                .iter()
+                .position(|e| *e == PlannedEvent::Step { index })
+                .unwrap()
+        };
+        let first: Vec<u64> = run.events[step(0)..step(1)]
+            .iter()
+            .filter_map(|e| match *e {
+                PlannedEvent::Alloc { id, .. } => Some(id),
+                _ => None,
+            })
+            .collect();
+        let made = first
+            .iter()
+            .position(|&id| id == run.process_workspaces[0])
+            .unwrap();
+        assert!(
+            made > first.len() / 2,
+            "made at allocation {made} of the step's {}",
+            first.len()
+        );
     }
 
     /// A mixture's routed experts are two tensors over all experts per layer under
