@@ -939,6 +939,15 @@ mod tests {
             .collect()
     }
 
+    /// A model of `testdata/plan/configs/` (the measured sets' shrunk configs) by its stem.
+    fn testdata_model(name: &str) -> ModelSpec {
+        let path = format!(
+            "{}/../../testdata/plan/configs/{name}.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        crate::load_config(std::path::Path::new(&path)).unwrap()
+    }
+
     /// The bytes of each allocation of the planned sequence.
     fn allocation_sizes(model: &ModelSpec, workload: &Workload) -> Vec<u64> {
         allocations(model, workload)
@@ -1131,11 +1140,7 @@ mod tests {
     fn a_summed_loss_follows_the_estimate() {
         // Small models, whose logits are most of the step.
         for (name, dtype) in [("opt-2l", "fp16"), ("gemma2-4l", "bf16")] {
-            let path = format!(
-                "{}/../../testdata/plan/configs/{name}.json",
-                env!("CARGO_MANIFEST_DIR")
-            );
-            let model = crate::load_config(std::path::Path::new(&path)).unwrap();
+            let model = testdata_model(name);
             let settings = Settings {
                 mode: Some("train".into()),
                 batch: Some(4),
@@ -1319,11 +1324,7 @@ mod tests {
     /// under 4.x: the planned weights follow the release.
     #[test]
     fn mixture_weights_follow_the_release() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../testdata/plan/configs/mixtral-4l.json"
-        );
-        let model = crate::load_config(std::path::Path::new(path)).unwrap();
+        let model = testdata_model("mixtral-4l");
         // hidden 512, intermediate 1024, 8 experts, 4 layers, bf16; the embeddings and the
         // untied head (8192 × 512) are the size of a `down_proj` too.
         let sizes = |transformers: Option<&str>| {
@@ -1352,11 +1353,7 @@ mod tests {
     /// into hidden states of the decoder's tokens.
     #[test]
     fn an_audio_encoder_has_hidden_states_of_its_own_frames() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../testdata/plan/configs/whisper-4l.json"
-        );
-        let model = crate::load_config(std::path::Path::new(path)).unwrap();
+        let model = testdata_model("whisper-4l");
         let settings = Settings {
             mode: Some("train".into()),
             batch: Some(2),
