@@ -96,6 +96,10 @@ pub struct WholeTensors {
     /// one (Whisper's 1500 frames against the decoder's tokens): what the rest of its
     /// activations are made of. Zero: the model's typical hidden state.
     pub encoder_hidden: f64,
+    /// Of `held`, generation's selection of the next token (the last position's logits in
+    /// fp32 and a logits processor's scores): `_sample` keeps them referenced until the next
+    /// step's replace them, after its forward.
+    pub selection: f64,
 }
 
 /// Saved bytes of one kind, kept as tensors of one size.

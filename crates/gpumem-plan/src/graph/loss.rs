@@ -180,6 +180,7 @@ impl TransformerGraph<'_> {
             Bytes::ZERO
         };
         let held = logits + selection;
+        let last_position = 2.0 * fp32 * Tokens(self.batch) * t.vocab;
         // The final norm reads the last block's output; the head then runs on the
         // body's output beside the logits (with a masked-LM transform's output, or
         // T5's rescaled copy).
@@ -204,6 +205,14 @@ impl TransformerGraph<'_> {
                 .max(beside_logits + loss + t.softcap + upcasting)
                 .bytes(),
             held: held.bytes(),
+            whole: WholeTensors {
+                selection: if self.workload.mode == Mode::Generate {
+                    last_position.bytes()
+                } else {
+                    0.0
+                },
+                ..WholeTensors::default()
+            },
             params: t.params,
             ..Unit::default()
         }

@@ -160,9 +160,18 @@ pub fn planned_run(model: &ModelSpec, workload: &Workload) -> Result<PlannedRun>
             } else {
                 Vec::new()
             };
+            let decode = Decode::of(model, workload);
             for index in 0..STEPS {
                 out.events.push(PlannedEvent::Step { index });
-                infer(&mut out, &units, &shapes, preallocated);
+                let pass = infer(&mut out, &units, &shapes, preallocated, &mut |_, _| {});
+                match &decode {
+                    Some(decode) => decode.run(&mut out, &shapes, pass),
+                    None => {
+                        out.free_all(pass.selection);
+                        out.free_all(pass.held);
+                        pass.cache.into_iter().for_each(|c| out.free_all(c));
+                    }
+                }
             }
             out.free_all(setup);
         }
@@ -863,12 +872,28 @@ fn static_cache(out: &mut Emitter, units: &[Unit], mask: f64) -> Vec<u64> {
     kept
 }
 
+/// What a no-grad forward leaves for its caller: the KV cache it made (unit by unit), what its
+/// outputs keep (the logits) and generation's selection of the next token.
+struct Pass {
+    cache: Vec<Vec<u64>>,
+    held: Vec<u64>,
+    selection: Vec<u64>,
+}
+
 /// One no-grad forward: each unit's live tensors while it runs, the KV cache it adds (none
 /// where the cache was `preallocated`), what its output keeps; all released when the pass
-/// returns.
-fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes, preallocated: bool) {
+/// returns but the cache and what the outputs keep ([`Pass`]). `while_running` is called with
+/// each unit's index while its live tensors exist (a decode step's cache update).
+fn infer(
+    out: &mut Emitter,
+    units: &[Unit],
+    shapes: &Shapes,
+    preallocated: bool,
+    while_running: &mut dyn FnMut(&mut Emitter, usize),
+) -> Pass {
     let mut cache = Vec::new();
     let mut held = Vec::new();
+    let mut selected = Vec::new();
     let mut body = Vec::new();
     let last = units.len().saturating_sub(1);
     let first_product = first_product_unit(units);
@@ -888,20 +913,117 @@ fn infer(out: &mut Emitter, units: &[Unit], shapes: &Shapes, preallocated: bool)
             shapes.live
         };
         let live = out.grouped(unit.inference_live, [unit.whole.live], piece);
+        while_running(out, index);
         if !preallocated {
             cache.push(out.pieces(unit.kv_cache, shapes.activation_of(unit)));
         }
         // What the unit returns exists beside its last live tensors (logits and the copy
         // they were made from).
-        held.push(out.alloc(unit.held));
+        let selection = unit.whole.selection.min(unit.held);
+        held.push(out.alloc(unit.held - selection));
+        selected.extend(out.alloc(selection));
         out.free_all(live);
         if index < last {
             body.push(out.alloc(unit.body_held));
         }
     }
     body.into_iter().for_each(|b| out.free(b));
-    held.into_iter().for_each(|h| out.free(h));
-    cache.into_iter().for_each(|c| out.free_all(c));
+    Pass {
+        cache,
+        held: held.into_iter().flatten().collect(),
+        selection: selected,
+    }
+}
+
+/// At most this many decode steps are planned: a longer generation's cache grows by several
+/// tokens a planned step, so that a sequence stays small for any length.
+const MAX_DECODE_STEPS: u64 = 16;
+
+/// `generate`'s decode after the prefill, for a dynamic cache: each step's forward over one
+/// token, in which every layer's `DynamicCache.update` concatenates its keys and its values
+/// with the new token's (`torch.cat`: a new tensor of the grown length, then the old one
+/// freed), as the estimate's decode phase has it at the last step. The previous step's
+/// selection of its token (`_sample`'s `next_token_logits` and `next_token_scores`) stays
+/// referenced until the step's own replaces it, after the forward.
+struct Decode {
+    /// The model's units over one token.
+    units: Vec<Unit>,
+    /// Tokens in the prompt.
+    prompt: f64,
+    /// Tokens generated (the first comes from the prefill's logits).
+    new_tokens: u64,
+    /// An older release's tuple cache: each step makes every layer's new keys and values
+    /// before the previous step's cache is dropped.
+    tuple: bool,
+}
+
+impl Decode {
+    /// The decode of `workload` on `model`, where it has one: generation of more than one
+    /// token with a cache that grows (not a static one).
+    fn of(model: &ModelSpec, workload: &Workload) -> Option<Decode> {
+        let grows = workload.mode == Mode::Generate
+            && workload.new_tokens > 1
+            && workload.static_cache_positions().is_none();
+        if !grows {
+            return None;
+        }
+        let one_token = Workload {
+            seq: 1,
+            new_tokens: 1,
+            ..workload.clone()
+        };
+        let tuple = match &model.arch {
+            Architecture::Transformer(t) => {
+                OldRelease::of(t, workload).is_some_and(|r| r.tuple_cache())
+            }
+            Architecture::Resnet(_) | Architecture::Diffusion(_) => false,
+        };
+        Some(Decode {
+            units: build_units(model, &one_token, workload.batch),
+            prompt: workload.seq as f64,
+            new_tokens: workload.new_tokens,
+            tuple,
+        })
+    }
+
+    /// Runs the decode over the prefill's pass and frees what is left.
+    fn run(&self, out: &mut Emitter, shapes: &Shapes, prefill: Pass) {
+        let Pass {
+            mut cache,
+            held,
+            mut selection,
+        } = prefill;
+        // `outputs` (the logits) are dropped at the end of each step; the selection lives on.
+        out.free_all(held);
+        let steps = (self.new_tokens - 1).min(MAX_DECODE_STEPS);
+        for step in 1..=steps {
+            // Tokens cached once this step's token is in.
+            let cached = self.prompt + ((self.new_tokens - 1) * step / steps) as f64;
+            let mut dropped = Vec::new();
+            // Each layer's keys and values grow while the layer runs.
+            let mut grow = |out: &mut Emitter, index: usize| {
+                let unit = &self.units[index];
+                if unit.kv_cache <= 0.0 {
+                    return;
+                }
+                let tokens = unit.kv_window.map_or(cached, |w| w.min(cached));
+                let keys_or_values = unit.kv_cache * tokens / 2.0;
+                let grown: Vec<u64> = (0..2).filter_map(|_| out.alloc(keys_or_values)).collect();
+                let old = std::mem::replace(&mut cache[index], grown);
+                if self.tuple {
+                    dropped.extend(old);
+                } else {
+                    out.free_all(old);
+                }
+            };
+            let step_pass = infer(out, &self.units, shapes, true, &mut grow);
+            out.free_all(dropped);
+            out.free_all(std::mem::replace(&mut selection, step_pass.selection));
+            out.free_all(step_pass.held);
+        }
+        out.free_all(selection);
+        cache.into_iter().for_each(|c| out.free_all(c));
+    }
 }
 
 /// Highest sum of live bytes of a sequence.
@@ -1317,6 +1439,27 @@ mod tests {
             "made at allocation {made} of the step's {}",
             first.len()
         );
+    }
+
+    /// `generate`'s decode grows every layer's keys and values into new tensors: at its last
+    /// step each of GPT-2's 12 layers makes keys and values of the prompt and every new token
+    /// but the last (16 + 63), in both planned steps.
+    #[test]
+    fn a_decode_grows_each_layers_cache() {
+        let model = find_model("gpt2").unwrap();
+        let settings = Settings {
+            mode: Some("generate".into()),
+            batch: Some(1),
+            seq: Some(16),
+            new_tokens: Some(64),
+            dtype: Some("fp32".into()),
+            ..Settings::default()
+        };
+        let workload = settings.resolve(&model).unwrap().workload;
+        let sizes = allocation_sizes(&model, &workload);
+        let last_step = (16 + 63) * 768 * 4;
+        let count = sizes.iter().filter(|&&b| b == last_step).count();
+        assert_eq!(count, 2 * 12 * STEPS as usize);
     }
 
     /// A mixture's routed experts are two tensors over all experts per layer under
