@@ -68,7 +68,7 @@ pub struct Unit {
 pub struct WholeTensors {
     /// Parts of `saved` made of tensors larger than a hidden state: the loss's
     /// log-probabilities; a block's score matrices and MLP intermediates.
-    pub saved: [SavedGroup; 2],
+    pub saved: [SavedGroup; 3],
     /// In `forward_transient`: the logits and their fp32 copy.
     pub forward_transient: [f64; 2],
     /// In `backward_transient`: the gradients of nll_loss and of log_softmax.

@@ -120,8 +120,7 @@ fn planned_reserved_against_real_traces() {
     // Reserved: docs/plan.md says where the sequence's tensors are still coarser than the
     // real ones (the largest, GPT-2-2l generating 256 tokens, −18.9 %: the harness's
     // `min_new_tokens` processor copies the scores at every step, and 255 decode steps' small
-    // tensors fragment the small pool; Qwen3-MoE's 12.4 %: its routed copies' intermediates
-    // are pieces of a hidden state's size).
+    // tensors fragment the small pool).
     errors.sort_by(f64::total_cmp);
     let median = errors[errors.len() / 2];
     let max = errors[errors.len() - 1];

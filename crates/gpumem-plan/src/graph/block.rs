@@ -112,29 +112,41 @@ impl TransformerGraph<'_> {
         live: SavedGroup,
     ) -> WholeTensors {
         let f = Width(self.spec.routed_intermediate(layer) as f64) / self.split.tp;
+        let intermediates = (tokens * self.mlp_intermediates(layer) / self.split.tp).bytes();
+        let core = SavedGroup {
+            bytes: core.bytes(),
+            tensor: score_matrix.bytes(),
+        };
         WholeTensors {
-            saved: [
-                SavedGroup {
-                    bytes: core.bytes(),
-                    tensor: score_matrix.bytes(),
-                },
+            saved: if layer.moe {
                 // A mixture of experts (transformers 5's `grouped_mm` over the routed copies,
                 // sorted by expert) saves its gathered input and its output before the
-                // routing weights, each one tensor of every routed copy.
-                if layer.moe {
-                    let copy = tokens * self.spec.experts_per_token as f64 * self.bytes.act;
-                    let h = Width(self.spec.hidden as f64);
+                // routing weights, each one tensor of every routed copy, and each routed
+                // intermediate over every copy.
+                let copies = tokens * self.spec.experts_per_token as f64 * self.bytes.act;
+                let h = Width(self.spec.hidden as f64);
+                let expert = Width(self.spec.intermediate as f64) / self.split.tp;
+                [
+                    core,
                     SavedGroup {
-                        bytes: (2.0 * copy * h).bytes(),
-                        tensor: (copy * h).bytes(),
-                    }
-                } else {
+                        bytes: (2.0 * copies * h).bytes(),
+                        tensor: (copies * h).bytes(),
+                    },
                     SavedGroup {
-                        bytes: (tokens * self.mlp_intermediates(layer) / self.split.tp).bytes(),
+                        bytes: intermediates,
+                        tensor: (copies * expert).bytes(),
+                    },
+                ]
+            } else {
+                [
+                    core,
+                    SavedGroup {
+                        bytes: intermediates,
                         tensor: (tokens * self.bytes.act * f).bytes(),
-                    }
-                },
-            ],
+                    },
+                    SavedGroup::default(),
+                ]
+            },
             live,
             block_matrices: !layer.moe,
             moe_tensors: layer.moe,

@@ -142,6 +142,7 @@ impl TransformerGraph<'_> {
                         bytes: kept_copy.bytes(),
                         tensor: kept_copy.bytes(),
                     },
+                    SavedGroup::default(),
                 ],
                 forward_transient: [t.logits.bytes(), forward_copy.bytes()],
                 backward_transient: backward_start,
