@@ -193,6 +193,7 @@ pub fn planned_run(model: &ModelSpec, workload: &Workload) -> Result<PlannedRun>
 /// Where it is made decides which cached block it is carved from.
 #[derive(Default)]
 struct Workspaces {
+    /// Bytes of one (the GPU's cuBLAS workspace size).
     bytes: f64,
     /// How many the run makes (`blas_workspace_count`).
     count: usize,
