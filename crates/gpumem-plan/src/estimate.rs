@@ -6,7 +6,7 @@ use crate::checks::check;
 use crate::distributed::{nccl_bytes, reduced_at_backward_end};
 use crate::error::Result;
 use crate::graph::build_units;
-use crate::model::{Architecture, ModelSpec};
+use crate::model::ModelSpec;
 use crate::releases::OldRelease;
 use crate::states::{model_states, trainable_params, States};
 use crate::unit::{Unit, ACCUMULATION_COPIES};
@@ -677,13 +677,11 @@ fn static_cache_generation(
     if setup.allocated() > prefill.allocated() {
         prefill = setup;
     }
-    let one_token = Workload {
-        seq: 1,
-        new_tokens: 1,
+    let static_cache = Workload {
         cache_len: Some(positions),
         ..workload.clone()
     };
-    let (step_units, cache) = preallocated(&build_units(model, &one_token, workload.batch));
+    let (step_units, cache) = preallocated(&decode_step_units(model, &static_cache));
     let decode = pass(&step_units, cache);
     vec![(Phase::Prefill, prefill), (Phase::Decode, decode)]
 }
@@ -734,12 +732,7 @@ fn simulate_inference(
     }
     // Decode: one token per step against a cache of prompt + new − 1 tokens; concatenating into a
     // layer's cache briefly holds the old and the new copy of that layer.
-    let one_token = Workload {
-        seq: 1,
-        new_tokens: 1,
-        ..workload.clone()
-    };
-    let step_units = build_units(model, &one_token, workload.batch);
+    let step_units = decode_step_units(model, workload);
     let cached_tokens = workload.tokens() as f64;
     // Each layer's cache holds every earlier token, a sliding-window layer the last window.
     let earlier = cached_tokens - 1.0;
@@ -750,12 +743,28 @@ fn simulate_inference(
     let layer_kv = step_units.iter().map(|u| u.kv_cache).fold(0.0, f64::max) * cached_tokens;
     let mut decode = pass(&step_units, cache_base);
     // An old release's tuple cache: the previous step's whole cache lives beside the new one.
-    let tuple_cache = match &model.arch {
-        Architecture::Transformer(spec) => {
-            OldRelease::of(spec, workload).is_some_and(|old| old.tuple_cache())
-        }
-        _ => false,
+    let concatenating = if tuple_cache(model, workload) {
+        cache_base
+    } else {
+        layer_kv
     };
-    decode.temporaries += bytes(if tuple_cache { cache_base } else { layer_kv });
+    decode.temporaries += bytes(concatenating);
     vec![(Phase::Prefill, prefill), (Phase::Decode, decode)]
+}
+
+/// The units of one of `workload`'s decode steps: its forward over one new token.
+pub(crate) fn decode_step_units(model: &ModelSpec, workload: &Workload) -> Vec<Unit> {
+    let one_token = Workload {
+        seq: 1,
+        new_tokens: 1,
+        ..workload.clone()
+    };
+    build_units(model, &one_token, workload.batch)
+}
+
+/// Whether `workload` plans an older transformers release that decodes with a tuple cache
+/// (`OldRelease::tuple_cache`): each step makes every layer's new keys and values before the
+/// previous step's cache is dropped.
+pub(crate) fn tuple_cache(model: &ModelSpec, workload: &Workload) -> bool {
+    OldRelease::of_model(model, workload).is_some_and(|old| old.tuple_cache())
 }

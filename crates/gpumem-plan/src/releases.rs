@@ -10,7 +10,7 @@
 //! The Llama family moved first (4.45: last-token logits in generate, no fp32 upcast of all
 //! logits); GPT-NeoX, GPT-2, OPT and BigCode kept their older code for several releases more.
 
-use crate::model::TransformerSpec;
+use crate::model::{Architecture, ModelSpec, TransformerSpec};
 use crate::quantity::{BytesPerElement, BytesPerToken, Width};
 use serde::Serialize;
 
@@ -204,6 +204,15 @@ impl<'a> OldRelease<'a> {
         workload
             .transformers
             .map(|release| OldRelease { spec, release })
+    }
+
+    /// The release `workload` plans for `model` where it is a transformer; None: today's, or
+    /// a model without transformers modelling code (a ResNet, a diffusion model).
+    pub(crate) fn of_model(model: &'a ModelSpec, workload: &Workload) -> Option<Self> {
+        match &model.arch {
+            Architecture::Transformer(spec) => OldRelease::of(spec, workload),
+            Architecture::Resnet(_) | Architecture::Diffusion(_) => None,
+        }
     }
 
     fn before(&self, (major, minor): Since) -> bool {

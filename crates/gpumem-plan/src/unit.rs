@@ -67,7 +67,8 @@ pub struct Unit {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct WholeTensors {
     /// Parts of `saved` made of tensors larger than a hidden state: the loss's
-    /// log-probabilities; a block's score matrices and MLP intermediates.
+    /// log-probabilities; a block's score matrices and MLP intermediates (a mixture's routed
+    /// copies and their intermediates).
     pub saved: [SavedGroup; 3],
     /// In `forward_transient`: the logits and their fp32 copy.
     pub forward_transient: [f64; 2],

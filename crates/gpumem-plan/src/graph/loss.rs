@@ -169,19 +169,19 @@ impl TransformerGraph<'_> {
         // Generation copies the last logits to fp32 and a logits processor makes
         // another fp32 tensor before picking the token; some releases first clone
         // all the logits the model returned.
+        // Two fp32 tensors of the last position's logits.
+        let last_position = 2.0 * fp32 * Tokens(self.batch) * t.vocab;
         let selection = if self.workload.mode == Mode::Generate {
             let clone = if self.old_release().is_some_and(|o| o.clones_all_logits()) {
                 logits
             } else {
                 Bytes::ZERO
             };
-            // Two fp32 tensors of the last position's logits.
-            2.0 * fp32 * Tokens(self.batch) * t.vocab + clone
+            last_position + clone
         } else {
             Bytes::ZERO
         };
         let held = logits + selection;
-        let last_position = 2.0 * fp32 * Tokens(self.batch) * t.vocab;
         // The final norm reads the last block's output; the head then runs on the
         // body's output beside the logits (with a masked-LM transform's output, or
         // T5's rescaled copy).

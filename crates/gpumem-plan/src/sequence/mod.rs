@@ -16,7 +16,10 @@
 
 use crate::distributed::{reduced_at_backward_end, PhaseBuffers};
 use crate::error::Result;
-use crate::estimate::{accumulates_gradients, blas_workspace_count, kept_and_recomputed, Kept};
+use crate::estimate::{
+    accumulates_gradients, blas_workspace_count, decode_step_units, kept_and_recomputed,
+    tuple_cache, Kept,
+};
 use crate::graph::build_units;
 use crate::lora::adapter_matrices;
 use crate::model::{Architecture, LayerKind, ModelSpec, TransformerSpec};
@@ -658,7 +661,7 @@ fn per_param_tensors(
     units
         .iter()
         .map(|u| {
-            if adapter_elements == 0.0 {
+            if shapes.adapter_elements.is_empty() {
                 let whole = shapes.param_tensors(u, shapes.weight_per_param, count);
                 return out.tensors(shapes.share(u) * total, &whole, shapes.tensor);
             }
@@ -968,22 +971,11 @@ impl Decode {
         if !grows {
             return None;
         }
-        let one_token = Workload {
-            seq: 1,
-            new_tokens: 1,
-            ..workload.clone()
-        };
-        let tuple = match &model.arch {
-            Architecture::Transformer(t) => {
-                OldRelease::of(t, workload).is_some_and(|r| r.tuple_cache())
-            }
-            Architecture::Resnet(_) | Architecture::Diffusion(_) => false,
-        };
         Some(Decode {
-            units: build_units(model, &one_token, workload.batch),
+            units: decode_step_units(model, workload),
             prompt: workload.seq as f64,
             new_tokens: workload.new_tokens,
-            tuple,
+            tuple: tuple_cache(model, workload),
         })
     }
 

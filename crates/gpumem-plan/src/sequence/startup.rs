@@ -338,10 +338,7 @@ fn fsdp1_units(
         ),
         _ => (Vec::new(), module, module),
     };
-    let old = match &model.arch {
-        Architecture::Transformer(spec) => OldRelease::of(spec, workload),
-        _ => None,
-    };
+    let old = OldRelease::of_model(model, workload);
     let layer_buffers = old.map_or_else(Vec::new, |o| o.layer_buffers(module));
     let elements = |n: u64| (n as f64 / tp).ceil();
     let whole = |params: Vec<f64>| FsdpUnit {
