@@ -76,8 +76,15 @@ pub struct WholeTensors {
     pub backward_transient: [f64; 2],
     /// In `gradient_transient`: the logits' gradient.
     pub gradient_transient: f64,
-    /// In `inference_live`: a no-grad MLP's intermediates, where they make the block's peak.
+    /// In `inference_live`: a no-grad unit's tensors larger than a hidden state at its peak (a
+    /// convolution's workspace), where `no_grad` has no phases.
     pub live: SavedGroup,
+    /// In `kv_cache`: a block's self-attention keys and values, and its cross-attention's
+    /// (over the encoder's tokens), each a tensor of half a group's bytes.
+    pub kv_cache: [SavedGroup; 2],
+    /// A no-grad block's forward as its sublayers run: its attention, a decoder's
+    /// cross-attention, its MLP. Empty (zero bytes): the unit is one phase of `inference_live`.
+    pub no_grad: [NoGradPhase; 3],
     /// The gradient transient's whole tensor is the last of the backward transient's, kept
     /// alive rather than made anew (log_softmax's gradient is the logits' when no cast
     /// follows).
@@ -103,6 +110,64 @@ pub struct WholeTensors {
     pub selection: f64,
 }
 
+/// One sublayer of a no-grad block (see [`WholeTensors::no_grad`]). The allocation sequence
+/// makes each phase's tensors and frees them before the next phase's, so that the caching
+/// allocator sees the block's sizes in the order its code makes them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct NoGradPhase {
+    /// Bytes live at the phase's peak besides the KV cache, the probabilities an earlier
+    /// phase's attention returned included (the block still holds them).
+    pub bytes: f64,
+    /// Of `bytes`, tensors larger than a hidden state: an MLP's intermediates.
+    pub whole: SavedGroup,
+    /// Of `bytes`, the score matrices of an attention kernel that materialises them.
+    pub scores: ScoreTensors,
+}
+
+/// The score matrices of a materialising attention kernel (eager attention, SDPA's math path)
+/// in a no-grad forward, in bytes of one tensor each, made in this order: the scores (and
+/// their scaled or masked copy), a soft-capped copy, the softmax's fp32 conversion of its
+/// input, the softmax's output, the output's cast; each released once the next has read it.
+/// Zero: no such tensor.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ScoreTensors {
+    /// The scores in the activation dtype.
+    pub input: f64,
+    /// The scores are copied once before the softmax (scaled or masked out of place, as the
+    /// model families' eager code does), both alive while the copy is made.
+    pub copied: bool,
+    /// Their soft-capped copy (`tanh`), alive beside them.
+    pub softcap: f64,
+    /// The fp32 copy the softmax makes of a half-precision input first.
+    pub conversion: f64,
+    /// The softmax's output.
+    pub probs: f64,
+    /// The output cast back to the activation dtype.
+    pub cast: f64,
+    /// The attention returns its probabilities (the cast, else the output) and the block
+    /// holds them until it returns.
+    pub returned: bool,
+}
+
+impl ScoreTensors {
+    /// Bytes alive at once at the kernel's peak: the scores beside the softmax's output and
+    /// whichever of the conversion and the cast is larger.
+    pub fn peak(&self) -> f64 {
+        let copying = if self.copied { 2.0 * self.input } else { 0.0 };
+        (self.input + self.softcap + self.probs + self.conversion.max(self.cast)).max(copying)
+    }
+
+    /// Bytes of the probabilities the block holds after the kernel (zero where it returns
+    /// none).
+    pub fn returned_bytes(&self) -> f64 {
+        match (self.returned, self.cast > 0.0) {
+            (false, _) => 0.0,
+            (true, true) => self.cast,
+            (true, false) => self.probs,
+        }
+    }
+}
+
 /// Saved bytes of one kind, kept as tensors of one size.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SavedGroup {
@@ -113,6 +178,15 @@ pub struct SavedGroup {
 }
 
 impl Unit {
+    /// Adds `bytes` a no-grad forward holds alive through the whole unit: to its peak and to
+    /// each of its phases.
+    pub(crate) fn hold_through_no_grad(&mut self, bytes: f64) {
+        self.inference_live += bytes;
+        for phase in self.whole.no_grad.iter_mut().filter(|p| p.bytes > 0.0) {
+            phase.bytes += bytes;
+        }
+    }
+
     /// Parameters that receive a gradient in training.
     pub fn trained_params(&self) -> u64 {
         self.params - self.untrained_params

@@ -31,8 +31,13 @@ fn settings(meta: &BTreeMap<String, String>) -> Settings {
         optimizer_impl: text("optimizer_impl"),
         grad_ckpt: text("grad_ckpt").as_deref() == Some("true"),
         attn: text("attn"),
-        // The capture harness's plain forward passes use_cache=False.
-        no_cache: mode.as_deref() == Some("infer"),
+        // The capture harness's plain inference forward passes use_cache=False unless the
+        // header says otherwise (`--cache`).
+        no_cache: match text("no_cache").as_deref() {
+            Some(value) => value == "true",
+            None => mode.as_deref() == Some("infer"),
+        },
+        labels: text("labels").as_deref() == Some("true"),
         target: Some("cpu".into()),
         mode,
         ..Settings::default()
@@ -76,7 +81,17 @@ fn planned_reserved_against_real_traces() {
         "sequence/whisper-4l-train-b2-s64-bf16-sdpa",
         // And a generation whose peak is in its decode (256 new tokens after 16).
         "sequence/gpt2-2l-generate-b8-s16-new256-fp32-sdpa",
+        // Captured in session 22 to check a no-grad block's phases: evaluation forwards with
+        // labels and the KV cache, the encoder's eager scores and the cross-attention's keys
+        // and values over 1500 frames.
+        "sequence/whisper-4l-infer-b4-s128-bf16-labels-cache-eager",
+        "sequence/whisper-4l-infer-b4-s128-fp32-labels-cache-sdpa",
     ];
+    let extra = std::env::var("GPUMEM_EXTRA_TRACES").unwrap_or_default();
+    let traces: Vec<&str> = traces
+        .into_iter()
+        .chain(extra.split(',').filter(|s| !s.is_empty()))
+        .collect();
     let options = ReplayOptions::default();
     println!(
         "{:<54} {:>14} {:>14} {:>14} {:>14} {:>9}",
@@ -84,14 +99,22 @@ fn planned_reserved_against_real_traces() {
     );
     let mut errors = Vec::new();
     for name in traces {
-        let path = repo().join(format!("testdata/traces/{name}.jsonl.gz"));
+        let path = if name.starts_with('/') {
+            PathBuf::from(name)
+        } else {
+            repo().join(format!("testdata/traces/{name}.jsonl.gz"))
+        };
         let real = gpumem_trace::read_path(&path, ReadOptions::default()).unwrap();
         let meta = &real.meta.extra;
         let model = load_config(&repo().join(&meta["config"])).unwrap();
         let workload = settings(meta).resolve(&model).unwrap().workload;
         let events = allocation_sequence(&model, &workload).unwrap();
-        let planned =
-            replay_peaks(&planned_trace(name, &events), PolicyKind::Torch, &options).unwrap();
+        let planned_events = planned_trace(name, &events);
+        if let Ok(dir) = std::env::var("GPUMEM_PLANNED_OUT") {
+            let file = PathBuf::from(dir).join(format!("{}.jsonl", name.replace('/', "_")));
+            gpumem_trace::write_path(&planned_events, &file, gpumem_trace::Format::Native).unwrap();
+        }
+        let planned = replay_peaks(&planned_events, PolicyKind::Torch, &options).unwrap();
         let measured = replay_peaks(&real, PolicyKind::Torch, &options).unwrap();
         let error = planned.peak_reserved_bytes as f64 / measured.peak_reserved_bytes as f64 - 1.0;
         println!(

@@ -44,6 +44,7 @@ CUSTOM_DEFAULTS: dict[str, Any] = {
 }
 CUSTOM_OPTIONS = ("name", "mode", "batch", "seq", "image_size", "new_tokens", "dtype", "amp",
                   "optimizer", "optimizer_impl", "attn", "steps")
+CUSTOM_SWITCHES = ("grad_ckpt", "labels", "cache")
 
 
 def _train(batch: int, seq: int | None, **kw: Any) -> Settings:
@@ -128,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default foreach (train)")
     custom.add_argument("--grad-ckpt", action="store_true")
     custom.add_argument("--attn", choices=ATTN_IMPLS)
+    custom.add_argument("--labels", action="store_true",
+                        help="infer: the batch carries labels = input_ids (the model's own loss)")
+    custom.add_argument("--cache", action="store_true",
+                        help="infer: use_cache left at the config's default (True), so the "
+                             "forward returns its KV cache (default: use_cache=False)")
     custom.add_argument("--steps", type=positive_int, help="default 3")
     return ap
 
@@ -165,10 +171,17 @@ def _custom_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> S
         ap.error("--optimizer adafactor has no fused implementation")
     if args.grad_ckpt and kind == "cnn":
         ap.error("--grad-ckpt is not defined for torchvision CNNs")
+    for switch in ("labels", "cache"):
+        if getattr(args, switch) and args.mode != "infer":
+            ap.error(f"--{switch} applies only to --mode infer")
+    if args.cache and kind not in configs.KV_CACHE_KINDS:
+        ap.error(f"--cache needs a model with a KV cache (decoder or encoder-decoder), "
+                 f"not {args.config}")
     return Settings(args.mode, args.batch, args.seq, args.image_size, args.new_tokens,
                     args.dtype, args.amp, args.optimizer if train else None,
                     args.optimizer_impl if train and args.optimizer != "none" else None,
-                    args.grad_ckpt, args.attn)
+                    args.grad_ckpt, args.attn, no_cache=False if args.cache else None,
+                    labels=args.labels)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -180,7 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         s = _custom_settings(ap, args)
     else:
         given = [f"--{k.replace('_', '-')}" for k in CUSTOM_OPTIONS
-                 if getattr(args, k) is not None] + (["--grad-ckpt"] if args.grad_ckpt else [])
+                 if getattr(args, k) is not None] + [
+                     f"--{k.replace('_', '-')}" for k in CUSTOM_SWITCHES if getattr(args, k)]
         if given:
             ap.error(f"{', '.join(given)}: only for a trace of your own (with --config)")
         names = [n for n in TRACES if args.only is None or args.only.search(n)]

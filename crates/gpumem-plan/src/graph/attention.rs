@@ -4,6 +4,7 @@ use super::kernel::{AttentionKernel, GroupedKeys};
 use super::sizes::{AttentionShape, Tally};
 use super::TransformerGraph;
 use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
+use crate::unit::ScoreTensors;
 use crate::workload::Target;
 
 /// What one attention sublayer keeps besides its per-query-token terms, in bytes.
@@ -19,6 +20,8 @@ pub(super) struct AttentionMemory {
     /// Bytes a no-grad forward keeps until its block returns: eager attention's probabilities,
     /// which every family's block holds (`hidden_states, _ = self.self_attn(...)`).
     pub(super) inference_kept: Bytes,
+    /// Of `inference_live`, the score matrices of a materialising kernel, tensor by tensor.
+    pub(super) inference_scores: ScoreTensors,
     /// Bytes alive through all blocks of its stack in a no-grad forward: the causal mask eager
     /// attention adds (built once by the model), T5's relative position bias (computed by the
     /// first block, passed on to the others).
@@ -98,6 +101,8 @@ pub(super) struct AttentionCore {
     pub(super) inference_live: Bytes,
     /// Kept by a no-grad forward until the block returns (returned probabilities).
     pub(super) inference_kept: Bytes,
+    /// Of `inference_live`, the score matrices (see `AttentionMemory::inference_scores`).
+    pub(super) inference_scores: ScoreTensors,
     /// Masks alive through the stack.
     pub(super) stack_mask: Bytes,
 }
@@ -184,6 +189,7 @@ impl TransformerGraph<'_> {
             forward_transient: core.transient,
             inference_live: core.inference_live + self.static_cache_reads(&call),
             inference_kept: core.inference_kept,
+            inference_scores: core.inference_scores,
             stack_held: masks.stack_bias + core.stack_mask,
             kv_cache,
             cache_held,
@@ -504,6 +510,17 @@ impl TransformerGraph<'_> {
                 + scores * score.no_grad_peak()
                 + scaled,
             inference_kept: returned,
+            inference_scores: ScoreTensors {
+                input: (scores * score.input).bytes(),
+                // SDPA's math path adds the mask in place; the families' own code scales and
+                // masks out of place.
+                copied: call.kernel == AttentionKernel::Eager,
+                softcap: (scores * score.softcap).bytes(),
+                conversion: (scores * score.conversion).bytes(),
+                probs: (scores * score.probs).bytes(),
+                cast: (scores * score.cast).bytes(),
+                returned: returned > Bytes::ZERO,
+            },
             stack_mask: masks.causal,
         }
     }
@@ -545,6 +562,7 @@ impl TransformerGraph<'_> {
                 + bias_mask
                 + masks.converted,
             inference_kept: Bytes::ZERO,
+            inference_scores: ScoreTensors::default(),
             stack_mask: masks.sliding * BytesPerElement::BOOL,
         }
     }

@@ -6,7 +6,7 @@ use super::TransformerGraph;
 use crate::model::LayerKind;
 use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
 use crate::single_gpu::per_op_saved_matmul_widths;
-use crate::unit::{SavedGroup, Unit, WholeTensors};
+use crate::unit::{NoGradPhase, SavedGroup, Unit, WholeTensors};
 
 /// A block's attentions as they ran: its self-attention and a decoder's cross-attention.
 struct BlockAttentions {
@@ -43,8 +43,7 @@ impl TransformerGraph<'_> {
             tally.replicated += BytesPerElement::BOOL * h;
         }
         let f = Width(spec.routed_intermediate(layer) as f64) / self.split.tp;
-        let (inference_live, mlp_intermediates) =
-            self.block_no_grad_live(tokens, layer, &attentions);
+        let (inference_live, no_grad) = self.block_no_grad_live(tokens, layer, &attentions);
         let dequantised = self.dequantised(layer, tokens);
         // The cache copies the outputs hold: through backward where the caller keeps the
         // outputs (`--loss none`, `--hold-outputs`), else until the forward returns. As
@@ -82,18 +81,16 @@ impl TransformerGraph<'_> {
             kv_cache: (own.kv_cache + cross_memory.kv_cache).bytes(),
             kv_window: shape.cached_keys.map(Tokens::count),
             whole: WholeTensors {
+                kv_cache: [own.kv_cache, cross_memory.kv_cache].map(|bytes| SavedGroup {
+                    bytes: bytes.bytes(),
+                    tensor: (bytes / 2.0).bytes(),
+                }),
                 encoder_hidden: if spec.audio.is_some() && cross.is_none() {
                     (tokens * act * h).bytes()
                 } else {
                     0.0
                 },
-                ..self.block_whole_tensors(
-                    tokens,
-                    layer,
-                    tally.core,
-                    own.score_matrix,
-                    mlp_intermediates,
-                )
+                ..self.block_whole_tensors(tokens, layer, tally.core, own.score_matrix, no_grad)
             },
             params: spec.block_params(attentions.has_cross, layer),
             ..Unit::default()
@@ -101,15 +98,15 @@ impl TransformerGraph<'_> {
     }
 
     /// The block's tensors big enough to decide the allocator's segments: the score matrix
-    /// among the attention core's saved bytes (`core`), the MLP's saved intermediates and,
-    /// where they make a no-grad block's peak, its live ones (`live`), and its weight matrices.
+    /// among the attention core's saved bytes (`core`), the MLP's saved intermediates, a
+    /// no-grad forward's phases (`no_grad`), and its weight matrices.
     fn block_whole_tensors(
         &self,
         tokens: Tokens,
         layer: LayerKind,
         core: Bytes,
         score_matrix: Bytes,
-        live: SavedGroup,
+        no_grad: [NoGradPhase; 3],
     ) -> WholeTensors {
         let f = Width(self.spec.routed_intermediate(layer) as f64) / self.split.tp;
         let intermediates = (tokens * self.mlp_intermediates(layer) / self.split.tp).bytes();
@@ -147,7 +144,7 @@ impl TransformerGraph<'_> {
                     SavedGroup::default(),
                 ]
             },
-            live,
+            no_grad,
             block_matrices: !layer.moe,
             moe_tensors: layer.moe,
             ..WholeTensors::default()
@@ -219,20 +216,21 @@ impl TransformerGraph<'_> {
             + self.lora_folded_experts(layer)
     }
 
-    /// A no-grad block's peak (besides weights and KV cache), and the MLP's intermediates
-    /// where they make it. No-grad forward: the hidden states the family's block code holds
-    /// (block input, norm output, residual sum, attention output) beside what each sublayer
-    /// computes; the probabilities eager attention returns stay held until the block returns,
-    /// T5's position bias through the stack.
+    /// A no-grad block's peak (besides weights and KV cache), and its phases: its attention,
+    /// a decoder's cross-attention, its MLP ([`NoGradPhase`]). No-grad forward: the hidden
+    /// states the family's block code holds (block input, norm output, residual sum, attention
+    /// output) beside what each sublayer computes; the probabilities eager attention returns
+    /// stay held until the block returns, T5's position bias through the stack.
     fn block_no_grad_live(
         &self,
         tokens: Tokens,
         layer: LayerKind,
         attentions: &BlockAttentions,
-    ) -> (Bytes, SavedGroup) {
+    ) -> (Bytes, [NoGradPhase; 3]) {
         let (own, cross) = (&attentions.own, &attentions.cross);
         let hidden = tokens * self.bytes.residual * Width(self.spec.hidden as f64);
         let held = &self.spec.held;
+        let stack = own.stack_held + cross.stack_held;
         // The pass counts the block's whole KV cache: the cross-attention's copies do not exist
         // yet while the self-attention runs.
         let attention_live =
@@ -253,18 +251,38 @@ impl TransformerGraph<'_> {
         let mlp_own_live = self.mlp_no_grad_live(tokens, layer);
         let mlp_live = hidden * held.at_mlp as f64 + mlp_own_live + kept;
         let f = Width(self.spec.routed_intermediate(layer) as f64) / self.split.tp;
-        let mlp_intermediates = if !layer.moe && mlp_live >= attention_live.max(cross_live) {
+        let intermediates = if layer.moe {
+            SavedGroup::default()
+        } else {
             SavedGroup {
                 bytes: mlp_own_live.bytes(),
                 // One tensor of the MLP's intermediate width.
                 tensor: (tokens * self.bytes.act * f).bytes(),
             }
-        } else {
-            SavedGroup::default()
         };
-        let inference_live =
-            attention_live.max(cross_live).max(mlp_live) + own.stack_held + cross.stack_held;
-        (inference_live, mlp_intermediates)
+        let phases = [
+            NoGradPhase {
+                bytes: (attention_live + stack).bytes(),
+                scores: own.inference_scores,
+                ..NoGradPhase::default()
+            },
+            NoGradPhase {
+                bytes: if attentions.has_cross {
+                    (cross_live + stack).bytes()
+                } else {
+                    0.0
+                },
+                scores: cross.inference_scores,
+                ..NoGradPhase::default()
+            },
+            NoGradPhase {
+                bytes: (mlp_live + stack).bytes(),
+                whole: intermediates,
+                ..NoGradPhase::default()
+            },
+        ];
+        let inference_live = attention_live.max(cross_live).max(mlp_live) + stack;
+        (inference_live, phases)
     }
 
     /// The largest gradient a block's backward makes beside one residual-stream gradient:

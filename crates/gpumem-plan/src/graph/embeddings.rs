@@ -3,7 +3,7 @@
 use super::TransformerGraph;
 use crate::model::Head;
 use crate::quantity::{Bytes, BytesPerElement, BytesPerToken, Elements, Tokens, Width};
-use crate::unit::{Unit, ACCUMULATION_COPIES};
+use crate::unit::{SavedGroup, Unit, WholeTensors, ACCUMULATION_COPIES};
 use crate::workload::{Checkpointing, Mode};
 
 /// What an audio stem keeps, in bytes.
@@ -13,7 +13,7 @@ struct AudioStem {
     held: Bytes,
     /// Saved for backward in training.
     saved: Bytes,
-    /// Alive at its peak.
+    /// Alive at its peak: the first convolution's outputs (its GELU's input and output).
     live: Bytes,
 }
 
@@ -104,6 +104,15 @@ impl TransformerGraph<'_> {
             backward_transient: hidden.bytes(),
             gradient_transient: (tied_accumulation + hidden).bytes(),
             inference_live: inference_live.bytes(),
+            whole: WholeTensors {
+                // An audio stem's peak is its first convolution's outputs, each over twice the
+                // encoder's frames.
+                live: SavedGroup {
+                    bytes: stem.live.bytes(),
+                    tensor: (stem.live / 2.0).bytes(),
+                },
+                ..WholeTensors::default()
+            },
             params: spec.params_of_embeddings(),
             // Whisper's sinusoidal encoder positions are a frozen parameter.
             untrained_params: spec.audio.map_or(0, |a| a.frames * spec.hidden),

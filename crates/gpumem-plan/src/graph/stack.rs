@@ -46,7 +46,7 @@ impl TransformerGraph<'_> {
         };
         for index in 0..spec.encoder_layers {
             let mut block = self.block(encoder, None, LayerKind::default());
-            block.inference_live += stem_output.bytes();
+            block.hold_through_no_grad(stem_output.bytes());
             if index == 0 {
                 block.saved -= self.frozen_prefix(encoder, LayerKind::default()).bytes();
             }

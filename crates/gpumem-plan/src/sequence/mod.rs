@@ -25,7 +25,7 @@ use crate::lora::adapter_matrices;
 use crate::model::{Architecture, LayerKind, ModelSpec, TransformerSpec};
 use crate::releases::OldRelease;
 use crate::states::{model_states, trainable_params, States};
-use crate::unit::{SavedGroup, Unit};
+use crate::unit::{NoGradPhase, SavedGroup, ScoreTensors, Unit};
 use crate::workload::{Loss, Mode, Sharding, Workload};
 use serde::Serialize;
 
@@ -916,11 +916,24 @@ fn infer(
         } else {
             shapes.live
         };
-        let live = out.grouped(unit.inference_live, [unit.whole.live], piece);
-        while_running(out, index);
-        if !preallocated {
-            cache.push(out.pieces(unit.kv_cache, shapes.activation_of(unit)));
-        }
+        // The KV cache comes with the unit's (first sublayer's) live tensors.
+        let mut started = |out: &mut Emitter| {
+            while_running(out, index);
+            if !preallocated {
+                cache.push(out.grouped(
+                    unit.kv_cache,
+                    unit.whole.kv_cache,
+                    shapes.activation_of(unit),
+                ));
+            }
+        };
+        let live = if unit.whole.no_grad.iter().any(|p| p.bytes > 0.0) {
+            no_grad_phases(out, &unit.whole.no_grad, piece, &mut started)
+        } else {
+            let live = out.grouped(unit.inference_live, [unit.whole.live], piece);
+            started(out);
+            live
+        };
         // What the unit returns exists beside its last live tensors (logits and the copy
         // they were made from).
         let selection = unit.whole.selection.min(unit.held);
@@ -936,6 +949,66 @@ fn infer(
         cache,
         held: held.into_iter().flatten().collect(),
         selection: selected,
+    }
+}
+
+/// A no-grad block's phases ([`NoGradPhase`]) one after another, `piece`s for what is not a
+/// known tensor; `started` is called once the first phase's tensors exist. Returns the last
+/// phase's live tensors with the probabilities the block still holds.
+fn no_grad_phases(
+    out: &mut Emitter,
+    phases: &[NoGradPhase],
+    piece: f64,
+    started: &mut dyn FnMut(&mut Emitter),
+) -> Vec<u64> {
+    let mut live = Vec::new();
+    let mut kept: Option<u64> = None;
+    let mut kept_bytes = 0.0;
+    let mut first = true;
+    for phase in phases.iter().filter(|p| p.bytes > 0.0) {
+        out.free_all(std::mem::take(&mut live));
+        let rest = (phase.bytes - kept_bytes - phase.scores.peak()).max(0.0);
+        live = out.grouped(rest, [phase.whole], piece);
+        if std::mem::take(&mut first) {
+            started(out);
+        }
+        if phase.scores.input > 0.0 {
+            // A later attention's probabilities replace the earlier's.
+            let returned = score_tensors(out, &phase.scores);
+            out.free(std::mem::replace(&mut kept, returned));
+            kept_bytes = phase.scores.returned_bytes();
+        }
+    }
+    live.extend(kept);
+    live
+}
+
+/// A materialising attention kernel's score matrices as it makes and releases them
+/// ([`ScoreTensors`]): returns the probabilities it returns, if it does.
+fn score_tensors(out: &mut Emitter, scores: &ScoreTensors) -> Option<u64> {
+    let mut input = out.alloc(scores.input);
+    if scores.copied {
+        let copy = out.alloc(scores.input);
+        out.free(std::mem::replace(&mut input, copy));
+    }
+    let capped = out.alloc(scores.softcap);
+    let conversion = out.alloc(scores.conversion);
+    let probs = out.alloc(scores.probs);
+    out.free(conversion);
+    let cast = out.alloc(scores.cast);
+    let output = if cast.is_some() {
+        out.free(probs);
+        cast
+    } else {
+        probs
+    };
+    out.free(capped);
+    out.free(input);
+    if scores.returned {
+        output
+    } else {
+        out.free(output);
+        None
     }
 }
 
@@ -1487,6 +1560,57 @@ mod tests {
 
     /// Whisper's encoder blocks are cut into hidden states of its 1500 frames, its decoder's
     /// into hidden states of the decoder's tokens.
+    #[test]
+    fn a_no_grad_block_makes_its_scores_and_cache_as_whole_tensors() {
+        // Whisper's eager attention without gradients: each encoder block's scores, their
+        // scaled copy and the softmax's output (bf16, no upcast), one score matrix each; each
+        // decoder block's cross-attention keys and values over the encoder's 1500 frames.
+        let model = testdata_model("whisper-4l");
+        let settings = Settings {
+            mode: Some("infer".into()),
+            batch: Some(4),
+            seq: Some(128),
+            dtype: Some("bf16".into()),
+            attn: Some("eager".into()),
+            labels: true,
+            ..Settings::default()
+        };
+        let workload = settings.resolve(&model).unwrap().workload;
+        let Architecture::Transformer(spec) = &model.arch else {
+            panic!("whisper-4l is a transformer");
+        };
+        let sizes = allocation_sizes(&model, &workload);
+        let count = |sizes: &[u64], bytes: u64| sizes.iter().filter(|&&b| b == bytes).count();
+        let scores = 4 * spec.heads * 1500 * 1500 * 2;
+        assert_eq!(
+            count(&sizes, scores),
+            3 * spec.encoder_layers as usize * STEPS as usize
+        );
+        // The decoder blocks alone (the encoder's hidden states have the keys' size).
+        let units = build_units(&model, &workload, workload.batch);
+        let decoder = &units[1 + spec.encoder_layers as usize..units.len() - 1];
+        let counts = model.params();
+        let trainable = trainable_params(&model, &workload, &counts);
+        let states = model_states(&model, &workload, &counts, &units, trainable);
+        let shapes = Shapes::of(&model, &workload, &units, &states);
+        let mut out = Emitter::default();
+        infer(&mut out, decoder, &shapes, false, &mut |_, _| {});
+        let decoder_sizes: Vec<u64> = out
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                PlannedEvent::Alloc { bytes, .. } => Some(*bytes),
+                _ => None,
+            })
+            .collect();
+        // (Besides them, the encoder's output the first decoder block holds.)
+        let cross_keys = 4 * 1500 * spec.hidden * 2;
+        assert_eq!(
+            count(&decoder_sizes, cross_keys),
+            2 * spec.layers as usize + 1
+        );
+    }
+
     #[test]
     fn an_audio_encoder_has_hidden_states_of_its_own_frames() {
         let model = testdata_model("whisper-4l");
