@@ -122,6 +122,9 @@ pub struct NoGradPhase {
     pub whole: SavedGroup,
     /// Of `bytes`, the score matrices of an attention kernel that materialises them.
     pub scores: ScoreTensors,
+    /// Bytes of one of the block's hidden states (over its own tokens): what the rest of
+    /// `bytes` is made of.
+    pub hidden: f64,
 }
 
 /// The score matrices of a materialising attention kernel (eager attention, SDPA's math path)

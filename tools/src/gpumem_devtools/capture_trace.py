@@ -154,7 +154,7 @@ def _custom_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> S
     except (AttributeError, KeyError, IndexError, TypeError):
         ap.error(f"--config: {args.config} names no architecture "
                  "(a HF config.json with 'architectures', or a gpumem CNN JSON)")
-    text = kind not in ("cnn", "image_cls")
+    text = kind not in ("cnn", "image_cls", "vision_tower")
     if text and args.seq is None:
         ap.error(f"--seq is required for {args.config} (a text model)")
     if not text and args.seq is not None:

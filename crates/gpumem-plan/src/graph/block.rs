@@ -264,6 +264,7 @@ impl TransformerGraph<'_> {
             NoGradPhase {
                 bytes: (attention_live + stack).bytes(),
                 scores: own.inference_scores,
+                hidden: hidden.bytes(),
                 ..NoGradPhase::default()
             },
             NoGradPhase {
@@ -273,11 +274,13 @@ impl TransformerGraph<'_> {
                     0.0
                 },
                 scores: cross.inference_scores,
+                hidden: hidden.bytes(),
                 ..NoGradPhase::default()
             },
             NoGradPhase {
                 bytes: (mlp_live + stack).bytes(),
                 whole: intermediates,
+                hidden: hidden.bytes(),
                 ..NoGradPhase::default()
             },
         ];

@@ -928,7 +928,7 @@ fn infer(
             }
         };
         let live = if unit.whole.no_grad.iter().any(|p| p.bytes > 0.0) {
-            no_grad_phases(out, &unit.whole.no_grad, piece, &mut started)
+            no_grad_phases(out, &unit.whole.no_grad, &mut started)
         } else {
             let live = out.grouped(unit.inference_live, [unit.whole.live], piece);
             started(out);
@@ -952,13 +952,12 @@ fn infer(
     }
 }
 
-/// A no-grad block's phases ([`NoGradPhase`]) one after another, `piece`s for what is not a
-/// known tensor; `started` is called once the first phase's tensors exist. Returns the last
-/// phase's live tensors with the probabilities the block still holds.
+/// A no-grad block's phases ([`NoGradPhase`]) one after another, each phase's tensors released
+/// when the next starts; `started` is called once the first phase's tensors exist. Returns
+/// the last phase's live tensors with the probabilities the block still holds.
 fn no_grad_phases(
     out: &mut Emitter,
     phases: &[NoGradPhase],
-    piece: f64,
     started: &mut dyn FnMut(&mut Emitter),
 ) -> Vec<u64> {
     let mut live = Vec::new();
@@ -968,7 +967,12 @@ fn no_grad_phases(
     for phase in phases.iter().filter(|p| p.bytes > 0.0) {
         out.free_all(std::mem::take(&mut live));
         let rest = (phase.bytes - kept_bytes - phase.scores.peak()).max(0.0);
-        live = out.grouped(rest, [phase.whole], piece);
+        // The known tensors, whole hidden states, and what is left as one more tensor.
+        let whole = phase.whole.bytes.min(rest);
+        live = out.pieces(whole, phase.whole.tensor);
+        let states = ((rest - whole) / phase.hidden.max(1.0)).floor();
+        live.extend(out.pieces(states * phase.hidden, phase.hidden));
+        live.extend(out.alloc(rest - whole - states * phase.hidden));
         if std::mem::take(&mut first) {
             started(out);
         }
