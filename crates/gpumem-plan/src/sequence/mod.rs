@@ -819,7 +819,7 @@ fn unit_backward(
 ) -> Vec<u64> {
     // Recomputation re-creates activation-sized tensors; the gradients of its outputs
     // start the unit's backward.
-    let recomputed = out.pieces(recompute, shapes.activation_of(unit));
+    let recomputed = out.grouped(recompute, unit.whole.saved, shapes.activation_of(unit));
     let whole = &unit.whole;
     let mut starting = out.tensors(
         unit.backward_transient,
