@@ -74,8 +74,9 @@ pub struct WholeTensors {
     pub forward_transient: [f64; 2],
     /// In `backward_transient`: the gradients of nll_loss and of log_softmax.
     pub backward_transient: [f64; 2],
-    /// In `gradient_transient`: the logits' gradient.
-    pub gradient_transient: f64,
+    /// In `gradient_transient`: the logits' gradient; a tied vocabulary table's new gradient
+    /// and the sum accumulating it makes.
+    pub gradient_transient: [f64; 2],
     /// In `inference_live`: a no-grad unit's tensors larger than a hidden state at its peak (a
     /// convolution's workspace), where `no_grad` has no phases.
     pub live: SavedGroup,

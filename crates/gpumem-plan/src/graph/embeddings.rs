@@ -105,6 +105,8 @@ impl TransformerGraph<'_> {
             gradient_transient: (tied_accumulation + hidden).bytes(),
             inference_live: inference_live.bytes(),
             whole: WholeTensors {
+                // A tied table's new gradient and the sum accumulating it, each the table's size.
+                gradient_transient: [(tied_accumulation / ACCUMULATION_COPIES).bytes(); 2],
                 // An audio stem's peak is its first convolution's outputs, each over twice the
                 // encoder's frames.
                 live: SavedGroup {

@@ -66,7 +66,7 @@ impl TransformerGraph<'_> {
             // reads: one tensor, not a second beside it.
             whole: WholeTensors {
                 backward_transient: [t.softcap.bytes(), t.logits.bytes()],
-                gradient_transient: t.logits.bytes(),
+                gradient_transient: [t.logits.bytes(), 0.0],
                 gradient_continues: true,
                 ..WholeTensors::default()
             },
@@ -146,7 +146,7 @@ impl TransformerGraph<'_> {
                 ],
                 forward_transient: [t.logits.bytes(), forward_copy.bytes()],
                 backward_transient: backward_start,
-                gradient_transient: t.logits.bytes(),
+                gradient_transient: [t.logits.bytes(), 0.0],
                 gradient_continues: t.loss_bytes == self.bytes.act && !t.half_log_probs,
                 ..WholeTensors::default()
             },

@@ -194,7 +194,7 @@ fn head_unit(spec: &ResnetSpec, step: &ResnetStep) -> Unit {
 /// backward one among its gradient transients, and in a no-grad forward the one at its peak.
 fn workspace_tensors(backward: Bytes, inference: Option<Bytes>) -> WholeTensors {
     WholeTensors {
-        gradient_transient: backward.bytes(),
+        gradient_transient: [backward.bytes(), 0.0],
         live: inference.map_or(SavedGroup::default(), |bytes| SavedGroup {
             bytes: bytes.bytes(),
             tensor: bytes.bytes(),

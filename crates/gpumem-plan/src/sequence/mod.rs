@@ -841,14 +841,14 @@ fn unit_backward(
     // the parameter gradients it produces.
     let mut finishing = match continued {
         Some(id) => {
-            let rest = unit.gradient_transient - whole.gradient_transient;
+            let rest = unit.gradient_transient - whole.gradient_transient.iter().sum::<f64>();
             let mut ids = out.pieces(rest, shapes.transient(unit));
             ids.push(id);
             ids
         }
         None => out.tensors(
             unit.gradient_transient,
-            &[whole.gradient_transient],
+            &whole.gradient_transient,
             shapes.transient(unit),
         ),
     };
