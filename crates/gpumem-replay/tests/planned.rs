@@ -38,6 +38,7 @@ fn settings(meta: &BTreeMap<String, String>) -> Settings {
             None => mode.as_deref() == Some("infer"),
         },
         labels: text("labels").as_deref() == Some("true"),
+        loss: text("loss"),
         target: Some("cpu".into()),
         mode,
         ..Settings::default()

@@ -43,8 +43,10 @@ CUSTOM_DEFAULTS: dict[str, Any] = {
     "optimizer_impl": "foreach", "steps": 3,
 }
 CUSTOM_OPTIONS = ("name", "mode", "batch", "seq", "image_size", "new_tokens", "dtype", "amp",
-                  "optimizer", "optimizer_impl", "attn", "steps")
+                  "optimizer", "optimizer_impl", "attn", "loss", "steps")
 CUSTOM_SWITCHES = ("grad_ckpt", "labels", "cache")
+# `--loss` of a trace of your own: "none" backpropagates from the logits' sum.
+LOSSES = ("none",)
 
 
 def _train(batch: int, seq: int | None, **kw: Any) -> Settings:
@@ -129,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default foreach (train)")
     custom.add_argument("--grad-ckpt", action="store_true")
     custom.add_argument("--attn", choices=ATTN_IMPLS)
+    custom.add_argument("--loss", choices=LOSSES,
+                        help="train: none runs the forward without labels and backpropagates "
+                             "from outputs.logits.sum() (default: the model's own loss)")
     custom.add_argument("--labels", action="store_true",
                         help="infer: the batch carries labels = input_ids (the model's own loss)")
     custom.add_argument("--cache", action="store_true",
@@ -174,6 +179,8 @@ def _custom_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> S
     for switch in ("labels", "cache"):
         if getattr(args, switch) and args.mode != "infer":
             ap.error(f"--{switch} applies only to --mode infer")
+    if args.loss is not None and not train:
+        ap.error("--loss applies only to --mode train")
     if args.cache and kind not in configs.KV_CACHE_KINDS:
         ap.error(f"--cache needs a model with a KV cache (decoder or encoder-decoder), "
                  f"not {args.config}")
@@ -181,7 +188,7 @@ def _custom_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> S
                     args.dtype, args.amp, args.optimizer if train else None,
                     args.optimizer_impl if train and args.optimizer != "none" else None,
                     args.grad_ckpt, args.attn, no_cache=False if args.cache else None,
-                    labels=args.labels)
+                    labels=args.labels, loss=args.loss)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
