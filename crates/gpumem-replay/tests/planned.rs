@@ -87,6 +87,13 @@ fn planned_reserved_against_real_traces() {
         // and values over 1500 frames.
         "sequence/whisper-4l-infer-b4-s128-bf16-labels-cache-eager",
         "sequence/whisper-4l-infer-b4-s128-fp32-labels-cache-sdpa",
+        // And, to check the H200 rows furthest off, a step without a loss, a vision-language
+        // model, Whisper-v3 in fp32, a dual encoder and a vision tower's forward.
+        "sequence/qwen2.5-2l-train-b2-s512-bf16-sdpa-loss-none",
+        "sequence/llava-4l-train-b2-s512-fp32-sdpa",
+        "sequence/whisper-v3-2l-train-b2-s64-fp32-sdpa",
+        "sequence/clip-4l-train-b8-s77-img224-fp32-sdpa",
+        "sequence/clip-vision-4l-infer-b16-img224-fp32-sdpa",
     ];
     let extra = std::env::var("GPUMEM_EXTRA_TRACES").unwrap_or_default();
     let traces: Vec<&str> = traces
