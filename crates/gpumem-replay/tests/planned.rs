@@ -1,7 +1,9 @@
 //! Reserved memory predicted by replaying the planner's allocation sequence, against the
 //! reserved memory of the committed real traces (CPU allocation traces of PyTorch steps,
 //! `testdata/traces/`) replayed through the same torch policy, with the settings each trace's
-//! header records. Run with `--nocapture` for the table.
+//! header records. Run with `--nocapture` for the table. `GPUMEM_EXTRA_TRACES` (paths, comma
+//! separated) adds traces of your own to it; `GPUMEM_PLANNED_OUT` (a directory) writes each
+//! trace's planned sequence there as a gpumem trace.
 
 use gpumem_plan::{allocation_sequence, load_config, sequence::peak_live_bytes, Settings};
 use gpumem_pool::PolicyKind;
