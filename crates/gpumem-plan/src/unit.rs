@@ -98,6 +98,9 @@ pub struct WholeTensors {
     /// `TransformerSpec::block_matrices`, each one tensor, and what its total holds besides
     /// (norms, biases, a decoder's cross-attention).
     pub block_matrices: bool,
+    /// The dense block is a vision tower's (LLaVA's, a dual encoder's): its matrices are the
+    /// tower's `block_matrices`, not the language model's.
+    pub tower_block: bool,
     /// The unit is a mixture-of-experts block: its parameters are the tensors of
     /// `TransformerSpec::moe_block_tensors`, each one tensor.
     pub moe_tensors: bool,
@@ -182,6 +185,12 @@ pub struct SavedGroup {
 }
 
 impl Unit {
+    /// The unit as a vision tower's (see [`WholeTensors::tower_block`]).
+    pub(crate) fn in_a_tower(mut self) -> Unit {
+        self.whole.tower_block = self.whole.block_matrices;
+        self
+    }
+
     /// Adds `bytes` a no-grad forward holds alive through the whole unit: to its peak and to
     /// each of its phases.
     pub(crate) fn hold_through_no_grad(&mut self, bytes: f64) {

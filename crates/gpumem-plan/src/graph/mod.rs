@@ -52,6 +52,7 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
                 let frozen = workload.freeze_vision_tower;
                 units.extend(tower.units().into_iter().enumerate().map(|(index, unit)| {
                     // Units: the patch embeddings (0), the blocks (1..=layers), the final norm.
+                    let unit = unit.in_a_tower();
                     if tower.training && (frozen || index > read) {
                         unit.unused_in_training()
                     } else {
@@ -67,6 +68,7 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
                 let vision = TransformerGraph::new(&dual.tower, workload, batch);
                 let frozen = vision.training && workload.freeze_vision_tower;
                 units.extend(vision.units_returning_output().into_iter().map(|unit| {
+                    let unit = unit.in_a_tower();
                     if frozen {
                         unit.unused_in_training()
                     } else {

@@ -237,6 +237,8 @@ struct Shapes {
     whole_params: bool,
     /// Elements of each weight matrix of a dense transformer block.
     block_matrices: Vec<u64>,
+    /// Elements of each weight matrix of a vision tower's dense block.
+    tower_matrices: Vec<u64>,
     /// Elements of each weight tensor of a mixture-of-experts block, as the release planned
     /// holds them.
     moe_block_tensors: Vec<u64>,
@@ -299,6 +301,17 @@ impl Shapes {
                 && !layout.offload.optimizer(),
             block_matrices: match &model.arch {
                 Architecture::Transformer(t) => t.block_matrices(),
+                Architecture::Resnet(_) | Architecture::Diffusion(_) => Vec::new(),
+            },
+            tower_matrices: match &model.arch {
+                Architecture::Transformer(t) => {
+                    let tower = t
+                        .vision
+                        .as_ref()
+                        .map(|v| &v.tower)
+                        .or(t.dual.as_ref().map(|d| &d.tower));
+                    tower.map_or(Vec::new(), |tower| tower.block_matrices())
+                }
                 Architecture::Resnet(_) | Architecture::Diffusion(_) => Vec::new(),
             },
             moe_block_tensors: match &model.arch {
@@ -416,7 +429,9 @@ impl Shapes {
     /// Elements of each of `unit`'s single parameters the planner knows by size: its
     /// vocabulary matrix, or a block's weight tensors (whole, before any sharding).
     fn matrices<'a>(&'a self, unit: &'a Unit) -> impl Iterator<Item = u64> + 'a {
-        let matrices: &[u64] = if unit.whole.block_matrices {
+        let matrices: &[u64] = if unit.whole.tower_block {
+            &self.tower_matrices
+        } else if unit.whole.block_matrices {
             &self.block_matrices
         } else if unit.whole.moe_tensors {
             &self.moe_block_tensors
