@@ -110,10 +110,9 @@ impl TransformerGraph<'_> {
     ) -> WholeTensors {
         let f = Width(self.spec.routed_intermediate(layer) as f64) / self.split.tp;
         let intermediates = (tokens * self.mlp_intermediates(layer) / self.split.tp).bytes();
-        // A fused kernel's core saves no score matrix (at most a converted mask, smaller).
         let core = SavedGroup {
             bytes: core.bytes(),
-            tensor: score_matrix.bytes().min(core.bytes()),
+            tensor: score_matrix.bytes(),
         };
         WholeTensors {
             saved: if layer.moe {

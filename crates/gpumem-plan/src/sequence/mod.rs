@@ -371,7 +371,6 @@ impl Shapes {
             .whole
             .saved
             .iter()
-            .filter(|g| g.bytes >= 1.0)
             .map(|g| g.tensor)
             .fold(0.0, f64::max);
         if unit.whole.block_matrices {
