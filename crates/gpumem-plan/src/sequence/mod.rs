@@ -670,17 +670,24 @@ fn per_param_tensors(
     total: f64,
     state_bytes: f64,
 ) -> Vec<Vec<u64>> {
-    let per_param = total / shapes.params;
+    let per_param = total / shapes.trained_params;
     let count = (per_param / shapes.weight_per_param).floor().min(4.0) as usize;
     let adapter_elements: f64 = shapes.adapter_elements.iter().sum();
     units
         .iter()
         .map(|u| {
-            if shapes.adapter_elements.is_empty() {
-                let whole = shapes.param_tensors(u, shapes.weight_per_param, count);
-                return out.tensors(shapes.share(u) * total, &whole, shapes.tensor);
-            }
+            // A unit's share of the trained parameters (none where it is frozen or unused).
             let unit_total = total * shapes.trained_params_of(u) / shapes.trained_params;
+            if shapes.adapter_elements.is_empty() {
+                // Its states have its weight matrices' shapes where those are trained (not a
+                // frozen or unused unit's, nor a LoRA base's).
+                let whole = if shapes.matrices(u).sum::<u64>() <= u.trained_params() {
+                    shapes.param_tensors(u, shapes.weight_per_param, count)
+                } else {
+                    Vec::new()
+                };
+                return out.tensors(unit_total, &whole, shapes.tensor);
+            }
             let whole = if shapes.has_adapters(u) {
                 let copies = (unit_total / adapter_elements / state_bytes).round();
                 shapes.adapter_tensors(unit_total, copies.clamp(1.0, 4.0) as usize)
