@@ -1592,6 +1592,27 @@ mod tests {
     /// Whisper's encoder blocks are cut into hidden states of its 1500 frames, its decoder's
     /// into hidden states of the decoder's tokens.
     #[test]
+    fn a_frozen_towers_matrices_get_no_states() {
+        // LLaVA-4l with its vision tower frozen: the tower's 256 × 256 attention matrices
+        // (fp32, 256 KiB; four in each of its four blocks) are weights only, with no gradient,
+        // optimizer state or step temporary of their size.
+        let model = testdata_model("llava-4l");
+        let settings = Settings {
+            mode: Some("train".into()),
+            batch: Some(2),
+            seq: Some(512),
+            dtype: Some("fp32".into()),
+            freeze_vision_tower: true,
+            ..Settings::default()
+        };
+        let workload = settings.resolve(&model).unwrap().workload;
+        let sizes = allocation_sizes(&model, &workload);
+        let tower_attention = 256 * 256 * 4;
+        let count = sizes.iter().filter(|&&b| b == tower_attention).count();
+        assert_eq!(count, 4 * 4);
+    }
+
+    #[test]
     fn a_no_grad_block_makes_its_scores_and_cache_as_whole_tensors() {
         // Whisper's eager attention without gradients: each encoder block's scores, their
         // scaled copy and the softmax's output (bf16, no upcast), one score matrix each; each
