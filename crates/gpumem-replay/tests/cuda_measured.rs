@@ -233,7 +233,7 @@ const ALLOCATED_MEDIAN_GOAL: f64 = 0.01;
 const ALLOCATED_MAX_BOUND: f64 = 0.05;
 
 /// Bound on a set's median |error| of the planned peak reserved bytes (the multimodal grid's
-/// 3.7 % is the largest docs/plan.md states), each case replayed in the grid's process
+/// 2.9 % is the largest docs/plan.md states), each case replayed in the grid's process
 /// ([`Process`]).
 const RESERVED_MEDIAN_BOUND: f64 = 0.04;
 
