@@ -1589,8 +1589,6 @@ mod tests {
         assert_eq!(count(&old, expert), 4 * 8 * 3);
     }
 
-    /// Whisper's encoder blocks are cut into hidden states of its 1500 frames, its decoder's
-    /// into hidden states of the decoder's tokens.
     #[test]
     fn a_frozen_towers_matrices_get_no_states() {
         // LLaVA-4l with its vision tower frozen: the tower's 256 × 256 attention matrices
@@ -1663,6 +1661,8 @@ mod tests {
         );
     }
 
+    /// Whisper's encoder blocks are cut into hidden states of its 1500 frames, its decoder's
+    /// into hidden states of the decoder's tokens.
     #[test]
     fn an_audio_encoder_has_hidden_states_of_its_own_frames() {
         let model = testdata_model("whisper-4l");
