@@ -839,8 +839,8 @@ fn unit_backward(
     shapes: &Shapes,
     first_product: bool,
 ) -> Vec<u64> {
-    // Recomputation re-creates activation-sized tensors; the gradients of its outputs
-    // start the unit's backward.
+    // Recomputation makes again the tensors the forward saves, at their sizes; the gradients
+    // of its outputs start the unit's backward.
     let recomputed = out.grouped(recompute, unit.whole.saved, shapes.activation_of(unit));
     let whole = &unit.whole;
     let mut starting = out.tensors(
@@ -1587,6 +1587,30 @@ mod tests {
         let old = sizes(Some("4.57"));
         assert_eq!((count(&old, gate_up), count(&old, down)), (0, 2));
         assert_eq!(count(&old, expert), 4 * 8 * 3);
+    }
+
+    #[test]
+    fn recomputation_makes_the_saved_tensors_again() {
+        // TinyLlama under full checkpointing: each block's recomputation in backward saves its
+        // MLP's intermediates again, each one tensor of tokens × 5632 (bf16), as the forward
+        // without checkpointing saves them.
+        let model = find_model("tinyllama").unwrap();
+        let intermediate = 2 * 512 * 5632 * 2;
+        let count = |grad_ckpt: bool| {
+            let settings = Settings {
+                mode: Some("train".into()),
+                batch: Some(2),
+                seq: Some(512),
+                dtype: Some("bf16".into()),
+                grad_ckpt,
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            let sizes = allocation_sizes(&model, &workload);
+            sizes.iter().filter(|&&b| b == intermediate).count()
+        };
+        assert!(count(false) > 0);
+        assert!(count(true) >= count(false));
     }
 
     #[test]
