@@ -243,8 +243,11 @@ const RESERVED_MAX_BOUND: f64 = 0.16;
 
 #[test]
 fn planner_against_h200_measurements() {
+    let (mut cases, mut reserved_sum) = (0, 0.0);
     for file in FILES {
         let (mut allocated, mut reserved) = errors(file);
+        cases += reserved.len();
+        reserved_sum += reserved.iter().sum::<f64>();
         let (am, ax) = median_and_max(&mut allocated);
         let (rm, rx) = median_and_max(&mut reserved);
         println!(
@@ -272,6 +275,12 @@ fn planner_against_h200_measurements() {
             100.0 * rx
         );
     }
+    // One figure for the whole planned sequence, as docs/plan.md follows it from session to
+    // session.
+    println!(
+        "all sets: {cases} cases; reserved |error| summed {:.0} points",
+        100.0 * reserved_sum
+    );
 }
 
 /// Every column sum (a linear's bias gradient, `grad.sum(0)` over a contiguous

@@ -1143,14 +1143,28 @@ mod tests {
 
     /// The bytes and stream of each allocation of `model`'s planned sequence under `workload`.
     fn allocations(model: &ModelSpec, workload: &Workload) -> Vec<(u64, Stream)> {
-        allocation_sequence(model, workload)
-            .unwrap()
+        allocations_of(&allocation_sequence(model, workload).unwrap())
+    }
+
+    /// The bytes and stream of each allocation among `events`.
+    fn allocations_of(events: &[PlannedEvent]) -> Vec<(u64, Stream)> {
+        events
             .iter()
             .filter_map(|e| match e {
                 PlannedEvent::Alloc { bytes, stream, .. } => Some((*bytes, *stream)),
                 _ => None,
             })
             .collect()
+    }
+
+    /// The units of `workload` on `model` and the sequence's shapes of them.
+    fn units_and_shapes(model: &ModelSpec, workload: &Workload) -> (Vec<Unit>, Shapes) {
+        let units = build_units(model, workload, workload.batch);
+        let counts = model.params();
+        let trainable = trainable_params(model, workload, &counts);
+        let states = model_states(model, workload, &counts, &units, trainable);
+        let shapes = Shapes::of(model, workload, &units, &states);
+        (units, shapes)
     }
 
     /// A model of `testdata/plan/configs/` (the measured sets' shrunk configs) by its stem.
@@ -1661,21 +1675,13 @@ mod tests {
             3 * spec.encoder_layers as usize * STEPS as usize
         );
         // The decoder blocks alone (the encoder's hidden states have the keys' size).
-        let units = build_units(&model, &workload, workload.batch);
+        let (units, shapes) = units_and_shapes(&model, &workload);
         let decoder = &units[1 + spec.encoder_layers as usize..units.len() - 1];
-        let counts = model.params();
-        let trainable = trainable_params(&model, &workload, &counts);
-        let states = model_states(&model, &workload, &counts, &units, trainable);
-        let shapes = Shapes::of(&model, &workload, &units, &states);
         let mut out = Emitter::default();
         infer(&mut out, decoder, &shapes, false, &mut |_, _| {});
-        let decoder_sizes: Vec<u64> = out
-            .events
-            .iter()
-            .filter_map(|e| match e {
-                PlannedEvent::Alloc { bytes, .. } => Some(*bytes),
-                _ => None,
-            })
+        let decoder_sizes: Vec<u64> = allocations_of(&out.events)
+            .into_iter()
+            .map(|(bytes, _)| bytes)
             .collect();
         // (Besides them, the encoder's output the first decoder block holds.)
         let cross_keys = 4 * 1500 * spec.hidden * 2;
@@ -1698,11 +1704,7 @@ mod tests {
             ..Settings::default()
         };
         let workload = settings.resolve(&model).unwrap().workload;
-        let units = build_units(&model, &workload, workload.batch);
-        let counts = model.params();
-        let trainable = trainable_params(&model, &workload, &counts);
-        let states = model_states(&model, &workload, &counts, &units, trainable);
-        let shapes = Shapes::of(&model, &workload, &units, &states);
+        let (units, shapes) = units_and_shapes(&model, &workload);
         // d_model 384, bf16.
         let (encoder, decoder) = (2.0 * 1500.0 * 384.0 * 2.0, 2.0 * 64.0 * 384.0 * 2.0);
         let blocks: Vec<f64> = units
