@@ -7,8 +7,8 @@ use crate::fit::{fit, FitTarget};
 use crate::model::{Architecture, ModelSpec};
 use crate::quant::{QuantFormat, Quantization};
 use crate::workload::{
-    Attention, BaseQuant, Checkpointing, Dtype, Lora, Mode, Offload, Optimizer, OptimizerImpl,
-    Sharding, Workload,
+    Attention, BaseQuant, Checkpointing, Dtype, FsdpSharding, Lora, Mode, Offload, Optimizer,
+    OptimizerImpl, Sharding, Workload,
 };
 use serde::Serialize;
 
@@ -172,6 +172,16 @@ fn sharding_and_accumulation_candidates(model: &ModelSpec, w: &Workload) -> Vec<
                 flag.into(),
                 "more communication (ZeRO-3: ~1.5× the traffic of DDP)",
                 with(&|x| x.layout.sharding = stage),
+            ));
+        }
+        // An FSDP strategy that shards less than FULL_SHARD over all ranks.
+        if w.layout.sharding == Sharding::Fsdp && w.layout.fsdp_sharding != FsdpSharding::FullShard
+        {
+            list.push((
+                "--fsdp-sharding full-shard".into(),
+                "an all-gather of every unit again in backward (and across machines for a \
+                 hybrid strategy)",
+                with(&|x| x.layout.fsdp_sharding = FsdpSharding::FullShard),
             ));
         }
         if w.layout.offload != Offload::All && w.layout.sharding != Sharding::None {

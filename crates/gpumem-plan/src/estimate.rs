@@ -478,7 +478,8 @@ struct ForwardActivations {
     saved: f64,
     /// Held until the step ends.
     held: f64,
-    /// Gathered weights saved for the backward ([`States::saved_linears`]).
+    /// Gathered weights saved or kept for the backward ([`States::saved_linears`],
+    /// [`States::gathered_through_backward`]).
     linears: f64,
 }
 
@@ -499,6 +500,8 @@ fn simulate_forward(
     let mut forward_held = 0.0;
     let mut linears = 0.0;
     for (unit, kept) in units.iter().zip(kept) {
+        // A unit kept gathered to its backward is gathered as its forward starts.
+        linears += states.gathered_through_backward(unit);
         let live = phase_breakdown(
             states,
             in_forward(linears),
@@ -615,6 +618,8 @@ fn simulate_backward(
             saved + held + unit.saved_through_gradients.min(kept.saved),
             unit.gradient_transient + transient_gradients,
         );
+        // Resharded once its gradients are made.
+        linears -= states.gathered_through_backward(unit);
         for live in [starting, finishing] {
             if live.allocated() > backward.allocated() {
                 backward = live;

@@ -55,6 +55,6 @@ pub use serving::{serving_profile, Engine, ServeSettings, ServingProfile};
 pub use settings::{Resolved, Settings};
 pub use warning::Warning;
 pub use workload::{
-    Attention, BaseQuant, Checkpointing, Dtype, Layout, Lora, Loss, Mode, Offload, Optimizer,
-    OptimizerImpl, Sharding, Target, Workload,
+    Attention, BaseQuant, Checkpointing, Dtype, FsdpSharding, Layout, Lora, Loss, Mode, Offload,
+    Optimizer, OptimizerImpl, Sharding, Target, Workload,
 };

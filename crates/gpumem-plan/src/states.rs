@@ -4,8 +4,8 @@
 //! phase simulation (`estimate`) and the allocation sequence (`sequence`) put under the units.
 
 use crate::distributed::{
-    sharding_buffers, zero3_saved_linear_bytes, zero_sizes, zero_step_gradients, PhaseBuffers,
-    ShardingInputs, ZeroSizes,
+    fsdp_keeps_units_gathered, sharding_buffers, zero3_saved_linear_bytes, zero_sizes,
+    zero_step_gradients, PhaseBuffers, ShardingInputs, ZeroSizes,
 };
 use crate::graph::build_units;
 use crate::model::{Architecture, ModelSpec, ParamCounts};
@@ -33,6 +33,10 @@ pub(crate) struct States {
     /// Gathered weight bytes per block parameter that a block's backward keeps from its
     /// forward (ZeRO-3 without DeepSpeed's linear: `distributed::zero3_saved_linear_bytes`).
     pub(crate) saved_linear_bytes: f64,
+    /// Gathered weight bytes per block parameter that a block holds from its forward to the
+    /// end of its backward, checkpointed or not (FSDP's `SHARD_GRAD_OP`:
+    /// `distributed::fsdp_keeps_units_gathered`).
+    pub(crate) gathered_kept_bytes: f64,
 }
 
 impl States {
@@ -40,6 +44,14 @@ impl States {
     pub(crate) fn saved_linears(&self, unit: &Unit) -> f64 {
         match unit.name {
             "block" => unit.params as f64 * self.saved_linear_bytes,
+            _ => 0.0,
+        }
+    }
+
+    /// Gathered weight bytes `unit` holds from its forward to the end of its backward.
+    pub(crate) fn gathered_through_backward(&self, unit: &Unit) -> f64 {
+        match unit.name {
+            "block" => unit.params as f64 * self.gathered_kept_bytes,
             _ => 0.0,
         }
     }
@@ -229,8 +241,14 @@ pub(crate) fn model_states(
         buffers,
         step_temporaries,
         saved_linear_bytes: zero3_saved_linear_bytes(model, workload, counts),
+        gathered_kept_bytes: if fsdp_keeps_units_gathered(workload) {
+            gathered_block_bytes(workload, counts, workload.module_dtype().bytes() as f64)
+                / stage.tp
+        } else {
+            0.0
+        },
     };
-    shard_or_offload_states(&mut states, workload, workload.layout.dp() as f64);
+    shard_or_offload_states(&mut states, workload);
     states.weights += statistics;
     states.step_temporaries += zero_step_gradients(
         workload,
@@ -455,10 +473,12 @@ fn optimizer_step_temporaries(
     }
 }
 
-/// Divides `states` among the `dp` data-parallel ranks as the sharding strategy does, and drops
-/// what CPU offload moves to the host (the optimizer step's temporaries with it).
-fn shard_or_offload_states(states: &mut States, workload: &Workload, dp: f64) {
+/// Divides `states` among the data-parallel ranks the sharding strategy shards over
+/// ([`crate::Layout::shard_ranks`]), and drops what CPU offload moves to the host (the
+/// optimizer step's temporaries with it).
+fn shard_or_offload_states(states: &mut States, workload: &Workload) {
     let layout = &workload.layout;
+    let dp = layout.shard_ranks() as f64;
     match layout.sharding {
         Sharding::None => {}
         Sharding::Zero1 => states.optimizer /= dp,
@@ -496,16 +516,8 @@ fn shard_or_offload_states(states: &mut States, workload: &Workload, dp: f64) {
     states.step_temporaries = if layout.offload.optimizer() {
         0.0
     } else {
-        states.step_temporaries / optimizer_shards(layout.sharding, dp)
+        states.step_temporaries / dp
     };
-}
-
-fn optimizer_shards(sharding: Sharding, dp: f64) -> f64 {
-    if sharding == Sharding::None {
-        1.0
-    } else {
-        dp
-    }
 }
 
 fn adafactor_fraction(model: &ModelSpec) -> f64 {

@@ -32,6 +32,44 @@ pub enum FsdpVersion {
     V2,
 }
 
+/// How FSDP shards a unit's parameters, gradients and optimizer states over the data-parallel
+/// ranks (`torch.distributed.fsdp.ShardingStrategy`; FSDP2 spells the same choices as
+/// `fully_shard(reshard_after_forward=…)` and a 2-D replicate × shard mesh).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsdpSharding {
+    /// `FULL_SHARD`: everything sharded over all ranks; a unit is gathered for its forward,
+    /// freed after it, gathered again for its backward.
+    FullShard,
+    /// `SHARD_GRAD_OP`: sharded like `FULL_SHARD` at rest, but a unit stays gathered from its
+    /// forward to the end of its backward (no second all-gather), so the whole model is
+    /// gathered when the backward starts.
+    ShardGradOp,
+    /// `NO_SHARD` (FSDP1 only): every rank keeps whole flat parameters, gradients and optimizer
+    /// states, and all-reduces the gradients in place, as DDP without its bucket copies.
+    NoShard,
+    /// `HYBRID_SHARD`: `FULL_SHARD` within a machine (`gpus / nodes` ranks), replicated across
+    /// machines.
+    HybridShard,
+    /// `_HYBRID_SHARD_ZERO2`: `SHARD_GRAD_OP` within a machine, replicated across machines.
+    HybridShardZero2,
+}
+
+impl FsdpSharding {
+    /// Whether a unit is freed after its forward and gathered again for its backward.
+    pub fn reshards_after_forward(self) -> bool {
+        matches!(self, FsdpSharding::FullShard | FsdpSharding::HybridShard)
+    }
+
+    /// Whether the states are sharded over one machine's ranks only.
+    pub fn hybrid(self) -> bool {
+        matches!(
+            self,
+            FsdpSharding::HybridShard | FsdpSharding::HybridShardZero2
+        )
+    }
+}
+
 /// `--fsdp-version` when none is given: FSDP2, what PyTorch documents and torchtitan/torchtune
 /// run today. Both allocate the same units at the peak in this model; they differ in the
 /// per-unit buffers (see `fsdp_buffers` in [`crate::distributed`]).
@@ -371,6 +409,8 @@ pub struct Layout {
     pub fsdp_cpu_loading: bool,
     /// Which PyTorch FSDP (with [`Sharding::Fsdp`]).
     pub fsdp_version: FsdpVersion,
+    /// How FSDP shards (with [`Sharding::Fsdp`]).
+    pub fsdp_sharding: FsdpSharding,
     /// FSDP mixed precision: the dtype parameters are gathered and computed in, from sharded
     /// masters in [`Workload::dtype`] (`MixedPrecisionPolicy(param_dtype=…)`); None: no cast.
     pub fsdp_mp: Option<Dtype>,
@@ -394,6 +434,7 @@ impl Layout {
             zero_init: true,
             fsdp_cpu_loading: false,
             fsdp_version: DEFAULT_FSDP_VERSION,
+            fsdp_sharding: FsdpSharding::FullShard,
             fsdp_mp: None,
             nccl_buffsize: DEFAULT_NCCL_BUFFSIZE,
             zero_buckets: ZeroBuckets::Default,
@@ -403,6 +444,18 @@ impl Layout {
     /// Data-parallel size: `gpus / (tp · pp)`.
     pub fn dp(&self) -> u64 {
         self.gpus / (self.tp * self.pp)
+    }
+
+    /// Data-parallel ranks the model states are sharded over: all of them under ZeRO and
+    /// FSDP, one machine's under a hybrid FSDP strategy, none (1) under FSDP's `NO_SHARD`
+    /// and plain data parallelism.
+    pub fn shard_ranks(&self) -> u64 {
+        match self.sharding {
+            Sharding::None => 1,
+            Sharding::Fsdp if self.fsdp_sharding == FsdpSharding::NoShard => 1,
+            Sharding::Fsdp if self.fsdp_sharding.hybrid() => (self.dp() / self.nodes).max(1),
+            _ => self.dp(),
+        }
     }
 }
 
@@ -755,6 +808,33 @@ impl Workload {
                 format!("must divide gpus = {}", layout.gpus),
             ));
         }
+        if layout.sharding == Sharding::Fsdp
+            && layout.fsdp_sharding == FsdpSharding::NoShard
+            && layout.fsdp_version != FsdpVersion::V1
+        {
+            return Err(PlanError::Conflict {
+                first: "--fsdp-sharding no-shard".into(),
+                second: "--fsdp-version 2".into(),
+                reason: "NO_SHARD is FullyShardedDataParallel's (FSDP1) only; add \
+                         --fsdp-version 1, or plan FSDP2's replicate() as plain data \
+                         parallelism (--gpus without --fsdp)"
+                    .into(),
+            });
+        }
+        if layout.sharding == Sharding::Fsdp
+            && layout.fsdp_sharding.hybrid()
+            && !layout.dp().is_multiple_of(layout.nodes)
+        {
+            return Err(invalid(
+                "nodes",
+                layout.nodes,
+                format!(
+                    "a hybrid FSDP strategy shards within each machine, so the nodes must \
+                     divide the data-parallel ranks ({})",
+                    layout.dp()
+                ),
+            ));
+        }
         if !(1..=MAX_NCCL_BUFFSIZE).contains(&layout.nccl_buffsize) {
             return Err(invalid(
                 "nccl-buffsize",
@@ -845,6 +925,15 @@ pub mod choices {
     /// `--fsdp-version`.
     pub const FSDP_VERSIONS: &[(&str, FsdpVersion)] =
         &[("1", FsdpVersion::V1), ("2", FsdpVersion::V2)];
+    /// `--fsdp-sharding`: PyTorch's `ShardingStrategy` names (`FULL_SHARD` and `full_shard`
+    /// are accepted too: names are compared in lower case with `_` read as `-`).
+    pub const FSDP_SHARDINGS: &[(&str, FsdpSharding)] = &[
+        ("full-shard", FsdpSharding::FullShard),
+        ("shard-grad-op", FsdpSharding::ShardGradOp),
+        ("no-shard", FsdpSharding::NoShard),
+        ("hybrid-shard", FsdpSharding::HybridShard),
+        ("hybrid-shard-zero2", FsdpSharding::HybridShardZero2),
+    ];
     /// `--fsdp-mp` (a half-precision `param_dtype`).
     /// `--framework`.
     pub const FRAMEWORKS: &[(&str, Framework)] = &[

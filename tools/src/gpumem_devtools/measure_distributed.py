@@ -2,8 +2,9 @@
 
 FSDP1 (`FullyShardedDataParallel`, each decoder layer wrapped by `ModuleWrapPolicy`,
 `use_orig_params=True`) or FSDP2 (`fully_shard` on each decoder layer, then the root), in
-fp32 or with mixed precision (`param_dtype` bf16/fp16, `reduce_dtype` fp32), over `ws` gloo
-ranks: one process per rank, each recording its allocations with the CPU recorder of
+fp32 or with mixed precision (`param_dtype` bf16/fp16, `reduce_dtype` fp32), with a sharding
+strategy (FULL_SHARD by default; SHARD_GRAD_OP and NO_SHARD for FSDP1;
+`reshard_after_forward=False` for FSDP2), over `ws` gloo ranks: one process per rank, each recording its allocations with the CPU recorder of
 `gpumem-measure-peak` (recorder.py); the peak is that of training step 2 of 2, the larger
 rank's. Results: testdata/plan/measured_distributed.jsonl (keys = `gpumem plan` flags).
 CPU cannot show what CUDA streams and NCCL add (docs/plan.md "Distributed training").
@@ -45,12 +46,15 @@ class Case:
     seq: int
     grad_ckpt: bool = False
     ranks: int = 2
+    #: `gpumem plan --fsdp-sharding`: full_shard, shard_grad_op or no_shard.
+    sharding: str = "full_shard"
 
     @property
     def id(self) -> str:
         ckpt = "-ckpt" if self.grad_ckpt else ""
+        shard = "" if self.sharding == "full_shard" else "-" + self.sharding.replace("_", "-")
         return (f"{self.config}-train-b{self.batch}-s{self.seq}-fsdp{self.version}-"
-                f"{self.mp or 'fp32'}{ckpt}-gpus{self.ranks}")
+                f"{self.mp or 'fp32'}{ckpt}{shard}-gpus{self.ranks}")
 
     def settings(self) -> dict[str, Any]:
         s: dict[str, Any] = {"mode": "train", "batch": self.batch, "seq": self.seq,
@@ -61,6 +65,8 @@ class Case:
             s["fsdp_mp"] = self.mp
         if self.grad_ckpt:
             s["grad_ckpt"] = True
+        if self.sharding != "full_shard":
+            s["fsdp_sharding"] = self.sharding
         return s
 
 
@@ -77,6 +83,17 @@ def grid() -> list[Case]:
               Case("tinyllama-8l", 2, "bf16", 1, 128, ranks=4),
               Case("tinyllama-8l", 1, None, 1, 128, ranks=4),
               Case("llama-8l", 2, "bf16", 1, 256), Case("qwen2.5-6l", 2, "bf16", 2, 256)]
+    # Sharding strategies other than FULL_SHARD (FSDP2 has no NO_SHARD).
+    cases += [Case(cfg, v, None, 1, 128, sharding=sh)
+              for cfg in ("tinyllama-8l", "gpt2-12l") for v in (1, 2)
+              for sh in ("shard_grad_op", "no_shard") if (v, sh) != (2, "no_shard")]
+    # Llama-8l's blocks outweigh its root (vocabulary 4096), so where the blocks' gathered
+    # parameters live shows in the peak; FULL_SHARD beside each strategy.
+    cases += [Case("llama-8l", v, None, 1, 128, sharding=sh) for v in (1, 2)
+              for sh in ("full_shard", "shard_grad_op", "no_shard") if (v, sh) != (2, "no_shard")]
+    cases += [Case("llama-8l", 1, "bf16", 4, 512, True, sharding=sh)
+              for sh in ("full_shard", "shard_grad_op", "no_shard")]
+    cases += [Case("llama-8l", 2, "bf16", 4, 512, True, sharding="shard_grad_op")]
     return cases
 
 
@@ -105,12 +122,13 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str) -> Non
                 kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=half[case.mp],
                                                        reduce_dtype=torch.float32)
             for layer in layers:
-                fully_shard(layer, **kw)
+                fully_shard(layer, reshard_after_forward=case.sharding != "shard_grad_op", **kw)
             fully_shard(model, **kw)
         else:
-            from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+            from torch.distributed.fsdp import (FullyShardedDataParallel, MixedPrecision,
+                                                ShardingStrategy)
             from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-            kw = {}
+            kw = {"sharding_strategy": ShardingStrategy[case.sharding.upper()]}
             if case.mp:
                 kw["mixed_precision"] = MixedPrecision(param_dtype=half[case.mp],
                                                        reduce_dtype=torch.float32,
@@ -167,6 +185,10 @@ def _notes(case: Case) -> str:
         wrap = "FullyShardedDataParallel, ModuleWrapPolicy(decoder layer), use_orig_params=True"
     if case.mp:
         wrap += f", param_dtype={case.mp}, reduce_dtype=float32"
+    if case.sharding == "shard_grad_op" and case.version == 2:
+        wrap += ", reshard_after_forward=False on each decoder layer"
+    elif case.sharding != "full_shard":
+        wrap += f", sharding_strategy {case.sharding.upper()}"
     return (f"torch.distributed gloo, world size {case.ranks} on CPU, one process per rank, 1 "
             f"thread each; torch.profiler CPU allocation trace per rank; peak over train step "
             f"{STEPS} of {STEPS}, the larger rank's; {wrap}; AdamW foreach; "

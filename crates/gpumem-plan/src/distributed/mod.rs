@@ -18,7 +18,7 @@ use crate::sequence::Stream;
 use crate::unit::Unit;
 // The FSDP version and NCCL buffer size are workload settings, defined with it.
 use crate::workload::{
-    BaseQuant, Dtype, Layout, Optimizer, Sharding, Target, Workload, ZeroBuckets,
+    BaseQuant, Dtype, FsdpSharding, Layout, Optimizer, Sharding, Target, Workload, ZeroBuckets,
     DEEPSPEED_OVERFLOW_CHECK_MASKS_SINCE,
 };
 pub use crate::workload::{FsdpVersion, DEFAULT_FSDP_VERSION, DEFAULT_NCCL_BUFFSIZE};
@@ -175,6 +175,19 @@ pub(crate) fn side_streams(workload: &Workload) -> bool {
         && workload.target == Target::Gpu
 }
 
+/// Whether FSDP keeps each block gathered from its forward to the end of its backward:
+/// `SHARD_GRAD_OP` and `_HYBRID_SHARD_ZERO2` (FSDP1 `_runtime_utils.py`
+/// `_post_forward_reshard` frees a non-root unit only under the strategies that reshard after
+/// forward; its pre-backward `unshard` finds the parameter still gathered (`needs_unshard`) and
+/// gathers nothing; `_post_backward_reshard` frees it once its gradients are reduced), FSDP2's
+/// `reshard_after_forward=False`.
+pub(crate) fn fsdp_keeps_units_gathered(workload: &Workload) -> bool {
+    let layout = &workload.layout;
+    layout.sharding == Sharding::Fsdp
+        && layout.fsdp_sharding != FsdpSharding::NoShard
+        && !layout.fsdp_sharding.reshards_after_forward()
+}
+
 /// Bytes per element of the gradient reduction: FSDP mixed precision reduces in fp32 (as
 /// torchtitan's `mixed_precision_reduce` default and FSDP1's `reduce_dtype=float32` set it), so
 /// the reduce-scatter input is an fp32 copy of the unit's gradients.
@@ -218,7 +231,23 @@ fn fsdp_buffers(
     trainable_share: f64,
     gathered: f64,
 ) -> PhaseBuffers {
+    let layout = &workload.layout;
+    let shards = layout.shard_ranks() as f64;
     let module = workload.module_dtype().bytes() as f64;
+    // Under NO_SHARD a unit's flat parameter is whole on every rank: nothing is gathered, and
+    // with mixed precision the unit computes on a low-precision copy made as it is unsharded
+    // and freed as it is resharded (FSDP1 `_flat_param.py` `pre_unshard` →
+    // `_use_low_precision_shard`, `post_reshard` → `_free_low_precision_sharded_param` for an
+    // unsharded strategy), the root's from the forward's start to the backward's end like a
+    // gathered root. Its gradient is made in that dtype and cast to the reduce dtype, which is
+    // the gradient the states hold, before the in-place all-reduce (`_reduce_grad_no_shard`).
+    let no_shard = layout.fsdp_sharding == FsdpSharding::NoShard;
+    let low_precision = match (no_shard, layout.fsdp_mp) {
+        (false, _) => module,
+        (true, Some(mp)) => mp.bytes() as f64,
+        (true, None) => 0.0,
+    };
+    let gathered = if no_shard { low_precision } else { gathered };
     let root: f64 = units
         .iter()
         .filter(|u| u.name != "block")
@@ -231,7 +260,11 @@ fn fsdp_buffers(
         .map(|u| u.params as f64)
         .fold(0.0, f64::max)
         / tp;
-    let reduce = reduce_bytes(workload);
+    let reduce = if no_shard {
+        0.0
+    } else {
+        reduce_bytes(workload)
+    };
     // The root gradients that exist while the blocks' backward runs: the head's (the
     // embeddings' appear at the very end).
     let head: f64 = units
@@ -248,27 +281,46 @@ fn fsdp_buffers(
     // `_flat_param.py` `pre_unshard` → `flat_param_to(device, non_blocking=True)`, a new
     // shard-sized tensor the all-gather reads, freed once it is done; FSDP2 the all-gather
     // copy-in of `sharded_param.to(device)`): one block's shard per all-gather in flight.
-    let staging = match (workload.layout.offload.params(), workload.target) {
-        (true, Target::Gpu) => block * gathered / workload.layout.dp() as f64,
+    let staging = match (layout.offload.params(), workload.target) {
+        (true, Target::Gpu) if !no_shard => block * gathered / shards,
         _ => 0.0,
     };
     let backward_reduce = trainable_share * (block + in_flight) * reduce;
     let fsdp1_streams = side_streams(workload);
+    let root_weights = root * low_precision;
+    // A unit kept gathered from its forward (`fsdp_keeps_units_gathered`) is counted with the
+    // unit (`States::gathered_through_backward`): the forward gathers only the one in flight,
+    // the backward none.
+    let (forward_blocks, backward_start_blocks, backward_blocks, pending) =
+        if fsdp_keeps_units_gathered(workload) {
+            (in_flight, 0.0, 0.0, 0.0)
+        } else {
+            (
+                block + in_flight,
+                block,
+                2.0 * block,
+                if fsdp1_streams { block } else { 0.0 },
+            )
+        };
     PhaseBuffers {
-        forward_weights: root * module + (block + in_flight) * gathered + staging,
-        backward_start_weights: root * module + block * gathered + staging,
-        backward_weights: root * module + 2.0 * block * gathered + staging,
-        backward_gradients: trainable_share * (head + block) * module + backward_reduce,
-        backward_last: (root * module, trainable_share * head * module),
+        forward_weights: root_weights + forward_blocks * gathered + staging,
+        backward_start_weights: root_weights + backward_start_blocks * gathered + staging,
+        backward_weights: root_weights + backward_blocks * gathered + staging,
+        backward_gradients: trainable_share * (head + block) * low_precision + backward_reduce,
+        backward_last: (root_weights, trainable_share * head * low_precision),
         backward_end_gradients: trainable_share
-            * (2.0 * root * reduce
-                + match workload.layout.fsdp_version {
-                    FsdpVersion::V1 => root * reduce * (1.0 - 1.0 / workload.layout.dp() as f64),
-                    FsdpVersion::V2 => 0.0,
-                }),
+            * if no_shard {
+                root * low_precision
+            } else {
+                2.0 * root * reduce
+                    + match layout.fsdp_version {
+                        FsdpVersion::V1 => root * reduce * (1.0 - 1.0 / shards),
+                        FsdpVersion::V2 => 0.0,
+                    }
+            },
         staging,
         backward_reduce,
-        backward_pending: if fsdp1_streams { block * gathered } else { 0.0 },
+        backward_pending: pending * gathered,
         backward_end_stream: if fsdp1_streams {
             Stream::PostBackward
         } else {
@@ -545,14 +597,24 @@ pub(crate) fn zero3_saved_linear_bytes(
 /// Whether `unit`'s sharded gradients appear only when the backward ends: FSDP's root (every
 /// unit but the blocks) reduce-scatters once all its parameters have gradients.
 pub(crate) fn reduced_at_backward_end(workload: &Workload, unit: &Unit) -> bool {
-    workload.layout.sharding == Sharding::Fsdp && unit.name != "block"
+    workload.layout.sharding == Sharding::Fsdp
+        && workload.layout.fsdp_sharding != FsdpSharding::NoShard
+        && unit.name != "block"
 }
 
 /// NCCL communicators one rank of `layout` holds: one per parallel group of more than one rank
-/// (data, tensor, pipeline).
+/// (data, tensor, pipeline); a hybrid FSDP strategy's data-parallel ranks form two groups, the
+/// machine's shard group and the replicas across machines.
 pub fn nccl_communicators(layout: &Layout) -> u64 {
-    [layout.dp(), layout.tp, layout.pp]
-        .into_iter()
+    let hybrid = layout.sharding == Sharding::Fsdp && layout.fsdp_sharding.hybrid();
+    let data = if hybrid {
+        let shard = layout.shard_ranks();
+        vec![shard, layout.dp() / shard]
+    } else {
+        vec![layout.dp()]
+    };
+    data.into_iter()
+        .chain([layout.tp, layout.pp])
         .filter(|&size| size > 1)
         .count() as u64
 }

@@ -479,3 +479,152 @@ mod zero_step_tests {
         assert_eq!(head(|s| s.lora_rank = Some(8)), 0.0);
     }
 }
+
+#[cfg(test)]
+mod fsdp_sharding_tests {
+    use crate::{
+        allocation_sequence, estimate, find_model, Estimate, Overheads, PlanError, PlannedEvent,
+        Settings,
+    };
+
+    /// Settings of an FSDP1 training run of Llama-3.2-1B over `gpus` GPUs on `nodes` machines
+    /// with the given `--fsdp-sharding`.
+    fn settings(sharding: Option<&str>, gpus: u64, nodes: u64) -> Settings {
+        Settings {
+            batch: Some(1),
+            seq: Some(512),
+            gpus: Some(gpus),
+            nodes: Some(nodes),
+            fsdp: true,
+            fsdp_version: Some("1".into()),
+            fsdp_sharding: sharding.map(Into::into),
+            ..Settings::default()
+        }
+    }
+
+    fn plan(s: Settings) -> Estimate {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let workload = s.resolve(&model).unwrap().workload;
+        estimate(&model, &workload, &Overheads::default()).unwrap()
+    }
+
+    /// The largest live bytes of `s`'s planned allocation sequence.
+    fn sequence_peak(s: Settings) -> u64 {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let workload = s.resolve(&model).unwrap().workload;
+        let (mut live, mut peak) = (std::collections::HashMap::new(), 0u64);
+        for event in allocation_sequence(&model, &workload).unwrap() {
+            match event {
+                PlannedEvent::Alloc { id, bytes, .. } => {
+                    live.insert(id, bytes);
+                }
+                PlannedEvent::Free { id } => {
+                    live.remove(&id);
+                }
+                _ => {}
+            }
+            peak = peak.max(live.values().sum());
+        }
+        peak
+    }
+
+    #[test]
+    fn no_shard_keeps_whole_states_on_every_gpu() {
+        let whole = plan(settings(Some("no_shard"), 8, 1));
+        let single = plan(settings(None, 1, 1));
+        // NO_SHARD's states are one GPU's: weights, gradients and optimizer states whole.
+        assert_eq!(whole.breakdown.weights, single.breakdown.weights);
+        assert_eq!(
+            whole.breakdown.optimizer_states,
+            single.breakdown.optimizer_states
+        );
+        let sharded = plan(settings(None, 8, 1));
+        assert!(sharded.breakdown.optimizer_states * 7 < whole.breakdown.optimizer_states);
+    }
+
+    #[test]
+    fn shard_grad_op_keeps_every_block_gathered_into_the_backward() {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let counts = model.params();
+        let full = plan(settings(None, 8, 1));
+        let grad_op = plan(settings(Some("SHARD_GRAD_OP"), 8, 1));
+        // Same sharded states; at the backward's start every block is gathered (fp32), where
+        // FULL_SHARD gathers one and prefetches another.
+        assert_eq!(
+            full.breakdown.optimizer_states,
+            grad_op.breakdown.optimizer_states
+        );
+        let blocks = counts.body as f64 * 4.0;
+        let more = grad_op.peak_allocated_bytes as f64 - full.peak_allocated_bytes as f64;
+        let block = counts.largest_block as f64 * 4.0;
+        assert!(
+            more > blocks - 3.0 * block && more < blocks,
+            "{more} vs {blocks}"
+        );
+        // The planned sequence holds the same blocks, unit by unit.
+        let sequence = sequence_peak(settings(Some("shard-grad-op"), 8, 1)) as f64;
+        let full_sequence = sequence_peak(settings(None, 8, 1)) as f64;
+        assert!(
+            (sequence - full_sequence - more).abs() < 2.0 * block,
+            "{sequence}"
+        );
+    }
+
+    #[test]
+    fn hybrid_strategies_shard_within_one_machine() {
+        // 16 GPUs on 2 machines: HYBRID_SHARD shards over 8 ranks, as FULL_SHARD on 8 GPUs.
+        let hybrid = plan(settings(Some("hybrid_shard"), 16, 2));
+        let machine = plan(settings(None, 8, 1));
+        assert_eq!(hybrid.breakdown.weights, machine.breakdown.weights);
+        assert_eq!(
+            hybrid.breakdown.optimizer_states,
+            machine.breakdown.optimizer_states
+        );
+        let zero2 = plan(settings(Some("hybrid_shard_zero2"), 16, 2));
+        let grad_op = plan(settings(Some("shard_grad_op"), 8, 1));
+        assert_eq!(zero2.peak_allocated_bytes, grad_op.peak_allocated_bytes);
+        // The shard group and the replicas across machines are two communicators.
+        assert!(hybrid.breakdown.communication > machine.breakdown.communication);
+    }
+
+    #[test]
+    fn sharding_strategies_are_validated() {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let err = settings(Some("zero2"), 8, 1).resolve(&model).unwrap_err();
+        assert!(
+            matches!(&err, PlanError::UnknownName { accepted, .. } if accepted.len() == 5),
+            "{err}"
+        );
+        let fsdp2 = Settings {
+            fsdp_version: Some("2".into()),
+            ..settings(Some("no_shard"), 8, 1)
+        };
+        assert!(matches!(
+            fsdp2.resolve(&model),
+            Err(PlanError::Conflict { .. })
+        ));
+        // Hybrid sharding needs the machines to divide the data-parallel ranks.
+        let uneven = Settings {
+            tp: Some(2),
+            ..settings(Some("hybrid_shard"), 12, 4)
+        };
+        assert!(matches!(
+            uneven.resolve(&model),
+            Err(PlanError::InvalidValue { .. })
+        ));
+        // Without --fsdp the flag is ignored with a warning.
+        let ignored = Settings {
+            fsdp: false,
+            ..settings(Some("no_shard"), 8, 1)
+        };
+        let resolved = ignored.resolve(&model).unwrap();
+        assert!(
+            resolved
+                .warnings
+                .iter()
+                .any(|w| w.to_string().contains("--fsdp-sharding")),
+            "{:?}",
+            resolved.warnings
+        );
+    }
+}

@@ -326,11 +326,7 @@ impl Shapes {
                     if matches!(layout.sharding, Sharding::None | Sharding::Fsdp)
                         && adapters_in_dense_blocks_only(t) =>
                 {
-                    let sharded = if layout.sharding == Sharding::Fsdp {
-                        layout.dp() as f64
-                    } else {
-                        1.0
-                    };
+                    let sharded = layout.shard_ranks() as f64;
                     let split = sharded * layout.tp as f64;
                     adapter_matrices(t, LayerKind::default(), lora.rank, lora.targets)
                         .into_iter()
@@ -594,9 +590,21 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
         } else {
             None
         };
-        let (saved, held) = train_forward(out, units, &kept, states, shapes);
+        let ForwardLeft {
+            saved,
+            held,
+            gathered,
+        } = train_forward(out, units, &kept, states, shapes);
         out.free(previous);
-        let mut gradients = train_backward(out, units, saved, &kept, states, workload, shapes);
+        let mut gradients = train_backward(
+            out,
+            units,
+            (saved, gathered),
+            &kept,
+            states,
+            workload,
+            shapes,
+        );
         // FSDP's root reduce-scatter: its buffers, then the root's sharded gradients.
         let buffers = &states.buffers;
         let reducing = out.alloc_on(buffers.backward_end_gradients, buffers.backward_end_stream);
@@ -699,18 +707,34 @@ fn per_param_tensors(
         .collect()
 }
 
-/// A training step's forward: returns each unit's saved tensors and what it holds until the
-/// step ends.
+/// What a training step's forward leaves for the rest of the step, unit by unit.
+struct ForwardLeft {
+    /// The tensors each unit saved for its backward.
+    saved: Vec<Vec<u64>>,
+    /// What each unit holds until the step ends.
+    held: Vec<Option<u64>>,
+    /// Each unit's weights kept gathered to the end of its backward
+    /// ([`States::gathered_through_backward`]).
+    gathered: Vec<Option<u64>>,
+}
+
+/// A training step's forward.
 fn train_forward(
     out: &mut Emitter,
     units: &[Unit],
     kept: &[Kept],
     states: &States,
     shapes: &Shapes,
-) -> (Vec<Vec<u64>>, Vec<Option<u64>>) {
+) -> ForwardLeft {
     let mut saved = Vec::with_capacity(units.len());
     let mut held = Vec::new();
     let mut forward_held = Vec::new();
+    let mut kept_gathered = Vec::with_capacity(units.len());
+    let gather_stream = if states.buffers.side_streams {
+        Stream::Unshard
+    } else {
+        Stream::Compute
+    };
     // Gathered units (FSDP) while the forward runs, then while the backward runs.
     let gathered = unsharded(out, &states.buffers, states.buffers.forward_weights);
     let first_product = first_product_unit(units);
@@ -718,6 +742,7 @@ fn train_forward(
         if index == first_product {
             out.workspace(0);
         }
+        kept_gathered.push(out.alloc_on(states.gathered_through_backward(unit), gather_stream));
         let whole = &unit.whole;
         let transient = out.tensors(
             unit.forward_transient,
@@ -741,16 +766,20 @@ fn train_forward(
     gathered.into_iter().for_each(|g| out.free(g));
     // The model's output, dropped once the loss is taken.
     forward_held.into_iter().for_each(|h| out.free(h));
-    (saved, held)
+    ForwardLeft {
+        saved,
+        held,
+        gathered: kept_gathered,
+    }
 }
 
-/// A training step's backward, units in reverse, freeing each unit's `saved` tensors: returns
-/// the parameter gradients made (none when they accumulate, none yet for those reduced at the
-/// backward's end).
+/// A training step's backward, units in reverse, freeing each unit's `saved` tensors and,
+/// once its gradients are made, the weights it kept gathered: returns the parameter gradients
+/// made (none when they accumulate, none yet for those reduced at the backward's end).
 fn train_backward(
     out: &mut Emitter,
     units: &[Unit],
-    saved: Vec<Vec<u64>>,
+    (saved, kept_gathered): (Vec<Vec<u64>>, Vec<Option<u64>>),
     kept: &[Kept],
     states: &States,
     workload: &Workload,
@@ -772,8 +801,13 @@ fn train_backward(
     } else {
         last
     };
-    for (index, ((unit, mut unit_saved), kept)) in
-        units.iter().zip(saved).zip(kept).enumerate().rev()
+    for (index, (((unit, mut unit_saved), kept), unit_gathered)) in units
+        .iter()
+        .zip(saved)
+        .zip(kept)
+        .zip(kept_gathered)
+        .enumerate()
+        .rev()
     {
         if index == 0 && last > 0 {
             gathered.drain(..).for_each(|g| out.free(g));
@@ -822,6 +856,7 @@ fn train_backward(
             gradients.push(gradient_tensors(out, unit, states, shapes));
         }
         out.free_all(finishing);
+        out.free(unit_gathered);
     }
     gathered.into_iter().for_each(|g| out.free(g));
     gradients

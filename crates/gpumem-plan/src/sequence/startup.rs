@@ -11,7 +11,7 @@ use crate::model::{Architecture, LayerKind, ModelSpec};
 use crate::releases::OldRelease;
 use crate::states::{base_packed_bytes, four_bit_head_params, model_states, trainable_params};
 use crate::unit::Unit;
-use crate::workload::{BaseQuant, FsdpVersion, Mode, Sharding, Workload};
+use crate::workload::{BaseQuant, FsdpSharding, FsdpVersion, Mode, Sharding, Workload};
 
 /// Whether `workload` puts memory on the GPU before its first step that the step itself does
 /// not hold: DeepSpeed ZeRO-3 training on a model loaded without `deepspeed.zero.Init`.
@@ -152,8 +152,9 @@ pub fn has_fsdp_setup(workload: &Workload) -> bool {
 ///   with parameter offload, else the next unit's first parameter copy (a pageable
 ///   host-to-device copy synchronises the stream);
 /// - `FlatParamHandle.flatten_tensors`: `torch.cat` of the unit's parameters into the flat
-///   parameter; `shard` → `_get_shard`: a clone of this rank's chunk (`1/dp`, rounded up),
-///   then the flat parameter's storage is freed (`_typed_storage()._resize_(0)`);
+///   parameter; `shard` → `_get_shard`: a clone of this rank's chunk (`1/dp` of the ranks it
+///   shards over, rounded up), then the flat parameter's storage is freed
+///   (`_typed_storage()._resize_(0)`); under `NO_SHARD` the flat parameter stays whole;
 /// - with `CPUOffload(offload_params=True)`, `_init_param_handle_from_params` copies the shard
 ///   to the host (`flat_param_to(cpu)`) and frees it;
 /// - the moved parameters are freed when the function returns (`managed_params` held them).
@@ -164,7 +165,10 @@ pub(super) fn fsdp1_setup(
     units: &[Unit],
     shapes: &Shapes,
 ) -> (Vec<u64>, f64) {
-    let dp = workload.layout.dp() as f64;
+    let dp = workload.layout.shard_ranks() as f64;
+    // NO_SHARD keeps the flat parameter itself (`FlatParamHandle.shard` records whole-tensor
+    // metadata and copies nothing).
+    let whole = workload.layout.fsdp_sharding == FsdpSharding::NoShard;
     let offload = workload.layout.offload.params();
     let (mut shards, mut kept) = (Vec::new(), 0.0);
     let mut broadcast = Vec::new();
@@ -190,8 +194,13 @@ pub(super) fn fsdp1_setup(
         let total: f64 = params.iter().sum();
         let flat = out.alloc(total);
         let shard_bytes = (total / dp).ceil();
-        let shard = out.alloc(shard_bytes);
-        out.free(flat);
+        let shard = if whole {
+            flat
+        } else {
+            let shard = out.alloc(shard_bytes);
+            out.free(flat);
+            shard
+        };
         if offload {
             out.free(shard);
             out.free_all(std::mem::take(&mut broadcast));

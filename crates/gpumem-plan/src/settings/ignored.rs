@@ -111,6 +111,11 @@ impl Settings {
                 &no_fsdp,
             ),
             (
+                "--fsdp-sharding",
+                fsdp_inactive && self.fsdp_sharding.is_some(),
+                &no_fsdp,
+            ),
+            (
                 "--nccl-buffsize",
                 self.nccl_buffsize.is_some() && self.gpus.unwrap_or(1) <= 1,
                 &one_gpu,

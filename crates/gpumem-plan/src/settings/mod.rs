@@ -117,13 +117,22 @@ pub struct Settings {
     /// ZeRO stage 0-3 [default: 0].
     #[cfg_attr(feature = "clap", arg(long))]
     pub zero: Option<String>,
-    /// FSDP full sharding.
+    /// PyTorch FSDP (full sharding unless --fsdp-sharding says otherwise).
     #[cfg_attr(feature = "clap", arg(long))]
     pub fsdp: bool,
     /// FSDP implementation with --fsdp: 1 (FullyShardedDataParallel) or 2 (fully_shard)
     /// [default: 2].
     #[cfg_attr(feature = "clap", arg(long))]
     pub fsdp_version: Option<String>,
+    /// FSDP sharding strategy with --fsdp (PyTorch's ShardingStrategy; FULL_SHARD or
+    /// full_shard are read as full-shard): full-shard (everything sharded, each unit gathered
+    /// for its forward and again for its backward), shard-grad-op (a unit stays gathered from
+    /// its forward to its backward: FSDP2's reshard_after_forward=False), no-shard (FSDP1:
+    /// whole parameters, gradients and optimizer states on every GPU), hybrid-shard or
+    /// hybrid-shard-zero2 (full-shard or shard-grad-op within each of --nodes machines,
+    /// replicated across them: FSDP2's 2-D mesh) [default: full-shard].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "STRATEGY"))]
+    pub fsdp_sharding: Option<String>,
     /// FSDP mixed precision with --fsdp: parameters gathered and computed in bf16 or fp16 from
     /// --dtype sharded masters, gradients reduced in fp32 [default: none, no cast].
     #[cfg_attr(feature = "clap", arg(long))]
@@ -757,6 +766,12 @@ impl Settings {
             fsdp_cpu_loading: self.fsdp_cpu_ram_efficient_loading,
             fsdp_version: pick(&self.fsdp_version, "FSDP version", choices::FSDP_VERSIONS)?
                 .unwrap_or(d.fsdp_version),
+            fsdp_sharding: pick(
+                &self.fsdp_sharding,
+                "FSDP sharding strategy",
+                choices::FSDP_SHARDINGS,
+            )?
+            .unwrap_or(d.fsdp_sharding),
             fsdp_mp: pick(
                 &self.fsdp_mp,
                 "FSDP mixed precision",
@@ -917,6 +932,10 @@ mod tests {
                 name(choices::FSDP_VERSIONS, d.layout.fsdp_version).to_string(),
             ),
             ("fsdp_mp", "none".to_string()),
+            (
+                "fsdp_sharding",
+                name(choices::FSDP_SHARDINGS, d.layout.fsdp_sharding).to_string(),
+            ),
             (
                 "offload",
                 name(choices::OFFLOADS, d.layout.offload).to_string(),
