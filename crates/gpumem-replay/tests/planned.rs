@@ -41,6 +41,14 @@ fn settings(meta: &BTreeMap<String, String>) -> Settings {
         },
         labels: text("labels").as_deref() == Some("true"),
         loss: text("loss"),
+        // A trace of your own (`GPUMEM_EXTRA_TRACES`) may name LoRA adapters, the releases
+        // whose code ran and a loop that holds its outputs.
+        lora_rank: number("lora_rank"),
+        lora_targets: text("lora_targets"),
+        lora_dropout: meta.get("lora_dropout").and_then(|v| v.parse().ok()),
+        peft: text("peft"),
+        transformers: text("transformers"),
+        hold_outputs: text("hold_outputs").as_deref() == Some("true"),
         target: Some("cpu".into()),
         mode,
         ..Settings::default()
@@ -96,6 +104,10 @@ fn planned_reserved_against_real_traces() {
         "sequence/whisper-v3-2l-train-b2-s64-fp32-sdpa",
         "sequence/clip-4l-train-b8-s77-img224-fp32-sdpa",
         "sequence/clip-vision-4l-infer-b16-img224-fp32-sdpa",
+        // Captured in session 23 under transformers 4.39.3 and PEFT 0.10.0 to check
+        // AnswerDotAI's fsdp_qlora rows at large micro-batches: Llama-2-7B's blocks (two of
+        // them), LoRA r64 with dropout on six linears, checkpointing, fp32 logits held.
+        "sequence/llama2-2l-train-b6-s2048-bf16-sdpa-ckpt-lora64-hold",
     ];
     let extra = std::env::var("GPUMEM_EXTRA_TRACES").unwrap_or_default();
     let traces: Vec<&str> = traces

@@ -18,6 +18,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def probability(text: str) -> float:
+    """argparse type: a number in [0, 1) (a dropout probability)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, not {value}")
+    return value
+
+
 def regex(text: str) -> re.Pattern[str]:
     """argparse type: a regular expression (Python `re` syntax)."""
     try:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import configs, tracefile
-from ._cli import device, fail, positive_int, regex
+from ._cli import device, fail, positive_int, probability, regex
 from ._deps import MissingDependency, require
 from .paths import repo_root
 from .settings import (AMP_NAMES, ATTN_IMPLS, DTYPE_NAMES, MODES, OPTIMIZER_IMPLS, OPTIMIZERS,
@@ -43,8 +43,9 @@ CUSTOM_DEFAULTS: dict[str, Any] = {
     "optimizer_impl": "foreach", "steps": 3,
 }
 CUSTOM_OPTIONS = ("name", "mode", "batch", "seq", "image_size", "new_tokens", "dtype", "amp",
-                  "optimizer", "optimizer_impl", "attn", "loss", "steps")
-CUSTOM_SWITCHES = ("grad_ckpt", "labels", "cache")
+                  "optimizer", "optimizer_impl", "attn", "loss", "steps", "lora_rank",
+                  "lora_targets", "lora_dropout")
+CUSTOM_SWITCHES = ("grad_ckpt", "labels", "cache", "hold_outputs")
 # `--loss` of a trace of your own: "none" backpropagates from the logits' sum.
 LOSSES = ("none",)
 
@@ -97,6 +98,8 @@ def capture(name: str, config_path: Path, s: Settings, steps: int, device: str,
         "dropped_unmatched_frees": tl.unmatched_frees,
         "dropped_duplicate_allocs": tl.duplicate_allocs,
         "free_size_mismatches": tl.size_mismatches}
+    if s.lora_rank:
+        meta["peft"] = require("peft").__version__
     meta.update({k: v for k, v in s.as_dict().items() if v is not None})
     meta.update(stats)
     return rec.source, meta, events
@@ -139,6 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
     custom.add_argument("--cache", action="store_true",
                         help="infer: use_cache left at the config's default (True), so the "
                              "forward returns its KV cache (default: use_cache=False)")
+    custom.add_argument("--lora-rank", type=positive_int,
+                        help="train: PEFT LoRA adapters of this rank on a frozen base")
+    custom.add_argument("--lora-targets",
+                        help="with --lora-rank: PEFT's target_modules, comma-separated module "
+                             "names (default: all-linear)")
+    custom.add_argument("--lora-dropout", type=probability,
+                        help="with --lora-rank: PEFT's lora_dropout (default 0)")
+    custom.add_argument("--hold-outputs", action="store_true",
+                        help="train, the model's own loss: the loop keeps the outputs through "
+                             "backward and the optimizer step (AnswerDotAI's fsdp_qlora)")
     custom.add_argument("--steps", type=positive_int, help="default 3")
     return ap
 
@@ -181,6 +194,13 @@ def _custom_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> S
             ap.error(f"--{switch} applies only to --mode infer")
     if args.loss is not None and not train:
         ap.error("--loss applies only to --mode train")
+    if args.lora_rank is not None and not train:
+        ap.error("--lora-rank applies only to --mode train")
+    for option in ("lora_targets", "lora_dropout"):
+        if getattr(args, option) is not None and args.lora_rank is None:
+            ap.error(f"--{option.replace('_', '-')} needs --lora-rank")
+    if args.hold_outputs and (not train or args.loss is not None):
+        ap.error("--hold-outputs applies only to --mode train with the model's own loss")
     if args.cache and kind not in configs.KV_CACHE_KINDS:
         ap.error(f"--cache needs a model with a KV cache (decoder or encoder-decoder), "
                  f"not {args.config}")
@@ -188,7 +208,9 @@ def _custom_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> S
                     args.dtype, args.amp, args.optimizer if train else None,
                     args.optimizer_impl if train and args.optimizer != "none" else None,
                     args.grad_ckpt, args.attn, no_cache=False if args.cache else None,
-                    labels=args.labels, loss=args.loss)
+                    labels=args.labels, loss=args.loss, lora_rank=args.lora_rank,
+                    lora_targets=args.lora_targets, lora_dropout=args.lora_dropout,
+                    hold_outputs=args.hold_outputs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
