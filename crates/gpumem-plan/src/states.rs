@@ -4,8 +4,9 @@
 //! phase simulation (`estimate`) and the allocation sequence (`sequence`) put under the units.
 
 use crate::distributed::{
-    fsdp_keeps_units_gathered, sharding_buffers, zero3_saved_linear_bytes, zero_sizes,
-    zero_step_gradients, PhaseBuffers, ShardingInputs, ZeroSizes,
+    fsdp_keeps_model_gathered, fsdp_keeps_units_gathered, sharding_buffers,
+    zero3_saved_linear_bytes, zero_sizes, zero_step_gradients, PhaseBuffers, ShardingInputs,
+    ZeroSizes,
 };
 use crate::graph::build_units;
 use crate::model::{Architecture, ModelSpec, ParamCounts};
@@ -241,7 +242,9 @@ pub(crate) fn model_states(
         buffers,
         step_temporaries,
         saved_linear_bytes: zero3_saved_linear_bytes(model, workload, counts),
-        gathered_kept_bytes: if fsdp_keeps_units_gathered(workload) {
+        gathered_kept_bytes: if fsdp_keeps_units_gathered(workload)
+            && !fsdp_keeps_model_gathered(workload)
+        {
             gathered_block_bytes(workload, counts, workload.module_dtype().bytes() as f64)
                 / stage.tp
         } else {

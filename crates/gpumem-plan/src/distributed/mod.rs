@@ -188,6 +188,15 @@ pub(crate) fn fsdp_keeps_units_gathered(workload: &Workload) -> bool {
         && !layout.fsdp_sharding.reshards_after_forward()
 }
 
+/// Whether FSDP keeps every block gathered through the whole step: a unit kept gathered from
+/// its forward ([`fsdp_keeps_units_gathered`]) is freed in backward only when gradients are
+/// synchronised (FSDP1 `_should_free_in_backward`: `state._sync_gradients` or a strategy that
+/// reshards after forward), so accumulating under `no_sync` keeps them all from one
+/// micro-batch to the next.
+pub(crate) fn fsdp_keeps_model_gathered(workload: &Workload) -> bool {
+    fsdp_keeps_units_gathered(workload) && workload.grad_accum > 1
+}
+
 /// Bytes per element of the gradient reduction: FSDP mixed precision reduces in fp32 (as
 /// torchtitan's `mixed_precision_reduce` default and FSDP1's `reduce_dtype=float32` set it), so
 /// the reduce-scatter input is an fp32 copy of the unit's gradients.
@@ -290,9 +299,13 @@ fn fsdp_buffers(
     let root_weights = root * low_precision;
     // A unit kept gathered from its forward (`fsdp_keeps_units_gathered`) is counted with the
     // unit (`States::gathered_through_backward`): the forward gathers only the one in flight,
-    // the backward none.
+    // the backward none; accumulating, every block stays gathered through the step (counted
+    // once, as a step buffer; the last micro-batch's backward frees them before the optimizer
+    // step, which the plan does not model).
     let (forward_blocks, backward_start_blocks, backward_blocks, pending) =
-        if fsdp_keeps_units_gathered(workload) {
+        if fsdp_keeps_model_gathered(workload) {
+            (0.0, 0.0, 0.0, 0.0)
+        } else if fsdp_keeps_units_gathered(workload) {
             (in_flight, 0.0, 0.0, 0.0)
         } else {
             (
@@ -302,7 +315,18 @@ fn fsdp_buffers(
                 if fsdp1_streams { block } else { 0.0 },
             )
         };
+    let blocks: f64 = units
+        .iter()
+        .filter(|u| u.name == "block")
+        .map(|u| u.params as f64)
+        .sum::<f64>()
+        / tp;
     PhaseBuffers {
+        step_weights: if fsdp_keeps_model_gathered(workload) {
+            blocks * gathered
+        } else {
+            0.0
+        },
         forward_weights: root_weights + forward_blocks * gathered + staging,
         backward_start_weights: root_weights + backward_start_blocks * gathered + staging,
         backward_weights: root_weights + backward_blocks * gathered + staging,

@@ -483,8 +483,8 @@ mod zero_step_tests {
 #[cfg(test)]
 mod fsdp_sharding_tests {
     use crate::{
-        allocation_sequence, estimate, find_model, Estimate, Overheads, PlanError, PlannedEvent,
-        Settings,
+        allocation_sequence, estimate, find_model, Estimate, Overheads, Phase, PlanError,
+        PlannedEvent, Settings,
     };
 
     /// Settings of an FSDP1 training run of Llama-3.2-1B over `gpus` GPUs on `nodes` machines
@@ -561,6 +561,29 @@ mod fsdp_sharding_tests {
             more > blocks - 3.0 * block && more < blocks,
             "{more} vs {blocks}"
         );
+        // Accumulating under no_sync, every block stays gathered through the micro-batches:
+        // all of them in the weights at the peak, whatever the phase.
+        let accumulating = plan(Settings {
+            grad_accum: Some(2),
+            ..settings(Some("shard-grad-op"), 8, 1)
+        });
+        let kept = accumulating.breakdown.weights as f64 - grad_op.breakdown.weights as f64;
+        assert!(kept.abs() < 2.0 * block, "{kept}");
+        // Kept between micro-batches: the step's other phases hold them too (the optimizer
+        // step stands for the micro-batches before the last, which free nothing).
+        let optimizer_step = |e: &Estimate| {
+            e.phases
+                .iter()
+                .find(|p| p.phase == Phase::OptimizerStep)
+                .map(|p| p.allocated_bytes as f64)
+                .unwrap()
+        };
+        let resharding = plan(Settings {
+            grad_accum: Some(2),
+            ..settings(None, 8, 1)
+        });
+        let held = optimizer_step(&accumulating) - optimizer_step(&resharding);
+        assert!((held - blocks).abs() < block, "{held} vs {blocks}");
         // The planned sequence holds the same blocks, unit by unit.
         let sequence = sequence_peak(settings(Some("shard-grad-op"), 8, 1)) as f64;
         let full_sequence = sequence_peak(settings(None, 8, 1)) as f64;
