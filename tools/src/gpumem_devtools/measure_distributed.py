@@ -15,6 +15,7 @@ Usage (inside the gpumem checkout, with the [torch] extra):
 """
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -48,13 +49,16 @@ class Case:
     ranks: int = 2
     #: `gpumem plan --fsdp-sharding`: full_shard, shard_grad_op or no_shard.
     sharding: str = "full_shard"
+    #: Micro-batches a step accumulates, all but the last under FSDP1's `no_sync()`.
+    grad_accum: int = 1
 
     @property
     def id(self) -> str:
         ckpt = "-ckpt" if self.grad_ckpt else ""
         shard = "" if self.sharding == "full_shard" else "-" + self.sharding.replace("_", "-")
+        accum = f"-accum{self.grad_accum}" if self.grad_accum > 1 else ""
         return (f"{self.config}-train-b{self.batch}-s{self.seq}-fsdp{self.version}-"
-                f"{self.mp or 'fp32'}{ckpt}{shard}-gpus{self.ranks}")
+                f"{self.mp or 'fp32'}{ckpt}{shard}{accum}-gpus{self.ranks}")
 
     def settings(self) -> dict[str, Any]:
         s: dict[str, Any] = {"mode": "train", "batch": self.batch, "seq": self.seq,
@@ -67,6 +71,8 @@ class Case:
             s["grad_ckpt"] = True
         if self.sharding != "full_shard":
             s["fsdp_sharding"] = self.sharding
+        if self.grad_accum > 1:
+            s["grad_accum"] = self.grad_accum
         return s
 
 
@@ -94,6 +100,9 @@ def grid() -> list[Case]:
     cases += [Case("llama-8l", 1, "bf16", 4, 512, True, sharding=sh)
               for sh in ("full_shard", "shard_grad_op", "no_shard")]
     cases += [Case("llama-8l", 2, "bf16", 4, 512, True, sharding="shard_grad_op")]
+    # Accumulating two micro-batches, the first under no_sync (FSDP1).
+    cases += [Case("llama-8l", 1, None, 1, 128, sharding=sh, grad_accum=2)
+              for sh in ("full_shard", "shard_grad_op")]
     return cases
 
 
@@ -142,10 +151,13 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str) -> Non
         for _ in range(STEPS):
             rec.boundary("step")
             inputs = wl.batch(case.batch, case.seq, "cpu", torch.float32, with_labels=True)
-            rec.boundary("forward")
-            loss = wl.loss(**inputs)
-            rec.boundary("backward")
-            loss.backward()
+            for micro in range(case.grad_accum):
+                rec.boundary("forward")
+                last = micro == case.grad_accum - 1
+                with contextlib.nullcontext() if last else model.no_sync():
+                    loss = wl.loss(**inputs)
+                    rec.boundary("backward")
+                    loss.backward()
             rec.boundary("optimizer")
             opt.step()
             rec.boundary("zero_grad")
@@ -189,6 +201,8 @@ def _notes(case: Case) -> str:
         wrap += ", reshard_after_forward=False on each decoder layer"
     elif case.sharding != "full_shard":
         wrap += f", sharding_strategy {case.sharding.upper()}"
+    if case.grad_accum > 1:
+        wrap += f", {case.grad_accum} micro-batches per step, all but the last under no_sync()"
     return (f"torch.distributed gloo, world size {case.ranks} on CPU, one process per rank, 1 "
             f"thread each; torch.profiler CPU allocation trace per rank; peak over train step "
             f"{STEPS} of {STEPS}, the larger rank's; {wrap}; AdamW foreach; "

@@ -297,6 +297,14 @@ fn fsdp_buffers(
     let backward_reduce = trainable_share * (block + in_flight) * reduce;
     let fsdp1_streams = side_streams(workload);
     let root_weights = root * low_precision;
+    // Accumulating under `no_sync`, a unit's unsharded gradient is the accumulated one the
+    // states hold (FSDP keeps `flat_param.grad` whole between micro-batches, and the
+    // synchronising backward adds into it before reducing it): no second one.
+    let unsharded_gradients = if workload.grad_accum > 1 {
+        0.0
+    } else {
+        low_precision
+    };
     // A unit kept gathered from its forward (`fsdp_keeps_units_gathered`) is counted with the
     // unit (`States::gathered_through_backward`): the forward gathers only the one in flight,
     // the backward none; accumulating, every block stays gathered through the step (counted
@@ -330,8 +338,9 @@ fn fsdp_buffers(
         forward_weights: root_weights + forward_blocks * gathered + staging,
         backward_start_weights: root_weights + backward_start_blocks * gathered + staging,
         backward_weights: root_weights + backward_blocks * gathered + staging,
-        backward_gradients: trainable_share * (head + block) * low_precision + backward_reduce,
-        backward_last: (root_weights, trainable_share * head * low_precision),
+        backward_gradients: trainable_share * (head + block) * unsharded_gradients
+            + backward_reduce,
+        backward_last: (root_weights, trainable_share * head * unsharded_gradients),
         backward_end_gradients: trainable_share
             * if no_shard {
                 root * low_precision
