@@ -188,13 +188,17 @@ pub(crate) fn fsdp_keeps_units_gathered(workload: &Workload) -> bool {
         && !layout.fsdp_sharding.reshards_after_forward()
 }
 
-/// Whether FSDP keeps every block gathered through the whole step: a unit kept gathered from
+/// Whether FSDP1 keeps every block gathered through the whole step: a unit kept gathered from
 /// its forward ([`fsdp_keeps_units_gathered`]) is freed in backward only when gradients are
-/// synchronised (FSDP1 `_should_free_in_backward`: `state._sync_gradients` or a strategy that
+/// synchronised (`_should_free_in_backward`: `state._sync_gradients` or a strategy that
 /// reshards after forward), so accumulating under `no_sync` keeps them all from one
-/// micro-batch to the next.
+/// micro-batch to the next. FSDP2 reshards after backward whether it synchronises or not
+/// (`reshard_after_backward` defaults to true; `set_reshard_after_backward(False)` is the
+/// caller's choice).
 pub(crate) fn fsdp_keeps_model_gathered(workload: &Workload) -> bool {
-    fsdp_keeps_units_gathered(workload) && workload.grad_accum > 1
+    fsdp_keeps_units_gathered(workload)
+        && workload.layout.fsdp_version == FsdpVersion::V1
+        && workload.grad_accum > 1
 }
 
 /// Bytes per element of the gradient reduction: FSDP mixed precision reduces in fp32 (as

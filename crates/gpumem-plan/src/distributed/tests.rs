@@ -584,6 +584,16 @@ mod fsdp_sharding_tests {
         });
         let held = optimizer_step(&accumulating) - optimizer_step(&resharding);
         assert!((held - blocks).abs() < block, "{held} vs {blocks}");
+        // FSDP2 reshards after backward whether it synchronises or not.
+        let fsdp2 = |sharding: Option<&str>| {
+            plan(Settings {
+                grad_accum: Some(2),
+                fsdp_version: Some("2".into()),
+                ..settings(sharding, 8, 1)
+            })
+        };
+        let held = optimizer_step(&fsdp2(Some("shard-grad-op"))) - optimizer_step(&fsdp2(None));
+        assert!(held.abs() < block, "{held}");
         // The planned sequence holds the same blocks, unit by unit.
         let sequence = sequence_peak(settings(Some("shard-grad-op"), 8, 1)) as f64;
         let full_sequence = sequence_peak(settings(None, 8, 1)) as f64;
