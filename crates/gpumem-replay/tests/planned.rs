@@ -47,6 +47,8 @@ fn settings(meta: &BTreeMap<String, String>) -> Settings {
         lora_targets: text("lora_targets"),
         lora_dropout: meta.get("lora_dropout").and_then(|v| v.parse().ok()),
         peft: text("peft"),
+        quant: text("quant"),
+        bitsandbytes: text("bitsandbytes"),
         transformers: text("transformers"),
         hold_outputs: text("hold_outputs").as_deref() == Some("true"),
         // A capture on a GPU (`scripts/gpu-sequence-traces.sh`) is planned for the GPU.
@@ -112,6 +114,8 @@ fn planned_reserved_against_real_traces() {
         // AnswerDotAI's fsdp_qlora rows at large micro-batches: Llama-2-7B's blocks (two of
         // them), LoRA r64 with dropout on six linears, checkpointing, fp32 logits held.
         "sequence/llama2-2l-train-b6-s2048-bf16-sdpa-ckpt-lora64-hold",
+        // And its QLoRA step (NF4 with double quantisation, bitsandbytes 0.50.2 on CPU).
+        "sequence/llama2-2l-train-b6-s2048-bf16-sdpa-ckpt-qlora64-hold",
     ];
     let committed = traces.len();
     let extra = std::env::var("GPUMEM_EXTRA_TRACES").unwrap_or_default();

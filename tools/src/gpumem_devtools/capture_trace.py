@@ -44,8 +44,10 @@ CUSTOM_DEFAULTS: dict[str, Any] = {
 }
 CUSTOM_OPTIONS = ("name", "mode", "batch", "seq", "image_size", "new_tokens", "dtype", "amp",
                   "optimizer", "optimizer_impl", "attn", "loss", "steps", "lora_rank",
-                  "lora_targets", "lora_dropout")
+                  "lora_targets", "lora_dropout", "quant")
 CUSTOM_SWITCHES = ("grad_ckpt", "labels", "cache", "hold_outputs")
+# `--quant`: a bitsandbytes 4-bit base (workloads._four_bit_base).
+QUANTS = ("nf4", "nf4:double")
 # `--loss` of a trace of your own: "none" backpropagates from the logits' sum.
 LOSSES = ("none",)
 
@@ -100,6 +102,8 @@ def capture(name: str, config_path: Path, s: Settings, steps: int, device: str,
         "free_size_mismatches": tl.size_mismatches}
     if s.lora_rank:
         meta["peft"] = require("peft").__version__
+    if s.quant:
+        meta["bitsandbytes"] = require("bitsandbytes").__version__
     meta.update({k: v for k, v in s.as_dict().items() if v is not None})
     meta.update(stats)
     return rec.source, meta, events
@@ -149,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "names (default: all-linear)")
     custom.add_argument("--lora-dropout", type=probability,
                         help="with --lora-rank: PEFT's lora_dropout (default 0)")
+    custom.add_argument("--quant", choices=QUANTS,
+                        help="with --lora-rank: a bitsandbytes 4-bit base (every decoder "
+                             "layer's linear an NF4 Linear4bit), as fsdp_qlora loads QLoRA")
     custom.add_argument("--hold-outputs", action="store_true",
                         help="train, the model's own loss: the loop keeps the outputs through "
                              "backward and the optimizer step (AnswerDotAI's fsdp_qlora)")
@@ -196,7 +203,7 @@ def _custom_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> S
         ap.error("--loss applies only to --mode train")
     if args.lora_rank is not None and not train:
         ap.error("--lora-rank applies only to --mode train")
-    for option in ("lora_targets", "lora_dropout"):
+    for option in ("lora_targets", "lora_dropout", "quant"):
         if getattr(args, option) is not None and args.lora_rank is None:
             ap.error(f"--{option.replace('_', '-')} needs --lora-rank")
     if args.hold_outputs and (not train or args.loss is not None):
@@ -210,7 +217,7 @@ def _custom_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> S
                     args.grad_ckpt, args.attn, no_cache=False if args.cache else None,
                     labels=args.labels, loss=args.loss, lora_rank=args.lora_rank,
                     lora_targets=args.lora_targets, lora_dropout=args.lora_dropout,
-                    hold_outputs=args.hold_outputs)
+                    hold_outputs=args.hold_outputs, quant=args.quant)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -77,6 +77,10 @@ class Settings:
     # outputs (its logits) through backward and the optimizer step and drops them before the
     # next forward, as AnswerDotAI's fsdp_qlora `train.py` does (`output = None`).
     hold_outputs: bool = False
+    # `quant` (`--quant nf4|nf4:double`): every block linear a bitsandbytes `Linear4bit` (NF4,
+    # with double quantisation for `nf4:double`; bf16 storage and compute), the LM head left
+    # in the model's dtype, as AnswerDotAI's fsdp_qlora loads a QLoRA base; needs bitsandbytes.
+    quant: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -84,7 +88,7 @@ class Settings:
             del out["no_cache"]
         for key in ("labels", "grad_ckpt_every", "grad_ckpt_per_op", "transformers", "loss",
                     "lora_rank", "freeze_vision_tower", "loss_chunk", "lora_targets",
-                    "lora_dropout", "framework", "hold_outputs"):
+                    "lora_dropout", "framework", "hold_outputs", "quant"):
             if not out[key]:
                 del out[key]
         return out

@@ -41,6 +41,8 @@ def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device:
     with gpu_like_dropout(device), gpu_like_softmax(device):
         wl = build(config_path, s.dtype, s.attn, s.grad_ckpt, device, s.image_size,
                    s.grad_ckpt_every, s.grad_ckpt_per_op)
+        if s.quant:
+            _four_bit_base(wl.model, double=s.quant == "nf4:double")
         if s.lora_rank:
             wl.model = _with_lora(wl.model, s.lora_rank, s.lora_targets, s.lora_dropout or 0.0)
         if s.freeze_vision_tower:
@@ -66,6 +68,40 @@ def _vision_tower(model: Any) -> Any:
         if part is not None:
             return part
     raise ValueError(f"{type(model).__name__} has no vision tower to freeze")
+
+
+def _four_bit_base(model: Any, double: bool) -> None:
+    """Replace every linear of the decoder layers of `model` with a bitsandbytes `Linear4bit`
+    holding its weight in NF4 (`double`: with double quantisation), bf16 storage and compute,
+    the LM head and embeddings left as they are, as fsdp_qlora's loader builds a QLoRA base
+    (`replace_linear` with `Linear4bit`, then `load_and_quantize` moves each weight to the
+    device, which quantises it)."""
+    bnb = require("bitsandbytes")
+    torch = require("torch")
+    device = next(model.parameters()).device
+    for layer in _decoder_layers(model):
+        for parent in list(layer.modules()):
+            for name, linear in list(parent.named_children()):
+                if type(linear) is not torch.nn.Linear:
+                    continue
+                four_bit = bnb.nn.Linear4bit(
+                    linear.in_features, linear.out_features, bias=linear.bias is not None,
+                    compute_dtype=torch.bfloat16, quant_type="nf4",
+                    quant_storage=torch.bfloat16, compress_statistics=double)
+                four_bit.weight = bnb.nn.Params4bit(
+                    linear.weight.data, requires_grad=False, quant_type="nf4",
+                    quant_storage=torch.bfloat16, compress_statistics=double)
+                if linear.bias is not None:
+                    four_bit.bias = linear.bias
+                setattr(parent, name, four_bit.to(device))
+
+
+def _decoder_layers(model: Any) -> Any:
+    """The decoder layers of a causal LM (`model.model.layers` in the Llama family)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no model.layers to quantise")
+    return layers
 
 
 def _with_lora(model: Any, rank: int, targets: str | None, dropout: float) -> Any:
