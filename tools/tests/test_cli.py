@@ -276,6 +276,12 @@ def test_distributed_list_is_the_committed_file_in_grid_order(
         assert row["measured"]["peak_allocated_bytes"] == max(row["measured"]["per_rank"])
 
 
+def test_distributed_accumulation_is_fsdp1s() -> None:
+    from gpumem_devtools import measure_distributed
+    with pytest.raises(ValueError, match="no_sync"):
+        measure_distributed.Case("llama-8l", 2, None, 1, 128, grad_accum=2)
+
+
 def test_distributed_bad_regex_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     from gpumem_devtools import measure_distributed
     err = _usage_error(measure_distributed.main, ["--only", "("], capsys)

@@ -52,6 +52,10 @@ class Case:
     #: Micro-batches a step accumulates, all but the last under FSDP1's `no_sync()`.
     grad_accum: int = 1
 
+    def __post_init__(self) -> None:
+        if self.grad_accum > 1 and self.version != 1:
+            raise ValueError("gradient accumulation is measured under FSDP1's no_sync() only")
+
     @property
     def id(self) -> str:
         ckpt = "-ckpt" if self.grad_ckpt else ""
