@@ -261,12 +261,16 @@ fn fsdp_buffers(
         (true, None) => 0.0,
     };
     let gathered = if no_shard { low_precision } else { gathered };
-    let root: f64 = units
-        .iter()
-        .filter(|u| u.name != "block")
-        .map(|u| u.params as f64)
-        .sum::<f64>()
-        / tp;
+    // Parameters, per tensor-parallel rank, of the units `keep` selects.
+    let params = |keep: &dyn Fn(&Unit) -> bool| {
+        units
+            .iter()
+            .filter(|u| keep(u))
+            .map(|u| u.params as f64)
+            .sum::<f64>()
+            / tp
+    };
+    let root = params(&|u| u.name != "block");
     let block = units
         .iter()
         .filter(|u| u.name == "block")
@@ -280,12 +284,7 @@ fn fsdp_buffers(
     };
     // The root gradients that exist while the blocks' backward runs: the head's (the
     // embeddings' appear at the very end).
-    let head: f64 = units
-        .iter()
-        .filter(|u| u.name == "head")
-        .map(|u| u.params as f64)
-        .sum::<f64>()
-        / tp;
+    let head = params(&|u| u.name == "head");
     let in_flight = match workload.target {
         Target::Gpu => block,
         Target::Cpu => 0.0,
@@ -327,12 +326,7 @@ fn fsdp_buffers(
                 if fsdp1_streams { block } else { 0.0 },
             )
         };
-    let blocks: f64 = units
-        .iter()
-        .filter(|u| u.name == "block")
-        .map(|u| u.params as f64)
-        .sum::<f64>()
-        / tp;
+    let blocks = params(&|u| u.name == "block");
     PhaseBuffers {
         step_weights: if fsdp_keeps_model_gathered(workload) {
             blocks * gathered
