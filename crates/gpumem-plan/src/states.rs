@@ -36,7 +36,8 @@ pub(crate) struct States {
     pub(crate) saved_linear_bytes: f64,
     /// Gathered weight bytes per block parameter that a block holds from its forward to the
     /// end of its backward, checkpointed or not (FSDP's `SHARD_GRAD_OP`:
-    /// `distributed::fsdp_keeps_units_gathered`).
+    /// `distributed::fsdp_keeps_units_gathered`); zero where every block stays gathered
+    /// through the step instead, a step buffer (`distributed::fsdp_keeps_model_gathered`).
     pub(crate) gathered_kept_bytes: f64,
 }
 
