@@ -4,9 +4,9 @@
 //! phase simulation (`estimate`) and the allocation sequence (`sequence`) put under the units.
 
 use crate::distributed::{
-    fsdp_keeps_model_gathered, fsdp_keeps_units_gathered, sharding_buffers,
-    zero3_saved_linear_bytes, zero_sizes, zero_step_gradients, PhaseBuffers, ShardingInputs,
-    ZeroSizes,
+    fsdp_accumulates_unsharded, fsdp_keeps_model_gathered, fsdp_keeps_units_gathered,
+    sharding_buffers, zero3_saved_linear_bytes, zero_sizes, zero_step_gradients, PhaseBuffers,
+    ShardingInputs, ZeroSizes,
 };
 use crate::graph::build_units;
 use crate::model::{Architecture, ModelSpec, ParamCounts};
@@ -494,7 +494,7 @@ fn shard_or_offload_states(states: &mut States, workload: &Workload) {
             states.optimizer /= dp;
             // FSDP accumulates under `no_sync` with unsharded gradients; ZeRO-3 reduces into
             // partitioned buffers every micro-step.
-            if !(layout.sharding == Sharding::Fsdp && workload.grad_accum > 1) {
+            if !fsdp_accumulates_unsharded(workload) {
                 states.grad_per_param /= dp;
             }
             states.weights /= dp;

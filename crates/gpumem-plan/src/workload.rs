@@ -56,9 +56,13 @@ pub enum FsdpSharding {
 }
 
 impl FsdpSharding {
-    /// Whether a unit is freed after its forward and gathered again for its backward.
-    pub fn reshards_after_forward(self) -> bool {
-        matches!(self, FsdpSharding::FullShard | FsdpSharding::HybridShard)
+    /// Whether a unit stays gathered from its forward to the end of its backward (not freed
+    /// after its forward to be gathered again; `NO_SHARD` gathers nothing).
+    pub fn keeps_units_gathered(self) -> bool {
+        matches!(
+            self,
+            FsdpSharding::ShardGradOp | FsdpSharding::HybridShardZero2
+        )
     }
 
     /// Whether the states are sharded over one machine's ranks only.

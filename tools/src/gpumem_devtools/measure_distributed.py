@@ -114,7 +114,8 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str) -> Non
     import torch
     import torch.distributed as dist
 
-    from .models import build, gpu_like_dropout, gpu_like_softmax, make_optimizer
+    from .models import (build, decoder_layers, gpu_like_dropout, gpu_like_softmax,
+                         make_optimizer)
     from .recorder import CpuRecorder
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -127,7 +128,7 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str) -> Non
     with gpu_like_dropout("cpu"), gpu_like_softmax("cpu"), rec:
         wl = build(config_path, "fp32", "sdpa", case.grad_ckpt, "cpu")
         model = wl.model
-        layers = model.model.layers if hasattr(model, "model") else model.transformer.h
+        layers = decoder_layers(model)
         if case.version == 2:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
             kw: dict[str, Any] = {}

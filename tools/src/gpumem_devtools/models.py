@@ -207,6 +207,19 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
                     len(cfg["id2label"]) if "id2label" in cfg else None, mel_bins)
 
 
+def decoder_layers(model: Any) -> Any:
+    """The decoder layers of a causal LM: `model.model.layers` (Llama family and most others),
+    `model.transformer.h` (GPT-2)."""
+    for path in (("model", "layers"), ("transformer", "h")):
+        part = model
+        for name in path:
+            part = getattr(part, name, None)
+        if part is not None:
+            return part
+    raise ValueError(f"{type(model).__name__} has no decoder layers (model.layers or "
+                     "transformer.h)")
+
+
 def untie_lm_head(model: Any) -> None:
     """Give the LM head its own weight, as `from_pretrained` leaves it for a checkpoint that
     stores a separate one: transformers 5.x's T5Config forces `tie_word_embeddings=True`

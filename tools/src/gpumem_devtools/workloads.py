@@ -12,8 +12,8 @@ from typing import Any
 
 from ._deps import missing, require
 from .configs import KV_CACHE_KINDS
-from .models import (DTYPES, Workload, build, cuda_autocast_policy_on_cpu, gpu_like_dropout,
-                     gpu_like_softmax, make_optimizer)
+from .models import (DTYPES, Workload, build, cuda_autocast_policy_on_cpu, decoder_layers,
+                     gpu_like_dropout, gpu_like_softmax, make_optimizer)
 from .recorder import Recorder
 from .settings import Settings
 
@@ -79,7 +79,7 @@ def _four_bit_base(model: Any, double: bool) -> None:
     bnb = require("bitsandbytes")
     torch = require("torch")
     device = next(model.parameters()).device
-    for layer in _decoder_layers(model):
+    for layer in decoder_layers(model):
         for parent in list(layer.modules()):
             for name, linear in list(parent.named_children()):
                 if type(linear) is not torch.nn.Linear:
@@ -94,14 +94,6 @@ def _four_bit_base(model: Any, double: bool) -> None:
                 if linear.bias is not None:
                     four_bit.bias = linear.bias
                 setattr(parent, name, four_bit.to(device))
-
-
-def _decoder_layers(model: Any) -> Any:
-    """The decoder layers of a causal LM (`model.model.layers` in the Llama family)."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no model.layers to quantise")
-    return layers
 
 
 def _with_lora(model: Any, rank: int, targets: str | None, dropout: float) -> Any:

@@ -183,9 +183,15 @@ pub(crate) fn side_streams(workload: &Workload) -> bool {
 /// `reshard_after_forward=False`.
 pub(crate) fn fsdp_keeps_units_gathered(workload: &Workload) -> bool {
     let layout = &workload.layout;
-    layout.sharding == Sharding::Fsdp
-        && layout.fsdp_sharding != FsdpSharding::NoShard
-        && !layout.fsdp_sharding.reshards_after_forward()
+    layout.sharding == Sharding::Fsdp && layout.fsdp_sharding.keeps_units_gathered()
+}
+
+/// Whether FSDP accumulates gradients unsharded: more than one micro-batch a step, all but the
+/// last under `no_sync`, which keeps each unit's `flat_param.grad` whole between them (FSDP2's
+/// `set_requires_gradient_sync(False)` likewise) until the synchronising backward adds into it
+/// and reduce-scatters it.
+pub(crate) fn fsdp_accumulates_unsharded(workload: &Workload) -> bool {
+    workload.layout.sharding == Sharding::Fsdp && workload.grad_accum > 1
 }
 
 /// Whether FSDP1 keeps every block gathered through the whole step: a unit kept gathered from
@@ -198,7 +204,7 @@ pub(crate) fn fsdp_keeps_units_gathered(workload: &Workload) -> bool {
 pub(crate) fn fsdp_keeps_model_gathered(workload: &Workload) -> bool {
     fsdp_keeps_units_gathered(workload)
         && workload.layout.fsdp_version == FsdpVersion::V1
-        && workload.grad_accum > 1
+        && fsdp_accumulates_unsharded(workload)
 }
 
 /// Bytes per element of the gradient reduction: FSDP mixed precision reduces in fp32 (as
@@ -300,39 +306,34 @@ fn fsdp_buffers(
     let backward_reduce = trainable_share * (block + in_flight) * reduce;
     let fsdp1_streams = side_streams(workload);
     let root_weights = root * low_precision;
-    // Accumulating under `no_sync`, a unit's unsharded gradient is the accumulated one the
-    // states hold (FSDP keeps `flat_param.grad` whole between micro-batches, and the
-    // synchronising backward adds into it before reducing it): no second one.
-    let unsharded_gradients = if workload.grad_accum > 1 {
+    // Accumulating unsharded, a unit's unsharded gradient is the accumulated one the states
+    // hold: no second one.
+    let unsharded_gradients = if fsdp_accumulates_unsharded(workload) {
         0.0
     } else {
         low_precision
     };
+    let keeps_model = fsdp_keeps_model_gathered(workload);
     // A unit kept gathered from its forward (`fsdp_keeps_units_gathered`) is counted with the
     // unit (`States::gathered_through_backward`): the forward gathers only the one in flight,
     // the backward none; accumulating, every block stays gathered through the step (counted
     // once, as a step buffer; the last micro-batch's backward frees them before the optimizer
     // step, which the plan does not model).
-    let (forward_blocks, backward_start_blocks, backward_blocks, pending) =
-        if fsdp_keeps_model_gathered(workload) {
-            (0.0, 0.0, 0.0, 0.0)
-        } else if fsdp_keeps_units_gathered(workload) {
-            (in_flight, 0.0, 0.0, 0.0)
-        } else {
-            (
-                block + in_flight,
-                block,
-                2.0 * block,
-                if fsdp1_streams { block } else { 0.0 },
-            )
-        };
+    let (forward_blocks, backward_start_blocks, backward_blocks, pending) = if keeps_model {
+        (0.0, 0.0, 0.0, 0.0)
+    } else if fsdp_keeps_units_gathered(workload) {
+        (in_flight, 0.0, 0.0, 0.0)
+    } else {
+        (
+            block + in_flight,
+            block,
+            2.0 * block,
+            if fsdp1_streams { block } else { 0.0 },
+        )
+    };
     let blocks = params(&|u| u.name == "block");
     PhaseBuffers {
-        step_weights: if fsdp_keeps_model_gathered(workload) {
-            blocks * gathered
-        } else {
-            0.0
-        },
+        step_weights: if keeps_model { blocks * gathered } else { 0.0 },
         forward_weights: root_weights + forward_blocks * gathered + staging,
         backward_start_weights: root_weights + backward_start_blocks * gathered + staging,
         backward_weights: root_weights + backward_blocks * gathered + staging,
