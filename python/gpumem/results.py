@@ -91,11 +91,13 @@ class PlanWarning(Report):
 
 @dataclasses.dataclass(frozen=True)
 class PlannedReserved(Report):
-    """The planned allocations replayed through one allocator policy."""
+    """The planned allocations replayed through one allocator policy (within the GPU named,
+    emptying its cache ``alloc_retries`` times where it must)."""
 
     policy: str
     peak_allocated_bytes: int
     peak_reserved_bytes: int
+    alloc_retries: int
 
 
 @dataclasses.dataclass(frozen=True)

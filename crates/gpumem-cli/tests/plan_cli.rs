@@ -544,3 +544,66 @@ fn the_vllm_engine_prints_the_kv_cache_it_leaves() {
     assert_eq!(bert.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bert.stderr).contains("decoder-only"));
 }
+
+/// A run that fills its GPU: AnswerDotAI's fsdp_qlora step on Mistral-7B at 24,576 tokens
+/// (22.54 GiB reserved on 24 GB cards), planned for a 22 GiB device. Its cache would outgrow
+/// the device; PyTorch's allocator empties it and retries instead, so the plan fits and says
+/// what that costs.
+#[test]
+fn a_run_that_fills_the_gpu_fits_by_emptying_the_cache() {
+    let args = [
+        "plan",
+        "--model",
+        "mistralai/Mistral-7B-v0.2",
+        "--mode",
+        "train",
+        "--batch",
+        "1",
+        "--seq",
+        "24576",
+        "--dtype",
+        "bf16",
+        "--grad-ckpt",
+        "--gpus",
+        "2",
+        "--fsdp",
+        "--fsdp-version",
+        "1",
+        "--offload",
+        "--quant",
+        "nf4:double",
+        "--lora-rank",
+        "64",
+        "--lora-targets",
+        "q,k,v,gate,up,down",
+        "--lora-dropout",
+        "0.1",
+        "--transformers",
+        "4.39",
+        "--bitsandbytes",
+        "0.43.0",
+        "--peft",
+        "0.10",
+        "--hold-outputs",
+        "--fsdp-cpu-ram-efficient-loading",
+        "--json",
+    ];
+    let plan = |gpu: &[&str]| json_of(&gpumem(&[&args[..], gpu].concat()));
+    let unbounded = plan(&[]);
+    let card = plan(&["--gpu", "22GiB"]);
+    let gib = |v: &serde_json::Value| v.as_u64().unwrap() as f64 / (1u64 << 30) as f64;
+    assert!(gib(&unbounded["peak_total_bytes"]) > 22.0, "{unbounded}");
+    assert!(gib(&card["peak_total_bytes"]) <= 22.0, "{card}");
+    assert_eq!(card["gpu"]["fits"], true);
+    let torch = &card["replay"][0];
+    assert_eq!(torch["policy"], "torch");
+    assert!(torch["alloc_retries"].as_u64().unwrap() > 0, "{torch}");
+    assert!(
+        card["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["kind"] == "cache_flushes"),
+        "{card}"
+    );
+}

@@ -47,6 +47,15 @@ pub enum Warning {
         /// Why the default cannot run.
         reason: String,
     },
+    /// The run fits the GPU only because PyTorch's allocator frees its cached blocks and
+    /// retries when the device runs out (`num_alloc_retries`): each time a device-wide
+    /// synchronisation and fresh `cudaMalloc`s, a slower step.
+    CacheFlushes {
+        /// Times the allocator emptied its cache over the planned two steps.
+        retries: u64,
+        /// The GPU planned for.
+        gpu: String,
+    },
 }
 
 impl Warning {
@@ -58,6 +67,7 @@ impl Warning {
             Warning::MixedHalfTypes { .. } => "mixed_half_types",
             Warning::PastTrainedPositions { .. } => "past_trained_positions",
             Warning::DefaultLowered { .. } => "default_lowered",
+            Warning::CacheFlushes { .. } => "cache_flushes",
         }
     }
 }
@@ -104,6 +114,13 @@ impl fmt::Display for Warning {
                 f,
                 "{flag} not given: planned with {planned} instead of the default {default}, \
                  because {reason}; give {flag} to choose"
+            ),
+            Warning::CacheFlushes { retries, gpu } => write!(
+                f,
+                "fits the {gpu} only because PyTorch's allocator empties its cache to retry \
+                 allocations that find the device full ({retries} in the two planned steps, \
+                 num_alloc_retries): each empties the cache with a device-wide \
+                 synchronisation, so steps run slower; a smaller batch or sequence keeps it"
             ),
         }
     }

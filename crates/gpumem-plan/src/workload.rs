@@ -556,6 +556,10 @@ pub struct Workload {
     /// ([`crate::gpu::column_sum_staging_bytes`]); the H100's when no GPU is named; None on
     /// the CPU, whose reductions stage nothing.
     pub cores: Option<crate::gpu::Cores>,
+    /// Memory of the GPU planned for, where one is named (`--gpu`): PyTorch's allocator frees
+    /// its cached blocks and retries before it reports out-of-memory, so a run that fills the
+    /// GPU reserves at most what the GPU has. None: no GPU named (reserved memory unbounded).
+    pub device_memory: Option<u64>,
 }
 
 impl Default for Workload {
@@ -581,6 +585,7 @@ impl Default for Workload {
             target: Target::Gpu,
             blas_workspace: crate::gpu::HOPPER_WORKSPACE,
             cores: Some(crate::gpu::H100_CORES),
+            device_memory: None,
             use_cache: true,
             labels: false,
             loss: Loss::Hf,

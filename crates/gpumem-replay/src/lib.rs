@@ -264,11 +264,31 @@ pub fn replay(
     let unlimited = run(trace, policy, UNLIMITED_CAPACITY, options, progress)?;
     let steady = steady_state_calls(trace, policy, options)?;
     let mut report = unlimited.report(policy, trace, steady);
-    let smallest = match options.smallest_capacity {
+    report.smallest_capacity_bytes = match options.smallest_capacity {
         true => smallest_capacity(trace, policy, options, &report, progress)?,
         false => None,
     };
-    report.smallest_capacity_bytes = smallest;
+    within_capacity(
+        trace,
+        policy,
+        options,
+        (unlimited, report),
+        steady,
+        progress,
+    )
+}
+
+/// The replay on a device of `options.capacity` where the `unlimited` run's reserved peak
+/// exceeds it: its report when reclaiming made it fit (what would happen on that device),
+/// else the unlimited report with where it ran out of memory.
+fn within_capacity(
+    trace: &Trace,
+    policy: &dyn PolicySource,
+    options: &ReplayOptions,
+    (unlimited, mut report): (Run, PolicyReport),
+    steady: Option<SteadyState>,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Replay, ReplayError> {
     let capacity = match options.capacity {
         Some(c) if report.peak_reserved_bytes > c => c,
         _ => {
@@ -290,6 +310,7 @@ pub fn replay(
     });
     if report.oom.is_none() {
         // Reclaiming made it fit: the capacity-bound run is what would happen on that device.
+        let smallest = report.smallest_capacity_bytes;
         report = limited.report(policy, trace, steady);
         report.smallest_capacity_bytes = smallest;
     }
@@ -351,10 +372,11 @@ pub fn smallest_capacity(
     Ok(Some(hi))
 }
 
-/// Replays `trace` once through `policy` on an unlimited device: its peak allocated and
-/// reserved bytes and device calls, without the steady-state pass, capacity checks, search
-/// and asynchronous model that [`replay`] adds (what a planner needs, at a fraction of the
-/// cost).
+/// Replays `trace` through `policy` for its peak allocated and reserved bytes and device
+/// calls, without the steady-state pass, capacity search and asynchronous model that
+/// [`replay`] adds (what a planner needs, at a fraction of the cost): once on an unlimited
+/// device, and again on one of `options.capacity` where the first run outgrew it, as
+/// [`replay`] does.
 pub fn replay_peaks(
     trace: &Trace,
     policy: impl PolicySource,
@@ -365,7 +387,17 @@ pub fn replay_peaks(
         placement_only: true,
         ..options.clone()
     };
-    Ok(run(trace, policy, UNLIMITED_CAPACITY, &options, &mut |_| {})?.report(policy, trace, None))
+    let unlimited = run(trace, policy, UNLIMITED_CAPACITY, &options, &mut |_| {})?;
+    let report = unlimited.report(policy, trace, None);
+    let within = within_capacity(
+        trace,
+        policy,
+        &options,
+        (unlimited, report),
+        None,
+        &mut |_| {},
+    )?;
+    Ok(within.report)
 }
 
 /// Replays `trace` through each of `policies`, in order.

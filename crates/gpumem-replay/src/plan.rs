@@ -18,7 +18,8 @@ use gpumem_pool::PolicyKind;
 use serde::{Deserialize, Serialize};
 
 use crate::planned::{
-    fit_reserved, replay_failed, replay_run, PlanReplayError, Replayed, PLAN_POLICIES,
+    fit_reserved, pool_capacity, replay_failed, replay_run, PlanReplayError, Replayed,
+    PLAN_POLICIES,
 };
 
 /// Where a plan's reserved memory comes from.
@@ -218,6 +219,9 @@ pub struct PlannedReserved {
     pub peak_allocated_bytes: u64,
     /// Peak bytes the policy holds from the device.
     pub peak_reserved_bytes: u64,
+    /// Times the policy emptied its cache to retry an allocation within the GPU's memory over
+    /// the planned steps (PyTorch's `num_alloc_retries`); 0 without a GPU named.
+    pub alloc_retries: u64,
 }
 
 /// The GPU asked about and whether the plan fits it.
@@ -387,17 +391,24 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
         None => (workload.clone(), estimate(&model, &workload, &overheads)?),
     };
     let replay = if replayed {
-        replay_plan(&model, &shown)?
+        replay_plan(&model, &shown, pool_capacity(&shown, &estimated))?
     } else {
         Vec::new()
     };
     // Reserved memory is what PyTorch's allocator (the torch policy) holds for the sequence.
-    let mut estimated = match replay
+    let torch = replay
         .iter()
-        .find(|r| r.policy == PolicyKind::Torch.as_str())
-    {
+        .find(|r| r.policy == PolicyKind::Torch.as_str());
+    let mut estimated = match torch {
         Some(torch) => estimated.with_reserved(torch.peak_reserved_bytes),
         None => estimated,
+    };
+    let flushes = match (torch, &gpu) {
+        (Some(t), Some(g)) if t.alloc_retries > 0 => Some(Warning::CacheFlushes {
+            retries: t.alloc_retries,
+            gpu: g.name.clone(),
+        }),
+        _ => None,
     };
     let gpu_bytes = gpu.as_ref().map(|g| g.memory_bytes);
     let advice = advise(&model, &shown, &overheads, gpu_bytes, measure)?;
@@ -429,6 +440,7 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
         .into_iter()
         .chain(request.unused_flags(target))
         .chain(std::mem::take(&mut estimated.warnings))
+        .chain(flushes)
         .collect();
     Ok(PlanReport {
         model: model.name.clone(),
@@ -466,9 +478,14 @@ fn fit_report(fit: &Fit, reserved_bytes: u64, total_bytes: u64) -> FitReport {
 }
 
 /// Replays the planned allocation sequence of `workload` through the torch, expandable and
-/// gpumem policies: reserved memory as each allocator would hold it.
-fn replay_plan(model: &ModelSpec, workload: &Workload) -> Result<Vec<PlannedReserved>, PlanError> {
-    let reports = match replay_run(model, workload, &PLAN_POLICIES) {
+/// gpumem policies: reserved memory as each allocator would hold it (within `capacity`, the
+/// pool's share of the GPU named, where one is: [`replay_run`]).
+fn replay_plan(
+    model: &ModelSpec,
+    workload: &Workload,
+    capacity: Option<u64>,
+) -> Result<Vec<PlannedReserved>, PlanError> {
+    let reports = match replay_run(model, workload, &PLAN_POLICIES, capacity) {
         Ok(reports) => reports,
         Err(PlanReplayError::Plan(e)) => return Err(e),
         Err(PlanReplayError::Replay(e)) => return Err(replay_failed(model, e)),
@@ -479,6 +496,7 @@ fn replay_plan(model: &ModelSpec, workload: &Workload) -> Result<Vec<PlannedRese
             policy: r.policy,
             peak_allocated_bytes: r.peak_allocated_bytes,
             peak_reserved_bytes: r.peak_reserved_bytes,
+            alloc_retries: r.num_alloc_retries,
         })
         .collect())
 }

@@ -47,17 +47,33 @@ pub fn planned_trace(name: &str, events: &[PlannedEvent]) -> Trace {
     }
 }
 
+/// The bytes PyTorch's pool can take on the GPU `workload` names (`Workload::device_memory`):
+/// its memory less what lives outside the pool as `estimate` has it (the CUDA context and
+/// NCCL's buffers). None where no GPU is named.
+pub fn pool_capacity(workload: &Workload, estimate: &Estimate) -> Option<u64> {
+    let outside = estimate.breakdown.framework + estimate.breakdown.communication;
+    workload.device_memory.map(|m| m.saturating_sub(outside))
+}
+
 /// Peaks of `workload`'s run replayed through each of `policies` (default settings): its steps
 /// ([`allocation_sequence`]) and, where it has one, its start-up ([`startup_sequence`]), each
 /// replayed on its own because the start-up ends by emptying the allocator's cache; every peak
 /// is the larger of the two (the rest of a report is the steps'). The sequences are planned
-/// once for all the policies.
+/// once for all the policies. With a `capacity` (the pool's share of the GPU,
+/// [`pool_capacity`]) a run whose cache would outgrow it is replayed on a device of that size,
+/// as the allocator frees its cached blocks and retries there: reserved memory stays within
+/// it, and the report counts the retries; where even that runs out of memory, the report is
+/// the unbounded run's, with the failure.
 pub fn replay_run(
     model: &ModelSpec,
     workload: &Workload,
     policies: &[PolicyKind],
+    capacity: Option<u64>,
 ) -> Result<Vec<PolicyReport>, PlanReplayError> {
-    let options = ReplayOptions::default();
+    let options = ReplayOptions {
+        capacity,
+        ..ReplayOptions::default()
+    };
     let steps = planned_trace(&model.name, &allocation_sequence(model, workload)?);
     let startup = startup_sequence(model, workload)?;
     let startup =
@@ -76,6 +92,8 @@ pub fn replay_run(
                 peak_allocated_bytes: allocated,
                 peak_requested_bytes: steps.peak_requested_bytes.max(startup.peak_requested_bytes),
                 peak_reserved_bytes: reserved,
+                num_alloc_retries: steps.num_alloc_retries + startup.num_alloc_retries,
+                oom: steps.oom.clone().or(startup.oom),
                 utilization: if reserved == 0 {
                     steps.utilization
                 } else {
@@ -88,9 +106,13 @@ pub fn replay_run(
 }
 
 /// Peak reserved bytes of `workload`'s run replayed through PyTorch's policy (`torch`, default
-/// settings; [`replay_run`]).
-pub fn torch_reserved(model: &ModelSpec, workload: &Workload) -> Result<u64, PlanReplayError> {
-    let mut reports = replay_run(model, workload, &[PolicyKind::Torch])?;
+/// settings; [`replay_run`], within `capacity`).
+pub fn torch_reserved(
+    model: &ModelSpec,
+    workload: &Workload,
+    capacity: Option<u64>,
+) -> Result<u64, PlanReplayError> {
+    let mut reports = replay_run(model, workload, &[PolicyKind::Torch], capacity)?;
     Ok(reports.remove(0).peak_reserved_bytes)
 }
 
@@ -102,7 +124,8 @@ pub fn estimate_replayed(
     overheads: &Overheads,
 ) -> Result<Estimate, PlanReplayError> {
     let planned = estimate(model, workload, overheads)?;
-    Ok(planned.with_reserved(torch_reserved(model, workload)?))
+    let capacity = pool_capacity(workload, &planned);
+    Ok(planned.with_reserved(torch_reserved(model, workload, capacity)?))
 }
 
 /// Peak totals measured by the allocator replay ([`estimate_replayed`]), for ranking advice on
@@ -194,7 +217,9 @@ pub fn fit_reserved(
             Err(PlanError::NothingFits { .. }) if last.is_some() => break,
             Err(e) => return Err(e.into()),
         };
-        let reserved = torch_reserved(model, &fit.workload)?;
+        // Within the usable memory the allocator frees its cache before it fails.
+        let capacity = (usable as u64).saturating_sub(overheads.context_bytes);
+        let reserved = torch_reserved(model, &fit.workload, Some(capacity))?;
         let total = reserved.saturating_add(overheads.context_bytes);
         fit.gpu_bytes = gpu_bytes;
         fit.usable_bytes = usable as u64;
@@ -262,5 +287,44 @@ mod tests {
         };
         assert_eq!(reserved(Stream::Compute), 100 << 20);
         assert_eq!(reserved(Stream::Unshard), 200 << 20);
+    }
+
+    /// A cache that would outgrow the GPU is emptied within it: a 100 MiB block cached, then a
+    /// 150 MiB request it cannot serve reserves 250 MiB on an unbounded device; within 200 MiB
+    /// the allocator frees the cached block and retries (one `num_alloc_retries`), reserving
+    /// 150 MiB at most. Within 120 MiB even that fails: the unbounded peak stays, with the
+    /// failure.
+    #[test]
+    fn a_cache_that_outgrows_the_gpu_is_emptied_within_it() {
+        let mib = 1u64 << 20;
+        let alloc = |id, bytes| PlannedEvent::Alloc {
+            id,
+            bytes,
+            stream: Stream::Compute,
+        };
+        let events = [
+            alloc(0, 100 * mib),
+            PlannedEvent::Free { id: 0 },
+            alloc(1, 150 * mib),
+            PlannedEvent::Free { id: 1 },
+        ];
+        let trace = planned_trace("flush", &events);
+        let within = |capacity: Option<u64>| {
+            let options = ReplayOptions {
+                capacity,
+                ..ReplayOptions::default()
+            };
+            replay_peaks(&trace, PolicyKind::Torch, &options).unwrap()
+        };
+        let unbounded = within(None);
+        assert_eq!(unbounded.peak_reserved_bytes, 250 * mib);
+        assert_eq!(unbounded.num_alloc_retries, 0);
+        let flushed = within(Some(200 * mib));
+        assert_eq!(flushed.peak_reserved_bytes, 150 * mib);
+        assert_eq!(flushed.num_alloc_retries, 1);
+        assert!(flushed.oom.is_none());
+        let failed = within(Some(120 * mib));
+        assert_eq!(failed.peak_reserved_bytes, 250 * mib);
+        assert_eq!(failed.oom.map(|o| o.capacity_bytes), Some(120 * mib));
     }
 }

@@ -236,9 +236,13 @@ fn planner_matches_published_gpu_measurements() {
 /// allocated bytes, `reserved` against the replayed reserved bytes, `nvml` against reserved +
 /// the context the source measured.
 fn process_planned(point: &Point, model: &ModelSpec, workload: &Workload) -> u64 {
-    let overheads = Overheads {
-        context_bytes: point.context_bytes,
-        ..Overheads::default()
+    // The context outside the pool: the source's own where it gives one, else the plan's.
+    let overheads = match point.context_bytes {
+        0 => Overheads::default(),
+        context_bytes => Overheads {
+            context_bytes,
+            ..Overheads::default()
+        },
     };
     let e = estimate_replayed(model, workload, &overheads)
         .unwrap_or_else(|e| panic!("{}: {e}", point.id));

@@ -666,6 +666,7 @@ impl Settings {
                 Target::Cpu => None,
                 Target::Gpu => gpu.as_ref().map_or(d.cores, |g| Some(g.cores)),
             },
+            device_memory: gpu.as_ref().map(|g| g.memory_bytes),
             use_cache: !self.no_cache,
             labels: self.labels,
             loss,
