@@ -335,6 +335,14 @@ pub(crate) struct Kept {
     pub(crate) wrapped: bool,
 }
 
+impl Kept {
+    /// Whether `unit`'s forward keeps its checkpoint's input alone (full or every-k-th
+    /// checkpointing of this block): it runs as [`Unit::checkpointed_forward`].
+    pub(crate) fn input_only(&self, unit: &Unit) -> bool {
+        self.wrapped && unit.checkpoint == Some(self.saved)
+    }
+}
+
 /// Saved bytes of each unit under the checkpointing policy, and what its backward recomputes.
 /// Checkpointable units (blocks) are counted in order for every-k-th-layer checkpointing.
 pub(crate) fn kept_and_recomputed(units: &[Unit], policy: Checkpointing) -> Vec<Kept> {
@@ -502,12 +510,17 @@ fn simulate_forward(
     for (unit, kept) in units.iter().zip(kept) {
         // A unit kept gathered to its backward is gathered as its forward starts.
         linears += states.gathered_through_backward(unit);
+        let transient = if kept.input_only(unit) {
+            unit.checkpointed_forward_transient()
+        } else {
+            unit.forward_transient
+        };
         let live = phase_breakdown(
             states,
             in_forward(linears),
             gradients_in_forward,
             previous_outputs + saved + held + forward_held + kept.saved,
-            unit.forward_transient,
+            transient,
         );
         if live.allocated() > forward.allocated() {
             forward = live;
@@ -599,7 +612,14 @@ fn simulate_backward(
             ),
             gradients,
             saved + held,
-            kept.recomputed + unit.backward_transient,
+            // A recomputing unit first runs its forward again in grad mode, its short-lived
+            // tensors beside what it saves.
+            kept.recomputed
+                + if kept.recomputed > 0.0 {
+                    unit.backward_transient.max(unit.forward_transient)
+                } else {
+                    unit.backward_transient
+                },
         );
         saved -= kept.saved * in_flight;
         if !kept.wrapped {

@@ -471,17 +471,8 @@ pub fn adapter_widths(
     targets: LoraTargets,
     cross_attention: bool,
 ) -> (AdapterWidths, AdapterWidths) {
-    let folded = |roles: u16| spec.experts > 1 && roles & (GATE | UP | DOWN | ROUTER) != 0;
     let widest = |linears: &[(u16, u64, u64, u64)], group: u16| {
-        let adapted = linears
-            .iter()
-            .filter(|(roles, ..)| roles & group != 0 && targets.has(*roles) && !folded(*roles));
-        adapted.fold(AdapterWidths::default(), |w, &(_, input, output, _)| {
-            AdapterWidths {
-                input: w.input.max(input as f64),
-                output: w.output.max(output as f64),
-            }
-        })
+        widest_adapter(spec, linears, targets, group)
     };
     let own = widest(&block_linears(spec, layer), ALL);
     if !cross_attention {
@@ -496,6 +487,38 @@ pub fn adapter_widths(
         },
         widest(&cross, K | V),
     )
+}
+
+/// [`AdapterWidths`] of the adapters of a block's own attention (`mlp` false: q, k, v, o) or of
+/// its MLP (`mlp` true: gate, up, down): what each sublayer of a no-grad forward adds.
+pub fn sublayer_adapter_widths(
+    spec: &TransformerSpec,
+    layer: LayerKind,
+    targets: LoraTargets,
+    mlp: bool,
+) -> AdapterWidths {
+    let group = if mlp { GATE | UP | DOWN } else { Q | K | V | O };
+    widest_adapter(spec, &block_linears(spec, layer), targets, group)
+}
+
+/// The widest input and output of the adapted `linears` of `group` (roles), leaving out those
+/// folded into a mixture of experts' weights.
+fn widest_adapter(
+    spec: &TransformerSpec,
+    linears: &[(u16, u64, u64, u64)],
+    targets: LoraTargets,
+    group: u16,
+) -> AdapterWidths {
+    let folded = |roles: u16| spec.experts > 1 && roles & (GATE | UP | DOWN | ROUTER) != 0;
+    linears
+        .iter()
+        .filter(|(roles, ..)| roles & group != 0 && targets.has(*roles) && !folded(*roles))
+        .fold(AdapterWidths::default(), |w, &(_, input, output, _)| {
+            AdapterWidths {
+                input: w.input.max(input as f64),
+                output: w.output.max(output as f64),
+            }
+        })
 }
 
 /// Whether any of an attention's linears (q, k, v, o) carries an adapter.

@@ -200,6 +200,31 @@ impl Unit {
         }
     }
 
+    /// A checkpointed block's forward phases: it keeps nothing for its backward, so it makes
+    /// its tensors as a no-grad forward does, sublayer by sublayer (its no-grad phases, each
+    /// less the block input, which the checkpoint keeps). None: the unit has no phases.
+    pub(crate) fn checkpointed_forward(&self) -> Option<[NoGradPhase; 3]> {
+        self.whole.no_grad.iter().any(|p| p.bytes > 0.0).then(|| {
+            self.whole.no_grad.map(|p| NoGradPhase {
+                bytes: if p.bytes > 0.0 {
+                    (p.bytes - p.hidden).max(1.0)
+                } else {
+                    0.0
+                },
+                ..p
+            })
+        })
+    }
+
+    /// The peak of [`Self::checkpointed_forward`] beside the kept block input, else the
+    /// grad-mode forward's transient.
+    pub(crate) fn checkpointed_forward_transient(&self) -> f64 {
+        self.checkpointed_forward()
+            .map_or(self.forward_transient, |phases| {
+                phases.iter().map(|p| p.bytes).fold(0.0, f64::max)
+            })
+    }
+
     /// Parameters that receive a gradient in training.
     pub fn trained_params(&self) -> u64 {
         self.params - self.untrained_params

@@ -116,6 +116,9 @@ fn planned_reserved_against_real_traces() {
         "sequence/llama2-2l-train-b6-s2048-bf16-sdpa-ckpt-lora64-hold",
         // And its QLoRA step (NF4 with double quantisation, bitsandbytes 0.50.2 on CPU).
         "sequence/llama2-2l-train-b6-s2048-bf16-sdpa-ckpt-qlora64-hold",
+        // Captured in session 24, after a checkpointed block's forward was planned as the
+        // no-grad forward it is, to check that at batch 10 (the GPU row it moved most).
+        "sequence/llama2-2l-train-b10-s2048-bf16-sdpa-ckpt-qlora64-hold",
     ];
     let committed = traces.len();
     let extra = std::env::var("GPUMEM_EXTRA_TRACES").unwrap_or_default();

@@ -72,6 +72,37 @@ impl TransformerGraph<'_> {
         let Some(lora) = self.workload.lora.filter(|_| self.training) else {
             return Bytes::ZERO;
         };
+        let cross_reads = encoder_tokens > Tokens::ZERO;
+        let (own, cross) = crate::lora::adapter_widths(self.spec, layer, lora.targets, cross_reads);
+        self.adapter_tensors(tokens, own)
+            .max(self.adapter_tensors(encoder_tokens, cross))
+    }
+
+    /// What the adapters of a block's attention (`mlp` false) or MLP (`mlp` true) add to that
+    /// sublayer's no-grad forward (a checkpointed block's forward in training), besides the
+    /// base linear's output: the short-lived tensors of [`Self::adapter_transient`], made for
+    /// one linear at a time. As the bytes and the size of each tensor after `lora_B` (the
+    /// scaled output and the sum, one output-sized tensor each).
+    pub(super) fn adapter_no_grad(
+        &self,
+        layer: LayerKind,
+        tokens: Tokens,
+        mlp: bool,
+    ) -> (Bytes, Bytes) {
+        let Some(lora) = self.workload.lora.filter(|_| self.training) else {
+            return (Bytes::ZERO, Bytes::ZERO);
+        };
+        let widths = crate::lora::sublayer_adapter_widths(self.spec, layer, lora.targets, mlp);
+        let tensor = tokens * self.adapter_bytes() * Width(widths.output) / self.split.tp;
+        (self.adapter_tensors(tokens, widths), tensor)
+    }
+
+    /// The short-lived bytes of the widest adapter of `widths` over `tokens` (see
+    /// [`Self::adapter_transient`]).
+    fn adapter_tensors(&self, tokens: Tokens, widths: crate::lora::AdapterWidths) -> Bytes {
+        let Some(lora) = self.workload.lora.filter(|_| self.training) else {
+            return Bytes::ZERO;
+        };
         let (fp32, none) = (BytesPerElement::FP32, BytesPerElement::ZERO);
         let cpu = self.workload.target == Target::Cpu;
         let adapter_dtype = self.adapter_bytes();
@@ -84,12 +115,7 @@ impl TransformerGraph<'_> {
             none
         };
         let after = 2.0 * adapter_dtype + if cpu && casts { fp32 } else { none };
-        let cross_reads = encoder_tokens > Tokens::ZERO;
-        let (own, cross) = crate::lora::adapter_widths(self.spec, layer, lora.targets, cross_reads);
-        let bytes = |tokens: Tokens, w: crate::lora::AdapterWidths| {
-            tokens * (before * Width(w.input)).max(after * Width(w.output))
-        };
-        bytes(tokens, own).max(bytes(encoder_tokens, cross)) / self.split.tp
+        tokens * (before * Width(widths.input)).max(after * Width(widths.output)) / self.split.tp
     }
 
     /// Bytes per element of the LoRA adapters and of what they compute: PEFT's fp32 adapters

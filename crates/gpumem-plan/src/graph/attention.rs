@@ -45,6 +45,10 @@ pub(super) struct AttentionMemory {
     /// Bytes of one score matrix in the activation dtype (the size of the tensors its core
     /// saves).
     pub(super) score_matrix: Bytes,
+    /// Bytes of the probabilities a materialising kernel's softmax saves where they are wider
+    /// than the scores (fp32 of half-precision scores): one tensor of its core's saved bytes.
+    /// Zero otherwise.
+    pub(super) wide_probs: Bytes,
 }
 
 /// One attention of a block as it runs: its shape, its kernel and its sizes on this GPU.
@@ -199,6 +203,10 @@ impl TransformerGraph<'_> {
             input_gradients: act / self.split.tp
                 * (call.query_tokens * call.q + call.key_tokens * (call.kv + call.value)),
             score_matrix: self.bytes.act * call.scores,
+            wide_probs: match self.score_bytes(call.kernel).probs {
+                probs if call.kernel.materialises_scores() && probs > act => call.scores * probs,
+                _ => Bytes::ZERO,
+            },
         }
     }
 

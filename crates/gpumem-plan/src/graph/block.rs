@@ -90,7 +90,7 @@ impl TransformerGraph<'_> {
                 } else {
                     0.0
                 },
-                ..self.block_whole_tensors(tokens, layer, tally.core, own.score_matrix, no_grad)
+                ..self.block_whole_tensors(tokens, layer, tally.core, own, no_grad)
             },
             params: spec.block_params(attentions.has_cross, layer),
             ..Unit::default()
@@ -98,22 +98,24 @@ impl TransformerGraph<'_> {
     }
 
     /// The block's tensors big enough to decide the allocator's segments: the score matrix
-    /// among the attention core's saved bytes (`core`), the MLP's saved intermediates, a
-    /// no-grad forward's phases (`no_grad`), and its weight matrices.
+    /// among the attention core's saved bytes (`core`; `own`'s wide probabilities one tensor
+    /// of them), the MLP's saved intermediates, a no-grad forward's phases (`no_grad`), and
+    /// its weight matrices.
     fn block_whole_tensors(
         &self,
         tokens: Tokens,
         layer: LayerKind,
         core: Bytes,
-        score_matrix: Bytes,
+        own: &AttentionMemory,
         no_grad: [NoGradPhase; 3],
     ) -> WholeTensors {
         let f = Width(self.spec.routed_intermediate(layer) as f64) / self.split.tp;
         let intermediates = (tokens * self.mlp_intermediates(layer) / self.split.tp).bytes();
-        let core = SavedGroup {
-            bytes: core.bytes(),
-            tensor: score_matrix.bytes(),
+        let group = |bytes: Bytes, tensor: Bytes| SavedGroup {
+            bytes: bytes.bytes(),
+            tensor: tensor.bytes(),
         };
+        let core_group = group(core, own.score_matrix);
         WholeTensors {
             saved: if layer.moe {
                 // A mixture of experts (transformers 5's `grouped_mm` over the routed copies,
@@ -124,7 +126,7 @@ impl TransformerGraph<'_> {
                 let h = Width(self.spec.hidden as f64);
                 let expert = Width(self.spec.intermediate as f64) / self.split.tp;
                 [
-                    core,
+                    core_group,
                     SavedGroup {
                         bytes: (2.0 * copies * h).bytes(),
                         tensor: (copies * h).bytes(),
@@ -136,12 +138,12 @@ impl TransformerGraph<'_> {
                 ]
             } else {
                 [
-                    core,
+                    group(own.wide_probs, own.wide_probs),
+                    group(core - own.wide_probs, own.score_matrix),
                     SavedGroup {
                         bytes: intermediates,
                         tensor: (tokens * self.bytes.act * f).bytes(),
                     },
-                    SavedGroup::default(),
                 ]
             },
             no_grad,
@@ -260,9 +262,21 @@ impl TransformerGraph<'_> {
                 tensor: (tokens * self.bytes.act * f).bytes(),
             }
         };
+        // In training (a checkpointed block's forward), the adapters' tensors beside each
+        // sublayer's base outputs.
+        let (attention_adapters, _) = self.adapter_no_grad(layer, tokens, false);
+        let (mlp_adapters, adapter_tensor) = self.adapter_no_grad(layer, tokens, true);
+        let intermediates = if (adapter_tensor.bytes() - intermediates.tensor).abs() < 1.0 {
+            SavedGroup {
+                bytes: intermediates.bytes + mlp_adapters.bytes(),
+                ..intermediates
+            }
+        } else {
+            intermediates
+        };
         let phases = [
             NoGradPhase {
-                bytes: (attention_live + stack).bytes(),
+                bytes: (attention_live + attention_adapters + stack).bytes(),
                 scores: own.inference_scores,
                 hidden: hidden.bytes(),
                 ..NoGradPhase::default()
@@ -278,7 +292,7 @@ impl TransformerGraph<'_> {
                 ..NoGradPhase::default()
             },
             NoGradPhase {
-                bytes: (mlp_live + stack).bytes(),
+                bytes: (mlp_live + mlp_adapters + stack).bytes(),
                 whole: intermediates,
                 hidden: hidden.bytes(),
                 ..NoGradPhase::default()

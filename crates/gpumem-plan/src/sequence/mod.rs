@@ -744,11 +744,17 @@ fn train_forward(
         }
         kept_gathered.push(out.alloc_on(states.gathered_through_backward(unit), gather_stream));
         let whole = &unit.whole;
-        let transient = out.tensors(
-            unit.forward_transient,
-            &whole.forward_transient,
-            shapes.transient(unit),
-        );
+        let transient = match unit
+            .checkpointed_forward()
+            .filter(|_| kept.input_only(unit))
+        {
+            Some(phases) => no_grad_phases(out, &phases, &mut |_| {}),
+            None => out.tensors(
+                unit.forward_transient,
+                &whole.forward_transient,
+                shapes.transient(unit),
+            ),
+        };
         let mut unit_saved = if kept.saved < unit.saved {
             // Recomputed in backward: what is kept is the block input.
             out.pieces(kept.saved, shapes.activation_of(unit))
@@ -878,6 +884,16 @@ fn unit_backward(
     // of its outputs start the unit's backward.
     let recomputed = out.grouped(recompute, unit.whole.saved, shapes.activation_of(unit));
     let whole = &unit.whole;
+    // The recomputation is the unit's forward in grad mode: its short-lived tensors come and
+    // go beside the saved ones before the backward proper starts.
+    if recompute > 0.0 {
+        let transient = out.tensors(
+            unit.forward_transient,
+            &whole.forward_transient,
+            shapes.transient(unit),
+        );
+        out.free_all(transient);
+    }
     let mut starting = out.tensors(
         unit.backward_transient,
         &whole.backward_transient,
@@ -1660,6 +1676,93 @@ mod tests {
         };
         assert!(count(false) > 0);
         assert!(count(true) >= count(false));
+    }
+
+    #[test]
+    fn a_checkpointed_forward_makes_its_tensors_as_a_no_grad_forward() {
+        // TinyLlama under full checkpointing keeps nothing of a block's forward, which makes
+        // its MLP's intermediates (tokens × 5632, bf16) as a no-grad forward does, one tensor
+        // each, before its backward recomputes them: at least two more per block and step
+        // than the same step without checkpointing makes.
+        let model = find_model("tinyllama").unwrap();
+        let Architecture::Transformer(spec) = &model.arch else {
+            panic!("tinyllama is a transformer");
+        };
+        let intermediate = 2 * 512 * 5632 * 2;
+        let count = |grad_ckpt: bool| {
+            let settings = Settings {
+                mode: Some("train".into()),
+                batch: Some(2),
+                seq: Some(512),
+                dtype: Some("bf16".into()),
+                grad_ckpt,
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            let sizes = allocation_sizes(&model, &workload);
+            sizes.iter().filter(|&&b| b == intermediate).count()
+        };
+        let more = 2 * spec.layers as usize * STEPS as usize;
+        assert!(
+            count(true) >= count(false) + more,
+            "{} {}",
+            count(true),
+            count(false)
+        );
+    }
+
+    #[test]
+    fn lora_adds_its_adapters_tensors_to_a_checkpointed_forward() {
+        // With LoRA (PEFT 0.10's bf16 adapters, dropout, on the GPU), each adapted linear of
+        // a checkpointed block's no-grad MLP adds its scaled adapter output and the sum beside
+        // the base output: two tensors of the widest adapted output (TinyLlama's 5632) per
+        // token, the MLP's phase and no other.
+        let model = find_model("tinyllama").unwrap();
+        let phases = |lora: bool| {
+            let settings = Settings {
+                mode: Some("train".into()),
+                batch: Some(2),
+                seq: Some(512),
+                dtype: Some("bf16".into()),
+                grad_ckpt: true,
+                lora_rank: lora.then_some(64),
+                lora_targets: lora.then(|| "q,k,v,gate,up,down".into()),
+                lora_dropout: lora.then_some(0.1),
+                peft: lora.then(|| "0.10".into()),
+                ..Settings::default()
+            };
+            let workload = settings.resolve(&model).unwrap().workload;
+            let units = build_units(&model, &workload, workload.batch);
+            let block = units.iter().find(|u| u.name == "block").unwrap();
+            block.checkpointed_forward().unwrap().map(|p| p.bytes)
+        };
+        let (with, without) = (phases(true), phases(false));
+        let tokens = 2.0 * 512.0;
+        assert_eq!(with[2] - without[2], tokens * 2.0 * 2.0 * 5632.0);
+        assert!(with[0] > without[0], "{with:?} {without:?}");
+    }
+
+    #[test]
+    fn an_upcast_softmax_saves_its_probabilities_whole() {
+        // TinyLlama's eager attention in bf16 runs its softmax in fp32 and saves that output
+        // for backward: one fp32 tensor of the scores' shape per block and step.
+        let model = find_model("tinyllama").unwrap();
+        let Architecture::Transformer(spec) = &model.arch else {
+            panic!("tinyllama is a transformer");
+        };
+        let settings = Settings {
+            mode: Some("train".into()),
+            batch: Some(2),
+            seq: Some(256),
+            dtype: Some("bf16".into()),
+            attn: Some("eager".into()),
+            ..Settings::default()
+        };
+        let workload = settings.resolve(&model).unwrap().workload;
+        let probs = 2 * spec.heads * 256 * 256 * 4;
+        let sizes = allocation_sizes(&model, &workload);
+        let count = sizes.iter().filter(|&&b| b == probs).count();
+        assert!(count >= spec.layers as usize * STEPS as usize, "{count}");
     }
 
     #[test]
