@@ -218,9 +218,14 @@ fn table(r: &PlanReport, trace_out: Option<&Path>) -> String {
         let _ = writeln!(t, "gpu: {} ({}): {verdict}", g.name, gib(g.memory_bytes));
     }
     if let Some(f) = &r.fit {
+        let outside = if r.estimate.breakdown.communication > 0 {
+            "context + NCCL buffers"
+        } else {
+            "context"
+        };
         let _ = writeln!(
             t,
-            "fit: {} = {} within {} (margin {:.0}%): reserved {} ({}) + context = {}; \
+            "fit: {} = {} within {} (margin {:.0}%): reserved {} ({}) + {outside} = {}; \
              grad accumulation {} → global batch {}",
             f.target.name(),
             f.value,

@@ -281,12 +281,14 @@ pub fn blas_workspace_count(mode: Mode) -> u64 {
 impl Estimate {
     /// This estimate with its reserved memory measured elsewhere (the allocation sequence
     /// replayed through an allocator policy): the allocator share becomes what that reserve
-    /// holds beyond the tensors (never below zero), and total follows.
+    /// holds beyond the tensors (never below zero), and total follows (with the context and
+    /// NCCL's buffers, which live outside the pool).
     pub fn with_reserved(mut self, reserved_bytes: u64) -> Estimate {
         let allocated = self.peak_allocated_bytes;
         self.breakdown.allocator = reserved_bytes.saturating_sub(allocated);
         self.peak_reserved_bytes = allocated + self.breakdown.allocator;
-        self.peak_total_bytes = self.peak_reserved_bytes + self.breakdown.framework;
+        self.peak_total_bytes =
+            self.peak_reserved_bytes + self.breakdown.framework + self.breakdown.communication;
         self
     }
 }

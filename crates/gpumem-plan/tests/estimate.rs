@@ -236,6 +236,30 @@ fn optimizer_implementations_and_states() {
     assert!(with("adam8bit", "fused").breakdown.optimizer_states < 124_439_808 * 3);
 }
 
+/// What nvidia-smi shows of a rank: the pool's reserved bytes, the CUDA context and NCCL's
+/// buffers (outside the pool), whether reserved is the estimate's or a replay's.
+#[test]
+fn total_counts_the_context_and_nccls_buffers() {
+    let e = plan(
+        "llama-2-7b",
+        Settings {
+            gpus: Some(2),
+            fsdp: true,
+            dtype: Some("bf16".into()),
+            ..train(1, 1024)
+        },
+    );
+    let outside = e.breakdown.framework + e.breakdown.communication;
+    assert!(e.breakdown.communication > 0);
+    assert_eq!(e.peak_total_bytes, e.peak_reserved_bytes + outside);
+    let reserved = e.peak_allocated_bytes + (1 << 30);
+    let replayed = e.with_reserved(reserved);
+    assert_eq!(
+        replayed.peak_total_bytes,
+        replayed.peak_reserved_bytes + outside
+    );
+}
+
 #[test]
 fn zero_stages_shrink_model_states() {
     let layout = |zero: &str| {

@@ -117,7 +117,7 @@ pub fn torch_reserved(
 }
 
 /// The estimate with reserved memory from the allocator replay ([`torch_reserved`]) in place of
-/// the fixed allocator share; total is that plus the context.
+/// the fixed allocator share; total is that plus the context and NCCL's buffers.
 pub fn estimate_replayed(
     model: &ModelSpec,
     workload: &Workload,
@@ -158,14 +158,15 @@ pub fn replay_failed(model: &ModelSpec, e: ReplayError) -> PlanError {
 }
 
 /// A fit checked on reserved memory: the largest value whose replayed reserved memory plus the
-/// CUDA context fits the usable memory.
+/// CUDA context and NCCL's buffers fits the usable memory.
 #[derive(Debug, Clone)]
 pub struct ReservedFit {
     /// The fit (its `gpu_bytes`, `usable_bytes` and `margin` are the ones asked for).
     pub fit: Fit,
     /// Peak reserved bytes of the fitted plan replayed through PyTorch's policy (`torch`).
     pub reserved_bytes: u64,
-    /// `reserved_bytes` plus the context: what the fit compared with `fit.usable_bytes`.
+    /// `reserved_bytes` plus the context and NCCL's buffers: what the fit compared with
+    /// `fit.usable_bytes`.
     pub total_bytes: u64,
 }
 
@@ -186,10 +187,11 @@ pub enum PlanReplayError {
 const FIT_ROUNDS: usize = 16;
 
 /// [`gpumem_plan::fit()`] on reserved memory: the fit on the planner's allocated estimate, then
-/// the fitted plan's allocation sequence replayed through the `torch` policy; while its reserved
-/// peak plus the context exceeds `gpu_bytes × (1 − margin)`, the allocated-memory fit is
-/// repeated on memory shrunk by the overshoot. The margin then covers what neither models: cuBLAS
-/// and cuDNN workspaces, NCCL buffers, other processes, the planner's own error.
+/// the fitted plan's allocation sequence replayed through the `torch` policy (within the usable
+/// memory, emptying its cache where it must); while its reserved peak plus the context and
+/// NCCL's buffers exceeds `gpu_bytes × (1 − margin)`, the allocated-memory fit is repeated on
+/// memory shrunk by the overshoot. The margin then covers what neither models: cuDNN
+/// workspaces, NCCL's memory beyond its buffers, other processes, the planner's own error.
 pub fn fit_reserved(
     model: &ModelSpec,
     workload: &Workload,
@@ -217,10 +219,12 @@ pub fn fit_reserved(
             Err(PlanError::NothingFits { .. }) if last.is_some() => break,
             Err(e) => return Err(e.into()),
         };
-        // Within the usable memory the allocator frees its cache before it fails.
-        let capacity = (usable as u64).saturating_sub(overheads.context_bytes);
+        // Beside the pool: the context and NCCL's buffers. Within the usable memory the
+        // allocator frees its cache before it fails.
+        let outside = overheads.context_bytes + fit.estimate.breakdown.communication;
+        let capacity = (usable as u64).saturating_sub(outside);
         let reserved = torch_reserved(model, &fit.workload, Some(capacity))?;
-        let total = reserved.saturating_add(overheads.context_bytes);
+        let total = reserved.saturating_add(outside);
         fit.gpu_bytes = gpu_bytes;
         fit.usable_bytes = usable as u64;
         let found = ReservedFit {
