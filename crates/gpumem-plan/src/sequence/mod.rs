@@ -1654,26 +1654,30 @@ mod tests {
         assert_eq!(count(&old, expert), 4 * 8 * 3);
     }
 
+    /// Tensors of TinyLlama's MLP-intermediate size (tokens × 5632, bf16) in its planned
+    /// training step at batch 2 × 512, with or without full checkpointing.
+    fn tinyllama_intermediates(grad_ckpt: bool) -> usize {
+        let model = find_model("tinyllama").unwrap();
+        let intermediate = 2 * 512 * 5632 * 2;
+        let settings = Settings {
+            mode: Some("train".into()),
+            batch: Some(2),
+            seq: Some(512),
+            dtype: Some("bf16".into()),
+            grad_ckpt,
+            ..Settings::default()
+        };
+        let workload = settings.resolve(&model).unwrap().workload;
+        let sizes = allocation_sizes(&model, &workload);
+        sizes.iter().filter(|&&b| b == intermediate).count()
+    }
+
     #[test]
     fn recomputation_makes_the_saved_tensors_again() {
         // TinyLlama under full checkpointing: each block's recomputation in backward saves its
-        // MLP's intermediates again, each one tensor of tokens × 5632 (bf16), as the forward
-        // without checkpointing saves them.
-        let model = find_model("tinyllama").unwrap();
-        let intermediate = 2 * 512 * 5632 * 2;
-        let count = |grad_ckpt: bool| {
-            let settings = Settings {
-                mode: Some("train".into()),
-                batch: Some(2),
-                seq: Some(512),
-                dtype: Some("bf16".into()),
-                grad_ckpt,
-                ..Settings::default()
-            };
-            let workload = settings.resolve(&model).unwrap().workload;
-            let sizes = allocation_sizes(&model, &workload);
-            sizes.iter().filter(|&&b| b == intermediate).count()
-        };
+        // MLP's intermediates again, each one tensor, as the forward without checkpointing
+        // saves them.
+        let count = tinyllama_intermediates;
         assert!(count(false) > 0);
         assert!(count(true) >= count(false));
     }
@@ -1688,20 +1692,7 @@ mod tests {
         let Architecture::Transformer(spec) = &model.arch else {
             panic!("tinyllama is a transformer");
         };
-        let intermediate = 2 * 512 * 5632 * 2;
-        let count = |grad_ckpt: bool| {
-            let settings = Settings {
-                mode: Some("train".into()),
-                batch: Some(2),
-                seq: Some(512),
-                dtype: Some("bf16".into()),
-                grad_ckpt,
-                ..Settings::default()
-            };
-            let workload = settings.resolve(&model).unwrap().workload;
-            let sizes = allocation_sizes(&model, &workload);
-            sizes.iter().filter(|&&b| b == intermediate).count()
-        };
+        let count = tinyllama_intermediates;
         let more = 2 * spec.layers as usize * STEPS as usize;
         assert!(
             count(true) >= count(false) + more,
