@@ -60,7 +60,9 @@ pub struct PlanRequest {
     /// Global batch to reach with accumulation (with --fit batch).
     #[cfg_attr(feature = "clap", arg(long))]
     pub global_batch: Option<u64>,
-    /// GPU name (h100, a100-40gb, rtx-4090, ...) or a size (24GB, 80GiB).
+    /// GPU name (h100, a100-40gb, rtx-4090, ...) or a size (24GB, 80GiB): says whether the
+    /// run fits, and replays reserved memory within it (PyTorch empties its cache before it
+    /// runs out).
     #[cfg_attr(feature = "clap", arg(long))]
     pub gpu: Option<String>,
     /// Find the largest batch or seq that fits --gpu.
