@@ -1040,11 +1040,12 @@ fn no_grad_phases(
     for phase in phases.iter().filter(|p| p.bytes > 0.0) {
         out.free_all(std::mem::take(&mut live));
         let rest = (phase.bytes - kept_bytes - phase.scores.peak()).max(0.0);
-        // The known tensors, whole hidden states, and what is left as one more tensor.
+        // Whole hidden states (the block's input and the norm's output come first), the
+        // known tensors, and what is left as one more tensor.
         let whole = phase.whole.bytes.min(rest);
-        live = out.pieces(whole, phase.whole.tensor);
         let states = ((rest - whole) / phase.hidden.max(1.0)).floor();
-        live.extend(out.pieces(states * phase.hidden, phase.hidden));
+        live = out.pieces(states * phase.hidden, phase.hidden);
+        live.extend(out.pieces(whole, phase.whole.tensor));
         live.extend(out.alloc(rest - whole - states * phase.hidden));
         if std::mem::take(&mut first) {
             started(out);
