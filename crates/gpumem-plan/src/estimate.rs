@@ -617,11 +617,11 @@ fn simulate_backward(
             // A recomputing unit first runs its forward again in grad mode, its short-lived
             // tensors beside what it saves.
             kept.recomputed
-                + if kept.recomputed > 0.0 {
-                    unit.backward_transient.max(unit.forward_transient)
+                + unit.backward_transient.max(if kept.recomputed > 0.0 {
+                    unit.forward_transient
                 } else {
-                    unit.backward_transient
-                },
+                    0.0
+                }),
         );
         saved -= kept.saved * in_flight;
         if !kept.wrapped {

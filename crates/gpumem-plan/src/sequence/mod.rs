@@ -749,11 +749,7 @@ fn train_forward(
             .filter(|_| kept.input_only(unit))
         {
             Some(phases) => no_grad_phases(out, &phases, &mut |_| {}),
-            None => out.tensors(
-                unit.forward_transient,
-                &whole.forward_transient,
-                shapes.transient(unit),
-            ),
+            None => grad_forward_transient(out, unit, shapes),
         };
         let mut unit_saved = if kept.saved < unit.saved {
             // Recomputed in backward: what is kept is the block input.
@@ -868,6 +864,16 @@ fn train_backward(
     gradients
 }
 
+/// A unit's short-lived tensors of its forward in grad mode (`Unit::forward_transient`), as
+/// tensors.
+fn grad_forward_transient(out: &mut Emitter, unit: &Unit, shapes: &Shapes) -> Vec<u64> {
+    out.tensors(
+        unit.forward_transient,
+        &unit.whole.forward_transient,
+        shapes.transient(unit),
+    )
+}
+
 /// A unit's backward up to its parameter gradients: recomputes `recompute` bytes, frees its
 /// `saved` tensors, and returns what is live while the parameter gradients are made. The
 /// backward's cuBLAS workspace is made at the unit's first product where it is the
@@ -887,11 +893,7 @@ fn unit_backward(
     // The recomputation is the unit's forward in grad mode: its short-lived tensors come and
     // go beside the saved ones before the backward proper starts.
     if recompute > 0.0 {
-        let transient = out.tensors(
-            unit.forward_transient,
-            &whole.forward_transient,
-            shapes.transient(unit),
-        );
+        let transient = grad_forward_transient(out, unit, shapes);
         out.free_all(transient);
     }
     let mut starting = out.tensors(
