@@ -831,3 +831,37 @@ fn offload_says_what_it_moves_and_takes_older_booleans() {
         Err(PlanError::Conflict { .. })
     ));
 }
+
+#[test]
+fn torchvision_vision_transformers_run_sdpa_whatever_attn_says() {
+    // nn.MultiheadAttention(need_weights=False) calls SDPA: `--attn eager` changes nothing but
+    // warns, and the plan is the SDPA one.
+    let vit = model("vit_l_16");
+    let settings = |attn: Option<&str>| Settings {
+        batch: Some(16),
+        attn: attn.map(Into::into),
+        ..Settings::default()
+    };
+    let eager = settings(Some("eager")).resolve(&vit).unwrap();
+    assert_eq!(ignored(&eager.warnings), ["--attn"]);
+    assert!(eager.warnings[0].to_string().contains("calls PyTorch's SDPA itself"));
+    let sdpa = settings(None).resolve(&vit).unwrap();
+    assert!(sdpa.warnings.is_empty());
+    let peak = |w| {
+        estimate(&vit, &w, &Overheads::default())
+            .unwrap()
+            .peak_allocated_bytes
+    };
+    assert_eq!(peak(eager.workload), peak(sdpa.workload));
+    // Hugging Face's ViT of the same sizes takes --attn eager (its scores materialised).
+    let hf = model("vit-large");
+    let hf_eager = settings(Some("eager")).resolve(&hf).unwrap();
+    assert!(hf_eager.warnings.is_empty());
+    let hf_sdpa = settings(None).resolve(&hf).unwrap();
+    let hf_peak = |w| {
+        estimate(&hf, &w, &Overheads::default())
+            .unwrap()
+            .peak_allocated_bytes
+    };
+    assert!(hf_peak(hf_eager.workload) > hf_peak(hf_sdpa.workload));
+}

@@ -94,8 +94,22 @@ fn torchvision_resnets() {
     assert_eq!(total("resnet152"), 60_192_808);
 }
 
+#[test]
+fn torchvision_vision_transformers() {
+    // vit_b_16: conv_proj 3·16²·768 + 768, class token 768, positions 197·768, 12 blocks of
+    // 7,087,872 (two LayerNorms, the packed in_proj 3·768² + 3·768, out_proj, MLP 768·3072
+    // and back, with biases), final LayerNorm and the 1000-class head 770,536.
+    assert_eq!(total("vit_b_16"), 86_567_656);
+    // Patches of 32: a 4× larger patch projection, 50 positions.
+    assert_eq!(total("vit_b_32"), 88_224_232);
+    assert_eq!(total("vit_l_16"), 304_326_632);
+    assert_eq!(total("vit_l_32"), 306_535_400);
+    // 14-pixel patches on 224 px images: 257 positions of 1280.
+    assert_eq!(total("vit_h_14"), 632_045_800);
+}
+
 /// Every catalogue model against the count of the real producer: the model built by
-/// transformers 5.23 (torchvision for ResNets) from the same config on PyTorch's meta device
+/// transformers 5.24 (torchvision for ResNets and Vision Transformers) from the same config on PyTorch's meta device
 /// (`gpumem-count-params`, committed as `testdata/plan/param_counts.json`).
 #[test]
 fn catalogue_matches_the_models_transformers_builds() {

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::fields::ConfigFields;
 use super::{
     check_routed_experts, spec_from_json, sub_config, transformer_of, VisionLanguage,
-    CLIP_PROJECTION_DIM, GEMMA3_TEXT_DEFAULTS, LLAMA_DEFAULTS,
+    CLIP_PROJECTION_DIM, GEMMA3_TEXT_DEFAULTS, LLAMA_DEFAULTS, TORCHVISION_VIT,
 };
 
 impl ConfigFields<'_> {
@@ -306,6 +306,22 @@ impl ConfigFields<'_> {
         spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.0);
         spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.0);
         spec.embedding_dropout = spec.hidden_dropout;
+        if self.architecture_name() == TORCHVISION_VIT {
+            // torchvision's `VisionTransformer`: `nn.MultiheadAttention` projects q, k and v
+            // with one packed `in_proj` (their views of one contiguous copy reach SDPA), and
+            // its classifier has `num_classes` outputs (1000 by default). Its forward keeps
+            // the patches with the class token (`x`) and their sum with the position
+            // embedding (`Encoder.forward`'s `input`) until the encoder returns.
+            spec.fused_qkv = true;
+            spec.sdpa_only = true;
+            spec.held.embeddings = 2;
+            spec.head = Head::ImageClassification {
+                classes: self
+                    .optional_u64("num_classes", &["num_classes", "num_labels"], limits::VOCAB)?
+                    .unwrap_or(1000),
+            };
+            return Ok(());
+        }
         spec.head = if self.architecture_name() == "ViTModel" {
             Head::Pooler
         } else {

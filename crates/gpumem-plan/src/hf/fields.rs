@@ -429,6 +429,7 @@ impl ConfigFields<'_> {
             sliding: None,
             attention_softcap: false,
             eager_only: false,
+            sdpa_only: false,
             fused_gate_up: false,
             logit_softcap: false,
             latent: sizes.latent,

@@ -44,6 +44,10 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "resnet",
 ];
 
+/// The `architectures` entry of a torchvision Vision Transformer's config (its class name,
+/// `torchvision.models.VisionTransformer`): a `vit` config planned as torchvision builds it.
+pub(crate) const TORCHVISION_VIT: &str = "VisionTransformer";
+
 /// Vision transformers: they read images, have no vocabulary and no decoder.
 const VISION_TYPES: &[&str] = &["vit", "clip_vision_model", "siglip_vision_model"];
 

@@ -129,6 +129,12 @@ impl ModelSpec {
         }
     }
 
+    /// Whether the model calls PyTorch's SDPA itself, so that `--attn` does not choose its
+    /// attention (torchvision's Vision Transformer).
+    pub fn calls_sdpa_itself(&self) -> bool {
+        matches!(&self.arch, Architecture::Transformer(t) if t.sdpa_only)
+    }
+
     /// Whether a forward of the model can build a KV cache (it has a decoder stack).
     pub fn has_decoder(&self) -> bool {
         matches!(&self.arch, Architecture::Transformer(t) if t.decoder)

@@ -321,6 +321,9 @@ pub struct TransformerSpec {
     pub attention_softcap: bool,
     /// transformers has no SDPA path for the family (Gemma 2): `--attn sdpa` runs eager.
     pub eager_only: bool,
+    /// The model calls PyTorch's SDPA itself whatever `--attn` says (torchvision's
+    /// `nn.MultiheadAttention(need_weights=False)`).
+    pub sdpa_only: bool,
     /// Gate and up projections are one matrix (Phi-3): its output stays whole behind the two
     /// halves while the activation and product are computed.
     pub fused_gate_up: bool,

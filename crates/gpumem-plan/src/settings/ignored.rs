@@ -259,6 +259,15 @@ impl Settings {
                 flag: "--attn",
                 reason: "gpt-fast's model calls PyTorch's SDPA itself".into(),
             });
+        } else if model.calls_sdpa_itself() && self.attn.is_some() {
+            warnings.push(Warning::Ignored {
+                flag: "--attn",
+                reason: format!(
+                    "{} calls PyTorch's SDPA itself (nn.MultiheadAttention with \
+                     need_weights=False)",
+                    model.name
+                ),
+            });
         }
         let liger = self
             .kernels

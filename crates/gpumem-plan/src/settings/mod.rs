@@ -427,6 +427,9 @@ impl Settings {
         if workload.kernels == Kernels::Liger {
             check_liger_family(model)?;
         }
+        if model.calls_sdpa_itself() {
+            workload.attention = Attention::Sdpa;
+        }
         // Module names are the family's (GPT-NeoX's `dense` is the attention output, BERT's
         // every output projection).
         if let (Some(lora), Architecture::Transformer(spec)) = (workload.lora.as_mut(), &model.arch)
