@@ -44,7 +44,7 @@ def test_capture_list_names_the_committed_traces(capsys: pytest.CaptureFixture[s
 
 
 CONFIG = str(TRACES / "configs" / "gpt2-2l.json")
-CNN = str(TRACES / "configs" / "resnet50.json")
+TORCHVISION = str(TRACES / "configs" / "resnet50.json")
 BERT = str(REPO / "testdata" / "plan" / "configs" / "bert-2l.json")
 
 
@@ -64,7 +64,7 @@ BERT = str(REPO / "testdata" / "plan" / "configs" / "bert-2l.json")
     (["--grad-ckpt"], "--grad-ckpt: only for a trace of your own"),
     (["--config", CONFIG, "--list"], "--only and --list select from the committed traces"),
     (["--config", CONFIG], "--seq is required for"),
-    (["--config", CNN, "--seq", "8"], "--seq does not apply to"),
+    (["--config", TORCHVISION, "--seq", "8"], "--seq does not apply to"),
     (["--config", CONFIG, "--seq", "8", "--mode", "generate"], "--mode generate needs --new-tokens"),
     (["--config", BERT, "--seq", "8", "--mode", "generate", "--new-tokens", "4"],
      "--mode generate needs a decoder-only LM config"),
@@ -72,7 +72,8 @@ BERT = str(REPO / "testdata" / "plan" / "configs" / "bert-2l.json")
      "--new-tokens applies only to --mode generate"),
     (["--config", CONFIG, "--seq", "8", "--optimizer", "adafactor", "--optimizer-impl", "fused"],
      "--optimizer adafactor has no fused implementation"),
-    (["--config", CNN, "--grad-ckpt"], "--grad-ckpt is not defined for torchvision CNNs"),
+    (["--config", TORCHVISION, "--grad-ckpt"],
+     "--grad-ckpt is not defined for torchvision models"),
     (["--labels", "--cache"], "--labels, --cache: only for a trace of your own"),
     (["--loss", "none"], "--loss: only for a trace of your own"),
     (["--config", CONFIG, "--seq", "8", "--mode", "infer", "--loss", "none"],
@@ -151,8 +152,8 @@ def test_measure_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert measure_peak.main(["--list"]) == 0
     captured = capsys.readouterr()
     ids = captured.out.split()
-    assert len(ids) == 139 == len(set(ids))
-    assert captured.err == "139 cases\n"
+    assert len(ids) == 144 == len(set(ids))
+    assert captured.err == "144 cases\n"
     assert measure_peak.main(["--list", "--only", "^resnet50-"]) == 0
     captured = capsys.readouterr()
     assert captured.out.split() == ["resnet50-train-b2-img224-fp32-adamw-foreach",

@@ -41,10 +41,10 @@ def _measured_names() -> list[str]:
 
 
 def test_config_names() -> None:
-    assert not set(configs.HF_CONFIGS) & set(configs.CNN_CONFIGS)
-    assert not set(configs.ARCH_CONFIGS) & (set(configs.HF_CONFIGS) | set(configs.CNN_CONFIGS))
+    assert not set(configs.HF_CONFIGS) & set(configs.TORCHVISION_CONFIGS)
+    assert not set(configs.ARCH_CONFIGS) & (set(configs.HF_CONFIGS) | set(configs.TORCHVISION_CONFIGS))
     assert not (set(configs.MULTIMODAL_CONFIGS) | set(configs.DIFFUSION_CONFIGS)) & (
-        set(configs.HF_CONFIGS) | set(configs.CNN_CONFIGS) | set(configs.ARCH_CONFIGS))
+        set(configs.HF_CONFIGS) | set(configs.TORCHVISION_CONFIGS) | set(configs.ARCH_CONFIGS))
     used = {name for name, _ in _workloads()}
     assert used <= set(configs.all_names())
     assert set(configs.all_names()) == set(_measured_names())
@@ -53,8 +53,8 @@ def test_config_names() -> None:
 @pytest.mark.parametrize("name", configs.all_names())
 def test_config_dict(name: str) -> None:
     cfg = configs.config_dict(name)
-    if name in configs.CNN_CONFIGS:
-        assert configs.model_kind(cfg) == "cnn"
+    if name in configs.TORCHVISION_CONFIGS:
+        assert configs.model_kind(cfg) == "torchvision"
         return
     shrunk = {**configs.ARCH_CONFIGS, **configs.MULTIMODAL_CONFIGS, **configs.DIFFUSION_CONFIGS}
     if name in shrunk:
@@ -106,7 +106,7 @@ def test_committed_config_files_are_what_write_configs_writes(
 @pytest.mark.parametrize("name, s", _workloads(), ids=lambda x: x if isinstance(x, str) else "")
 def test_workload_settings_are_buildable(name: str, s: Settings) -> None:
     kind = configs.model_kind(configs.config_dict(name))
-    image = kind in ("cnn", "image_cls", "vision_tower", "diffusion")
+    image = kind in ("torchvision", "image_cls", "vision_tower", "diffusion")
     assert s.mode in MODES and s.dtype in DTYPE_NAMES
     assert s.amp in (None, *AMP_NAMES)
     assert s.batch >= 1
@@ -114,11 +114,11 @@ def test_workload_settings_are_buildable(name: str, s: Settings) -> None:
         assert s.seq is not None and s.image_size is not None
     elif image:
         assert s.seq is None and s.image_size is not None
-        assert s.attn == (None if kind == "cnn" else "sdpa") or s.attn in ATTN_IMPLS
+        assert s.attn == (None if kind == "torchvision" else "sdpa") or s.attn in ATTN_IMPLS
     else:
         assert s.seq is not None and s.seq >= 1 and s.image_size is None
         assert s.attn in ATTN_IMPLS
-    if kind == "cnn":
+    if kind == "torchvision":
         assert s.attn is None and not s.grad_ckpt
     if s.mode == "train" and s.optimizer == "none":
         assert s.optimizer_impl is None
@@ -139,7 +139,7 @@ def test_workload_settings_are_buildable(name: str, s: Settings) -> None:
 
 def test_case_ids_are_unique_and_descriptive() -> None:
     ids = [case_id(n, s) for n, s in grid()]
-    assert len(ids) == len(set(ids)) == 139
+    assert len(ids) == len(set(ids)) == 144
     heldout = [case_id(n, s) for n, s in heldout_grid()]
     assert len(heldout) == len(set(heldout)) == 60
     assert not set(ids) & set(heldout)

@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=positive_int, default=2,
                     help="torch CPU threads (default 2)")
     custom = ap.add_argument_group("one trace of your own (instead of the committed set)")
-    custom.add_argument("--config", type=Path, help="a HF config.json or gpumem CNN JSON")
+    custom.add_argument("--config", type=Path,
+                        help="a HF config.json or gpumem's JSON of a torchvision model")
     custom.add_argument("--name", help="trace name (default: the config file's stem)")
     custom.add_argument("--mode", choices=MODES, help="default train")
     custom.add_argument("--batch", type=positive_int, help="default 2")
@@ -178,8 +179,9 @@ def _custom_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> S
         kind = configs.model_kind(cfg)
     except (AttributeError, KeyError, IndexError, TypeError):
         ap.error(f"--config: {args.config} names no architecture "
-                 "(a HF config.json with 'architectures', or a gpumem CNN JSON)")
-    text = kind not in ("cnn", "image_cls", "vision_tower")
+                 "(a HF config.json with 'architectures', or gpumem's JSON of a torchvision "
+                 "model)")
+    text = kind not in ("torchvision", "image_cls", "vision_tower")
     if text and args.seq is None:
         ap.error(f"--seq is required for {args.config} (a text model)")
     if not text and args.seq is not None:
@@ -194,8 +196,8 @@ def _custom_settings(ap: argparse.ArgumentParser, args: argparse.Namespace) -> S
     train = args.mode == "train"
     if train and args.optimizer == "adafactor" and args.optimizer_impl == "fused":
         ap.error("--optimizer adafactor has no fused implementation")
-    if args.grad_ckpt and kind == "cnn":
-        ap.error("--grad-ckpt is not defined for torchvision CNNs")
+    if args.grad_ckpt and kind == "torchvision":
+        ap.error("--grad-ckpt is not defined for torchvision models")
     for switch in ("labels", "cache"):
         if getattr(args, switch) and args.mode != "infer":
             ap.error(f"--{switch} applies only to --mode infer")

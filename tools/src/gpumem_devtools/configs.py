@@ -3,7 +3,8 @@
 Each entry is the public config.json of a real checkpoint (only the keys that
 matter for building the model) plus the overrides that shrink it. The written
 file is exactly what the measurement built, so the planner reads the same
-numbers (`write_configs`). CNNs use gpumem's small torchvision JSON.
+numbers (`write_configs`). torchvision models (ResNets, Vision Transformers) use gpumem's
+small torchvision JSON.
 """
 
 import json
@@ -286,15 +287,23 @@ DIFFUSION_CONFIGS: dict[str, tuple[str, str, Config]] = {
                {"num_layers": 4, "num_attention_heads": 4, "attention_head_dim": 32}),
 }
 
-CNN_CONFIGS: dict[str, Config] = {
+# torchvision's models, as gpumem's JSON describes them: a ResNet by its depth, a Vision
+# Transformer by its constructor's sizes under its class name (vit_b_16's, 4 of 12 layers).
+TORCHVISION_CONFIGS: dict[str, Config] = {
     "resnet18": {"model_type": "resnet", "depth": 18, "num_classes": 1000},
     "resnet50": {"model_type": "resnet", "depth": 50, "num_classes": 1000},
+    "vit-b-16-4l": {"architectures": ["VisionTransformer"], "model_type": "vit",
+                    "hidden_act": "gelu", "hidden_size": 768, "image_size": 224,
+                    "intermediate_size": 3072, "layer_norm_eps": 1e-6,
+                    "num_attention_heads": 12, "num_classes": 1000, "num_hidden_layers": 4,
+                    "patch_size": 16},
 }
 
 
 def all_names() -> list[str]:
-    """Every config name (HF configs, architectures, multimodal, diffusion, then CNNs)."""
-    return [*HF_CONFIGS, *ARCH_CONFIGS, *MULTIMODAL_CONFIGS, *DIFFUSION_CONFIGS, *CNN_CONFIGS]
+    """Every config name (HF configs, architectures, multimodal, diffusion, then torchvision's)."""
+    return [*HF_CONFIGS, *ARCH_CONFIGS, *MULTIMODAL_CONFIGS, *DIFFUSION_CONFIGS,
+            *TORCHVISION_CONFIGS]
 
 
 def _catalogue_config(name: str) -> Config:
@@ -306,8 +315,8 @@ def _catalogue_config(name: str) -> Config:
 
 def config_dict(name: str) -> Config:
     """The JSON object written for config `name`."""
-    if name in CNN_CONFIGS:
-        return dict(CNN_CONFIGS[name])
+    if name in TORCHVISION_CONFIGS:
+        return dict(TORCHVISION_CONFIGS[name])
     shrunk = {**ARCH_CONFIGS, **MULTIMODAL_CONFIGS, **DIFFUSION_CONFIGS}
     if name in shrunk:
         catalogue_name, hub_id, shrink = shrunk[name]
@@ -336,16 +345,24 @@ def _changes(real: Config, shrink: Config, prefix: str = "") -> list[str]:
 KV_CACHE_KINDS = ("causal_lm", "seq2seq", "vlm")
 
 
+def is_torchvision(cfg: Mapping[str, Any]) -> bool:
+    """Whether `cfg` is gpumem's JSON of a torchvision model (a ResNet by its depth, or a
+    Vision Transformer under its class name, `VisionTransformer`)."""
+    return ((cfg.get("model_type") == "resnet" and "depth" in cfg)
+            or cfg.get("architectures", [None])[0] == "VisionTransformer")
+
+
 def model_kind(cfg: Mapping[str, Any]) -> str:
-    """How a config is built and fed (models.build): "cnn" (torchvision ResNet),
+    """How a config is built and fed (models.build): "torchvision" (a torchvision ResNet or
+    Vision Transformer: `model(x)`, cross-entropy on its logits),
     "diffusion" (a diffusers config), "image_cls", "vision_tower" (CLIP/SigLIP vision model),
     "dual_encoder" (CLIPModel/SiglipModel: both towers and the contrastive loss),
     "vlm" (LLaVA: images and text), "masked_lm", "seq2seq" or "causal_lm"; KeyError if it names
     no architecture."""
     if "_class_name" in cfg:
         return "diffusion"
-    if cfg.get("model_type") == "resnet" and "depth" in cfg:
-        return "cnn"
+    if is_torchvision(cfg):
+        return "torchvision"
     arch = cfg["architectures"][0]
     if arch.endswith("ImageClassification"):
         return "image_cls"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ._deps import require
+from .configs import is_torchvision
 from .paths import repo_root
 
 CATALOGUE = Path("crates/gpumem-plan/data/models.json")
@@ -28,10 +29,9 @@ def count(config: dict[str, Any]) -> tuple[str, int]:
             # DiT's Transformer2DModel config to DiTTransformer2DModel).
             diffusers = require("diffusers")
             model = getattr(diffusers, config["_class_name"]).from_config(config)
-        elif config["model_type"] == "resnet":
-            torchvision = require("torchvision")
-            model = getattr(torchvision.models, f"resnet{config['depth']}")(
-                num_classes=config["num_classes"])
+        elif is_torchvision(config):
+            from .models import torchvision_model
+            model = torchvision_model(config)
         else:
             transformers = require("transformers")
             fields = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}

@@ -91,7 +91,7 @@ def _vision(kind: str, image_size: int, batches: Sequence[int],
             **variants: Sequence[tuple[int, int]]) -> list[Settings]:
     """Image-model cases: default training at `batches`, then each variant
     (eager / ckpt / bf16 / amp / sgd / size / infer) at its (batch, image size)s."""
-    attn = None if kind == "cnn" else "sdpa"
+    attn = None if kind == "torchvision" else "sdpa"
     cases = [T(b, None, image_size=image_size, attn=attn) for b in batches]
     changes: dict[str, dict[str, Any]] = {"eager": {"attn": "eager"}, "ckpt": {"grad_ckpt": True}, "bf16": {"dtype": "bf16"},
                "amp": {"amp": "bf16"}, "sgd": {"optimizer": "sgd"}, "size": {}}
@@ -146,10 +146,14 @@ def grid() -> list[tuple[str, Settings]]:
             T(4, 256, attn="eager", optimizer="adafactor"), I(4, 256, attn="eager")],
         "vit-2l": _vision("vit", 224, [2, 8, 16], eager=[(8, 224)], ckpt=[(8, 224)],
                           amp=[(8, 224)], bf16=[(8, 224)], infer=[(16, 224)]),
-        "resnet18": _vision("cnn", 224, [2, 8], size=[(8, 128)], amp=[(8, 128)],
+        "resnet18": _vision("torchvision", 224, [2, 8], size=[(8, 128)], amp=[(8, 128)],
                             bf16=[(8, 128)], sgd=[(8, 128)], infer=[(8, 224)]),
-        "resnet50": _vision("cnn", 224, [2], size=[(8, 128)], amp=[(8, 128)],
+        "resnet50": _vision("torchvision", 224, [2], size=[(8, 128)], amp=[(8, 128)],
                             infer=[(8, 224)]),
+        # torchvision's Vision Transformer: nn.MultiheadAttention's packed projection and
+        # SDPA whatever --attn says.
+        "vit-b-16-4l": _vision("torchvision", 224, [2, 8], bf16=[(8, 224)], amp=[(8, 224)],
+                               infer=[(16, 224)]),
         "opt-2l": _lm_grid(
             [(2, 256), (4, 512)], ckpt=[(4, 512)], infer=[(4, 256)], generate=[(2, 128, 32)]),
         # Full-size GPT-2 small (124M parameters).
@@ -730,7 +734,7 @@ def case_id(name: str, s: Settings) -> str:
 def notes(name: str, s: Settings, device: str, threads: int,
           torchvision_version: str | None = None) -> str:
     """The `notes` of a case's result row (`threads`: torch's CPU threads;
-    `torchvision_version` for ResNets)."""
+    `torchvision_version` for torchvision models)."""
     cpu = device_type(device) == "cpu"
     kind = configs.model_kind(configs.config_dict(name))
     out = [f"torch.profiler CPU allocation trace, {threads} threads" if cpu
@@ -751,7 +755,7 @@ def notes(name: str, s: Settings, device: str, threads: int,
                        "through backward")
         elif s.loss:
             pass  # the chunked losses are described below
-        elif name.startswith("resnet"):
+        elif kind == "torchvision":
             out.append("loss: F.cross_entropy(logits, labels)")
         elif name in configs.DIFFUSION_CONFIGS:
             pass
@@ -801,8 +805,9 @@ def notes(name: str, s: Settings, device: str, threads: int,
     elif s.mode == "generate":
         out.append("HF generate, greedy, min_new_tokens=max_new_tokens, DynamicCache; "
                    "prefill keeps last-token logits only")
-    if name.startswith("resnet"):
-        out.append(f"torchvision {torchvision_version}" + (", oneDNN conv on CPU" if cpu else ""))
+    if kind == "torchvision":
+        out.append(f"torchvision {torchvision_version}"
+                   + (", oneDNN conv on CPU" if cpu and name.startswith("resnet") else ""))
     if name in configs.DIFFUSION_CONFIGS:
         out.append("diffusers AttnProcessor2_0 (SDPA); latents image/8, random timesteps; UNet: 77 random text hidden states; "
                    "DiT: random class labels")
@@ -1184,7 +1189,8 @@ def _measure_cases(root: Path, out: Path, cases: Sequence[tuple[str, Settings, s
             failed.append(cid)
             print(f"{cid}: FAILED: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
             continue
-        tv = require("torchvision").__version__ if name.startswith("resnet") else None
+        torchvision = configs.is_torchvision(configs.config_dict(name))
+        tv = require("torchvision").__version__ if torchvision else None
         done[cid] = {"id": cid, "config": cfg, "settings": s.as_dict(),
                      "measured": {"peak_allocated_bytes": peak, "phase": phase, **allocator},
                      "versions": vers, "run": run_record(device),

@@ -24,7 +24,7 @@ class Workload:
     """A model plus how to feed it: `batch(...)` -> kwargs, `loss(**kwargs)` -> scalar."""
     model: torch.nn.Module
     # "causal_lm" | "masked_lm" | "seq2seq" | "image_cls" | "vision_tower" | "dual_encoder"
-    # | "vlm" | "cnn" | "diffusion"
+    # | "vlm" | "torchvision" | "diffusion"
     kind: str
     vocab_size: int | None
     image_size: int | None
@@ -40,11 +40,11 @@ class Workload:
     def batch(self, batch: int, seq: int | None, device: str, dtype: torch.dtype | None,
               with_labels: bool) -> dict[str, torch.Tensor]:
         """Inputs of one step, created on `device` (as a data loader would)."""
-        if self.kind == "cnn" or self.kind == "image_cls":
+        if self.kind == "torchvision" or self.kind == "image_cls":
             size = self.image_size
             pixels = torch.randn(batch, 3, size, size, device=device, dtype=dtype)
             labels = torch.randint(0, self.num_classes, (batch,), device=device)
-            key = "x" if self.kind == "cnn" else "pixel_values"
+            key = "x" if self.kind == "torchvision" else "pixel_values"
             return {key: pixels, "labels": labels} if with_labels else {key: pixels}
         if self.kind == "vision_tower":
             size = self.image_size
@@ -89,9 +89,9 @@ class Workload:
         return out
 
     def loss(self, **inputs: torch.Tensor) -> torch.Tensor:
-        """Forward plus the standard loss (the model's own for HF, CE for CNNs; a vision
+        """Forward plus the standard loss (the model's own for HF, CE for torchvision's; a vision
         tower, which has none, the mean of its pooled image embeddings)."""
-        if self.kind == "cnn":
+        if self.kind == "torchvision":
             labels = inputs.pop("labels")
             return F.cross_entropy(self.model(**inputs), labels)
         if self.kind == "vision_tower":
@@ -139,6 +139,22 @@ def _denoiser_batch(wl: "Workload", batch: int, device: str, dtype: torch.dtype 
     return out
 
 
+def torchvision_model(cfg: dict[str, Any], image_size: int | None = None) -> torch.nn.Module:
+    """The torchvision model gpumem's JSON `cfg` describes (configs.is_torchvision): a ResNet
+    of its depth, or a `VisionTransformer` of its sizes (for `image_size`, default the
+    config's), with `num_classes` outputs."""
+    torchvision = require("torchvision")
+    if cfg.get("model_type") == "resnet":
+        return getattr(torchvision.models, f"resnet{cfg['depth']}")(
+            num_classes=cfg["num_classes"])
+    from torchvision.models.vision_transformer import VisionTransformer
+    return VisionTransformer(
+        image_size=image_size or cfg["image_size"], patch_size=cfg["patch_size"],
+        num_layers=cfg["num_hidden_layers"], num_heads=cfg["num_attention_heads"],
+        hidden_dim=cfg["hidden_size"], mlp_dim=cfg["intermediate_size"],
+        num_classes=cfg["num_classes"])
+
+
 def load_config(path: str | Path) -> dict[str, Any]:
     with open(path) as f:
         return json.load(f)
@@ -152,13 +168,12 @@ def build(config_path: str | Path, dtype: str = "fp32", attn: str | None = None,
     cfg = load_config(config_path)
     torch_dtype = DTYPES[dtype]
     kind = model_kind(cfg)
-    if kind == "cnn":
-        torchvision = require("torchvision")
+    if kind == "torchvision":
         if grad_ckpt or grad_ckpt_every or grad_ckpt_per_op:
-            raise ValueError("gradient checkpointing is not defined for torchvision CNNs")
-        model = getattr(torchvision.models, f"resnet{cfg['depth']}")(num_classes=cfg["num_classes"])
-        model = model.to(device=device, dtype=torch_dtype)
-        return Workload(model, "cnn", None, image_size or 224, cfg["num_classes"])
+            raise ValueError("gradient checkpointing is not defined for torchvision models")
+        model = torchvision_model(cfg, image_size).to(device=device, dtype=torch_dtype)
+        return Workload(model, "torchvision", None, image_size or cfg.get("image_size", 224),
+                        cfg["num_classes"])
 
     if kind == "vlm":
         return _build_vlm(cfg, config_path, kwargs_for(torch_dtype, attn), grad_ckpt, device)
