@@ -119,6 +119,9 @@ fn planned_reserved_against_real_traces() {
         // Captured in session 24, after a checkpointed block's forward was planned as the
         // no-grad forward it is, to check that at batch 10 (the GPU row it moved most).
         "sequence/llama2-2l-train-b10-s2048-bf16-sdpa-ckpt-qlora64-hold",
+        // Captured in session 25 with torchvision's Vision Transformer (vit_b_16's sizes, four
+        // blocks) after its packed projection was planned.
+        "sequence/vit-b-16-4l-train-b8-img224-bf16",
     ];
     let committed = traces.len();
     let extra = std::env::var("GPUMEM_EXTRA_TRACES").unwrap_or_default();
