@@ -844,7 +844,9 @@ fn torchvision_vision_transformers_run_sdpa_whatever_attn_says() {
     };
     let eager = settings(Some("eager")).resolve(&vit).unwrap();
     assert_eq!(ignored(&eager.warnings), ["--attn"]);
-    assert!(eager.warnings[0].to_string().contains("calls PyTorch's SDPA itself"));
+    assert!(eager.warnings[0]
+        .to_string()
+        .contains("calls PyTorch's SDPA itself"));
     let sdpa = settings(None).resolve(&vit).unwrap();
     assert!(sdpa.warnings.is_empty());
     let peak = |w| {
