@@ -849,6 +849,10 @@ fn torchvision_vision_transformers_run_sdpa_whatever_attn_says() {
         .contains("calls PyTorch's SDPA itself"));
     let sdpa = settings(None).resolve(&vit).unwrap();
     assert!(sdpa.warnings.is_empty());
+    // Not even `--attn flash` in fp32, which FlashAttention-2 could not run, is an error.
+    let flash = settings(Some("flash")).resolve(&vit).unwrap();
+    assert_eq!(ignored(&flash.warnings), ["--attn"]);
+    assert_eq!(flash.workload.attention, sdpa.workload.attention);
     let peak = |w| {
         estimate(&vit, &w, &Overheads::default())
             .unwrap()

@@ -422,13 +422,18 @@ impl Settings {
     /// `from_pretrained(torch_dtype="auto")` and serving stacks do; training keeps the fp32
     /// default), and the flags that the mode or the model ignores become warnings.
     pub fn resolve(&self, model: &ModelSpec) -> Result<Resolved> {
-        let mut workload = self.build(model.torch_dtype)?;
+        // A model that calls SDPA itself takes no `--attn` (ignored, with a warning, below).
+        let own_attention = model.calls_sdpa_itself().then(|| Settings {
+            attn: None,
+            ..self.clone()
+        });
+        let mut workload = own_attention
+            .as_ref()
+            .unwrap_or(self)
+            .build(model.torch_dtype)?;
         self.quantize(model.quantization.as_ref(), &model.name, &mut workload)?;
         if workload.kernels == Kernels::Liger {
             check_liger_family(model)?;
-        }
-        if model.calls_sdpa_itself() {
-            workload.attention = Attention::Sdpa;
         }
         // Module names are the family's (GPT-NeoX's `dense` is the attention output, BERT's
         // every output projection).
