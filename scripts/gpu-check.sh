@@ -21,6 +21,9 @@
 #   allocators   a Llama-shaped and a variable-length GPT-2 training run, Llama-shaped serving
 #                and ResNet-50 under PyTorch's three allocators and gpumem's three policies,
 #                gpumem's snapshots replayed, memcheck (scripts/gpu-allocators.sh; TORCH_PYTHON)
+#   context      what a training process holds outside PyTorch's pool, stage by stage: the
+#                CUDA context, cuBLAS/cuDNN, a step's kernels, NCCL, bitsandbytes, flash-attn
+#                (scripts/gpu-context.sh; TORCH_PYTHON; target/gpu-check/context.jsonl)
 #
 # A GPU machine without a Rust toolchain (a lent cloud box, a cluster node) runs the same checks
 # from a bundle built elsewhere:
@@ -69,6 +72,7 @@ checks=(
   "watch-cli|script scripts/watch-gpu-check.sh|"
   "gpumem-python|script scripts/gpu-python.sh|"
   "allocators|script scripts/gpu-allocators.sh|"
+  "context|script scripts/gpu-context.sh|"
 )
 if [ -n "${GPUMEM_GPU_CHECKS:-}" ]; then
   chosen=()
@@ -89,8 +93,8 @@ fi
 # --bundle: every test binary (named in cargo's JSON messages), the gpumem binary, the wheel,
 # and the scripts, laid out like the repository so that the scripts find each other.
 if [ "$mode" = bundle ]; then
-  rm -rf "${bundle:?}"/{bin,wheel,scripts,python,checks.txt}
-  mkdir -p "$bundle/bin" "$bundle/scripts" "$bundle/python/checks"
+  rm -rf "${bundle:?}"/{bin,wheel,scripts,python,tools,checks.txt}
+  mkdir -p "$bundle/bin" "$bundle/scripts" "$bundle/python/checks" "$bundle/tools/src"
   : >"$bundle/checks.txt" # the test binaries' list; empty when only scripts are chosen
   for entry in "${checks[@]}"; do
     IFS='|' read -r name selection _ <<<"$entry"
@@ -120,8 +124,9 @@ if [ "$mode" = bundle ]; then
     "${GPUMEM_SANITIZER_SPEC:-nvidia-cuda-sanitizer-api>=13.0,<13.1}" \
     || say "no compute-sanitizer wheel: the memcheck runs will say not installed"
   cp scripts/gpu-check.sh scripts/watch-gpu-check.sh scripts/gpu-python.sh \
-    scripts/gpu-allocators.sh "$bundle/scripts/"
+    scripts/gpu-allocators.sh scripts/gpu-context.sh "$bundle/scripts/"
   cp python/checks/torch_gpu.py python/checks/allocators_gpu.py "$bundle/python/checks/"
+  cp -r tools/src/gpumem_devtools "$bundle/tools/src/"
   say "bundle in $bundle ($(du -sh "$bundle" | cut -f1)); on the GPU machine:"
   say "  $bundle/scripts/gpu-check.sh --from-bundle $bundle"
   exit 0

@@ -1,6 +1,7 @@
 """Command-line parsing and its errors, entry points, missing PyTorch (no PyTorch needed)."""
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -13,12 +14,12 @@ import pytest
 from conftest import REPO, SMALL, TRACES, files_under
 
 import gpumem_devtools
-from gpumem_devtools import capture_trace, measure_peak, op_log
+from gpumem_devtools import capture_trace, measure_context, measure_peak, op_log
 
 Main = Callable[[Sequence[str] | None], int]
 COMMANDS = {"gpumem-capture-trace": "capture_trace", "gpumem-convert-trace": "convert_trace",
             "gpumem-measure-peak": "measure_peak", "gpumem-count-params": "count_params",
-            "gpumem-op-log": "op_log"}
+            "gpumem-op-log": "op_log", "gpumem-measure-context": "measure_context"}
 
 
 def _usage_error(main: Main, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -331,3 +332,38 @@ def test_op_log_names_what_it_cannot_show(tmp_path: Path,
 def test_op_log_argument_errors(argv: list[str], message: str,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert _usage_error(op_log.main, argv, capsys).endswith(message)
+
+
+# --- measure_context -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cpu"], "--device cpu: this measures a CUDA process; use cuda or cuda:N"),
+    (["--device", "mps"], "argument --device: expected cpu, cuda or cuda:N, not 'mps'"),
+    (["--stages", "context,nvlink"],
+     "argument --stages: unknown stage nvlink; accepted: context, cublas, sdpa, cudnn, "
+     "training, nccl, bitsandbytes, flash_attn"),
+    (["--stages", ","], "argument --stages: unknown stage (none given); accepted: "),
+])
+def test_measure_context_argument_errors(argv: list[str], message: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    error = _usage_error(measure_context.main, argv, capsys)
+    assert error.startswith(f"{measure_context.PROG}: error: {message}")
+
+
+def test_measure_context_stages_run_in_their_own_order() -> None:
+    assert measure_context.stage_list("nccl, context") == ["context", "nccl"]
+    assert measure_context.stage_list("flash_attn,cublas,training") == [
+        "cublas", "training", "flash_attn"]
+
+
+def test_measure_context_never_reports_a_negative_context() -> None:
+    assert measure_context.outside_pool(3 << 30, 2 << 30) == 1 << 30
+    # Another process freed memory between the two readings: nothing outside the pool.
+    assert measure_context.outside_pool(1 << 30, 2 << 30) == 0
+
+
+def test_measure_context_without_torch(capsys: pytest.CaptureFixture[str]) -> None:
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("PyTorch is installed here")
+    assert measure_context.main([]) == 1
+    assert "'torch', which is not installed" in capsys.readouterr().err

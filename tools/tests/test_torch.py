@@ -130,3 +130,14 @@ def test_op_log_records_each_operator_with_the_counters_it_is_given() -> None:
     assert state["resets"] == len(log.ops) - 1
     assert op_log.last_step(log.ops) == 0
     assert op_log.show(log.ops, 2).startswith("peak ")
+
+
+def test_measure_context_says_plainly_when_there_is_no_cuda_device(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    from gpumem_devtools import measure_context
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: tools/README.md says how to measure it")
+    assert measure_context.main([]) == measure_context.NO_DEVICE == 77
+    assert "PyTorch sees no CUDA device; nothing measured" in capsys.readouterr().err
