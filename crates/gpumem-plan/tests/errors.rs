@@ -73,6 +73,23 @@ fn missing_and_invalid_config_fields() {
     ));
     let err = parse_config("x.json", r#"{"model_type": "resnet", "depth": 42}"#).unwrap_err();
     assert!(err.to_string().contains("18, 34, 50, 101, 152"));
+    // torchvision's VisionTransformer has no default patch or image size (HF's ViTConfig has).
+    let torchvision_vit = r#"{"model_type": "vit", "architectures": ["VisionTransformer"],
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 256, "image_size": 32}"#;
+    let err = parse_config("x.json", torchvision_vit).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PlanError::MissingField {
+                field: "patch_size",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let hf_vit = torchvision_vit.replace("VisionTransformer", "ViTForImageClassification");
+    assert!(parse_config("x.json", &hf_vit).is_ok());
     let gqa = r#"{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                   "num_key_value_heads": 3, "vocab_size": 10}"#;
     assert!(parse_config("x.json", gqa).is_err());

@@ -287,16 +287,24 @@ impl ConfigFields<'_> {
 
     /// ViT: patches with a class token, a pooler or image-classification head.
     pub(super) fn vit(&self, spec: &mut TransformerSpec) -> Result<()> {
+        let torchvision = self.architecture_name() == TORCHVISION_VIT;
+        // `ViTConfig` defaults the patch and image sizes (16, 224); torchvision's constructor
+        // takes them without defaults, so its config must name them.
+        let size = |field: &'static str, default: u64| {
+            if torchvision {
+                self.required_u64(field, &[field], limits::POSITIONS)
+            } else {
+                Ok(self
+                    .optional_u64(field, &[field], limits::POSITIONS)?
+                    .unwrap_or(default))
+            }
+        };
         spec.patches = Some(Patches {
-            patch: self
-                .optional_u64("patch_size", &["patch_size"], limits::POSITIONS)?
-                .unwrap_or(16),
+            patch: size("patch_size", 16)?,
             channels: self
                 .optional_u64("num_channels", &["num_channels"], limits::WIDTH)?
                 .unwrap_or(3),
-            image_size: self
-                .optional_u64("image_size", &["image_size"], limits::POSITIONS)?
-                .unwrap_or(224),
+            image_size: size("image_size", 224)?,
             class_token: true,
             bias: true,
         });
@@ -306,7 +314,7 @@ impl ConfigFields<'_> {
         spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.0);
         spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.0);
         spec.embedding_dropout = spec.hidden_dropout;
-        if self.architecture_name() == TORCHVISION_VIT {
+        if torchvision {
             // torchvision's `VisionTransformer`: `nn.MultiheadAttention` projects q, k and v
             // with one packed `in_proj` (their views of one contiguous copy reach SDPA), and
             // its classifier has `num_classes` outputs (1000 by default). Its forward keeps
