@@ -284,6 +284,18 @@ def test_distributed_accumulation_is_fsdp1s() -> None:
         measure_distributed.Case("llama-8l", 2, None, 1, 128, grad_accum=2)
 
 
+def test_distributed_lora_is_peft_recipes_fsdp1() -> None:
+    from gpumem_devtools import measure_distributed
+    Case = measure_distributed.Case
+    with pytest.raises(ValueError, match="PEFT's FSDP1 recipes"):
+        Case("llama-8l", 2, None, 4, 512, dtype="bf16", lora_rank=8)
+    with pytest.raises(ValueError, match="PEFT's FSDP1 recipes"):
+        Case("llama-8l", 1, "bf16", 4, 512, lora_rank=8)
+    lora = Case("llama-8l", 1, None, 4, 512, True, dtype="bf16", lora_rank=8)
+    assert lora.id == "llama-8l-train-b4-s512-fsdp1-bf16-ckpt-lora8-gpus2"
+    assert lora.settings()["lora_rank"] == 8 and lora.settings()["dtype"] == "bf16"
+
+
 def test_distributed_bad_regex_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     from gpumem_devtools import measure_distributed
     err = _usage_error(measure_distributed.main, ["--only", "("], capsys)

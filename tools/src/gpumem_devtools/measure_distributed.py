@@ -35,6 +35,8 @@ PROG = "python -m gpumem_devtools.measure_distributed"
 OUT = "testdata/plan/measured_distributed.jsonl"
 CONFIG_DIR = "testdata/plan/configs"
 STEPS = 2
+#: The LoRA cases' adapter dropout (PEFT's FSDP QLoRA example's 0.1).
+LORA_DROPOUT = 0.1
 
 
 @dataclass(frozen=True)
@@ -51,22 +53,31 @@ class Case:
     sharding: str = "full_shard"
     #: Micro-batches a step accumulates, all but the last under FSDP1's `no_sync()`.
     grad_accum: int = 1
+    #: The model's dtype (`gpumem plan --dtype`): fp32, or bf16 under LoRA.
+    dtype: str = "fp32"
+    #: PEFT LoRA of this rank on every linear (dropout `LORA_DROPOUT`), wrapped as PEFT's FSDP
+    #: recipes wrap it (FSDP1, `fsdp_auto_wrap_policy`, `use_orig_params=False`).
+    lora_rank: int | None = None
 
     def __post_init__(self) -> None:
         if self.grad_accum > 1 and self.version != 1:
             raise ValueError("gradient accumulation is measured under FSDP1's no_sync() only")
+        if self.lora_rank is not None and (self.version != 1 or self.mp is not None):
+            raise ValueError("LoRA is measured as PEFT's FSDP1 recipes run it (no FSDP mixed "
+                             "precision: a half-precision model)")
 
     @property
     def id(self) -> str:
         ckpt = "-ckpt" if self.grad_ckpt else ""
         shard = "" if self.sharding == "full_shard" else "-" + self.sharding.replace("_", "-")
         accum = f"-accum{self.grad_accum}" if self.grad_accum > 1 else ""
+        lora = f"-lora{self.lora_rank}" if self.lora_rank is not None else ""
         return (f"{self.config}-train-b{self.batch}-s{self.seq}-fsdp{self.version}-"
-                f"{self.mp or 'fp32'}{ckpt}{shard}{accum}-gpus{self.ranks}")
+                f"{self.mp or self.dtype}{ckpt}{shard}{accum}{lora}-gpus{self.ranks}")
 
     def settings(self) -> dict[str, Any]:
         s: dict[str, Any] = {"mode": "train", "batch": self.batch, "seq": self.seq,
-                             "dtype": "fp32", "optimizer": "adamw", "optimizer_impl": "foreach",
+                             "dtype": self.dtype, "optimizer": "adamw", "optimizer_impl": "foreach",
                              "attn": "sdpa", "gpus": self.ranks, "fsdp": True,
                              "fsdp_version": str(self.version)}
         if self.mp:
@@ -77,6 +88,9 @@ class Case:
             s["fsdp_sharding"] = self.sharding
         if self.grad_accum > 1:
             s["grad_accum"] = self.grad_accum
+        if self.lora_rank is not None:
+            s.update(lora_rank=self.lora_rank, lora_targets="all-linear",
+                     lora_dropout=LORA_DROPOUT)
         return s
 
 
@@ -107,6 +121,10 @@ def grid() -> list[Case]:
     # Accumulating two micro-batches, the first under no_sync (FSDP1).
     cases += [Case("llama-8l", 1, None, 1, 128, sharding=sh, grad_accum=2)
               for sh in ("full_shard", "shard_grad_op")]
+    # PEFT LoRA as PEFT's and philschmid's FSDP recipes run it: a bf16 model, FSDP1 wrapping
+    # each adapter as its own unit with use_orig_params=False, with and without checkpointing.
+    cases += [Case("llama-8l", 1, None, 4, 512, ckpt, dtype="bf16", lora_rank=8)
+              for ckpt in (True, False)]
     return cases
 
 
@@ -117,6 +135,7 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str) -> Non
     from .models import (build, decoder_layers, gpu_like_dropout, gpu_like_softmax,
                          make_optimizer)
     from .recorder import CpuRecorder
+    from .workloads import with_lora
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -126,9 +145,11 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str) -> Non
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}
     rec = CpuRecorder()
     with gpu_like_dropout("cpu"), gpu_like_softmax("cpu"), rec:
-        wl = build(config_path, "fp32", "sdpa", case.grad_ckpt, "cpu")
+        wl = build(config_path, case.dtype, "sdpa", case.grad_ckpt, "cpu")
         model = wl.model
         layers = decoder_layers(model)
+        if case.lora_rank is not None:
+            model = with_lora(model, case.lora_rank, None, LORA_DROPOUT)
         if case.version == 2:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
             kw: dict[str, Any] = {}
@@ -147,9 +168,15 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str) -> Non
                 kw["mixed_precision"] = MixedPrecision(param_dtype=half[case.mp],
                                                        reduce_dtype=torch.float32,
                                                        buffer_dtype=half[case.mp])
+            if case.lora_rank is not None:
+                # PEFT's recipes: each adapter a unit of its own beside the decoder layers,
+                # flat parameters (use_orig_params=False) of one requires_grad each.
+                policy = require("peft").utils.other.fsdp_auto_wrap_policy(model)
+            else:
+                policy = ModuleWrapPolicy({type(layers[0])})
             model = FullyShardedDataParallel(
-                model, auto_wrap_policy=ModuleWrapPolicy({type(layers[0])}),
-                device_id=torch.device("cpu"), use_orig_params=True, **kw)
+                model, auto_wrap_policy=policy, device_id=torch.device("cpu"),
+                use_orig_params=case.lora_rank is None, **kw)
         wl.model = model
         opt = make_optimizer("adamw", "foreach", model.parameters())
         model.train()
@@ -198,6 +225,10 @@ def measure(case: Case, config_path: Path) -> tuple[list[int], str | None]:
 def _notes(case: Case) -> str:
     if case.version == 2:
         wrap = "fully_shard on each decoder layer and the root"
+    elif case.lora_rank is not None:
+        wrap = (f"a {case.dtype} model with PEFT LoRA r={case.lora_rank} on every linear "
+                f"(dropout {LORA_DROPOUT}, fp32 adapters), FullyShardedDataParallel with PEFT's "
+                "fsdp_auto_wrap_policy (each adapter its own unit), use_orig_params=False")
     else:
         wrap = "FullyShardedDataParallel, ModuleWrapPolicy(decoder layer), use_orig_params=True"
     if case.mp:

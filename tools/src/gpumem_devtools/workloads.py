@@ -44,7 +44,7 @@ def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device:
         if s.quant:
             _four_bit_base(wl.model, double=s.quant == "nf4:double")
         if s.lora_rank:
-            wl.model = _with_lora(wl.model, s.lora_rank, s.lora_targets, s.lora_dropout or 0.0)
+            wl.model = with_lora(wl.model, s.lora_rank, s.lora_targets, s.lora_dropout or 0.0)
         if s.freeze_vision_tower:
             _vision_tower(wl.model).requires_grad_(False)
         if s.mode == "train":
@@ -96,7 +96,7 @@ def _four_bit_base(model: Any, double: bool) -> None:
                 setattr(parent, name, four_bit.to(device))
 
 
-def _with_lora(model: Any, rank: int, targets: str | None, dropout: float) -> Any:
+def with_lora(model: Any, rank: int, targets: str | None, dropout: float) -> Any:
     """`model` with PEFT LoRA adapters of `rank` (alpha 2 x rank) on `targets` (module names,
     comma-separated; None: every linear layer) with `dropout` on their inputs, the base frozen,
     as `get_peft_model` makes it (adapters in fp32 over a half-precision base: PEFT's
