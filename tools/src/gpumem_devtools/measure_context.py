@@ -93,7 +93,10 @@ def _nccl(torch: Any, dev: str) -> None:
         port = s.getsockname()[1]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device(dev))
+    device_id = torch.device(dev)
+    if device_id.index is None:  # init_process_group wants the device's index
+        device_id = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device_id)
     t = torch.ones(1 << 20, device=dev)
     dist.all_reduce(t)
     torch.cuda.synchronize(dev)
