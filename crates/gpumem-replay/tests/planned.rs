@@ -51,6 +51,10 @@ fn settings(meta: &BTreeMap<String, String>) -> Settings {
         bitsandbytes: text("bitsandbytes"),
         transformers: text("transformers"),
         hold_outputs: text("hold_outputs").as_deref() == Some("true"),
+        // And one rank of an FSDP run (gloo ranks on CPU).
+        gpus: number("gpus"),
+        fsdp: text("fsdp").as_deref() == Some("true"),
+        fsdp_version: text("fsdp_version"),
         // A capture on a GPU (`scripts/gpu-sequence-traces.sh`) is planned for the GPU.
         target: Some(match text("device") {
             Some(device) if device.starts_with("cuda") => "gpu".into(),
