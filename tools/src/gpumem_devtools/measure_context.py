@@ -15,7 +15,7 @@ Stages, run once each in this order (each adds to what the earlier ones loaded):
   sdpa          F.scaled_dot_product_attention forward and backward in bf16 and fp32
   cudnn         a conv2d forward and backward in fp32 and bf16 (cuDNN's handle and engines)
   training      a small Llama-shaped training step (RMSNorm, rotary, SiLU, cross-entropy,
-                AdamW foreach): the kernels a real step loads
+                AdamW foreach): the kernels a real step loads, where transformers imports
   nccl          a one-rank NCCL process group and an all_reduce (NCCL's kernels and its
                 communicator; a one-rank group has no peers, so no per-peer buffers)
   bitsandbytes  an NF4 4-bit matmul forward and backward, where bitsandbytes imports
@@ -122,8 +122,9 @@ STAGES: dict[str, Callable[[Any, str], None]] = {
     "training": _training, "nccl": _nccl, "bitsandbytes": _bitsandbytes,
     "flash_attn": _flash_attn,
 }
-# Stages whose library a CUDA PyTorch may lack: measured where it imports, else skipped.
-OPTIONAL = ("bitsandbytes", "flash_attn")
+# Stages whose library a CUDA PyTorch may lack (transformers, bitsandbytes, flash-attn):
+# measured where it imports, else skipped.
+OPTIONAL = ("training", "bitsandbytes", "flash_attn")
 
 
 def stage_list(text: str) -> list[str]:
