@@ -21,7 +21,8 @@ Stages, run once each in this order (each adds to what the earlier ones loaded):
   bitsandbytes  an NF4 4-bit matmul forward and backward, where bitsandbytes imports
   flash_attn    flash_attn_func forward and backward, where flash_attn imports
 
-Output: JSON lines, a header {"gpu", "driver", "versions", "device_total_bytes"} then one line
+Output: JSON lines, a header {"run" (the GPU, its memory, driver and CUDA version and the date,
+as the measured sets record them), "versions", "device_total_bytes"} then one line
 per stage {"stage", "outside_pool_bytes", "reserved_bytes", "device_used_bytes", "seconds"}
 (a stage whose library is missing: {"stage", "skipped": why}). Needs the [torch] extra and a
 CUDA device; exit status 77 when PyTorch sees none (nothing measured).
@@ -190,11 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print(f"{PROG}: PyTorch sees no CUDA device; nothing measured", file=sys.stderr)
             return NO_DEVICE
-        from .measure_peak import versions
+        from .measure_peak import run_record, versions
 
         free, total = torch.cuda.mem_get_info(args.device)
-        header = {"gpu": torch.cuda.get_device_name(args.device),
-                  "driver": _driver_version(), "versions": versions(),
+        header = {"run": run_record(args.device), "versions": versions(),
                   "device_total_bytes": total, "device_used_before_bytes": total - free}
         rows = measure(args.stages, args.device)
     except (MissingDependency, RuntimeError, ValueError) as err:
@@ -204,18 +204,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is not None:
         args.out.write_text("\n".join(lines) + "\n")
     return 0
-
-
-def _driver_version() -> str | None:
-    """The NVIDIA driver's version from /proc (no NVML binding needed); None where absent."""
-    try:
-        text = Path("/proc/driver/nvidia/version").read_text()
-    except OSError:
-        return None
-    for word in text.split():
-        if word.count(".") >= 1 and word.replace(".", "").isdigit():
-            return word
-    return None
 
 
 if __name__ == "__main__":
