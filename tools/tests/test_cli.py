@@ -294,6 +294,12 @@ def test_distributed_lora_is_peft_recipes_fsdp1() -> None:
     lora = Case("llama-8l", 1, None, 4, 512, True, dtype="bf16", lora_rank=8)
     assert lora.id == "llama-8l-train-b4-s512-fsdp1-bf16-ckpt-lora8-gpus2"
     assert lora.settings()["lora_rank"] == 8 and lora.settings()["dtype"] == "bf16"
+    with pytest.raises(ValueError, match="4-bit base"):
+        Case("llama-8l", 1, None, 4, 512, dtype="bf16", quant="nf4")
+    qlora = Case("llama2-3l", 1, None, 2, 512, True, dtype="bf16", lora_rank=8,
+                 quant="nf4:double")
+    assert qlora.id == "llama2-3l-train-b2-s512-fsdp1-bf16-ckpt-nf4-double-lora8-gpus2"
+    assert qlora.settings()["quant"] == "nf4:double"
 
 
 def test_distributed_bad_regex_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

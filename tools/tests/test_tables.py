@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TRACES
 
-from gpumem_devtools import configs, tracefile
+from gpumem_devtools import configs, measure_distributed, tracefile
 from gpumem_devtools.capture_trace import CONFIG_DIR as TRACE_CONFIG_DIR
 from gpumem_devtools.capture_trace import TRACES as TRACE_TABLE
 from gpumem_devtools.measure_peak import CONFIG_DIR as PLAN_CONFIG_DIR
@@ -35,9 +35,10 @@ def _workloads() -> list[tuple[str, Settings]]:
 
 
 def _measured_names() -> list[str]:
-    """Configs of the measured grids."""
+    """Configs of the measured grids, the distributed one's included."""
     return sorted({n for n, _ in grid() + heldout_grid() + architectures_grid()
-                   + multimodal_grid() + diffusion_grid() + settings_grid()})
+                   + multimodal_grid() + diffusion_grid() + settings_grid()}
+                  | {c.config for c in measure_distributed.grid()})
 
 
 def test_config_names() -> None:

@@ -627,11 +627,13 @@ fn simulate_backward(
         if !kept.wrapped {
             linears -= own_linears * in_flight;
         }
-        // The head's unsharded gradient, where the layout keeps one, while the head finishes.
+        // The head's unsharded gradient, where the layout keeps one, while the head finishes;
+        // the block before, where it is gathered only now, and the all-gather's copy.
+        let (prefetched, gather_copy) = buffers.prefetched_by(units, index);
         let finishing_extra = if index + 1 == units.len() {
             (extra.0, extra.1 + buffers.head_gradients)
         } else {
-            extra
+            (extra.0 + prefetched + gather_copy, extra.1)
         };
         let finishing = phase_breakdown(
             states,

@@ -46,7 +46,7 @@ CUSTOM_OPTIONS = ("name", "mode", "batch", "seq", "image_size", "new_tokens", "d
                   "optimizer", "optimizer_impl", "attn", "loss", "steps", "lora_rank",
                   "lora_targets", "lora_dropout", "quant")
 CUSTOM_SWITCHES = ("grad_ckpt", "labels", "cache", "hold_outputs")
-# `--quant`: a bitsandbytes 4-bit base (workloads._four_bit_base).
+# `--quant`: a bitsandbytes 4-bit base (workloads.four_bit_base).
 QUANTS = ("nf4", "nf4:double")
 # `--loss` of a trace of your own: "none" backpropagates from the logits' sum.
 LOSSES = ("none",)

@@ -31,6 +31,14 @@ _TINYLLAMA: Config = {
     "num_key_value_heads": 4, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
     "rope_theta": 10000.0, "tie_word_embeddings": False, "use_cache": True, "vocab_size": 32000,
 }
+_LLAMA2_7B: Config = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 10000.0, "tie_word_embeddings": False, "use_cache": True, "vocab_size": 32000,
+}
 _QWEN25_05B: Config = {
     "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
     "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
@@ -150,6 +158,8 @@ HF_CONFIGS: dict[str, tuple[str, Config, Config]] = {
     "gpt2-8l": ("openai-community/gpt2", _GPT2,
                 {"n_layer": 8, "n_embd": 512, "n_head": 8, "vocab_size": 4096,
                  "bos_token_id": 4095, "eos_token_id": 4095, "attn_pdrop": 0.0}),
+    # Llama-2-7B's blocks, three of them: gathered blocks as large as the 7B FSDP rows'.
+    "llama2-3l": ("meta-llama/Llama-2-7b-hf", _LLAMA2_7B, {"num_hidden_layers": 3}),
     "llama-8l": ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", _TINYLLAMA,
                  {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
                   "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 4096}),

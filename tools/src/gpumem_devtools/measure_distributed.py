@@ -8,10 +8,14 @@ strategy (FULL_SHARD by default; SHARD_GRAD_OP and NO_SHARD for FSDP1;
 `gpumem-measure-peak` (recorder.py); the peak is that of training step 2 of 2, the larger
 rank's. Results: testdata/plan/measured_distributed.jsonl (keys = `gpumem plan` flags).
 CPU cannot show what CUDA streams and NCCL add (docs/plan.md "Distributed training").
+`--traces DIR` also writes each case's rank-0 allocation trace there (gpumem-trace v1, the
+case's settings and config in its header), for `GPUMEM_EXTRA_TRACES` or the committed
+sequence traces.
 
 Usage (inside the gpumem checkout, with the [torch] extra):
   python -m gpumem_devtools.measure_distributed --list
   python -m gpumem_devtools.measure_distributed --only 'tinyllama-2l'
+  python -m gpumem_devtools.measure_distributed --only 'llama2-3l.*nf4' --redo --traces /tmp/t
 """
 
 import argparse
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import configs
 from ._cli import fail, regex
 from ._deps import MissingDependency, require
 from .measure_peak import run_record
@@ -58,6 +63,9 @@ class Case:
     #: PEFT LoRA of this rank on every linear (dropout `LORA_DROPOUT`), wrapped as PEFT's FSDP
     #: recipes wrap it (FSDP1, `fsdp_auto_wrap_policy`, `use_orig_params=False`).
     lora_rank: int | None = None
+    #: A bitsandbytes 4-bit base under the LoRA adapters (`gpumem plan --quant`: nf4 or
+    #: nf4:double), as PEFT's FSDP QLoRA example and fsdp_qlora build it.
+    quant: str | None = None
 
     def __post_init__(self) -> None:
         if self.grad_accum > 1 and self.version != 1:
@@ -65,6 +73,9 @@ class Case:
         if self.lora_rank is not None and (self.version != 1 or self.mp is not None):
             raise ValueError("LoRA is measured as PEFT's FSDP1 recipes run it (no FSDP mixed "
                              "precision: a half-precision model)")
+        if self.quant is not None and (self.lora_rank is None or self.dtype != "bf16"):
+            raise ValueError("a 4-bit base is measured under LoRA adapters in a bf16 model "
+                             "(bf16 quant_storage), as QLoRA recipes run it")
 
     @property
     def id(self) -> str:
@@ -72,6 +83,8 @@ class Case:
         shard = "" if self.sharding == "full_shard" else "-" + self.sharding.replace("_", "-")
         accum = f"-accum{self.grad_accum}" if self.grad_accum > 1 else ""
         lora = f"-lora{self.lora_rank}" if self.lora_rank is not None else ""
+        if self.quant is not None:
+            lora = f"-{self.quant.replace(':', '-')}{lora}"
         return (f"{self.config}-train-b{self.batch}-s{self.seq}-fsdp{self.version}-"
                 f"{self.mp or self.dtype}{ckpt}{shard}{accum}{lora}-gpus{self.ranks}")
 
@@ -91,6 +104,8 @@ class Case:
         if self.lora_rank is not None:
             s.update(lora_rank=self.lora_rank, lora_targets="all-linear",
                      lora_dropout=LORA_DROPOUT)
+        if self.quant is not None:
+            s["quant"] = self.quant
         return s
 
 
@@ -125,17 +140,25 @@ def grid() -> list[Case]:
     # each adapter as its own unit with use_orig_params=False, with and without checkpointing.
     cases += [Case("llama-8l", 1, None, 4, 512, ckpt, dtype="bf16", lora_rank=8)
               for ckpt in (True, False)]
+    # And QLoRA (NF4, double quantisation), and both over three of Llama-2-7B's blocks, whose
+    # gathered block outweighs a step's activations at 2 x 512 tokens: where FSDP1 gathers the
+    # block before shows in the peak.
+    cases += [Case("llama-8l", 1, None, 4, 512, True, dtype="bf16", lora_rank=8,
+                   quant="nf4:double")]
+    cases += [Case("llama2-3l", 1, None, 2, 512, True, dtype="bf16", lora_rank=8, quant=q)
+              for q in (None, "nf4:double")]
     return cases
 
 
-def _worker(rank: int, case: Case, config_path: str, port: int, out: str) -> None:
+def _worker(rank: int, case: Case, config_path: str, port: int, out: str,
+            trace: str | None) -> None:
     import torch
     import torch.distributed as dist
 
     from .models import (build, decoder_layers, gpu_like_dropout, gpu_like_softmax,
                          make_optimizer)
     from .recorder import CpuRecorder
-    from .workloads import with_lora
+    from .workloads import four_bit_base, with_lora
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -148,6 +171,13 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str) -> Non
         wl = build(config_path, case.dtype, "sdpa", case.grad_ckpt, "cpu")
         model = wl.model
         layers = decoder_layers(model)
+        if case.quant is not None:
+            four_bit_base(model, case.quant == "nf4:double")
+            # FSDP1 flattens the packed weights and keeps no QuantState: bitsandbytes reads
+            # the module's own (`Linear4bit.quant_state`, which fsdp_qlora sets too).
+            for module in model.modules():
+                if isinstance(module, require("bitsandbytes").nn.Linear4bit):
+                    module.quant_state = module.weight.quant_state
         if case.lora_rank is not None:
             model = with_lora(model, case.lora_rank, None, LORA_DROPOUT)
         if case.version == 2:
@@ -200,6 +230,12 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str) -> Non
     start, end = tl.boundary_times("step")[-1], tl.boundary_times("end")[-1]
     peak, t = tl.peak_between(start, end)
     Path(f"{out}.{rank}").write_text(json.dumps([peak, tl.phase_at(t)]))
+    if trace is not None and rank == 0:
+        from . import tracefile
+        events, stats = tracefile.window(tl)
+        meta = {"config": f"{CONFIG_DIR}/{case.config}.json", "device": "cpu",
+                "steps": STEPS, "torch": torch.__version__, **case.settings(), **stats}
+        tracefile.write(Path(trace) / f"{case.id}.jsonl.gz", case.id, rec.source, meta, events)
     dist.destroy_process_group()
 
 
@@ -209,14 +245,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(case: Case, config_path: Path) -> tuple[list[int], str | None]:
-    """(peak of each rank, phase of the largest)."""
+def measure(case: Case, config_path: Path,
+            trace: Path | None = None) -> tuple[list[int], str | None]:
+    """(peak of each rank, phase of the largest); rank 0's trace into `trace`, a folder."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
-        mp.spawn(_worker, args=(case, str(config_path), _free_port(), out), nprocs=case.ranks,
-                 join=True)
+        mp.spawn(_worker, args=(case, str(config_path), _free_port(), out,
+                                None if trace is None else str(trace)),
+                 nprocs=case.ranks, join=True)
         results = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(case.ranks)]
     peaks = [int(p) for p, _ in results]
     return peaks, results[peaks.index(max(peaks))][1]
@@ -226,7 +264,11 @@ def _notes(case: Case) -> str:
     if case.version == 2:
         wrap = "fully_shard on each decoder layer and the root"
     elif case.lora_rank is not None:
-        wrap = (f"a {case.dtype} model with PEFT LoRA r={case.lora_rank} on every linear "
+        base = case.dtype
+        if case.quant is not None:
+            base += (f" model whose decoder linears are bitsandbytes Linear4bit ({case.quant}, "
+                     "bf16 quant_storage, the module's quant_state set)")
+        wrap = (f"a {base} model with PEFT LoRA r={case.lora_rank} on every linear "
                 f"(dropout {LORA_DROPOUT}, fp32 adapters), FullyShardedDataParallel with PEFT's "
                 "fsdp_auto_wrap_policy (each adapter its own unit), use_orig_params=False")
     else:
@@ -250,8 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", type=regex, help="cases whose id matches this regex")
     parser.add_argument("--list", action="store_true", help="print the case ids and exit")
-    parser.add_argument("--redo", action="store_true", help="measure cases already in the file")
+    parser.add_argument("--redo", action="store_true", help="re-measure cases already in the file (their rows are replaced)")
     parser.add_argument("--repo", type=Path, help="the gpumem checkout [default: the one here]")
+    parser.add_argument("--traces", type=Path,
+                        help="also write each case's rank-0 allocation trace into this folder")
     args = parser.parse_args(argv)
     cases = [c for c in grid() if args.only is None or args.only.search(c.id)]
     if args.list:
@@ -264,25 +308,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (MissingDependency, ValueError) as err:
         return fail(PROG, err)
     out_path = root / OUT
-    done = set()
-    if out_path.exists() and not args.redo:
-        done = {json.loads(line)["id"] for line in out_path.read_text().splitlines() if line}
+    rows: dict[str, dict[str, Any]] = {}
+    if out_path.exists():
+        lines = [line for line in out_path.read_text().splitlines() if line]
+        rows = {r["id"]: r for r in map(json.loads, lines)}
     import platform
     versions = {"torch": torch.__version__, "transformers": transformers.__version__,
                 "python": platform.python_version()}
-    with out_path.open("a") as out:
-        for case in cases:
-            if case.id in done:
-                continue
-            config = f"{CONFIG_DIR}/{case.config}.json"
-            peaks, phase = measure(case, root / config)
-            row = {"id": case.id, "config": config, "settings": case.settings(),
-                   "measured": {"peak_allocated_bytes": max(peaks), "phase": phase,
-                                "per_rank": peaks},
-                   "versions": versions, "run": run_record("cpu"), "notes": _notes(case)}
-            out.write(json.dumps(row) + "\n")
-            out.flush()
-            print(case.id, peaks, phase, flush=True)
+    cases = [c for c in cases if args.redo or c.id not in rows]
+    configs.write_configs(root / CONFIG_DIR, sorted({c.config for c in cases}))
+    if args.traces is not None:
+        args.traces.mkdir(parents=True, exist_ok=True)
+    order = {c.id: i for i, c in enumerate(grid())}
+    for case in cases:
+        config = f"{CONFIG_DIR}/{case.config}.json"
+        peaks, phase = measure(case, root / config, args.traces)
+        # The libraries whose code the step ran, beside PyTorch's and transformers'.
+        extra = {"peft": case.lora_rank, "bitsandbytes": case.quant}
+        used = {name: require(name).__version__ for name, on in extra.items() if on}
+        rows[case.id] = {"id": case.id, "config": config, "settings": case.settings(),
+                         "measured": {"peak_allocated_bytes": max(peaks), "phase": phase,
+                                      "per_rank": peaks},
+                         "versions": {**versions, **used}, "run": run_record("cpu"),
+                         "notes": _notes(case)}
+        # A re-measured case replaces its row; the file keeps the grid's order.
+        ordered = sorted(rows.values(), key=lambda r: order.get(r["id"], len(order)))
+        out_path.write_text("".join(json.dumps(r) + "\n" for r in ordered))
+        print(case.id, peaks, phase, flush=True)
     return 0
 
 

@@ -42,7 +42,7 @@ def run(config_path: str | Path, s: Settings, rec: Recorder, steps: int, device:
         wl = build(config_path, s.dtype, s.attn, s.grad_ckpt, device, s.image_size,
                    s.grad_ckpt_every, s.grad_ckpt_per_op)
         if s.quant:
-            _four_bit_base(wl.model, double=s.quant == "nf4:double")
+            four_bit_base(wl.model, double=s.quant == "nf4:double")
         if s.lora_rank:
             wl.model = with_lora(wl.model, s.lora_rank, s.lora_targets, s.lora_dropout or 0.0)
         if s.freeze_vision_tower:
@@ -70,7 +70,7 @@ def _vision_tower(model: Any) -> Any:
     raise ValueError(f"{type(model).__name__} has no vision tower to freeze")
 
 
-def _four_bit_base(model: Any, double: bool) -> None:
+def four_bit_base(model: Any, double: bool) -> None:
     """Replace every linear of the decoder layers of `model` with a bitsandbytes `Linear4bit`
     holding its weight in NF4 (`double`: with double quantisation), bf16 storage and compute,
     the LM head and embeddings left as they are, as fsdp_qlora's loader builds a QLoRA base

@@ -147,6 +147,35 @@ pub(crate) struct PhaseBuffers {
     pub(crate) backward_pending: f64,
     /// Whether these buffers are made on the producer's own streams (see [`side_streams`]).
     pub(crate) side_streams: bool,
+    /// The block before the one whose backward runs, gathered only as that backward finishes
+    /// (see [`fsdp1_prefetches_blocks_late`]): beyond `backward_weights` from a block's
+    /// finishing moment to its end, for every block with a block before it.
+    pub(crate) backward_prefetched: f64,
+    /// The all-gather's own copy of its output while it runs, per byte gathered:
+    /// ProcessGroupGloo gathers into a new flat tensor of the output's size and copies it out
+    /// (`AsyncAllgatherWork`, `newLikeFlat`), which NCCL does not: 1 on the CPU, 0 on a GPU.
+    /// Its peak is planned where a late prefetch meets a block's finishing moment; the other
+    /// all-gathers run with fewer tensors alive, and the planned sequence makes the first, the
+    /// root's, as the forward starts, which leaves a block of its size in the allocator's pool.
+    pub(crate) gather_copy_share: f64,
+}
+
+impl PhaseBuffers {
+    /// The block before `units[index]` gathered as its backward finishes and the all-gather's
+    /// copy beside it (`backward_prefetched`, `gather_copy_share`): nothing but for a block with a
+    /// block before it, where a block is gathered late.
+    pub(crate) fn prefetched_by(&self, units: &[Unit], index: usize) -> (f64, f64) {
+        let after_block =
+            index > 0 && units[index].name == "block" && units[index - 1].name == "block";
+        if after_block && self.backward_prefetched > 0.0 {
+            (
+                self.backward_prefetched,
+                self.backward_prefetched * self.gather_copy_share,
+            )
+        } else {
+            (0.0, 0.0)
+        }
+    }
 }
 
 /// Whether FSDP makes its buffers on streams of its own, each with its own pool in PyTorch's
@@ -205,6 +234,29 @@ pub(crate) fn fsdp_keeps_model_gathered(workload: &Workload) -> bool {
     fsdp_keeps_units_gathered(workload)
         && workload.layout.fsdp_version == FsdpVersion::V1
         && fsdp_accumulates_unsharded(workload)
+}
+
+/// Whether FSDP1 gathers the block before a block only as that block's backward finishes:
+/// `BACKWARD_PRE` prefetches the handle before the current one in post-forward order
+/// (`_exec_order_utils.py` `get_handle_to_backward_prefetch`, from `_pre_backward_hook` →
+/// `_prefetch_handle`), and where every LoRA adapter is a unit of its own (PEFT's
+/// `fsdp_auto_wrap_policy`, fsdp_qlora's, the Trainer's for a PEFT model) that handle is the
+/// block's own last adapter, whose post-forward ran just before the block's. The block before
+/// is prefetched by the pre-backward of the block's first adapter (the q/k/v projections'), as
+/// its backward ends, and the block is resharded once its input's gradient exists
+/// (`_post_backward_reshard_only_hook` on the inputs, its flat parameter being frozen): one
+/// block gathered through a block's backward, two as it finishes. Between two blocks the
+/// adapters' own all-gathers and reshards pass through the `limit_all_gathers` queue, so a
+/// resharded block's free event has been waited on before the next block's all-gather, which
+/// reuses its output (no unit pending, see [`side_streams`]). Seen on CPU traces of FSDP1 with
+/// PEFT LoRA and QLoRA (PyTorch 2.15, two gloo ranks), reentrant checkpointing or not.
+pub(crate) fn fsdp1_prefetches_blocks_late(workload: &Workload) -> bool {
+    let layout = &workload.layout;
+    layout.sharding == Sharding::Fsdp
+        && layout.fsdp_version == FsdpVersion::V1
+        && layout.fsdp_sharding != FsdpSharding::NoShard
+        && !layout.fsdp_sharding.keeps_units_gathered()
+        && workload.lora.is_some()
 }
 
 /// Bytes per element of the gradient reduction: FSDP mixed precision reduces in fp32 (as
@@ -319,10 +371,13 @@ fn fsdp_buffers(
     // the backward none; accumulating, every block stays gathered through the step (counted
     // once, as a step buffer; the last micro-batch's backward frees them before the optimizer
     // step, which the plan does not model).
+    let late_prefetch = fsdp1_prefetches_blocks_late(workload);
     let (forward_blocks, backward_start_blocks, backward_blocks, pending) = if keeps_model {
         (0.0, 0.0, 0.0, 0.0)
     } else if fsdp_keeps_units_gathered(workload) {
         (in_flight, 0.0, 0.0, 0.0)
+    } else if late_prefetch {
+        (block + in_flight, block, block, 0.0)
     } else {
         (
             block + in_flight,
@@ -353,6 +408,11 @@ fn fsdp_buffers(
         staging,
         backward_reduce,
         backward_pending: pending * gathered,
+        backward_prefetched: if late_prefetch { block * gathered } else { 0.0 },
+        gather_copy_share: match workload.target {
+            Target::Cpu if !no_shard => 1.0,
+            _ => 0.0,
+        },
         backward_end_stream: if fsdp1_streams {
             Stream::PostBackward
         } else {

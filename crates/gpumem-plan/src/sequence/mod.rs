@@ -139,6 +139,8 @@ pub fn planned_run(model: &ModelSpec, workload: &Workload) -> Result<PlannedRun>
         let (shards, bytes) = startup::fsdp1_setup(&mut out, model, workload, &units, &shapes);
         loaded.extend(shards);
         (loaded, bytes + statistics)
+    } else if startup::is_fsdp1_training(workload) {
+        startup::fsdp1_shards(&mut out, model, workload, &units, &shapes)
     } else {
         (Vec::new(), 0.0)
     };
@@ -737,6 +739,11 @@ fn train_forward(
     };
     // Gathered units (FSDP) while the forward runs, then while the backward runs.
     let gathered = unsharded(out, &states.buffers, states.buffers.forward_weights);
+    // The root's all-gather opens the forward (its gathered weights are the embeddings'
+    // backward's), with its copy on the CPU.
+    let buffers = &states.buffers;
+    let copy = out.alloc(buffers.backward_last.0 * buffers.gather_copy_share);
+    out.free(copy);
     let first_product = first_product_unit(units);
     for (index, (unit, kept)) in units.iter().zip(kept).enumerate() {
         if index == first_product {
@@ -830,6 +837,7 @@ fn train_backward(
             kept.recomputed,
             shapes,
             index == first_product,
+            (buffers, buffers.prefetched_by(units, index)),
         );
         if index == last {
             finishing.extend(out.alloc(buffers.head_gradients));
@@ -877,7 +885,10 @@ fn grad_forward_transient(out: &mut Emitter, unit: &Unit, shapes: &Shapes) -> Ve
 /// A unit's backward up to its parameter gradients: recomputes `recompute` bytes, frees its
 /// `saved` tensors, and returns what is live while the parameter gradients are made. The
 /// backward's cuBLAS workspace is made at the unit's first product where it is the
-/// backward's `first_product`.
+/// backward's `first_product`. `prefetched`: the block before, gathered once the saved tensors
+/// are released, and the all-gather's copy beside it while it runs
+/// ([`PhaseBuffers::prefetched_by`]); it is among what is returned, the unit's own gathered
+/// weights being freed with it, as the same bytes.
 fn unit_backward(
     out: &mut Emitter,
     unit: &Unit,
@@ -885,6 +896,7 @@ fn unit_backward(
     recompute: f64,
     shapes: &Shapes,
     first_product: bool,
+    (buffers, (prefetched, gather_copy)): (&PhaseBuffers, (f64, f64)),
 ) -> Vec<u64> {
     // Recomputation makes again the tensors the forward saves, at their sizes; the gradients
     // of its outputs start the unit's backward.
@@ -912,6 +924,9 @@ fn unit_backward(
         .map(|last| starting.remove(last));
     out.free_all(saved);
     out.free_all(recomputed);
+    let gathered = out.buffers(buffers, &[(prefetched, Stream::Unshard)]);
+    let copy = out.alloc(gather_copy);
+    out.free(copy);
     // The gradient flowing on (e.g. the logits' gradient into the LM head) comes before
     // the parameter gradients it produces.
     let mut finishing = match continued {
@@ -934,6 +949,7 @@ fn unit_backward(
     // activation-sized pieces in place of the tensors freed above.
     let through = unit.saved_through_gradients;
     finishing.extend(out.pieces(through, shapes.activation_of(unit)));
+    finishing.extend(gathered.into_iter().flatten());
     out.free_all(starting);
     finishing
 }
@@ -1366,6 +1382,82 @@ mod tests {
         );
         assert_eq!(buffers("2", "gpu").0.backward_pending, 0.0);
         assert_eq!(buffers("1", "cpu").0.backward_pending, 0.0);
+    }
+
+    /// With every LoRA adapter a unit of its own, FSDP1 gathers the block before a block only
+    /// as that block's backward finishes: one block gathered through backward, the previous
+    /// one from the finishing moment, none pending; the unshard pool holds two. FSDP2 and
+    /// FSDP1 without adapters prefetch at a block's start. On the CPU gloo's all-gather copies
+    /// its output.
+    #[test]
+    fn fsdp1_gathers_the_block_before_late_under_adapter_units() {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let lora = |version: &str, target: &str| {
+            let settings = Settings {
+                batch: Some(2),
+                seq: Some(512),
+                gpus: Some(2),
+                fsdp: true,
+                fsdp_version: Some(version.into()),
+                target: Some(target.into()),
+                lora_rank: Some(8),
+                ..Settings::default()
+            };
+            settings.resolve(&model).unwrap().workload
+        };
+        let buffers = |workload: &Workload| {
+            let counts = model.params();
+            let trainable = trainable_params(&model, workload, &counts);
+            let units = build_units(&model, workload, workload.batch);
+            model_states(&model, workload, &counts, &units, trainable).buffers
+        };
+        let full = buffers(&fsdp_workload(&model, "1", "gpu", false));
+        let block = full.backward_weights - full.backward_start_weights;
+        let late = lora("1", "gpu");
+        let adapters = buffers(&late);
+        assert_eq!(adapters.backward_weights, adapters.backward_start_weights);
+        assert_eq!(adapters.backward_prefetched, block);
+        assert_eq!(adapters.backward_pending, 0.0);
+        assert_eq!(adapters.gather_copy_share, 0.0);
+        assert_eq!(buffers(&lora("1", "cpu")).gather_copy_share, 1.0);
+        assert_eq!(buffers(&lora("2", "gpu")).backward_prefetched, 0.0);
+        assert_eq!(full.backward_prefetched, 0.0);
+        // The unshard pool: the root and two blocks at the most.
+        let events = sequence_matching_estimate(&model, &late, "FSDP1 LoRA");
+        let unshard: Vec<PlannedEvent> = events
+            .into_iter()
+            .filter(|e| match e {
+                PlannedEvent::Alloc { stream, .. } => *stream == Stream::Unshard,
+                _ => true,
+            })
+            .collect();
+        let two_blocks = adapters.backward_weights + adapters.backward_prefetched;
+        let peak = peak_live_bytes(&unshard) as f64;
+        assert!(
+            peak <= two_blocks.max(adapters.forward_weights) + 2.0,
+            "{peak}"
+        );
+    }
+
+    /// FSDP1 training holds each unit's sharded flat parameter as one tensor.
+    #[test]
+    fn fsdp1_shards_are_one_tensor_per_unit() {
+        let model = find_model("llama-3.2-1b").unwrap();
+        let workload = fsdp_workload(&model, "1", "gpu", false);
+        let events = allocation_sequence(&model, &workload).unwrap();
+        let before_steps: Vec<u64> = events
+            .iter()
+            .take_while(|e| !matches!(e, PlannedEvent::Step { .. }))
+            .filter_map(|e| match e {
+                PlannedEvent::Alloc { bytes, .. } => Some(*bytes),
+                _ => None,
+            })
+            .collect();
+        let counts = model.params();
+        let dtype = workload.dtype.bytes() as f64;
+        let block_shard = (counts.largest_block as f64 * dtype / 2.0).ceil() as u64;
+        let shards = before_steps.iter().filter(|&&b| b == block_shard).count();
+        assert_eq!(shards, model.blocks() as usize, "{before_steps:?}");
     }
 
     /// The sequence's peak of live bytes is the estimate's peak allocated within 5 %; returns

@@ -123,11 +123,15 @@ const BROADCAST_BUCKET_BYTES: f64 = 250.0 * 1024.0 * 1024.0;
 /// shards there unit by unit before the first step, ahead of the steps in
 /// [`allocation_sequence`](super::allocation_sequence).
 pub fn has_fsdp_setup(workload: &Workload) -> bool {
+    is_fsdp1_training(workload) && workload.layout.fsdp_cpu_loading
+}
+
+/// Whether `workload` trains under FSDP1, whose weights are each unit's flat parameter.
+pub(super) fn is_fsdp1_training(workload: &Workload) -> bool {
     let layout = &workload.layout;
     workload.mode == Mode::Train
         && layout.sharding == Sharding::Fsdp
         && layout.fsdp_version == FsdpVersion::V1
-        && layout.fsdp_cpu_loading
 }
 
 /// FSDP1's wrapping of a model rank 0 holds on the host, on rank 0's GPU, emitted into `out`
@@ -165,7 +169,6 @@ pub(super) fn fsdp1_setup(
     units: &[Unit],
     shapes: &Shapes,
 ) -> (Vec<u64>, f64) {
-    let dp = workload.layout.shard_ranks() as f64;
     // NO_SHARD keeps the flat parameter itself (`FlatParamHandle.shard` records whole-tensor
     // metadata and copies nothing).
     let whole = workload.layout.fsdp_sharding == FsdpSharding::NoShard;
@@ -193,7 +196,7 @@ pub(super) fn fsdp1_setup(
             .collect();
         let total: f64 = params.iter().sum();
         let flat = out.alloc(total);
-        let shard_bytes = (total / dp).ceil();
+        let shard_bytes = flat_shard_bytes(total, workload);
         let shard = if whole {
             flat
         } else {
@@ -212,6 +215,39 @@ pub(super) fn fsdp1_setup(
     }
     out.free_all(broadcast);
     (shards, kept)
+}
+
+/// Bytes of this rank's shard of a flat parameter of `total` bytes: `1/dp` of the ranks it
+/// shards over, rounded up (`_get_shard`); the whole of it under `NO_SHARD`.
+fn flat_shard_bytes(total: f64, workload: &Workload) -> f64 {
+    match workload.layout.fsdp_sharding {
+        FsdpSharding::NoShard => total,
+        _ => (total / workload.layout.shard_ranks() as f64).ceil(),
+    }
+}
+
+/// FSDP1's units as its wrapping leaves them, emitted into `out` where the wrapping itself is
+/// not planned ([`has_fsdp_setup`]): each unit's buffers and its flat parameter's shard, one
+/// tensor per unit ([`fsdp1_units`]; none with parameter offload, whose shards live on the
+/// host). Returns their ids and bytes, part of the model's weights.
+pub(super) fn fsdp1_shards(
+    out: &mut Emitter,
+    model: &ModelSpec,
+    workload: &Workload,
+    units: &[Unit],
+    shapes: &Shapes,
+) -> (Vec<u64>, f64) {
+    let offload = workload.layout.offload.params();
+    let (mut ids, mut kept) = (Vec::new(), 0.0);
+    for FsdpUnit { params, buffers } in fsdp1_units(model, workload, units, shapes) {
+        let shard = flat_shard_bytes(params.iter().sum(), workload);
+        let on_gpu = (!offload).then_some(shard);
+        for bytes in buffers.layer.iter().chain(&buffers.model).chain(&on_gpu) {
+            ids.extend(out.alloc(*bytes));
+            kept += bytes;
+        }
+    }
+    (ids, kept)
 }
 
 /// Weights per absmax of a bitsandbytes 4-bit weight (`Params4bit`'s default `blocksize=64`).
