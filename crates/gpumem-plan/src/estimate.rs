@@ -615,10 +615,11 @@ fn simulate_backward(
             gradients,
             saved + held,
             // A recomputing unit first runs its forward again in grad mode, its short-lived
-            // tensors beside what it saves.
+            // tensors beside what it saves and the gradient that arrived (which is what
+            // starts the recomputation).
             kept.recomputed
                 + unit.backward_transient.max(if kept.recomputed > 0.0 {
-                    unit.forward_transient
+                    unit.forward_transient + unit.gradient_transient
                 } else {
                     0.0
                 }),

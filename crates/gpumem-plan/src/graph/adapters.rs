@@ -63,6 +63,9 @@ impl TransformerGraph<'_> {
     ///   under litgpt). Adding the scaled fp32 output to a half-precision base output makes an
     ///   fp32 sum; on CPU `TensorIterator` first copies the half-precision operand to fp32 (it
     ///   "creates temporaries for CPU operations"; CUDA kernels cast as they read).
+    ///
+    /// In grad mode the moment before `lora_A` also holds what the block has alive around the
+    /// adapter (`Self::adapter_context`).
     pub(super) fn adapter_transient(
         &self,
         layer: LayerKind,
@@ -74,8 +77,29 @@ impl TransformerGraph<'_> {
         };
         let cross_reads = encoder_tokens > Tokens::ZERO;
         let (own, cross) = crate::lora::adapter_widths(self.spec, layer, lora.targets, cross_reads);
-        self.adapter_tensors(tokens, own)
-            .max(self.adapter_tensors(encoder_tokens, cross))
+        let (before, after) = self.adapter_moments(tokens, own);
+        let own = (before + self.adapter_context(tokens, own)).max(after);
+        let (before, after) = self.adapter_moments(encoder_tokens, cross);
+        own.max(before.max(after))
+    }
+
+    /// What a block holds beside the widest-input adapter as its dropout runs, beyond the
+    /// tensors it saves (PEFT's `Linear.forward` runs the base layer first, then each adapter
+    /// on the same input): that input, alive as the caller's argument; the base linear's output
+    /// (hidden-sized: the widest input is a down projection's, or an attention linear's); the
+    /// residual stream the block adds its sublayers to; and, for an adapter reading the MLP's
+    /// intermediate, the MLP's input (the post-attention norm's output), alive as the MLP's
+    /// argument. The down projection is the block's last linear, so this moment comes with
+    /// every tensor the block saves: in a checkpointed block's recomputation, the step's peak
+    /// where the adapters are wide (seen on CPU traces of PEFT LoRA and QLoRA with
+    /// checkpointing, with and without FSDP).
+    fn adapter_context(&self, tokens: Tokens, widths: crate::lora::AdapterWidths) -> Bytes {
+        let h = self.spec.hidden as f64;
+        let act = self.bytes.act;
+        let mlp_input = if widths.input > h { h } else { 0.0 };
+        let hidden = tokens * act * Width(widths.input + 2.0 * h + mlp_input)
+            + tokens * (self.bytes.residual - act) * Width(h);
+        hidden / self.split.tp
     }
 
     /// What the adapters of a block's attention (`mlp` false) or MLP (`mlp` true) add to that
@@ -100,8 +124,19 @@ impl TransformerGraph<'_> {
     /// The short-lived bytes of the widest adapter of `widths` over `tokens` (see
     /// [`Self::adapter_transient`]).
     fn adapter_tensors(&self, tokens: Tokens, widths: crate::lora::AdapterWidths) -> Bytes {
+        let (before, after) = self.adapter_moments(tokens, widths);
+        before.max(after)
+    }
+
+    /// The short-lived bytes of the widest adapter of `widths` over `tokens` before `lora_A`
+    /// and after `lora_B` (see [`Self::adapter_transient`]).
+    fn adapter_moments(
+        &self,
+        tokens: Tokens,
+        widths: crate::lora::AdapterWidths,
+    ) -> (Bytes, Bytes) {
         let Some(lora) = self.workload.lora.filter(|_| self.training) else {
-            return Bytes::ZERO;
+            return (Bytes::ZERO, Bytes::ZERO);
         };
         let (fp32, none) = (BytesPerElement::FP32, BytesPerElement::ZERO);
         let cpu = self.workload.target == Target::Cpu;
@@ -115,7 +150,11 @@ impl TransformerGraph<'_> {
             none
         };
         let after = 2.0 * adapter_dtype + if cpu && casts { fp32 } else { none };
-        tokens * (before * Width(widths.input)).max(after * Width(widths.output)) / self.split.tp
+        let tp = self.split.tp;
+        (
+            tokens * before * Width(widths.input) / tp,
+            tokens * after * Width(widths.output) / tp,
+        )
     }
 
     /// Bytes per element of the LoRA adapters and of what they compute: PEFT's fp32 adapters

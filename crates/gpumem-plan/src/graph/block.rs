@@ -65,7 +65,11 @@ impl TransformerGraph<'_> {
             held: (own.cache_held + outputs_held.0).bytes(),
             retained: (own.retained + cross_memory.retained).bytes(),
             forward_held: outputs_held.1.bytes(),
-            forward_transient: ((transient + tokens * act * f).max(adapters) + dequantised).bytes(),
+            // A 4-bit base's weight is dequantised for its own matmul, which PEFT's
+            // `Linear4bit` runs before the adapters, and freed by the time they run.
+            forward_transient: (transient + tokens * act * f + dequantised)
+                .max(adapters)
+                .bytes(),
             // Saved tensors are released as their node runs: one intermediate's gradient at a
             // time (and a QLoRA base weight dequantised again for the input's gradient).
             backward_transient: (self.block_largest_gradient(

@@ -903,10 +903,13 @@ fn unit_backward(
     let recomputed = out.grouped(recompute, unit.whole.saved, shapes.activation_of(unit));
     let whole = &unit.whole;
     // The recomputation is the unit's forward in grad mode: its short-lived tensors come and
-    // go beside the saved ones before the backward proper starts.
+    // go beside the saved ones and the gradient that arrived before the backward proper
+    // starts.
     if recompute > 0.0 {
+        let arrived = out.pieces(unit.gradient_transient, shapes.transient(unit));
         let transient = grad_forward_transient(out, unit, shapes);
         out.free_all(transient);
+        out.free_all(arrived);
     }
     let mut starting = out.tensors(
         unit.backward_transient,
