@@ -24,6 +24,10 @@
 #   context      what a training process holds outside PyTorch's pool, stage by stage: the
 #                CUDA context, cuBLAS/cuDNN, a step's kernels, NCCL, bitsandbytes, flash-attn
 #                (scripts/gpu-context.sh; TORCH_PYTHON; target/gpu-check/context.jsonl)
+#   fsdp         FSDP1 with PEFT LoRA/QLoRA and parameter offload over Llama-2-7B and 70B
+#                blocks at 2 x 2048 tokens, rank 0 alone on PyTorch's fake process group, each
+#                case's peaks beside `gpumem plan`'s (scripts/gpu-fsdp.sh; TORCH_PYTHON with
+#                peft and bitsandbytes; target/gpu-check/fsdp.jsonl)
 #
 # A GPU machine without a Rust toolchain (a lent cloud box, a cluster node) runs the same checks
 # from a bundle built elsewhere:
@@ -73,6 +77,7 @@ checks=(
   "gpumem-python|script scripts/gpu-python.sh|"
   "allocators|script scripts/gpu-allocators.sh|"
   "context|script scripts/gpu-context.sh|"
+  "fsdp|script scripts/gpu-fsdp.sh|"
 )
 if [ -n "${GPUMEM_GPU_CHECKS:-}" ]; then
   chosen=()
@@ -93,7 +98,7 @@ fi
 # --bundle: every test binary (named in cargo's JSON messages), the gpumem binary, the wheel,
 # and the scripts, laid out like the repository so that the scripts find each other.
 if [ "$mode" = bundle ]; then
-  rm -rf "${bundle:?}"/{bin,wheel,scripts,python,tools,checks.txt}
+  rm -rf "${bundle:?}"/{bin,wheel,scripts,python,tools,testdata,checks.txt}
   mkdir -p "$bundle/bin" "$bundle/scripts" "$bundle/python/checks" "$bundle/tools/src"
   : >"$bundle/checks.txt" # the test binaries' list; empty when only scripts are chosen
   for entry in "${checks[@]}"; do
@@ -124,9 +129,12 @@ if [ "$mode" = bundle ]; then
     "${GPUMEM_SANITIZER_SPEC:-nvidia-cuda-sanitizer-api>=13.0,<13.1}" \
     || say "no compute-sanitizer wheel: the memcheck runs will say not installed"
   cp scripts/gpu-check.sh scripts/watch-gpu-check.sh scripts/gpu-python.sh \
-    scripts/gpu-allocators.sh scripts/gpu-context.sh "$bundle/scripts/"
+    scripts/gpu-allocators.sh scripts/gpu-context.sh scripts/gpu-fsdp.sh "$bundle/scripts/"
   cp python/checks/torch_gpu.py python/checks/allocators_gpu.py "$bundle/python/checks/"
   cp -r tools/src/gpumem_devtools "$bundle/tools/src/"
+  # The devtools' commands run in a checkout: the bundle is one for them (the fsdp check
+  # writes its model configs under testdata/).
+  cp tools/pyproject.toml "$bundle/tools/" && mkdir -p "$bundle/testdata/plan/configs"
   say "bundle in $bundle ($(du -sh "$bundle" | cut -f1)); on the GPU machine:"
   say "  $bundle/scripts/gpu-check.sh --from-bundle $bundle"
   exit 0

@@ -300,6 +300,20 @@ def test_distributed_lora_is_peft_recipes_fsdp1() -> None:
                  quant="nf4:double")
     assert qlora.id == "llama2-3l-train-b2-s512-fsdp1-bf16-ckpt-nf4-double-lora8-gpus2"
     assert qlora.settings()["quant"] == "nf4:double"
+    with pytest.raises(ValueError, match="CPUOffload"):
+        Case("llama-8l", 2, None, 4, 512, offload=True)
+
+
+def test_distributed_gpu_grid_is_listed_with_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpumem_devtools import measure_distributed
+    assert measure_distributed.main(["--device", "cuda", "--list"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert listed == [c.id for c in measure_distributed.gpu_grid()]
+    offload = [c for c in measure_distributed.gpu_grid() if c.offload]
+    assert offload and all(c.settings()["offload"] is True and c.id.endswith("-offload-gpus2")
+                           for c in offload)
+    # The GPU grid runs at the published rows' scale: 2 x 2048 tokens.
+    assert all(c.batch * c.seq == 4096 for c in measure_distributed.gpu_grid())
 
 
 def test_distributed_bad_regex_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

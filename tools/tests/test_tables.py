@@ -38,7 +38,7 @@ def _measured_names() -> list[str]:
     """Configs of the measured grids, the distributed one's included."""
     return sorted({n for n, _ in grid() + heldout_grid() + architectures_grid()
                    + multimodal_grid() + diffusion_grid() + settings_grid()}
-                  | {c.config for c in measure_distributed.grid()})
+                  | {c.config for c in measure_distributed.grid() + measure_distributed.gpu_grid()})
 
 
 def test_config_names() -> None:

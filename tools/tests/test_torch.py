@@ -141,3 +141,30 @@ def test_measure_context_says_plainly_when_there_is_no_cuda_device(
         pytest.skip("a CUDA device is here: tools/README.md says how to measure it")
     assert measure_context.main([]) == measure_context.NO_DEVICE == 77
     assert "PyTorch sees no CUDA device; nothing measured" in capsys.readouterr().err
+
+
+def test_measure_distributed_on_a_gpu_says_plainly_when_there_is_none(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    from gpumem_devtools import measure_distributed
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: scripts/gpu-fsdp.sh measures it")
+    assert measure_distributed.main(["--device", "cuda"]) == 77
+    assert "sees no CUDA device; nothing measured" in capsys.readouterr().err
+
+
+def test_measure_distributed_fake_rank_matches_the_gloo_ranks(tmp_path: Path) -> None:
+    """Rank 0 alone on the fake process group allocates what it allocates beside a real
+    second rank over gloo (gloo's own copies aside, which the peak here does not meet)."""
+    import json
+
+    from gpumem_devtools import measure_distributed
+    case = "llama-8l-train-b4-s512-fsdp1-bf16-ckpt-lora8-gpus2"
+    out = tmp_path / "fake.jsonl"
+    assert measure_distributed.main(["--fake", "--only", case, "--out", str(out)]) == 0
+    fake = json.loads(out.read_text())["measured"]
+    committed = REPO / measure_distributed.OUT
+    gloo = next(json.loads(line)["measured"] for line in committed.read_text().splitlines()
+                if json.loads(line)["id"] == case)
+    assert abs(fake["per_rank"][0] - gloo["per_rank"][0]) < 200_000

@@ -50,6 +50,11 @@ def device_type(name: str) -> str:
     return name.partition(":")[0]
 
 
+#: The exit status of a command that needs a CUDA device and finds none: nothing was measured
+#: (77, which scripts/gpu-check.sh and automake read as "skipped").
+NO_DEVICE = 77
+
+
 def fail(prog: str, message: object) -> int:
     """Print `prog: error: message` to stderr; the exit status for a failed run (1)."""
     print(f"{prog}: error: {message}", file=sys.stderr)

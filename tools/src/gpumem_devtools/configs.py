@@ -39,6 +39,10 @@ _LLAMA2_7B: Config = {
     "num_key_value_heads": 32, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
     "rope_theta": 10000.0, "tie_word_embeddings": False, "use_cache": True, "vocab_size": 32000,
 }
+_LLAMA2_70B: Config = {
+    **_LLAMA2_7B, "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
+    "num_hidden_layers": 80, "num_key_value_heads": 8,
+}
 _QWEN25_05B: Config = {
     "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
     "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
@@ -160,6 +164,8 @@ HF_CONFIGS: dict[str, tuple[str, Config, Config]] = {
                  "bos_token_id": 4095, "eos_token_id": 4095, "attn_pdrop": 0.0}),
     # Llama-2-7B's blocks, three of them: gathered blocks as large as the 7B FSDP rows'.
     "llama2-3l": ("meta-llama/Llama-2-7b-hf", _LLAMA2_7B, {"num_hidden_layers": 3}),
+    # And two of Llama-2-70B's (the one-GPU FSDP grid, `measure_distributed --device cuda`).
+    "llama2-70b-2l": ("meta-llama/Llama-2-70b-hf", _LLAMA2_70B, {"num_hidden_layers": 2}),
     "llama-8l": ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", _TINYLLAMA,
                  {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
                   "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 4096}),

@@ -42,11 +42,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._cli import device, device_type, fail
+from ._cli import NO_DEVICE, device, device_type, fail
 from ._deps import MissingDependency, require
 
 PROG = "gpumem-measure-context"
-NO_DEVICE = 77
 
 
 def _context(torch: Any, dev: str) -> None:

@@ -1,4 +1,4 @@
-"""Measure the per-rank peak allocated bytes of real FSDP training steps on CPU.
+"""Measure the per-rank peak allocated bytes of real FSDP training steps on CPU, or on one GPU.
 
 FSDP1 (`FullyShardedDataParallel`, each decoder layer wrapped by `ModuleWrapPolicy`,
 `use_orig_params=True`) or FSDP2 (`fully_shard` on each decoder layer, then the root), in
@@ -12,10 +12,20 @@ CPU cannot show what CUDA streams and NCCL add (docs/plan.md "Distributed traini
 case's settings and config in its header), for `GPUMEM_EXTRA_TRACES` or the committed
 sequence traces.
 
+`--device cuda` runs the GPU grid (`gpu_grid`: Llama-2-7B and 70B blocks at 2048 tokens,
+LoRA, QLoRA and parameter offload) on one GPU: rank 0 of each case in a process of its own,
+PyTorch's fake process group standing in for the other ranks (its collectives do nothing, so
+every buffer FSDP makes for them is made, on FSDP's own CUDA streams, while NCCL is never
+initialised: its buffers are not in these figures). Each row adds the step's
+`torch.cuda.max_memory_reserved`. Results: testdata/plan/measured_cuda_distributed.jsonl, or
+`--out FILE`. `--fake` runs a CPU case the same way (one process, no gloo), which differs
+from the gloo run only by gloo's copies of each all-gather's output.
+
 Usage (inside the gpumem checkout, with the [torch] extra):
   python -m gpumem_devtools.measure_distributed --list
   python -m gpumem_devtools.measure_distributed --only 'tinyllama-2l'
   python -m gpumem_devtools.measure_distributed --only 'llama2-3l.*nf4' --redo --traces /tmp/t
+  python -m gpumem_devtools.measure_distributed --device cuda --out /tmp/fsdp.jsonl
 """
 
 import argparse
@@ -31,13 +41,16 @@ from pathlib import Path
 from typing import Any
 
 from . import configs
-from ._cli import fail, regex
+from ._cli import device as device_name
+from ._cli import NO_DEVICE, fail, regex
 from ._deps import MissingDependency, require
 from .measure_peak import run_record
 from .paths import repo_root
 
 PROG = "python -m gpumem_devtools.measure_distributed"
 OUT = "testdata/plan/measured_distributed.jsonl"
+#: Where `--device cuda` writes by default.
+CUDA_OUT = "testdata/plan/measured_cuda_distributed.jsonl"
 CONFIG_DIR = "testdata/plan/configs"
 STEPS = 2
 #: The LoRA cases' adapter dropout (PEFT's FSDP QLoRA example's 0.1).
@@ -66,6 +79,9 @@ class Case:
     #: A bitsandbytes 4-bit base under the LoRA adapters (`gpumem plan --quant`: nf4 or
     #: nf4:double), as PEFT's FSDP QLoRA example and fsdp_qlora build it.
     quant: str | None = None
+    #: FSDP1's `CPUOffload(offload_params=True)`: the shards and their gradients on the host
+    #: (`gpumem plan --offload`); on a GPU only.
+    offload: bool = False
 
     def __post_init__(self) -> None:
         if self.grad_accum > 1 and self.version != 1:
@@ -76,6 +92,8 @@ class Case:
         if self.quant is not None and (self.lora_rank is None or self.dtype != "bf16"):
             raise ValueError("a 4-bit base is measured under LoRA adapters in a bf16 model "
                              "(bf16 quant_storage), as QLoRA recipes run it")
+        if self.offload and self.version != 1:
+            raise ValueError("parameter offload is measured under FSDP1's CPUOffload only")
 
     @property
     def id(self) -> str:
@@ -85,6 +103,8 @@ class Case:
         lora = f"-lora{self.lora_rank}" if self.lora_rank is not None else ""
         if self.quant is not None:
             lora = f"-{self.quant.replace(':', '-')}{lora}"
+        if self.offload:
+            lora += "-offload"
         return (f"{self.config}-train-b{self.batch}-s{self.seq}-fsdp{self.version}-"
                 f"{self.mp or self.dtype}{ckpt}{shard}{accum}{lora}-gpus{self.ranks}")
 
@@ -106,6 +126,8 @@ class Case:
                      lora_dropout=LORA_DROPOUT)
         if self.quant is not None:
             s["quant"] = self.quant
+        if self.offload:
+            s["offload"] = True
         return s
 
 
@@ -150,25 +172,47 @@ def grid() -> list[Case]:
     return cases
 
 
+def gpu_grid() -> list[Case]:
+    """The cases `--device cuda` runs, at the scale of the published FSDP rows: PEFT LoRA and
+    QLoRA over Llama-2-7B's and Llama-2-70B's blocks at 2 x 2048 tokens with checkpointing,
+    QLoRA with parameter offload, and FSDP1 wrapping the blocks alone (bf16 mixed precision),
+    where a resharded block waits for its free event in the unshard pool."""
+    cases = [Case("llama2-3l", 1, None, 2, 2048, True, dtype="bf16", lora_rank=8, quant=q)
+             for q in (None, "nf4:double")]
+    cases += [Case("llama2-70b-2l", 1, None, 2, 2048, True, dtype="bf16", lora_rank=8,
+                   quant="nf4:double", offload=offload) for offload in (False, True)]
+    cases += [Case("llama2-3l", 1, "bf16", 2, 2048, True)]
+    return cases
+
+
 def _worker(rank: int, case: Case, config_path: str, port: int, out: str,
-            trace: str | None) -> None:
+            trace: str | None, device: str, fake: bool) -> None:
     import torch
     import torch.distributed as dist
 
     from .models import (build, decoder_layers, gpu_like_dropout, gpu_like_softmax,
                          make_optimizer)
-    from .recorder import CpuRecorder
+    from .recorder import recorder_for
     from .workloads import four_bit_base, with_lora
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=case.ranks)
+    if fake:
+        # Rank 0 alone: the fake group's collectives return at once, the other ranks' shards
+        # are never sent, and everything FSDP allocates for them is allocated.
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        dist.init_process_group("fake", rank=0, world_size=case.ranks, store=FakeStore())
+    else:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("gloo", rank=rank, world_size=case.ranks)
+    on_gpu = torch.device(device).type == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(torch.device(device))
     torch.manual_seed(0)
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}
-    rec = CpuRecorder()
-    with gpu_like_dropout("cpu"), gpu_like_softmax("cpu"), rec:
-        wl = build(config_path, case.dtype, "sdpa", case.grad_ckpt, "cpu")
+    rec = recorder_for(device)
+    with gpu_like_dropout(device), gpu_like_softmax(device), rec:
+        wl = build(config_path, case.dtype, "sdpa", case.grad_ckpt, device)
         model = wl.model
         layers = decoder_layers(model)
         if case.quant is not None:
@@ -190,14 +234,16 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str,
                 fully_shard(layer, reshard_after_forward=case.sharding != "shard_grad_op", **kw)
             fully_shard(model, **kw)
         else:
-            from torch.distributed.fsdp import (FullyShardedDataParallel, MixedPrecision,
-                                                ShardingStrategy)
+            from torch.distributed.fsdp import (CPUOffload, FullyShardedDataParallel,
+                                                MixedPrecision, ShardingStrategy)
             from torch.distributed.fsdp.wrap import ModuleWrapPolicy
             kw = {"sharding_strategy": ShardingStrategy[case.sharding.upper()]}
             if case.mp:
                 kw["mixed_precision"] = MixedPrecision(param_dtype=half[case.mp],
                                                        reduce_dtype=torch.float32,
                                                        buffer_dtype=half[case.mp])
+            if case.offload:
+                kw["cpu_offload"] = CPUOffload(offload_params=True)
             if case.lora_rank is not None:
                 # PEFT's recipes: each adapter a unit of its own beside the decoder layers,
                 # flat parameters (use_orig_params=False) of one requires_grad each.
@@ -205,14 +251,18 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str,
             else:
                 policy = ModuleWrapPolicy({type(layers[0])})
             model = FullyShardedDataParallel(
-                model, auto_wrap_policy=policy, device_id=torch.device("cpu"),
+                model, auto_wrap_policy=policy, device_id=torch.device(device),
                 use_orig_params=case.lora_rank is None, **kw)
         wl.model = model
         opt = make_optimizer("adamw", "foreach", model.parameters())
         model.train()
         for _ in range(STEPS):
+            if on_gpu:
+                torch.cuda.reset_peak_memory_stats()
             rec.boundary("step")
-            inputs = wl.batch(case.batch, case.seq, "cpu", torch.float32, with_labels=True)
+            # The model's inputs live where its first unit computes (the host's with offload
+            # are copied by FSDP).
+            inputs = wl.batch(case.batch, case.seq, device, torch.float32, with_labels=True)
             for micro in range(case.grad_accum):
                 rec.boundary("forward")
                 last = micro == case.grad_accum - 1
@@ -226,14 +276,16 @@ def _worker(rank: int, case: Case, config_path: str, port: int, out: str,
             opt.zero_grad(set_to_none=True)
             del loss, inputs
         rec.boundary("end")
+    # The last step's reserved peak (a GPU's caching allocator; none on the CPU).
+    reserved = torch.cuda.max_memory_reserved() if on_gpu else None
     tl = rec.timeline()
     start, end = tl.boundary_times("step")[-1], tl.boundary_times("end")[-1]
     peak, t = tl.peak_between(start, end)
-    Path(f"{out}.{rank}").write_text(json.dumps([peak, tl.phase_at(t)]))
+    Path(f"{out}.{rank}").write_text(json.dumps([peak, tl.phase_at(t), reserved]))
     if trace is not None and rank == 0:
         from . import tracefile
         events, stats = tracefile.window(tl)
-        meta = {"config": f"{CONFIG_DIR}/{case.config}.json", "device": "cpu",
+        meta = {"config": f"{CONFIG_DIR}/{case.config}.json", "device": device,
                 "steps": STEPS, "torch": torch.__version__, **case.settings(), **stats}
         tracefile.write(Path(trace) / f"{case.id}.jsonl.gz", case.id, rec.source, meta, events)
     dist.destroy_process_group()
@@ -245,22 +297,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(case: Case, config_path: Path,
-            trace: Path | None = None) -> tuple[list[int], str | None]:
-    """(peak of each rank, phase of the largest); rank 0's trace into `trace`, a folder."""
+@dataclass(frozen=True)
+class Measured:
+    """What one case's ranks measured."""
+    #: Each rank's peak allocated bytes over the last step (rank 0's alone on a fake group).
+    per_rank: list[int]
+    #: The phase of the largest.
+    phase: str | None
+    #: The largest rank's `max_memory_reserved` over the last step (GPU runs only).
+    reserved: int | None
+
+
+def measure(case: Case, config_path: Path, trace: Path | None = None,
+            device: str = "cpu", fake: bool = False) -> Measured:
+    """Run `case` on `device`: its ranks over gloo, or rank 0 alone on PyTorch's fake process
+    group (`fake`, always on a GPU), each in a process of its own; rank 0's trace into
+    `trace`, a folder."""
     import torch.multiprocessing as mp
 
+    fake = fake or device != "cpu"
+    processes = 1 if fake else case.ranks
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
         mp.spawn(_worker, args=(case, str(config_path), _free_port(), out,
-                                None if trace is None else str(trace)),
-                 nprocs=case.ranks, join=True)
-        results = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(case.ranks)]
-    peaks = [int(p) for p, _ in results]
-    return peaks, results[peaks.index(max(peaks))][1]
+                                None if trace is None else str(trace), device, fake),
+                 nprocs=processes, join=True)
+        results = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(processes)]
+    peaks = [int(p) for p, _, _ in results]
+    largest = results[peaks.index(max(peaks))]
+    return Measured(peaks, largest[1], largest[2])
 
 
-def _notes(case: Case) -> str:
+def _notes(case: Case, device: str = "cpu", fake: bool = False) -> str:
     if case.version == 2:
         wrap = "fully_shard on each decoder layer and the root"
     elif case.lora_rank is not None:
@@ -281,10 +349,19 @@ def _notes(case: Case) -> str:
         wrap += f", sharding_strategy {case.sharding.upper()}"
     if case.grad_accum > 1:
         wrap += f", {case.grad_accum} micro-batches per step, all but the last under no_sync()"
-    return (f"torch.distributed gloo, world size {case.ranks} on CPU, one process per rank, 1 "
-            f"thread each; torch.profiler CPU allocation trace per rank; peak over train step "
-            f"{STEPS} of {STEPS}, the larger rank's; {wrap}; AdamW foreach; "
-            f"zero_grad(set_to_none=True); dropout via native_dropout")
+    if case.offload:
+        wrap += ", CPUOffload(offload_params=True)"
+    if device == "cpu" and not fake:
+        return (f"torch.distributed gloo, world size {case.ranks} on CPU, one process per rank, "
+                f"1 thread each; torch.profiler CPU allocation trace per rank; peak over train "
+                f"step {STEPS} of {STEPS}, the larger rank's; {wrap}; AdamW foreach; "
+                f"zero_grad(set_to_none=True); dropout via native_dropout")
+    recorded = ("torch.profiler CPU allocation trace" if device == "cpu" else
+                "torch.cuda.memory._record_memory_history, max_memory_reserved")
+    return (f"rank 0 of world size {case.ranks} alone on {device} over PyTorch's fake process "
+            f"group (collectives do nothing; NCCL not initialised); {recorded}; peak over "
+            f"train step {STEPS} of {STEPS}; {wrap}; AdamW foreach; zero_grad(set_to_none=True)"
+            + ("; dropout via native_dropout" if device == "cpu" else ""))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -292,12 +369,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", type=regex, help="cases whose id matches this regex")
     parser.add_argument("--list", action="store_true", help="print the case ids and exit")
-    parser.add_argument("--redo", action="store_true", help="re-measure cases already in the file (their rows are replaced)")
+    parser.add_argument("--redo", action="store_true",
+                        help="re-measure cases already in the file (their rows are replaced)")
     parser.add_argument("--repo", type=Path, help="the gpumem checkout [default: the one here]")
     parser.add_argument("--traces", type=Path,
                         help="also write each case's rank-0 allocation trace into this folder")
+    parser.add_argument("--device", type=device_name, default="cpu",
+                        help="cpu (the CPU grid over gloo ranks) or cuda[:N] (the GPU grid, "
+                        "rank 0 on PyTorch's fake process group) [default: cpu]")
+    parser.add_argument("--fake", action="store_true",
+                        help="on the CPU too, rank 0 alone on the fake process group")
+    parser.add_argument("--out", type=Path,
+                        help=f"the results file [default: {OUT}, {CUDA_OUT} with --device cuda]")
     args = parser.parse_args(argv)
-    cases = [c for c in grid() if args.only is None or args.only.search(c.id)]
+    on_gpu = args.device != "cpu"
+    table = gpu_grid() if on_gpu else grid()
+    cases = [c for c in table if args.only is None or args.only.search(c.id)]
     if args.list:
         print("\n".join(c.id for c in cases))
         return 0
@@ -305,9 +392,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch = require("torch")
         transformers = require("transformers")
         root = repo_root(args.repo)
+        if on_gpu and not torch.cuda.is_available():
+            print(f"{PROG}: --device {args.device}: PyTorch {torch.__version__} sees no CUDA "
+                  "device; nothing measured", file=sys.stderr)
+            return NO_DEVICE
     except (MissingDependency, ValueError) as err:
         return fail(PROG, err)
-    out_path = root / OUT
+    out_path = args.out or root / (CUDA_OUT if on_gpu else OUT)
     rows: dict[str, dict[str, Any]] = {}
     if out_path.exists():
         lines = [line for line in out_path.read_text().splitlines() if line]
@@ -319,22 +410,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     configs.write_configs(root / CONFIG_DIR, sorted({c.config for c in cases}))
     if args.traces is not None:
         args.traces.mkdir(parents=True, exist_ok=True)
-    order = {c.id: i for i, c in enumerate(grid())}
+    order = {c.id: i for i, c in enumerate(table)}
     for case in cases:
         config = f"{CONFIG_DIR}/{case.config}.json"
-        peaks, phase = measure(case, root / config, args.traces)
+        got = measure(case, root / config, args.traces, args.device, args.fake)
         # The libraries whose code the step ran, beside PyTorch's and transformers'.
         extra = {"peft": case.lora_rank, "bitsandbytes": case.quant}
         used = {name: require(name).__version__ for name, on in extra.items() if on}
+        measured: dict[str, Any] = {"peak_allocated_bytes": max(got.per_rank),
+                                    "phase": got.phase, "per_rank": got.per_rank}
+        if got.reserved is not None:
+            measured["peak_reserved_bytes"] = got.reserved
         rows[case.id] = {"id": case.id, "config": config, "settings": case.settings(),
-                         "measured": {"peak_allocated_bytes": max(peaks), "phase": phase,
-                                      "per_rank": peaks},
-                         "versions": {**versions, **used}, "run": run_record("cpu"),
-                         "notes": _notes(case)}
+                         "measured": measured, "versions": {**versions, **used},
+                         "run": run_record(args.device),
+                         "notes": _notes(case, args.device, args.fake)}
         # A re-measured case replaces its row; the file keeps the grid's order.
         ordered = sorted(rows.values(), key=lambda r: order.get(r["id"], len(order)))
+        out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text("".join(json.dumps(r) + "\n" for r in ordered))
-        print(case.id, peaks, phase, flush=True)
+        print(case.id, got.per_rank, got.phase, got.reserved, flush=True)
     return 0
 
 
