@@ -126,9 +126,10 @@ fn planned_reserved_against_real_traces() {
         // Captured in session 25 with torchvision's Vision Transformer (vit_b_16's sizes, four
         // blocks) after its packed projection was planned.
         "sequence/vit-b-16-4l-train-b8-img224-bf16",
-        // Captured in session 26 (`python -m gpumem_devtools.measure_distributed --traces`): rank 0 of FSDP1 over
-        // two gloo ranks with PEFT LoRA and QLoRA on three Llama-2-7B blocks, each adapter a
-        // unit of its own, to check where the block before is gathered in backward.
+        // Captured in session 26 (`python -m gpumem_devtools.measure_distributed --traces`):
+        // rank 0 of FSDP1 over two gloo ranks with PEFT LoRA and QLoRA on three Llama-2-7B
+        // blocks, each adapter a unit of its own, to check where the block before is gathered
+        // in backward.
         "sequence/llama2-3l-train-b2-s512-fsdp1-bf16-ckpt-lora8-gpus2",
         "sequence/llama2-3l-train-b2-s512-fsdp1-bf16-ckpt-nf4-double-lora8-gpus2",
     ];
