@@ -145,6 +145,11 @@ pub(crate) struct PhaseBuffers {
     /// resharded unit's output returns to the pool only when its free event has completed
     /// (see [`side_streams`]).
     pub(crate) backward_pending: f64,
+    /// Unsharded weights freed in forward but not yet reusable: FSDP1 frees a unit's output on
+    /// the host as its forward ends (`_post_forward_reshard`, after `record_stream` on the
+    /// compute stream), before the next unit's all-gather allocates, so the unit in flight is
+    /// cached, not allocated, while the GPU still reads it (see [`side_streams`]).
+    pub(crate) forward_pending: f64,
     /// Whether these buffers are made on the producer's own streams (see [`side_streams`]).
     pub(crate) side_streams: bool,
     /// The block before the one whose backward runs, gathered only as that backward finishes
@@ -289,7 +294,9 @@ fn reduce_bytes(workload: &Workload) -> f64 {
 ///
 /// On a GPU the collectives run on their own streams and the CPU runs ahead: the next block's
 /// all-gather output exists while the current block computes (FSDP2's implicit forward
-/// prefetch; FSDP1's `limit_all_gathers` allows two in flight), and FSDP2 keeps the previous
+/// prefetch, held as allocated; FSDP1's `limit_all_gathers` allows two in flight, but FSDP1
+/// frees the current block on the host before the next one's all-gather allocates, so the
+/// one in flight is cached, not allocated: `forward_pending`), and FSDP2 keeps the previous
 /// reduce-scatter input alive until the next reduce-scatter (`reduce_scatter_state`, so that
 /// the allocator does not reuse it while the other stream reads it). On the CPU (gloo) the
 /// streams are the current stream and neither happens, as the CPU measurements show.
@@ -372,15 +379,22 @@ fn fsdp_buffers(
     // once, as a step buffer; the last micro-batch's backward frees them before the optimizer
     // step, which the plan does not model).
     let late_prefetch = fsdp1_prefetches_blocks_late(workload);
+    // FSDP2 holds the next block's all-gather output while the current one computes; FSDP1's
+    // is the one it freed, still cached (`forward_pending`).
+    let (forward_in_flight, forward_pending) = if fsdp1_streams {
+        (0.0, in_flight)
+    } else {
+        (in_flight, 0.0)
+    };
     let (forward_blocks, backward_start_blocks, backward_blocks, pending) = if keeps_model {
         (0.0, 0.0, 0.0, 0.0)
     } else if fsdp_keeps_units_gathered(workload) {
         (in_flight, 0.0, 0.0, 0.0)
     } else if late_prefetch {
-        (block + in_flight, block, block, 0.0)
+        (block + forward_in_flight, block, block, 0.0)
     } else {
         (
-            block + in_flight,
+            block + forward_in_flight,
             block,
             2.0 * block,
             if fsdp1_streams { block } else { 0.0 },
@@ -408,6 +422,11 @@ fn fsdp_buffers(
         staging,
         backward_reduce,
         backward_pending: pending * gathered,
+        forward_pending: if keeps_model || fsdp_keeps_units_gathered(workload) {
+            0.0
+        } else {
+            forward_pending * gathered
+        },
         backward_prefetched: if late_prefetch { block * gathered } else { 0.0 },
         gather_copy_share: match workload.target {
             Target::Cpu if !no_shard => 1.0,

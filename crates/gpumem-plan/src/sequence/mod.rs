@@ -738,7 +738,8 @@ fn train_forward(
         Stream::Compute
     };
     // Gathered units (FSDP) while the forward runs, then while the backward runs.
-    let gathered = unsharded(out, &states.buffers, states.buffers.forward_weights);
+    let mut gathered = unsharded(out, &states.buffers, states.buffers.forward_weights);
+    gathered.push(out.alloc_on(states.buffers.forward_pending, Stream::Unshard));
     // The root's all-gather opens the forward (its gathered weights are the embeddings'
     // backward's), with its copy on the CPU.
     let buffers = &states.buffers;
