@@ -619,7 +619,7 @@ fn simulate_backward(
             // starts the recomputation).
             kept.recomputed
                 + unit.backward_transient.max(if kept.recomputed > 0.0 {
-                    unit.forward_transient + unit.gradient_transient
+                    unit.forward_transient + unit.gradient_transient + unit.pre_recompute_gradient
                 } else {
                     0.0
                 }),

@@ -489,6 +489,12 @@ pub fn adapter_widths(
     )
 }
 
+/// Whether the block's last linear, a dense MLP's output projection (`DOWN`), carries an
+/// adapter (not one folded into a mixture of experts' weights).
+pub fn adapts_last_linear(spec: &TransformerSpec, layer: LayerKind, targets: LoraTargets) -> bool {
+    widest_adapter(spec, &block_linears(spec, layer), targets, DOWN).output > 0.0
+}
+
 /// [`AdapterWidths`] of the adapters of a block's own attention (`mlp` false: q, k, v, o) or of
 /// its MLP (`mlp` true: gate, up, down): what each sublayer of a no-grad forward adds.
 pub fn sublayer_adapter_widths(

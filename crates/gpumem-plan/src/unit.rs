@@ -34,6 +34,10 @@ pub struct Unit {
     /// Short-lived bytes while the unit's parameter gradients are produced (its own saved tensors
     /// are released by then).
     pub gradient_transient: f64,
+    /// Gradient bytes the unit's last operations make from the gradient that arrived
+    /// (`gradient_transient`) before one of them unpacks a saved tensor, which starts a
+    /// checkpointed unit's recomputation: alive beside it through the recomputation.
+    pub pre_recompute_gradient: f64,
     /// Of `saved`, the bytes still referenced while the unit's parameter gradients are
     /// produced: the LM head's weight gradient comes from its matmul's backward, while that
     /// matmul's input and the final norm's saved tensors (whose backward comes after) live.

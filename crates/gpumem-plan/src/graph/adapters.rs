@@ -157,6 +157,22 @@ impl TransformerGraph<'_> {
         )
     }
 
+    /// The gradient of the block's last adapter's output over `tokens`, made before a
+    /// checkpointed block's recomputation starts and alive through it: the block output's
+    /// gradient reaches the down projection's `result + lora_B(…) * scaling`, whose backward
+    /// makes the scaled output's gradient in the adapters' dtype (PEFT's fp32 adapters over a
+    /// half-precision base: the sum's cast back is undone first) before `lora_B`'s backward
+    /// unpacks its saved input, which is what runs the recomputation (seen on CPU profiles of
+    /// PEFT LoRA with non-reentrant checkpointing). Nothing where that linear has no adapter.
+    pub(super) fn last_adapter_output_gradient(&self, layer: LayerKind, tokens: Tokens) -> Bytes {
+        match self.workload.lora.filter(|_| self.training) {
+            Some(lora) if crate::lora::adapts_last_linear(self.spec, layer, lora.targets) => {
+                tokens * self.adapter_bytes() * Width(self.spec.hidden as f64) / self.split.tp
+            }
+            _ => Bytes::ZERO,
+        }
+    }
+
     /// Bytes per element of the LoRA adapters and of what they compute: PEFT's fp32 adapters
     /// (`Workload::fp32_adapters`), else the model's dtype (litgpt's adapters, and PEFT before
     /// 0.12 moved each adapter to its base weight's dtype).

@@ -81,6 +81,7 @@ impl TransformerGraph<'_> {
                 + dequantised)
                 .bytes(),
             gradient_transient: residual_gradient.bytes(),
+            pre_recompute_gradient: self.last_adapter_output_gradient(layer, tokens).bytes(),
             inference_live: (inference_live + dequantised).bytes(),
             kv_cache: (own.kv_cache + cross_memory.kv_cache).bytes(),
             kv_window: shape.cached_keys.map(Tokens::count),

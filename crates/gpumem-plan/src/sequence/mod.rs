@@ -907,7 +907,10 @@ fn unit_backward(
     // go beside the saved ones and the gradient that arrived before the backward proper
     // starts.
     if recompute > 0.0 {
-        let arrived = out.pieces(unit.gradient_transient, shapes.transient(unit));
+        let arrived = out.pieces(
+            unit.gradient_transient + unit.pre_recompute_gradient,
+            shapes.transient(unit),
+        );
         let transient = grad_forward_transient(out, unit, shapes);
         out.free_all(transient);
         out.free_all(arrived);
