@@ -381,25 +381,27 @@ fn fsdp_buffers(
     let late_prefetch = fsdp1_prefetches_blocks_late(workload);
     // FSDP2 holds the next block's all-gather output while the current one computes; FSDP1's
     // is the one it freed, still cached (`forward_pending`).
-    let (forward_in_flight, forward_pending) = if fsdp1_streams {
+    let (forward_in_flight, forward_freed) = if fsdp1_streams {
         (0.0, in_flight)
     } else {
         (in_flight, 0.0)
     };
-    let (forward_blocks, backward_start_blocks, backward_blocks, pending) = if keeps_model {
-        (0.0, 0.0, 0.0, 0.0)
-    } else if fsdp_keeps_units_gathered(workload) {
-        (in_flight, 0.0, 0.0, 0.0)
-    } else if late_prefetch {
-        (block + forward_in_flight, block, block, 0.0)
-    } else {
-        (
-            block + forward_in_flight,
-            block,
-            2.0 * block,
-            if fsdp1_streams { block } else { 0.0 },
-        )
-    };
+    let (forward_blocks, forward_pending, backward_start_blocks, backward_blocks, pending) =
+        if keeps_model {
+            (0.0, 0.0, 0.0, 0.0, 0.0)
+        } else if fsdp_keeps_units_gathered(workload) {
+            (in_flight, 0.0, 0.0, 0.0, 0.0)
+        } else if late_prefetch {
+            (block + forward_in_flight, forward_freed, block, block, 0.0)
+        } else {
+            (
+                block + forward_in_flight,
+                forward_freed,
+                block,
+                2.0 * block,
+                if fsdp1_streams { block } else { 0.0 },
+            )
+        };
     let blocks = params(&|u| u.name == "block");
     PhaseBuffers {
         step_weights: if keeps_model { blocks * gathered } else { 0.0 },
@@ -422,11 +424,7 @@ fn fsdp_buffers(
         staging,
         backward_reduce,
         backward_pending: pending * gathered,
-        forward_pending: if keeps_model || fsdp_keeps_units_gathered(workload) {
-            0.0
-        } else {
-            forward_pending * gathered
-        },
+        forward_pending: forward_pending * gathered,
         backward_prefetched: if late_prefetch { block * gathered } else { 0.0 },
         gather_copy_share: match workload.target {
             Target::Cpu if !no_shard => 1.0,

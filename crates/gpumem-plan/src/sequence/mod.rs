@@ -732,17 +732,17 @@ fn train_forward(
     let mut held = Vec::new();
     let mut forward_held = Vec::new();
     let mut kept_gathered = Vec::with_capacity(units.len());
-    let gather_stream = if states.buffers.side_streams {
+    let buffers = &states.buffers;
+    let gather_stream = if buffers.side_streams {
         Stream::Unshard
     } else {
         Stream::Compute
     };
     // Gathered units (FSDP) while the forward runs, then while the backward runs.
-    let mut gathered = unsharded(out, &states.buffers, states.buffers.forward_weights);
-    gathered.push(out.alloc_on(states.buffers.forward_pending, Stream::Unshard));
+    let mut gathered = unsharded(out, buffers, buffers.forward_weights);
+    gathered.push(out.alloc_on(buffers.forward_pending, Stream::Unshard));
     // The root's all-gather opens the forward (its gathered weights are the embeddings'
     // backward's), with its copy on the CPU.
-    let buffers = &states.buffers;
     let copy = out.alloc(buffers.backward_last.0 * buffers.gather_copy_share);
     out.free(copy);
     let first_product = first_product_unit(units);
@@ -1355,6 +1355,27 @@ mod tests {
         assert!(difference < 0.05, "{fsdp1_peak} vs {fsdp2_peak}");
     }
 
+    /// The sharded layout's buffers of `workload` (`States::buffers`).
+    fn phase_buffers(model: &ModelSpec, workload: &Workload) -> PhaseBuffers {
+        let counts = model.params();
+        let trainable = trainable_params(model, workload, &counts);
+        let units = build_units(model, workload, workload.batch);
+        model_states(model, workload, &counts, &units, trainable).buffers
+    }
+
+    /// The peak of live bytes on FSDP1's unshard stream in `events`.
+    fn unshard_peak(events: &[PlannedEvent]) -> f64 {
+        let unshard: Vec<PlannedEvent> = events
+            .iter()
+            .copied()
+            .filter(|e| match e {
+                PlannedEvent::Alloc { stream, .. } => *stream == Stream::Unshard,
+                _ => true,
+            })
+            .collect();
+        peak_live_bytes(&unshard) as f64
+    }
+
     /// FSDP1's unshard pool holds three units' outputs in backward (computing, prefetched, and
     /// the one resharded last, awaiting its free event) and two in forward; FSDP2 and FSDP1 on
     /// the CPU have no pending one.
@@ -1363,20 +1384,8 @@ mod tests {
         let model = find_model("llama-3.2-1b").unwrap();
         let buffers = |version: &str, target: &str| {
             let workload = fsdp_workload(&model, version, target, false);
-            let counts = model.params();
-            let trainable = trainable_params(&model, &workload, &counts);
-            let units = build_units(&model, &workload, workload.batch);
-            let states = model_states(&model, &workload, &counts, &units, trainable);
             let events = allocation_sequence(&model, &workload).unwrap();
-            let unshard: Vec<PlannedEvent> = events
-                .iter()
-                .copied()
-                .filter(|e| match e {
-                    PlannedEvent::Alloc { stream, .. } => *stream == Stream::Unshard,
-                    _ => true,
-                })
-                .collect();
-            (states.buffers, peak_live_bytes(&unshard) as f64)
+            (phase_buffers(&model, &workload), unshard_peak(&events))
         };
         let (fsdp1, unshard_peak) = buffers("1", "gpu");
         let block = fsdp1.backward_weights - fsdp1.backward_start_weights;
@@ -1412,12 +1421,7 @@ mod tests {
             };
             settings.resolve(&model).unwrap().workload
         };
-        let buffers = |workload: &Workload| {
-            let counts = model.params();
-            let trainable = trainable_params(&model, workload, &counts);
-            let units = build_units(&model, workload, workload.batch);
-            model_states(&model, workload, &counts, &units, trainable).buffers
-        };
+        let buffers = |workload: &Workload| phase_buffers(&model, workload);
         let full = buffers(&fsdp_workload(&model, "1", "gpu", false));
         let block = full.backward_weights - full.backward_start_weights;
         let late = lora("1", "gpu");
@@ -1431,15 +1435,8 @@ mod tests {
         assert_eq!(full.backward_prefetched, 0.0);
         // The unshard pool: the root and two blocks at the most.
         let events = sequence_matching_estimate(&model, &late, "FSDP1 LoRA");
-        let unshard: Vec<PlannedEvent> = events
-            .into_iter()
-            .filter(|e| match e {
-                PlannedEvent::Alloc { stream, .. } => *stream == Stream::Unshard,
-                _ => true,
-            })
-            .collect();
         let two_blocks = adapters.backward_weights + adapters.backward_prefetched;
-        let peak = peak_live_bytes(&unshard) as f64;
+        let peak = unshard_peak(&events);
         assert!(
             peak <= two_blocks.max(adapters.forward_weights) + 2.0,
             "{peak}"
