@@ -237,6 +237,31 @@ fn a_big_block_that_fits_no_hole_is_stitched_from_idle_chunks_once() {
 }
 
 #[test]
+fn a_big_block_takes_every_idle_chunk_of_a_hole_split_by_earlier_moves() {
+    let dev = device(SimConfig::address_only(1 << 30));
+    let pool = gpumem(&dev);
+    // Two 5 MiB blocks over five pages: a 2-page chunk, the page they share (a chunk of its
+    // own), another 2-page chunk. Freed, they leave one hole of three idle chunks.
+    let a = pool.allocate(5 * MIB, S0).unwrap();
+    let b = pool.allocate(5 * MIB, S0).unwrap();
+    let keep = pool.allocate(2 * MIB, S0).unwrap();
+    assert_eq!(b.ptr, a.ptr + 5 * MIB);
+    assert_eq!(reserved(&pool), 12 * MIB);
+    pool.free(a.ptr).unwrap();
+    pool.free(b.ptr).unwrap();
+    // The 2-page chunks move first, the second from the start of the hole: what is left of
+    // it, the shared page, is a free range of its own by then, and moves too.
+    let big = pool.allocate(200 * MIB, S0).unwrap();
+    assert_eq!(big.ptr, keep.ptr + 2 * MIB);
+    assert_eq!(reserved(&pool), 202 * MIB, "all 10 MiB of the hole moved");
+    for block in [big, keep] {
+        pool.free(block.ptr).unwrap();
+    }
+    pool.empty_cache().unwrap();
+    assert_eq!(reserved(&pool), 0);
+}
+
+#[test]
 fn addresses_retired_by_stitching_come_back_when_the_reservation_runs_out() {
     // 64 MiB of memory, 256 MiB of address space: each round retires 24 MiB of addresses.
     let dev = device(SimConfig::address_only(64 * MIB));

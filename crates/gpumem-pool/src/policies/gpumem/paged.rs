@@ -216,6 +216,26 @@ impl PagedReservation {
 }
 
 impl StreamArena {
+    /// The free node of this arena's index that holds `donor`'s chunk: the node recorded with
+    /// it, unless a chunk that moved out of that node since split it and left this chunk in
+    /// the part after it (or the node's id was recycled); then the free node found around the
+    /// chunk. None if no free node holds it.
+    fn node_holding(&self, donor: &Donor) -> Option<NodeId> {
+        let paged = self.paged()?;
+        let start = paged.pages.address(donor.page);
+        let stop = start + donor.chunk.pages * paged.pages.page_size();
+        let index = &self.index;
+        let holds = |id: NodeId| {
+            index.is_free(id)
+                && index.offset(id) <= start
+                && stop <= index.offset(id) + index.size(id)
+        };
+        if holds(donor.node) {
+            return Some(donor.node);
+        }
+        index.free_nodes().find(|&id| holds(id))
+    }
+
     /// The reservation, if this is a paged arena.
     fn paged(&self) -> Option<&PagedReservation> {
         match &self.backing {
@@ -340,19 +360,28 @@ impl GpumemPolicy {
             let list = donors.get_or_insert_with(|| self.idle_chunks_of(pool));
             let block = (end - first) * page;
             let growing_big = block >= self.settings.stitch_on_growth_min;
-            let (index, divisor) = (&self.arenas[a].index, self.settings.stitch_hole_divisor);
+            let (arena, divisor) = (&self.arenas[a], self.settings.stitch_hole_divisor);
             let fits = |d: &Donor| {
                 d.chunk.pages <= gap
                     && (pressure.is_some()
                         || (d.arena == a
-                            && (growing_big || is_leftover_hole(index, d.node, block, divisor))))
+                            && (growing_big
+                                || arena.node_holding(d).is_some_and(|node| {
+                                    is_leftover_hole(&arena.index, node, block, divisor)
+                                }))))
             };
             if let Some(i) = list.iter().rposition(fits) {
-                let donor = list[i];
+                // The list stays as it is but for this donor: moving a chunk changes no other
+                // chunk, only the free node it left (see `node_holding`). Remaking the list
+                // after every move made a block of many chunks quadratic in them.
+                let mut donor = list.remove(i);
+                let Some(node) = self.arenas[donor.arena].node_holding(&donor) else {
+                    donors = None;
+                    continue;
+                };
+                donor.node = node;
                 self.move_chunk(&donor, a, p, up).map_err(exhausted)?;
                 p += donor.chunk.pages;
-                // The donor's range left its index: the other donors' nodes may have changed.
-                donors = None;
                 continue;
             }
             let mut n = if (inner_first..inner_end).contains(&p) {
