@@ -216,6 +216,92 @@ fn an_absurd_config_fails_fast() {
     );
 }
 
+/// Runs `gpumem plan` with `args`, failing the test if it has not answered within 20 s.
+fn plan_within_20_s(args: &[&str], what: &str) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpumem"))
+        .arg("plan")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        stdout.read_to_string(&mut text).map(|_| text)
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("gpumem plan hangs on {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, reader.join().unwrap().unwrap())
+}
+
+#[test]
+fn a_plan_far_past_every_gpu_answers_at_once() {
+    // 65536 tokens of eager attention on Llama-3.1-8B: 20 TB of score matrices.
+    // Replaying them page by page took minutes and gigabytes before replays of a trace past
+    // 512 GiB moved to coarser pages.
+    let args = [
+        "--model",
+        "llama-3.1-8b",
+        "--seq",
+        "65536",
+        "--attn",
+        "eager",
+        "--json",
+    ];
+    let (status, stdout) = plan_within_20_s(&args, "20 TB of attention scores");
+    assert!(status.success());
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let allocated = v["peak_allocated_bytes"].as_u64().unwrap();
+    assert!(allocated > 16 << 40, "{allocated}");
+    for policy in v["replay"].as_array().unwrap() {
+        assert!(
+            policy["peak_reserved_bytes"].as_u64() >= policy["peak_allocated_bytes"].as_u64(),
+            "{policy}"
+        );
+    }
+}
+
+#[test]
+fn advice_leaves_out_changes_that_save_next_to_nothing() {
+    // A four-token training step: checkpointing saves a few megabytes of reserved memory
+    // for a third more compute, while the optimizer's states are worth changing.
+    let plan = |extra: &[&str]| {
+        let mut args = vec!["plan", "--model", "llama-3.2-1b", "--seq", "4", "--json"];
+        args.extend(extra);
+        json_of(&gpumem(&args))
+    };
+    let total = |v: &serde_json::Value| v["peak_total_bytes"].as_u64().unwrap();
+    let plain = plan(&[]);
+    let checkpointed = plan(&["--grad-ckpt"]);
+    assert!(
+        total(&checkpointed) < total(&plain),
+        "checkpointing saves something"
+    );
+    let advice = plain["advice"].as_array().unwrap();
+    let changes: Vec<&str> = advice
+        .iter()
+        .map(|s| s["change"].as_str().unwrap())
+        .collect();
+    assert!(
+        changes.iter().any(|c| c.starts_with("--optimizer ")),
+        "{changes:?}"
+    );
+    assert!(
+        !changes.iter().any(|c| c.contains("--grad-ckpt")),
+        "{changes:?}"
+    );
+}
+
 #[test]
 fn trace_out_writes_the_planned_sequence_that_replay_reads() {
     let dir = std::env::temp_dir().join(format!("gpumem-plan-trace-{}", std::process::id()));

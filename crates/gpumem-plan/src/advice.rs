@@ -254,8 +254,8 @@ fn forward_candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
     list
 }
 
-/// Ranks the applicable changes by memory saved (largest first), each plan's peak taken by
-/// `measure`. With `gpu_bytes`, marks which fit and, when the plan leaves most of the GPU idle,
+/// Ranks the applicable changes by memory saved (largest first; those saving less than
+/// [`MIN_SAVING_SHARE`] of the peak are left out), each plan's peak taken by `measure`. With `gpu_bytes`, marks which fit and, when the plan leaves most of the GPU idle,
 /// first suggests the largest batch that fits.
 pub fn advise(
     model: &ModelSpec,
@@ -270,7 +270,7 @@ pub fn advise(
         let Some(changed) = changed else { continue };
         let new_peak = measure.peak_total(model, &changed, overheads)?;
         let saved = current as i64 - new_peak as i64;
-        if saved > 0 {
+        if saved > 0 && saved as f64 >= current as f64 * MIN_SAVING_SHARE {
             suggestions.push(Suggestion {
                 change,
                 new_peak_total_bytes: new_peak,
@@ -319,6 +319,11 @@ pub fn combine_until_fits(
     }
     Ok(Some((changes, current, peak)))
 }
+
+/// Least share of the peak a change must save to be advised: below it the saving is within
+/// the planner's own error and the change's cost (checkpointing's recomputation, say) buys
+/// nothing, as for checkpointing a one-token step.
+pub const MIN_SAVING_SHARE: f64 = 0.005;
 
 /// Share of GPU memory below which a fitting plan is said to leave the GPU idle.
 pub const IDLE_SHARE: f64 = 0.5;

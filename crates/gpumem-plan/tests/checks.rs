@@ -504,11 +504,12 @@ fn lora_wider_than_the_model_and_more_stages_than_blocks_are_errors() {
 
 #[test]
 fn advice_leaves_out_changes_the_model_cannot_run() {
-    // Width 8: a rank-16 adapter is wider than the model, so LoRA is no advice.
+    // Width 8: a rank-16 adapter is wider than the model, so LoRA is no advice. A large
+    // vocabulary gives the other changes savings worth advising.
     let tiny = parse_config(
         "tiny.json",
         r#"{"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "vocab_size": 100}"#,
+            "num_attention_heads": 2, "vocab_size": 1000000}"#,
     )
     .unwrap();
     let workload = Settings::default().to_workload().unwrap();

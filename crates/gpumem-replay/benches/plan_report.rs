@@ -3,6 +3,9 @@
 //! checkpointing, on an A100 80GB — reserved memory estimated (`reserved="estimate"`, the
 //! sweep path; goal ≤ 1 ms) and replayed (the default). The Python side of the same calls is
 //! `python/benchmarks/test_plan_speed.py` (`bash scripts/bench-python.sh`).
+//! A second case asks for a plan far past every GPU (Llama-3.1-8B over 32768 tokens with eager
+//! attention: 7 TB of score matrices), the question of someone trying a longer context, which
+//! must answer as fast: replays map a trace past 512 GiB on coarser pages.
 //! Run: `cargo bench -p gpumem-replay --bench plan_report`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -17,6 +20,10 @@ fn request(reserved: &str) -> String {
     )
 }
 
+/// The request for a plan far past every GPU (no GPU named: every policy replays unbounded).
+const PAST_EVERY_GPU: &str = r#"{"model": "llama-3.1-8b", "mode": "train", "batch": 1,
+    "seq": 32768, "dtype": "bf16", "attn": "eager"}"#;
+
 fn bench(c: &mut Criterion) {
     for reserved in ["estimate", "replay"] {
         let text = request(reserved);
@@ -27,6 +34,12 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    c.bench_function("plan/llama-3.1-8b 32768 tokens eager (7 TB, replay)", |b| {
+        b.iter(|| {
+            let request = PlanRequest::from_json(black_box(PAST_EVERY_GPU)).unwrap();
+            serde_json::to_string(&plan(&request).unwrap()).unwrap()
+        })
+    });
 }
 
 criterion_group! {

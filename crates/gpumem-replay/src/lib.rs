@@ -25,7 +25,7 @@ pub use report::{
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpumem_device::sim::{SimConfig, SimDevice};
+use gpumem_device::sim::{SimConfig, SimDevice, DEFAULT_GRANULARITY};
 use gpumem_device::{AddressMap, Device, DeviceError, HazardChecker, StreamId};
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::policies::GpumemSettings;
@@ -41,6 +41,10 @@ const UNLIMITED_CAPACITY: u64 = 1 << 50;
 
 /// The step of [`smallest_capacity`]'s search: the 2 MiB page that device memory comes in.
 pub const CAPACITY_RESOLUTION: u64 = 2 << 20;
+
+/// Pages of device memory a replay maps at most at its live peak: 512 GiB of the GPUs' 2 MiB
+/// pages (see [`replay_granularity`]).
+const MAX_REPLAY_PAGES: u64 = 1 << 18;
 
 /// How often (in events) progress is reported.
 const PROGRESS_EVERY: usize = 1 << 16;
@@ -481,7 +485,10 @@ fn replay_pool(
     history_capacity: usize,
     asynchronous: bool,
 ) -> Result<(Pool, Option<Arc<HazardChecker>>), ReplayError> {
-    let sim = Arc::new(SimDevice::new(SimConfig::address_only(capacity))?);
+    let sim = Arc::new(SimDevice::new(SimConfig {
+        granularity: Some(replay_granularity(trace)),
+        ..SimConfig::address_only(capacity)
+    })?);
     // The segments a mid-process trace starts with are taken over first, at their addresses.
     let initial = trace.initial_segments.iter().filter(|s| !s.expandable);
     sim.place_mallocs_at(
@@ -513,6 +520,21 @@ fn replay_pool(
         }));
     }
     Ok((pool, checker))
+}
+
+/// The VMM page `trace` is replayed on: the GPUs' 2 MiB, or, for a trace whose live bytes
+/// pass [`MAX_REPLAY_PAGES`] of those (512 GiB: more than any GPU holds, as a plan of a model
+/// far too large for one does), the smallest power-of-two multiple of it that keeps them
+/// within that many pages. Policies that map memory page by page (`gpumem`, `expandable`)
+/// then make as many device calls as for a GPU-sized trace, not one per 2 MiB of terabytes
+/// (minutes and gigabytes of host memory), and round what they reserve to that page.
+fn replay_granularity(trace: &Trace) -> u64 {
+    let pages = trace
+        .summary()
+        .peak_live_bytes
+        .div_ceil(DEFAULT_GRANULARITY)
+        .div_ceil(MAX_REPLAY_PAGES);
+    DEFAULT_GRANULARITY.saturating_mul(pages.max(1).next_power_of_two())
 }
 
 /// The work of a replayed trace: a kernel on a block's stream right after it is handed out and
