@@ -255,8 +255,9 @@ fn forward_candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
 }
 
 /// Ranks the applicable changes by memory saved (largest first; those saving less than
-/// [`MIN_SAVING_SHARE`] of the peak are left out), each plan's peak taken by `measure`. With `gpu_bytes`, marks which fit and, when the plan leaves most of the GPU idle,
-/// first suggests the largest batch that fits.
+/// [`MIN_SAVING_SHARE`] of the peak are left out), each plan's peak taken by `measure`. With
+/// `gpu_bytes`, marks which fit and, when the plan leaves most of the GPU idle, first suggests
+/// the largest batch that fits.
 pub fn advise(
     model: &ModelSpec,
     workload: &Workload,
