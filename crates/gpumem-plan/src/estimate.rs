@@ -629,19 +629,27 @@ fn simulate_backward(
             linears -= own_linears * in_flight;
         }
         // The head's unsharded gradient, where the layout keeps one, while the head finishes;
-        // the block before, where it is gathered only now, and the all-gather's copy.
+        // the block before, where it is gathered only now, and the all-gather's copy, with
+        // the block's first norm still to run its backward: what it saved beside the copy,
+        // its fp32 temporaries once the copy is gone.
         let (prefetched, gather_copy) = buffers.prefetched_by(units, index);
         let finishing_extra = if index + 1 == units.len() {
             (extra.0, extra.1 + buffers.head_gradients)
         } else {
             (extra.0 + prefetched + gather_copy, extra.1)
         };
+        let first_norm = if prefetched > 0.0 {
+            let (norm_saved, norm_backward) = unit.first_norm;
+            norm_saved.max(norm_backward - gather_copy)
+        } else {
+            0.0
+        };
         let finishing = phase_breakdown(
             states,
             with(finishing_extra, linears),
             gradients + grown,
             saved + held + unit.saved_through_gradients.min(kept.saved),
-            unit.gradient_transient + transient_gradients,
+            unit.gradient_transient + transient_gradients + first_norm,
         );
         // Resharded once its gradients are made.
         linears -= states.gathered_through_backward(unit);

@@ -38,6 +38,11 @@ pub struct Unit {
     /// (`gradient_transient`) before one of them unpacks a saved tensor, which starts a
     /// checkpointed unit's recomputation: alive beside it through the recomputation.
     pub pre_recompute_gradient: f64,
+    /// The bytes a block's first norm still holds as its backward ends, where a block is
+    /// gathered then (FSDP1's late prefetch, [`crate::distributed`]): (what it saved, alive
+    /// until its backward runs; its backward's own fp32 temporaries at their peak). The
+    /// prefetch's all-gather runs before that backward, the temporaries after.
+    pub first_norm: (f64, f64),
     /// Of `saved`, the bytes still referenced while the unit's parameter gradients are
     /// produced: the LM head's weight gradient comes from its matmul's backward, while that
     /// matmul's input and the final norm's saved tensors (whose backward comes after) live.

@@ -82,6 +82,10 @@ impl TransformerGraph<'_> {
                 .bytes(),
             gradient_transient: residual_gradient.bytes(),
             pre_recompute_gradient: self.last_adapter_output_gradient(layer, tokens).bytes(),
+            first_norm: (
+                (tokens * self.norm_saved() / self.split.sequence).bytes(),
+                (tokens * self.norm_backward_temporaries() / self.split.sequence).bytes(),
+            ),
             inference_live: (inference_live + dequantised).bytes(),
             kv_cache: (own.kv_cache + cross_memory.kv_cache).bytes(),
             kv_window: shape.cached_keys.map(Tokens::count),

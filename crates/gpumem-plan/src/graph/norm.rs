@@ -16,6 +16,24 @@ impl TransformerGraph<'_> {
         self.norm_element_bytes(self.bytes.residual) * h + per_row
     }
 
+    /// Bytes per token of a norm's backward temporaries at their peak, beyond the gradient
+    /// that flows through it: an RMSNorm written in Python (transformers', litgpt's) runs its
+    /// fp32 chain back op by op, and at the variance's `pow` backward five fp32 hidden-sized
+    /// tensors are alive (the product's gradient, the mean's expanded gradient and the pow
+    /// backward's three; seen in a CPU profile of Llama's `LlamaRMSNorm` under PyTorch 2.15,
+    /// eager ops that run alike on a GPU). LayerNorm's and Liger's are fused kernels that make
+    /// only the input's gradient.
+    pub(super) fn norm_backward_temporaries(&self) -> BytesPerToken {
+        let h = Width(self.spec.hidden as f64);
+        match self.spec.norm {
+            Norm::LayerNorm => BytesPerToken(0.0),
+            _ if self.liger() => BytesPerToken(0.0),
+            Norm::RmsNorm | Norm::RmsNormOffset | Norm::RmsNormScaledInput => {
+                5.0 * BytesPerElement::FP32 * h
+            }
+        }
+    }
+
     /// Saved bytes per normalised element of an input of `input` bytes per element.
     pub(super) fn norm_element_bytes(&self, input: BytesPerElement) -> BytesPerElement {
         let fp32 = BytesPerElement::FP32;

@@ -932,8 +932,19 @@ fn unit_backward(
     out.free_all(saved);
     out.free_all(recomputed);
     let gathered = out.buffers(buffers, &[(prefetched, Stream::Unshard)]);
+    // A block gathered this late meets the block's first norm before its backward: what it
+    // saved beside the all-gather's copy, then its fp32 temporaries.
+    let (norm_saved, norm_backward) = if prefetched > 0.0 {
+        unit.first_norm
+    } else {
+        (0.0, 0.0)
+    };
+    let norm = out.pieces(norm_saved, shapes.transient(unit));
     let copy = out.alloc(gather_copy);
     out.free(copy);
+    out.free_all(norm);
+    let temporaries = out.pieces(norm_backward, shapes.transient(unit));
+    out.free_all(temporaries);
     // The gradient flowing on (e.g. the logits' gradient into the LM head) comes before
     // the parameter gradients it produces.
     let mut finishing = match continued {
@@ -1441,6 +1452,43 @@ mod tests {
             peak <= two_blocks.max(adapters.forward_weights) + 2.0,
             "{peak}"
         );
+    }
+
+    /// A block's first norm as a late-gathered block meets it: Llama's RMSNorm under LoRA
+    /// saved its fp32 copy (and a reciprocal per row), and its backward's Python ops make five
+    /// fp32 hidden-sized temporaries; a fused norm (LayerNorm, Liger's RMSNorm) makes none.
+    /// The finishing moment of a block with a block gathered late holds the larger of the
+    /// two beside the gathered blocks.
+    #[test]
+    fn a_late_gathered_block_meets_the_first_norm() {
+        let llama = find_model("llama-3.2-1b").unwrap();
+        let tokens = 2.0 * 512.0;
+        let Architecture::Transformer(spec) = &llama.arch else {
+            panic!("Llama is a transformer")
+        };
+        let h = spec.hidden as f64;
+        let workload = |model: &ModelSpec, kernels: Option<&str>| {
+            Settings {
+                batch: Some(2),
+                seq: Some(512),
+                lora_rank: Some(8),
+                kernels: kernels.map(Into::into),
+                ..Settings::default()
+            }
+            .resolve(model)
+            .unwrap()
+            .workload
+        };
+        let first_norm = |model: &ModelSpec, kernels: Option<&str>| {
+            let units = build_units(model, &workload(model, kernels), 2);
+            units.iter().find(|u| u.name == "block").unwrap().first_norm
+        };
+        assert_eq!(
+            first_norm(&llama, None),
+            (tokens * (4.0 * h + 4.0), tokens * 5.0 * 4.0 * h)
+        );
+        assert_eq!(first_norm(&llama, Some("liger")).1, 0.0);
+        assert_eq!(first_norm(&find_model("gpt2").unwrap(), None).1, 0.0);
     }
 
     /// FSDP1 training holds each unit's sharded flat parameter as one tensor.
