@@ -219,7 +219,7 @@ fn table(r: &PlanReport, trace_out: Option<&Path>) -> String {
     }
     if let Some(f) = &r.fit {
         let outside = if r.estimate.breakdown.communication > 0 {
-            "context + NCCL buffers"
+            "context + NCCL"
         } else {
             "context"
         };

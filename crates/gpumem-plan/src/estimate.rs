@@ -97,7 +97,8 @@ pub struct Breakdown {
     pub blas_workspace: u64,
     /// CUDA context, kernels and framework, outside the allocator.
     pub framework: u64,
-    /// NCCL communicator buffers, outside the allocator (in nvidia-smi, not in reserved).
+    /// NCCL's communicators (their buffers and the rest), outside the allocator (in
+    /// nvidia-smi, not in reserved).
     pub communication: u64,
     /// Reserved by the caching allocator but not allocated.
     pub allocator: u64,
@@ -169,7 +170,7 @@ pub struct Estimate {
     pub peak_allocated_bytes: u64,
     /// Allocated plus allocator overhead (comparable with `max_memory_reserved`).
     pub peak_reserved_bytes: u64,
-    /// Reserved plus CUDA context, framework and NCCL buffers (comparable with nvidia-smi).
+    /// Reserved plus CUDA context, framework and NCCL memory (comparable with nvidia-smi).
     pub peak_total_bytes: u64,
     /// Phase holding the peak.
     pub peak_phase: Phase,
@@ -282,7 +283,7 @@ impl Estimate {
     /// This estimate with its reserved memory measured elsewhere (the allocation sequence
     /// replayed through an allocator policy): the allocator share becomes what that reserve
     /// holds beyond the tensors (never below zero), and total follows (with the context and
-    /// NCCL's buffers, which live outside the pool).
+    /// NCCL's memory, which live outside the pool).
     pub fn with_reserved(mut self, reserved_bytes: u64) -> Estimate {
         let allocated = self.peak_allocated_bytes;
         self.breakdown.allocator = reserved_bytes.saturating_sub(allocated);

@@ -49,7 +49,7 @@ pub fn planned_trace(name: &str, events: &[PlannedEvent]) -> Trace {
 
 /// The bytes PyTorch's pool can take on the GPU `workload` names (`Workload::device_memory`):
 /// its memory less what lives outside the pool as `estimate` has it (the CUDA context and
-/// NCCL's buffers). None where no GPU is named.
+/// NCCL's memory). None where no GPU is named.
 pub fn pool_capacity(workload: &Workload, estimate: &Estimate) -> Option<u64> {
     let outside = estimate.breakdown.framework + estimate.breakdown.communication;
     workload.device_memory.map(|m| m.saturating_sub(outside))
@@ -117,7 +117,7 @@ pub fn torch_reserved(
 }
 
 /// The estimate with reserved memory from the allocator replay ([`torch_reserved`]) in place of
-/// the fixed allocator share; total is that plus the context and NCCL's buffers.
+/// the fixed allocator share; total is that plus the context and NCCL's memory.
 pub fn estimate_replayed(
     model: &ModelSpec,
     workload: &Workload,
@@ -158,14 +158,14 @@ pub fn replay_failed(model: &ModelSpec, e: ReplayError) -> PlanError {
 }
 
 /// A fit checked on reserved memory: the largest value whose replayed reserved memory plus the
-/// CUDA context and NCCL's buffers fits the usable memory.
+/// CUDA context and NCCL's memory fits the usable memory.
 #[derive(Debug, Clone)]
 pub struct ReservedFit {
     /// The fit (its `gpu_bytes`, `usable_bytes` and `margin` are the ones asked for).
     pub fit: Fit,
     /// Peak reserved bytes of the fitted plan replayed through PyTorch's policy (`torch`).
     pub reserved_bytes: u64,
-    /// `reserved_bytes` plus the context and NCCL's buffers: what the fit compared with
+    /// `reserved_bytes` plus the context and NCCL's memory: what the fit compared with
     /// `fit.usable_bytes`.
     pub total_bytes: u64,
 }
@@ -189,7 +189,7 @@ const FIT_ROUNDS: usize = 16;
 /// [`gpumem_plan::fit()`] on reserved memory: the fit on the planner's allocated estimate, then
 /// the fitted plan's allocation sequence replayed through the `torch` policy (within the usable
 /// memory, emptying its cache where it must); while its reserved peak plus the context and
-/// NCCL's buffers exceeds `gpu_bytes × (1 − margin)`, the allocated-memory fit is repeated on
+/// NCCL's memory exceeds `gpu_bytes × (1 − margin)`, the allocated-memory fit is repeated on
 /// memory shrunk by the overshoot. The margin then covers what neither models: cuDNN
 /// workspaces, NCCL's memory beyond its buffers, other processes, the planner's own error.
 pub fn fit_reserved(
@@ -219,7 +219,7 @@ pub fn fit_reserved(
             Err(PlanError::NothingFits { .. }) if last.is_some() => break,
             Err(e) => return Err(e.into()),
         };
-        // Beside the pool: the context and NCCL's buffers. Within the usable memory the
+        // Beside the pool: the context and NCCL's memory. Within the usable memory the
         // allocator frees its cache before it fails.
         let outside = overheads.context_bytes + fit.estimate.breakdown.communication;
         let capacity = (usable as u64).saturating_sub(outside);

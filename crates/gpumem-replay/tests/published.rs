@@ -4,10 +4,10 @@
 //! as `gpumem plan` makes it: reserved memory from the planned allocation sequence replayed
 //! through PyTorch's allocator. Each is compared after the overhead it includes:
 //! `alloc`/`active` against allocated bytes, `reserved` against the replayed reserved bytes,
-//! `nvml` against reserved + the CUDA context measured by the same source + NCCL's buffers,
+//! `nvml` against reserved + the CUDA context measured by the same source + NCCL's memory,
 //! `alloc+context` (allocated peak + nvidia-smi's peak − reserved peak: the tensors plus what
 //! lives outside PyTorch's pool) against allocated + the plan's bytes outside the pool (the
-//! CUDA context the point names, NCCL's buffers); a serving point (`settings.engine`) against the engine's planned
+//! CUDA context the point names, NCCL's memory); a serving point (`settings.engine`) against the engine's planned
 //! start-up profile, `activation` being the profile run's torch peak above the weights.
 //! Run with `--nocapture` for the table, point by point and by kind.
 
@@ -234,7 +234,7 @@ fn planner_matches_published_gpu_measurements() {
 
 /// The planned bytes of `point`'s metric for a PyTorch process: `alloc`/`active` against
 /// allocated bytes, `reserved` against the replayed reserved bytes, `nvml` against reserved +
-/// the context the source measured + NCCL's buffers.
+/// the context the source measured + NCCL's memory.
 fn process_planned(point: &Point, model: &ModelSpec, workload: &Workload) -> u64 {
     // The context outside the pool: the source's own where it gives one, else the plan's.
     let overheads = match point.context_bytes {

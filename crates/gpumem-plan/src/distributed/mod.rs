@@ -711,10 +711,15 @@ pub(crate) fn reduced_at_backward_end(workload: &Workload, unit: &Unit) -> bool 
         && unit.name != "block"
 }
 
-/// NCCL communicators one rank of `layout` holds: one per parallel group of more than one rank
-/// (data, tensor, pipeline); a hybrid FSDP strategy's data-parallel ranks form two groups, the
-/// machine's shard group and the replicas across machines.
-pub fn nccl_communicators(layout: &Layout) -> u64 {
+/// The ranks of each NCCL communicator one rank of `layout` holds: one per parallel group of
+/// more than one rank (data, tensor, pipeline); a hybrid FSDP strategy's data-parallel ranks
+/// form two groups, the machine's shard group and the replicas across machines. DeepSpeed's
+/// ZeRO runs its collectives on a clone of the world group (`deepspeed/utils/groups.py`
+/// `_clone_world_group`: `dist.new_group(ranks=range(world_size))`, for
+/// `dist.get_global_rank`, which the world group does not answer) and the world group gets a
+/// communicator of its own from the launchers' barriers (accelerate's `wait_for_everyone`, the
+/// Trainer's `main_process_first`): one more, of every rank.
+pub fn nccl_groups(layout: &Layout) -> Vec<u64> {
     let hybrid = layout.sharding == Sharding::Fsdp && layout.fsdp_sharding.hybrid();
     let data = if hybrid {
         let shard = layout.shard_ranks();
@@ -722,18 +727,48 @@ pub fn nccl_communicators(layout: &Layout) -> u64 {
     } else {
         vec![layout.dp()]
     };
+    let zero = matches!(
+        layout.sharding,
+        Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3
+    );
+    let world = if zero { layout.gpus } else { 1 };
     data.into_iter()
-        .chain([layout.tp, layout.pp])
+        .chain([layout.tp, layout.pp, world])
         .filter(|&size| size > 1)
-        .count() as u64
+        .collect()
 }
+
+/// NCCL communicators one rank of `layout` holds ([`nccl_groups`]).
+pub fn nccl_communicators(layout: &Layout) -> u64 {
+    nccl_groups(layout).len() as u64
+}
+
+/// What a communicator of `ranks` holds on the GPU beyond the Simple, LL and LL128 buffers
+/// planned at the default `NCCL_BUFFSIZE` (NCCL's kernels, proxy and work queues, and the
+/// connections of more peers): NVIDIA/nccl#964 measured what `nvidia-smi` gains as a
+/// communicator is made and runs its first all-reduce, on 4 × A100 with NVLink under NCCL
+/// 2.18 — 544 MiB for 2 ranks, 688 MiB for more — of which the buffers are 294 MiB.
+fn nccl_beyond_buffers(ranks: u64) -> u64 {
+    let measured: u64 = if ranks > 2 { 688 << 20 } else { 544 << 20 };
+    measured - NCCL_DEFAULT_BUFFERS
+}
+
+/// Bytes of one communicator's buffers at the default `NCCL_BUFFSIZE`: 294 MiB.
+const NCCL_DEFAULT_BUFFERS: u64 = NCCL_CHANNELS
+    * NCCL_CONNECTIONS_PER_CHANNEL
+    * (DEFAULT_NCCL_BUFFSIZE + NCCL_LL128_BYTES + NCCL_LL_BYTES);
 
 /// Device bytes NCCL allocates for one rank of `layout` with cudaMalloc/cuMem, outside
 /// PyTorch's caching allocator: in `nvidia-smi` and NVML, never in `memory_allocated` or
-/// `memory_reserved`. Per communicator: channels × connections × (Simple + LL128 + LL buffers).
+/// `memory_reserved`. Per communicator: channels × connections × (Simple + LL128 + LL buffers),
+/// and what it holds beyond them ([`nccl_beyond_buffers`]).
 pub fn nccl_bytes(layout: &Layout) -> u64 {
     let per_connection = layout.nccl_buffsize + NCCL_LL128_BYTES + NCCL_LL_BYTES;
-    nccl_communicators(layout) * NCCL_CHANNELS * NCCL_CONNECTIONS_PER_CHANNEL * per_connection
+    let buffers = NCCL_CHANNELS * NCCL_CONNECTIONS_PER_CHANNEL * per_connection;
+    nccl_groups(layout)
+        .into_iter()
+        .map(|ranks| buffers + nccl_beyond_buffers(ranks))
+        .sum()
 }
 
 #[cfg(test)]

@@ -11,8 +11,15 @@ fn nccl_counts_one_communicator_per_parallel_group() {
         ..Layout::single()
     };
     assert_eq!(nccl_communicators(&data), 1);
-    // 16 channels × 2 connections × (4 MiB + 4.6875 MiB + 0.5 MiB) = 294 MiB.
-    assert_eq!(nccl_bytes(&data), 32 * (4_194_304 + 4_915_200 + 524_288));
+    // 16 channels × 2 connections × (4 MiB + 4.6875 MiB + 0.5 MiB) = 294 MiB of buffers, and
+    // what a communicator of more than two ranks holds beyond them: 688 MiB in all.
+    assert_eq!(32 * (4_194_304 + 4_915_200 + 524_288), 294 << 20);
+    assert_eq!(nccl_bytes(&data), 688 << 20);
+    let pair = Layout {
+        gpus: 2,
+        ..Layout::single()
+    };
+    assert_eq!(nccl_bytes(&pair), 544 << 20);
     let hybrid = Layout {
         gpus: 16,
         tp: 4,
@@ -20,6 +27,14 @@ fn nccl_counts_one_communicator_per_parallel_group() {
         ..Layout::single()
     };
     assert_eq!(nccl_communicators(&hybrid), 3);
+    assert_eq!(nccl_groups(&hybrid), vec![2, 4, 2]);
+    // DeepSpeed's clone of the world group beside the world group's own.
+    let zero = Layout {
+        sharding: Sharding::Zero3,
+        ..pair
+    };
+    assert_eq!(nccl_groups(&zero), vec![2, 2]);
+    assert_eq!(nccl_bytes(&zero), 2 * (544 << 20));
     let smaller = Layout {
         nccl_buffsize: 1 << 20,
         ..data
