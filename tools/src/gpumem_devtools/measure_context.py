@@ -3,7 +3,7 @@
 nvidia-smi (NVML) shows a training process's memory as PyTorch's reserved memory plus what
 lives outside its pool: the CUDA context with the kernels loaded so far, the cuBLAS and cuDNN
 handles, NCCL's communicators, other libraries' modules. `gpumem plan` counts that as the
-`framework` entry (`--context-mib`, default 500) and NCCL's buffers (`communication`); the
+`framework` entry (`--context-mib`, default 500) and NCCL's memory (`communication`); the
 published figures read from nvidia-smi are compared with reserved + those. This measures it on
 a real GPU: after each stage, the device memory in use (cudaMemGetInfo's total - free, the whole
 device's: run it alone on the GPU) less `torch.cuda.memory_reserved()`.
