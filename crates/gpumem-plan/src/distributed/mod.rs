@@ -748,7 +748,7 @@ pub fn nccl_communicators(layout: &Layout) -> u64 {
 /// connections of more peers): NVIDIA/nccl#964 measured what `nvidia-smi` gains as a
 /// communicator is made and runs its first all-reduce, on 4 × A100 with NVLink under NCCL
 /// 2.18 — 544 MiB for 2 ranks, 688 MiB for more — of which the buffers are 294 MiB.
-fn nccl_beyond_buffers(ranks: u64) -> u64 {
+pub fn nccl_beyond_buffers(ranks: u64) -> u64 {
     let measured: u64 = if ranks > 2 { 688 << 20 } else { 544 << 20 };
     measured - NCCL_DEFAULT_BUFFERS
 }
