@@ -738,11 +738,6 @@ pub fn nccl_groups(layout: &Layout) -> Vec<u64> {
         .collect()
 }
 
-/// NCCL communicators one rank of `layout` holds ([`nccl_groups`]).
-pub fn nccl_communicators(layout: &Layout) -> u64 {
-    nccl_groups(layout).len() as u64
-}
-
 /// What a communicator of `ranks` holds on the GPU beyond the Simple, LL and LL128 buffers
 /// planned at the default `NCCL_BUFFSIZE` (NCCL's kernels, proxy and work queues, and the
 /// connections of more peers): NVIDIA/nccl#964 measured what `nvidia-smi` gains as a
