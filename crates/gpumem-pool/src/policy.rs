@@ -80,6 +80,17 @@ pub struct Exhausted {
     pub cause: UpstreamError,
 }
 
+impl Exhausted {
+    /// A request of `requested` bytes that no rounding or segment can hold (its rounded size
+    /// passes `u64`): the device's out-of-memory error for that size, as the pool reports it.
+    pub fn too_large(requested: u64, up: &Upstream<'_>) -> Self {
+        Exhausted {
+            attempted: requested,
+            cause: up.out_of_memory(requested),
+        }
+    }
+}
+
 /// A device range as a policy sees it, for snapshots, status and fragmentation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SegmentView {

@@ -129,6 +129,22 @@ fn a_refused_request_beside_cached_and_live_blocks_leaves_reserved_as_it_was() {
     }
 }
 
+/// A size whose rounding passes `u64` (a corrupt trace, a C caller's `SIZE_MAX`) is an
+/// out-of-memory error like any request too large, and the pool stays usable after it.
+#[test]
+fn a_request_whose_rounding_overflows_is_an_oom_and_the_pool_goes_on() {
+    for setup in setups() {
+        let pool = setup.pool();
+        for size in [u64::MAX, u64::MAX - 1, u64::MAX - 511, u64::MAX / 2 + 1] {
+            refused(&pool, size, S0, setup);
+        }
+        let block = pool
+            .allocate(MIB, S0)
+            .unwrap_or_else(|e| panic!("{setup:?}: {e}"));
+        pool.free(block.ptr).unwrap();
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 

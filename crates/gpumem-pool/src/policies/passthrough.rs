@@ -37,7 +37,10 @@ impl Policy for PassthroughPolicy {
         req: AllocRequest,
         up: &mut Upstream<'_>,
     ) -> Result<Block, Box<Exhausted>> {
-        let size = req.size.div_ceil(ALIGNMENT) * ALIGNMENT;
+        let size = req
+            .size
+            .checked_next_multiple_of(ALIGNMENT)
+            .ok_or_else(|| Exhausted::too_large(req.size, up))?;
         let pool = SizeClass::for_request(req.size);
         let addr = up
             .malloc_segment(size, pool, req.stream)

@@ -5,7 +5,7 @@
 use gpumem_device::{DevicePtr, StreamId};
 
 use super::tlsf::{NodeId, Tlsf};
-use super::{too_large, ArenaBacking, GpumemPolicy, GpumemSettings, StreamArena};
+use super::{ArenaBacking, GpumemPolicy, GpumemSettings, StreamArena};
 use crate::policy::{Exhausted, SegmentView, Upstream};
 use crate::stats::SizeClass;
 
@@ -97,7 +97,8 @@ impl GpumemPolicy {
         up: &mut Upstream<'_>,
     ) -> Result<NodeId, Exhausted> {
         let (pool, stream) = (self.arenas[a].pool, self.arenas[a].stream);
-        let seg = segment_size(&self.settings, pool, size).ok_or_else(|| too_large(size, up))?;
+        let seg = segment_size(&self.settings, pool, size)
+            .ok_or_else(|| Exhausted::too_large(size, up))?;
         let exhausted = |cause| Exhausted {
             attempted: seg,
             cause,
@@ -112,7 +113,7 @@ impl GpumemPolicy {
         let arena = &mut self.arenas[a];
         let Some(first) = arena.index.add_span(ptr, seg) else {
             let _ = up.free_segment(ptr, seg, pool, stream);
-            return Err(too_large(seg, up));
+            return Err(Exhausted::too_large(seg, up));
         };
         if let ArenaBacking::Segments(segments) = &mut arena.backing {
             segments.segments.push(MallocSegment {
@@ -125,6 +126,6 @@ impl GpumemPolicy {
         arena
             .index
             .allocate(size)
-            .ok_or_else(|| too_large(size, up))
+            .ok_or_else(|| Exhausted::too_large(size, up))
     }
 }

@@ -137,14 +137,6 @@ fn handle_parts(handle: BlockHandle) -> Option<(NodeId, SizeClass)> {
     Some((NodeId::new(raw as u32)?, arena))
 }
 
-/// The failure for a request no arena could ever hold.
-fn too_large(requested: u64, up: &Upstream<'_>) -> Exhausted {
-    Exhausted {
-        attempted: requested,
-        cause: up.out_of_memory(requested),
-    }
-}
-
 /// The arena kind that holds a block of `size` bytes (rounded) accounted to `pool`: with VMM,
 /// small-pool blocks above `slab_max_request` live in the large arena.
 fn arena_pool(pool: SizeClass, size: u64, vmm: bool, slab_max_request: u64) -> SizeClass {
@@ -297,7 +289,7 @@ impl GpumemPolicy {
         let size = req
             .size
             .checked_next_multiple_of(ROUNDING)
-            .ok_or_else(|| too_large(req.size, up))?;
+            .ok_or_else(|| Exhausted::too_large(req.size, up))?;
         let vmm = *self.vmm.get_or_insert_with(|| up.granularity().is_some());
         let kind = arena_pool(pool, size, vmm, self.settings.slab_max_request);
         let a = self.arena(req.stream, kind, up)?;

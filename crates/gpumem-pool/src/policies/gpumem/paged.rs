@@ -9,7 +9,7 @@ use gpumem_device::{DevicePtr, StreamId};
 
 use super::pages::{Chunk, PageMap};
 use super::tlsf::{NodeId, Tlsf};
-use super::{too_large, ArenaBacking, GpumemPolicy, StreamArena};
+use super::{ArenaBacking, GpumemPolicy, StreamArena};
 use crate::policy::{BlockView, Exhausted, SegmentView, Upstream, UpstreamError};
 use crate::stats::SizeClass;
 
@@ -97,7 +97,7 @@ impl PagedReservation {
         })?;
         if index.add_span(base, len).is_none() {
             let _ = up.release_address(base, len);
-            return Err(too_large(len, up));
+            return Err(Exhausted::too_large(len, up));
         }
         Ok(PagedReservation {
             base,
@@ -278,7 +278,7 @@ impl GpumemPolicy {
             }
         }
         let Some(node) = node else {
-            return Err(too_large(size, up));
+            return Err(Exhausted::too_large(size, up));
         };
         let arena = &mut self.arenas[a];
         let addr = arena.index.offset(node);

@@ -10,7 +10,7 @@ use gpumem_device::address_map::AddressHasher;
 use gpumem_device::{DevicePtr, StreamId};
 
 use super::tlsf::NodeId;
-use super::{too_large, ArenaBacking, GpumemPolicy};
+use super::{ArenaBacking, GpumemPolicy};
 use crate::policy::{BlockView, Exhausted, Upstream};
 use crate::stats::SizeClass;
 
@@ -55,7 +55,7 @@ impl GpumemPolicy {
         let arena = &mut self.arenas[a];
         let Some(first) = arena.index.add_span(addr, slab) else {
             self.arenas[large].index.free(loan);
-            return Err(too_large(size, up));
+            return Err(Exhausted::too_large(size, up));
         };
         if let ArenaBacking::Slabs(slabs) = &mut arena.backing {
             slabs.loans.insert(first, SlabLoan { addr, node: loan });
@@ -64,7 +64,7 @@ impl GpumemPolicy {
         arena
             .index
             .allocate(size)
-            .ok_or_else(|| too_large(size, up))
+            .ok_or_else(|| Exhausted::too_large(size, up))
     }
 
     /// After a free in arena `a` left the free node `merged`: if that is a whole slab, the

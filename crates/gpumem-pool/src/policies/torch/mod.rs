@@ -543,10 +543,7 @@ impl Policy for TorchPolicy {
                     .map(|alloc_size| (size, alloc_size))
             });
         let Some((size, alloc_size)) = sizes else {
-            return Err(Box::new(Exhausted {
-                attempted: req.size,
-                cause: up.out_of_memory(req.size),
-            }));
+            return Err(Box::new(Exhausted::too_large(req.size, up)));
         };
         let kind = SizeClass::for_request(size);
         let gc_on = self.gc_limit(up).is_some();
