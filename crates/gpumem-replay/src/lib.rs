@@ -268,6 +268,8 @@ pub fn replay(
     let unlimited = run(trace, policy, UNLIMITED_CAPACITY, options, progress)?;
     let steady = steady_state_calls(trace, policy, options)?;
     let mut report = unlimited.report(policy, trace, steady);
+    // Only a trace past the unlimited device's petabyte runs out here: reported, not cut short.
+    report.oom = unlimited.oom_report(trace, UNLIMITED_CAPACITY);
     report.smallest_capacity_bytes = match options.smallest_capacity {
         true => smallest_capacity(trace, policy, options, &report, progress)?,
         false => None,
@@ -303,15 +305,7 @@ fn within_capacity(
         }
     };
     let limited = run(trace, policy, capacity, options, progress)?;
-    report.oom = limited.oom.as_ref().map(|(index, oom)| OomReport {
-        capacity_bytes: capacity,
-        event_index: *index,
-        step: step_at(trace, *index),
-        requested_bytes: oom.requested,
-        allocated_bytes: oom.pool.allocated,
-        reserved_bytes: oom.pool.reserved,
-        message: oom.to_string(),
-    });
+    report.oom = limited.oom_report(trace, capacity);
     if report.oom.is_none() {
         // Reclaiming made it fit: the capacity-bound run is what would happen on that device.
         let smallest = report.smallest_capacity_bytes;
@@ -456,6 +450,21 @@ struct Run {
     hazards: usize,
     events: usize,
     seconds: f64,
+}
+
+impl Run {
+    /// Where this run, on a device of `capacity` bytes, ran out of memory, if it did.
+    fn oom_report(&self, trace: &Trace, capacity: u64) -> Option<OomReport> {
+        self.oom.as_ref().map(|(index, oom)| OomReport {
+            capacity_bytes: capacity,
+            event_index: *index,
+            step: step_at(trace, *index),
+            requested_bytes: oom.requested,
+            allocated_bytes: oom.pool.allocated,
+            reserved_bytes: oom.pool.reserved,
+            message: oom.to_string(),
+        })
+    }
 }
 
 /// A fresh pool of `policy` for `trace` on an address-only device of `capacity` bytes, for
@@ -842,6 +851,47 @@ mod tests {
                 initial_state: None,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_trace_past_the_unlimited_device_reports_where_it_ran_out() {
+        const TIB: u64 = 1 << 40;
+        let alloc = |addr, size| Event::Alloc {
+            addr,
+            size,
+            stream: 0,
+        };
+        let cases = [
+            // Each fits the petabyte device, both together do not.
+            (
+                vec![alloc(4096, 600 * TIB), alloc(8192, 600 * TIB)],
+                1,
+                600 * TIB,
+            ),
+            // One block larger than the device.
+            (
+                vec![alloc(4096, UNLIMITED_CAPACITY + 1)],
+                0,
+                UNLIMITED_CAPACITY + 1,
+            ),
+        ];
+        for (events, index, requested) in cases {
+            let trace = Trace {
+                events,
+                ..Trace::default()
+            };
+            for policy in PolicyKind::ALL {
+                let report = replay(&trace, policy, &ReplayOptions::default(), &mut |_| {})
+                    .unwrap()
+                    .report;
+                let oom = report.oom.unwrap_or_else(|| panic!("{policy:?}: no OOM"));
+                assert_eq!(
+                    (oom.event_index, oom.requested_bytes, oom.capacity_bytes),
+                    (index, requested, UNLIMITED_CAPACITY),
+                    "{policy:?}"
+                );
+            }
+        }
     }
 
     #[test]
