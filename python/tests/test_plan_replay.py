@@ -100,6 +100,10 @@ def test_bad_arguments_raise_typed_errors_naming_what_is_accepted():
         gpumem.replay(SMALL, policies="no-such-policy")
     with pytest.raises(gpumem.ReplayError, match="percentage"):
         gpumem.replay(SMALL, capacity="50%")
+    with pytest.raises(gpumem.ReplayError, match="max_replays 1: accepted: 2 to 100000"):
+        gpumem.tune(SMALL, max_replays=1)
+    with pytest.raises(gpumem.ReplayError, match="top 0: accepted: 1 to 100"):
+        gpumem.tune(SMALL, top=0)
 
 
 def test_replay_of_a_file_equals_the_command():

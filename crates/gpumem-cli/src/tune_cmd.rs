@@ -1,11 +1,13 @@
 //! `gpumem tune`: argument parsing and printing over `gpumem_replay::tune`.
 
 use crate::output::{self, CommandError};
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 use gpumem_pool::{Bytes, PolicyKind};
 use gpumem_replay::tune::{
     margin_bytes, signed_bytes, tune, Objective, TuneOptions, TuneProgress, TuneReport, Tuned,
+    MAX_REPLAYS_RANGE, TOP_RANGE,
 };
 use gpumem_replay::{PolicyReport, TraceInfo, TuneResult};
 use gpumem_trace::{read_path, Format, ReadOptions};
@@ -46,15 +48,20 @@ pub struct TuneArgs {
     #[arg(long, default_value = "reserved", long_help = objective_help())]
     objective: Objective,
     /// How many settings to show, best first.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    #[arg(long, default_value_t = 3, value_parser = range_of(TOP_RANGE))]
     top: u64,
     /// The most settings to try (default: as many as keep a 10^6-event trace under 10 s on
     /// two cores, at most 400).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(2..=100_000))]
+    #[arg(long, value_parser = range_of(MAX_REPLAYS_RANGE))]
     max_replays: Option<u64>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// A parser of whole numbers within `accepted`, one of the tuner's ranges.
+fn range_of(accepted: RangeInclusive<usize>) -> clap::builder::RangedU64ValueParser {
+    clap::value_parser!(u64).range(*accepted.start() as u64..=*accepted.end() as u64)
 }
 
 /// `--objective`'s long help: every objective with what it minimises.

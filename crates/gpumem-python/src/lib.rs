@@ -369,11 +369,6 @@ fn tune(
     let objective: Objective = objective.parse().map_err(|accepted| {
         ReplayError::new_err(format!("objective {objective:?}: accepted: {accepted}"))
     })?;
-    if !(1..=100).contains(&top) {
-        return Err(ReplayError::new_err(format!(
-            "top {top}: accepted: 1 to 100 settings"
-        )));
-    }
     let options = TuneOptions {
         objective,
         capacity: self::capacity(capacity)?,

@@ -205,4 +205,21 @@ fn bad_input_is_a_clear_error() {
     assert!(e.contains(&(peak_live - 1).to_string()), "{e}");
     assert!(e.contains(&peak_live.to_string()), "{e}");
     assert!(e.contains("peak live"), "{e}");
+
+    // Out of range: an error naming the option and what it accepts, never clamped in silence.
+    for (top, max_replays, named) in [
+        (0, None, "top 0: accepted: 1 to 100"),
+        (101, None, "top 101: accepted: 1 to 100"),
+        (3, Some(0), "max_replays 0: accepted: 2 to 100000"),
+        (3, Some(1), "max_replays 1: accepted: 2 to 100000"),
+    ] {
+        let options = TuneOptions {
+            top,
+            max_replays,
+            ..TuneOptions::default()
+        };
+        let e = tune(&trace, &options, &|_| {}).unwrap_err();
+        assert!(matches!(e, TuneError::OutOfRange { .. }), "{e}");
+        assert_eq!(e.to_string(), named);
+    }
 }

@@ -31,6 +31,7 @@ mod space;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -153,9 +154,10 @@ pub struct TuneOptions {
     pub objective: Objective,
     /// The device the trace must run on; `None` checks nothing.
     pub capacity: Option<u64>,
-    /// How many settings to report, best first (at least one).
+    /// How many settings to report, best first (within [`TOP_RANGE`]).
     pub top: usize,
-    /// The most settings to screen; `None`: as many as keep the whole tuning within 6·10⁷
+    /// The most settings to screen (within [`MAX_REPLAYS_RANGE`]); `None`: as many as keep the
+    /// whole tuning within 6·10⁷
     /// replayed events (at least 16, at most 400), which keeps a 10⁶-event trace well under
     /// 10 s on two cores.
     pub max_replays: Option<usize>,
@@ -254,9 +256,42 @@ pub enum TuneError {
         /// The most bytes the trace holds live at once.
         peak_live: u64,
     },
+    /// An option outside what the tuner accepts.
+    #[error("{option} {value}: accepted: {} to {}", accepted.start(), accepted.end())]
+    OutOfRange {
+        /// The option (`top`, `max_replays`).
+        option: &'static str,
+        /// The value given.
+        value: usize,
+        /// The values accepted.
+        accepted: RangeInclusive<usize>,
+    },
     /// A replay failed.
     #[error(transparent)]
     Replay(#[from] ReplayError),
+}
+
+/// The settings [`TuneOptions::top`] may ask for.
+pub const TOP_RANGE: RangeInclusive<usize> = 1..=100;
+
+/// The budgets [`TuneOptions::max_replays`] may set: two replays at least, to compare.
+pub const MAX_REPLAYS_RANGE: RangeInclusive<usize> = 2..=100_000;
+
+/// `value` of `option` when it lies in `accepted`, else the error naming both.
+fn in_range(
+    option: &'static str,
+    value: usize,
+    accepted: RangeInclusive<usize>,
+) -> Result<usize, TuneError> {
+    if accepted.contains(&value) {
+        Ok(value)
+    } else {
+        Err(TuneError::OutOfRange {
+            option,
+            value,
+            accepted,
+        })
+    }
 }
 
 /// `capacity` minus the smallest device `report` found the trace to run on, when both are
@@ -481,22 +516,25 @@ pub fn tune(
             peak_live,
         });
     }
-    let top = options.top.max(1);
+    let top = in_range("top", options.top, TOP_RANGE)?;
+    let max_replays = options
+        .max_replays
+        .map(|n| in_range("max_replays", n, MAX_REPLAYS_RANGE))
+        .transpose()?;
     let finalists_wanted = match options.objective {
         // The smallest device is only known after the final replays: one more to rank.
         Objective::Fit => top + 1,
         Objective::Reserved | Objective::Calls => top,
     };
-    let budget = options
-        .max_replays
-        .unwrap_or_else(|| automatic_budget(trace, options.objective, finalists_wanted));
+    let budget =
+        max_replays.unwrap_or_else(|| automatic_budget(trace, options.objective, finalists_wanted));
     let mut search = Search {
         trace,
         options,
         space: &space,
         tried: Vec::new(),
         index: HashMap::new(),
-        budget: budget.max(2),
+        budget,
         exhausted: false,
         done: AtomicUsize::new(0),
         progress,
