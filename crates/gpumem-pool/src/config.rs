@@ -239,12 +239,13 @@ impl PoolOptions {
     pub fn resolve_limits(&self, total: u64) -> Result<(Option<u64>, Option<u64>), ConfigError> {
         let soft = self.soft_limit.map(|l| l.resolve(total));
         let hard = self.hard_limit.map(|l| l.resolve(total));
-        if let (Some(soft), Some(hard)) = (soft, hard) {
+        if let (Some(soft_limit), Some(hard_limit)) = (self.soft_limit, self.hard_limit) {
             if soft > hard {
+                // Named as the caller wrote them, whether from the environment or a call.
                 return Err(ConfigError {
-                    source_name: "GPUMEM_SOFT_LIMIT".into(),
-                    value: soft.to_string(),
-                    problem: format!("above the hard limit of {hard} bytes"),
+                    source_name: "soft limit".into(),
+                    value: soft_limit.to_string(),
+                    problem: format!("above the hard limit {hard_limit}"),
                     accepted: "a soft limit no larger than the hard limit".into(),
                 });
             }
@@ -322,7 +323,17 @@ mod tests {
         );
 
         let e = from(&[("GPUMEM_SOFT_LIMIT", "3G"), ("GPUMEM_HARD_LIMIT", "2G")]).unwrap_err();
-        assert!(e.to_string().contains("above the hard limit"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "soft limit=\"2.79 GiB\" is not valid: above the hard limit 1.86 GiB; \
+             accepted: a soft limit no larger than the hard limit"
+        );
+        let e = from(&[("GPUMEM_SOFT_LIMIT", "70%"), ("GPUMEM_HARD_LIMIT", "55%")]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("\"70%\" is not valid: above the hard limit 55%"),
+            "{e}"
+        );
 
         let e = from(&[("GPUMEM_HISTORY", "lots")]).unwrap_err();
         assert!(e.to_string().contains("GPUMEM_HISTORY"), "{e}");

@@ -26,6 +26,17 @@ impl Limit {
     }
 }
 
+/// A limit as it was given: `2.00 GiB` or `50%`.
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Limit::Bytes(b) => Bytes(b).fmt(f),
+            // Rounded off the float's last bits: 0.7 shows as 70%, not 70.00000000000001%.
+            Limit::Fraction(share) => write!(f, "{}%", (share * 100.0 * 1e9).round() / 1e9),
+        }
+    }
+}
+
 /// Why a size string was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
