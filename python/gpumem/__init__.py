@@ -21,6 +21,7 @@ import pickle as _pickle
 from typing import Any as _Any, Iterable as _Iterable, Mapping as _Mapping, Union as _Union
 
 from gpumem import _gpumem
+from gpumem._args import whole as _whole
 from gpumem._gpumem import GpumemError, OutOfMemoryError, PlanError, ReplayError, TraceError
 from gpumem import results
 from gpumem.results import (
@@ -140,7 +141,8 @@ def replay(trace: TraceSource | None = None, *, policies: str | _Iterable[str] =
     """
     source, format = (None, format) if trace is None else _source(trace, format)
     text = _gpumem.replay(
-        source, format=format, device=device, name="snapshot", policies=_names(policies),
+        source, format=format, device=_whole("device", device, ReplayError), name="snapshot",
+        policies=_names(policies),
         capacity=_size(capacity), pytorch_alloc_conf=pytorch_alloc_conf,
         gpumem_policy_conf=gpumem_policy_conf, smallest_capacity=smallest_capacity)
     return Replay.from_dict(_json.loads(text))
@@ -153,9 +155,10 @@ def tune(trace: TraceSource, *, capacity: str | int | None = None, objective: st
     ``gpumem tune --json``. ``objective`` is ``"reserved"``, ``"fit"`` or ``"calls"``; the
     ``top`` settings come best first, with PyTorch's defaults and gpumem's policy beside."""
     source, format = _source(trace, format)
-    text = _gpumem.tune(source, format=format, device=device, name="snapshot",
-                        capacity=_size(capacity), objective=objective, top=top,
-                        max_replays=max_replays)
+    text = _gpumem.tune(source, format=format, device=_whole("device", device, ReplayError),
+                        name="snapshot", capacity=_size(capacity), objective=objective,
+                        top=_whole("top", top, ReplayError),
+                        max_replays=_whole("max_replays", max_replays, ReplayError))
     return Tune.from_dict(_json.loads(text))
 
 
@@ -174,7 +177,7 @@ def report(traces: TraceSource | list[TraceSource], output: str | _os.PathLike[s
     formats = {trace_format for _, trace_format in read} or {format}
     page = _gpumem.report(
         [source for source, _ in read], format=formats.pop() if len(formats) == 1 else format,
-        device=device,
+        device=_whole("device", device, ReplayError),
         policies=_names(policies), capacity=_size(capacity),
         pytorch_alloc_conf=pytorch_alloc_conf, gpumem_policy_conf=gpumem_policy_conf,
         tune=tune)
@@ -202,6 +205,7 @@ def selftest(*, backend: str = "sim", device: int = 0, policies: str | _Iterable
     every policy of ``policies``, round trips and a real trace (``trace``, or a bundled one).
     The result's ``passed`` says whether every check held."""
     source = None if trace is None else _source(trace, "auto")[0]
-    text = _gpumem.selftest(backend=backend, device=device, policies=_names(policies),
-                            trace=source, bytes_per_block=bytes_per_block)
+    text = _gpumem.selftest(backend=backend, device=_whole("device", device),
+                            policies=_names(policies), trace=source,
+                            bytes_per_block=_whole("bytes_per_block", bytes_per_block))
     return Selftest.from_dict(_json.loads(text))

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from gpumem.results import StepTrace
 
 from gpumem import _gpumem
+from gpumem._args import whole
 from gpumem._gpumem import GpumemError
 
 __all__ = [
@@ -62,7 +63,7 @@ def _limit(value: str | int | None) -> str | None:
 
 def _configure(policy: str | None, soft_limit: str | int | None, hard_limit: str | int | None,
                history: int | None) -> None:
-    _gpumem.configure(policy, _limit(soft_limit), _limit(hard_limit), history)
+    _gpumem.configure(policy, _limit(soft_limit), _limit(hard_limit), whole("history", history))
 
 
 def _pluggable(alloc_function: str) -> Any:
@@ -130,15 +131,34 @@ def mempool(policy: str | None = None, *, soft_limit: str | int | None = None,
     return torch.cuda.MemPool(_pluggable(POOL_ALLOC_FUNCTION).allocator())
 
 
-def _device(device: int | Any | None) -> int:
-    """A device ordinal: an int, a torch.device, or None for the current CUDA device (0 before
-    CUDA starts)."""
-    if device is None:
-        import torch
+_DEVICES_ACCEPTED = "a CUDA device number (0 or more), 'cuda', 'cuda:N' or a torch.device of type cuda"
 
-        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-    index = getattr(device, "index", device)
-    return 0 if index is None else int(index)
+
+def _current_device() -> int:
+    """The current CUDA device (0 before CUDA starts)."""
+    import torch
+
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+
+
+def _device(device: int | str | Any | None) -> int:
+    """A device ordinal: an int, ``"cuda"``/``"cuda:N"``, a torch.device of type cuda, or None
+    for the current CUDA device (0 before CUDA starts); anything else is an error saying what
+    is accepted."""
+    if device is None:
+        return _current_device()
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind != "cuda" or (index and not index.isdigit()):
+            raise ValueError(f"device {device!r}: accepted: {_DEVICES_ACCEPTED}")
+        return int(index) if index else _current_device()
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise ValueError(f"device {device}: accepted: {_DEVICES_ACCEPTED}")
+        return device
+    if getattr(device, "type", None) == "cuda" and hasattr(device, "index"):  # a torch.device
+        return _current_device() if device.index is None else device.index
+    raise TypeError(f"device {device!r}: accepted: {_DEVICES_ACCEPTED}")
 
 
 def memory_stats(device: int | Any | None = None) -> dict[str, int]:
@@ -174,7 +194,7 @@ def snapshot(path: str | os.PathLike[str], device: int | Any | None = None) -> N
 def record_history(events: int, device: int | Any | None = None) -> None:
     """Starts recording ``events`` allocation events of ``device`` for :func:`snapshot`
     (0 stops)."""
-    _gpumem.set_history(events, _device(device))
+    _gpumem.set_history(whole("events", events), _device(device))
 
 
 def set_limits(soft_limit: str | int | None = None, hard_limit: str | int | None = None,

@@ -161,3 +161,32 @@ def test_cupy_use_allocates_from_gpumem_frees_on_release_and_explains_an_oom(mon
         assert "16.00 MiB" in str(raised.value.__cause__)
     finally:
         _gpumem.configure(None, None, "none", None)
+
+
+def test_device_arguments_are_ordinals_cuda_strings_or_cuda_devices(fake_torch):
+    cuda1 = types.SimpleNamespace(type="cuda", index=1)
+    assert [gt._device(d) for d in (None, 0, 2, "cuda", "cuda:3", cuda1)] == [0, 0, 2, 0, 3, 1]
+    for bad in ("cuda:x", "cpu", "cuda:-1", -1):
+        with pytest.raises(ValueError, match=r"accepted: a CUDA device number .* 'cuda:N'"):
+            gt.memory_stats(bad)
+    for bad in (True, 1.7, types.SimpleNamespace(type="cpu", index=None)):
+        with pytest.raises(TypeError, match="accepted: a CUDA device number"):
+            gt.memory_stats(bad)
+
+
+def test_negative_counts_and_crossed_limits_name_the_argument(fake_torch):
+    with pytest.raises(ValueError, match="history -1: accepted: a whole number, 0 or more"):
+        gt.use(history=-1)
+    with pytest.raises(ValueError, match="events -5: accepted"):
+        gt.record_history(-5)
+    with pytest.raises(gpumem.GpumemError,
+                       match='soft limit="3.00 GiB" is not valid: above the hard limit 2.00 GiB'):
+        gt.use(soft_limit="3GiB", hard_limit="2GiB")
+    with pytest.raises(gpumem.ReplayError, match="device -1: accepted: a whole number"):
+        gpumem.replay(device=-1)
+    with pytest.raises(gpumem.ReplayError, match="max_replays -1: accepted"):
+        gpumem.tune(b"", max_replays=-1)
+    with pytest.raises(TypeError, match="top '3': accepted"):
+        gpumem.tune(b"", top="3")
+    with pytest.raises(ValueError, match="bytes_per_block -1: accepted"):
+        gpumem.selftest(bytes_per_block=-1)
