@@ -111,6 +111,8 @@ def test_replay_of_a_file_equals_the_command():
     want = cli_json("replay", str(SMALL), "--capacity", "64MiB")
     assert without_timings(got.to_dict()) == without_timings(want)
     assert [p.policy for p in got.policies] == ["none", "torch", "expandable", "gpumem"]
+    named_twice = gpumem.replay(SMALL, policies=["gpumem", "torch", "torch", "all"])
+    assert [p.policy for p in named_twice.policies] == ["gpumem", "torch", "none", "expandable"]
     assert isinstance(got.policies[0], results.PolicyReport)
     assert got.trace.events == want["trace"]["events"] > 0
 

@@ -292,7 +292,8 @@ fn request_error(e: gpumem_replay::request::RequestError) -> PyErr {
     ReplayError::new_err(e.to_string())
 }
 
-/// The policies named: one name, `all`, or a list of names.
+/// The policies named: one name, `all`, or a list of names; each policy once, in the order
+/// first named.
 fn policy_list(policies: Vec<String>) -> PyResult<Vec<PolicyKind>> {
     if policies.is_empty() {
         return Err(ReplayError::new_err(format!(
@@ -302,7 +303,11 @@ fn policy_list(policies: Vec<String>) -> PyResult<Vec<PolicyKind>> {
     }
     let mut kinds = Vec::new();
     for name in &policies {
-        kinds.extend(request::parse_policies(name).map_err(request_error)?);
+        for kind in request::parse_policies(name).map_err(request_error)? {
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
     }
     Ok(kinds)
 }
