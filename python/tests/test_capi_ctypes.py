@@ -189,6 +189,13 @@ def test_a_bad_backend_name_is_a_clear_error(monkeypatch):
     )
 
 
+def test_a_simulated_device_past_a_petabyte_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("GPUMEM_SIM_CAPACITY", str(2**64 - 1))
+    assert LIB.gpumem_cupy_malloc(None, 100, 10) is None
+    assert "the largest simulated device" in last_error()
+    assert 'GPUMEM_SIM_CAPACITY="18446744073709551615" is not valid' in last_error()
+
+
 def test_the_policy_changes_only_while_nothing_is_allocated():
     device = 6
     ptr = _gpumem.alloc(4096, device)

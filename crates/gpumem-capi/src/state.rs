@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpumem_cuda::CudaDevice;
-use gpumem_device::sim::{SimConfig, SimDevice};
+use gpumem_device::sim::{self, SimConfig, SimDevice};
 use gpumem_device::{Device, DevicePtr, StreamId};
 use gpumem_pool::{
     global_registry, parse_limit, ConfigError, Limit, PolicyKind, Pool, PoolConfig, PoolError,
@@ -239,8 +239,12 @@ fn sim_capacity() -> Result<u64, CapiError> {
         problem,
     };
     match parse_limit(&value) {
-        Ok(Limit::Bytes(bytes)) if bytes > 0 => Ok(bytes),
-        Ok(Limit::Bytes(_)) => Err(problem("zero bytes".into())),
+        Ok(Limit::Bytes(0)) => Err(problem("zero bytes".into())),
+        Ok(Limit::Bytes(bytes)) if bytes > sim::MAX_CAPACITY => Err(problem(format!(
+            "above {} bytes (1 PiB), the largest simulated device",
+            sim::MAX_CAPACITY
+        ))),
+        Ok(Limit::Bytes(bytes)) => Ok(bytes),
         Ok(Limit::Fraction(_)) => Err(problem("a percentage of no device".into())),
         Err(e) => Err(problem(e.to_string())),
     }

@@ -250,13 +250,20 @@ fn align_up(value: u64, align: u64) -> u64 {
     value.div_ceil(align) * align
 }
 
+/// The largest capacity a simulated device takes, 1 PiB: far past any GPU, while its
+/// addresses and every policy's reservations (several times the device's size) stay well
+/// within 64 bits.
+pub const MAX_CAPACITY: u64 = 1 << 50;
+
 impl SimDevice {
-    /// Creates a device. Fails on a zero capacity or a granularity that is not a power of two.
+    /// Creates a device. Fails on a capacity of zero or above [`MAX_CAPACITY`], or a
+    /// granularity that is not a power of two.
     pub fn new(config: SimConfig) -> Result<Self, DeviceError> {
-        if config.capacity == 0 {
-            return Err(DeviceError::InvalidValue(
-                "simulated device capacity must be non-zero".into(),
-            ));
+        if config.capacity == 0 || config.capacity > MAX_CAPACITY {
+            return Err(DeviceError::InvalidValue(format!(
+                "simulated device capacity {} bytes: accepted: 1 byte to {MAX_CAPACITY} (1 PiB)",
+                config.capacity
+            )));
         }
         if let Some(g) = config.granularity {
             if g == 0 || !g.is_power_of_two() {
@@ -1002,6 +1009,17 @@ mod tests {
 
     fn host(capacity: u64) -> SimDevice {
         SimDevice::new(SimConfig::host(capacity)).unwrap()
+    }
+
+    #[test]
+    fn a_capacity_of_zero_or_past_a_petabyte_is_refused() {
+        for capacity in [0, MAX_CAPACITY + 1, u64::MAX] {
+            let e = SimDevice::new(SimConfig::address_only(capacity))
+                .err()
+                .unwrap();
+            assert!(e.to_string().contains("accepted: 1 byte to"), "{e}");
+        }
+        assert!(SimDevice::new(SimConfig::address_only(MAX_CAPACITY)).is_ok());
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub use report::{
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpumem_device::sim::{SimConfig, SimDevice, DEFAULT_GRANULARITY};
+use gpumem_device::sim::{SimConfig, SimDevice, DEFAULT_GRANULARITY, MAX_CAPACITY};
 use gpumem_device::{AddressMap, Device, DeviceError, HazardChecker, StreamId};
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::policies::GpumemSettings;
@@ -36,8 +36,8 @@ use gpumem_pool::{
 use gpumem_trace::{Event, Trace};
 use serde::Serialize;
 
-/// Device size for runs that must not be limited by capacity: 1 PiB of address space.
-const UNLIMITED_CAPACITY: u64 = 1 << 50;
+/// Device size for runs that must not be limited by capacity: the largest simulated device.
+const UNLIMITED_CAPACITY: u64 = MAX_CAPACITY;
 
 /// The step of [`smallest_capacity`]'s search: the 2 MiB page that device memory comes in.
 pub const CAPACITY_RESOLUTION: u64 = 2 << 20;
