@@ -46,7 +46,7 @@ const BUILT_IN: [(PolicyKind, &str, &str); 4] = [
     (
         PolicyKind::Torch,
         "torch",
-        "PyTorch's caching allocator, faithfully (PYTORCH_ALLOC_CONF applies)",
+        "PyTorch's caching allocator, faithfully (its options: PYTORCH_ALLOC_CONF in a process, --pytorch-alloc-conf in a replay)",
     ),
     (
         PolicyKind::Expandable,

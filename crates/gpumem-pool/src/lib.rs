@@ -63,7 +63,9 @@ pub use policy::{
 };
 pub use pool::{Allocation, Pool, PoolError, PoolStatus};
 pub use registry::{global_registry, DeviceRegistry};
-pub use size::{parse_limit, Bytes, Limit, SizeParseError, ACCEPTED_SIZE_FORMS};
+pub use size::{
+    parse_limit, Bytes, Limit, SizeParseError, ACCEPTED_BYTE_FORMS, ACCEPTED_SIZE_FORMS,
+};
 pub use stats::{
     DeviceCalls, MemoryStats, SizeClass, Stat, StatArray, StatRecord, SMALL_REQUEST_MAX,
 };

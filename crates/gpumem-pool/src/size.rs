@@ -2,10 +2,21 @@
 
 use std::fmt;
 
-/// The forms [`parse_limit`] accepts, for error messages.
-pub const ACCEPTED_SIZE_FORMS: &str = "bytes (e.g. 10000), k/M/G/T with optional B (1000-based, \
-e.g. 100M, 2GB), KiB/MiB/GiB/TiB (1024-based, e.g. 1.5GiB), or a percentage of the device \
-(e.g. 50%)";
+/// The absolute forms [`parse_limit`] accepts (one literal for both constants below).
+macro_rules! byte_forms {
+    () => {
+        "bytes (e.g. 10000), k/M/G/T with optional B (1000-based, e.g. 100M, 2GB), \
+         KiB/MiB/GiB/TiB (1024-based, e.g. 1.5GiB)"
+    };
+}
+
+/// The absolute forms [`parse_limit`] accepts, for messages about a size that cannot be a
+/// share of a device (a device's capacity).
+pub const ACCEPTED_BYTE_FORMS: &str = byte_forms!();
+
+/// Every form [`parse_limit`] accepts, for error messages.
+pub const ACCEPTED_SIZE_FORMS: &str =
+    concat!(byte_forms!(), ", or a percentage of the device (e.g. 50%)");
 
 /// A memory amount: absolute, or a fraction of the device's total memory.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -3,7 +3,7 @@
 
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::policies::GpumemSettings;
-use gpumem_pool::{parse_limit, Limit, PolicyKind, ACCEPTED_SIZE_FORMS};
+use gpumem_pool::{parse_limit, Limit, PolicyKind, ACCEPTED_BYTE_FORMS};
 
 /// A value of a replay request that is not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -43,7 +43,7 @@ pub fn parse_capacity(text: &str) -> Result<u64, RequestError> {
         Ok(Limit::Fraction(_)) => Err(refuse(
             "a capacity must be absolute (e.g. 24GiB), not a percentage".into(),
         )),
-        Err(e) => Err(refuse(format!("{e}; accepted: {ACCEPTED_SIZE_FORMS}"))),
+        Err(e) => Err(refuse(format!("{e}; accepted: {ACCEPTED_BYTE_FORMS}"))),
     }
 }
 
@@ -70,4 +70,17 @@ pub fn policy_settings(
         None => GpumemSettings::default(),
     };
     Ok((torch, gpumem))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capacity_error_lists_only_what_a_capacity_accepts() {
+        let e = parse_capacity("12bananas").unwrap_err().to_string();
+        assert!(e.contains("1.5GiB") && !e.contains('%'), "{e}");
+        let e = parse_capacity("50%").unwrap_err().to_string();
+        assert!(e.contains("must be absolute"), "{e}");
+    }
 }

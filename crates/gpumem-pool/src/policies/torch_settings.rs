@@ -206,7 +206,12 @@ impl TorchSettings {
                         "native",
                     ))
                 }
-                _ => return Err(err("unknown backend", "native or cudaMallocAsync")),
+                _ => {
+                    return Err(err(
+                        "unknown backend",
+                        "native (PyTorch's other backend, cudaMallocAsync, is the driver's pool and not reproduced)",
+                    ))
+                }
             },
             "max_split_size_mb" => self.max_split_size = mib_at_least_20()?,
             "max_non_split_rounding_mb" => {
@@ -387,6 +392,10 @@ mod tests {
             ("max_split_size", "missing ':'"),
             ("foo:1", "unknown option"),
             ("backend:cudaMallocAsync", "driver's pool"),
+            (
+                "backend:foo",
+                "accepted: native (PyTorch's other backend, cudaMallocAsync, is",
+            ),
             ("roundup_power2_divisions:[256:1", "unbalanced"),
             ("release_lock_on_cudamalloc:none", "not a boolean"),
             ("pinned_num_register_threads:1024", "out of range"),
