@@ -64,6 +64,23 @@ fn range_of(accepted: RangeInclusive<usize>) -> clap::builder::RangedU64ValuePar
     clap::value_parser!(u64).range(*accepted.start() as u64..=*accepted.end() as u64)
 }
 
+/// `value` beside `reference` in words: `4.00 MiB (5.9 %) below the best setting's`, or
+/// `the same as …`.
+fn compared(value: u64, reference: u64, what: &str) -> String {
+    let share = |difference: u64| 100.0 * difference as f64 / reference.max(1) as f64;
+    match value.cmp(&reference) {
+        std::cmp::Ordering::Equal => format!("the same as {what}"),
+        std::cmp::Ordering::Less => {
+            let d = reference - value;
+            format!("{} ({:.1} %) below {what}", Bytes(d), share(d))
+        }
+        std::cmp::Ordering::Greater => {
+            let d = value - reference;
+            format!("{} ({:.1} %) above {what}", Bytes(d), share(d))
+        }
+    }
+}
+
 /// `--objective`'s long help: every objective with what it minimises.
 fn objective_help() -> String {
     format!(
@@ -193,11 +210,13 @@ fn print_table(trace: &TraceInfo, report: &TuneReport) -> Result<(), CommandErro
     output::print("    GPUMEM_POOL=gpumem (gpumem's own policy)")?;
     if let Some(best) = report.ranked.first() {
         let best_reserved = best.report.peak_reserved_bytes;
-        let change = gpumem.peak_reserved_bytes as i64 - best_reserved as i64;
         output::print(&format!(
-            "\nThe gpumem policy's peak reserved is {} ({:+.1} %) against the best setting's.",
-            signed_bytes(change),
-            100.0 * change as f64 / best_reserved.max(1) as f64
+            "\nThe gpumem policy's peak reserved is {}.",
+            compared(
+                gpumem.peak_reserved_bytes,
+                best_reserved,
+                "the best setting's"
+            )
         ))?;
     }
     output::print("\nNot searched on this trace:")?;
@@ -205,4 +224,23 @@ fn print_table(trace: &TraceInfo, report: &TuneReport) -> Result<(), CommandErro
         output::print(&format!("  {note}"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compared;
+
+    #[test]
+    fn a_comparison_says_below_above_or_the_same() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(
+            compared(64 * MIB, 68 * MIB, "the best setting's"),
+            "4.00 MiB (5.9 %) below the best setting's"
+        );
+        assert_eq!(
+            compared(68 * MIB, 64 * MIB, "x"),
+            "4.00 MiB (6.2 %) above x"
+        );
+        assert_eq!(compared(5, 5, "x"), "the same as x");
+    }
 }
