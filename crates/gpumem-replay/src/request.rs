@@ -62,7 +62,7 @@ pub fn policy_settings(
         None => TorchSettings::default(),
     };
     let gpumem = match gpumem_policy_conf {
-        Some(conf) => GpumemSettings::parse(conf).map_err(|e| RequestError {
+        Some(conf) => GpumemSettings::parse_for_vmm(conf).map_err(|e| RequestError {
             what: "gpumem_policy_conf",
             value: conf.to_string(),
             reason: e.to_string(),
@@ -82,5 +82,18 @@ mod tests {
         assert!(e.contains("1.5GiB") && !e.contains('%'), "{e}");
         let e = parse_capacity("50%").unwrap_err().to_string();
         assert!(e.contains("must be absolute"), "{e}");
+    }
+
+    #[test]
+    fn a_replay_refuses_the_gpumem_options_its_vmm_device_never_reads() {
+        let e = policy_settings(None, Some("max_chunk_pages:4,small_segment_mb:100"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("small_segment_mb=\"100\" is not valid: sizes segments only on a device without VMM"), "{e}");
+        assert!(
+            e.contains("accepted:") && !e.contains("mid_segment_mb"),
+            "{e}"
+        );
+        assert!(policy_settings(None, Some("max_chunk_pages:4")).is_ok());
     }
 }

@@ -212,6 +212,15 @@ const KNOBS: [Knob; 10] = [
     },
 ];
 
+/// The options that size PyTorch-like segments, which the policy uses only on a device without
+/// virtual-memory management (VMM); with VMM it maps pages and never reads them.
+pub const WITHOUT_VMM_KEYS: [&str; 4] = [
+    "small_segment_mb",
+    "mid_segment_mb",
+    "large_request_mb",
+    "segment_rounding_mb",
+];
+
 /// A valid settings string, quoted when one is malformed.
 const EXAMPLE: &str = "slab_max_request_kb:32,max_chunk_pages:4";
 
@@ -220,8 +229,33 @@ impl GpumemSettings {
     /// given keep their defaults) and validates the result. Errors name the option, its value,
     /// the problem and the accepted forms.
     pub fn parse(conf: &str) -> Result<GpumemSettings, ConfigError> {
+        Self::parse_for(conf, false)
+    }
+
+    /// [`parse`](Self::parse) for a device known to have VMM (a replay's): an option of
+    /// [`WITHOUT_VMM_KEYS`] would change nothing there, so it is refused rather than ignored.
+    pub fn parse_for_vmm(conf: &str) -> Result<GpumemSettings, ConfigError> {
+        Self::parse_for(conf, true)
+    }
+
+    fn parse_for(conf: &str, vmm: bool) -> Result<GpumemSettings, ConfigError> {
         let mut settings = GpumemSettings::default();
         for (key, value) in split_options(conf, EXAMPLE)? {
+            if vmm && WITHOUT_VMM_KEYS.contains(&key.as_str()) {
+                return Err(ConfigError {
+                    source_name: key,
+                    value,
+                    problem: "sizes segments only on a device without VMM, and this one maps \
+                              pages (a replay's device has VMM, as every GPU since Pascal)"
+                        .into(),
+                    accepted: KNOBS
+                        .map(|knob| knob.key)
+                        .into_iter()
+                        .filter(|key| !WITHOUT_VMM_KEYS.contains(key))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
             let knob = KNOBS
                 .iter()
                 .find(|knob| knob.key == key)
