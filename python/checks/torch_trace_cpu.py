@@ -11,6 +11,11 @@ with a PyTorch environment; CI never downloads PyTorch). Skipped, saying so, wit
 3. A catalogue model, ResNet-18 written as torchvision builds it, against the planner
    (gpumem plan --config testdata/plan/configs/resnet18.json) and the CPU measurement
    committed in testdata/plan/measured.jsonl.
+4. What the user brings: optimizer states and gradients that exist before the trace are live
+   from the start, no model output outlives its step, every stock torch.optim optimizer
+   traces (NAdam, capturable Adam, ...), a GPU given as bytes; and what cannot run is
+   refused up front or with a clear error (bad arguments, a loss without gradient,
+   value-dependent operators and sparse tensors on fake tensors, LBFGS's closure).
 """
 
 from __future__ import annotations
@@ -281,11 +286,206 @@ def check_catalogue_against_planner() -> None:
         assert abs(vs_cpu) < 0.10, vs_cpu
 
 
+MIB = 1 << 20
+
+
+def linear() -> tuple[nn.Module, torch.Tensor]:
+    """A 4 MiB weight and its input."""
+    torch.manual_seed(0)
+    return nn.Linear(1024, 1024, bias=False), torch.randn(8, 1024)
+
+
+def total(y: torch.Tensor) -> torch.Tensor:
+    return y.sum()
+
+
+def raises(error: type[Exception] | tuple[type[Exception], ...], words: str, call) -> None:
+    """``call()`` raises ``error`` saying ``words``."""
+    try:
+        call()
+    except error as raised:
+        assert words in str(raised), (words, str(raised))
+        return
+    raise AssertionError(f"no {error} saying {words!r}")
+
+
+def check_existing_state_and_gradients() -> None:
+    model, x = linear()
+    fresh = gt.trace(model, (x,), optimizer=torch.optim.Adam(model.parameters()),
+                     loss_fn=total)
+    optimizer = torch.optim.Adam(model.parameters())
+    total(model(x)).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    stepped = gt.trace(model, (x,), optimizer=optimizer, loss_fn=total)
+    # exp_avg and exp_avg_sq (8 MiB) exist before the trace: counted as from a fresh Adam.
+    assert stepped.breakdown["optimizer_state"] == 8 * MIB, stepped.breakdown
+    assert stepped.peak_allocated_bytes == fresh.peak_allocated_bytes
+    # Adagrad makes its state in __init__; with foreach=False as with foreach.
+    for foreach in (True, False):
+        adagrad = gt.trace(model, (x,), optimizer=torch.optim.Adagrad(
+            model.parameters(), foreach=foreach), loss_fn=total, steps=1)
+        assert adagrad.breakdown["optimizer_state"] == 4 * MIB, (foreach, adagrad.breakdown)
+        assert adagrad.step_peaks[0] >= 12 * MIB
+    recorder = _torch_trace.record(model, (x,), optimizer=torch.optim.Adagrad(
+        model.parameters(), foreach=False), loss_fn=total, steps=1)
+    states = [made for is_alloc, made in recorder.events
+              if is_alloc and made.kind == "optimizer_state"]
+    assert {made.phase for made in states} == {"setup"}, states
+
+    without = gt.trace(model, (x,), loss_fn=total, steps=1)
+    total(model(x)).backward()
+    accumulated = gt.trace(model, (x,), loss_fn=total, steps=1)
+    # A gradient kept from an earlier step (gradient accumulation) is 4 MiB more.
+    assert accumulated.peak_allocated_bytes == without.peak_allocated_bytes + 4 * MIB
+    assert model.weight.grad is not None and \
+        not _torch_trace._is_fake(optimizer.state[model.weight]["exp_avg"]), "untouched"
+    print(f"existing state and gradients: Adam stepped before "
+          f"{stepped.peak_allocated_bytes / MIB:.0f} MiB as fresh; accumulated gradient "
+          f"+{(accumulated.peak_allocated_bytes - without.peak_allocated_bytes) / MIB:.0f} MiB")
+
+
+class TwoOutputs(nn.Module):
+    """A loss and a 4 MiB activation, in either order."""
+
+    def __init__(self, loss_first: bool) -> None:
+        super().__init__()
+        self.fc, self.loss_first = nn.Linear(1024, 1024, bias=False), loss_first
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.fc(x)
+        return (y.sum(), y * 2) if self.loss_first else (y * 2, y.sum())
+
+
+def check_outputs_are_dropped_before_the_optimizer() -> None:
+    x = torch.randn(1024, 1024)
+    peaks = []
+    for loss_first in (True, False):
+        model = TwoOutputs(loss_first)
+        result = gt.trace(model, (x,), optimizer=torch.optim.Adam(model.parameters()),
+                          loss_fn=lambda out, i=int(not loss_first): out[i])
+        peaks.append({p.phase: p.allocated_bytes for p in result.phases})
+    # The optimizer step holds no output (the 4 MiB y * 2 is dropped with the loss).
+    assert peaks[0] == peaks[1], peaks
+    print(f"outputs dropped: optimizer step {peaks[0]['optimizer'] / MIB:.0f} MiB in either "
+          f"order")
+
+
+def check_every_stock_optimizer_traces() -> None:
+    model, x = linear()
+    params = list(model.parameters())
+    made = [torch.optim.SGD(params, lr=0.1, momentum=0.9)]
+    for kind in (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam,
+                 torch.optim.Adamax, torch.optim.ASGD, torch.optim.RMSprop, torch.optim.Rprop,
+                 torch.optim.Adadelta):
+        made += [kind(params), kind(params, capturable=True),
+                 kind(params, capturable=True, foreach=False), kind(params, foreach=False)]
+    made += [torch.optim.Adagrad(params), torch.optim.Adafactor(params)]
+    for optimizer in made:
+        result = gt.trace(model, (x,), optimizer=optimizer, loss_fn=total, steps=3)
+        assert result.breakdown["optimizer_state"] >= 4 * MIB or \
+            isinstance(optimizer, torch.optim.Adafactor), (optimizer, result.breakdown)
+    raises(ValueError, "LBFGS.step needs them",
+           lambda: gt.trace(model, (x,), optimizer=torch.optim.LBFGS(params), loss_fn=total))
+    print(f"stock optimizers: {len(made)} settings traced; LBFGS refused")
+
+
+def check_sparse_tensors_are_refused() -> None:
+    # Fake tensors hold no entries of a sparse tensor (nnz 0): refused, not counted as 0.
+    torch.manual_seed(0)
+    embedding = nn.Embedding(10_000, 64, sparse=True)
+    ids = torch.randint(0, 10_000, (32,))
+    raises(ValueError, "cannot size sparse tensors: fake tensors hold none of their entries "
+           "(a torch.sparse_coo tensor made by aten.", lambda: gt.trace(
+               embedding, (ids,), optimizer=torch.optim.SparseAdam(embedding.parameters()),
+               loss_fn=total))
+    for adjacency in (torch.eye(16).to_sparse(), torch.eye(16).to_sparse_csr()):
+        raises(ValueError, f"a {adjacency.layout} tensor made by aten.clone.default in the "
+               f"inputs phase", lambda: gt.trace(GraphConv(), (adjacency, torch.randn(16, 16)),
+                                                 loss_fn=total))
+    print("sparse tensors: refused (sparse gradient, COO and CSR inputs)")
+
+
+class GraphConv(nn.Module):
+    """A sparse adjacency times a linear layer's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, adjacency: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.mm(adjacency, self.fc(x))
+
+
+def check_arguments_and_clear_errors() -> None:
+    model, x = linear()
+    by_bytes = gt.trace(model, (x,), loss_fn=total, gpu=24 * GIB, steps=1)
+    assert by_bytes.gpu is not None and by_bytes.gpu.memory_bytes == 24 * GIB
+    assert by_bytes.gpu.fits and gt.trace(model, (x,), loss_fn=total, gpu=1000 * MIB + 1,
+                                           steps=1).gpu.memory_bytes == 1000 * MIB + 1
+    top = gt.trace(model, (x,), loss_fn=total, top=0, steps=1)
+    assert top.largest_tensors == [] and top.largest_modules == []
+    adam = torch.optim.Adam(model.parameters())
+    for words, call in (
+            ("top must be a non-negative integer", lambda: gt.trace(model, (x,), top=-1)),
+            ("top must be a non-negative integer", lambda: gt.trace(model, (x,), top="3")),
+            ("gpu must be", lambda: gt.trace(model, (x,), gpu=True)),
+            ("must be positive", lambda: gt.trace(model, (x,), gpu=-1)),
+            ("model must be a torch.nn.Module", lambda: gt.trace(total, (x,))),
+            ("optimizer must be None or a torch.optim.Optimizer",
+             lambda: gt.trace(model, (x,), optimizer="adam")),
+            ("pass an instance", lambda: gt.trace(model, (x,), optimizer=torch.optim.Adam)),
+            ("loss_fn must be None or a function", lambda: gt.trace(model, (x,), loss_fn=1)),
+            ("trace_out must be None or a path",
+             lambda: gt.trace(model, (x,), loss_fn=total, trace_out=3))):
+        raises((TypeError, ValueError), words, call)
+    raises(TypeError, "loss_fn returned None",
+           lambda: gt.trace(model, (x,), loss_fn=lambda y: None))
+    raises(TypeError, "the model returned a tensor of shape (8, 1024)",
+           lambda: gt.trace(model, (x,)))
+    frozen = nn.Linear(64, 64).requires_grad_(False)
+    raises(RuntimeError, "the loss does not require grad", lambda: gt.trace(
+        frozen, (torch.randn(2, 64),), loss_fn=total,
+        optimizer=torch.optim.SGD(frozen.parameters(), lr=0.1)))
+    raises(RuntimeError, "the loss does not require grad", lambda: gt.trace(
+        model, (x,), loss_fn=lambda y: y.detach().sum(), optimizer=adam))
+    # Without an optimizer a loss that needs no gradient is a forward-only step.
+    forward = gt.trace(frozen, (torch.randn(2, 64),), loss_fn=total)
+    assert [p.phase for p in forward.phases] == ["inputs", "forward", "loss"], forward.phases
+
+    class ValueDependent(nn.Module):
+        def __init__(self, read: str) -> None:
+            super().__init__()
+            self.fc, self.read = nn.Linear(16, 16), read
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            if self.read == "if":
+                return y.sum() if y.abs().max() > 1e4 else y.mean()
+            if self.read == "item":
+                return y.sum() * y.max().item()
+            if self.read == "nonzero":
+                return y[y.nonzero(as_tuple=True)].sum()
+            return y[y > 0].sum()
+
+    for read, op in (("if", "_local_scalar_dense"), ("item", "_local_scalar_dense"),
+                     ("nonzero", "nonzero"), ("mask", "nonzero")):
+        raises(RuntimeError, f"aten.{op}.default in the forward phase needs them",
+               lambda: gt.trace(ValueDependent(read), (torch.randn(4, 16),)))
+    print("arguments: gpu as bytes, top=0; bad arguments, a loss without gradient and "
+          "value-dependent operators refused with clear errors")
+
+
 def main() -> int:
     print(f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
     check_fake_matches_real()
     check_outside_catalogue()
     check_catalogue_against_planner()
+    check_existing_state_and_gradients()
+    check_outputs_are_dropped_before_the_optimizer()
+    check_every_stock_optimizer_traces()
+    check_sparse_tensors_are_refused()
+    check_arguments_and_clear_errors()
     print("torch_trace_cpu.py: all checks passed")
     return 0
 

@@ -288,14 +288,14 @@ class GpuFacts:
 
 def gpu_facts(gpu: str | int | None) -> GpuFacts:
     """The planner's facts of ``gpu`` (a catalogue name such as ``"h100"`` or a size such as
-    ``"24GiB"``, as for ``gpumem plan --gpu``; None: the planner's default GPU, Hopper's
-    workspace): read from a plan of a tiny model on it, so the names, sizes and errors are the
-    planner's own."""
+    ``"24GiB"``, as for ``gpumem plan --gpu``, or a size in bytes as an int; None: the
+    planner's default GPU, Hopper's workspace): read from a plan of a tiny model on it, so the
+    names, sizes and errors are the planner's own."""
     import gpumem
 
     settings: dict[str, Any] = dict(_PROBE)
     if gpu is not None:
-        settings["gpu"] = str(gpu)
+        settings["gpu"] = planner_gpu(gpu)
     plan = gpumem.plan(**settings)
     cores = (plan.to_dict().get("workload") or {}).get("cores") or {}
     return GpuFacts(
@@ -308,6 +308,20 @@ def gpu_facts(gpu: str | int | None) -> GpuFacts:
         amd=bool(cores.get("amd", False)),
         tf32=bool(cores.get("tf32", True)),
     )
+
+
+def planner_gpu(gpu: str | int) -> str:
+    """``gpu`` as ``gpumem plan --gpu`` reads it: a name or size as given; a size in bytes (an
+    int) in MiB, a decimal that is exact (a byte is 2**-20 MiB), as the planner takes no
+    bytes unit."""
+    if isinstance(gpu, bool) or not isinstance(gpu, (str, int)):
+        raise TypeError(f"gpu must be a GPU name or size as a str (\"h100\", \"24GiB\") or a "
+                        f"size in bytes as an int, not {type(gpu).__name__}")
+    if isinstance(gpu, str):
+        return gpu
+    if gpu <= 0:
+        raise ValueError(f"gpu as an int is a size in bytes and must be positive, not {gpu}")
+    return f"{gpu / (1 << 20):.20f}".rstrip("0").rstrip(".") + "MiB"
 
 
 def column_sum_staging_bytes(rows: int, cols: int, facts: GpuFacts) -> list[int]:

@@ -14,7 +14,9 @@ import weakref
 from typing import Any, Callable, Iterator
 
 import torch
-from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeCopyMode,
+                                           FakeTensorMode)
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
@@ -88,28 +90,37 @@ class _Storages:
         self.seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def track(self, tensor: torch.Tensor, *, op: str = "", kind: str | None = None,
-              name: str = "") -> Allocation | None:
+              name: str = "") -> None:
+        if tensor.layout != torch.strided:
+            raise ValueError(
+                f"gpumem.torch.trace cannot size sparse tensors: fake tensors hold none of "
+                f"their entries (a {tensor.layout} tensor{' made by ' + op if op else ''} "
+                f"in the {self.recorder.phase} phase); trace with dense tensors "
+                f"(nn.Embedding(sparse=False), dense inputs)")
         storage = tensor.untyped_storage()
         known = self.seen.get(storage)
         nbytes = storage.nbytes()
         if known is not None:
             made, _ = known
             if made is None or made.nbytes == nbytes:
-                return made
+                return
             # Resized in place: CUDA allocates the new size and frees the old block.
             self.recorder.free(made)
         made = self.recorder.alloc(nbytes, op=op, kind=kind, name=name)
         recorder = self.recorder
         self.seen[storage] = (made, weakref.ref(storage, lambda _, m=made: recorder.free(m)))
-        return made
+
+    def allocation(self, tensor: Any) -> Allocation | None:
+        """The recorded allocation of a tracked tensor's storage (None for anything else)."""
+        if not isinstance(tensor, torch.Tensor):
+            return None
+        known = self.seen.get(tensor.untyped_storage())
+        return known[0] if known is not None else None
 
     def label(self, tensor: Any, kind: str, name: str, *, host: bool = False) -> None:
         """Says what a tracked tensor's storage holds (its kind, a name)."""
-        if not isinstance(tensor, torch.Tensor):
-            return
-        known = self.seen.get(tensor.untyped_storage())
-        if known is not None and known[0] is not None:
-            made = known[0]
+        made = self.allocation(tensor)
+        if made is not None:
             made.kind, made.name = kind, name
             made.host = made.host or host
 
@@ -138,10 +149,11 @@ class _Record(TorchDispatchMode):
                                name=f"cuBLAS workspace ({thread} thread)", module="")
         if func is torch.ops.aten._local_scalar_dense.default and \
                 recorder.phase == "optimizer" and _is_fake(args[0]):
-            # A value read in the optimizer step (Adafactor's parameter norm, ``.item()``):
-            # fake tensors have none, and it sizes nothing there; 1 stands for it.
+            # A value read in the optimizer step (a step counter, NAdam's momentum product,
+            # Adafactor's parameter norm): fake tensors have none, and it sizes nothing there.
+            # 0.5 keeps the optimizers' arithmetic valid (1 - mu_product, 1 - beta ** step).
             return True if args[0].dtype == torch.bool else \
-                1.0 if args[0].is_floating_point() else 1
+                0.5 if args[0].is_floating_point() else 1
         staging = []
         if self.cuda:
             staging = [recorder.alloc(nbytes, op=label, kind="temporary")
@@ -560,6 +572,51 @@ def _fake_optimizer(optimizer: Any, fake_of: dict[int, torch.Tensor],
     return made_optimizer
 
 
+def _check_arguments(model: Any, optimizer: Any, loss_fn: Any) -> None:
+    """Refuses, before anything runs, a model, optimizer or loss_fn that the trace cannot
+    use."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (its parameters and buffers are "
+                        f"copied to fake tensors), not {type(model).__name__}: wrap a "
+                        f"function in an nn.Module whose forward calls it")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be None or a function of the model's output, not "
+                        f"{type(loss_fn).__name__}")
+    if optimizer is None:
+        return
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        made = "a class: pass an instance, e.g. torch.optim.AdamW(model.parameters())" \
+            if isinstance(optimizer, type) else type(optimizer).__name__
+        raise TypeError(f"optimizer must be None or a torch.optim.Optimizer over the model's "
+                        f"parameters, not {made}")
+    try:
+        inspect.signature(optimizer.step).bind()
+    except TypeError as error:
+        raise ValueError(
+            f"gpumem.torch.trace runs optimizer.step() without arguments, and "
+            f"{type(optimizer).__name__}.step needs them ({error}): an optimizer that "
+            f"re-evaluates the model through a closure (LBFGS) is not supported; every other "
+            f"torch.optim optimizer is") from error
+
+
+@contextlib.contextmanager
+def _capturable_on_the_cpu(optimizer: Any) -> Iterator[None]:
+    """A capturable optimizer (``capturable=True``: step counters on the device) asserts that
+    its tensors are on a GPU-like device; the fake ones are on the CPU, which the check
+    accepts for the trace (in the modules of the optimizer's class and its bases)."""
+    modules = {inspect.getmodule(kind) for kind in type(optimizer).__mro__}
+    original = {module: module._get_capturable_supported_devices for module in modules
+                if hasattr(module, "_get_capturable_supported_devices")}
+    for module, devices in original.items():
+        module._get_capturable_supported_devices = \
+            lambda *args, devices=devices, **kwargs: [*devices(*args, **kwargs), "cpu"]
+    try:
+        yield
+    finally:
+        for module, devices in original.items():
+            module._get_capturable_supported_devices = devices
+
+
 def _module_hooks(model: torch.nn.Module, recorder: Recorder) -> list[Any]:
     """Forward hooks that keep the recorder's module stack, and a hook on each module
     output's autograd node that names the module whose backward runs."""
@@ -594,11 +651,19 @@ def _scalar_loss(output: Any, loss_fn: Callable[[Any], Any] | None) -> torch.Ten
         if loss is None and isinstance(output, dict):
             loss = output.get("loss")
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        got = f"loss_fn returned {_described(loss)}" if loss_fn is not None else \
+            f"the model returned {_described(output)}" + \
+            ("" if isinstance(output, torch.Tensor) else f" whose loss is {_described(loss)}")
         raise TypeError(
             "gpumem.torch.trace needs a scalar loss: pass loss_fn(output), or a model that "
-            "returns one (a scalar tensor, or an output with .loss); got "
-            f"{type(loss).__name__ if loss is not None else type(output).__name__}")
+            f"returns one (a scalar tensor, or an output with .loss); {got}")
     return loss
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 def trace(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None,
@@ -606,6 +671,15 @@ def trace(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None,
           gpu: str | int | None = None, top: int = 10,
           trace_out: str | os.PathLike[str] | None = None) -> Any:
     """See :func:`gpumem.torch.trace`."""
+    if not isinstance(top, int) or isinstance(top, bool):
+        raise TypeError(f"top must be a non-negative integer (the tensors and modules listed "
+                        f"at the peak), not {type(top).__name__}")
+    if top < 0:
+        raise ValueError(f"top must be a non-negative integer (the tensors and modules listed "
+                         f"at the peak), not {top}")
+    if trace_out is not None and not isinstance(trace_out, (str, os.PathLike)):
+        raise TypeError(f"trace_out must be None or a path (str or os.PathLike), not "
+                        f"{type(trace_out).__name__}")
     facts = _steptrace.gpu_facts(gpu)
     started = time.perf_counter()
     recorder = record(model, example_inputs, optimizer=optimizer, loss_fn=loss_fn,
@@ -640,6 +714,7 @@ def record(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None
     if not isinstance(example_inputs, (dict, tuple)):
         raise TypeError("example_inputs must be a dict of keyword arguments or a tuple of "
                         f"positional ones, not {type(example_inputs).__name__}")
+    _check_arguments(model, optimizer, loss_fn)
     recorder = Recorder()
     storages = _Storages(recorder)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
@@ -651,6 +726,11 @@ def record(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None
     else:
         fake_model = copy.deepcopy(model)
     fake_of = {id(real): fake for real, fake in zip(model.parameters(), fake_model.parameters())}
+    convert = fake_mode.from_tensor if fake_mode is not None else (lambda t: t.detach().clone())
+    for real in model.parameters():
+        # deepcopy under FakeCopyMode leaves gradients behind: accumulated ones are carried.
+        if real.grad is not None and fake_of[id(real)].grad is None:
+            fake_of[id(real)].grad = convert(real.grad)
     param_names = {}
     for name, param in fake_model.named_parameters():
         param_names[id(param)] = name
@@ -664,7 +744,6 @@ def record(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None
             if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
                 storages.track(value, kind="buffer",
                                name=f"{module_name}.{attr}" if module_name else attr)
-    convert = fake_mode.from_tensor if fake_mode is not None else (lambda t: t.detach().clone())
     fake_optimizer = None
     if optimizer is not None:
         fake_optimizer = _fake_optimizer(optimizer, fake_of, convert)
@@ -686,11 +765,21 @@ def record(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None
                 stack.enter_context(fake_mode)
             for rule in rules:
                 stack.enter_context(rule)
+            if fake_optimizer is not None:
+                stack.enter_context(_capturable_on_the_cpu(fake_optimizer))
             stack.enter_context(_Record(storages, workspace if cuda_rules else 0, cuda_rules,
                                         facts if cuda_rules else None))
             for _ in range(steps):
                 _step(fake_model, fake_inputs, fake_optimizer, loss_fn, dtype, recorder,
                       storages, param_names)
+    except (DataDependentOutputException, DynamicOutputShapeException) as error:
+        raise RuntimeError(
+            f"gpumem.torch.trace runs the step on fake tensors, which have shapes but no "
+            f"values, and {error.func} in the {recorder.phase} phase needs them (a value "
+            f"read: .item(), .tolist(), `if tensor > x`; or an output shape that depends on "
+            f"values: nonzero(), boolean masking, masked_select): move the value-dependent "
+            f"code out of the step, or measure on a GPU with gpumem.torch.use, or plan "
+            f"with gpumem.plan") from error
     finally:
         recorder.recording = False
         for handle in hooks:
@@ -699,23 +788,37 @@ def record(model: torch.nn.Module, example_inputs: Any, *, optimizer: Any = None
 
 
 def _label_states(storages: _Storages, optimizer: Any, names: dict[int, str]) -> None:
-    """Labels the optimizer's states by parameter and key; a step counter stays in host
-    memory on CUDA unless the optimizer is fused or capturable."""
+    """Records the optimizer's states (live from now: those it holds before the trace; the
+    dispatcher made the others) and labels them by parameter and key; a step counter stays
+    in host memory on CUDA unless the optimizer is fused or capturable."""
     for group in optimizer.param_groups:
         on_device = bool(group.get("fused")) or bool(group.get("capturable"))
         for param in group["params"]:
             for key, value in optimizer.state.get(param, {}).items():
+                if not isinstance(value, torch.Tensor):
+                    continue
                 name = f"{names.get(id(param), '?')}.{key}"
-                host = key == "step" and not on_device and isinstance(value, torch.Tensor) \
-                    and value.numel() == 1
+                storages.track(value, kind="optimizer_state", name=name)
+                host = key == "step" and not on_device and value.numel() == 1
                 storages.label(value, "optimizer_state", name, host=host)
+
+
+def _label_outputs(storages: _Storages, output: Any) -> None:
+    """Marks the activations the model returns as its outputs (here, so that no reference to
+    one outlives the step's ``del output``)."""
+    for tensor in tree_flatten(output)[0]:
+        made = storages.allocation(tensor)
+        if made is not None and made.kind == "activation":
+            made.kind = "output"
 
 
 def _step(model: torch.nn.Module, fake_inputs: Any, optimizer: Any,
           loss_fn: Callable[[Any], Any] | None, dtype: torch.dtype | None, recorder: Recorder,
           storages: _Storages, names: dict[int, str]) -> None:
     """One training step: inputs copied to the device, forward, loss, backward, optimizer
-    step, zero_grad(set_to_none=True); the step's outputs dropped at its end."""
+    step, zero_grad(set_to_none=True); the model's outputs dropped after the backward, the
+    inputs at the end. Without an optimizer, a loss that needs no gradient runs the forward
+    only (inference); with one, it is refused."""
     recorder.start_step()
     inputs = tree_map_only(torch.Tensor, lambda t: t.clone(), fake_inputs)
     autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None \
@@ -725,11 +828,14 @@ def _step(model: torch.nn.Module, fake_inputs: Any, optimizer: Any,
         output = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
         recorder.set_phase("loss")
         loss = _scalar_loss(output, loss_fn)
-    for tensor in tree_flatten(output)[0]:
-        if isinstance(tensor, torch.Tensor):
-            known = storages.seen.get(tensor.untyped_storage())
-            if known is not None and known[0] is not None and known[0].kind == "activation":
-                known[0].kind = "output"
+    _label_outputs(storages, output)
+    if optimizer is not None and not loss.requires_grad:
+        raise RuntimeError(
+            "gpumem.torch.trace: the loss does not require grad, so its backward would fail "
+            "(PyTorch: element 0 of tensors does not require grad and does not have a "
+            "grad_fn): check that the model has trainable parameters (requires_grad) and "
+            "that loss_fn does not detach the output or turn it into an integer; without an "
+            "optimizer, a loss that needs no gradient traces the forward only")
     recorder.set_phase("backward")
     if loss.requires_grad:
         loss.backward()

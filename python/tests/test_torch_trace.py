@@ -6,6 +6,7 @@ python/checks/torch_trace_cpu.py (scripts/test-torch-cpu.sh)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -149,6 +150,22 @@ def test_gpu_facts_are_the_planners():
     assert default.name is None and default.memory_bytes is None
     with pytest.raises(gpumem.PlanError, match="unknown GPU `h1000`.*did you mean h100"):
         _steptrace.gpu_facts("h1000")
+
+
+def test_a_gpu_in_bytes_is_planned_at_that_size():
+    # The planner's sizes have no bytes unit: an int goes as an exact decimal of MiB.
+    assert _steptrace.planner_gpu(24 << 30) == "24576MiB"
+    assert _steptrace.planner_gpu("24GiB") == "24GiB"
+    for nbytes in (24 << 30, 1000 * MIB + 1, 1):
+        assert _steptrace.gpu_facts(nbytes).memory_bytes == nbytes
+    assert dataclasses.replace(_steptrace.gpu_facts(24 << 30), name="24GiB") == \
+        _steptrace.gpu_facts("24GiB")
+    for wrong in (True, 24.5, b"h100"):
+        with pytest.raises(TypeError, match="gpu must be a GPU name or size as a str"):
+            _steptrace.gpu_facts(wrong)
+    for wrong in (0, -1):
+        with pytest.raises(ValueError, match="size in bytes and must be positive"):
+            _steptrace.gpu_facts(wrong)
 
 
 def step_trace(gpu: str | None):
