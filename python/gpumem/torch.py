@@ -250,11 +250,13 @@ def trace(model: Any, example_inputs: dict[str, Any] | tuple[Any, ...], *, optim
     positional ones. A step is: the inputs copied to the device, the forward, the loss
     (``loss_fn(output)`` if given, else ``output.loss``, else the output itself, a scalar),
     ``backward()``, ``optimizer.step()`` and ``zero_grad(set_to_none=True)`` (the model's
-    ``zero_grad`` without an optimizer); its outputs are dropped at its end. ``steps`` such
+    ``zero_grad`` without an optimizer); its outputs and loss are dropped after the backward,
+    before the optimizer step. Without an optimizer, a loss that needs no gradient traces the
+    forward alone (inference). ``steps`` such
     steps run (2 by default: optimizer states are made in the first step) and the peak is the
     last step's. ``amp`` runs the forward and loss under autocast in ``"bf16"`` or ``"fp16"``.
     ``gpu`` is a catalogue name or a size as for ``gpumem plan --gpu`` (``"h100"``,
-    ``"24GiB"``): the fit is checked there, with its cuBLAS workspace and the planner's CUDA
+    ``"24GiB"``), or a size in bytes: the fit is checked there, with its cuBLAS workspace and the planner's CUDA
     context. ``trace_out`` writes the recorded sequence as a gpumem trace (``gpumem replay``,
     ``gpumem tune`` and ``gpumem report`` read it). ``top`` is the number of tensors and
     modules listed at the peak.
@@ -288,7 +290,10 @@ def trace(model: Any, example_inputs: dict[str, Any] | tuple[Any, ...], *, optim
     depend on the build (cuDNN's version, FlashAttention-3, ROCm), and anything the step puts
     on another device or in host memory besides step counters.
     Tensors created outside PyTorch's dispatcher are seen only when an operator returns
-    them. Needs PyTorch 2.1 or later; raises what the step raises.
+    them. Refused with a clear error: sparse tensors (fake ones hold none of their entries),
+    code that reads tensor values in the forward or loss (``.item()``, ``if t.max() > x``,
+    ``nonzero()``: fake tensors have no values), and an optimizer whose ``step`` needs a
+    closure (LBFGS). Needs PyTorch 2.1 or later; raises what the step raises.
     """
     import importlib.util
 
