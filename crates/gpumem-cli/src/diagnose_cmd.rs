@@ -2,11 +2,11 @@
 
 use crate::output::{self, CommandError};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
-use gpumem_watch::diagnose::{diagnose, Thresholds};
-use gpumem_watch::parse_duration;
+use gpumem_watch::diagnose::{diagnose, nothing_to_check, Thresholds};
+use gpumem_watch::{parse_duration, parse_interval, sample_for};
 
 /// What `gpumem diagnose` looks at.
 #[derive(Args)]
@@ -14,11 +14,11 @@ pub struct DiagnoseArgs {
     /// Only the GPUs and pools of this process.
     #[arg(long)]
     pid: Option<u32>,
-    /// How long to sample the live machine (ignored with --samples).
+    /// How long to sample the live machine (ignored with --samples; 1ms to 8760h).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     duration: Duration,
-    /// Time between live samples.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    /// Time between live samples (10ms to 24h).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
     interval: Duration,
     /// Diagnose a recording instead of the live machine.
     #[arg(long)]
@@ -32,26 +32,33 @@ pub fn run(args: DiagnoseArgs) -> Result<(), CommandError> {
     if let Some(note) = note {
         eprintln!("gpumem: {note}; diagnosing gpumem pools only");
     }
-    let live = args.samples.is_none();
-    if live {
-        eprintln!("gpumem: sampling for {:?} …", args.duration);
-    }
-    let start = Instant::now();
     let mut samples = Vec::new();
-    while let Some(sample) = source.next_sample().map_err(|e| e.to_string())? {
-        samples.push(sample);
-        if live {
-            if start.elapsed() >= args.duration {
-                break;
-            }
-            std::thread::sleep(args.interval);
+    if args.samples.is_none() {
+        eprintln!("gpumem: sampling for {:?} …", args.duration);
+        sample_for(
+            &mut *source,
+            args.duration,
+            args.interval,
+            |sample| {
+                samples.push(sample);
+                Ok(())
+            },
+            |warning| eprintln!("gpumem: {warning}"),
+        )
+        .map_err(|e| e.to_string())?;
+    } else {
+        while let Some(sample) = source.next_sample().map_err(|e| e.to_string())? {
+            samples.push(sample);
         }
     }
-    let findings = diagnose(&samples, args.pid, &Thresholds::default());
+    let thresholds = Thresholds::default();
+    let findings = diagnose(&samples, args.pid, &thresholds);
     let scope = args
         .pid
         .map_or(String::new(), |pid| format!(" for pid {pid}"));
-    if findings.is_empty() {
+    if let Some(why) = nothing_to_check(&samples, args.pid, &thresholds) {
+        output::print(&format!("Nothing could be checked{scope}: {why}."))?;
+    } else if findings.is_empty() {
         output::print(&format!(
             "No known cause of an underused GPU holds{scope} over {} samples \
              (checked: unused memory, data starvation, fragmentation, rank imbalance, PCIe-bound).",

@@ -9,7 +9,7 @@ use gpumem_watch::exporter::Exporter;
 /// What `gpumem exporter` serves.
 #[derive(Args)]
 pub struct ExporterArgs {
-    /// Address to listen on (port 0 picks a free one; the address is printed).
+    /// Address to listen on, HOST:PORT (port 0 picks a free one; the address is printed).
     #[arg(long, default_value = "127.0.0.1:9400")]
     listen: String,
     /// Serve a recording (one sample per scrape, then the last) instead of the live machine.
@@ -29,5 +29,7 @@ pub fn run(args: ExporterArgs) -> Result<(), CommandError> {
         .local_addr()
         .map_or(args.listen.clone(), |a| a.to_string());
     eprintln!("gpumem: serving metrics on http://{addr}/metrics");
-    Ok(exporter.serve().map_err(|e| e.to_string())?)
+    Ok(exporter
+        .serve(|warning| eprintln!("gpumem: {warning}"))
+        .map_err(|e| e.to_string())?)
 }

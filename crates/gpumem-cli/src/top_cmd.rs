@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use gpumem_watch::parse_duration;
+use gpumem_watch::parse_interval;
 
 /// What `gpumem top` shows.
 #[derive(Args)]
@@ -13,8 +13,8 @@ pub struct TopArgs {
     /// Show a recording (one sample per interval, then its last) instead of the live machine.
     #[arg(long)]
     samples: Option<PathBuf>,
-    /// Time between refreshes (e.g. 500ms, 1s, 2s).
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    /// Time between refreshes (e.g. 500ms, 1s, 2s; 10ms to 24h).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
     interval: Duration,
 }
 

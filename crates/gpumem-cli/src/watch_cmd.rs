@@ -3,10 +3,10 @@
 
 use crate::output::CommandError;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use gpumem_watch::{parse_duration, LiveSource, RecordingWriter, SampleSource};
+use gpumem_watch::{parse_duration, parse_interval, sample_for, LiveSource, RecordingWriter};
 
 /// What `gpumem watch` does.
 #[derive(Args)]
@@ -26,10 +26,10 @@ struct RecordArgs {
     /// The recording to write (JSON lines, one sample per line).
     #[arg(long, short)]
     output: PathBuf,
-    /// Time between samples (e.g. 500ms, 1s).
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    /// Time between samples (e.g. 500ms, 1s; 10ms to 24h).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
     interval: Duration,
-    /// How long to record (e.g. 60s, 10m).
+    /// How long to record (e.g. 60s, 10m; 1ms to 8760h).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     duration: Duration,
 }
@@ -42,16 +42,18 @@ pub fn run(args: WatchArgs) -> Result<(), CommandError> {
         eprintln!("gpumem: {note}; recording gpumem pools only");
     }
     let mut writer = RecordingWriter::create(&args.output).map_err(|e| e.to_string())?;
-    let start = Instant::now();
     let mut written = 0;
-    while start.elapsed() < args.duration {
-        let tick = Instant::now();
-        if let Some(sample) = source.next_sample().map_err(|e| e.to_string())? {
-            writer.write(&sample).map_err(|e| e.to_string())?;
+    sample_for(
+        &mut source,
+        args.duration,
+        args.interval,
+        |sample| {
             written += 1;
-        }
-        std::thread::sleep(args.interval.saturating_sub(tick.elapsed()));
-    }
+            writer.write(&sample)
+        },
+        |warning| eprintln!("gpumem: {warning}"),
+    )
+    .map_err(|e| e.to_string())?;
     eprintln!(
         "gpumem: wrote {written} samples to {}",
         args.output.display()

@@ -193,7 +193,16 @@ fn top_shows_gpus_pools_and_processes_and_answers_keys() {
 fn bad_arguments_are_refused_before_the_screen_is_taken() {
     let out = common::gpumem(&["top", "--interval", "0s"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not a duration"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an interval"));
+    for out_of_range in ["99999999999999999999999h", "0.000000001ms"] {
+        let out = common::gpumem(&["top", "--interval", out_of_range]);
+        assert_eq!(out.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("out of range for an interval: accepted are 10ms to 24h"),
+            "{stderr}"
+        );
+    }
     let out = common::gpumem(&["top", "--samples", &demo_path()]);
     assert_eq!(out.status.code(), Some(2), "stdout is a pipe here");
     assert!(String::from_utf8_lossy(&out.stderr).contains("gpumem top needs a terminal"));

@@ -16,20 +16,25 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpumem_pool::{DeviceRegistry, Pool};
 use serde::{Deserialize, Serialize};
 
 /// How long one endpoint may take to answer [`ask`] before it is given up on.
-const ANSWER_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long one endpoint may take for its whole answer before it is skipped.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_millis(500);
+/// The longest answer read from one endpoint, bytes (4 MiB). A report is one line of a few
+/// hundred bytes per pool plus its status text and last OOM message, a few KiB per device:
+/// this leaves room for hundreds of devices.
+pub const MAX_ANSWER_BYTES: usize = 4 << 20;
 
 /// What publishing, or asking a publisher, can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -294,15 +299,55 @@ pub fn publish_from_env() -> Result<Option<Publisher>, PublishError> {
     Publisher::start(&endpoint_dir(), gpumem_pool::global_registry()).map(Some)
 }
 
-/// Asks the endpoint at `path` for its report (one line of JSON), waiting at most half a
-/// second for the answer.
+/// Asks the endpoint at `path` for its report: one line of JSON, all of it within
+/// [`ANSWER_TIMEOUT`] and at most [`MAX_ANSWER_BYTES`] long.
 pub fn ask(path: &Path) -> Result<PoolReport, PublishError> {
     let io = |e| PublishError::io(path, e);
-    let stream = UnixStream::connect(path).map_err(io)?;
-    stream.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(io)?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line).map_err(io)?;
-    serde_json::from_str(&line).map_err(|e| PublishError::BadReport {
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
+    let mut stream = UnixStream::connect(path).map_err(io)?;
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 64 << 10];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let late = || {
+            io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no complete answer within {} ms",
+                    ANSWER_TIMEOUT.as_millis()
+                ),
+            ))
+        };
+        if left.is_zero() {
+            return Err(late());
+        }
+        stream.set_read_timeout(Some(left)).map_err(io)?;
+        let read = match stream.read(&mut chunk) {
+            Ok(read) => read,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(late())
+            }
+            Err(e) => return Err(io(e)),
+        };
+        let newline = chunk[..read].iter().position(|&b| b == b'\n');
+        answer.extend_from_slice(&chunk[..newline.unwrap_or(read)]);
+        if answer.len() > MAX_ANSWER_BYTES {
+            return Err(PublishError::BadReport {
+                path: path.to_path_buf(),
+                message: format!("the answer is longer than {} MiB", MAX_ANSWER_BYTES >> 20),
+            });
+        }
+        if read == 0 || newline.is_some() {
+            break;
+        }
+    }
+    serde_json::from_slice(&answer).map_err(|e| PublishError::BadReport {
         path: path.to_path_buf(),
         message: e.to_string(),
     })

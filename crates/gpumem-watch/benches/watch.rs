@@ -196,7 +196,7 @@ fn exporting(c: &mut Criterion) {
     });
     let exporter = Exporter::bind("127.0.0.1:0", Box::new(Repeat(sample.clone()))).unwrap();
     let addr = exporter.local_addr().unwrap();
-    std::thread::spawn(move || exporter.serve());
+    std::thread::spawn(move || exporter.serve(|w| panic!("{w}")));
     group.bench_function("HTTP scrape on loopback (gpumem exporter)", |b| {
         b.iter(|| scrape(&addr))
     });

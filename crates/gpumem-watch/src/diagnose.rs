@@ -177,12 +177,13 @@ impl fmt::Display for Finding {
     }
 }
 
-/// Every finding over `samples`, restricted to the GPUs and pools of `pid` when given.
+/// Every finding over `samples`, restricted to the GPUs and pools of `pid` when given. Each
+/// rule looks only at GPUs and pools seen in at least [`Thresholds::min_samples`] of them (with
+/// `pid`, samples where the process is on the GPU or has the pool).
 pub fn diagnose(samples: &[Sample], pid: Option<u32>, thresholds: &Thresholds) -> Vec<Finding> {
-    if samples.len() < thresholds.min_samples {
-        return Vec::new();
-    }
-    let series = gpu_series(samples, pid);
+    let (mut series, mut pools) = watched(samples, pid);
+    series.retain(|(_, gpu)| gpu.len() >= thresholds.min_samples);
+    pools.retain(|pool| pool.len() >= thresholds.min_samples);
     let mut findings = Vec::new();
     for (index, gpu) in &series {
         findings.extend(unused_memory(*index, gpu, thresholds));
@@ -190,14 +191,55 @@ pub fn diagnose(samples: &[Sample], pid: Option<u32>, thresholds: &Thresholds) -
         findings.extend(pcie_bound(*index, gpu, thresholds));
     }
     findings.extend(rank_imbalance(&series, thresholds));
-    findings.extend(fragmentation(samples, pid, thresholds));
+    findings.extend(
+        pools
+            .iter()
+            .filter_map(|pool| fragmentation(pool, thresholds)),
+    );
     findings.sort_by_key(|f| f.kind);
     findings
 }
 
-/// Each watched GPU's samples over time, by index.
-fn gpu_series(samples: &[Sample], pid: Option<u32>) -> Vec<(u32, Vec<&GpuSample>)> {
+/// Why no rule could look at anything in `samples` (for `pid` when given), or `None` when at
+/// least one GPU or pool was seen in [`Thresholds::min_samples`] samples: so that "no finding"
+/// is not said of what was never checked.
+pub fn nothing_to_check(
+    samples: &[Sample],
+    pid: Option<u32>,
+    thresholds: &Thresholds,
+) -> Option<String> {
+    let (series, pools) = watched(samples, pid);
+    let most = series
+        .iter()
+        .map(|(_, gpu)| gpu.len())
+        .chain(pools.iter().map(Vec::len))
+        .max();
+    let n = samples.len();
+    match (most, pid) {
+        (Some(most), _) if most >= thresholds.min_samples => None,
+        (Some(most), _) => Some(format!(
+            "each GPU and pool appears in at most {most} sample(s) of {n}; the rules need at least {}",
+            thresholds.min_samples
+        )),
+        (None, Some(pid)) if samples.iter().any(|s| !s.gpus.is_empty() || !s.pools.is_empty()) => {
+            Some(format!(
+                "pid {pid} is on no GPU and has no pool in any sample ({n} read)"
+            ))
+        }
+        (None, _) => Some(format!("no sample shows a GPU or a gpumem pool ({n} read)")),
+    }
+}
+
+/// Each watched GPU's samples over time, by index, and each watched pool's, by process and
+/// device; with `pid`, only the GPUs where it runs or has a pool (in those samples) and its
+/// pools.
+#[allow(clippy::type_complexity)]
+fn watched(
+    samples: &[Sample],
+    pid: Option<u32>,
+) -> (Vec<(u32, Vec<&GpuSample>)>, Vec<Vec<&PoolSample>>) {
     let mut series: Vec<(u32, Vec<&GpuSample>)> = Vec::new();
+    let mut pools: Vec<Vec<&PoolSample>> = Vec::new();
     for sample in samples {
         for gpu in &sample.gpus {
             let watched = pid.is_none_or(|pid| {
@@ -215,8 +257,22 @@ fn gpu_series(samples: &[Sample], pid: Option<u32>) -> Vec<(u32, Vec<&GpuSample>
                 None => series.push((gpu.index, vec![gpu])),
             }
         }
+        for pool in sample
+            .pools
+            .iter()
+            .filter(|p| pid.is_none_or(|pid| pid == p.pid))
+        {
+            match pools
+                .iter_mut()
+                .find(|list| (list[0].pid, list[0].device) == (pool.pid, pool.device))
+            {
+                Some(list) => list.push(pool),
+                None => pools.push(vec![pool]),
+            }
+        }
     }
-    series
+    pools.sort_by_key(|list| (list[0].pid, list[0].device));
+    (series, pools)
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -420,30 +476,7 @@ fn rank_imbalance(series: &[(u32, Vec<&GpuSample>)], t: &Thresholds) -> Option<F
     })
 }
 
-fn fragmentation(samples: &[Sample], pid: Option<u32>, t: &Thresholds) -> Vec<Finding> {
-    let mut keys: Vec<(u32, u32)> = samples
-        .iter()
-        .flat_map(|s| s.pools.iter().map(|p| (p.pid, p.device)))
-        .filter(|(p, _)| pid.is_none_or(|pid| pid == *p))
-        .collect();
-    keys.sort_unstable();
-    keys.dedup();
-    keys.into_iter()
-        .filter_map(|(pid, device)| {
-            let pools: Vec<&PoolSample> = samples
-                .iter()
-                .flat_map(|s| s.pools.iter())
-                .filter(|p| p.pid == pid && p.device == device)
-                .collect();
-            pool_fragmentation(&pools, t)
-        })
-        .collect()
-}
-
-fn pool_fragmentation(pools: &[&PoolSample], t: &Thresholds) -> Option<Finding> {
-    if pools.len() < t.min_samples {
-        return None;
-    }
+fn fragmentation(pools: &[&PoolSample], t: &Thresholds) -> Option<Finding> {
     let mut by_ratio: Vec<&PoolSample> = pools.to_vec();
     let ratio = |p: &PoolSample| p.reserved as f64 / p.allocated.max(1) as f64;
     by_ratio.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
@@ -468,11 +501,13 @@ fn pool_fragmentation(pools: &[&PoolSample], t: &Thresholds) -> Option<Finding> 
         kind: Kind::Fragmentation,
         subject: format!("pid {} on GPU {}", median.pid, median.device),
         evidence: vec![format!(
-            "median over {} samples: {} reserved for {} allocated (×{:.1}), {} reserved but unallocated, fragmentation {:.0} %, policy {}",
+            "median over {} samples: {} reserved {}, {} reserved but unallocated, fragmentation {:.0} %, policy {}",
             pools.len(),
             Bytes(median.reserved),
-            Bytes(median.allocated),
-            ratio(median),
+            match median.allocated {
+                0 => "with nothing allocated".to_string(),
+                allocated => format!("for {} allocated (×{:.1})", Bytes(allocated), ratio(median)),
+            },
             Bytes(median.cached()),
             100.0 * median.fragmentation(),
             median.policy

@@ -36,6 +36,28 @@ pub enum WatchError {
         /// What was wrong.
         message: String,
     },
+    /// An address to listen on that is not `HOST:PORT`.
+    #[error("{addr:?} is not an address to listen on ({message}); use HOST:PORT, e.g. 127.0.0.1:9400 (port 0 picks a free port)")]
+    BadListenAddress {
+        /// The address given.
+        addr: String,
+        /// Why it was refused.
+        message: String,
+    },
+    /// A pool endpoint answered late, too much or not a report, and was skipped: the watch
+    /// goes on without its pools.
+    #[error("skipped a pool endpoint: {0}")]
+    SkippedEndpoint(gpumem_publish::PublishError),
+    /// A recording has a sample whose figures cannot be ([`crate::Sample::check`]).
+    #[error("{}:{line}: impossible sample: {message}", path.display())]
+    BadSample {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line number.
+        line: usize,
+        /// Which field is wrong, its value and what is accepted.
+        message: String,
+    },
     /// Publishing, or asking a publishing process, failed.
     #[error(transparent)]
     Publish(#[from] gpumem_publish::PublishError),

@@ -235,8 +235,15 @@ pub struct Exporter {
 }
 
 impl Exporter {
-    /// Listens on `addr` (port 0 picks a free port: see [`Exporter::local_addr`]).
+    /// Listens on `addr`, `HOST:PORT` (port 0 picks a free port: see
+    /// [`Exporter::local_addr`]).
     pub fn bind(addr: &str, source: Box<dyn SampleSource + Send>) -> Result<Exporter, WatchError> {
+        std::net::ToSocketAddrs::to_socket_addrs(addr).map_err(|e| {
+            WatchError::BadListenAddress {
+                addr: addr.to_string(),
+                message: e.to_string(),
+            }
+        })?;
         let server = tiny_http::Server::http(addr).map_err(|e| {
             WatchError::io(addr, std::io::Error::other(format!("cannot listen: {e}")))
         })?;
@@ -252,18 +259,23 @@ impl Exporter {
         self.server.server_addr().to_ip()
     }
 
-    /// Answers requests until the process ends.
-    pub fn serve(mut self) -> Result<(), WatchError> {
+    /// Answers requests until the process ends, handing each warning of the source
+    /// ([`SampleSource::take_warnings`]) to `warn`.
+    pub fn serve(mut self, mut warn: impl FnMut(WatchError)) -> Result<(), WatchError> {
         loop {
             let request = self
                 .server
                 .recv()
                 .map_err(|e| WatchError::io("exporter", e))?;
             let (status, body, content_type) = match request.url() {
-                "/metrics" => match self.scrape() {
-                    Ok(text) => (200, text, CONTENT_TYPE),
-                    Err(e) => (500, format!("{e}\n"), "text/plain; charset=utf-8"),
-                },
+                "/metrics" => {
+                    let scraped = self.scrape();
+                    self.source.take_warnings().into_iter().for_each(&mut warn);
+                    match scraped {
+                        Ok(text) => (200, text, CONTENT_TYPE),
+                        Err(e) => (500, format!("{e}\n"), "text/plain; charset=utf-8"),
+                    }
+                }
                 "/" => (
                     200,
                     "gpumem exporter: metrics at /metrics\n".to_string(),

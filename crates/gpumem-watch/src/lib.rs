@@ -35,6 +35,7 @@ mod pools;
 mod procinfo;
 mod recording;
 mod sample;
+mod schedule;
 pub mod synthetic;
 #[cfg(feature = "tui")]
 pub mod top;
@@ -48,8 +49,13 @@ pub use nvml::NvmlSource;
 #[cfg(feature = "nvml")]
 pub use pools::LiveSource;
 pub use pools::PoolEndpoints;
+pub use publish::{ANSWER_TIMEOUT, MAX_ANSWER_BYTES};
 pub use recording::{Recording, RecordingWriter};
 pub use sample::{GpuSample, PoolSample, ProcessSample, Sample, SampleSource};
+pub use schedule::{
+    parse_duration, parse_interval, sample_for, MAX_DURATION, MAX_INTERVAL, MIN_DURATION,
+    MIN_INTERVAL,
+};
 
 /// Milliseconds since the Unix epoch, now (0 if the clock is before 1970).
 pub fn now_ms() -> u64 {
@@ -78,53 +84,6 @@ pub fn open_source(
             let live = LiveSource::open();
             let note = live.no_gpu().map(str::to_string);
             Ok((Box::new(live), note))
-        }
-    }
-}
-
-/// Reads a duration such as `500ms`, `1s`, `1.5s`, `2m` or `1h` (a bare number is seconds).
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let seconds_per_unit = match unit.trim() {
-        "ms" => 0.001,
-        "" | "s" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        _ => f64::NAN,
-    };
-    match number.parse::<f64>() {
-        Ok(n) if n > 0.0 && n.is_finite() && seconds_per_unit.is_finite() => {
-            Ok(std::time::Duration::from_secs_f64(n * seconds_per_unit))
-        }
-        _ => Err(format!(
-            "{text:?} is not a duration; use a positive number with ms, s, m or h (e.g. 500ms, 1s, 2m)"
-        )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    #[test]
-    fn durations_read_with_units_and_refuse_the_rest() {
-        assert_eq!(
-            super::parse_duration("500ms"),
-            Ok(Duration::from_millis(500))
-        );
-        assert_eq!(super::parse_duration("60s"), Ok(Duration::from_secs(60)));
-        assert_eq!(
-            super::parse_duration("1.5"),
-            Ok(Duration::from_millis(1500))
-        );
-        assert_eq!(super::parse_duration("2m"), Ok(Duration::from_secs(120)));
-        for bad in ["", "0s", "-1s", "5 parsecs", "s"] {
-            let error = super::parse_duration(bad).unwrap_err();
-            assert!(error.contains("not a duration"), "{bad}: {error}");
         }
     }
 }

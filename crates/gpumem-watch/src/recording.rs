@@ -1,5 +1,7 @@
 //! Recorded samples: one [`Sample`] as a JSON object per line, in time order. Readers need
 //! only `time_ms`; unknown fields are ignored, missing lists are empty, blank lines skipped.
+//! Figures that cannot be (see [`Sample::check`]) are an error naming the line and field;
+//! samples are played in file order, whatever their `time_ms`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -14,7 +16,8 @@ pub struct Recording {
 }
 
 impl Recording {
-    /// Reads a recording; a bad line is an error naming the file and the line.
+    /// Reads a recording; a bad line, or one whose figures cannot be ([`Sample::check`]), is
+    /// an error naming the file and the line.
     pub fn read(path: &Path) -> Result<Recording, WatchError> {
         let file = std::fs::File::open(path).map_err(|e| WatchError::io(path, e))?;
         let mut samples = Vec::new();
@@ -23,10 +26,16 @@ impl Recording {
             if line.trim().is_empty() {
                 continue;
             }
-            let sample = serde_json::from_str(&line).map_err(|e| WatchError::BadRecording {
+            let sample: Sample =
+                serde_json::from_str(&line).map_err(|e| WatchError::BadRecording {
+                    path: path.to_path_buf(),
+                    line: i + 1,
+                    message: e.to_string(),
+                })?;
+            sample.check().map_err(|message| WatchError::BadSample {
                 path: path.to_path_buf(),
                 line: i + 1,
-                message: e.to_string(),
+                message,
             })?;
             samples.push(sample);
         }

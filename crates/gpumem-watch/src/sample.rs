@@ -20,6 +20,74 @@ pub struct Sample {
     pub pools: Vec<PoolSample>,
 }
 
+impl Sample {
+    /// Whether the figures are possible, else what is not, naming the field (e.g.
+    /// `gpus[1].gpu_util`) and what is accepted: memory totals above 0 and use within them,
+    /// percentages from 0 to 100, power and CPU use finite and not negative, one entry per GPU
+    /// index and per pool (process and device), and a pool's allocated bytes within its
+    /// reserved ones. `time_ms` is not compared across samples: the writer's clock is the wall
+    /// clock, which may be set back, and samples are used in file order.
+    pub fn check(&self) -> Result<(), String> {
+        for (i, gpu) in self.gpus.iter().enumerate() {
+            let field = |name: &str| format!("gpus[{i}].{name}");
+            if gpu.memory_total == 0 {
+                return Err(format!("{} is 0; a GPU has memory", field("memory_total")));
+            }
+            if gpu.memory_used > gpu.memory_total {
+                return Err(format!(
+                    "{} is {}, above memory_total {}",
+                    field("memory_used"),
+                    gpu.memory_used,
+                    gpu.memory_total
+                ));
+            }
+            for (name, value) in [("gpu_util", gpu.gpu_util), ("memory_util", gpu.memory_util)] {
+                if !(0.0..=100.0).contains(&value) {
+                    return Err(format!(
+                        "{} is {value:?}; accepted: a percentage from 0 to 100",
+                        field(name)
+                    ));
+                }
+            }
+            let cpu = gpu.processes.iter().map(|p| p.cpu_percent);
+            for (name, value) in std::iter::once(("power_watts", Some(gpu.power_watts)))
+                .chain(cpu.map(|c| ("processes[].cpu_percent", c)))
+            {
+                if value.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
+                    return Err(format!(
+                        "{} is {:?}; accepted: a finite number, 0 or more",
+                        field(name),
+                        value.unwrap_or_default()
+                    ));
+                }
+            }
+            if self.gpus[..i].iter().any(|g| g.index == gpu.index) {
+                return Err(format!(
+                    "{} is {}, as in an earlier entry; each GPU appears once per sample",
+                    field("index"),
+                    gpu.index
+                ));
+            }
+        }
+        for (i, pool) in self.pools.iter().enumerate() {
+            if pool.allocated > pool.reserved {
+                return Err(format!(
+                    "pools[{i}].allocated is {}, above reserved {}",
+                    pool.allocated, pool.reserved
+                ));
+            }
+            let key = (pool.pid, pool.device);
+            if self.pools[..i].iter().any(|p| (p.pid, p.device) == key) {
+                return Err(format!(
+                    "pools[{i}] is a second pool of pid {} on device {}; each appears once per sample",
+                    pool.pid, pool.device
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One GPU's figures, as NVML reports them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuSample {
@@ -94,6 +162,13 @@ pub use gpumem_publish::PoolSample;
 pub trait SampleSource {
     /// Takes the next sample. `Ok(None)` means the source has no more (a recording's end).
     fn next_sample(&mut self) -> Result<Option<Sample>, crate::WatchError>;
+
+    /// What went wrong since the last call without stopping the source (a pool endpoint that
+    /// was skipped, each once until it answers again), for the caller to show. None by
+    /// default.
+    fn take_warnings(&mut self) -> Vec<crate::WatchError> {
+        Vec::new()
+    }
 }
 
 /// What a PCIe link of `generation` and `width` lanes carries per direction, bytes per

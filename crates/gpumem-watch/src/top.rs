@@ -475,9 +475,20 @@ pub fn run(
     }
     let mut app = App::new();
     app.set_note(note.clone());
-    if let Some(sample) = source.next_sample()? {
-        app.update(sample);
-    }
+    // The latest news goes after the standing note: an endpoint skipped, the end.
+    let with_note = |news: &str| Some(note.clone().map_or(String::new(), |n| n + "; ") + news);
+    let mut look = |app: &mut App| -> Result<(), WatchError> {
+        let sample = source.next_sample()?;
+        if let Some(warning) = source.take_warnings().pop() {
+            app.set_note(with_note(&warning.to_string()));
+        }
+        match sample {
+            Some(sample) => app.update(sample),
+            None => app.set_note(with_note("end of recording: showing its last sample")),
+        }
+        Ok(())
+    };
+    look(&mut app)?;
     let mut terminal = ratatui::try_init().map_err(|e| WatchError::io("terminal", e))?;
     let result = (|| -> Result<(), WatchError> {
         let mut next = Instant::now() + interval;
@@ -495,13 +506,7 @@ pub fn run(
             }
             if Instant::now() >= next {
                 next = Instant::now() + interval;
-                match source.next_sample()? {
-                    Some(sample) => app.update(sample),
-                    None => app.set_note(Some(
-                        note.clone().map_or(String::new(), |n| n + "; ")
-                            + "end of recording: showing its last sample",
-                    )),
-                }
+                look(&mut app)?;
             }
         }
     })();

@@ -1,6 +1,6 @@
 //! Each diagnosis fires on samples built to show it, and on no other scenario's samples.
 
-use gpumem_watch::diagnose::{diagnose, Kind, Thresholds};
+use gpumem_watch::diagnose::{diagnose, nothing_to_check, Kind, Thresholds};
 use gpumem_watch::{synthetic, Sample};
 
 fn kinds(samples: &[Sample]) -> Vec<Kind> {
@@ -135,6 +135,64 @@ fn pid_restricts_to_its_gpus_and_pools() {
 #[test]
 fn too_few_samples_say_nothing() {
     assert!(diagnose(&synthetic::small_batch(4), None, &Thresholds::default()).is_empty());
+}
+
+#[test]
+fn a_pid_seen_in_fewer_samples_than_the_minimum_has_no_finding() {
+    // Pid 7 joins the small-batch GPU in 4 samples of 30: too few for any rule, though
+    // the GPU itself shows unused memory over all 30.
+    let samples = adjust(synthetic::small_batch(30), |t, s| {
+        if t < 4 {
+            let mut joined = s.gpus[0].processes[0].clone();
+            joined.pid = 7;
+            s.gpus[0].processes.push(joined);
+        }
+    });
+    let t = Thresholds::default();
+    assert_eq!(kinds(&samples), vec![Kind::UnusedMemory]);
+    assert!(diagnose(&samples, Some(7), &t).is_empty());
+    assert_eq!(
+        nothing_to_check(&samples, Some(7), &t).as_deref(),
+        Some("each GPU and pool appears in at most 4 sample(s) of 30; the rules need at least 5")
+    );
+    let joined_longer = adjust(samples, |t, s| {
+        if t == 4 {
+            let mut joined = s.gpus[0].processes[0].clone();
+            joined.pid = 7;
+            s.gpus[0].processes.push(joined);
+        }
+    });
+    assert_eq!(
+        diagnose(&joined_longer, Some(7), &t)[0].kind,
+        Kind::UnusedMemory
+    );
+}
+
+#[test]
+fn what_could_not_be_checked_says_why() {
+    let t = Thresholds::default();
+    assert_eq!(
+        nothing_to_check(&synthetic::small_batch(4), None, &t).as_deref(),
+        Some("each GPU and pool appears in at most 4 sample(s) of 4; the rules need at least 5")
+    );
+    assert_eq!(
+        nothing_to_check(&synthetic::demo(20), Some(99999), &t).as_deref(),
+        Some("pid 99999 is on no GPU and has no pool in any sample (20 read)")
+    );
+    assert_eq!(
+        nothing_to_check(&vec![Sample::default(); 10], None, &t).as_deref(),
+        Some("no sample shows a GPU or a gpumem pool (10 read)")
+    );
+    assert_eq!(nothing_to_check(&synthetic::demo(20), None, &t), None);
+    assert_eq!(nothing_to_check(&synthetic::demo(20), Some(4200), &t), None);
+}
+
+#[test]
+fn a_pool_with_nothing_allocated_says_so_rather_than_a_ratio() {
+    let empty = adjust(synthetic::fragmented(20), |_, s| s.pools[0].allocated = 0);
+    let text = diagnose(&empty, None, &Thresholds::default())[0].to_string();
+    assert!(text.contains("reserved with nothing allocated,"), "{text}");
+    assert!(!text.contains('×'), "{text}");
 }
 
 fn adjust(mut samples: Vec<Sample>, change: impl Fn(u64, &mut Sample)) -> Vec<Sample> {

@@ -126,7 +126,7 @@ fn scraped_metrics_are_the_recorded_samples_one_per_scrape() {
     )
     .unwrap();
     let url = format!("http://{}/metrics", exporter.local_addr().unwrap());
-    std::thread::spawn(move || exporter.serve());
+    std::thread::spawn(move || exporter.serve(|w| panic!("{w}")));
 
     let Some((head, body)) = scrape(&url) else {
         return;
@@ -170,7 +170,7 @@ fn other_paths_are_not_found() {
     let exporter =
         Exporter::bind("127.0.0.1:0", Box::new(Recording::from_samples(vec![]))).unwrap();
     let base = format!("http://{}", exporter.local_addr().unwrap());
-    std::thread::spawn(move || exporter.serve());
+    std::thread::spawn(move || exporter.serve(|w| panic!("{w}")));
     let nope = format!("{base}/nope");
     let Some(out) = curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", &nope]) else {
         return;

@@ -60,6 +60,87 @@ fn a_bad_line_is_named_by_number() {
 }
 
 #[test]
+fn impossible_figures_are_refused_naming_the_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.jsonl");
+    let gpu_of = |used: u64, total: u64, fields: &str| {
+        format!("{{\"index\": 0, \"memory_used\": {used}, \"memory_total\": {total}{fields}}}")
+    };
+    let gpu = |fields: &str| gpu_of(1, 2, fields);
+    let cases = [
+        (
+            gpu_of(3, 2, ""),
+            "gpus[0].memory_used is 3, above memory_total 2",
+        ),
+        (gpu_of(0, 0, ""), "gpus[0].memory_total is 0"),
+        (
+            gpu(", \"gpu_util\": 250"),
+            "gpus[0].gpu_util is 250.0; accepted: a percentage from 0 to 100",
+        ),
+        (gpu(", \"gpu_util\": -1e308"), "gpus[0].gpu_util is -1e308"),
+        (
+            gpu(", \"memory_util\": 1e308"),
+            "gpus[0].memory_util is 1e308",
+        ),
+        (
+            gpu(", \"power_watts\": -5"),
+            "gpus[0].power_watts is -5.0; accepted: a finite number, 0 or more",
+        ),
+        (
+            gpu(", \"processes\": [{\"pid\": 1, \"cpu_percent\": -1}]"),
+            "gpus[0].processes[].cpu_percent is -1.0",
+        ),
+        (
+            format!("{}, {}", gpu(""), gpu("")),
+            "gpus[1].index is 0, as in an earlier entry",
+        ),
+    ];
+    for (gpus, expected) in cases {
+        let bad = format!("{{\"time_ms\": 6, \"gpus\": [{gpus}]}}");
+        std::fs::write(&path, format!("{{\"time_ms\": 5}}\n{bad}\n")).unwrap();
+        let error = Recording::read(&path).unwrap_err();
+        assert!(
+            matches!(error, WatchError::BadSample { line: 2, .. }),
+            "{bad}: {error}"
+        );
+        let text = error.to_string();
+        assert!(text.contains("r.jsonl:2: impossible sample: "), "{text}");
+        assert!(text.contains(expected), "{bad}: {text}");
+    }
+    let pool = |pid: u32, allocated: u64| {
+        format!("{{\"pid\": {pid}, \"device\": 0, \"policy\": \"torch\", \"allocated\": {allocated}, \"reserved\": 10, \"largest_free_block\": 0, \"num_ooms\": 0, \"soft_limit\": null, \"hard_limit\": null, \"last_oom\": null, \"status\": \"\"}}")
+    };
+    for (pools, expected) in [
+        (pool(1, 11), "pools[0].allocated is 11, above reserved 10"),
+        (
+            format!("{}, {}", pool(1, 1), pool(1, 2)),
+            "pools[1] is a second pool of pid 1 on device 0",
+        ),
+    ] {
+        std::fs::write(&path, format!("{{\"time_ms\": 5, \"pools\": [{pools}]}}\n")).unwrap();
+        let text = Recording::read(&path).unwrap_err().to_string();
+        assert!(
+            text.contains(&format!("r.jsonl:1: impossible sample: {expected}")),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn samples_play_in_file_order_even_when_the_clock_went_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.jsonl");
+    std::fs::write(&path, "{\"time_ms\": 5000}\n{\"time_ms\": 4000}\n").unwrap();
+    let times: Vec<u64> = Recording::read(&path)
+        .unwrap()
+        .samples()
+        .iter()
+        .map(|s| s.time_ms)
+        .collect();
+    assert_eq!(times, vec![5000, 4000]);
+}
+
+#[test]
 fn the_bundled_demo_is_the_synthetic_demo() {
     let demo = synthetic::demo(60);
     if std::env::var_os("GPUMEM_WRITE_TESTDATA").is_some() {
