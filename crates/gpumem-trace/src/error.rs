@@ -35,6 +35,19 @@ pub enum ReadError {
         detail: String,
     },
 
+    /// A line of a text format (native JSON lines, RMM CSV, a pickle's text argument) longer
+    /// than any real one; refused once the limit is passed, before the rest is read.
+    #[error(
+        "line {line}: longer than {limit} bytes, the most a line may hold (real trace lines \
+         are under a few kilobytes)"
+    )]
+    LineTooLong {
+        /// 1-based line number.
+        line: u64,
+        /// The longest line accepted, in bytes without its newline ([`crate::MAX_LINE_BYTES`]).
+        limit: usize,
+    },
+
     /// A well-formed line describes an event that cannot follow the events before it.
     #[error("line {line}: {violation}")]
     InvalidEvent {

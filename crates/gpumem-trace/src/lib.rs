@@ -30,12 +30,14 @@
 mod error;
 pub mod formats;
 pub mod snapshot;
+mod text;
 mod trace;
 
 pub use error::{ReadError, SnapshotEncoding};
 pub use formats::{read, read_path, write, write_path, Format, ReadOptions};
 pub use snapshot::{Frame, SegmentType, Snapshot, StackId, Stacks};
+pub use text::MAX_LINE_BYTES;
 pub use trace::{
     DeviceAllocation, Event, InitialBlock, InitialSegment, Trace, TraceMeta, TraceSummary,
-    ValidationError, Violation,
+    ValidationError, Violation, SKIPPED_PREFIX, UNKNOWN_ACTIONS_KEY,
 };

@@ -45,6 +45,91 @@ pub struct TraceMeta {
     pub extra: BTreeMap<String, String>,
 }
 
+/// The prefix of the [`TraceMeta::extra`] keys that count what a reader read but left out of
+/// the events (`skipped.<kind>` → how many), so that whoever shows a trace can say what it
+/// lacks: [`TraceMeta::skipped_notes`].
+pub const SKIPPED_PREFIX: &str = "skipped.";
+
+/// The [`TraceMeta::extra`] key naming the unknown snapshot actions skipped (a comma-separated
+/// list of the first few), alongside `skipped.unknown_action_entries`.
+pub const UNKNOWN_ACTIONS_KEY: &str = "unknown_actions";
+
+impl TraceMeta {
+    /// Counts `count` more input items of `kind` that the reader skipped, under
+    /// `skipped.<kind>` in [`TraceMeta::extra`]; nothing is recorded for 0.
+    pub fn add_skipped(&mut self, kind: &str, count: u64) {
+        if count == 0 {
+            return;
+        }
+        let slot = self
+            .extra
+            .entry(format!("{SKIPPED_PREFIX}{kind}"))
+            .or_default();
+        let before: u64 = slot.parse().unwrap_or(0);
+        *slot = before.saturating_add(count).to_string();
+    }
+
+    /// How many input items of `kind` the reader skipped (0 if none).
+    pub fn skipped(&self, kind: &str) -> u64 {
+        self.extra
+            .get(&format!("{SKIPPED_PREFIX}{kind}"))
+            .and_then(|count| count.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// One sentence per kind of input the reader skipped (the `skipped.*` counts of
+    /// [`TraceMeta::extra`]), for a report to show under the trace: what was left out and
+    /// what that means for the replay. Empty when nothing was skipped.
+    pub fn skipped_notes(&self) -> Vec<String> {
+        let plural = |count: u64, one: &str, many: &str| {
+            format!("{count} {}", if count == 1 { one } else { many })
+        };
+        self.extra
+            .iter()
+            .filter_map(|(key, count)| Some((key.strip_prefix(SKIPPED_PREFIX)?, count)))
+            .filter_map(|(kind, count)| {
+                let count: u64 = count.parse().ok().filter(|&count| count > 0)?;
+                Some(match kind {
+                    "allocate_failure_rows" => format!(
+                        "{} skipped: the traced run ran out of memory there, and those failed \
+                         requests are not replayed",
+                        plural(
+                            count,
+                            "RMM `allocate failure` row",
+                            "RMM `allocate failure` rows"
+                        )
+                    ),
+                    "null_pointer_rows" => format!(
+                        "{} skipped: they moved no memory",
+                        plural(
+                            count,
+                            "RMM row with a null pointer ((nil) or 0x0)",
+                            "RMM rows with a null pointer ((nil) or 0x0)"
+                        )
+                    ),
+                    "oom_entries" => format!(
+                        "{} skipped: the traced run ran out of memory there, and the failed \
+                         requests are not in the trace",
+                        plural(count, "snapshot `oom` entry", "snapshot `oom` entries")
+                    ),
+                    "unknown_action_entries" => format!(
+                        "{} skipped ({})",
+                        plural(
+                            count,
+                            "snapshot entry with an action the reader does not know",
+                            "snapshot entries with actions the reader does not know"
+                        ),
+                        self.extra
+                            .get(UNKNOWN_ACTIONS_KEY)
+                            .map_or("actions not recorded", String::as_str)
+                    ),
+                    other => format!("{count} skipped: {other}"),
+                })
+            })
+            .collect()
+    }
+}
+
 /// A sequence of allocator events with its metadata; what the replay engine consumes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Trace {
@@ -190,6 +275,20 @@ pub enum Violation {
         /// The block's address.
         addr: u64,
     },
+    /// An initial segment at address 0, the null pointer, where no device allocation is: a
+    /// replay placing it there would take its blocks' frees for frees of null.
+    #[error(
+        "initial segment at address 0: that is the null pointer, which no device allocation has"
+    )]
+    InitialSegmentAtNull,
+    /// A device allocation ([`Trace::device_allocations`]) at address 0, the null pointer.
+    #[error("device allocation {position} (of {size} bytes) at address 0: that is the null pointer, which no device allocation has")]
+    DeviceAllocationAtNull {
+        /// Its position in [`Trace::device_allocations`].
+        position: usize,
+        /// Its size.
+        size: u64,
+    },
     /// The event where an initial block's alloc belongs is not that alloc.
     #[error("initial block at {addr:#x}: this event should be its alloc (its address, requested size and its segment's stream)")]
     InitialAllocMissing {
@@ -270,6 +369,7 @@ impl Trace {
     /// Returns the first offending event. Readers only return traces that pass this check.
     pub fn validate(&self) -> Result<(), ValidationError> {
         self.validate_initial_segments()?;
+        self.validate_device_allocations()?;
         let mut live = LiveBlocks::default();
         for (index, event) in self.events.iter().enumerate() {
             live.apply(event)
@@ -278,14 +378,37 @@ impl Trace {
         Ok(())
     }
 
-    /// The part of [`Trace::validate`] about [`Trace::initial_segments`]: laid out without
-    /// overlaps, their blocks inside them, and the first events their blocks' allocs, in
-    /// order. Costs one step per initial block, not per event.
+    /// The part of [`Trace::validate`] about [`Trace::device_allocations`]: none at address
+    /// 0, the null pointer (a replay hands those addresses out as device pointers). The
+    /// error's index is 0: the fault is no event's.
+    pub fn validate_device_allocations(&self) -> Result<(), ValidationError> {
+        match self
+            .device_allocations
+            .iter()
+            .position(|allocation| allocation.address == 0)
+        {
+            Some(position) => Err(ValidationError {
+                index: 0,
+                violation: Violation::DeviceAllocationAtNull {
+                    position,
+                    size: self.device_allocations[position].size,
+                },
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The part of [`Trace::validate`] about [`Trace::initial_segments`]: none at address 0
+    /// (the null pointer), laid out without overlaps, their blocks inside them, and the first
+    /// events their blocks' allocs, in order. Costs one step per initial block, not per event.
     pub fn validate_initial_segments(&self) -> Result<(), ValidationError> {
         let mut index = 0;
         let mut segment_end = 0;
         for (position, segment) in self.initial_segments.iter().enumerate() {
             let fault = move |violation| ValidationError { index, violation };
+            if segment.address == 0 {
+                return Err(fault(Violation::InitialSegmentAtNull));
+            }
             let end = segment.address.checked_add(segment.size);
             let after_previous = position == 0 || segment.address >= segment_end;
             let Some(end) = end.filter(|_| segment.size > 0 && after_previous) else {

@@ -196,7 +196,7 @@ fn malformed_snapshots_are_errors_that_say_where() {
         ),
         (
             b"{\"device_traces\": [[{\"action\": \"alloc\", \"addr\": -1}]]}",
-            "snapshot device_traces[0][0].addr: expected a non-negative 64-bit integer, found -1",
+            "snapshot device_traces[0][0].addr: expected a non-negative 64-bit integer (0 to 18446744073709551615), found -1",
         ),
         (
             b"{\"segments\": [}",
@@ -601,7 +601,7 @@ fn wrong_types_in_fields_are_errors_naming_the_field() {
     let cases = [
         (
             traces(dict(vec![("action", Str("alloc".into())), ("addr", Str("0x10".into()))])),
-            "snapshot device_traces[0][1].addr: expected a non-negative 64-bit integer, found a string",
+            "snapshot device_traces[0][1].addr: expected a non-negative 64-bit integer (0 to 18446744073709551615), found a string",
         ),
         (
             traces(dict(vec![("action", Int(3.into()))])),
@@ -623,7 +623,7 @@ fn wrong_types_in_fields_are_errors_naming_the_field() {
             dict(vec![(
                 "segments",
                 List(vec![dict(vec![
-                    ("address", Int(0.into())),
+                    ("address", Int(4096.into())),
                     ("total_size", Int(1024.into())),
                     (
                         "blocks",
@@ -640,7 +640,7 @@ fn wrong_types_in_fields_are_errors_naming_the_field() {
             dict(vec![(
                 "segments",
                 List(vec![dict(vec![
-                    ("address", Int(0.into())),
+                    ("address", Int(4096.into())),
                     ("total_size", Int(1024.into())),
                     ("is_expandable", Bytes(vec![1])),
                 ])]),

@@ -14,14 +14,18 @@
 //! `{"op":"free","addr":int,"size":int,"stream":int}` (size optional, checked against the
 //! alloc when present), `{"op":"step","index":int}`. `stream` is optional (default 0).
 //! Unknown keys are ignored so that later versions can add fields; blank lines are skipped.
+//! The header's `device_allocations` and `initial_segments` are device memory and never at
+//! address 0 (the null pointer); an event's `addr` only names its block, and may be 0. A
+//! line longer than [`crate::MAX_LINE_BYTES`] is refused.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::ReadError;
 use crate::snapshot::SegmentType;
+use crate::text::{clip, read_line};
 use crate::trace::{
     DeviceAllocation, Event, InitialBlock, InitialSegment, LiveBlocks, Trace, TraceMeta, Violation,
 };
@@ -300,13 +304,12 @@ pub fn read_native(reader: impl Read) -> Result<Trace, ReadError> {
     let mut line_number = 0u64;
 
     let (meta, initial_segments, device_allocations) = loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
+        line_number += 1;
+        if read_line(&mut reader, &mut line, line_number)? == 0 {
             return Err(ReadError::Empty {
                 expected: HEADER_EXPECTED,
             });
         }
-        line_number += 1;
         if !is_blank(&line) {
             break parse_header(&line, line_number)?;
         }
@@ -319,8 +322,7 @@ pub fn read_native(reader: impl Read) -> Result<Trace, ReadError> {
     let initial_allocs: usize = initial_segments.iter().map(|s| s.blocks.len()).sum();
     let mut initial_lines = Vec::with_capacity(initial_allocs);
     loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
+        if read_line(&mut reader, &mut line, line_number + 1)? == 0 {
             break;
         }
         line_number += 1;
@@ -335,6 +337,12 @@ pub fn read_native(reader: impl Read) -> Result<Trace, ReadError> {
     let mut trace = Trace::new(meta, events);
     trace.initial_segments = initial_segments;
     trace.device_allocations = device_allocations;
+    trace
+        .validate_device_allocations()
+        .map_err(|error| ReadError::InvalidEvent {
+            line: header_line,
+            violation: error.violation,
+        })?;
     trace.validate_initial_segments().map_err(|error| {
         // A missing alloc is reported at the event in its place (after the last event if the
         // trace is shorter); a layout fault at the header.
@@ -424,7 +432,7 @@ fn parse_header(line: &[u8], line_number: u64) -> Result<Header, ReadError> {
     let header: HeaderIn = serde_json::from_slice(line).map_err(|error| ReadError::Malformed {
         line: line_number,
         expected: HEADER_EXPECTED,
-        detail: error.to_string(),
+        detail: clip(error.to_string()),
     })?;
     if header.gpumem_trace != VERSION {
         return Err(ReadError::UnsupportedVersion {
@@ -454,7 +462,7 @@ fn parse_event(line: &[u8], line_number: u64, live: &mut LiveBlocks) -> Result<E
         None => serde_json::from_slice(line).map_err(|error| ReadError::Malformed {
             line: line_number,
             expected: EVENT_EXPECTED,
-            detail: error.to_string(),
+            detail: clip(error.to_string()),
         })?,
     };
     let required = |value: Option<u64>, expected: &'static str| {

@@ -2,14 +2,17 @@
 //!
 //! Header `Thread,Time,Action,Pointer,Size,Stream`; columns are found by name, in any order
 //! (`Action`, `Pointer` and `Size` are required). Actions: `allocate`, `free`, and
-//! `allocate failure` (skipped and counted). Pointers are `0x…` hex; a null pointer (`(nil)`
-//! or 0) marks a row that moved no memory and is skipped and counted. Streams are hex (`0` =
+//! `allocate failure` (skipped, and counted as `skipped.allocate_failure_rows` in the
+//! metadata: see [`crate::TraceMeta::skipped_notes`]). Pointers are `0x…` hex; a null pointer
+//! (`(nil)` or 0) marks a row that moved no memory and is skipped and counted
+//! (`skipped.null_pointer_rows`). A line longer than [`crate::MAX_LINE_BYTES`] is refused. Streams are hex (`0` =
 //! default stream). Time is `HH:MM:SS.micro` (checked, not used: events keep file order).
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 
 use crate::error::ReadError;
+use crate::text::{excerpt, read_line};
 use crate::trace::{Event, LiveBlocks, Trace, TraceMeta};
 
 /// The header RMM writes and [`write_rmm`] reproduces.
@@ -37,7 +40,7 @@ impl Columns {
             find(name).ok_or_else(|| ReadError::Malformed {
                 line,
                 expected: HEADER_EXPECTED,
-                detail: format!("no column {name:?} in {header:?}"),
+                detail: format!("no column {name:?} in {}", excerpt(header)),
             })
         };
         Ok(Self {
@@ -66,8 +69,7 @@ pub fn read_rmm(reader: impl Read) -> Result<Trace, ReadError> {
     let mut null_pointer_rows = 0u64;
 
     loop {
-        raw.clear();
-        if reader.read_until(b'\n', &mut raw)? == 0 {
+        if read_line(&mut reader, &mut raw, line_number + 1)? == 0 {
             break;
         }
         line_number += 1;
@@ -124,7 +126,7 @@ pub fn read_rmm(reader: impl Read) -> Result<Trace, ReadError> {
             other => {
                 return Err(row.malformed(
                     "an action allocate, free or allocate failure",
-                    format!("{other:?}"),
+                    excerpt(other),
                 ))
             }
         }
@@ -135,26 +137,15 @@ pub fn read_rmm(reader: impl Read) -> Result<Trace, ReadError> {
         });
     }
 
-    let extra = BTreeMap::from([
-        ("threads".to_owned(), threads.len().to_string()),
-        (
-            "allocate_failures".to_owned(),
-            allocate_failures.to_string(),
-        ),
-        (
-            "null_pointer_rows".to_owned(),
-            null_pointer_rows.to_string(),
-        ),
-    ]);
-    Ok(Trace::new(
-        TraceMeta {
-            name: String::new(),
-            source: "rmm-log".to_owned(),
-            device_total: None,
-            extra,
-        },
-        events,
-    ))
+    let mut meta = TraceMeta {
+        name: String::new(),
+        source: "rmm-log".to_owned(),
+        device_total: None,
+        extra: BTreeMap::from([("threads".to_owned(), threads.len().to_string())]),
+    };
+    meta.add_skipped("allocate_failure_rows", allocate_failures);
+    meta.add_skipped("null_pointer_rows", null_pointer_rows);
+    Ok(Trace::new(meta, events))
 }
 
 /// Writes `trace` as an RMM log. RMM has no step marker, so steps are dropped; the time
@@ -211,9 +202,10 @@ impl<'a> Row<'a> {
                 line: line_number,
                 expected: "as many comma-separated fields as the header has columns",
                 detail: format!(
-                    "{} fields, header has {}: {line:?}",
+                    "{} fields, header has {}: {}",
                     fields.len(),
-                    columns.count
+                    columns.count,
+                    excerpt(line)
                 ),
             });
         }
@@ -238,7 +230,7 @@ impl<'a> Row<'a> {
 }
 
 fn parse_decimal(text: &str) -> Result<u64, String> {
-    text.parse().map_err(|_| format!("{text:?}"))
+    text.parse().map_err(|_| excerpt(text))
 }
 
 fn parse_hex(text: &str) -> Result<u64, String> {
@@ -246,7 +238,7 @@ fn parse_hex(text: &str) -> Result<u64, String> {
         .strip_prefix("0x")
         .or_else(|| text.strip_prefix("0X"))
         .unwrap_or(text);
-    u64::from_str_radix(digits, 16).map_err(|_| format!("{text:?}"))
+    u64::from_str_radix(digits, 16).map_err(|_| excerpt(text))
 }
 
 /// A pointer, or `None` for a null pointer.
@@ -255,7 +247,7 @@ fn parse_pointer(text: &str) -> Result<Option<u64>, String> {
         return Ok(None);
     }
     if !(text.starts_with("0x") || text.starts_with("0X")) {
-        return Err(format!("{text:?}"));
+        return Err(excerpt(text));
     }
     parse_hex(text).map(|pointer| (pointer != 0).then_some(pointer))
 }
@@ -281,7 +273,7 @@ fn check_time(text: &str) -> Result<(), String> {
     if well_formed {
         Ok(())
     } else {
-        Err(format!("{text:?}"))
+        Err(excerpt(text))
     }
 }
 
@@ -329,7 +321,7 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(trace.meta.extra["allocate_failures"], "1");
+        assert_eq!(trace.meta.skipped("allocate_failure_rows"), 1);
         assert_eq!(trace.meta.extra["threads"], "2");
         assert_eq!(trace.meta.source, "rmm-log");
     }
@@ -339,7 +331,7 @@ mod tests {
         let log = "Size,Pointer,Action\r\n64,0x40,allocate\r\n64,0x40,free\r\n0,(nil),allocate\r\n";
         let trace = read_rmm(log.as_bytes()).unwrap();
         assert_eq!(trace.events.len(), 2);
-        assert_eq!(trace.meta.extra["null_pointer_rows"], "1");
+        assert_eq!(trace.meta.skipped("null_pointer_rows"), 1);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::{
     SnapshotSink, StackId, Stacks, TraceEntry,
 };
 use crate::error::{ReadError, SnapshotEncoding};
+use crate::text::{clip, excerpt};
 use crate::trace::saturating_sum;
 
 /// How deep and how large an `allocator_settings` value may be (PyTorch's is two levels
@@ -44,11 +45,13 @@ impl fmt::Display for Path<'_> {
     }
 }
 
+/// The error for the value at `path`; the path (which may hold a key from the input) and
+/// what was found are cut to a short excerpt.
 fn shape_error(path: &Path<'_>, expected: &'static str, found: String) -> ReadError {
     ReadError::SnapshotShape {
-        path: path.to_string(),
+        path: clip(path.to_string()),
         expected,
-        found,
+        found: clip(found),
     }
 }
 
@@ -69,13 +72,38 @@ fn list<'v>(value: &'v Value, path: &Path<'_>) -> Result<Ref<'v, Vec<Value>>, Re
 }
 
 fn unsigned(value: &Value, path: &Path<'_>) -> Result<u64, ReadError> {
-    const EXPECTED: &str = "a non-negative 64-bit integer";
+    const EXPECTED: &str = "a non-negative 64-bit integer (0 to 18446744073709551615)";
     match *value {
         Value::Unsigned(number) => Ok(number),
         Value::Int(number) => {
             u64::try_from(number).map_err(|_| shape_error(path, EXPECTED, number.to_string()))
         }
+        // JSON integers beyond 64 bits reach here as floats (serde_json parses them so).
+        Value::Float(number) if number.fract() == 0.0 && !(-TWO_63..TWO_64).contains(&number) => {
+            Err(shape_error(
+                path,
+                EXPECTED,
+                format!("a number too large for 64 bits ({number})"),
+            ))
+        }
         ref other => Err(shape_error(path, EXPECTED, other.type_name().to_owned())),
+    }
+}
+
+/// 2⁶³ and 2⁶⁴, the bounds of the 64-bit integers, as floats.
+const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+const TWO_64: f64 = 18_446_744_073_709_551_616.0;
+
+/// An address that a device allocation can have: not 0, the null pointer (a segment placed
+/// there would make its blocks' frees frees of null, which release nothing).
+fn segment_address(value: &Value, path: &Path<'_>) -> Result<u64, ReadError> {
+    match unsigned(value, path)? {
+        0 => Err(shape_error(
+            path,
+            "the address of a device allocation, which is never 0 (the null pointer)",
+            "0".to_owned(),
+        )),
+        address => Ok(address),
     }
 }
 
@@ -123,6 +151,32 @@ impl<'v, 'p> DictFields<'v, 'p> {
             )
         })?;
         read(value, &path)
+    }
+
+    /// Like [`Self::required`], for a field that entries of `action` must carry: missing or
+    /// None is an error naming the field and the action.
+    fn required_for<T>(
+        &self,
+        key: &'static str,
+        action: Action,
+        read: impl FnOnce(&Value, &Path<'_>) -> Result<T, ReadError>,
+    ) -> Result<T, ReadError> {
+        let path = Path::Key(self.path, key);
+        match self.get(key) {
+            None => Err(ReadError::SnapshotShape {
+                path: clip(path.to_string()),
+                expected: "a non-negative 64-bit integer (PyTorch writes it on every entry of \
+                           this action)",
+                found: format!("no `{key}` on an entry with action `{}`", action.as_str()),
+            }),
+            Some(Value::None) => Err(ReadError::SnapshotShape {
+                path: clip(path.to_string()),
+                expected: "a non-negative 64-bit integer (PyTorch writes it on every entry of \
+                           this action)",
+                found: format!("None on an entry with action `{}`", action.as_str()),
+            }),
+            Some(value) => read(value, &path),
+        }
     }
 
     /// Runs `read` on the field's value if the field is there and not None.
@@ -186,7 +240,7 @@ fn check_is_snapshot(root: &Value, encoding: SnapshotEncoding) -> Result<(), Rea
     } else {
         Err(ReadError::NotASnapshot {
             encoding,
-            found: root.describe(),
+            found: clip(root.describe()),
         })
     }
 }
@@ -235,9 +289,9 @@ pub(super) fn deliver(
                     continue;
                 }
                 for (index, entry) in list(trace, &trace_path)?.iter().enumerate() {
-                    let entry =
+                    let (entry, unknown) =
                         trace_entry(entry, &Path::Index(&trace_path, index), sink.stacks())?;
-                    sink.entry(device, index, entry)?;
+                    sink.entry(device, index, entry, unknown.as_deref())?;
                 }
             }
             traces.len()
@@ -262,7 +316,7 @@ pub(super) fn deliver(
 /// Reads one segment dict.
 pub(super) fn segment(value: &Value, path: &Path<'_>) -> Result<SnapshotSegment, ReadError> {
     let fields = DictFields::of(value, path)?;
-    let address = fields.required("address", unsigned)?;
+    let address = fields.required("address", segment_address)?;
     // Legacy blocks have no address: it follows from the segment base and the sizes before.
     let mut next_address = address;
     let blocks = fields.each("blocks", |value, path| {
@@ -371,32 +425,53 @@ fn block(value: &Value, path: &Path<'_>, implied_address: u64) -> Result<Snapsho
     })
 }
 
-/// Reads one trace entry dict; its `frames` are interned in `stacks`.
+/// Reads one trace entry dict; its `frames` are interned in `stacks`. With it, the name of
+/// its action when gpumem does not know it ([`Action::Unknown`]).
 pub(super) fn trace_entry(
     value: &Value,
     path: &Path<'_>,
     stacks: &mut Stacks,
-) -> Result<TraceEntry, ReadError> {
+) -> Result<(TraceEntry, Option<String>), ReadError> {
     let fields = DictFields::of(value, path)?;
-    let action = fields.required("action", |value, path| {
+    let (action, unknown) = fields.required("action", |value, path| {
         let name = string(value, path)?;
-        Ok(Action::ALL
-            .iter()
-            .copied()
-            .find(|action| action.as_str() == name)
-            .unwrap_or(Action::Unknown))
+        Ok(
+            match Action::ALL.iter().find(|action| action.as_str() == name) {
+                Some(&action) => (action, None),
+                None => (Action::Unknown, Some(excerpt(name))),
+            },
+        )
     })?;
-    Ok(TraceEntry {
+    // PyTorch writes `addr` and `size` on every entry but `oom` (`device_free` instead of
+    // `addr`); the actions that move a block or a segment need both, and a segment's address
+    // is never null. Other actions (`oom`, `snapshot`, annotations, unknown ones) carry
+    // nothing the trace uses: what they lack reads as 0.
+    let (addr, size) = match action {
+        Action::Alloc | Action::FreeRequested | Action::FreeCompleted | Action::Free => (
+            fields.required_for("addr", action, unsigned)?,
+            fields.required_for("size", action, unsigned)?,
+        ),
+        Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => (
+            fields.required_for("addr", action, segment_address)?,
+            fields.required_for("size", action, unsigned)?,
+        ),
+        Action::Oom | Action::Snapshot | Action::UserDefined | Action::Unknown => (
+            fields.optional("addr", unsigned)?.unwrap_or(0),
+            fields.optional("size", unsigned)?.unwrap_or(0),
+        ),
+    };
+    let entry = TraceEntry {
         action,
-        addr: fields.optional("addr", unsigned)?.unwrap_or(0),
-        size: fields.optional("size", unsigned)?.unwrap_or(0),
+        addr,
+        size,
         stream: fields.optional("stream", unsigned)?.unwrap_or(0),
         time_us: fields.optional("time_us", unsigned)?.unwrap_or(0),
         device_free: fields.optional("device_free", unsigned)?,
         stack: fields
             .optional("frames", |value, path| stack(value, path, stacks))?
             .flatten(),
-    })
+    };
+    Ok((entry, unknown))
 }
 
 /// Interns a `frames` list (innermost first); `None` for an empty one. Frames the streaming
@@ -466,7 +541,7 @@ fn named<T: Copy>(
     all.iter()
         .copied()
         .find(|candidate| name_of(*candidate) == name)
-        .ok_or_else(|| shape_error(path, expected, format!("{name:?}")))
+        .ok_or_else(|| shape_error(path, expected, excerpt(name)))
 }
 
 fn setting(
@@ -552,7 +627,7 @@ pub(super) fn from_json(bytes: &[u8]) -> Result<Document, ReadError> {
     let value = serde_json::from_slice(bytes).map_err(|error| ReadError::Malformed {
         line: error.line() as u64,
         expected: "a JSON memory snapshot",
-        detail: error.to_string(),
+        detail: clip(error.to_string()),
     })?;
     let mut arena = ContainerArena::default();
     let root = json_value(value, &mut arena);

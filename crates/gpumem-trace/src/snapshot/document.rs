@@ -72,14 +72,19 @@ impl Value {
         match self {
             Self::None => "None",
             Self::Bool(_) => "a bool",
-            Self::Int(_) | Self::Unsigned(_) | Self::HugeInt => "an integer",
+            Self::Int(_) | Self::Unsigned(_) => "an integer",
+            Self::HugeInt => "an integer too large for 64 bits",
             Self::Float(_) => "a float",
             Self::Str(_) => "a string",
             Self::Bytes => "bytes",
             Self::List(_) => "a list",
             Self::Dict(_) => "a dict",
             Self::Streamed(_) => "a list",
-            Self::NotKept => "a value the reader did not keep (a memo reference to a skipped part)",
+            Self::NotKept => {
+                "a memo reference to a part the streaming reader does not keep (a part it \
+                 skips, a whole list of segments or of a device's entries, or an entry more \
+                 than 16384 entries back)"
+            }
             Self::Frame(_) => "a dict",
             Self::Stack(_) => "a list",
         }

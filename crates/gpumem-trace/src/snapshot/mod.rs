@@ -23,7 +23,9 @@ pub use gpumem_snapshot::{
 use crate::error::{ReadError, SnapshotEncoding};
 
 use self::initial::{DumpSegment, SegmentHistory};
-use crate::trace::{saturating_sum, DeviceAllocation, Event, LiveBlocks, Trace, TraceMeta};
+use crate::trace::{
+    saturating_sum, DeviceAllocation, Event, LiveBlocks, Trace, TraceMeta, UNKNOWN_ACTIONS_KEY,
+};
 
 /// Where a snapshot reader hands what it reads, piece by piece, in the order of the input
 /// (PyTorch writes `segments` before `device_traces`, but a sink must not rely on it).
@@ -31,8 +33,15 @@ pub(crate) trait SnapshotSink {
     /// One segment of `segments`.
     fn segment(&mut self, segment: SnapshotSegment) -> Result<(), ReadError>;
     /// Entry `index` of `device_traces[device]`; a device's entries come in order, and the
-    /// devices in order.
-    fn entry(&mut self, device: usize, index: usize, entry: TraceEntry) -> Result<(), ReadError>;
+    /// devices in order. `unknown_action` is the name of its action when gpumem does not
+    /// know it (the entry's action is then [`Action::Unknown`]).
+    fn entry(
+        &mut self,
+        device: usize,
+        index: usize,
+        entry: TraceEntry,
+        unknown_action: Option<&str>,
+    ) -> Result<(), ReadError>;
     /// How many devices `device_traces` has (after the last entry).
     fn devices(&mut self, count: usize);
     /// The allocator settings (after the last entry).
@@ -49,7 +58,13 @@ impl SnapshotSink for Snapshot {
         Ok(())
     }
 
-    fn entry(&mut self, device: usize, _: usize, entry: TraceEntry) -> Result<(), ReadError> {
+    fn entry(
+        &mut self,
+        device: usize,
+        _: usize,
+        entry: TraceEntry,
+        _: Option<&str>,
+    ) -> Result<(), ReadError> {
         if self.device_traces.len() <= device {
             self.device_traces.resize_with(device + 1, Vec::new);
         }
@@ -183,7 +198,10 @@ pub fn from_trace(trace: &Trace, device: usize) -> Snapshot {
 /// holds gets only that alloc. `meta.extra` holds their number and bytes
 /// (`synthesized_allocs`, `synthesized_alloc_bytes`, of which `synthesized_from_segments`),
 /// the initial segments and their bytes (`initial_segments`, `initial_segment_bytes`), the
-/// device, its segment count and reserved bytes at the dump. An alloc's `frames` become its
+/// device, its segment count and reserved bytes at the dump, and what was skipped (see
+/// [`TraceMeta::skipped_notes`]): the device's `oom` entries (`skipped.oom_entries`) and its
+/// entries of actions gpumem does not know (`skipped.unknown_action_entries`, their names
+/// under `unknown_actions`). An alloc's `frames` become its
 /// entry in [`Trace::alloc_stacks`] (synthesised allocs have none).
 pub fn to_trace(snapshot: &Snapshot, device: Option<usize>) -> Result<Trace, ReadError> {
     let mut builder = TraceBuilder::new(device);
@@ -193,7 +211,7 @@ pub fn to_trace(snapshot: &Snapshot, device: Option<usize>) -> Result<Trace, Rea
     }
     for (device, entries) in snapshot.device_traces.iter().enumerate() {
         for (index, entry) in entries.iter().enumerate() {
-            builder.entry(device, index, entry.clone())?;
+            builder.entry(device, index, entry.clone(), None)?;
         }
     }
     builder.devices(snapshot.device_traces.len());
@@ -221,7 +239,16 @@ struct TraceBuilder {
     segments: Vec<DumpSegment>,
     /// The chosen device's `segment_alloc`s, in order.
     device_allocations: Vec<DeviceAllocation>,
+    /// The chosen device's `oom` entries (skipped: the failed requests are not in the trace).
+    oom_entries: u64,
+    /// The chosen device's entries whose action gpumem does not know (skipped)...
+    unknown_action_entries: u64,
+    /// ...and the first [`UNKNOWN_ACTIONS_SHOWN`] names of those actions.
+    unknown_actions: Vec<String>,
 }
+
+/// How many names of unknown actions a trace's metadata lists.
+const UNKNOWN_ACTIONS_SHOWN: usize = 8;
 
 impl TraceBuilder {
     fn new(requested: Option<usize>) -> Self {
@@ -238,6 +265,9 @@ impl TraceBuilder {
             stacks: Stacks::default(),
             segments: Vec::new(),
             device_allocations: Vec::new(),
+            oom_entries: 0,
+            unknown_action_entries: 0,
+            unknown_actions: Vec::new(),
         }
     }
 
@@ -308,15 +338,22 @@ impl TraceBuilder {
         }
         let mut events = self.events;
         events.splice(0..0, synthesized);
-        let mut trace = Trace::new(
-            TraceMeta {
-                name: String::new(),
-                source: "pytorch-snapshot".to_owned(),
-                device_total: None,
-                extra,
-            },
-            events,
-        );
+        let mut meta = TraceMeta {
+            name: String::new(),
+            source: "pytorch-snapshot".to_owned(),
+            device_total: None,
+            extra,
+        };
+        meta.add_skipped("oom_entries", self.oom_entries);
+        meta.add_skipped("unknown_action_entries", self.unknown_action_entries);
+        if !self.unknown_actions.is_empty() {
+            let mut names = self.unknown_actions.join(", ");
+            if self.unknown_actions.len() == UNKNOWN_ACTIONS_SHOWN {
+                names.push_str(", …");
+            }
+            meta.extra.insert(UNKNOWN_ACTIONS_KEY.to_owned(), names);
+        }
+        let mut trace = Trace::new(meta, events);
         trace.stacks = self.stacks;
         trace.alloc_stacks = alloc_stacks;
         trace.initial_segments = initial.segments;
@@ -344,7 +381,13 @@ impl SnapshotSink for TraceBuilder {
         Ok(())
     }
 
-    fn entry(&mut self, device: usize, index: usize, entry: TraceEntry) -> Result<(), ReadError> {
+    fn entry(
+        &mut self,
+        device: usize,
+        index: usize,
+        entry: TraceEntry,
+        unknown_action: Option<&str>,
+    ) -> Result<(), ReadError> {
         if *self.chosen.get_or_insert(device) != device {
             return Ok(());
         }
@@ -389,7 +432,19 @@ impl SnapshotSink for TraceBuilder {
                 let unmap = entry.action == Action::SegmentUnmap;
                 self.history.released(addr, size, stream, unmap, index);
             }
-            _ => {}
+            Action::Oom => self.oom_entries += 1,
+            Action::Unknown => {
+                self.unknown_action_entries += 1;
+                let name = unknown_action.unwrap_or("unknown");
+                if self.unknown_actions.len() < UNKNOWN_ACTIONS_SHOWN
+                    && !self.unknown_actions.iter().any(|known| known == name)
+                {
+                    self.unknown_actions.push(name.to_owned());
+                }
+            }
+            // A free's request half (the block is freed by its `free_completed`), a
+            // snapshot's mark and an annotation move no memory: nothing is left out.
+            Action::FreeRequested | Action::Snapshot | Action::UserDefined => {}
         }
         Ok(())
     }

@@ -25,15 +25,16 @@
 //! beats a puzzling one about the top level's shape.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::io::{ErrorKind, Read};
 use std::rc::Rc;
 
 use super::decode::{self, Path};
-use super::document::{ContainerArena, Document, Value, MAX_NESTING};
+use super::document::{ContainerArena, Dict, Document, Value, MAX_NESTING};
 use super::SnapshotSink;
 use crate::error::{ReadError, SnapshotEncoding};
+use crate::text::{excerpt, MAX_LINE_BYTES};
 
 /// Decodes a snapshot pickle from `reader`, handing its segments and trace entries to `sink`
 /// as they are read, and returns the rest of the document (the top-level dict, whose
@@ -147,6 +148,13 @@ impl<R: Read> Input<R> {
                 return Ok(&self.buffer[start..start + length]);
             }
             scanned = self.end - self.start;
+            if scanned > MAX_LINE_BYTES {
+                return Err(format!(
+                    "a text argument longer than {MAX_LINE_BYTES} bytes, the most one may hold \
+                     (a snapshot's are numbers and short names)"
+                )
+                .into());
+            }
             if !self.fill(scanned + 1)? {
                 return Err("a text argument without its newline: the input ends first".into());
             }
@@ -395,6 +403,9 @@ struct Unpickler<'s, R> {
     kept_frames: usize,
     /// How many `frames` lists the memo keeps (at most [`KEPT_STACKS_MAX`]).
     kept_stacks: usize,
+    /// The memo ids of the trace entry dicts the memo keeps, oldest first (at most
+    /// [`KEPT_ENTRIES_MAX`]), with the dicts, to tell whether the id still holds them.
+    kept_entries: VecDeque<(u64, Dict)>,
     /// Owns the containers that can be reached again, so that cycles and deep nesting drop
     /// safely.
     arena: ContainerArena,
@@ -414,6 +425,12 @@ const KEPT_FRAMES_MAX: usize = 1 << 20;
 /// keeping them all would grow the memo with the trace; beyond, an entry whose `frames` is a
 /// reference to an earlier list reads without a stack.
 const KEPT_STACKS_MAX: usize = 1 << 14;
+/// The most trace entry dicts the memo keeps: the latest ones. A pickle may put one entry
+/// dict in a trace twice, or in two devices' traces (Python's pickler then writes a memo
+/// reference the second time); PyTorch's own snapshots never do, but memoise every entry,
+/// so keeping them all would grow the memo with the trace. A reference to an entry further
+/// back is refused, saying so.
+const KEPT_ENTRIES_MAX: usize = 1 << 14;
 
 impl<'s, R: Read> Unpickler<'s, R> {
     /// An unpickler at the start of `reader`, handing streamed pieces to `sink`.
@@ -428,6 +445,7 @@ impl<'s, R: Read> Unpickler<'s, R> {
             singletons: HashSet::new(),
             kept_frames: 0,
             kept_stacks: 0,
+            kept_entries: VecDeque::new(),
             arena: ContainerArena::default(),
             sink,
         }
@@ -593,7 +611,7 @@ impl<'s, R: Read> Unpickler<'s, R> {
                 let value = line
                     .trim()
                     .parse()
-                    .map_err(|_| format!("{line:?} is not a float"))?;
+                    .map_err(|_| format!("{} is not a float", excerpt(line)))?;
                 self.push(Value::Float(value));
             }
             // Strings and bytes.
@@ -706,7 +724,7 @@ impl<'s, R: Read> Unpickler<'s, R> {
         let line = self.line()?;
         line.trim()
             .parse()
-            .map_err(|_| format!("memo id {line:?} is not a number").into())
+            .map_err(|_| format!("memo id {} is not a number", excerpt(line)).into())
     }
 
     fn push_str(&mut self, length: usize) -> Step<()> {
@@ -761,6 +779,20 @@ impl<'s, R: Read> Unpickler<'s, R> {
             }
             (Role::Frames, _) if self.kept_stacks < KEPT_STACKS_MAX => {
                 self.kept_stacks += 1;
+                Some(value)
+            }
+            // A trace entry, memoised as it is created and filled after: the memo shares
+            // the dict, so a later reference reads it whole.
+            (Role::Entry, Value::Dict(dict)) => {
+                self.kept_entries.push_back((id, dict.clone()));
+                if self.kept_entries.len() > KEPT_ENTRIES_MAX {
+                    if let Some((old_id, old)) = self.kept_entries.pop_front() {
+                        let same = |item: &Item| matches!(&item.value, Value::Dict(held) if Rc::ptr_eq(held, &old));
+                        if self.memo.get(&old_id).is_some_and(same) {
+                            self.memo.remove(&old_id);
+                        }
+                    }
+                }
                 Some(value)
             }
             _ => None,
@@ -957,20 +989,23 @@ impl<'s, R: Read> Unpickler<'s, R> {
         let in_trace = floor
             .checked_sub(1)
             .is_some_and(|below| matches!(self.stack[below].role, Role::DeviceTrace(_)));
+        // The item on top is a complete entry: one built here, or a memo reference to one
+        // (a dict kept whole). Then everything above the mark is the trace's items, in order.
         let previous_is_entry = self.stack.len() > floor
-            && self.stack.last().is_some_and(|top| top.role == Role::Entry);
+            && self.stack.last().is_some_and(|top| {
+                top.role == Role::Entry
+                    || (top.role == Role::Kept && matches!(top.value, Value::Dict(_)))
+            });
         if !(in_trace && previous_is_entry) {
             return Ok(());
         }
-        let entry = self.stack.pop().ok_or("stack underflow")?;
-        let region = self.stack.len() - floor;
+        let items = self.stack.split_off(floor);
         let Self { stack, sink, .. } = self;
         let trace = &mut stack[floor - 1];
-        if region > 0 {
-            // Items before the entry are still waiting: keep the list's order.
-            return Err("a device trace list with items of other kinds before an entry".into());
+        for item in items {
+            add_to_list(trace, item, &mut **sink)?;
         }
-        add_to_list(trace, entry, &mut **sink)
+        Ok(())
     }
 
     /// Sets the key-value pairs `items` (keys and values alternating) in the dict on top of
@@ -1056,10 +1091,11 @@ fn add_to_list(list: &mut Item, item: Item, sink: &mut dyn SnapshotSink) -> Step
         (Value::Streamed(count), Role::DeviceTrace(device)) => {
             let traces = Path::Key(&Path::Root, "device_traces");
             let trace = Path::Index(&traces, device);
-            let entry =
+            let (entry, unknown) =
                 decode::trace_entry(&item.value, &Path::Index(&trace, index), sink.stacks())
                     .map_err(Fault::Shape)?;
-            sink.entry(device, index, entry).map_err(Fault::Shape)?;
+            sink.entry(device, index, entry, unknown.as_deref())
+                .map_err(Fault::Shape)?;
             *count += 1;
         }
         (Value::List(items), Role::Frames) => {
@@ -1145,7 +1181,7 @@ fn text_int(text: &str) -> Step<Value> {
         {
             Ok(Value::HugeInt)
         }
-        Err(_) => Err(format!("{text:?} is not an integer").into()),
+        Err(_) => Err(format!("{} is not an integer", excerpt(text)).into()),
     }
 }
 
@@ -1354,6 +1390,7 @@ mod tests {
             _: usize,
             _: usize,
             entry: crate::snapshot::TraceEntry,
+            _: Option<&str>,
         ) -> Result<(), ReadError> {
             self.entries += 1;
             self.entry_stacks.push(entry.stack);
@@ -1422,7 +1459,8 @@ mod tests {
     fn the_memo_does_not_grow_with_the_entries() {
         // device_traces = [[{"action": "alloc", "addr": ..., "size": 1,
         //   "compile_context": <a new "N/A">, "user_metadata": <a new "">}, ...]]
-        let pickle = alloc_entries_pickle(1000, |_, pickle| {
+        let count = KEPT_ENTRIES_MAX as u32 + 1000;
+        let pickle = alloc_entries_pickle(count, |_, pickle| {
             pickle.extend(text("compile_context"));
             pickle.extend(text("N/A"));
             pickle.push(0x94);
@@ -1433,10 +1471,12 @@ mod tests {
         let mut sink = Counting::default();
         let mut unpickler = Unpickler::new(pickle.as_slice(), &mut sink);
         unpickler.run().unwrap();
-        assert_eq!(unpickler.memo_ids.count, 3 + 3 * 1000);
-        // The top level and the first "" (CPython shares it); no entry, "N/A" or later "".
-        assert_eq!(unpickler.memo.len(), 2);
-        assert_eq!(sink.entries, 1000);
+        assert_eq!(unpickler.memo_ids.count, 3 + 3 * u64::from(count));
+        // The top level, the first "" (CPython shares it) and the latest KEPT_ENTRIES_MAX
+        // entries; no earlier entry, no "N/A" or later "".
+        assert_eq!(unpickler.memo.len(), 2 + KEPT_ENTRIES_MAX);
+        assert_eq!(unpickler.kept_entries.len(), KEPT_ENTRIES_MAX);
+        assert_eq!(sink.entries, count as usize);
     }
 
     #[test]
@@ -1464,9 +1504,9 @@ mod tests {
         let mut sink = Counting::default();
         let mut unpickler = Unpickler::new(pickle.as_slice(), &mut sink);
         unpickler.run().unwrap();
-        // The top level, the frame dict and the `frames` lists (each interned to one item,
-        // up to KEPT_STACKS_MAX of them); no entry.
-        assert_eq!(unpickler.memo.len(), 2 + 1000);
+        // The top level, the frame dict, the `frames` lists (each interned to one item,
+        // up to KEPT_STACKS_MAX of them) and the entries (up to KEPT_ENTRIES_MAX).
+        assert_eq!(unpickler.memo.len(), 2 + 1000 + 1000);
         let interned = |item: &Item| match &item.value {
             Value::List(items) => matches!(items.borrow().as_slice(), [Value::Stack(_)]),
             Value::Dict(entries) => matches!(entries.borrow().as_slice(), [(Value::Frame(_), _)]),
