@@ -301,12 +301,13 @@ impl SimDevice {
     /// real driver returned to the traced allocator, so that a policy that breaks ties by
     /// address sees the blocks in the order the traced process did. The device's own
     /// addresses continue above every placement, so the two never overlap. Placements of zero
-    /// bytes, or beyond a 56-bit address space (no driver's), are left out.
+    /// bytes, at address 0 (the null pointer: a block there could never be freed), or beyond a
+    /// 56-bit address space (no driver's), are left out.
     pub fn place_mallocs_at(&self, placements: impl IntoIterator<Item = (DevicePtr, u64)>) {
         let mut s = self.lock();
         for (address, size) in placements {
             let end = address.checked_add(size).filter(|&end| end <= 1 << 56);
-            let Some(end) = end.filter(|_| size > 0) else {
+            let Some(end) = end.filter(|_| size > 0 && address != 0) else {
                 continue;
             };
             s.next_address = s.next_address.max(end);
@@ -1009,6 +1010,15 @@ mod tests {
 
     fn host(capacity: u64) -> SimDevice {
         SimDevice::new(SimConfig::host(capacity)).unwrap()
+    }
+
+    #[test]
+    fn a_placement_at_the_null_pointer_is_left_out() {
+        let dev = host(64 * MIB);
+        dev.place_mallocs_at([(0, 4 * MIB)]);
+        let ptr = dev.malloc(4 * MIB).unwrap();
+        assert_ne!(ptr, 0);
+        dev.free(ptr).unwrap();
     }
 
     #[test]
