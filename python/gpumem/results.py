@@ -218,6 +218,9 @@ class TraceInfo(Report):
     events: int
     steps: int
     peak_live_bytes: int
+    skipped: list[str]
+    """What the reader left out of the trace, a sentence per kind (RMM ``allocate failure``
+    rows, snapshot entries of unknown actions); empty when nothing."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -315,14 +315,20 @@ fn print_initial_states(reports: &[PolicyReport]) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// The trace's name, source, length and peak live bytes, as the tables' first line.
+/// The trace's name, source, length and peak live bytes, as the tables' first line, and below
+/// it what the reader skipped.
 pub(crate) fn trace_line(trace: &TraceInfo) -> String {
-    format!(
+    let mut line = format!(
         "Trace {} ({}): {} events, {} steps, peak live {}",
         trace.name,
         trace.source,
         trace.events,
         trace.steps,
         Bytes(trace.peak_live_bytes)
-    )
+    );
+    // What the reader left out, under the trace it belongs to.
+    for note in &trace.skipped {
+        line.push_str(&format!("\n  {note}"));
+    }
+    line
 }

@@ -216,3 +216,31 @@ fn a_pickle_that_is_not_a_snapshot_fails_and_an_empty_one_is_zero_events() {
     assert_eq!(out["trace"]["events"], 0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn rows_the_reader_skips_are_said_under_the_trace() {
+    // An RMM log whose run hit an out-of-memory: the failed request is not replayed, and the
+    // table and the JSON say so.
+    let dir = std::env::temp_dir().join(format!("gpumem-skipped-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("oom.rmm.csv");
+    std::fs::write(
+        &log,
+        "Thread,Time,Action,Pointer,Size,Stream\n\
+         1,10:00:00.000000,allocate,0x7f0000000000,1048576,0\n\
+         1,10:00:00.000001,allocate failure,0x0,99999999999,0\n\
+         1,10:00:00.000002,free,0x7f0000000000,1048576,0\n",
+    )
+    .unwrap();
+    let log = log.to_str().unwrap();
+    let table = gpumem(&["replay", log, "--policy", "torch"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success(), "{text}");
+    let skipped = "1 RMM `allocate failure` row skipped";
+    assert!(text.lines().nth(1).unwrap().contains(skipped), "{text}");
+    let out = json_of(&gpumem(&["replay", log, "--json", "--policy", "torch"]));
+    let notes = out["trace"]["skipped"].as_array().unwrap();
+    assert_eq!(notes.len(), 1, "{out}");
+    assert!(notes[0].as_str().unwrap().starts_with(skipped), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -28,6 +28,9 @@ pub struct TraceInfo {
     pub steps: u64,
     /// The most bytes live at once.
     pub peak_live_bytes: u64,
+    /// One sentence per kind of input the reader skipped (RMM `allocate failure` rows, snapshot
+    /// entries of unknown actions, …): what the replay leaves out. Empty when nothing was.
+    pub skipped: Vec<String>,
 }
 
 impl TraceInfo {
@@ -40,6 +43,7 @@ impl TraceInfo {
             events: summary.events,
             steps: summary.steps,
             peak_live_bytes: summary.peak_live_bytes,
+            skipped: trace.meta.skipped_notes(),
         }
     }
 }
