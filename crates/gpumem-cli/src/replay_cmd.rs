@@ -32,7 +32,7 @@ pub struct ReplayArgs {
     #[arg(long)]
     json: bool,
     /// Write the replay's memory snapshot for PyTorch's memory_viz (pickle; JSON if the name
-    /// ends in .json). Needs a single --policy.
+    /// ends in .json; gzip-compressed if it ends in .gz). Needs a single --policy.
     #[arg(long, value_name = "OUT")]
     snapshot: Option<PathBuf>,
 }

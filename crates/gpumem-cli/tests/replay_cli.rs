@@ -122,6 +122,29 @@ fn snapshot_is_written_for_one_policy() {
     let refused = gpumem(&["replay", &trace, "--snapshot", path.to_str().unwrap()]);
     assert_eq!(refused.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("needs a single --policy"));
+
+    // A `.gz` name is written compressed (it was a plain pickle under that name), in the
+    // format of the name before it, and replays as the plain file does.
+    let plain = json_of(&gpumem(&["replay", path.to_str().unwrap(), "--json"]));
+    for name in ["replay.pickle.gz", "replay.json.gz"] {
+        let gz = dir.join(name);
+        let written = gpumem(&[
+            "replay",
+            &trace,
+            "--policy",
+            "gpumem",
+            "--snapshot",
+            gz.to_str().unwrap(),
+        ]);
+        assert!(written.status.success(), "{name}");
+        assert_eq!(&std::fs::read(&gz).unwrap()[..2], [0x1f, 0x8b], "{name}");
+        let again = json_of(&gpumem(&["replay", gz.to_str().unwrap(), "--json"]));
+        assert_eq!(again["trace"]["events"], plain["trace"]["events"], "{name}");
+        assert_eq!(
+            again["trace"]["peak_live_bytes"], plain["trace"]["peak_live_bytes"],
+            "{name}"
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -31,18 +31,34 @@ impl Snapshot {
     }
 
     /// Writes the snapshot to a file: JSON if the name ends in `.json`, else a pickle for
-    /// memory_viz (`gpumem replay --snapshot OUT.pickle`). The file appears only complete
-    /// ([`write_file_atomically`]).
+    /// memory_viz (`gpumem replay --snapshot OUT.pickle`); gzip-compressed when it ends in
+    /// `.gz` (`OUT.pickle.gz`, `OUT.json.gz`, as the trace readers take them). The file
+    /// appears only complete ([`write_file_atomically`]).
     pub fn write_path(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
         let path = path.as_ref();
+        let has_extension = |name: &Path, wanted: &str| {
+            name.extension()
+                .is_some_and(|extension| extension == wanted)
+        };
+        let gzipped = has_extension(path, "gz");
+        let inner = if gzipped {
+            Path::new(path.file_stem().unwrap_or_default())
+        } else {
+            path
+        };
+        let json = has_extension(inner, "json");
         write_file_atomically(path, |file| {
-            if path
-                .extension()
-                .is_some_and(|extension| extension == "json")
-            {
-                self.write_json(file)
+            let write = |out: &mut dyn Write| match json {
+                true => self.write_json(out),
+                false => self.write_pickle(out),
+            };
+            if gzipped {
+                let mut encoder =
+                    flate2::write::GzEncoder::new(file, flate2::Compression::default());
+                write(&mut encoder)?;
+                encoder.finish().map(|_| ())
             } else {
-                self.write_pickle(file)
+                write(file)
             }
         })
     }
