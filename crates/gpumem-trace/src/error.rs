@@ -57,6 +57,19 @@ pub enum ReadError {
         violation: Violation,
     },
 
+    /// A device asked of a format that holds one device's trace (native, RMM): only a
+    /// PyTorch snapshot holds one trace per device to choose from.
+    #[error(
+        "device {device} asked of a {format} trace, which holds one device's events; a device \
+         is chosen only in a PyTorch snapshot (one trace per device)"
+    )]
+    DeviceOfOneDeviceTrace {
+        /// The device asked for.
+        device: usize,
+        /// The trace's format.
+        format: crate::Format,
+    },
+
     /// The input ended before anything required was read.
     #[error("empty input: expected {expected}")]
     Empty {

@@ -387,3 +387,30 @@ fn integers_beyond_64_bits_are_named_as_such() {
         error_of(json)
     );
 }
+
+#[test]
+fn a_device_is_asked_only_of_a_snapshot() {
+    let native = "{\"gpumem_trace\":1}\n{\"op\":\"alloc\",\"addr\":1,\"size\":512}\n";
+    let rmm = "Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000000,allocate,0x10,512,0\n";
+    for (text, format) in [(native, "native"), (rmm, "rmm")] {
+        let options = gpumem_trace::ReadOptions {
+            device: Some(7),
+            ..gpumem_trace::ReadOptions::default()
+        };
+        let error = gpumem_trace::read(text.as_bytes(), options).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                gpumem_trace::ReadError::DeviceOfOneDeviceTrace { device: 7, .. }
+            ),
+            "{format}: {error}"
+        );
+        assert!(
+            error
+                .to_string()
+                .starts_with(&format!("device 7 asked of a {format} trace")),
+            "{error}"
+        );
+        assert!(gpumem_trace::read(text.as_bytes(), gpumem_trace::ReadOptions::default()).is_ok());
+    }
+}

@@ -162,10 +162,13 @@ fn read_plain(head: &[u8], reader: impl Read, options: ReadOptions) -> Result<Tr
         Format::Auto => detect(head)?,
         chosen => chosen,
     };
-    match format {
-        Format::Auto | Format::Native => native::read_native(reader),
-        Format::Pytorch => pytorch::read_pytorch(reader, options.device),
-        Format::Rmm => rmm::read_rmm(reader),
+    match (format, options.device) {
+        (Format::Pytorch, device) => pytorch::read_pytorch(reader, device),
+        (Format::Auto | Format::Native | Format::Rmm, Some(device)) => {
+            Err(ReadError::DeviceOfOneDeviceTrace { device, format })
+        }
+        (Format::Auto | Format::Native, None) => native::read_native(reader),
+        (Format::Rmm, None) => rmm::read_rmm(reader),
     }
 }
 
