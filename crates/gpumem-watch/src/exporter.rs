@@ -267,7 +267,18 @@ impl Exporter {
                 .server
                 .recv()
                 .map_err(|e| WatchError::io("exporter", e))?;
-            let (status, body, content_type) = match request.url() {
+            // A scrape's query (Prometheus' `params`) selects nothing here: the path decides.
+            let path = request.url().split('?').next().unwrap_or_default();
+            let readable = matches!(
+                request.method(),
+                tiny_http::Method::Get | tiny_http::Method::Head
+            );
+            let (status, body, content_type) = match path {
+                _ if !readable => (
+                    405,
+                    format!("{} is not served; GET /metrics\n", request.method()),
+                    "text/plain; charset=utf-8",
+                ),
                 "/metrics" => {
                     let scraped = self.scrape();
                     self.source.take_warnings().into_iter().for_each(&mut warn);

@@ -166,7 +166,7 @@ fn label_values_are_escaped() {
 }
 
 #[test]
-fn other_paths_are_not_found() {
+fn other_paths_are_not_found_and_other_methods_not_allowed() {
     let exporter =
         Exporter::bind("127.0.0.1:0", Box::new(Recording::from_samples(vec![]))).unwrap();
     let base = format!("http://{}", exporter.local_addr().unwrap());
@@ -176,6 +176,15 @@ fn other_paths_are_not_found() {
         return;
     };
     assert_eq!(String::from_utf8_lossy(&out.stdout), "404");
+    // A query string (Prometheus' `params`) still scrapes; only GET and HEAD are served.
+    let code = |args: &[&str]| {
+        let out = curl(&[&["-s", "-o", "/dev/null", "-w", "%{http_code}"], args].concat())
+            .expect("curl ran a moment ago");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(code(&[&format!("{base}/metrics?x=1")]), "200");
+    assert_eq!(code(&["-X", "POST", &format!("{base}/metrics")]), "405");
+    assert_eq!(code(&["-I", &format!("{base}/metrics")]), "200");
 }
 
 #[test]
