@@ -2,6 +2,9 @@
 //! of numbers, containers nested 200,000 deep) are errors that say what the document holds;
 //! an empty snapshot is a trace of 0 events; every committed snapshot still reads as before.
 
+mod common;
+
+use common::{dict, pickled};
 use std::path::{Path, PathBuf};
 
 use gpumem_trace::{read, read_path, Format, ReadError, ReadOptions, SnapshotEncoding};
@@ -20,20 +23,6 @@ fn pytorch() -> ReadOptions {
         format: Format::Pytorch,
         device: None,
     }
-}
-
-/// `value` pickled by serde-pickle (protocol 3).
-fn pickled(value: &serde_pickle::Value) -> Vec<u8> {
-    serde_pickle::value_to_vec(value, serde_pickle::SerOptions::new()).unwrap()
-}
-
-fn dict(entries: Vec<(&str, serde_pickle::Value)>) -> serde_pickle::Value {
-    serde_pickle::Value::Dict(
-        entries
-            .into_iter()
-            .map(|(key, value)| (serde_pickle::HashableValue::String(key.to_owned()), value))
-            .collect(),
-    )
 }
 
 fn int(value: i64) -> serde_pickle::Value {

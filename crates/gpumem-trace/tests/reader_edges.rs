@@ -2,6 +2,9 @@
 //! allocations at the null pointer, unbounded lines and quotes, rows skipped without a word,
 //! memo references to entries, integers beyond 64 bits.
 
+mod common;
+
+use common::{dict, pickled};
 use std::io::Write;
 
 use flate2::write::GzEncoder;
@@ -21,23 +24,10 @@ fn error_of(bytes: &[u8]) -> String {
     }
 }
 
-fn pickled(root: serde_pickle::Value) -> Vec<u8> {
-    serde_pickle::value_to_vec(&root, serde_pickle::SerOptions::new()).unwrap()
-}
-
-fn dict(entries: Vec<(&str, serde_pickle::Value)>) -> serde_pickle::Value {
-    serde_pickle::Value::Dict(
-        entries
-            .into_iter()
-            .map(|(key, value)| (serde_pickle::HashableValue::String(key.to_owned()), value))
-            .collect(),
-    )
-}
-
 /// A snapshot pickle whose device 0 holds `entries`.
 fn trace_pickle(entries: Vec<serde_pickle::Value>) -> Vec<u8> {
     use serde_pickle::Value::List;
-    pickled(dict(vec![
+    pickled(&dict(vec![
         ("segments", List(vec![])),
         ("device_traces", List(vec![List(entries)])),
     ]))

@@ -1,6 +1,9 @@
 //! PyTorch snapshots: reading real-shaped pickles of every protocol, the cross-format check on
 //! the small fixture, and the memory_viz writer (opcode subset, read-back, Python's view).
 
+mod common;
+
+use common::{dict, pickled};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -568,20 +571,6 @@ fn a_snapshot_cut_anywhere_is_an_error_naming_the_offset() {
     }
 }
 
-/// A snapshot pickle built from `root` by serde-pickle.
-fn pickled(root: serde_pickle::Value) -> Vec<u8> {
-    serde_pickle::value_to_vec(&root, serde_pickle::SerOptions::new()).unwrap()
-}
-
-fn dict(entries: Vec<(&str, serde_pickle::Value)>) -> serde_pickle::Value {
-    serde_pickle::Value::Dict(
-        entries
-            .into_iter()
-            .map(|(key, value)| (serde_pickle::HashableValue::String(key.to_owned()), value))
-            .collect(),
-    )
-}
-
 #[test]
 fn wrong_types_in_fields_are_errors_naming_the_field() {
     use serde_pickle::Value::{Bool, Bytes, Dict, Int, List, String as Str};
@@ -660,7 +649,7 @@ fn wrong_types_in_fields_are_errors_naming_the_field() {
         ),
     ];
     for (root, expected) in cases {
-        let result = gpumem_trace::read(pickled(root).as_slice(), ReadOptions::default());
+        let result = gpumem_trace::read(pickled(&root).as_slice(), ReadOptions::default());
         match result {
             Err(error) => assert!(error.to_string().starts_with(expected), "{error}"),
             Ok(_) => panic!("read, expected {expected}"),
