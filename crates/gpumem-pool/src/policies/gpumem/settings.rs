@@ -214,7 +214,7 @@ const KNOBS: [Knob; 10] = [
 
 /// The options that size PyTorch-like segments, which the policy uses only on a device without
 /// virtual-memory management (VMM); with VMM it maps pages and never reads them.
-pub const WITHOUT_VMM_KEYS: [&str; 4] = [
+const WITHOUT_VMM_KEYS: [&str; 4] = [
     "small_segment_mb",
     "mid_segment_mb",
     "large_request_mb",
@@ -232,8 +232,9 @@ impl GpumemSettings {
         Self::parse_for(conf, false)
     }
 
-    /// [`parse`](Self::parse) for a device known to have VMM (a replay's): an option of
-    /// [`WITHOUT_VMM_KEYS`] would change nothing there, so it is refused rather than ignored.
+    /// [`parse`](Self::parse) for a device known to have VMM (a replay's): an option that sizes
+    /// segments, read only without VMM, would change nothing there, so it is refused rather
+    /// than ignored.
     pub fn parse_for_vmm(conf: &str) -> Result<GpumemSettings, ConfigError> {
         Self::parse_for(conf, true)
     }
