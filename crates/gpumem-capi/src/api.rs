@@ -25,10 +25,12 @@ fn pool_error(device: usize) -> impl FnOnce(PoolError) -> CapiError {
 /// default stream); 0 for a zero-byte request. An OOM's explanation stays with the pool for
 /// [`last_oom`].
 pub fn allocate(size: u64, device: i64, stream: u64) -> Result<DevicePtr, CapiError> {
-    let (device, pool) = pool_of(device)?;
-    pool.allocate(size, state::stream(device, stream))
-        .map(|a| a.ptr)
-        .map_err(pool_error(device))
+    state::allocating(|| {
+        let (device, pool) = pool_of(device)?;
+        pool.allocate(size, state::stream(device, stream))
+            .map(|a| a.ptr)
+            .map_err(pool_error(device))
+    })
 }
 
 /// Frees `ptr` of `device`, checking its size when `size` is given and its stream (a raw

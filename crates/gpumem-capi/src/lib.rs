@@ -228,7 +228,7 @@ pub extern "C-unwind" fn gpumem_torch_alloc(
     };
     fail(&error);
     let out_of_memory = c_int::from(error.is_out_of_memory());
-    let message = state::with_last_error(|text| text.clone());
+    let message = state::with_last_error(|text| text.to_owned());
     drop(error);
     // SAFETY: `message` is a NUL-terminated string alive for the call; the function copies it
     // before throwing, and the exception unwinds through this frame ("C-unwind"), dropping

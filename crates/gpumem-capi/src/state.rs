@@ -8,9 +8,9 @@
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use gpumem_cuda::CudaDevice;
 use gpumem_device::sim::{self, SimConfig, SimDevice};
@@ -346,6 +346,15 @@ pub fn publish(dir: Option<&Path>) -> Result<PathBuf, CapiError> {
     if let Some(running) = publisher.as_ref() {
         return Ok(running.path().to_path_buf());
     }
+    if dir.is_some_and(|dir| dir.as_os_str().is_empty()) {
+        return Err(CapiError::InvalidArgument {
+            name: "dir",
+            value: String::new(),
+            problem: "an empty directory; accepted: a directory, or NULL (None) for the one \
+                      gpumem top, diagnose and exporter read"
+                .into(),
+        });
+    }
     let dir = dir.map_or_else(endpoint_dir, Path::to_path_buf);
     let started = Publisher::start(&dir, global_registry())?;
     let path = started.path().to_path_buf();
@@ -394,10 +403,11 @@ fn open(device: usize, config: PoolConfig) -> Result<Pool, CapiError> {
     Ok(pool)
 }
 
-/// Parses a limit as the environment variables take it; `none` or an empty string is no limit.
+/// Parses a limit as the environment variables take it; `none` is no limit (an empty string
+/// is refused, as `GPUMEM_HARD_LIMIT=""` is: a caller leaving a limit alone passes NULL).
 pub fn limit(name: &'static str, text: &str) -> Result<Option<Limit>, CapiError> {
     match text.trim() {
-        "" | "none" => Ok(None),
+        "none" => Ok(None),
         t => parse_limit(t)
             .map(Some)
             .map_err(|e| CapiError::InvalidArgument {
@@ -421,11 +431,26 @@ pub struct Change {
     pub history: Option<usize>,
 }
 
+/// Taken shared by every allocation while it runs ([`allocating`]) and exclusively by a
+/// configuration change for the whole of it ([`configure`]): no allocation lands in a pool
+/// that a policy change is replacing (it would be lost with the pool, a pointer no free could
+/// find), and two changes never read the current limits while the other writes them (each
+/// keeps the limit it leaves alone, which the other may be changing).
+static CHANGES: RwLock<()> = RwLock::new(());
+
+/// Runs the allocation `f` where no configuration change is under way (see [`CHANGES`]).
+pub fn allocating<R>(f: impl FnOnce() -> R) -> R {
+    let _shared = CHANGES.read().unwrap_or_else(PoisonError::into_inner);
+    f()
+}
+
 /// Applies `change` to the pools of `devices` (every existing one when `None`) and, when
 /// `devices` is `None`, to the configuration of pools made later. Checks everything before
 /// changing anything: limits that conflict, or a policy change on a pool with live
-/// allocations, change nothing.
+/// allocations, change nothing. A change to one device is checked against that device's own
+/// limits, not the process-wide configuration's.
 pub fn configure(change: &Change, only: Option<usize>) -> Result<(), CapiError> {
+    let _exclusive = CHANGES.write().unwrap_or_else(PoisonError::into_inner);
     let mut next = config()?;
     if let Some(policy) = change.policy {
         next.policy = policy;
@@ -439,9 +464,9 @@ pub fn configure(change: &Change, only: Option<usize>) -> Result<(), CapiError> 
     if let Some(history) = change.history {
         next.options.history_capacity = history;
     }
-    next.options
-        .validate()
-        .map_err(|e| config_error(only.unwrap_or(0), e))?;
+    if only.is_none() {
+        next.options.validate().map_err(|e| config_error(0, e))?;
+    }
     let targets: Vec<(usize, Arc<Pool>)> = match only {
         Some(device) => vec![(device, device_pool(device)?)],
         // A pool a panic left unusable is left alone: it refuses every call on its device.
@@ -524,15 +549,24 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
-/// Makes `text` this thread's last error.
+/// Makes `text` this thread's last error. In a call made while the thread exits (a
+/// thread-local destructor freeing its cached block), after its last error is gone, the text
+/// is dropped: the call still returns its code.
 pub fn set_last_error(text: &str) {
     // An interior NUL would cut the C string short: it cannot come from our messages, but a
     // path or value quoted in one might carry it.
     let text = CString::new(text.replace('\0', "\\0")).unwrap_or_default();
-    LAST_ERROR.with(|last| *last.borrow_mut() = text);
+    let _ = LAST_ERROR.try_with(|last| *last.borrow_mut() = text);
 }
 
-/// Runs `f` with this thread's last error as a C string.
-pub fn with_last_error<R>(f: impl FnOnce(&CString) -> R) -> R {
-    LAST_ERROR.with(|last| f(&last.borrow()))
+/// Runs `f` with this thread's last error as a C string, borrowed where it lives (a pointer
+/// to it stays valid until the next failure on this thread); an empty static one once the
+/// thread's storage is gone, as the thread exits.
+pub fn with_last_error<R>(f: impl FnOnce(&CStr) -> R) -> R {
+    let mut f = Some(f);
+    let mut run = |text: &CStr| f.take().map(|f| f(text));
+    match LAST_ERROR.try_with(|last| run(&last.borrow())) {
+        Ok(Some(result)) => result,
+        _ => run(c"").expect("the thread's storage was gone: `f` has not run"),
+    }
 }

@@ -98,6 +98,17 @@ fn a_c_program_allocates_frees_and_reads_statistics_through_the_header() {
 }
 
 #[test]
+fn racing_calls_and_calls_at_thread_exit_keep_their_promises() {
+    compile_and_run(
+        "races.c",
+        "CC",
+        "cc",
+        &["-std=c11", "-pthread"],
+        Path::new("-"),
+    );
+}
+
+#[test]
 fn pytorchs_entry_point_throws_a_cpp_exception_with_the_explanation_on_oom() {
     let flags = ["-std=c++17"];
     compile_and_run("torch_oom.cpp", "CXX", "c++", &flags, Path::new("-"));

@@ -42,6 +42,10 @@ int main(int argc, char **argv) {
   CHECK(gpumem_last_oom(0, oom, sizeof oom) > 1 && strstr(oom, "out of memory") != NULL);
   CHECK(gpumem_set_limits(0, NULL, "lots") == GPUMEM_INVALID_ARGUMENT);
   CHECK(gpumem_set_limits(0, NULL, "none") == GPUMEM_OK);
+  /* An empty string is refused (NULL leaves a limit alone; publishing takes NULL for the
+   * directory the watching tools read). */
+  CHECK(gpumem_set_limits(0, "", NULL) == GPUMEM_INVALID_ARGUMENT);
+  CHECK(gpumem_publish("") == GPUMEM_INVALID_ARGUMENT && strstr(gpumem_last_error(), "NULL"));
 
   CHECK(gpumem_set_history(0, 1000) == GPUMEM_OK);
   CHECK(gpumem_alloc(4096, 0, NULL, &b) == GPUMEM_OK);
