@@ -607,7 +607,7 @@ pub unsafe extern "C" fn gpumem_publish(dir: *const c_char) -> GpumemStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumem_pool::{PoolEvent, PoolObserver};
+    use gpumem_pool::{PolicyKind, PoolEvent, PoolObserver};
 
     /// Panics at the pool's first event: a panic inside the pool, under its lock.
     struct Bomb;
@@ -648,6 +648,33 @@ mod tests {
         // Without a panic the body's value passes through, and the last error stays.
         assert_eq!(guard("gpumem_example", || 42_usize), 42);
         assert!(last_error().contains("a panic without a message"));
+    }
+
+    #[test]
+    fn a_policy_change_gives_the_replaced_pools_cache_back() {
+        std::env::set_var("GPUMEM_DEVICE", "sim");
+        let device = 59;
+        let ptr = api::allocate(8 << 20, device as i64, 0).unwrap();
+        api::free(ptr, Some(8 << 20), device as i64, None).unwrap();
+        let replaced = state::device_pool(device).unwrap();
+        let other = match replaced.policy_name() {
+            "torch" => PolicyKind::Gpumem,
+            _ => PolicyKind::Torch,
+        };
+        assert!(
+            replaced.stats().reserved_bytes.all.current > 0,
+            "the block is cached"
+        );
+        let change = state::Change {
+            policy: Some(other),
+            ..state::Change::default()
+        };
+        state::configure(&change, Some(device)).unwrap();
+        assert_eq!(replaced.stats().reserved_bytes.all.current, 0);
+        assert_eq!(
+            state::device_pool(device).unwrap().policy_name(),
+            other.as_str()
+        );
     }
 
     #[test]

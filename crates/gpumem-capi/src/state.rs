@@ -518,7 +518,13 @@ pub fn configure(change: &Change, only: Option<usize>) -> Result<(), CapiError> 
                 options,
                 ..next.clone()
             };
-            global_registry().set(device, Arc::new(open(device, config)?));
+            let remade = Arc::new(open(device, config)?);
+            // Nothing is live in the pool replaced (checked above, and no allocation runs
+            // meanwhile): its cached memory goes back to the device, which a CUDA device keeps
+            // for the new pool (a dropped pool does not give its segments back).
+            pool.empty_cache()
+                .map_err(|source| CapiError::Pool { device, source })?;
+            global_registry().set(device, remade);
             continue;
         }
         if change.soft_limit.is_some() || change.hard_limit.is_some() {
