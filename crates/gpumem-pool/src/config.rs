@@ -17,7 +17,7 @@ use std::str::FromStr;
 
 use crate::policies::torch_settings::TorchSettings;
 use crate::policies::GpumemSettings;
-use crate::size::{parse_limit, Limit, ACCEPTED_SIZE_FORMS};
+use crate::size::{parse_limit, Bytes, Limit, ACCEPTED_SIZE_FORMS};
 
 /// A built-in placement policy. Outside policies need no kind: they are passed to
 /// [`crate::Pool::with_policy`] as they are.
@@ -228,17 +228,25 @@ impl PoolOptions {
             (Some(Limit::Bytes(_)), Some(Limit::Bytes(_)))
             | (Some(Limit::Fraction(_)), Some(Limit::Fraction(_))) => {
                 // The device size does not change the comparison of limits of one kind.
-                self.resolve_limits(1 << 40).map(|_| ())
+                let on_any = |limit: Option<Limit>| limit.map(|l| l.resolve(1 << 40));
+                self.check_order(on_any(self.soft_limit), on_any(self.hard_limit))
             }
             _ => Ok(()),
         }
     }
 
-    /// The soft and hard limits in bytes on a device of `total` bytes; an error if the soft
-    /// limit is above the hard one.
+    /// The soft and hard limits in bytes on a device of `total` bytes; an error if either is
+    /// 0 bytes there (a percentage too small for the device) or the soft limit is above the
+    /// hard one.
     pub fn resolve_limits(&self, total: u64) -> Result<(Option<u64>, Option<u64>), ConfigError> {
-        let soft = self.soft_limit.map(|l| l.resolve(total));
-        let hard = self.hard_limit.map(|l| l.resolve(total));
+        let soft = resolve_limit("soft limit", self.soft_limit, total)?;
+        let hard = resolve_limit("hard limit", self.hard_limit, total)?;
+        self.check_order(soft, hard)?;
+        Ok((soft, hard))
+    }
+
+    /// An error if the soft limit, resolved to `soft` bytes, is above the hard one (`hard`).
+    fn check_order(&self, soft: Option<u64>, hard: Option<u64>) -> Result<(), ConfigError> {
         if let (Some(soft_limit), Some(hard_limit)) = (self.soft_limit, self.hard_limit) {
             if soft > hard {
                 // Named as the caller wrote them, whether from the environment or a call.
@@ -250,7 +258,23 @@ impl PoolOptions {
                 });
             }
         }
-        Ok((soft, hard))
+        Ok(())
+    }
+}
+
+/// `limit` (the `name`d one) in bytes on a device of `total` bytes; an error if that is 0.
+fn resolve_limit(name: &str, limit: Option<Limit>, total: u64) -> Result<Option<u64>, ConfigError> {
+    let Some(limit) = limit else {
+        return Ok(None);
+    };
+    match limit.resolve(total) {
+        0 => Err(ConfigError {
+            source_name: name.into(),
+            value: limit.to_string(),
+            problem: format!("0 bytes on a device of {}", Bytes(total)),
+            accepted: "a limit of at least 1 byte (a larger percentage, or a byte count)".into(),
+        }),
+        bytes => Ok(Some(bytes)),
     }
 }
 
@@ -335,6 +359,15 @@ mod tests {
             "{e}"
         );
 
+        // Fractional bytes are refused, not rounded.
+        let e = from(&[("GPUMEM_HARD_LIMIT", "0.5B")]).unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "GPUMEM_HARD_LIMIT=\"0.5B\" is not valid: not a whole number of bytes"
+            ),
+            "{e}"
+        );
+
         let e = from(&[("GPUMEM_HISTORY", "lots")]).unwrap_err();
         assert!(e.to_string().contains("GPUMEM_HISTORY"), "{e}");
 
@@ -344,5 +377,30 @@ mod tests {
             text.contains("GPUMEM_POLICY_CONF option slab_max_request_kb") && text.contains("lots"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_percentage_that_is_0_bytes_on_the_device_is_refused() {
+        // Accepted without a device; refused where it is resolved.
+        let c = from(&[
+            ("GPUMEM_SOFT_LIMIT", "0.00000000001%"),
+            ("GPUMEM_HARD_LIMIT", "0.0000000001%"),
+        ])
+        .unwrap();
+        let e = c.options.resolve_limits(80 << 30).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "soft limit=\"0.00000000001%\" is not valid: 0 bytes on a device of 80.00 GiB; \
+             accepted: a limit of at least 1 byte (a larger percentage, or a byte count)"
+        );
+        let hard_only = PoolOptions {
+            soft_limit: None,
+            ..c.options.clone()
+        };
+        let e = hard_only.resolve_limits(80 << 30).unwrap_err();
+        assert_eq!(e.source_name, "hard limit");
+        assert_eq!(e.value, "0.0000000001%");
+        // On a device large enough for a byte, it is one.
+        assert_eq!(hard_only.resolve_limits(1 << 40), Ok((None, Some(1))));
     }
 }

@@ -6,7 +6,7 @@ use std::fmt;
 macro_rules! byte_forms {
     () => {
         "bytes (e.g. 10000), k/M/G/T with optional B (1000-based, e.g. 100M, 2GB), \
-         KiB/MiB/GiB/TiB (1024-based, e.g. 1.5GiB)"
+         KiB/MiB/GiB/TiB (1024-based, e.g. 1.5GiB); a fraction only where it makes whole bytes"
     };
 }
 
@@ -28,7 +28,8 @@ pub enum Limit {
 }
 
 impl Limit {
-    /// The limit in bytes on a device with `total` bytes.
+    /// The limit in bytes on a device with `total` bytes: 0 for a percentage too small for
+    /// it, which [`crate::PoolOptions::resolve_limits`] refuses.
     pub fn resolve(self, total: u64) -> u64 {
         match self {
             Limit::Bytes(b) => b,
@@ -42,8 +43,13 @@ impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Limit::Bytes(b) => Bytes(b).fmt(f),
-            // Rounded off the float's last bits: 0.7 shows as 70%, not 70.00000000000001%.
-            Limit::Fraction(share) => write!(f, "{}%", (share * 100.0 * 1e9).round() / 1e9),
+            Limit::Fraction(share) => {
+                // To 12 significant digits, off the float's last bits: 0.7 shows as 70%, not
+                // 70.00000000000001%, and 1e-12 as 0.0000000001%, not 0%.
+                let percent = share * 100.0;
+                let rounded = format!("{percent:.11e}").parse().unwrap_or(percent);
+                write!(f, "{rounded}%")
+            }
         }
     }
 }
@@ -58,7 +64,8 @@ pub struct SizeParseError {
 
 /// Parses a size as CUDA.jl's memory limits accept it: plain bytes, SI suffixes (`k`, `M`, `G`,
 /// `T`, optionally followed by `B`; 1000-based), IEC suffixes (`KiB` … `TiB`; 1024-based),
-/// fractional values (`1.5GiB`), or a percentage of the device (`50%`).
+/// fractional values that make a whole number of bytes (`1.5GiB`, not `1.5` or `0.5B`), or a
+/// percentage of the device (`50%`; [`Limit::resolve`] may make a small one 0 bytes).
 pub fn parse_limit(text: &str) -> Result<Limit, SizeParseError> {
     let s = text.trim();
     let fail = |why: &str| SizeParseError {
@@ -96,23 +103,43 @@ pub fn parse_limit(text: &str) -> Result<Limit, SizeParseError> {
     if number.is_empty() {
         return Err(fail("no number"));
     }
-    let bytes = if number.contains('.') {
-        let value: f64 = number.parse().map_err(|_| fail("not a number"))?;
-        let bytes = value * multiplier as f64;
-        if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-            return Err(fail("size too large"));
-        }
-        bytes.round() as u64
-    } else {
-        let value: u64 = number.parse().map_err(|_| fail("not a whole number"))?;
-        value
-            .checked_mul(multiplier)
-            .ok_or_else(|| fail("size too large"))?
-    };
+    let bytes = whole_bytes(number, multiplier).map_err(fail)?;
     if bytes == 0 {
         return Err(fail("size must be greater than zero"));
     }
     Ok(Limit::Bytes(bytes))
+}
+
+/// `number` (decimal digits with an optional `.`) times `multiplier`, computed exactly in
+/// decimal; an error unless it is a whole number of bytes that fits in a `u64`.
+fn whole_bytes(number: &str, multiplier: u64) -> Result<u64, &'static str> {
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if fraction.contains('.') || (whole.is_empty() && fraction.is_empty()) {
+        return Err("not a number");
+    }
+    // The product's decimal digits, least significant first.
+    let mut product = Vec::with_capacity(number.len() + 20);
+    let mut carry = 0u128;
+    for digit in whole.bytes().chain(fraction.bytes()).rev() {
+        carry += u128::from(digit - b'0') * u128::from(multiplier);
+        product.push((carry % 10) as u8);
+        carry /= 10;
+    }
+    while carry > 0 {
+        product.push((carry % 10) as u8);
+        carry /= 10;
+    }
+    // Dividing by 10^(digits after the point) drops that many digits, which must be zeros.
+    let (dropped, kept) = product.split_at(fraction.len());
+    if dropped.iter().any(|&digit| digit != 0) {
+        return Err("not a whole number of bytes");
+    }
+    kept.iter()
+        .rev()
+        .try_fold(0u64, |bytes, &digit| {
+            bytes.checked_mul(10)?.checked_add(u64::from(digit))
+        })
+        .ok_or("size too large")
 }
 
 /// Displays a byte count the way PyTorch's OOM message does: `N bytes`, then KiB/MiB/GiB with
@@ -169,6 +196,39 @@ mod tests {
             let err = parse_limit(bad).unwrap_err();
             assert!(err.reason.contains(&format!("{bad:?}")), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn fractions_must_make_whole_bytes() {
+        assert_eq!(parse_limit("1.5k"), Ok(Limit::Bytes(1_500)));
+        assert_eq!(parse_limit("0.001GB"), Ok(Limit::Bytes(1_000_000)));
+        assert_eq!(parse_limit("2.0"), Ok(Limit::Bytes(2)));
+        assert_eq!(parse_limit("3.GiB"), Ok(Limit::Bytes(3 << 30)));
+        assert_eq!(parse_limit(".5KiB"), Ok(Limit::Bytes(512)));
+        // 2^-40 TiB, 40 digits after the point: exactly one byte.
+        assert_eq!(
+            parse_limit("0.0000000000009094947017729282379150390625TiB"),
+            Ok(Limit::Bytes(1))
+        );
+        for bad in ["1.5", "0.5B", "1.0001k", "0.3KiB", "0.0000000000009TiB"] {
+            let err = parse_limit(bad).unwrap_err();
+            assert_eq!(
+                err.reason,
+                format!("not a whole number of bytes in {bad:?}"),
+                "{bad}"
+            );
+        }
+        for bad in [".", "0.0", "18446744073709551616", "16777216.1TiB"] {
+            assert!(parse_limit(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_tiny_percentage_shows_as_given() {
+        let tiny = parse_limit("0.0000000001%").unwrap();
+        assert_eq!(tiny.to_string(), "0.0000000001%");
+        assert_eq!(tiny.resolve(80 << 30), 0);
+        assert_eq!(Limit::Fraction(0.7).to_string(), "70%");
     }
 
     #[test]

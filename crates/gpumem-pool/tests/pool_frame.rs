@@ -362,6 +362,33 @@ fn limits_change_at_run_time_and_a_lowered_hard_limit_releases_the_cache() {
 }
 
 #[test]
+fn a_limit_of_0_bytes_on_the_device_is_refused() {
+    let dev = sim(256 * MIB);
+    let zero = PoolOptions {
+        hard_limit: Some(Limit::Fraction(1e-12)),
+        ..PoolOptions::default()
+    };
+    let made = Pool::new(
+        dev.clone(),
+        PoolConfig {
+            options: zero.clone(),
+            ..config(PolicyKind::None)
+        },
+    );
+    match made {
+        Err(PoolError::Config(e)) => assert!(
+            e.to_string().contains("0 bytes on a device of 256.00 MiB"),
+            "{e}"
+        ),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let pool = pool_on(&dev, config(PolicyKind::None));
+    let refused = pool.set_limits(&zero);
+    assert!(matches!(refused, Err(PoolError::Config(_))), "{refused:?}");
+    assert_eq!(pool.status().unwrap().hard_limit, None);
+}
+
+#[test]
 fn a_live_allocation_is_found_by_its_address_until_it_is_freed() {
     let dev = sim(64 * MIB);
     let pool = pool_on(&dev, config(PolicyKind::Gpumem));

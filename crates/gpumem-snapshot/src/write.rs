@@ -3,7 +3,8 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
@@ -65,30 +66,72 @@ impl Snapshot {
 }
 
 /// Writes a file so that it is never seen partly written: `write` fills a temporary file in
-/// the same directory, which is then flushed to disk and renamed over `path`; on any failure
-/// the temporary file is removed and `path` is left as it was. For outputs (snapshots,
-/// reports) that a failed run must not leave behind looking complete.
+/// the same directory (named uniquely per call, so concurrent writers do not collide; the last
+/// rename wins), which is then flushed to disk and renamed over `path`; on any failure the
+/// temporary file is removed and `path` is left as it was. For outputs (snapshots, reports)
+/// that a failed run must not leave behind looking complete.
+///
+/// A symlink `path` is followed to its final target, which is replaced the same way (the links
+/// stay). An existing `path` that is not a regular file (a device such as `/dev/null`, a FIFO)
+/// is written to directly, neither replaced nor atomic; its errors (`/dev/full`: no space left
+/// on device) are returned.
 pub fn write_file_atomically(
     path: &Path,
     write: impl FnOnce(&mut File) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
-    let name = path
-        .file_name()
-        .map_or_else(|| "output".into(), |n| n.to_string_lossy().into_owned());
-    let temp = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&temp)
-        .and_then(|mut file| {
-            write(&mut file)?;
-            file.sync_all()
-        })
+    let path = &final_target(path)?;
+    if std::fs::metadata(path).is_ok_and(|metadata| !metadata.is_file()) {
+        let mut file = OpenOptions::new().write(true).open(path)?;
+        return write(&mut file);
+    }
+    let (temp, mut file) = create_temporary(path)?;
+    let written = write(&mut file)
+        .and_then(|()| file.sync_all())
         .and_then(|()| std::fs::rename(&temp, path));
     if written.is_err() {
         let _ = std::fs::remove_file(&temp);
     }
     written
+}
+
+/// `path` with symlinks followed to the last one's target (which may not exist yet).
+fn final_target(path: &Path) -> std::io::Result<PathBuf> {
+    /// As many links as Linux follows before `ELOOP`.
+    const MAX_LINKS: usize = 40;
+    let mut path = path.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        match std::fs::symlink_metadata(&path) {
+            Ok(metadata) if metadata.is_symlink() => {
+                // A relative link is relative to the directory holding it.
+                let link = std::fs::read_link(&path)?;
+                path = path.parent().unwrap_or(Path::new("")).join(link);
+            }
+            _ => return Ok(path),
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "more than {MAX_LINKS} levels of symbolic links at {}",
+        path.display()
+    )))
+}
+
+/// A new temporary file beside `path`, `.<name>.<pid>.<counter>.partial`: unique among this
+/// process's calls and other processes'; a leftover of the same name is skipped, not reused.
+fn create_temporary(path: &Path) -> std::io::Result<(PathBuf, File)> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .map_or_else(|| "output".into(), |n| n.to_string_lossy().into_owned());
+    let mut attempts = 0;
+    loop {
+        let count = NEXT.fetch_add(1, Ordering::Relaxed);
+        let temp = path.with_file_name(format!(".{name}.{}.{count}.partial", std::process::id()));
+        attempts += 1;
+        match OpenOptions::new().write(true).create_new(true).open(&temp) {
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists && attempts < 100 => {}
+            opened => return opened.map(|file| (temp, file)),
+        }
+    }
 }
 
 /// An integer as Python pickles it: values that fit in an `i64` as such (serde-pickle then
