@@ -1,6 +1,8 @@
-//! (b) Replay throughput: `gpumem_replay::replay` of each real trace in `testdata/traces` and
-//! of a 10⁶-event synthetic training trace through every policy, in events per second (goal:
-//! ≥ 5 M events/s). Each iteration is one whole replay (fresh pool and address-only device).
+//! (b) Replay throughput: `gpumem_replay::replay` of each real trace in `testdata/traces`, of a
+//! 10⁶-event synthetic training trace, and of two random traces with many steps (400) and
+//! many streams (100), where the model of asynchronous work once grew super-linearly, through
+//! every policy, in events per second (goal: ≥ 5 M events/s). Each iteration is one whole
+//! replay (fresh pool and address-only device).
 //!
 //! `cargo bench -p gpumem-bench --bench replay` (filter: `-- gpumem`, …).
 
@@ -9,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use gpumem_bench::report::Recorder;
-use gpumem_bench::{default_trace_dir, load_traces, synthetic_training_trace};
+use gpumem_bench::{
+    default_trace_dir, load_traces, random_requests_trace, synthetic_training_trace,
+};
 use gpumem_pool::PolicyKind;
 use gpumem_replay::{replay, ReplayOptions};
 
@@ -24,6 +28,8 @@ fn main() {
     let recorder = Recorder::default();
     let mut traces = load_traces(&default_trace_dir());
     traces.push(synthetic_training_trace(1_000_000));
+    traces.push(random_requests_trace(400, 100, 1, 0));
+    traces.push(random_requests_trace(5, 5000, 100, 0));
     let options = ReplayOptions::default();
     for trace in &traces {
         let group_name = format!("replay/{}", trace.meta.name);

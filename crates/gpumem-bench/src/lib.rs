@@ -28,7 +28,9 @@ pub mod snapshot_file;
 pub mod workload;
 
 pub use arena::{with_arena, Allocator, Arena, WithArena};
-pub use workload::{from_trace, standard_mix, synthetic_training_trace, Op, Scenario};
+pub use workload::{
+    from_trace, random_requests_trace, standard_mix, synthetic_training_trace, Op, Scenario,
+};
 
 use std::path::{Path, PathBuf};
 

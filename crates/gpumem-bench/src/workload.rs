@@ -414,3 +414,52 @@ pub fn synthetic_training_trace(target_events: usize) -> Trace {
         g.events,
     )
 }
+
+/// A trace of random requests that grows with its steps or streams, where the replay's model
+/// of asynchronous work once grew super-linearly: 50 long-lived blocks, then per step
+/// `per_step` operations, each an allocation of 1 B to 16 MiB on one of `streams` streams or
+/// (45 %) a free of a random live block, and what is left freed as the step ends. Addresses
+/// never repeat in the trace (the replay's pool places the blocks). `seed` fixes the trace.
+pub fn random_requests_trace(steps: u64, per_step: u64, streams: u64, seed: u64) -> Trace {
+    let mut rng = Rng::new(seed);
+    let mut events = Vec::new();
+    let mut next = 1u64 << 20;
+    let mut alloc = |events: &mut Vec<Event>, rng: &mut Rng, stream: u64| {
+        next += 1 << 26;
+        events.push(Event::Alloc {
+            addr: next,
+            size: 1 + rng.below(1 << 24),
+            stream,
+        });
+        (next, stream)
+    };
+    for _ in 0..50 {
+        alloc(&mut events, &mut rng, 0);
+    }
+    for step in 0..steps {
+        events.push(Event::Step { index: step });
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        for _ in 0..per_step {
+            if !live.is_empty() && rng.unit() < 0.45 {
+                let (addr, stream) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                events.push(Event::Free { addr, stream });
+            } else {
+                let stream = rng.below(streams.max(1));
+                live.push(alloc(&mut events, &mut rng, stream));
+            }
+        }
+        events.extend(
+            live.into_iter()
+                .map(|(addr, stream)| Event::Free { addr, stream }),
+        );
+    }
+    Trace::new(
+        TraceMeta {
+            name: format!("random-{steps}-steps-{streams}-streams"),
+            source: "gpumem-bench random_requests_trace".into(),
+            device_total: None,
+            extra: Default::default(),
+        },
+        events,
+    )
+}

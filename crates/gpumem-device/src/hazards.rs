@@ -107,29 +107,56 @@ pub struct HazardChecker {
     state: Mutex<State>,
 }
 
-/// A vector clock: per stream, the number of that stream's uses ordered before.
+/// A vector clock: per stream, the number of that stream's uses ordered before. Sorted by
+/// stream, so that a lookup is a binary search and a join one merge (a replay of a trace
+/// with hundreds of streams joins clocks at every use and synchronisation).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Clock(Vec<(StreamId, u64)>);
 
 impl Clock {
     fn get(&self, stream: StreamId) -> u64 {
         self.0
-            .iter()
-            .find(|(s, _)| *s == stream)
-            .map_or(0, |&(_, n)| n)
+            .binary_search_by_key(&stream, |&(s, _)| s)
+            .map_or(0, |i| self.0[i].1)
     }
 
     fn raise(&mut self, stream: StreamId, n: u64) {
-        match self.0.iter_mut().find(|(s, _)| *s == stream) {
-            Some(entry) => entry.1 = entry.1.max(n),
-            None => self.0.push((stream, n)),
+        match self.0.binary_search_by_key(&stream, |&(s, _)| s) {
+            Ok(i) => self.0[i].1 = self.0[i].1.max(n),
+            Err(i) => self.0.insert(i, (stream, n)),
         }
     }
 
     fn join(&mut self, other: &Clock) {
-        for &(stream, n) in &other.0 {
-            self.raise(stream, n);
+        if other.0.iter().all(|&(stream, n)| self.covers(stream, n)) {
+            return;
         }
+        let mut merged = Vec::with_capacity(self.0.len().max(other.0.len()));
+        let (mut mine, mut theirs) = (self.0.iter().peekable(), other.0.iter().peekable());
+        loop {
+            let next = match (mine.peek(), theirs.peek()) {
+                (Some(&&(a, m)), Some(&&(b, t))) if a == b => {
+                    mine.next();
+                    theirs.next();
+                    (a, m.max(t))
+                }
+                (Some(&&(a, m)), Some(&&(b, _))) if a < b => {
+                    mine.next();
+                    (a, m)
+                }
+                (_, Some(&&(b, t))) => {
+                    theirs.next();
+                    (b, t)
+                }
+                (Some(&&(a, m)), None) => {
+                    mine.next();
+                    (a, m)
+                }
+                (None, None) => break,
+            };
+            merged.push(next);
+        }
+        self.0 = merged;
     }
 
     /// Whether the use `n` of `stream` is ordered before.
@@ -180,8 +207,32 @@ impl RangeUses {
             .flat_map(|(_, (_, uses))| uses.iter())
     }
 
+    /// Merges the pieces from the one before `lo` to the one starting at `hi` that touch and
+    /// hold the same uses: a range used whole again (a cached block reused) is one piece
+    /// again, so the pieces do not pile up with every boundary ever used inside it.
+    fn coalesce(&mut self, lo: u64, hi: u64) {
+        let from = self.pieces.range(..lo).next_back().map_or(lo, |(&s, _)| s);
+        let starts: Vec<u64> = self.pieces.range(from..=hi).map(|(&s, _)| s).collect();
+        let mut run: Option<u64> = None;
+        for start in starts {
+            let joins = run.is_some_and(|run| {
+                let (end, uses) = &self.pieces[&run];
+                *end == start && *uses == self.pieces[&start].1
+            });
+            match (joins, run) {
+                (true, Some(run)) => {
+                    let (end, _) = self.pieces.remove(&start).expect("listed above");
+                    self.pieces.get_mut(&run).expect("kept above").0 = end;
+                }
+                _ => run = Some(start),
+            }
+        }
+    }
+
     /// Applies `f` to the uses of every part of `[lo, hi)` (parts not yet known start empty);
-    /// parts left without uses are dropped.
+    /// parts left without uses are dropped, and parts left alike are merged ([`coalesce`]).
+    ///
+    /// [`coalesce`]: RangeUses::coalesce
     fn update(&mut self, lo: u64, hi: u64, mut f: impl FnMut(&mut Vec<Use>)) {
         if lo >= hi {
             return;
@@ -212,6 +263,7 @@ impl RangeUses {
                 self.pieces.insert(at, (hi, uses));
             }
         }
+        self.coalesce(lo, hi);
     }
 
     /// Forgets `[lo, hi)`.
@@ -291,10 +343,10 @@ impl State {
     /// The host has seen everything issued so far complete.
     fn everything_complete(&mut self) {
         self.synchronizations += 1;
-        let all: Vec<StreamId> = self.streams.keys().copied().collect();
-        for stream in all {
-            let clock = self.stream_clock(stream);
-            self.host.join(&clock);
+        // Every use of every stream is done; a stream's clock never names uses beyond another
+        // stream's own count, so the counts alone are the join of all the streams' clocks.
+        for (&stream, &(seq, _)) in &self.streams {
+            self.host.raise(stream, seq);
         }
         self.by_address = RangeUses::default();
         self.by_physical = RangeUses::default();
