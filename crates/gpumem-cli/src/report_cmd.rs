@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use gpumem_replay::tune::{Objective, TuneOptions};
 use gpumem_replay::ReplayOptions;
-use gpumem_report::{build, render, write_atomically, ReportOptions, DEFAULT_BUCKETS};
+use gpumem_report::{
+    build, check_output, render, write_atomically, ReportOptions, DEFAULT_BUCKETS,
+};
 
 use crate::replay_cmd::ReplayInput;
 
@@ -30,6 +32,8 @@ pub struct ReportArgs {
 
 /// Runs `gpumem report`.
 pub fn run(args: ReportArgs) -> Result<(), CommandError> {
+    // Before the work: a page that could not be written, or would replace a trace.
+    check_output(&args.output, &args.traces).map_err(|e| e.to_string())?;
     let traces = args.input.read_traces(&args.traces)?;
     let (torch, gpumem) = args.input.policy_settings()?;
     let capacity = args.input.capacity;

@@ -460,6 +460,27 @@ fn bad_input_is_refused_clearly_and_leaves_no_file() {
         .collect();
     assert_eq!(left, vec!["taken.html"], "no partial snapshot beside it");
 
+    // A directory named as the output, with or without a trailing slash: said so, before any
+    // work, and nothing is written.
+    let pages = dir.join("pages");
+    std::fs::create_dir(&pages).unwrap();
+    let pages_str = pages.to_str().unwrap().to_string();
+    for named in [pages_str.clone(), format!("{pages_str}/")] {
+        let message = refused(&pages, &["report", &bert, "-o", &named]);
+        assert!(
+            message.contains("it is a directory") && message.contains("report.html"),
+            "{message}"
+        );
+    }
+    // The output is one of the traces: refused, and the trace is left as it was.
+    let trace_copy = dir.join("trace.jsonl");
+    let trace_text = "{\"gpumem_trace\": 1, \"name\": \"t\"}\n{\"op\": \"alloc\", \"addr\": 4096, \"size\": 512}\n";
+    std::fs::write(&trace_copy, trace_text).unwrap();
+    let trace_arg = trace_copy.to_str().unwrap();
+    let message = refused(&pages, &["report", &bert, trace_arg, "-o", trace_arg]);
+    assert!(message.contains("it is the trace"), "{message}");
+    assert_eq!(std::fs::read_to_string(&trace_copy).unwrap(), trace_text);
+
     let no_trace_dir = dir.join("no-trace");
     std::fs::create_dir(&no_trace_dir).unwrap();
     let message = refused(&no_trace_dir, &["report", "-o", page]);
@@ -653,4 +674,144 @@ fn the_oom_box_lists_the_failing_allocations_frames_from_a_pytorch_snapshot() {
 /// a profiler marker (no file).
 fn is_user((name, file, _): &(String, String, u64)) -> bool {
     !file.starts_with("torch/") && file != "none" && !name.starts_with("nn.Module: ")
+}
+
+/// Writes a gpumem trace named `name` with `events` (JSON lines) into `dir`.
+fn native_trace(dir: &Path, file: &str, name: &str, events: &[&str]) -> PathBuf {
+    let path = dir.join(file);
+    let header = serde_json::json!({"gpumem_trace": 1, "name": name, "source": "test"});
+    std::fs::write(&path, format!("{header}\n{}\n", events.join("\n"))).unwrap();
+    path
+}
+
+/// Writes the report of `args` (after `report`) to `dir/page`, checking that it succeeded.
+fn report_page(dir: &Path, page: &str, args: &[&str]) -> (PathBuf, String) {
+    let path = dir.join(page);
+    let out = gpumem(&[&["report", "-o", path.to_str().unwrap()], args].concat());
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(&path).unwrap();
+    (path, html)
+}
+
+#[test]
+fn odd_traces_draw_every_chart_with_distinct_tick_labels() {
+    let Some(browser) = chromium() else {
+        return;
+    };
+    let dir = scratch("odd");
+    let alloc = "{\"op\": \"alloc\", \"addr\": 4096, \"size\": 512}";
+    // A name that would hide the data's end tag from the HTML parser if written raw.
+    let hiding = native_trace(&dir, "hiding.jsonl", "<!--<script>", &[alloc]);
+    let zero = native_trace(
+        &dir,
+        "zero.jsonl",
+        "zero",
+        &[
+            "{\"op\": \"alloc\", \"addr\": 4096, \"size\": 0}",
+            "{\"op\": \"alloc\", \"addr\": 8192, \"size\": 0}",
+        ],
+    );
+    let small = testdata(SMALL);
+    let cases: [(&str, Vec<&str>); 3] = [
+        ("hiding.html", vec![hiding.to_str().unwrap()]),
+        ("zero.html", vec![zero.to_str().unwrap()]),
+        ("small.html", vec![&small, "--capacity", "2GiB"]),
+    ];
+    for (page, args) in cases {
+        let (path, _) = report_page(&dir, page, &args);
+        let (charts, rects) = render_status(&browse(&browser, &path, "--dump-dom", &dir));
+        assert_eq!(
+            charts, 6,
+            "{page}: a timeline, fragmentation, 4 maps: {rects:?}"
+        );
+        for rect in rects.iter().filter(|r| r["chart"] == "timeline") {
+            let labels = |axis: &str| -> Vec<String> {
+                let list = rect["ticks"][axis].as_array().unwrap();
+                list.iter()
+                    .map(|l| l.as_str().unwrap().to_string())
+                    .collect()
+            };
+            let (x, y) = (labels("x"), labels("y"));
+            assert!(x.len() >= 2 && y.len() >= 2, "{page}: {x:?} {y:?}");
+            for axis in [&x, &y] {
+                let mut distinct = axis.clone();
+                distinct.dedup();
+                assert_eq!(&distinct, axis, "{page}: every tick its own label");
+            }
+            assert!(
+                x.iter().all(|l| l.replace(',', "").parse::<u64>().is_ok()),
+                "{page}: event indices are whole: {x:?}"
+            );
+            let units: Vec<&str> = y.iter().filter_map(|l| l.split(' ').nth(1)).collect();
+            assert!(
+                units.windows(2).all(|w| w[0] == w[1]) && units.len() + 1 == y.len(),
+                "{page}: one unit on the axis: {y:?}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_page_shows_what_the_reader_skipped_and_the_settings_in_force() {
+    let dir = scratch("notes");
+    let csv = dir.join("rmm.csv");
+    std::fs::write(
+        &csv,
+        "Thread,Time,Action,Pointer,Size,Stream\n\
+         1,10:00:00.000000,allocate,0x7f0000001000,1048576,0\n\
+         1,10:00:00.000001,allocate failure,0x0,99999999999,0\n\
+         1,10:00:00.000002,allocate,(nil),0,0\n\
+         1,10:00:00.000003,free,0x7f0000001000,1048576,0\n",
+    )
+    .unwrap();
+    let csv = csv.to_str().unwrap();
+    let replay = json_of(&gpumem(&["replay", csv, "--json"]));
+    let notes = replay["trace"]["skipped"].as_array().unwrap();
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    let (_, html) = report_page(&dir, "rmm.html", &[csv]);
+    let shown: Vec<&str> = html
+        .split("data-field=\"skipped\">")
+        .skip(1)
+        .map(|p| &p[..p.find("</p>").unwrap()])
+        .collect();
+    let expected: Vec<String> = notes
+        .iter()
+        .map(|n| {
+            let n = n.as_str().unwrap();
+            n.replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+                .replace('\'', "&#39;")
+        })
+        .collect();
+    assert_eq!(shown, expected);
+    assert!(
+        html.contains("Settings: PyTorch&#39;s defaults."),
+        "defaults said"
+    );
+
+    let small = testdata(SMALL);
+    let (_, html) = report_page(
+        &dir,
+        "conf.html",
+        &[
+            &small,
+            "--pytorch-alloc-conf",
+            "max_split_size_mb:20",
+            "--gpumem-policy-conf",
+            "stitch_hole_divisor:8",
+        ],
+    );
+    let header = &html[html.find("<header>").unwrap()..html.find("</header>").unwrap()];
+    assert!(
+        header.contains("PyTorch allocator expandable_segments:False,max_split_size_mb:20")
+            && header.contains("gpumem policy stitch_hole_divisor:8"),
+        "{header}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

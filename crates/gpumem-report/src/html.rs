@@ -13,7 +13,7 @@ use crate::model::{FrameView, LargestLive, RankReport, Report, StackView};
 const SCRIPT: &str = include_str!("page.js");
 const STYLE: &str = include_str!("page.css");
 
-/// Escapes text for HTML content and attribute values.
+/// Escapes text for HTML content and attribute values, dropping control characters.
 pub(crate) fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -23,6 +23,25 @@ pub(crate) fn esc(text: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
+            // Control characters show as nothing or garble the text around them.
+            c if c.is_control() && c != '\n' && c != '\t' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `data` as JSON safe inside a `<script>` element: `<`, `>` and `&` (which JSON has only
+/// inside strings) written as `\u003c`, `\u003e`, `\u0026`, so that no `</script>` or
+/// `<!--<script>` in the data can end the element early or hide its end.
+pub(crate) fn script_json(data: &impl Serialize) -> String {
+    let json = serde_json::to_string(data).unwrap_or_else(|_| "{}".to_string());
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        match c {
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
             c => out.push(c),
         }
     }
@@ -32,11 +51,7 @@ pub(crate) fn esc(text: &str) -> String {
 /// A whole page: `body` and the charts' `data`, with the style and script inline, so that the
 /// file opens offline and alone.
 pub(crate) fn page(title: &str, subtitle: &str, body: &str, data: &impl Serialize) -> String {
-    // `</` cannot end the script element early once written as `<\/`, which JSON reads back
-    // as `</`.
-    let json = serde_json::to_string(data)
-        .unwrap_or_else(|_| "{}".to_string())
-        .replace("</", "<\\/");
+    let json = script_json(data);
     format!(
         "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
@@ -48,6 +63,11 @@ pub(crate) fn page(title: &str, subtitle: &str, body: &str, data: &impl Serializ
         title = esc(title),
         subtitle = esc(subtitle),
     )
+}
+
+/// `count` and `noun`, plural unless one: `1 segment`, `3 segments`.
+fn plural(count: usize, noun: &str) -> String {
+    format!("{count} {noun}{}", if count == 1 { "" } else { "s" })
 }
 
 /// A table cell holding bytes: readable text, and the exact number in `data-value`.
@@ -88,11 +108,12 @@ pub fn render(report: &Report) -> String {
         })
         .unwrap_or_default();
     let subtitle = format!(
-        "Replayed through {} on a simulated device{}. Drag on a chart to zoom, double-click to reset, hover for values.",
+        "Replayed through {} on a simulated device{}. Settings: {}. Drag on a chart to zoom, double-click to reset, hover for values.",
         policies.join(", "),
         report
             .capacity_bytes
-            .map_or(String::new(), |c| format!(", checked against {}", Bytes(c)))
+            .map_or(String::new(), |c| format!(", checked against {}", Bytes(c))),
+        report.settings.join("; ")
     );
     page(&title, &subtitle, &body, report)
 }
@@ -122,7 +143,7 @@ fn ranks_section(out: &mut String, report: &Report) {
         };
         let _ = write!(
             out,
-            "<tr{class} data-rank=\"{}\"><td>{}</td><td class=\"left\">{}</td>{}{}",
+            "<tr{class} data-rank=\"{}\"><td>{}</td><td class=\"left\"><bdi>{}</bdi></td>{}{}",
             rank.rank,
             rank.rank,
             esc(&rank.trace.name),
@@ -143,7 +164,7 @@ fn ranks_section(out: &mut String, report: &Report) {
     for rank in &report.ranks {
         let _ = writeln!(
             out,
-            "<div><h4>rank {}: {}</h4><canvas data-chart=\"overview\" data-rank=\"{}\" role=\"img\" aria-label=\"reserved bytes over time per policy\"></canvas></div>",
+            "<div><h4>rank {}: <bdi>{}</bdi></h4><canvas data-chart=\"overview\" data-rank=\"{}\" role=\"img\" aria-label=\"reserved bytes over time per policy\"></canvas></div>",
             rank.rank,
             esc(&rank.trace.name),
             rank.rank
@@ -155,8 +176,8 @@ fn ranks_section(out: &mut String, report: &Report) {
 fn rank_section(out: &mut String, rank: &RankReport, report: &Report) {
     let r = rank.rank;
     let heading = match report.ranks.len() {
-        1 => esc(&rank.trace.name),
-        _ => format!("Rank {r}: {}", esc(&rank.trace.name)),
+        1 => format!("<bdi>{}</bdi>", esc(&rank.trace.name)),
+        _ => format!("Rank {r}: <bdi>{}</bdi>", esc(&rank.trace.name)),
     };
     let _ = write!(
         out,
@@ -170,6 +191,14 @@ fn rank_section(out: &mut String, rank: &RankReport, report: &Report) {
         rank.trace.steps,
         Bytes(rank.trace.peak_live_bytes)
     );
+    // What the reader left out, under the trace it belongs to.
+    for note in &rank.trace.skipped {
+        let _ = writeln!(
+            out,
+            "<p class=\"note skipped\" data-field=\"skipped\">{}</p>",
+            esc(note)
+        );
+    }
     figures_table(out, rank, report.capacity_bytes);
     let _ = write!(
         out,
@@ -193,23 +222,16 @@ fn rank_section(out: &mut String, rank: &RankReport, report: &Report) {
          <span class=\"box\" style=\"background:#d9d9d9\"></span> hole (reserved address space not mapped)</p>\n"
     );
     for (i, p) in rank.policies.iter().enumerate() {
-        let live: u64 = p
-            .peak_map
-            .segments
-            .iter()
-            .flat_map(|s| &s.ranges)
-            .filter(|(_, _, state)| *state == crate::model::RangeState::Live)
-            .map(|(_, size, _)| size)
-            .sum();
+        let map = &p.peak_map;
         let _ = write!(
             out,
-            "<h4>{}: {} segments, {} live of {} at event {}</h4>\n\
+            "<h4>{}: {}, {} live of {} at event {}</h4>\n\
              <canvas data-chart=\"segments\" data-rank=\"{r}\" data-policy=\"{i}\" role=\"img\" aria-label=\"segment map\"></canvas>\n",
             esc(&p.report.policy),
-            p.peak_map.segments.len(),
-            Bytes(live),
-            Bytes(p.peak_map.segments.iter().map(|s| s.size).sum()),
-            p.peak_map.event_index
+            plural(map.segment_count, "segment"),
+            Bytes(map.live_bytes),
+            Bytes(map.segments.iter().map(|s| s.size).sum()),
+            map.event_index
         );
     }
     largest_section(out, rank);
@@ -324,10 +346,9 @@ fn stack_html(stack: &StackView) -> String {
     }
     let _ = write!(
         html,
-        "</ol><p class=\"note\" data-field=\"hidden_frames\" data-value=\"{}\">{} PyTorch-internal frame{} hidden.</p>",
+        "</ol><p class=\"note\" data-field=\"hidden_frames\" data-value=\"{}\">{} hidden.</p>",
         stack.hidden,
-        stack.hidden,
-        if stack.hidden == 1 { "" } else { "s" }
+        plural(stack.hidden, "PyTorch-internal frame"),
     );
     html
 }
@@ -464,19 +485,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn data_cannot_close_the_script_and_text_is_escaped() {
+    fn data_cannot_close_or_hide_the_script_and_text_is_escaped() {
+        let nasty = "</script><script>alert(1)</script> <!--<script> a&b";
         let html = page(
             "a<b",
             "\"q\" & 'r'",
             "",
-            &serde_json::json!({"name": "</script><script>alert(1)</script>"}),
+            &serde_json::json!({"name": nasty}),
         );
         assert!(html.contains("<title>a&lt;b</title>"));
         assert!(html.contains("&quot;q&quot; &amp; &#39;r&#39;"));
+        assert_eq!(
+            esc("a\u{1b}[31mb\u{7}\tc"),
+            "a[31mb\tc",
+            "control characters dropped"
+        );
         assert_eq!(html.matches("</script>").count(), 2, "only the page's own");
         let start = html.find("id=\"report-data\">").unwrap() + "id=\"report-data\">".len();
         let end = start + html[start..].find("</script>").unwrap();
-        let back: serde_json::Value = serde_json::from_str(&html[start..end]).unwrap();
-        assert_eq!(back["name"], "</script><script>alert(1)</script>");
+        let block = &html[start..end];
+        // `<!--` followed by `<script` makes an HTML parser skip the element's own end tag.
+        assert!(
+            !block.contains("<!--") && !block.contains("<script"),
+            "{block}"
+        );
+        assert!(!block.contains(['<', '>', '&']), "{block}");
+        let back: serde_json::Value = serde_json::from_str(block).unwrap();
+        assert_eq!(back["name"], nasty);
     }
 }

@@ -21,9 +21,9 @@ mod series;
 pub use html::render;
 pub use model::{
     build, AllocGroup, FrameGroup, FrameView, LargestLive, MapView, PolicyView, RangeState,
-    RankReport, Report, ReportError, ReportOptions, SegmentDraw, StackView, StepMark, TraceFacts,
-    DEFAULT_BUCKETS,
+    RankReport, Report, ReportError, ReportOptions, SegmentDraw, StackView, StepMark,
+    DEFAULT_BUCKETS, MAP_CELLS,
 };
-pub use output::write_atomically;
+pub use output::{check_output, write_atomically};
 pub use plan::render_plan;
 pub use series::Series;

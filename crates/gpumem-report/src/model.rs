@@ -5,10 +5,12 @@
 
 use std::collections::HashMap;
 
+use gpumem_pool::policies::torch_settings::TorchSettings;
+use gpumem_pool::policies::GpumemSettings;
 use gpumem_pool::{PolicyKind, SegmentView};
 use gpumem_replay::timeline::{segments_after, timeline};
 use gpumem_replay::tune::{tune, TuneError, TuneOptions, TuneReport};
-use gpumem_replay::{highest_rank, replay, PolicyReport, ReplayError, ReplayOptions};
+use gpumem_replay::{highest_rank, replay, PolicyReport, ReplayError, ReplayOptions, TraceInfo};
 use gpumem_trace::{Event, Frame, StackId, Trace};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -87,6 +89,28 @@ pub enum ReportError {
         /// The search's error.
         source: TuneError,
     },
+    /// The output path is a directory (or ends with a separator).
+    #[error(
+        "cannot write {}: it is a directory; give the path of a file for the page, such as {}",
+        path.display(),
+        path.join("report.html").display()
+    )]
+    OutputIsDirectory {
+        /// The output path.
+        path: std::path::PathBuf,
+    },
+    /// The output path is one of the traces read: the page would replace it.
+    #[error(
+        "cannot write {}: it is the trace {}, which the page would replace; give another path",
+        path.display(),
+        input.display()
+    )]
+    OutputIsInput {
+        /// The output path.
+        path: std::path::PathBuf,
+        /// The trace it names, as given.
+        input: std::path::PathBuf,
+    },
     /// The report could not be written.
     #[error("cannot write {}: {source}", path.display())]
     Write {
@@ -106,21 +130,9 @@ pub struct Report {
     pub ranks: Vec<RankReport>,
     /// The rank whose highest peak reserved (over the policies) is the highest.
     pub highest_rank: usize,
-}
-
-/// The trace's facts as `gpumem replay --json` writes them.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct TraceFacts {
-    /// The trace's name.
-    pub name: String,
-    /// Its producer.
-    pub source: String,
-    /// Events in it.
-    pub events: usize,
-    /// Steps marked in it.
-    pub steps: u64,
-    /// The most bytes it holds live at once, as requested.
-    pub peak_live_bytes: u64,
+    /// The allocator settings the replays ran with, one line each: PyTorch's options
+    /// (`PyTorch's defaults` when unchanged) and the gpumem policy's changed options.
+    pub settings: Vec<String>,
 }
 
 /// A step marker: the event index where step `step` begins.
@@ -137,8 +149,8 @@ pub struct StepMark {
 pub struct RankReport {
     /// The rank (position among the traces given).
     pub rank: usize,
-    /// The trace's facts.
-    pub trace: TraceFacts,
+    /// The trace's facts as `gpumem replay --json` gives them, with what the reader skipped.
+    pub trace: TraceInfo,
     /// Where steps begin (at most a few hundred, evenly thinned).
     pub steps: Vec<StepMark>,
     /// Bytes live in the trace (as requested) over time.
@@ -235,13 +247,93 @@ impl StackView {
     }
 }
 
+/// Cells a segment map's data resolves (about the pixels of the widest map drawn): segments
+/// and ranges narrower than a cell are merged into buckets, so that a map holds at most about
+/// four times this many elements however many blocks it has.
+pub const MAP_CELLS: u64 = 4096;
+
 /// A segment map, ready to draw.
 #[derive(Clone, Debug, Serialize)]
 pub struct MapView {
     /// The event after which the map was taken.
     pub event_index: usize,
-    /// Segments in address order.
+    /// Segments in the map (before merging).
+    pub segment_count: usize,
+    /// Bytes of live blocks in the map.
+    pub live_bytes: u64,
+    /// Segments in address order; neighbours narrower than a cell ([`MAP_CELLS`]) merged.
     pub segments: Vec<SegmentDraw>,
+}
+
+impl MapView {
+    /// The map of `segments` (in address order) after event `event_index`, bounded: the bytes
+    /// of each segment and state stay exact where drawn at least a cell wide, and the map's
+    /// total is exact.
+    pub fn of(event_index: usize, segments: &[SegmentView]) -> Self {
+        let draws: Vec<SegmentDraw> = segments.iter().map(SegmentDraw::of).collect();
+        let total: u64 = draws.iter().map(|s| s.size).sum();
+        let live_bytes = draws
+            .iter()
+            .flat_map(|s| &s.ranges)
+            .filter(|(_, _, state)| *state == RangeState::Live)
+            .map(|(_, size, _)| size)
+            .sum();
+        let cell = total.div_ceil(MAP_CELLS).max(1);
+        let mut merged: Vec<SegmentDraw> = Vec::new();
+        for draw in draws {
+            match merged.last_mut() {
+                Some(last) if last.size < cell && draw.size < cell => {
+                    let at = last.size;
+                    let moved = draw.ranges.iter().map(|&(o, size, st)| (at + o, size, st));
+                    last.ranges.extend(moved);
+                    last.size += draw.size;
+                    last.count += draw.count;
+                    last.expandable |= draw.expandable;
+                }
+                _ => merged.push(draw),
+            }
+        }
+        for segment in &mut merged {
+            segment.ranges = bucket_ranges(&segment.ranges, cell);
+        }
+        MapView {
+            event_index,
+            segment_count: segments.len(),
+            live_bytes,
+            segments: merged,
+        }
+    }
+}
+
+/// `ranges` (tiling a segment) with runs of ranges narrower than `cell` merged into buckets
+/// of at least `cell` bytes (the last of a run may be smaller), each in the state holding
+/// most of its bytes.
+fn bucket_ranges(ranges: &[(u64, u64, RangeState)], cell: u64) -> Vec<(u64, u64, RangeState)> {
+    const STATES: [RangeState; 3] = [RangeState::Live, RangeState::Cached, RangeState::Hole];
+    let mut out = Vec::new();
+    // The bucket being filled: its offset, size and bytes per state.
+    let mut pending: Option<(u64, u64, [u64; 3])> = None;
+    let flush = |out: &mut Vec<_>, pending: &mut Option<(u64, u64, [u64; 3])>| {
+        if let Some((offset, size, bytes)) = pending.take() {
+            let most = (0..3).max_by_key(|&i| (bytes[i], 3 - i)).unwrap_or(0);
+            out.push((offset, size, STATES[most]));
+        }
+    };
+    for &(offset, size, state) in ranges {
+        if size >= cell {
+            flush(&mut out, &mut pending);
+            out.push((offset, size, state));
+            continue;
+        }
+        let bucket = pending.get_or_insert((offset, 0, [0; 3]));
+        bucket.1 += size;
+        bucket.2[STATES.iter().position(|&s| s == state).unwrap_or(0)] += size;
+        if bucket.1 >= cell {
+            flush(&mut out, &mut pending);
+        }
+    }
+    flush(&mut out, &mut pending);
+    out
 }
 
 /// What a range of a segment holds.
@@ -256,11 +348,14 @@ pub enum RangeState {
     Hole,
 }
 
-/// One segment of a map: its address, size and the ranges that tile it.
+/// One segment of a map (or neighbouring segments too narrow to draw apart): its address,
+/// size and the ranges that tile it.
 #[derive(Clone, Debug, Serialize)]
 pub struct SegmentDraw {
     /// Start address.
     pub address: u64,
+    /// Segments it stands for: 1, or more where narrow neighbours were merged.
+    pub count: usize,
     /// Bytes from the segment's start to the end of its last range.
     pub size: u64,
     /// Whether it is a growable (VMM) segment.
@@ -292,6 +387,7 @@ impl SegmentDraw {
         }
         SegmentDraw {
             address: segment.address,
+            count: 1,
             size: offset,
             expandable: segment.is_expandable,
             ranges,
@@ -366,7 +462,34 @@ pub fn build(traces: &[Trace], options: &ReportOptions) -> Result<Report, Report
         capacity_bytes: options.replay.capacity,
         ranks,
         highest_rank,
+        settings: settings_in_force(options),
     })
+}
+
+/// The allocator settings of `options`, one line each: PyTorch's options in
+/// `PYTORCH_CUDA_ALLOC_CONF` syntax (`PyTorch's defaults` when unchanged) and, when the gpumem
+/// policy is replayed, its options that differ from its defaults.
+fn settings_in_force(options: &ReportOptions) -> Vec<String> {
+    let torch = &options.replay.torch;
+    let mut lines = vec![match *torch == TorchSettings::default() {
+        true => "PyTorch's defaults".to_string(),
+        false => format!("PyTorch allocator {}", torch.conf()),
+    }];
+    if options.policies.contains(&PolicyKind::Gpumem) {
+        let defaults = GpumemSettings::default().options();
+        let changed: Vec<String> = options
+            .replay
+            .gpumem
+            .options()
+            .into_iter()
+            .filter(|option| !defaults.contains(option))
+            .map(|(key, value)| format!("{key}:{value}"))
+            .collect();
+        if !changed.is_empty() {
+            lines.push(format!("gpumem policy {}", changed.join(",")));
+        }
+    }
+    lines
 }
 
 /// Refuses a trace there is nothing to show for, or one no device of `capacity` can run.
@@ -396,7 +519,6 @@ fn rank_report(
     trace: &Trace,
     options: &ReportOptions,
 ) -> Result<RankReport, ReportError> {
-    let summary = trace.summary();
     let policies = options
         .policies
         .par_iter()
@@ -413,13 +535,7 @@ fn rank_report(
     let (live, largest_live) = live_bytes(trace, options.buckets);
     Ok(RankReport {
         rank,
-        trace: TraceFacts {
-            name: trace.meta.name.clone(),
-            source: trace.meta.source.clone(),
-            events: summary.events,
-            steps: summary.steps,
-            peak_live_bytes: summary.peak_live_bytes,
-        },
+        trace: TraceInfo::of(trace),
         steps: step_marks(trace),
         live,
         policies,
@@ -456,10 +572,7 @@ fn policy_view(
         allocated: Series::downsample(&line.allocated, buckets),
         reserved: Series::downsample(&line.reserved, buckets),
         fragmentation: Series::from_iter(line.reserved.len(), buckets, fragmentation),
-        peak_map: MapView {
-            event_index: map.event_index,
-            segments: map.segments.iter().map(SegmentDraw::of).collect(),
-        },
+        peak_map: MapView::of(map.event_index, &map.segments),
         oom_stack,
     })
 }

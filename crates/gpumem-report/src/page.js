@@ -45,19 +45,32 @@
   function fmtPercent(v) { return (100 * v).toFixed(1) + " %"; }
   function fmtCount(n) { return Math.round(n).toLocaleString("en-US"); }
 
-  // Nice tick steps: 1, 2, 5 x 10^k of the unit the range is in.
-  function niceStep(range, ticks, binary) {
-    var unit = 1;
-    if (binary) {
-      if (range >= 4 * 1073741824) unit = 1073741824;
-      else if (range >= 4 * 1048576) unit = 1048576;
-      else if (range >= 4 * 1024) unit = 1024;
+  var BYTE_UNITS = [[1073741824, " GiB"], [1048576, " MiB"], [1024, " KiB"], [1, " B"]];
+  // About `count` ticks over [lo, hi] ("bytes" or "count"): the unit is picked first (bytes:
+  // the largest binary unit `hi` reaches), then a step of 1, 2 or 5 x 10^k in that unit, at
+  // least one byte or event, and labels with the decimals the step needs, so that distinct
+  // ticks never share a label. Returns [{v, label}].
+  function ticks(lo, hi, count, kind) {
+    var unit = 1, name = "";
+    if (kind === "bytes") {
+      for (var u = 0; u < BYTE_UNITS.length; u++) {
+        unit = BYTE_UNITS[u][0];
+        name = BYTE_UNITS[u][1];
+        if (hi >= unit) break;
+      }
     }
-    var raw = range / unit / ticks;
+    var raw = (hi - lo) / unit / Math.max(1, count);
     var p = Math.pow(10, Math.floor(Math.log10(Math.max(raw, 1e-12))));
     var m = raw / p;
-    var n = m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10;
-    return n * p * unit;
+    var step = Math.max((m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p, 1 / unit);
+    var decimals = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+    var out = [];
+    for (var k = Math.ceil(lo / unit / step - 1e-9); k * step * unit <= hi * (1 + 1e-12); k++) {
+      var v = k * step;
+      var label = v === 0 ? "0" : kind === "bytes" ? v.toFixed(decimals) + name : fmtCount(v);
+      out.push({ v: v * unit, label: label });
+    }
+    return out;
   }
 
   var tip = null;
@@ -102,7 +115,8 @@
     status.rects.push({
       chart: kind,
       x: Math.round(r.left + window.scrollX), y: Math.round(r.top + window.scrollY),
-      w: Math.round(r.width), h: Math.round(r.height)
+      w: Math.round(r.width), h: Math.round(r.height),
+      ticks: chart && chart.labels
     });
     status.charts++;
   }
@@ -188,24 +202,26 @@
     ctx.clearRect(0, 0, p.w, p.h);
     ctx.font = "11px system-ui, sans-serif";
     // Grid and y labels.
-    var step = o.percent ? 0.2 : niceStep(yMax, 5, true);
+    var yTicks = o.percent ? [0, 1, 2, 3, 4, 5].map(function (k) {
+      return { v: k / 5, label: k * 20 + " %" };
+    }) : ticks(0, yMax, 5, "bytes");
     ctx.strokeStyle = "#e6e6e6";
     ctx.fillStyle = "#555";
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
     ctx.lineWidth = 1;
-    for (var y = 0; y <= yMax + 1e-9; y += step) {
-      var py = Math.round(yOf(y)) + 0.5;
+    yTicks.forEach(function (t) {
+      var py = Math.round(yOf(t.v)) + 0.5;
       ctx.beginPath(); ctx.moveTo(m.l, py); ctx.lineTo(m.l + plotW, py); ctx.stroke();
-      ctx.fillText(o.percent ? Math.round(y * 100) + " %" : fmtShortBytes(y), m.l - 6, py);
-    }
+      ctx.fillText(t.label, m.l - 6, py);
+    });
     // X labels: event indices.
-    var xStep = niceStep(g.x1 - g.x0, Math.max(2, Math.floor(plotW / 110)), false);
+    var xTicks = o.hideX ? [] : ticks(g.x0, g.x1, Math.max(2, Math.floor(plotW / 110)), "count");
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
-    for (var x = Math.ceil(g.x0 / xStep) * xStep; x <= g.x1 && !o.hideX; x += xStep) {
-      ctx.fillText(fmtCount(x), this.xOf(x), m.t + plotH + 6);
-    }
+    var self = this;
+    xTicks.forEach(function (t) { ctx.fillText(t.label, self.xOf(t.v), m.t + plotH + 6); });
+    this.labels = { x: xTicks.map(function (t) { return t.label; }), y: yTicks.map(function (t) { return t.label; }) };
     ctx.save();
     ctx.beginPath();
     ctx.rect(m.l, m.t - 2, plotW, plotH + 4);
@@ -260,7 +276,6 @@
       ctx.setLineDash([]);
     });
     // Out-of-memory points.
-    var self = this;
     (o.points || []).forEach(function (pt) {
       if (pt.x < g.x0 || pt.x > g.x1) return;
       var px = self.xOf(pt.x), py = yOf(pt.y);
@@ -360,7 +375,7 @@
     this.map = map;
     this.flat = flat;
     this.total = Math.max(1, total);
-    this.rows = Math.max(4, Math.min(14, Math.ceil(Math.sqrt(map.segments.length)) + 3));
+    this.rows = Math.max(4, Math.min(14, Math.ceil(Math.sqrt(map.segment_count)) + 3));
     this.rowH = 20;
     this.draw();
     var self = this;
@@ -369,7 +384,8 @@
       var hit = self.at(e.clientX - r.left, e.clientY - r.top);
       if (!hit) { hideTip(); return; }
       var seg = map.segments[hit.seg];
-      showTip("<b>" + hit.state + "</b> " + fmtBytes(hit.size) + "<br>segment 0x" +
+      var what = seg.count > 1 ? seg.count + " segments from 0x" : "segment 0x";
+      showTip("<b>" + hit.state + "</b> " + fmtBytes(hit.size) + "<br>" + what +
         seg.address.toString(16) + " (" + fmtBytes(seg.size) + (seg.expandable ? ", expandable" : "") +
         ")<br>offset " + fmtBytes(hit.off), e.pageX, e.pageY);
     });
