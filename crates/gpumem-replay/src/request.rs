@@ -1,6 +1,7 @@
 //! The values a replay is asked for by name — which policies, on what capacity, with which
 //! allocator settings — parsed the same way for the command line and the Python package.
 
+use gpumem_device::sim::MAX_CAPACITY;
 use gpumem_pool::policies::torch_settings::TorchSettings;
 use gpumem_pool::policies::GpumemSettings;
 use gpumem_pool::{parse_limit, Limit, PolicyKind, ACCEPTED_BYTE_FORMS};
@@ -39,6 +40,9 @@ pub fn parse_capacity(text: &str) -> Result<u64, RequestError> {
         reason,
     };
     match parse_limit(text) {
+        Ok(Limit::Bytes(bytes)) if bytes > MAX_CAPACITY => Err(refuse(format!(
+            "above 1 PiB ({MAX_CAPACITY} bytes), the largest device a replay simulates"
+        ))),
         Ok(Limit::Bytes(bytes)) => Ok(bytes),
         Ok(Limit::Fraction(_)) => Err(refuse(
             "a capacity must be absolute (e.g. 24GiB), not a percentage".into(),
@@ -82,6 +86,9 @@ mod tests {
         assert!(e.contains("1.5GiB") && !e.contains('%'), "{e}");
         let e = parse_capacity("50%").unwrap_err().to_string();
         assert!(e.contains("must be absolute"), "{e}");
+        let e = parse_capacity("2000TiB").unwrap_err().to_string();
+        assert!(e.contains("above 1 PiB"), "{e}");
+        assert_eq!(parse_capacity("1024TiB").unwrap(), MAX_CAPACITY);
     }
 
     #[test]
