@@ -87,6 +87,7 @@ impl ReplayInput {
     /// `--gpumem-policy-conf`, PyTorch's and gpumem's defaults where not given.
     pub(crate) fn policy_settings(&self) -> Result<(TorchSettings, GpumemSettings), String> {
         request::policy_settings(
+            &self.policy.0,
             self.pytorch_alloc_conf.as_deref(),
             self.gpumem_policy_conf.as_deref(),
         )

@@ -341,7 +341,8 @@ fn replay(
     let trace = read_trace(&source, format, device, name)?;
     let policies = policy_list(policies)?;
     let (torch, gpumem) =
-        request::policy_settings(pytorch_alloc_conf, gpumem_policy_conf).map_err(request_error)?;
+        request::policy_settings(&policies, pytorch_alloc_conf, gpumem_policy_conf)
+            .map_err(request_error)?;
     let options = ReplayOptions {
         capacity: self::capacity(capacity)?,
         torch,
@@ -411,10 +412,12 @@ fn report(
         .map(|(rank, source)| read_trace(source, format, device, &format!("rank {rank}")))
         .collect::<PyResult<Vec<_>>>()?;
     let capacity = self::capacity(capacity)?;
+    let policies = policy_list(policies)?;
     let (torch, gpumem) =
-        request::policy_settings(pytorch_alloc_conf, gpumem_policy_conf).map_err(request_error)?;
+        request::policy_settings(&policies, pytorch_alloc_conf, gpumem_policy_conf)
+            .map_err(request_error)?;
     let options = ReportOptions {
-        policies: policy_list(policies)?,
+        policies,
         replay: ReplayOptions {
             capacity,
             torch,

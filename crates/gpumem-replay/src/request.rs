@@ -52,11 +52,28 @@ pub fn parse_capacity(text: &str) -> Result<u64, RequestError> {
 }
 
 /// The torch and gpumem policies' settings from their configuration strings
-/// (`PYTORCH_ALLOC_CONF` and `GPUMEM_POLICY_CONF` syntax), the defaults where not given.
+/// (`PYTORCH_ALLOC_CONF` and `GPUMEM_POLICY_CONF` syntax), the defaults where not given; a
+/// string that none of `policies` (those replayed) reads is refused.
 pub fn policy_settings(
+    policies: &[PolicyKind],
     pytorch_alloc_conf: Option<&str>,
     gpumem_policy_conf: Option<&str>,
 ) -> Result<(TorchSettings, GpumemSettings), RequestError> {
+    // A setting no replayed policy reads would change nothing: refused, not ignored.
+    let reads = |kinds: &[PolicyKind]| policies.iter().any(|p| kinds.contains(p));
+    let unread = |what: &'static str, conf: &str, readers: &str| RequestError {
+        what,
+        value: conf.to_string(),
+        reason: format!("no policy replayed reads it (only {readers} do); add one with --policy"),
+    };
+    if let Some(conf) =
+        pytorch_alloc_conf.filter(|_| !reads(&[PolicyKind::Torch, PolicyKind::Expandable]))
+    {
+        return Err(unread("pytorch_alloc_conf", conf, "torch and expandable"));
+    }
+    if let Some(conf) = gpumem_policy_conf.filter(|_| !reads(&[PolicyKind::Gpumem])) {
+        return Err(unread("gpumem_policy_conf", conf, "gpumem"));
+    }
     let torch = match pytorch_alloc_conf {
         Some(conf) => TorchSettings::parse(conf).map_err(|e| RequestError {
             what: "pytorch_alloc_conf",
@@ -93,7 +110,8 @@ mod tests {
 
     #[test]
     fn a_replay_refuses_the_gpumem_options_its_vmm_device_never_reads() {
-        let e = policy_settings(None, Some("max_chunk_pages:4,small_segment_mb:100"))
+        let all = PolicyKind::ALL;
+        let e = policy_settings(&all, None, Some("max_chunk_pages:4,small_segment_mb:100"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("small_segment_mb=\"100\" is not valid: sizes segments only on a device without VMM"), "{e}");
@@ -101,6 +119,23 @@ mod tests {
             e.contains("accepted:") && !e.contains("mid_segment_mb"),
             "{e}"
         );
-        assert!(policy_settings(None, Some("max_chunk_pages:4")).is_ok());
+        assert!(policy_settings(&all, None, Some("max_chunk_pages:4")).is_ok());
+    }
+
+    #[test]
+    fn a_setting_no_replayed_policy_reads_is_refused() {
+        let torch = [PolicyKind::Torch];
+        let e = policy_settings(&torch, None, Some("max_chunk_pages:4")).unwrap_err();
+        assert_eq!(e.what, "gpumem_policy_conf");
+        assert!(e.reason.contains("only gpumem do"), "{e}");
+        let gpumem = [PolicyKind::Gpumem];
+        let e = policy_settings(&gpumem, Some("max_split_size_mb:20"), None).unwrap_err();
+        assert!(e.reason.contains("only torch and expandable do"), "{e}");
+        assert!(policy_settings(
+            &[PolicyKind::Expandable],
+            Some("max_split_size_mb:20"),
+            None
+        )
+        .is_ok());
     }
 }
