@@ -123,6 +123,12 @@ impl TraceMeta {
                             .get(UNKNOWN_ACTIONS_KEY)
                             .map_or("actions not recorded", String::as_str)
                     ),
+                    "other_device_entries" => format!(
+                        "{} of other devices skipped: a snapshot holds one trace per device, \
+                         and this is device {}'s (choose another with --device)",
+                        plural(count, "snapshot entry", "snapshot entries"),
+                        self.extra.get("device").map_or("?", String::as_str)
+                    ),
                     other => format!("{count} skipped: {other}"),
                 })
             })

@@ -404,3 +404,41 @@ fn a_device_is_asked_only_of_a_snapshot() {
         assert!(gpumem_trace::read(text.as_bytes(), gpumem_trace::ReadOptions::default()).is_ok());
     }
 }
+
+#[test]
+fn a_snapshot_of_several_devices_says_which_it_read_and_what_it_left() {
+    let entry = |addr: i64| {
+        dict(vec![
+            ("action", serde_pickle::Value::String("alloc".into())),
+            ("addr", serde_pickle::Value::I64(addr)),
+            ("size", serde_pickle::Value::I64(512)),
+            ("stream", serde_pickle::Value::I64(0)),
+        ])
+    };
+    let snapshot = dict(vec![
+        ("segments", serde_pickle::Value::List(vec![])),
+        (
+            "device_traces",
+            serde_pickle::Value::List(vec![
+                serde_pickle::Value::List(vec![entry(1 << 32)]),
+                serde_pickle::Value::List(vec![entry(2 << 32), entry(3 << 32)]),
+            ]),
+        ),
+    ]);
+    let bytes = pickled(&snapshot);
+    let first = gpumem_trace::read(&bytes[..], gpumem_trace::ReadOptions::default()).unwrap();
+    assert_eq!(
+        first.meta.skipped_notes(),
+        [
+            "2 snapshot entries of other devices skipped: a snapshot holds one trace per device, \
+          and this is device 0's (choose another with --device)"
+        ]
+    );
+    let options = gpumem_trace::ReadOptions {
+        device: Some(1),
+        ..gpumem_trace::ReadOptions::default()
+    };
+    let second = gpumem_trace::read(&bytes[..], options).unwrap();
+    assert!(second.meta.skipped_notes()[0].starts_with("1 snapshot entry of other devices"));
+    assert!(second.meta.skipped_notes()[0].contains("device 1's"));
+}

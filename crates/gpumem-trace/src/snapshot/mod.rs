@@ -245,6 +245,8 @@ struct TraceBuilder {
     unknown_action_entries: u64,
     /// ...and the first [`UNKNOWN_ACTIONS_SHOWN`] names of those actions.
     unknown_actions: Vec<String>,
+    /// Entries of the devices not chosen (a snapshot holds one trace per device).
+    other_device_entries: u64,
 }
 
 /// How many names of unknown actions a trace's metadata lists.
@@ -268,6 +270,7 @@ impl TraceBuilder {
             oom_entries: 0,
             unknown_action_entries: 0,
             unknown_actions: Vec::new(),
+            other_device_entries: 0,
         }
     }
 
@@ -346,6 +349,7 @@ impl TraceBuilder {
         };
         meta.add_skipped("oom_entries", self.oom_entries);
         meta.add_skipped("unknown_action_entries", self.unknown_action_entries);
+        meta.add_skipped("other_device_entries", self.other_device_entries);
         if !self.unknown_actions.is_empty() {
             let mut names = self.unknown_actions.join(", ");
             if self.unknown_actions.len() == UNKNOWN_ACTIONS_SHOWN {
@@ -389,6 +393,7 @@ impl SnapshotSink for TraceBuilder {
         unknown_action: Option<&str>,
     ) -> Result<(), ReadError> {
         if *self.chosen.get_or_insert(device) != device {
+            self.other_device_entries += 1;
             return Ok(());
         }
         let invalid = |violation| ReadError::InvalidSnapshotEvent {
