@@ -7,20 +7,12 @@
 #define _POSIX_C_SOURCE 200809L /* pthread barriers under -std=c11 */
 
 #include "gpumem.h"
+#include "check.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      fprintf(stderr, "check failed at line %d: %s (last error: %s)\n", __LINE__, #cond, \
-              gpumem_last_error());                                                 \
-      return 1;                                                                     \
-    }                                                                               \
-  } while (0)
 
 static atomic_int stop;
 

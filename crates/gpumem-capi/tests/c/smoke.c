@@ -2,19 +2,11 @@
  * streams, a wrong-size free, statistics, a limit and its OOM, a snapshot. Run by
  * tests/c_program.rs with GPUMEM_DEVICE=sim; prints "ok" and exits 0 when every check holds. */
 #include "gpumem.h"
+#include "check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      fprintf(stderr, "check failed at line %d: %s (last error: %s)\n", __LINE__, #cond, \
-              gpumem_last_error());                                                 \
-      return 1;                                                                     \
-    }                                                                               \
-  } while (0)
 
 int main(int argc, char **argv) {
   void *a = NULL, *b = NULL, *none = (void *)1;
