@@ -1,6 +1,8 @@
 //! The library's operations as safe Rust functions: the C entry points (in `lib.rs`) and the
 //! Python binding (crate gpumem-python) are thin layers over these, so both behave alike.
-//! Devices are C ordinals (checked here); every function makes the device's pool on first use.
+//! Devices are C ordinals (checked here); a function that allocates or configures makes the
+//! device's pool on first use, while queries and frees on a device without one answer
+//! without making it (`state::made_pool`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,8 +48,10 @@ pub fn free(
     if ptr == 0 {
         return Ok(());
     }
-    let (device, pool) = pool_of(device)?;
-    let Some(live) = pool.allocation(ptr) else {
+    let device = state::ordinal(device)?;
+    let pool = state::made_pool(device)?;
+    let Some((pool, live)) = pool.and_then(|pool| pool.allocation(ptr).map(|live| (pool, live)))
+    else {
         let owner = state::all_pools()
             .into_iter()
             .find(|(d, other)| *d != device && other.allocation(ptr).is_some());
@@ -91,7 +95,8 @@ pub fn free(
 
 /// `device`'s statistics with `torch.cuda.memory_stats()`'s keys (plus `device_calls.*`).
 pub fn memory_stats(device: i64) -> Result<BTreeMap<String, u64>, CapiError> {
-    Ok(pool_of(device)?.1.stats().to_map())
+    let stats = state::made_pool(state::ordinal(device)?)?.map(|pool| pool.stats());
+    Ok(stats.unwrap_or_default().to_map())
 }
 
 /// `device`'s pool summary (`pool_status`): usage, limits, fragmentation.
@@ -104,7 +109,10 @@ pub fn pool_status(device: i64) -> Result<String, CapiError> {
 /// The explanation of `device`'s last OOM, if one happened: the pool's record, worded as the
 /// allocation's error was.
 pub fn last_oom(device: i64) -> Result<Option<String>, CapiError> {
-    let (device, pool) = pool_of(device)?;
+    let device = state::ordinal(device)?;
+    let Some(pool) = state::made_pool(device)? else {
+        return Ok(None);
+    };
     Ok(pool.last_oom().map(|oom| {
         let source = PoolError::OutOfMemory(Box::new(oom));
         CapiError::Pool { device, source }.to_string()
@@ -113,13 +121,18 @@ pub fn last_oom(device: i64) -> Result<Option<String>, CapiError> {
 
 /// Gives `device`'s cached memory back; returns the bytes released.
 pub fn empty_cache(device: i64) -> Result<u64, CapiError> {
-    let (d, pool) = pool_of(device)?;
-    pool.empty_cache().map_err(pool_error(d))
+    let d = state::ordinal(device)?;
+    match state::made_pool(d)? {
+        Some(pool) => pool.empty_cache().map_err(pool_error(d)),
+        None => Ok(0),
+    }
 }
 
 /// Sets every peak statistic of `device` to its current value.
 pub fn reset_peak_stats(device: i64) -> Result<(), CapiError> {
-    pool_of(device)?.1.reset_peak_stats();
+    if let Some(pool) = state::made_pool(state::ordinal(device)?)? {
+        pool.reset_peak_stats();
+    }
     Ok(())
 }
 

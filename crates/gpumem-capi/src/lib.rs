@@ -651,6 +651,32 @@ mod tests {
     }
 
     #[test]
+    fn queries_and_bad_frees_on_an_unused_device_make_no_pool() {
+        std::env::set_var("GPUMEM_DEVICE", "sim");
+        let device = 57;
+        let stats = api::memory_stats(device).unwrap();
+        assert_eq!(stats["allocated_bytes.all.current"], 0);
+        assert_eq!(api::last_oom(device).unwrap(), None);
+        assert_eq!(api::empty_cache(device).unwrap(), 0);
+        api::reset_peak_stats(device).unwrap();
+        let refused = api::free(0x1234, None, device, None).unwrap_err();
+        assert_eq!(
+            refused.status(),
+            GpumemStatus::GpumemUnknownPointer,
+            "{refused}"
+        );
+        assert!(gpumem_pool::global_registry()
+            .get(device as usize)
+            .is_none());
+        // Allocating makes it.
+        let ptr = api::allocate(4096, device, 0).unwrap();
+        api::free(ptr, Some(4096), device, None).unwrap();
+        assert!(gpumem_pool::global_registry()
+            .get(device as usize)
+            .is_some());
+    }
+
+    #[test]
     fn a_policy_change_gives_the_replaced_pools_cache_back() {
         std::env::set_var("GPUMEM_DEVICE", "sim");
         let device = 59;

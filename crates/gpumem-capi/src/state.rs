@@ -316,6 +316,18 @@ pub fn device_pool(device: usize) -> Result<Arc<Pool>, CapiError> {
     Ok(pool)
 }
 
+/// The pool of `device` if one was made, without making one: a query or a bad free on a
+/// device nothing allocated on answers from nothing, rather than opening the device (on CUDA,
+/// a context of hundreds of MiB on that GPU); an error naming the panic when an earlier one
+/// left it unusable.
+pub fn made_pool(device: usize) -> Result<Option<Arc<Pool>>, CapiError> {
+    let Some(pool) = global_registry().get(device) else {
+        return Ok(None);
+    };
+    usable(device)?;
+    Ok(Some(pool))
+}
+
 /// An error when an earlier panic left the pool of `device` unusable.
 fn usable(device: usize) -> Result<(), CapiError> {
     match global_registry().unusable(device) {
