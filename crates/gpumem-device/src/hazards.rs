@@ -207,12 +207,11 @@ impl RangeUses {
             .flat_map(|(_, (_, uses))| uses.iter())
     }
 
-    /// Merges the pieces from the one before `lo` to the one starting at `hi` that touch and
-    /// hold the same uses: a range used whole again (a cached block reused) is one piece
-    /// again, so the pieces do not pile up with every boundary ever used inside it.
+    /// Merges the pieces of `[lo, hi)` that touch and hold the same uses: a range used whole
+    /// again (a cached block reused) becomes one piece again, so the pieces do not pile up with
+    /// every boundary ever used inside it.
     fn coalesce(&mut self, lo: u64, hi: u64) {
-        let from = self.pieces.range(..lo).next_back().map_or(lo, |(&s, _)| s);
-        let starts: Vec<u64> = self.pieces.range(from..=hi).map(|(&s, _)| s).collect();
+        let starts: Vec<u64> = self.pieces.range(lo..hi).map(|(&s, _)| s).collect();
         let mut run: Option<u64> = None;
         for start in starts {
             let joins = run.is_some_and(|run| {
@@ -230,7 +229,9 @@ impl RangeUses {
     }
 
     /// Applies `f` to the uses of every part of `[lo, hi)` (parts not yet known start empty);
-    /// parts left without uses are dropped, and parts left alike are merged ([`coalesce`]).
+    /// parts left without uses are dropped, and where it wrote more than one part, those left
+    /// alike are merged ([`coalesce`]; one part, the common case of a block used whole again,
+    /// costs nothing more).
     ///
     /// [`coalesce`]: RangeUses::coalesce
     fn update(&mut self, lo: u64, hi: u64, mut f: impl FnMut(&mut Vec<Use>)) {
@@ -240,6 +241,7 @@ impl RangeUses {
         self.split_at(lo);
         self.split_at(hi);
         let mut at = lo;
+        let mut written = 0;
         let starts: Vec<u64> = self.pieces.range(lo..hi).map(|(&s, _)| s).collect();
         for start in starts {
             if start > at {
@@ -247,6 +249,7 @@ impl RangeUses {
                 f(&mut uses);
                 if !uses.is_empty() {
                     self.pieces.insert(at, (start, uses));
+                    written += 1;
                 }
             }
             let piece = self.pieces.get_mut(&start).expect("listed above");
@@ -254,6 +257,8 @@ impl RangeUses {
             at = piece.0;
             if piece.1.is_empty() {
                 self.pieces.remove(&start);
+            } else {
+                written += 1;
             }
         }
         if at < hi {
@@ -261,9 +266,12 @@ impl RangeUses {
             f(&mut uses);
             if !uses.is_empty() {
                 self.pieces.insert(at, (hi, uses));
+                written += 1;
             }
         }
-        self.coalesce(lo, hi);
+        if written > 1 {
+            self.coalesce(lo, hi);
+        }
     }
 
     /// Forgets `[lo, hi)`.
