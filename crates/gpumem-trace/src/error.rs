@@ -44,7 +44,8 @@ pub enum ReadError {
     LineTooLong {
         /// 1-based line number.
         line: u64,
-        /// The longest line accepted, in bytes without its newline ([`crate::MAX_LINE_BYTES`]).
+        /// The longest line accepted, in bytes without its newline ([`crate::MAX_LINE_BYTES`],
+        /// [`crate::MAX_HEADER_BYTES`] for a native header).
         limit: usize,
     },
 

@@ -36,7 +36,7 @@ mod trace;
 pub use error::{ReadError, SnapshotEncoding};
 pub use formats::{read, read_path, write, write_path, Format, ReadOptions};
 pub use snapshot::{Frame, SegmentType, Snapshot, StackId, Stacks};
-pub use text::MAX_LINE_BYTES;
+pub use text::{MAX_HEADER_BYTES, MAX_LINE_BYTES};
 pub use trace::{
     DeviceAllocation, Event, InitialBlock, InitialSegment, Trace, TraceMeta, TraceSummary,
     ValidationError, Violation, SKIPPED_PREFIX, UNKNOWN_ACTIONS_KEY,

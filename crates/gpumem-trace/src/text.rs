@@ -7,10 +7,15 @@ use std::io::{BufRead, Read};
 use crate::error::ReadError;
 
 /// The longest line the line-based readers (native JSON lines, RMM CSV, a pickle's text
-/// arguments) accept, without its newline: 1 MiB. Their real lines are under 200 bytes (a
-/// native header with many initial segments is the longest, a few hundred bytes per segment),
-/// so this only refuses input that is no trace, before it takes memory.
+/// arguments) accept, without its newline: 1 MiB. Their real lines are under 200 bytes, so
+/// this only refuses input that is no trace, before it takes memory. A native trace's header
+/// is the exception ([`MAX_HEADER_BYTES`]).
 pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// The longest native header line accepted, without its newline: 256 MiB. The header holds a
+/// mid-process trace's whole pool, about 50 bytes per live block (a snapshot of a large job
+/// with 50 000 live blocks writes 2.5 MB), so it gets room for millions of blocks.
+pub const MAX_HEADER_BYTES: usize = 256 << 20;
 
 /// How many characters of the input an error message quotes.
 const EXCERPT_CHARS: usize = 80;
@@ -27,14 +32,22 @@ pub(crate) fn read_line(
     line: &mut Vec<u8>,
     line_number: u64,
 ) -> Result<usize, ReadError> {
+    read_line_within(reader, line, line_number, MAX_LINE_BYTES)
+}
+
+/// [`read_line`] with a line of up to `limit` bytes.
+pub(crate) fn read_line_within(
+    reader: &mut impl BufRead,
+    line: &mut Vec<u8>,
+    line_number: u64,
+    limit: usize,
+) -> Result<usize, ReadError> {
     line.clear();
-    let read = reader
-        .take(MAX_LINE_BYTES as u64 + 1)
-        .read_until(b'\n', line)?;
-    if read > MAX_LINE_BYTES && line.last() != Some(&b'\n') {
+    let read = reader.take(limit as u64 + 1).read_until(b'\n', line)?;
+    if read > limit && line.last() != Some(&b'\n') {
         return Err(ReadError::LineTooLong {
             line: line_number,
-            limit: MAX_LINE_BYTES,
+            limit,
         });
     }
     Ok(read)

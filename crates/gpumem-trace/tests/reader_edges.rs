@@ -9,8 +9,8 @@ use std::io::Write;
 
 use flate2::write::GzEncoder;
 use gpumem_trace::{
-    read, DeviceAllocation, Event, ReadError, ReadOptions, Trace, TraceMeta, Violation,
-    MAX_LINE_BYTES,
+    read, DeviceAllocation, Event, Format, InitialBlock, InitialSegment, ReadError, ReadOptions,
+    SegmentType, Trace, TraceMeta, Violation, MAX_LINE_BYTES,
 };
 
 fn read_bytes(bytes: &[u8]) -> Result<Trace, ReadError> {
@@ -441,4 +441,49 @@ fn a_snapshot_of_several_devices_says_which_it_read_and_what_it_left() {
     let second = gpumem_trace::read(&bytes[..], options).unwrap();
     assert!(second.meta.skipped_notes()[0].starts_with("1 snapshot entry of other devices"));
     assert!(second.meta.skipped_notes()[0].contains("device 1's"));
+}
+
+#[test]
+fn a_native_trace_of_a_large_mid_process_pool_reads_back() {
+    // A snapshot taken in the middle of a large job (here 2 000 segments of 25 live blocks)
+    // becomes a native trace whose header holds every live block: the header line is larger
+    // than any event line, and must read back as written.
+    let (segments, per_segment, block) = (2_000u64, 25u64, 1u64 << 20);
+    let mut events = Vec::new();
+    let initial_segments: Vec<InitialSegment> = (0..segments)
+        .map(|s| {
+            let address = (1 << 40) + s * per_segment * block;
+            let blocks = (0..per_segment)
+                .map(|b| {
+                    let address = address + b * block;
+                    events.push(Event::Alloc {
+                        addr: address,
+                        size: block,
+                        stream: 0,
+                    });
+                    InitialBlock {
+                        address,
+                        requested: block,
+                        size: None,
+                    }
+                })
+                .collect();
+            InitialSegment {
+                address,
+                size: per_segment * block,
+                stream: 0,
+                pool: SegmentType::Large,
+                expandable: false,
+                blocks,
+            }
+        })
+        .collect();
+    let mut trace = Trace::new(TraceMeta::default(), events);
+    trace.initial_segments = initial_segments;
+    let mut written = Vec::new();
+    gpumem_trace::write(&trace, &mut written, Format::Native).unwrap();
+    let header = written.split(|&b| b == b'\n').next().unwrap().len();
+    assert!(header > MAX_LINE_BYTES, "{header} bytes");
+    let back = read(&written[..], ReadOptions::default()).unwrap();
+    assert_eq!(back.initial_segments, trace.initial_segments);
 }

@@ -16,7 +16,8 @@
 //! Unknown keys are ignored so that later versions can add fields; blank lines are skipped.
 //! The header's `device_allocations` and `initial_segments` are device memory and never at
 //! address 0 (the null pointer); an event's `addr` only names its block, and may be 0. A
-//! line longer than [`crate::MAX_LINE_BYTES`] is refused.
+//! line longer than [`crate::MAX_LINE_BYTES`] is refused, a header longer than
+//! [`crate::MAX_HEADER_BYTES`] (it holds every block live when recording began).
 
 use std::collections::BTreeMap;
 use std::io::{BufReader, Read, Write};
@@ -25,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ReadError;
 use crate::snapshot::SegmentType;
-use crate::text::{clip, read_line};
+use crate::text::{clip, read_line, read_line_within, MAX_HEADER_BYTES};
 use crate::trace::{
     DeviceAllocation, Event, InitialBlock, InitialSegment, LiveBlocks, Trace, TraceMeta, Violation,
 };
@@ -305,7 +306,7 @@ pub fn read_native(reader: impl Read) -> Result<Trace, ReadError> {
 
     let (meta, initial_segments, device_allocations) = loop {
         line_number += 1;
-        if read_line(&mut reader, &mut line, line_number)? == 0 {
+        if read_line_within(&mut reader, &mut line, line_number, MAX_HEADER_BYTES)? == 0 {
             return Err(ReadError::Empty {
                 expected: HEADER_EXPECTED,
             });
