@@ -5,6 +5,8 @@
 
 mod common;
 
+use std::io::Write;
+use std::os::unix::net::UnixListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -187,6 +189,75 @@ fn top_shows_gpus_pools_and_processes_and_answers_keys() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn a_stuck_pool_endpoint_is_named_on_screen_and_the_view_keeps_refreshing() {
+    if !tmux_available() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("gpumem-top-stuck-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // An endpoint of this test's (live) process that sends a space every 100 ms and never
+    // a whole answer.
+    let socket = dir.join(format!("{}.sock", std::process::id()));
+    let listener = UnixListener::bind(&socket).unwrap();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                for _ in 0..600 {
+                    if stream.write_all(b" ").is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+    });
+    let tmux = Tmux {
+        socket: format!("gpumem-top-stuck-{}", std::process::id()),
+    };
+    let command = format!(
+        "env GPUMEM_PUBLISH_DIR={} {} top --interval 200ms",
+        dir.display(),
+        env!("CARGO_BIN_EXE_gpumem")
+    );
+    let started = tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "top",
+        "-x",
+        "200",
+        "-y",
+        "40",
+        &command,
+    ]);
+    assert!(started.status.success());
+    let screen = tmux.wait_for("the skipped endpoint's note", |s| {
+        s.contains("skipped a pool endpoint")
+    });
+    // The note names the endpoint and why (the path may be cut at the screen's edge).
+    let line = screen
+        .lines()
+        .find(|l| l.contains("skipped a pool endpoint"))
+        .unwrap()
+        .to_string();
+    assert!(line.contains(dir.to_str().unwrap()), "{line}");
+    // Each refresh waits at most the 500 ms bound for the stuck endpoint, so the view
+    // still answers keys: q quits within a few refreshes.
+    tmux.keys(&["q"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tmux.alive() {
+        assert!(
+            Instant::now() < deadline,
+            "q did not quit:\n{}",
+            tmux.screen()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

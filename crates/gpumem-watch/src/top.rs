@@ -84,8 +84,11 @@ pub struct App {
     sort: SortBy,
     table: TableState,
     detail: bool,
-    /// A line about the source (e.g. "end of recording", or why no GPU is seen).
+    /// A line about the source (e.g. why no GPU is seen), shown all along.
     note: Option<String>,
+    /// The latest news, on its own line under the note (an endpoint skipped, the end of a
+    /// recording), so that a long note never hides it.
+    news: Option<String>,
 }
 
 impl Default for App {
@@ -105,12 +108,19 @@ impl App {
             table: TableState::default(),
             detail: false,
             note: None,
+            news: None,
         }
     }
 
-    /// Shows `note` under the title (why no GPU is seen, the end of a recording).
+    /// Shows `note` under the title (why no GPU is seen).
     pub fn set_note(&mut self, note: Option<String>) {
         self.note = note;
+    }
+
+    /// Shows `news` on a line of its own under the note, replacing the previous news (an
+    /// endpoint skipped, the end of a recording).
+    pub fn set_news(&mut self, news: Option<String>) {
+        self.news = news;
     }
 
     /// Takes in a new sample, keeping the selected process selected.
@@ -190,8 +200,9 @@ impl App {
     /// Draws the whole UI into `frame`.
     pub fn draw(&mut self, frame: &mut Frame) {
         let gpu_height = 4 * self.sample.gpus.len().max(1) as u16;
+        let title_height = 1 + u16::from(self.note.is_some()) + u16::from(self.news.is_some());
         let [title, gpus, processes, footer] = Layout::vertical([
-            Constraint::Length(2),
+            Constraint::Length(title_height.max(2)),
             Constraint::Length(gpu_height),
             Constraint::Min(4),
             Constraint::Length(1),
@@ -233,8 +244,8 @@ impl App {
                 self.sort.name()
             )),
         ])];
-        if let Some(note) = &self.note {
-            lines.push(Line::styled(note.clone(), Style::new().fg(Color::Yellow)));
+        for line in self.note.iter().chain(&self.news) {
+            lines.push(Line::styled(line.clone(), Style::new().fg(Color::Yellow)));
         }
         frame.render_widget(Paragraph::new(lines), area);
     }
@@ -474,17 +485,17 @@ pub fn run(
         ));
     }
     let mut app = App::new();
-    app.set_note(note.clone());
-    // The latest news goes after the standing note: an endpoint skipped, the end.
-    let with_note = |news: &str| Some(note.clone().map_or(String::new(), |n| n + "; ") + news);
+    app.set_note(note);
     let mut look = |app: &mut App| -> Result<(), WatchError> {
         let sample = source.next_sample()?;
         if let Some(warning) = source.take_warnings().pop() {
-            app.set_note(with_note(&warning.to_string()));
+            app.set_news(Some(warning.to_string()));
         }
         match sample {
             Some(sample) => app.update(sample),
-            None => app.set_note(with_note("end of recording: showing its last sample")),
+            None => app.set_news(Some(
+                "end of recording: showing its last sample".to_string(),
+            )),
         }
         Ok(())
     };
