@@ -6,7 +6,8 @@ use std::fmt;
 macro_rules! byte_forms {
     () => {
         "bytes (e.g. 10000), k/M/G/T with optional B (1000-based, e.g. 100M, 2GB), \
-         KiB/MiB/GiB/TiB (1024-based, e.g. 1.5GiB); a fraction only where it makes whole bytes"
+         KiB/MiB/GiB/TiB (1024-based, e.g. 1.5GiB); a fraction of a unit is rounded to whole \
+         bytes, plain bytes must be whole"
     };
 }
 
@@ -64,8 +65,9 @@ pub struct SizeParseError {
 
 /// Parses a size as CUDA.jl's memory limits accept it: plain bytes, SI suffixes (`k`, `M`, `G`,
 /// `T`, optionally followed by `B`; 1000-based), IEC suffixes (`KiB` … `TiB`; 1024-based),
-/// fractional values that make a whole number of bytes (`1.5GiB`, not `1.5` or `0.5B`), or a
-/// percentage of the device (`50%`; [`Limit::resolve`] may make a small one 0 bytes).
+/// fractions of a unit rounded to the nearest byte (`1.1GiB`; plain bytes must be whole: not
+/// `1.5` or `0.5B`), or a percentage of the device (`50%`; [`Limit::resolve`] may make a small
+/// one 0 bytes).
 pub fn parse_limit(text: &str) -> Result<Limit, SizeParseError> {
     let s = text.trim();
     let fail = |why: &str| SizeParseError {
@@ -103,7 +105,7 @@ pub fn parse_limit(text: &str) -> Result<Limit, SizeParseError> {
     if number.is_empty() {
         return Err(fail("no number"));
     }
-    let bytes = whole_bytes(number, multiplier).map_err(fail)?;
+    let bytes = bytes_of(number, multiplier).map_err(fail)?;
     if bytes == 0 {
         return Err(fail("size must be greater than zero"));
     }
@@ -111,8 +113,9 @@ pub fn parse_limit(text: &str) -> Result<Limit, SizeParseError> {
 }
 
 /// `number` (decimal digits with an optional `.`) times `multiplier`, computed exactly in
-/// decimal; an error unless it is a whole number of bytes that fits in a `u64`.
-fn whole_bytes(number: &str, multiplier: u64) -> Result<u64, &'static str> {
+/// decimal and rounded to the nearest byte (half up) where a unit's fraction leaves part of
+/// one; an error for a fraction of plain bytes (`multiplier` 1) or a size past `u64`.
+fn bytes_of(number: &str, multiplier: u64) -> Result<u64, &'static str> {
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
     if fraction.contains('.') || (whole.is_empty() && fraction.is_empty()) {
         return Err("not a number");
@@ -129,16 +132,19 @@ fn whole_bytes(number: &str, multiplier: u64) -> Result<u64, &'static str> {
         product.push((carry % 10) as u8);
         carry /= 10;
     }
-    // Dividing by 10^(digits after the point) drops that many digits, which must be zeros.
+    // Dividing by 10^(digits after the point) drops that many digits; the most significant
+    // of them rounds.
     let (dropped, kept) = product.split_at(fraction.len());
-    if dropped.iter().any(|&digit| digit != 0) {
+    if multiplier == 1 && dropped.iter().any(|&digit| digit != 0) {
         return Err("not a whole number of bytes");
     }
+    let round_up = dropped.last().is_some_and(|&digit| digit >= 5);
     kept.iter()
         .rev()
         .try_fold(0u64, |bytes, &digit| {
             bytes.checked_mul(10)?.checked_add(u64::from(digit))
         })
+        .and_then(|bytes| bytes.checked_add(u64::from(round_up)))
         .ok_or("size too large")
 }
 
@@ -199,7 +205,7 @@ mod tests {
     }
 
     #[test]
-    fn fractions_must_make_whole_bytes() {
+    fn fractions_of_a_unit_round_to_whole_bytes() {
         assert_eq!(parse_limit("1.5k"), Ok(Limit::Bytes(1_500)));
         assert_eq!(parse_limit("0.001GB"), Ok(Limit::Bytes(1_000_000)));
         assert_eq!(parse_limit("2.0"), Ok(Limit::Bytes(2)));
@@ -210,7 +216,15 @@ mod tests {
             parse_limit("0.0000000000009094947017729282379150390625TiB"),
             Ok(Limit::Bytes(1))
         );
-        for bad in ["1.5", "0.5B", "1.0001k", "0.3KiB", "0.0000000000009TiB"] {
+        // A unit's fraction rounds to the nearest byte, half up.
+        assert_eq!(parse_limit("1.1GiB"), Ok(Limit::Bytes(1_181_116_006)));
+        assert_eq!(parse_limit("0.3KiB"), Ok(Limit::Bytes(307)));
+        assert_eq!(parse_limit("1.0005k"), Ok(Limit::Bytes(1_001)));
+        assert_eq!(parse_limit("1.0004999k"), Ok(Limit::Bytes(1_000)));
+        assert_eq!(parse_limit("0.0000000000009TiB"), Ok(Limit::Bytes(1)));
+        let err = parse_limit("0.0000000000004TiB").unwrap_err();
+        assert!(err.reason.contains("greater than zero"), "{err}");
+        for bad in ["1.5", "0.5B", "2.000001B"] {
             let err = parse_limit(bad).unwrap_err();
             assert_eq!(
                 err.reason,
