@@ -141,17 +141,32 @@ pub fn selftest_policies(
     Ok(run)
 }
 
-/// The byte at `offset` of the pattern of block `tag`: differs between blocks and along a
-/// block, so a block that overlaps another or lands at the wrong offset reads wrong.
-fn pattern_byte(tag: u64, offset: u64) -> u8 {
-    let x = tag
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(offset.wrapping_mul(0xD6E8_FEB8_6659_FD93));
-    (x >> 56) as u8 ^ (offset as u8)
-}
-
-fn pattern(tag: u64, len: u64, from: u64) -> Vec<u8> {
-    (from..from + len).map(|o| pattern_byte(tag, o)).collect()
+/// Fills `out` with the bytes `from..from + out.len()` of the pattern of block `tag`: each
+/// 8-byte word of the block a hash of the tag and the word's offset, so the pattern differs
+/// between blocks and along a block (a block that overlaps another or lands at the wrong
+/// offset reads wrong), at one multiply per word.
+fn fill_pattern(out: &mut [u8], tag: u64, from: u64) {
+    let word = |w: u64| {
+        tag.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(w.wrapping_mul(0xD6E8_FEB8_6659_FD93))
+            .rotate_left(29)
+            .to_le_bytes()
+    };
+    // The bytes before the first whole word, the whole words, and the bytes after them.
+    let head = (((8 - from % 8) % 8) as usize).min(out.len());
+    let (head_bytes, body) = out.split_at_mut(head);
+    for (offset, byte) in (from..).zip(head_bytes) {
+        *byte = word(offset / 8)[(offset % 8) as usize];
+    }
+    let first = (from + head as u64) / 8;
+    let after = first + (body.len() / 8) as u64;
+    let mut words = body.chunks_exact_mut(8);
+    for (w, chunk) in (first..).zip(&mut words) {
+        chunk.copy_from_slice(&word(w));
+    }
+    let tail = words.into_remainder();
+    let n = tail.len();
+    tail.copy_from_slice(&word(after)[..n]);
 }
 
 /// A live block under test: where, how large, and the tag of the pattern it holds.
@@ -176,6 +191,10 @@ struct Tester<'a> {
     device: &'a HazardChecker,
     limit: u64,
     bytes: u64,
+    /// Scratch for the pattern written or expected, kept between blocks.
+    pattern: Vec<u8>,
+    /// Scratch for the bytes read back, kept between blocks.
+    back: Vec<u8>,
 }
 
 /// The run time declared for each kernel that uses a block (the checker's model only).
@@ -183,11 +202,12 @@ const KERNEL_NS: u64 = 10_000;
 
 impl Tester<'_> {
     /// Writes the block's pattern, then a kernel on its stream uses the whole block.
-    fn write(&self, block: &Written) -> Result<(), DeviceError> {
+    fn write(&mut self, block: &Written) -> Result<(), DeviceError> {
         for (from, len) in extents(block.size, self.limit) {
-            let bytes = pattern(block.tag, len, from);
+            self.pattern.resize(len as usize, 0);
+            fill_pattern(&mut self.pattern, block.tag, from);
             self.device
-                .copy_to_device(block.ptr + from, &bytes, StreamId::DEFAULT)?;
+                .copy_to_device(block.ptr + from, &self.pattern, StreamId::DEFAULT)?;
         }
         self.use_block(block)
     }
@@ -203,20 +223,28 @@ impl Tester<'_> {
     /// Reads the block back; `Ok(None)` if it holds its pattern, else what differed.
     fn verify(&mut self, block: &Written) -> Result<Option<String>, DeviceError> {
         for (from, len) in extents(block.size, self.limit) {
-            let mut back = vec![0u8; len as usize];
+            self.back.resize(len as usize, 0);
             self.device
-                .copy_to_host(&mut back, block.ptr + from, StreamId::DEFAULT)?;
+                .copy_to_host(&mut self.back, block.ptr + from, StreamId::DEFAULT)?;
             self.bytes += len;
-            if let Some(i) =
-                (0..len).find(|&i| back[i as usize] != pattern_byte(block.tag, from + i))
+            self.pattern.resize(len as usize, 0);
+            fill_pattern(&mut self.pattern, block.tag, from);
+            if let Some(i) = (self.back != self.pattern)
+                .then(|| {
+                    self.back
+                        .iter()
+                        .zip(&self.pattern)
+                        .position(|(b, w)| b != w)
+                })
+                .flatten()
             {
                 return Ok(Some(format!(
                     "block {:#x} ({} bytes): byte {} reads {:#04x}, {:#04x} was written",
                     block.ptr,
                     block.size,
-                    from + i,
-                    back[i as usize],
-                    pattern_byte(block.tag, from + i)
+                    from + i as u64,
+                    self.back[i],
+                    self.pattern[i]
                 )));
             }
         }
@@ -268,6 +296,8 @@ pub fn selftest(
         device: &checker,
         limit: bytes_per_block.max(2),
         bytes: 0,
+        pattern: Vec::new(),
+        back: Vec::new(),
     };
     let mut checks = Vec::new();
     let free_before = device.mem_info()?.free;
@@ -313,7 +343,10 @@ pub fn selftest(
 fn round_trips(pool: &Pool, tester: &mut Tester<'_>) -> Result<Check, SelftestError> {
     let mut live = Vec::new();
     let mut tag = 0;
-    let mut allocate = |live: &mut Vec<Written>, size: u64| -> Result<(), SelftestError> {
+    let mut allocate = |tester: &mut Tester<'_>,
+                        live: &mut Vec<Written>,
+                        size: u64|
+     -> Result<(), SelftestError> {
         tag += 1;
         let block = Written {
             ptr: pool.allocate(size, StreamId::DEFAULT)?.ptr,
@@ -326,7 +359,7 @@ fn round_trips(pool: &Pool, tester: &mut Tester<'_>) -> Result<Check, SelftestEr
     };
     for round in 0..3 {
         for &size in &ROUND_TRIP_SIZES {
-            allocate(&mut live, size + round)?;
+            allocate(tester, &mut live, size + round)?;
         }
     }
     // Free every other block, then allocate the same sizes again: the cache serves them.
@@ -342,7 +375,7 @@ fn round_trips(pool: &Pool, tester: &mut Tester<'_>) -> Result<Check, SelftestEr
         }
     }
     for size in sizes {
-        allocate(&mut kept, size)?;
+        allocate(tester, &mut kept, size)?;
     }
     let blocks = kept.len();
     let mut failure = None;
@@ -498,6 +531,29 @@ mod tests {
         ) -> Result<(), DeviceError> {
             self.0.copy_to_host(dst, src, stream)
         }
+    }
+
+    #[test]
+    fn a_pattern_read_from_any_offset_is_the_same_bytes_and_differs_between_blocks() {
+        let mut whole = vec![0u8; 64];
+        fill_pattern(&mut whole, 7, 0);
+        for from in 0..20u64 {
+            for len in 0..40usize {
+                let mut part = vec![0u8; len];
+                fill_pattern(&mut part, 7, from);
+                assert_eq!(
+                    part,
+                    whole[from as usize..from as usize + len],
+                    "{from} {len}"
+                );
+            }
+        }
+        let mut other = vec![0u8; 64];
+        fill_pattern(&mut other, 8, 0);
+        assert_ne!(whole, other);
+        // Along a block, no two words are the same (a block read at a shifted offset fails).
+        let words: std::collections::HashSet<&[u8]> = whole.chunks(8).collect();
+        assert_eq!(words.len(), 8);
     }
 
     #[test]
