@@ -6,6 +6,7 @@ use crate::hf::spec_from_json;
 use crate::model::ModelSpec;
 use crate::names::{nearest, normalise};
 use serde_json::Value;
+use std::io::Read;
 use std::sync::OnceLock;
 
 const CATALOGUE_JSON: &str = include_str!("../data/models.json");
@@ -97,14 +98,37 @@ pub fn find_model(name: &str) -> Result<ModelSpec> {
     spec_from_json(canonical, config)
 }
 
+/// Largest config file read (64 MiB): a config.json is a few kB, one with a 22,000-class
+/// `id2label` under a MB; the bound keeps a wrong path (a device, a weights file) from being
+/// read whole into memory.
+const MAX_CONFIG_BYTES: u64 = 64 << 20;
+
 /// Reads a model from a config file: a Hugging Face `config.json` or the ResNet form
-/// `{"model_type": "resnet", "depth": 50, "num_classes": 1000}`.
+/// `{"model_type": "resnet", "depth": 50, "num_classes": 1000}`. An error in its content is a
+/// [`PlanError::InConfig`] naming the file.
 pub fn load_config(path: &std::path::Path) -> Result<ModelSpec> {
-    let text = std::fs::read_to_string(path).map_err(|e| PlanError::Unreadable {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
-    crate::hf::parse_config(&path.display().to_string(), &text)
+    let name = path.display().to_string();
+    let unreadable = |reason: String| PlanError::Unreadable {
+        path: name.clone(),
+        reason,
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+        .map_err(|e| unreadable(e.to_string()))?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(unreadable(format!(
+            "larger than {} MiB: not a config.json",
+            MAX_CONFIG_BYTES >> 20
+        )));
+    }
+    crate::hf::parse_config(&name, &text).map_err(|error| match error {
+        PlanError::Unreadable { .. } => error,
+        error => PlanError::InConfig {
+            path: name.clone(),
+            error: Box::new(error),
+        },
+    })
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ pub fn parse(class: &str, json: &Value) -> Result<DiffusionSpec> {
         "Transformer2DModel" => {
             // diffusers builds a DiT from a Transformer2DModel config with patches and
             // adaLN-zero norms (facebook/DiT-XL-2-256); other variants are different models.
-            let norm = fields.str_or("norm_type", "layer_norm");
+            let norm = fields.str_or("norm_type", "layer_norm")?;
             if norm == "ada_norm_zero"
                 && fields.json.get("patch_size").is_some_and(|p| !p.is_null())
             {
@@ -47,11 +47,11 @@ pub fn parse(class: &str, json: &Value) -> Result<DiffusionSpec> {
                 ))
             }
         }
-        other => Err(PlanError::UnsupportedModelType {
-            given: other.to_string(),
-            nearest: crate::names::nearest(other, SUPPORTED_CLASSES.iter().copied()),
-            accepted: SUPPORTED_CLASSES.iter().map(|s| s.to_string()).collect(),
-        }),
+        other => Err(crate::names::unknown(
+            "_class_name",
+            other,
+            SUPPORTED_CLASSES.iter().copied(),
+        )),
     }
 }
 
@@ -95,8 +95,13 @@ impl Fields<'_> {
         }
     }
 
-    fn str_or<'b>(&'b self, key: &str, default: &'b str) -> &'b str {
-        self.get(key).and_then(Value::as_str).unwrap_or(default)
+    fn str_or<'b>(&'b self, key: &str, default: &'b str) -> Result<&'b str> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| self.invalid(key, v, "must be a string")),
+        }
     }
 
     /// An integer per stage: a list of `stages` integers, or one integer for all.
@@ -160,6 +165,16 @@ impl Fields<'_> {
             "attention_head_dim"
         };
         let heads = self.per_stage(heads_key, stages, Some(8), limits::WIDTH)?;
+        if heads.iter().zip(&channels).any(|(h, c)| h > c) {
+            return Err(self.invalid(
+                heads_key,
+                self.json.get(heads_key).unwrap_or(&Value::Null),
+                &format!(
+                    "each stage's attention heads must be at most its channels \
+                     (block_out_channels {channels:?}): a head is channels / heads wide"
+                ),
+            ));
+        }
         let transformer_layers = self.per_stage(
             "transformer_layers_per_block",
             stages,
@@ -175,13 +190,19 @@ impl Fields<'_> {
         let kernel = |key: &'static str| self.u64_or(key, Some(3), limits::WIDTH);
         let layers = self.per_stage("layers_per_block", stages, Some(2), limits::LAYERS)?;
         // Every module is a step of the walk: bound them all together, as a stack's blocks are.
+        // A stage's up path runs its resnets with the up attention listed for it, which the up
+        // order lists last for the first stage.
         let modules: u64 = layers
             .iter()
-            .zip(transformer_layers.iter().zip(&up_transformer_layers))
+            .zip(
+                transformer_layers
+                    .iter()
+                    .zip(up_transformer_layers.iter().rev()),
+            )
             .map(|(resnets, (down, up))| (resnets + 1) * (2 + down + up))
             .sum();
         limits::LAYERS.check("resnets and transformer blocks (all stages)", modules)?;
-        Ok(UnetSpec {
+        let spec = UnetSpec {
             in_channels: self.u64_or("in_channels", Some(4), limits::WIDTH)?,
             out_channels: self.u64_or("out_channels", Some(4), limits::WIDTH)?,
             sample_size: self.u64_or("sample_size", Some(64), limits::POSITIONS)?,
@@ -196,7 +217,13 @@ impl Fields<'_> {
             heads,
             time_embed,
             addition,
-        })
+        };
+        check_parameters(
+            unet_parameter_bound(&spec, modules),
+            "block_out_channels, conv_in_kernel, conv_out_kernel, cross_attention_dim and \
+             time_embedding_dim",
+        )?;
+        Ok(spec)
     }
 
     /// `block_out_channels`: the channels of each stage.
@@ -231,7 +258,7 @@ impl Fields<'_> {
 
     /// Errors on a mid block, conditioning or attention variant the planner does not model.
     fn reject_unmodelled_unet_options(&self) -> Result<()> {
-        let mid = self.str_or("mid_block_type", "UNetMidBlock2DCrossAttn");
+        let mid = self.str_or("mid_block_type", "UNetMidBlock2DCrossAttn")?;
         if mid != "UNetMidBlock2DCrossAttn" {
             return Err(self.unsupported(
                 "mid_block_type",
@@ -249,14 +276,32 @@ impl Fields<'_> {
                 return Err(self.invalid(key, v, "not modelled: must be null"));
             }
         }
-        if self.get("only_cross_attention").and_then(Value::as_bool) == Some(true)
-            || self.get("dual_cross_attention").and_then(Value::as_bool) == Some(true)
-        {
-            return Err(self.unsupported(
-                "only_cross_attention",
-                "true",
-                "only_cross_attention and dual_cross_attention are not modelled",
-            ));
+        // `only_cross_attention` is one flag or one per down stage.
+        for key in ["only_cross_attention", "dual_cross_attention"] {
+            let flags = match self.get(key) {
+                None => continue,
+                Some(Value::Array(stages)) if key == "only_cross_attention" => {
+                    stages.iter().map(Value::as_bool).collect()
+                }
+                Some(flag) => flag.as_bool().map(|flag| vec![flag]),
+            };
+            match flags {
+                Some(flags) if !flags.contains(&true) => {}
+                Some(_) => {
+                    return Err(self.unsupported(
+                        key,
+                        "true",
+                        "only_cross_attention and dual_cross_attention are not modelled",
+                    ))
+                }
+                None => {
+                    return Err(self.invalid(
+                        key,
+                        self.json.get(key).unwrap_or(&Value::Null),
+                        "must be false (true, or a list of flags per stage, is not modelled)",
+                    ))
+                }
+            }
         }
         Ok(())
     }
@@ -321,7 +366,7 @@ impl Fields<'_> {
                 &format!("must divide sample_size {sample_size}"),
             ));
         }
-        Ok(DitSpec {
+        let spec = DitSpec {
             hidden: limits::WIDTH
                 .check("num_attention_heads × attention_head_dim", heads * head_dim)?,
             heads,
@@ -331,8 +376,67 @@ impl Fields<'_> {
             out_channels: self.u64_or("out_channels", Some(in_channels), limits::WIDTH)?,
             sample_size,
             classes: self.u64_or("num_embeds_ada_norm", Some(1000), limits::VOCAB)?,
-        })
+        };
+        check_parameters(
+            dit_parameter_bound(&spec),
+            "num_attention_heads × attention_head_dim, num_layers, patch_size, out_channels and \
+             sample_size",
+        )?;
+        Ok(spec)
     }
+}
+
+/// An upper bound on a UNet's parameters (and so on every count of its modules), in `u128` so
+/// that no product overflows; `modules`: its resnets and transformer blocks. Every module —
+/// the stem, a resnet (its input up to twice the widest stage, with the skip), a transformer
+/// block, an attention's projections, a sampler, the head — holds fewer than 40 matrices of
+/// the widest width `w`, each convolution `k²` times larger.
+fn unet_parameter_bound(spec: &UnetSpec, modules: u64) -> u128 {
+    let widest = spec.channels.iter().max().copied().unwrap_or(0) * 2;
+    let w = [
+        widest,
+        spec.time_embed,
+        spec.in_channels,
+        spec.out_channels,
+        spec.addition.unwrap_or(0),
+    ]
+    .into_iter()
+    .chain(spec.cross_dim.iter().copied())
+    .max()
+    .map_or(0, u128::from);
+    let k = u128::from(spec.conv_kernels.0.max(spec.conv_kernels.1).max(3));
+    let units = 2 * u128::from(modules) + 4 * spec.channels.len() as u128 + 8;
+    units * 40 * w * w * k * k
+}
+
+/// An upper bound on a DiT's parameters and its position table, in `u128`: every block's
+/// matrices (fewer than 16 of h × h) and class table, the patch convolution and the
+/// projection back to patches, the table of one row per patch.
+fn dit_parameter_bound(spec: &DitSpec) -> u128 {
+    let wide = u128::from;
+    let (h, p) = (wide(spec.hidden), wide(spec.patch));
+    let block = 16 * h * h + (wide(spec.classes) + 300) * h;
+    let patches = wide(spec.in_channels + spec.out_channels) * p * p * h;
+    let table = (wide(spec.sample_size) / p).pow(2) * h;
+    wide(spec.layers) * block + patches + table + 4 * h * h
+}
+
+/// Rejects a denoiser whose dimensions, each within its bound, multiply past
+/// [`limits::MAX_PARAMETERS`] (`bound`: an upper bound of its count; `fields`: the config's
+/// fields it grows with).
+fn check_parameters(bound: u128, fields: &str) -> Result<()> {
+    if bound > u128::from(limits::MAX_PARAMETERS) {
+        return Err(PlanError::InvalidValue {
+            name: "model size".into(),
+            value: format!("up to {bound} parameters"),
+            reason: format!(
+                "the widths, kernels and blocks multiply past the planner's bound of {} \
+                 parameters; check {fields}",
+                limits::MAX_PARAMETERS
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Bytes per element of a denoising step's tensors, and its size.

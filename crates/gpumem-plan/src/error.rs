@@ -65,6 +65,14 @@ pub enum PlanError {
         /// The reason.
         reason: String,
     },
+    /// An error in a config file, with the file it is in.
+    #[error("{path}: {error}")]
+    InConfig {
+        /// The config file.
+        path: String,
+        /// What is wrong in it.
+        error: Box<PlanError>,
+    },
     /// A fit search for which not even the smallest value fits.
     #[error("nothing fits: {what} = {smallest} already needs {needed_gib:.2} GiB of {usable_gib:.2} GiB usable (after margin)")]
     NothingFits {

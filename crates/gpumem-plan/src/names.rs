@@ -29,17 +29,22 @@ pub fn edit_distance(a: &str, b: &str) -> usize {
 /// Up to three accepted names nearest to `given`: names containing it first, then by edit distance.
 pub fn nearest<'a>(given: &str, accepted: impl IntoIterator<Item = &'a str>) -> Vec<String> {
     let given = normalise(given);
+    let chars = given.chars().count();
     let mut scored: Vec<(usize, &str)> = accepted
         .into_iter()
-        .map(|name| {
+        .filter_map(|name| {
+            let limit = (name.len().max(given.len()) / 2).max(2);
             let distance = if !given.is_empty() && name.contains(given.as_str()) {
                 0
+            } else if chars.abs_diff(name.chars().count()) > limit {
+                // The distance is at least the difference in length: too far, without the
+                // quadratic comparison (a name of 10⁵ characters against every accepted name).
+                return None;
             } else {
                 edit_distance(&given, name)
             };
-            (distance, name)
+            (distance <= limit).then_some((distance, name))
         })
-        .filter(|(distance, name)| *distance <= (name.len().max(given.len()) / 2).max(2))
         .collect();
     scored.sort();
     scored

@@ -9,9 +9,9 @@ use crate::model::{
 };
 use serde_json::Value;
 
-use super::fields::ConfigFields;
+use super::fields::{invalid, ConfigFields};
 use super::{
-    check_routed_experts, spec_from_json, sub_config, transformer_of, VisionLanguage,
+    check_routed_experts, sub_config, sub_spec, transformer_of, VisionLanguage,
     CLIP_PROJECTION_DIM, GEMMA3_TEXT_DEFAULTS, LLAMA_DEFAULTS, TORCHVISION_VIT,
 };
 
@@ -33,14 +33,14 @@ impl ConfigFields<'_> {
         if bigcode {
             // Multi-query attention: one key/value head; the softmax runs in fp32
             // (`attention_softmax_in_fp32`, on by default).
-            if self.bool_or(&["multi_query"], true) {
+            if self.bool_or(&["multi_query"], true)? {
                 spec.kv_heads = 1;
             }
-            spec.softmax_fp32 = self.bool_or(&["attention_softmax_in_fp32"], true);
+            spec.softmax_fp32 = self.bool_or(&["attention_softmax_in_fp32"], true)?;
         }
-        spec.attention_dropout = self.f64_or(&["attn_pdrop"], 0.1);
-        spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.1);
-        spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.1);
+        spec.attention_dropout = self.fraction_or(&["attn_pdrop"], 0.1)?;
+        spec.hidden_dropout = self.fraction_or(&["resid_pdrop"], 0.1)?;
+        spec.embedding_dropout = self.fraction_or(&["embd_pdrop"], 0.1)?;
         // The model holds `position_embeds` (batch 1) too; the block keeps
         // `attn_output` named while its MLP runs.
         spec.held.positions = true;
@@ -54,14 +54,14 @@ impl ConfigFields<'_> {
         // The rotated queries are `torch.cat([rotated, passed], dim=-1)`: contiguous
         // per head.
         spec.head_layout_queries = true;
-        spec.parallel_residual = self.bool_or(&["use_parallel_residual"], true);
-        spec.rotary_fraction = self.f64_or(&["rotary_pct", "partial_rotary_factor"], 0.25);
+        spec.parallel_residual = self.bool_or(&["use_parallel_residual"], true)?;
+        spec.rotary_fraction = self.fraction_or(&["rotary_pct", "partial_rotary_factor"], 0.25)?;
         spec.activation = self.activation(&["hidden_act"], "gelu")?;
-        spec.qkv_bias = self.bool_or(&["attention_bias"], true);
+        spec.qkv_bias = self.bool_or(&["attention_bias"], true)?;
         spec.out_bias = spec.qkv_bias;
-        spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], false);
-        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
-        spec.hidden_dropout = self.f64_or(&["hidden_dropout"], 0.0);
+        spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], false)?;
+        spec.attention_dropout = self.fraction_or(&["attention_dropout"], 0.0)?;
+        spec.hidden_dropout = self.fraction_or(&["hidden_dropout"], 0.0)?;
         spec.softmax_fp32 = true;
         Ok(())
     }
@@ -72,11 +72,11 @@ impl ConfigFields<'_> {
         // OPT's learned positions carry an offset of 2 rows.
         spec.learned_positions = self.need_positions(positions)? + 2;
         spec.activation = self.activation(&["activation_function"], "relu")?;
-        let bias = self.bool_or(&["enable_bias"], true);
+        let bias = self.bool_or(&["enable_bias"], true)?;
         (spec.qkv_bias, spec.out_bias, spec.mlp_bias) = (bias, bias, bias);
-        let pre_norm = self.bool_or(&["do_layer_norm_before"], true);
+        let pre_norm = self.bool_or(&["do_layer_norm_before"], true)?;
         spec.post_norm = !pre_norm;
-        spec.final_norm = pre_norm && !self.bool_or(&["_remove_final_layer_norm"], false);
+        spec.final_norm = pre_norm && !self.bool_or(&["_remove_final_layer_norm"], false)?;
         let projection = self
             .optional_u64(
                 "word_embed_proj_dim",
@@ -85,10 +85,10 @@ impl ConfigFields<'_> {
             )?
             .unwrap_or(hidden);
         spec.embed_projection = if projection == hidden { 0 } else { projection };
-        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
-        spec.hidden_dropout = self.f64_or(&["dropout"], 0.1);
+        spec.attention_dropout = self.fraction_or(&["attention_dropout"], 0.0)?;
+        spec.hidden_dropout = self.fraction_or(&["dropout"], 0.1)?;
         spec.embedding_dropout = spec.hidden_dropout;
-        spec.activation_dropout = self.f64_or(&["activation_dropout"], 0.0);
+        spec.activation_dropout = self.fraction_or(&["activation_dropout"], 0.0)?;
         spec.softmax_fp32 = true;
         // The model holds `pos_embeds` (per token) too; the block's fc1 rebinds the norm
         // output, so its MLP runs beside the block input and the residual sum only.
@@ -105,14 +105,14 @@ impl ConfigFields<'_> {
         spec.norm_bias = false;
         spec.gated_mlp = true;
         spec.activation = self.activation(&["hidden_activation", "hidden_act"], "silu")?;
-        spec.qkv_bias = self.bool_or(&["attention_bias"], mt == "qwen2");
+        spec.qkv_bias = self.bool_or(&["attention_bias"], mt == "qwen2")?;
         spec.out_bias = mt != "qwen2" && spec.qkv_bias;
-        spec.mlp_bias = self.bool_or(&["mlp_bias"], false);
-        spec.rotary_fraction = self.f64_or(&["partial_rotary_factor"], 1.0);
+        spec.mlp_bias = self.bool_or(&["mlp_bias"], false)?;
+        spec.rotary_fraction = self.fraction_or(&["partial_rotary_factor"], 1.0)?;
         spec.softmax_fp32 = true;
         let gemma = matches!(mt, "gemma" | "gemma2" | "gemma3_text");
-        spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], gemma);
-        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+        spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], gemma)?;
+        spec.attention_dropout = self.fraction_or(&["attention_dropout"], 0.0)?;
         self.newer_decoder(spec)?;
         if mt == "mixtral" {
             spec.experts =
@@ -135,14 +135,14 @@ impl ConfigFields<'_> {
         // `torch.cat((query_rot, query_pass), dim=-1)`: queries contiguous per head.
         spec.head_layout_queries = true;
         spec.shared_block_norm = true;
-        spec.rotary_fraction = self.f64_or(&["partial_rotary_factor"], 0.5);
+        spec.rotary_fraction = self.fraction_or(&["partial_rotary_factor"], 0.5)?;
         spec.activation = self.activation(&["hidden_act"], "gelu_new")?;
-        spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], false);
+        spec.tied_embeddings = self.bool_or(&["tie_word_embeddings"], false)?;
         spec.lm_head_bias = true;
         spec.softmax_fp32 = true;
-        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
-        spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.0);
-        spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.0);
+        spec.attention_dropout = self.fraction_or(&["attention_dropout"], 0.0)?;
+        spec.hidden_dropout = self.fraction_or(&["resid_pdrop"], 0.0)?;
+        spec.embedding_dropout = self.fraction_or(&["embd_pdrop"], 0.0)?;
         Ok(())
     }
 
@@ -157,14 +157,14 @@ impl ConfigFields<'_> {
         spec.embedding_norm = true;
         spec.final_norm = false;
         spec.activation = self.activation(&["hidden_act"], "gelu")?;
-        spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.1);
-        spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.1);
+        spec.attention_dropout = self.fraction_or(&["attention_probs_dropout_prob"], 0.1)?;
+        spec.hidden_dropout = self.fraction_or(&["hidden_dropout_prob"], 0.1)?;
         spec.embedding_dropout = spec.hidden_dropout;
         // Post-norm: q, k, v read the block input itself; the MLP reads the attention
         // output (its LayerNorm) beside the block input.
         spec.held.at_attention = 1;
         spec.held.at_mlp = 2;
-        let arch = self.architecture_name();
+        let arch = self.architecture_name()?;
         spec.head = if arch.ends_with("ForMaskedLM") {
             Head::MaskedLm
         } else if arch.ends_with("ForSequenceClassification") {
@@ -191,12 +191,14 @@ impl ConfigFields<'_> {
         spec.norm = Norm::RmsNormScaledInput;
         spec.norm_bias = false;
         (spec.qkv_bias, spec.out_bias, spec.mlp_bias) = (false, false, false);
-        let proj = self.str_or(&["feed_forward_proj"], "relu");
-        spec.gated_mlp = proj.starts_with("gated-");
+        let proj = self
+            .find(&["feed_forward_proj"])
+            .map_or(Some("relu"), Value::as_str);
+        spec.gated_mlp = proj.is_some_and(|proj| proj.starts_with("gated-"));
         // `T5Config` takes the activation from `feed_forward_proj` (any `dense_act_fn`
         // in the file is overwritten) and, for compatibility, runs "gated-gelu" with
         // `gelu_new` (T5 v1.1, FLAN-T5): the tanh approximation in Python ops.
-        spec.activation = if proj == "gated-gelu" {
+        spec.activation = if proj == Some("gated-gelu") {
             Activation::GeluTanhPython
         } else {
             self.activation(&["feed_forward_proj"], "relu")?
@@ -210,7 +212,7 @@ impl ConfigFields<'_> {
             .unwrap_or(32);
         // transformers 5.x keeps T5's attention softmax in the activation dtype (measured).
         spec.softmax_fp32 = false;
-        let dropout = self.f64_or(&["dropout_rate"], 0.1);
+        let dropout = self.fraction_or(&["dropout_rate"], 0.1)?;
         (
             spec.attention_dropout,
             spec.hidden_dropout,
@@ -257,7 +259,7 @@ impl ConfigFields<'_> {
             },
         )?;
         spec.softmax_fp32 = true;
-        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
+        spec.attention_dropout = self.fraction_or(&["attention_dropout"], 0.0)?;
         Ok(())
     }
 
@@ -265,19 +267,16 @@ impl ConfigFields<'_> {
     pub(super) fn vision_tower(&self, spec: &mut TransformerSpec) -> Result<()> {
         let mt = self.model_type.as_str();
         let clip = mt == "clip_vision_model";
-        spec.patches = Some(Patches {
-            patch: self.required_u64("patch_size", &["patch_size"], limits::POSITIONS)?,
-            channels: self
-                .optional_u64("num_channels", &["num_channels"], limits::WIDTH)?
-                .unwrap_or(3),
-            image_size: self.required_u64("image_size", &["image_size"], limits::POSITIONS)?,
-            class_token: clip,
-            bias: !clip,
-        });
+        spec.patches = Some(self.patches(
+            self.required_u64("patch_size", &["patch_size"], limits::POSITIONS)?,
+            self.required_u64("image_size", &["image_size"], limits::POSITIONS)?,
+            clip,
+            !clip,
+        )?);
         self.tower_blocks(spec, clip)?;
         // CLIP: LayerNorm before the blocks (`pre_layrnorm`); both: `post_layernorm`.
         spec.embedding_norm = clip;
-        spec.head = if !clip && self.bool_or(&["vision_use_head"], true) {
+        spec.head = if !clip && self.bool_or(&["vision_use_head"], true)? {
             Head::AttentionPool
         } else {
             Head::None
@@ -285,9 +284,40 @@ impl ConfigFields<'_> {
         Ok(())
     }
 
+    /// The patch embedding of a vision transformer cutting `image_size` images into patches
+    /// of side `patch` (`num_channels` colour channels, default 3): at least one patch per
+    /// side.
+    pub(super) fn patches(
+        &self,
+        patch: u64,
+        image_size: u64,
+        class_token: bool,
+        bias: bool,
+    ) -> Result<Patches> {
+        if image_size < patch {
+            return Err(PlanError::InvalidValue {
+                name: "image_size".into(),
+                value: image_size.to_string(),
+                reason: format!(
+                    "must be at least patch_size = {patch}: the image is cut into patches of \
+                     that side"
+                ),
+            });
+        }
+        Ok(Patches {
+            patch,
+            channels: self
+                .optional_u64("num_channels", &["num_channels"], limits::WIDTH)?
+                .unwrap_or(3),
+            image_size,
+            class_token,
+            bias,
+        })
+    }
+
     /// ViT: patches with a class token, a pooler or image-classification head.
     pub(super) fn vit(&self, spec: &mut TransformerSpec) -> Result<()> {
-        let torchvision = self.architecture_name() == TORCHVISION_VIT;
+        let torchvision = self.architecture_name()? == TORCHVISION_VIT;
         // `ViTConfig` defaults the patch and image sizes (16, 224); torchvision's constructor
         // takes them without defaults, so its config must name them.
         let size = |field: &'static str, default: u64| {
@@ -299,20 +329,17 @@ impl ConfigFields<'_> {
                     .unwrap_or(default))
             }
         };
-        spec.patches = Some(Patches {
-            patch: size("patch_size", 16)?,
-            channels: self
-                .optional_u64("num_channels", &["num_channels"], limits::WIDTH)?
-                .unwrap_or(3),
-            image_size: size("image_size", 224)?,
-            class_token: true,
-            bias: true,
-        });
+        spec.patches = Some(self.patches(
+            size("patch_size", 16)?,
+            size("image_size", 224)?,
+            true,
+            true,
+        )?);
         spec.activation = self.activation(&["hidden_act"], "gelu")?;
-        spec.qkv_bias = self.bool_or(&["qkv_bias"], true);
+        spec.qkv_bias = self.bool_or(&["qkv_bias"], true)?;
         spec.softmax_fp32 = true;
-        spec.attention_dropout = self.f64_or(&["attention_probs_dropout_prob"], 0.0);
-        spec.hidden_dropout = self.f64_or(&["hidden_dropout_prob"], 0.0);
+        spec.attention_dropout = self.fraction_or(&["attention_probs_dropout_prob"], 0.0)?;
+        spec.hidden_dropout = self.fraction_or(&["hidden_dropout_prob"], 0.0)?;
         spec.embedding_dropout = spec.hidden_dropout;
         if torchvision {
             // torchvision's `VisionTransformer`: `nn.MultiheadAttention` projects q, k and v
@@ -330,7 +357,7 @@ impl ConfigFields<'_> {
             };
             return Ok(());
         }
-        spec.head = if self.architecture_name() == "ViTModel" {
+        spec.head = if self.architecture_name()? == "ViTModel" {
             Head::Pooler
         } else {
             Head::ImageClassification {
@@ -376,8 +403,8 @@ impl ConfigFields<'_> {
             // Its rotary concatenates the rotated and passed parts (`torch.cat`, even when
             // nothing passes): queries contiguous per head.
             spec.head_layout_queries = true;
-            spec.hidden_dropout = self.f64_or(&["resid_pdrop"], 0.0);
-            spec.embedding_dropout = self.f64_or(&["embd_pdrop"], 0.0);
+            spec.hidden_dropout = self.fraction_or(&["resid_pdrop"], 0.0)?;
+            spec.embedding_dropout = self.fraction_or(&["embd_pdrop"], 0.0)?;
         }
         self.decoder_experts(spec)?;
         check_routed_experts(spec, format!("the {} experts", spec.experts))?;
@@ -393,11 +420,30 @@ impl ConfigFields<'_> {
         if let Some(window) =
             self.optional_u64("sliding_window", &["sliding_window"], limits::POSITIONS)?
         {
-            let full_every = match self.find(&["layer_types"]).and_then(Value::as_array) {
-                Some(types) => types
-                    .iter()
-                    .position(|t| t.as_str() == Some("full_attention"))
-                    .map_or(0, |i| i as u64 + 1),
+            let full_every = match self.find_key(&["layer_types"]) {
+                Some((key, value)) => {
+                    let types = value
+                        .as_array()
+                        .and_then(|types| {
+                            types.iter().map(Value::as_str).collect::<Option<Vec<_>>>()
+                        })
+                        .filter(|types| {
+                            types
+                                .iter()
+                                .all(|t| matches!(*t, "sliding_attention" | "full_attention"))
+                        })
+                        .ok_or_else(|| {
+                            invalid(
+                                key,
+                                value,
+                                "must list sliding_attention or full_attention per layer",
+                            )
+                        })?;
+                    types
+                        .iter()
+                        .position(|t| *t == "full_attention")
+                        .map_or(0, |i| i as u64 + 1)
+                }
                 None => self
                     .optional_u64(
                         "sliding_window_pattern",
@@ -408,9 +454,9 @@ impl ConfigFields<'_> {
             };
             spec.sliding = Some(SlidingWindow { window, full_every });
         }
-        spec.attention_softcap = self.find(&["attn_logit_softcapping"]).is_some();
+        spec.attention_softcap = self.softcap("attn_logit_softcapping")?;
         spec.eager_only = mt == "gemma2";
-        spec.logit_softcap = self.find(&["final_logit_softcapping"]).is_some();
+        spec.logit_softcap = self.softcap("final_logit_softcapping")?;
         Ok(())
     }
 
@@ -419,10 +465,13 @@ impl ConfigFields<'_> {
     pub(super) fn decoder_experts(&self, spec: &mut TransformerSpec) -> Result<()> {
         let mt = self.model_type.as_str();
         let experts = |field: &'static str| self.optional_u64(field, &[field], limits::EXPERTS);
+        // The config classes' defaults (Qwen3-30B-A3B's 128 experts, 8 per token) are no
+        // model's in particular: a mixture of experts names its own.
+        let routed = |field: &'static str| self.required_u64(field, &[field], limits::EXPERTS);
         match mt {
             "qwen3_moe" => {
-                spec.experts = experts("num_experts")?.unwrap_or(1);
-                spec.experts_per_token = experts("num_experts_per_tok")?.unwrap_or(1);
+                spec.experts = routed("num_experts")?;
+                spec.experts_per_token = routed("num_experts_per_tok")?;
                 spec.moe.dense_intermediate = self
                     .optional_u64("intermediate_size", &["intermediate_size"], limits::WIDTH)?
                     .unwrap_or(spec.intermediate);
@@ -433,10 +482,13 @@ impl ConfigFields<'_> {
                         limits::LAYERS,
                     )?
                     .unwrap_or(1);
-                let dense_listed = self
-                    .find(&["mlp_only_layers"])
-                    .and_then(Value::as_array)
-                    .is_some_and(|a| !a.is_empty());
+                let dense_listed = match self.find_key(&["mlp_only_layers"]) {
+                    None => false,
+                    Some((_, Value::Array(layers))) => !layers.is_empty(),
+                    Some((key, value)) => {
+                        return Err(invalid(key, value, "must be a list of layer indices"))
+                    }
+                };
                 if step != 1 || dense_listed {
                     return Err(PlanError::InvalidValue {
                         name: "decoder_sparse_step / mlp_only_layers".into(),
@@ -447,8 +499,8 @@ impl ConfigFields<'_> {
                 }
             }
             "deepseek_v2" | "deepseek_v3" => {
-                spec.experts = experts("n_routed_experts")?.unwrap_or(1);
-                spec.experts_per_token = experts("num_experts_per_tok")?.unwrap_or(1);
+                spec.experts = routed("n_routed_experts")?;
+                spec.experts_per_token = routed("num_experts_per_tok")?;
                 let freq = experts("moe_layer_freq")?.unwrap_or(1);
                 if freq != 1 {
                     return Err(PlanError::InvalidValue {
@@ -459,18 +511,16 @@ impl ConfigFields<'_> {
                 }
                 spec.moe = MoeLayout {
                     dense_layers: self
-                        .optional_u64(
-                            "first_k_dense_replace",
-                            &["first_k_dense_replace"],
-                            limits::LAYERS,
-                        )?
+                        .optional_count("first_k_dense_replace", limits::LAYERS)?
                         .unwrap_or(0),
                     dense_intermediate: self.required_u64(
                         "intermediate_size",
                         &["intermediate_size"],
                         limits::WIDTH,
                     )?,
-                    shared_intermediate: experts("n_shared_experts")?.unwrap_or(0)
+                    shared_intermediate: self
+                        .optional_count("n_shared_experts", limits::EXPERTS)?
+                        .unwrap_or(0)
                         * spec.intermediate,
                     fp32_router: true,
                 };
@@ -512,9 +562,9 @@ impl ConfigFields<'_> {
         spec.key_bias = false;
         spec.head_layout_queries = true;
         spec.activation = self.activation(&["activation_function"], "gelu")?;
-        let dropout = self.f64_or(&["dropout"], 0.0);
-        spec.attention_dropout = self.f64_or(&["attention_dropout"], 0.0);
-        spec.activation_dropout = self.f64_or(&["activation_dropout"], 0.0);
+        let dropout = self.fraction_or(&["dropout"], 0.0)?;
+        spec.attention_dropout = self.fraction_or(&["attention_dropout"], 0.0)?;
+        spec.activation_dropout = self.fraction_or(&["activation_dropout"], 0.0)?;
         (spec.hidden_dropout, spec.embedding_dropout) = (dropout, dropout);
         spec.head = Head::Seq2SeqLm;
         spec.audio = Some(AudioStem {
@@ -574,29 +624,48 @@ impl ConfigFields<'_> {
         // Configs written before transformers 4.22 carry the towers as `text_config_dict` /
         // `vision_config_dict` (with `text_config: null`); a tower left out takes its defaults.
         let tower_config = |key: &'static str, kind: &str| {
-            let given = [key, &format!("{key}_dict")]
-                .into_iter()
-                .find_map(|k| self.json.get(k).filter(|v| v.is_object()).cloned());
+            let mut given = None;
+            for k in [key.to_string(), format!("{key}_dict")] {
+                match self.json.get(&k).filter(|v| !v.is_null()) {
+                    None => {}
+                    Some(tower) if tower.is_object() => {
+                        given = Some(tower.clone());
+                        break;
+                    }
+                    Some(other) => {
+                        return Err(invalid(&k, other, "must be an object: the tower's config"))
+                    }
+                }
+            }
             let mut sub = given.unwrap_or_else(|| Value::Object(Default::default()));
             let tower_type = format!("{mt}_{kind}_model");
             if let Some(object) = sub.as_object_mut() {
-                let declared = object.get("model_type").and_then(Value::as_str);
-                if declared.is_some_and(|t| t != tower_type) {
-                    return Err(PlanError::InvalidValue {
-                        name: format!("{key}.model_type"),
-                        value: declared.unwrap_or_default().to_string(),
-                        reason: format!("a {mt} model's {key} must describe a {tower_type}"),
-                    });
+                match object.get("model_type").filter(|v| !v.is_null()) {
+                    Some(Value::String(declared)) if *declared == tower_type => {}
+                    None => {}
+                    Some(declared) => {
+                        return Err(PlanError::InvalidValue {
+                            name: format!("{key}.model_type"),
+                            value: declared
+                                .as_str()
+                                .map_or_else(|| declared.to_string(), str::to_string),
+                            reason: format!("a {mt} model's {key} must describe a {tower_type}"),
+                        })
+                    }
                 }
                 object.insert("model_type".into(), Value::from(tower_type));
             }
             Ok(sub)
         };
         let text_config = tower_config("text_config", "text")?;
-        let text = spec_from_json(name, &text_config)?;
-        let vision = spec_from_json(name, &tower_config("vision_config", "vision")?)?;
+        let text = sub_spec(name, "text_config", &text_config)?;
+        let vision = sub_spec(
+            name,
+            "vision_config",
+            &tower_config("vision_config", "vision")?,
+        )?;
         let torch_dtype = self
-            .torch_dtype()
+            .torch_dtype()?
             .or(text.torch_dtype)
             .or(vision.torch_dtype);
         let mut text = transformer_of(text, "text_config", "a text transformer")?;
@@ -651,9 +720,28 @@ impl ConfigFields<'_> {
                 object.entry(*key).or_insert_with(|| Value::from(*value));
             }
         }
-        let language = spec_from_json(name, &text)?;
-        let vision = spec_from_json(name, &sub_config(self.json, "vision_config", tower_type)?)?;
+        let language = sub_spec(name, "text_config", &text)?;
+        let vision = sub_spec(
+            name,
+            "vision_config",
+            &sub_config(self.json, "vision_config", tower_type)?,
+        )?;
         let mut lm = transformer_of(language.clone(), "text_config", "a language model")?;
+        if !lm.decoder
+            || lm.encoder_layers > 0
+            || lm.audio.is_some()
+            || lm.patches.is_some()
+            || lm.vision.is_some()
+            || lm.dual.is_some()
+        {
+            return Err(PlanError::InvalidValue {
+                name: "text_config".into(),
+                value: text["model_type"].as_str().unwrap_or(&lm.model_type).into(),
+                reason: "must describe a decoder-only language model (llama, mistral, qwen2, \
+                         gemma3_text, ...): the image tokens are its input"
+                    .into(),
+            });
+        }
         let tower = transformer_of(vision, "vision_config", "a vision transformer")?;
         let patches = tower.patches.ok_or_else(|| PlanError::InvalidValue {
             name: "vision_config".into(),
@@ -665,10 +753,25 @@ impl ConfigFields<'_> {
         let per_side = patches.image_size / patches.patch;
         let (projector, image_tokens, feature_layers) = match family {
             VisionLanguage::Llava => {
-                let bias = self.bool_or(&["multimodal_projector_bias"], true);
+                let bias = self.bool_or(&["multimodal_projector_bias"], true)?;
+                let patches = per_side.pow(2);
                 let tokens = self
                     .optional_u64("image_seq_length", &["image_seq_length"], limits::POSITIONS)?
-                    .unwrap_or(per_side.pow(2));
+                    .unwrap_or(patches);
+                // One token per patch feature, and the class token's with
+                // `vision_feature_select_strategy: "full"`: transformers refuses an image whose
+                // features and tokens differ in number.
+                if tokens != patches && tokens != patches + 1 {
+                    return Err(PlanError::InvalidValue {
+                        name: "image_seq_length".into(),
+                        value: tokens.to_string(),
+                        reason: format!(
+                            "must be the vision tower's {patches} patches ({per_side} per side), \
+                             or {} with its class token: one image token per patch feature",
+                            patches + 1
+                        ),
+                    });
+                }
                 let projector = v * t + t * t + if bias { 2 * t } else { 0 };
                 (projector, tokens, self.feature_layers(tower.layers)?)
             }
@@ -705,7 +808,7 @@ impl ConfigFields<'_> {
         Ok(ModelSpec {
             name: name.to_string(),
             arch: Architecture::Transformer(Box::new(lm)),
-            torch_dtype: self.torch_dtype().or(language.torch_dtype),
+            torch_dtype: self.torch_dtype()?.or(language.torch_dtype),
             quantization: None,
         })
     }

@@ -35,16 +35,40 @@ pub(super) struct TransformerSizes {
     pub(super) vision: bool,
 }
 
+/// What a config's `torch_dtype` may be.
+const TORCH_DTYPES: &str =
+    "must be float32, bfloat16, float16 or auto (the checkpoint's weight dtype)";
+
+/// What a config's `architectures` must be.
+const CLASS_NAMES: &str = "must be a list of class names (\"LlamaForCausalLM\")";
+
+/// The error for the config field `key`, whose `value` is not what `reason` says it must be.
+pub(super) fn invalid(key: &str, value: &Value, reason: &str) -> PlanError {
+    PlanError::InvalidValue {
+        name: key.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
 pub(super) struct ConfigFields<'a> {
     pub(super) json: &'a Value,
     pub(super) model_type: String,
 }
 
 impl ConfigFields<'_> {
+    /// The first of `spellings` the config gives a value (not null) under, with that value.
+    pub(super) fn find_key<'k>(&self, spellings: &[&'k str]) -> Option<(&'k str, &Value)> {
+        spellings.iter().find_map(|key| {
+            self.json
+                .get(*key)
+                .filter(|v| !v.is_null())
+                .map(|v| (*key, v))
+        })
+    }
+
     pub(super) fn find(&self, spellings: &[&str]) -> Option<&Value> {
-        spellings
-            .iter()
-            .find_map(|key| self.json.get(*key).filter(|v| !v.is_null()))
+        self.find_key(spellings).map(|(_, value)| value)
     }
 
     /// A positive integer within `bound`, under any of its spellings; None when absent.
@@ -58,11 +82,7 @@ impl ConfigFields<'_> {
             None => Ok(None),
             Some(value) => match value.as_u64() {
                 Some(n) => bound.check(field, n).map(Some),
-                None => Err(PlanError::InvalidValue {
-                    name: field.to_string(),
-                    value: value.to_string(),
-                    reason: "must be a positive integer".into(),
-                }),
+                None => Err(invalid(field, value, "must be a positive integer")),
             },
         }
     }
@@ -75,74 +95,143 @@ impl ConfigFields<'_> {
         bound: Bound,
     ) -> Result<u64> {
         self.optional_u64(field, spellings, bound)?
-            .ok_or_else(|| PlanError::MissingField {
-                model_type: self.model_type.clone(),
-                field,
-                spellings: spellings.to_vec(),
-            })
+            .ok_or_else(|| self.missing(field, spellings))
     }
 
-    pub(super) fn f64_or(&self, spellings: &[&str], default: f64) -> f64 {
-        self.find(spellings)
-            .and_then(Value::as_f64)
-            .unwrap_or(default)
+    /// A count that may be zero (dense layers before the experts), at most `bound`'s maximum;
+    /// None when absent.
+    pub(super) fn optional_count(&self, field: &'static str, bound: Bound) -> Result<Option<u64>> {
+        match self.find(&[field]).map(|value| (value, value.as_u64())) {
+            None => Ok(None),
+            Some((_, Some(0))) => Ok(Some(0)),
+            Some((_, Some(n))) => bound.check(field, n).map(Some),
+            Some((value, None)) => Err(invalid(field, value, "must be a non-negative integer")),
+        }
     }
 
-    pub(super) fn bool_or(&self, spellings: &[&str], default: bool) -> bool {
-        self.find(spellings)
-            .and_then(Value::as_bool)
-            .unwrap_or(default)
+    /// The error for a field the config must give.
+    pub(super) fn missing(&self, field: &'static str, spellings: &[&'static str]) -> PlanError {
+        PlanError::MissingField {
+            model_type: self.model_type.clone(),
+            field,
+            spellings: spellings.to_vec(),
+        }
     }
 
-    pub(super) fn str_or<'b>(&'b self, spellings: &[&str], default: &'b str) -> &'b str {
-        self.find(spellings)
-            .and_then(Value::as_str)
-            .unwrap_or(default)
+    /// A fraction from 0 to 1 (a dropout probability, the rotary share of a head), `default`
+    /// when absent.
+    pub(super) fn fraction_or(&self, spellings: &[&str], default: f64) -> Result<f64> {
+        match self.find_key(spellings) {
+            None => Ok(default),
+            Some((key, value)) => value
+                .as_f64()
+                .filter(|f| (0.0..=1.0).contains(f))
+                .ok_or_else(|| invalid(key, value, "must be a number from 0 to 1")),
+        }
+    }
+
+    /// A flag, `default` when absent.
+    pub(super) fn bool_or(&self, spellings: &[&str], default: bool) -> Result<bool> {
+        match self.find_key(spellings) {
+            None => Ok(default),
+            Some((key, value)) => value
+                .as_bool()
+                .ok_or_else(|| invalid(key, value, "must be true or false")),
+        }
+    }
+
+    /// The string under `key`, which must be one of `accepted`; `default` when absent.
+    pub(super) fn choice<'b>(
+        &'b self,
+        key: &str,
+        default: &'b str,
+        accepted: &[&str],
+    ) -> Result<&'b str> {
+        match self.find_key(&[key]) {
+            None => Ok(default),
+            Some((_, value)) => value
+                .as_str()
+                .filter(|name| accepted.contains(name))
+                .ok_or_else(|| invalid(key, value, &format!("supported: {}", accepted.join(", ")))),
+        }
+    }
+
+    /// Whether a soft-capping value (`attn_logit_softcapping`, `final_logit_softcapping`) is
+    /// set: a positive number, or null for none.
+    pub(super) fn softcap(&self, key: &str) -> Result<bool> {
+        match self.find_key(&[key]) {
+            None => Ok(false),
+            Some((_, value)) if value.as_f64().is_some_and(|cap| cap > 0.0) => Ok(true),
+            Some((_, value)) => Err(invalid(key, value, "must be a positive number, or null")),
+        }
     }
 
     /// Classifier outputs: `num_labels`, else the size of `id2label`, else `default`.
     pub(super) fn labels(&self, default: u64) -> Result<u64> {
         let labels = match self.optional_u64("num_labels", &["num_labels"], limits::VOCAB)? {
             Some(n) => n,
-            None => self
-                .json
-                .get("id2label")
-                .and_then(Value::as_object)
-                .map_or(default, |m| m.len() as u64),
+            None => match self.find_key(&["id2label"]) {
+                None => default,
+                Some((_, Value::Object(labels))) => labels.len() as u64,
+                Some((key, value)) => {
+                    return Err(invalid(key, value, "must be an object of label names"))
+                }
+            },
         };
         limits::VOCAB.check("num_labels", labels)
     }
 
-    /// The config's `torch_dtype` (newer transformers write `dtype`); None when absent or not
-    /// one of the planner's dtypes (`"auto"`).
-    pub(super) fn torch_dtype(&self) -> Option<Dtype> {
-        let name = self.find(&["torch_dtype", "dtype"])?.as_str()?;
-        choices::parse("dtype", name, choices::DTYPES).ok()
+    /// The config's `torch_dtype` (newer transformers write `dtype`): None when absent or
+    /// `"auto"`.
+    pub(super) fn torch_dtype(&self) -> Result<Option<Dtype>> {
+        let Some((key, value)) = self.find_key(&["torch_dtype", "dtype"]) else {
+            return Ok(None);
+        };
+        match value.as_str() {
+            Some("auto") => Ok(None),
+            Some(name) => match choices::parse("dtype", name, choices::DTYPES) {
+                Ok(dtype) => Ok(Some(dtype)),
+                Err(_) => Err(invalid(key, value, TORCH_DTYPES)),
+            },
+            None => Err(invalid(key, value, TORCH_DTYPES)),
+        }
     }
 
-    pub(super) fn architecture_name(&self) -> &str {
-        self.json
-            .get("architectures")
-            .and_then(Value::as_array)
-            .and_then(|a| a.first())
-            .and_then(Value::as_str)
-            .unwrap_or("")
+    /// The class the config was saved from (its first `architectures` entry); empty when it
+    /// names none.
+    pub(super) fn architecture_name(&self) -> Result<&str> {
+        match self.find_key(&["architectures"]) {
+            None => Ok(""),
+            Some((key, Value::Array(classes))) => match classes.first() {
+                None => Ok(""),
+                Some(Value::String(class)) => Ok(class),
+                Some(_) => Err(invalid(key, &classes[0], CLASS_NAMES)),
+            },
+            Some((key, value)) => Err(invalid(key, value, CLASS_NAMES)),
+        }
     }
 
     pub(super) fn activation(&self, spellings: &[&str], default: &str) -> Result<Activation> {
-        let name = self.str_or(spellings, default);
+        let found = self.find_key(spellings);
+        let name = match found {
+            None => Some(default),
+            Some((_, value)) => value.as_str(),
+        };
         // T5 spells it "gated-gelu" / "relu" in feed_forward_proj.
-        let base = name.trim_start_matches("gated-");
-        match base {
-            "gelu" => Ok(Activation::Gelu),
-            "gelu_new" | "gelu_fast" => Ok(Activation::GeluTanhPython),
-            "quick_gelu" => Ok(Activation::QuickGelu),
-            "gelu_pytorch_tanh" => Ok(Activation::GeluTanh),
-            "relu" => Ok(Activation::Relu),
-            "silu" | "swish" => Ok(Activation::Silu),
+        match name.map(|name| name.trim_start_matches("gated-")) {
+            Some("gelu") => Ok(Activation::Gelu),
+            Some("gelu_new" | "gelu_fast") => Ok(Activation::GeluTanhPython),
+            Some("quick_gelu") => Ok(Activation::QuickGelu),
+            Some("gelu_pytorch_tanh") => Ok(Activation::GeluTanh),
+            Some("relu") => Ok(Activation::Relu),
+            Some("silu" | "swish") => Ok(Activation::Silu),
             other => Err(PlanError::InvalidValue {
-                name: "hidden_act".into(),
-                value: other.into(),
+                name: found.map_or(spellings[0], |(key, _)| key).into(),
+                // A name as given; anything else as its JSON.
+                value: other.map_or_else(
+                    || found.map(|(_, v)| v.to_string()).unwrap_or_default(),
+                    str::to_string,
+                ),
                 reason:
                     "supported: gelu, gelu_new, gelu_fast, gelu_pytorch_tanh, quick_gelu, relu, silu"
                         .into(),
@@ -176,21 +265,25 @@ impl ConfigFields<'_> {
             });
         }
         // Hugging Face ResNetConfig: "depths": [3,4,6,3], "layer_type": "bottleneck".
-        let depths: Vec<u64> = self
-            .find(&["depths"])
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_u64).collect())
-            .unwrap_or_default();
-        let blocks: [u64; 4] = depths.try_into().map_err(|_| PlanError::MissingField {
-            model_type: self.model_type.clone(),
-            field: "depth",
-            spellings: vec!["depth", "depths (4 stages)"],
-        })?;
+        let Some(depths) = self.find(&["depths"]) else {
+            return Err(self.missing("depth", &["depth", "depths (4 stages)"]));
+        };
+        let blocks = depths
+            .as_array()
+            .and_then(|stages| {
+                stages
+                    .iter()
+                    .map(Value::as_u64)
+                    .collect::<Option<Vec<u64>>>()
+            })
+            .and_then(|stages| <[u64; 4]>::try_from(stages).ok())
+            .ok_or_else(|| invalid("depths", depths, "must list the blocks of 4 stages"))?;
         for stage in blocks {
             limits::LAYERS.check("depths", stage)?;
         }
         limits::LAYERS.check("depths (all stages)", blocks.iter().sum())?;
-        let bottleneck = self.str_or(&["layer_type"], "bottleneck") == "bottleneck";
+        let bottleneck =
+            self.choice("layer_type", "bottleneck", &["basic", "bottleneck"])? == "bottleneck";
         Ok(ResnetSpec {
             blocks,
             bottleneck,
@@ -204,7 +297,7 @@ impl ConfigFields<'_> {
         let mt = self.model_type.as_str();
         let sizes = self.transformer_sizes()?;
         let positions = sizes.positions;
-        let mut spec = self.default_transformer(&sizes);
+        let mut spec = self.default_transformer(&sizes)?;
         match mt {
             "gpt2" | "gpt_bigcode" => self.gpt2(&mut spec, positions)?,
             "gpt_neox" => self.gpt_neox(&mut spec)?,
@@ -222,7 +315,7 @@ impl ConfigFields<'_> {
             "vit" => self.vit(&mut spec)?,
             other => return Err(unsupported(other)),
         }
-        let arch = self.architecture_name();
+        let arch = self.architecture_name()?;
         let base_model =
             arch.ends_with("Model") && !arch.contains("For") && !arch.contains("LMHead");
         if spec.head == Head::CausalLm && base_model {
@@ -339,13 +432,6 @@ impl ConfigFields<'_> {
             )?
             .unwrap_or(heads);
         let latent = self.latent_attention()?;
-        let head_dim = match latent {
-            Some(l) => l.nope_dim + l.rope_dim,
-            None => self
-                .optional_u64("head_dim", &["head_dim", "d_kv"], limits::WIDTH)?
-                .unwrap_or(hidden / heads),
-        };
-        limits::WIDTH.check("head_dim", head_dim)?;
         if mt != "t5" && !hidden.is_multiple_of(heads) && self.find(&["head_dim"]).is_none() {
             return Err(PlanError::InvalidValue {
                 name: "hidden_size".into(),
@@ -353,6 +439,13 @@ impl ConfigFields<'_> {
                 reason: format!("must be divisible by num_attention_heads = {heads}"),
             });
         }
+        let head_dim = match latent {
+            Some(l) => l.nope_dim + l.rope_dim,
+            None => self
+                .optional_u64("head_dim", &["head_dim", "d_kv"], limits::WIDTH)?
+                .unwrap_or(hidden / heads),
+        };
+        limits::WIDTH.check("head_dim", head_dim)?;
         if !heads.is_multiple_of(kv_heads) {
             return Err(PlanError::InvalidValue {
                 name: "num_key_value_heads".into(),
@@ -365,10 +458,10 @@ impl ConfigFields<'_> {
 
     /// The transformer of `sizes` with every other field at its default (a pre-norm GPT
     /// block), which the family's function then changes.
-    pub(super) fn default_transformer(&self, sizes: &TransformerSizes) -> TransformerSpec {
+    pub(super) fn default_transformer(&self, sizes: &TransformerSizes) -> Result<TransformerSpec> {
         let mt = self.model_type.as_str();
         let vision = sizes.vision;
-        TransformerSpec {
+        Ok(TransformerSpec {
             model_type: mt.to_string(),
             hidden: sizes.hidden,
             layers: sizes.layers,
@@ -394,7 +487,7 @@ impl ConfigFields<'_> {
             mlp_bias: true,
             rotary_fraction: 0.0,
             softmax_fp32: false,
-            tied_embeddings: self.bool_or(&["tie_word_embeddings"], true),
+            tied_embeddings: self.bool_or(&["tie_word_embeddings"], true)?,
             lm_head_bias: false,
             embedding_norm: false,
             final_norm: true,
@@ -407,7 +500,7 @@ impl ConfigFields<'_> {
             activation_dropout: 0.0,
             embedding_dropout: 0.0,
             head: Head::CausalLm,
-            use_cache: self.bool_or(&["use_cache"], true),
+            use_cache: self.bool_or(&["use_cache"], true)?,
             decoder: !vision
                 && !matches!(
                     mt,
@@ -439,6 +532,6 @@ impl ConfigFields<'_> {
             head_layout_queries: false,
             vision: None,
             dual: None,
-        }
+        })
     }
 }

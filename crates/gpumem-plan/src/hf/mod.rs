@@ -142,12 +142,21 @@ enum VisionLanguage {
     Gemma3,
 }
 
-/// Parses a config.json text.
+/// Parses a config.json text (a UTF-8 byte-order mark before it, as Windows editors write, is
+/// skipped).
 pub fn parse_config(name: &str, text: &str) -> Result<ModelSpec> {
-    let json: Value = serde_json::from_str(text).map_err(|e| PlanError::Unreadable {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let unreadable = |reason: String| PlanError::Unreadable {
         path: name.to_string(),
-        reason: format!("not JSON: {e}"),
-    })?;
+        reason,
+    };
+    let json: Value =
+        serde_json::from_str(text).map_err(|e| unreadable(format!("not JSON: {e}")))?;
+    if !json.is_object() {
+        return Err(unreadable(
+            "not a JSON object: a config.json holds one object of fields".into(),
+        ));
+    }
     spec_from_json(name, &json)
 }
 
@@ -158,32 +167,53 @@ pub fn spec_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
     Ok(spec)
 }
 
+/// The model of the sub-config `key` of a composite config, its errors naming fields as
+/// `key.field`.
+fn sub_spec(name: &str, key: &str, json: &Value) -> Result<ModelSpec> {
+    spec_from_json(name, json).map_err(|error| match error {
+        PlanError::InvalidValue {
+            name,
+            value,
+            reason,
+        } => PlanError::InvalidValue {
+            name: format!("{key}.{name}"),
+            value,
+            reason,
+        },
+        other => other,
+    })
+}
+
 /// The architecture a config object describes.
 fn architecture_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
+    let given = |key: &str| json.get(key).filter(|v| !v.is_null());
     // diffusers configs name their class instead of a model_type.
-    if let Some(class) = json.get("_class_name").and_then(Value::as_str) {
-        if json.get("model_type").is_none() {
-            return Ok(ModelSpec {
-                name: name.to_string(),
-                arch: Architecture::Diffusion(Box::new(crate::diffusion::parse(class, json)?)),
-                torch_dtype: ConfigFields {
-                    json,
-                    model_type: class.to_string(),
-                }
-                .torch_dtype(),
-                quantization: None,
-            });
-        }
+    if let (Some(class), None) = (given("_class_name"), given("model_type")) {
+        let class = class
+            .as_str()
+            .map_or_else(|| class.to_string(), str::to_string);
+        let fields = ConfigFields {
+            json,
+            model_type: class.clone(),
+        };
+        return Ok(ModelSpec {
+            name: name.to_string(),
+            arch: Architecture::Diffusion(Box::new(crate::diffusion::parse(&class, json)?)),
+            torch_dtype: fields.torch_dtype()?,
+            quantization: None,
+        });
     }
-    let model_type = json
-        .get("model_type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| PlanError::MissingField {
-            model_type: "?".into(),
-            field: "model_type",
-            spellings: vec!["model_type"],
-        })?
-        .to_string();
+    let model_type = match given("model_type") {
+        None => {
+            return Err(PlanError::MissingField {
+                model_type: "?".into(),
+                field: "model_type",
+                spellings: vec!["model_type", "_class_name (diffusers)"],
+            })
+        }
+        Some(Value::String(model_type)) => model_type.clone(),
+        Some(other) => return Err(unsupported(&other.to_string())),
+    };
     let fields = ConfigFields {
         json,
         model_type: model_type.clone(),
@@ -211,7 +241,7 @@ fn architecture_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
         return Ok(ModelSpec {
             name: name.to_string(),
             arch: Architecture::Transformer(Box::new(fields.transformer()?)),
-            torch_dtype: fields.torch_dtype(),
+            torch_dtype: fields.torch_dtype()?,
             quantization: None,
         });
     }
@@ -222,7 +252,7 @@ fn architecture_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
     Ok(ModelSpec {
         name: name.to_string(),
         arch,
-        torch_dtype: fields.torch_dtype(),
+        torch_dtype: fields.torch_dtype()?,
         quantization: None,
     })
 }
@@ -230,23 +260,31 @@ fn architecture_from_json(name: &str, json: &Value) -> Result<ModelSpec> {
 /// The object `key` of a composite config, with `model_type` set to `default_type` where it
 /// has none.
 fn sub_config(json: &Value, key: &'static str, default_type: &str) -> Result<Value> {
-    let mut sub = json
-        .get(key)
-        .filter(|v| v.is_object())
-        .cloned()
-        .ok_or_else(|| PlanError::MissingField {
-            model_type: json
-                .get("model_type")
-                .and_then(Value::as_str)
-                .unwrap_or("?")
-                .to_string(),
-            field: key,
-            spellings: vec![key],
-        })?;
+    let mut sub = match json.get(key).filter(|v| !v.is_null()) {
+        Some(sub) if sub.is_object() => sub.clone(),
+        Some(other) => {
+            return Err(fields::invalid(
+                key,
+                other,
+                "must be an object: the config of the model's part",
+            ))
+        }
+        None => {
+            return Err(PlanError::MissingField {
+                model_type: json
+                    .get("model_type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+                    .to_string(),
+                field: key,
+                spellings: vec![key],
+            })
+        }
+    };
     if let Some(object) = sub.as_object_mut() {
-        object
-            .entry("model_type")
-            .or_insert_with(|| Value::from(default_type));
+        if object.get("model_type").is_none_or(Value::is_null) {
+            object.insert("model_type".into(), Value::from(default_type));
+        }
     }
     Ok(sub)
 }
