@@ -43,10 +43,11 @@ fn check_dual_encoder(
 }
 
 /// Checks `workload` on `model`: [`Workload::validate`], then the settings the model decides.
-/// Errors: generation on a model without a decoder, tensor parallelism not dividing the heads, more tokens than a learned position table,
-/// LoRA on a CNN or wider than the model, more pipeline stages than blocks. Warnings: sharding
-/// over one data-parallel rank, autocast to the other 16-bit type, tokens past the trained
-/// rotary positions.
+/// Errors: generation on a model without a decoder, an image smaller than a vision
+/// transformer's patch, tensor parallelism not dividing the heads, more tokens than a learned
+/// position table, LoRA on a CNN or wider than the model, more pipeline stages than blocks.
+/// Warnings: sharding over one data-parallel rank, autocast to the other 16-bit type, tokens
+/// past the trained rotary positions.
 pub fn check(model: &ModelSpec, workload: &Workload) -> Result<Vec<Warning>> {
     workload.validate()?;
     check_head_for_mode(model, workload)?;
@@ -125,6 +126,7 @@ fn check_architecture(
                         .into(),
                 });
             }
+            check_image_size(model, t, workload)?;
             check_tensor_parallel(model, t, workload.layout.tp)?;
             check_lora_rank(model, t, workload)?;
             check_positions(model, t, workload, warnings)?;
@@ -156,6 +158,24 @@ fn check_architecture(
         Architecture::Diffusion(_) => crate::diffusion::check(model, workload)?,
     }
     Ok(())
+}
+
+/// A vision transformer (or a dual encoder's vision tower) cuts its input into patches: an
+/// image smaller than one patch gives its patch convolution no output (PyTorch raises).
+fn check_image_size(model: &ModelSpec, t: &TransformerSpec, workload: &Workload) -> Result<()> {
+    let patches = t.patches.or(t.dual.as_ref().and_then(|d| d.tower.patches));
+    match patches {
+        Some(p) if workload.image_size < p.patch => Err(PlanError::InvalidValue {
+            name: "image-size".into(),
+            value: workload.image_size.to_string(),
+            reason: format!(
+                "must be at least the {}-pixel patch side of {}: a smaller image has no patch \
+                 (its trained size is {})",
+                p.patch, model.name, p.image_size
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Each pipeline stage holds whole blocks.

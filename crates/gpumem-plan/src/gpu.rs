@@ -137,7 +137,12 @@ pub const GPUS: &[(&str, u64, u64, Cores)] = &[
     ("mi300x", 196_592, MI300_WORKSPACE, amd(304)),
 ];
 
-/// Looks a GPU up by name ("H100", "rtx4090", "A100-80GB") or reads a size ("24GB", "80GiB").
+/// How `--gpu` is given besides a catalogue name, as errors list it.
+const SIZES: &str = "a size: a number and a unit, GB, TB or MB (powers of 10) or GiB (G), MiB (M) \
+                     (powers of 2), e.g. 24GB, 80GiB, 16000MiB";
+
+/// Looks a GPU up by name ("H100", "rtx4090", "A100-80GB") or reads a size ("24GB", "80GiB");
+/// anything else is a typed error listing the names and saying how a size is written.
 pub fn find_gpu(name: &str) -> Result<Gpu> {
     if let Some(bytes) = parse_size(name)? {
         return Ok(Gpu {
@@ -160,7 +165,7 @@ pub fn find_gpu(name: &str) -> Result<Gpu> {
             blas_workspace_bytes: workspace,
             cores,
         })
-        .ok_or_else(|| unknown("GPU", name, GPUS.iter().map(|(n, ..)| *n)))
+        .ok_or_else(|| unknown("GPU", name, GPUS.iter().map(|(n, ..)| *n).chain([SIZES])))
 }
 
 /// Bytes PyTorch's CUDA (HIP) reduction kernel allocates, through the caching allocator, for
@@ -262,7 +267,10 @@ fn invalid_size(text: &str) -> PlanError {
     PlanError::InvalidValue {
         name: "gpu".into(),
         value: text.into(),
-        reason: "a size must be positive and below 10 TB, e.g. 24GB, 80GiB, 16000MiB".into(),
+        reason: format!(
+            "a GPU is a catalogue name (h100, a100-80gb, rtx-4090, ...) or {SIZES}, positive and \
+             below 10 TB"
+        ),
     }
 }
 

@@ -1,7 +1,8 @@
-//! Bounds on model dimensions. A config.json is user input: without bounds, 10⁹ layers make the
-//! estimator build 10⁹ units (an estimate is linear in layers) and 10¹⁸ hidden overflows the
-//! parameter counts. Each bound is far above any published model, and together with
-//! [`MAX_PARAMETERS`] they keep every count within `u64` and every estimate fast.
+//! Bounds on model dimensions, and on the run values a command line gives beside them (a
+//! global batch, the context per process). A config.json is user input: without bounds, 10⁹
+//! layers make the estimator build 10⁹ units (an estimate is linear in layers) and 10¹⁸ hidden
+//! overflows the parameter counts. Each bound is far above any published model, and together
+//! with [`MAX_PARAMETERS`] they keep every count within `u64` and every estimate fast.
 
 use crate::error::{PlanError, Result};
 use crate::model::{Head, TransformerSpec};
@@ -41,6 +42,65 @@ pub const POSITIONS: Bound = Bound {
     max: MAX_SIZE,
     what: "positions and image sides",
 };
+
+/// Samples per batch: the workload's own bound on a micro-batch, which the global batch a fit
+/// reaches (`--global-batch`) keeps too, so that its accumulation stays within the bound.
+pub const BATCH: Bound = Bound {
+    max: MAX_SIZE,
+    what: "samples per batch",
+};
+
+/// Tokens of one serving step (vLLM's `--max-num-batched-tokens`): the workload's own bound on
+/// positions, which one step of a request of `--max-model-len` tokens needs.
+pub const TOKENS_PER_STEP: Bound = Bound {
+    max: MAX_SIZE,
+    what: "tokens per step",
+};
+
+/// Most CUDA context and framework memory per process, MiB (`--context-mib`): 1 TiB, more
+/// than any GPU holds (a context takes about 0.3 to 2 GiB).
+pub const MAX_CONTEXT_MIB: u64 = 1 << 20;
+
+/// Most memory outside PyTorch's allocator per process, bytes (vLLM's `--non-torch-bytes`):
+/// the context's bound, 1 TiB.
+pub const MAX_OUTSIDE_BYTES: u64 = MAX_CONTEXT_MIB << 20;
+
+/// `mib` if it is a context size from 0 to [`MAX_CONTEXT_MIB`], else a typed error naming
+/// `--context-mib` and the range.
+pub fn check_context_mib(mib: u64) -> Result<u64> {
+    at_most(
+        "context-mib",
+        mib,
+        MAX_CONTEXT_MIB,
+        "MiB (1 TiB, more than any GPU holds; a CUDA context and framework take about 300 to \
+         2000 MiB)",
+    )
+}
+
+/// `bytes` if it is a size of memory outside PyTorch's allocator from 0 to
+/// [`MAX_OUTSIDE_BYTES`], else a typed error naming `field` and the range.
+pub fn check_outside_bytes(field: &str, bytes: u64) -> Result<u64> {
+    at_most(
+        field,
+        bytes,
+        MAX_OUTSIDE_BYTES,
+        "bytes (1 TiB, more than any GPU holds; cuBLAS and NCCL workspaces take a few GiB)",
+    )
+}
+
+/// `value` if it is at most `max`, else a typed error naming `field` and the range from 0 to
+/// `max`, followed by `unit` (the unit and why the bound).
+fn at_most(field: &str, value: u64, max: u64, unit: &str) -> Result<u64> {
+    if value <= max {
+        Ok(value)
+    } else {
+        Err(PlanError::InvalidValue {
+            name: field.to_string(),
+            value: value.to_string(),
+            reason: format!("must be between 0 and {max} {unit}"),
+        })
+    }
+}
 
 /// Most parameters a model may have (10¹⁵; the largest published models have ~2·10¹²).
 pub const MAX_PARAMETERS: u64 = 1_000_000_000_000_000;

@@ -109,6 +109,23 @@ impl QuantFormat {
             .find(|(_, format)| *format == self)
             .map_or("?", |(name, _)| name)
     }
+
+    /// The `--quant` options the format takes, as an error lists them.
+    fn options(self) -> &'static str {
+        match self {
+            QuantFormat::Fp4 | QuantFormat::Nf4 => "double, compute=fp32|bf16|fp16",
+            QuantFormat::Gptq => {
+                "bits=2|3|4|8, group=N (1 to 1048576 input rows per scale, or -1: one per \
+                 column), kernel=exllama|exllamav2|cuda-old"
+            }
+            QuantFormat::Awq => {
+                "bits=2|3|4|8, group=N (1 to 1048576 input rows per scale, or -1: one per \
+                 column)"
+            }
+            QuantFormat::Fp8 => "block=N (1 to 1073741824 weights per scale)",
+            QuantFormat::Int8 => "none",
+        }
+    }
 }
 
 /// The `quant_method`s of a `quantization_config` that are planned.
@@ -144,15 +161,47 @@ impl Quantization {
     }
 
     /// Parses `FORMAT[:OPTION,...]` (`nf4:double,compute=bf16`, `gptq:bits=8,group=64`,
-    /// `gptq:bits=4,group=128,kernel=exllamav2`, `fp8:block=16384`); `none` is `Ok(None)`.
+    /// `gptq:bits=4,group=128,kernel=exllamav2`, `fp8:block=16384`); `none` is `Ok(None)`. An
+    /// option the format has not, given twice or empty (`nf4:`, `nf4:double,,`) is a typed
+    /// error naming the options the format takes.
     pub fn parse(text: &str) -> Result<Option<Self>> {
-        let (name, options) = text.split_once(':').unwrap_or((text, ""));
-        if name.trim() == "none" && options.is_empty() {
-            return Ok(None);
+        let (name, options) = match text.split_once(':') {
+            Some((name, options)) => (name.trim(), Some(options)),
+            None => (text.trim(), None),
+        };
+        if name == "none" {
+            return match options {
+                None => Ok(None),
+                Some(_) => Err(invalid(text, "none takes no options".into())),
+            };
         }
-        let mut quant = Self::of(lookup("quant", name.trim(), FORMATS)?);
-        for option in options.split(',').filter(|o| !o.trim().is_empty()) {
-            quant.set(option.trim())?;
+        let mut quant = Self::of(lookup("quant", name, FORMATS)?);
+        let mut given: Vec<&str> = Vec::new();
+        for option in options
+            .into_iter()
+            .flat_map(|o| o.split(','))
+            .map(str::trim)
+        {
+            let key = option.split_once('=').map_or(option, |(key, _)| key);
+            let wrong = if option.is_empty() {
+                Some("an option is empty".to_string())
+            } else if given.contains(&key) {
+                Some(format!("option {key} is given twice"))
+            } else {
+                None
+            };
+            if let Some(wrong) = wrong {
+                return Err(invalid(
+                    text,
+                    format!(
+                        "{wrong}; give each option of {name} once, after the colon and separated \
+                         by commas: {}",
+                        quant.format.options()
+                    ),
+                ));
+            }
+            given.push(key);
+            quant.set(option)?;
         }
         // AutoGPTQ's exllama linears refuse other widths (`QuantLinear.__init__`).
         if let Some(kernel @ (GptqKernel::Exllama | GptqKernel::Exllamav2)) = quant.kernel {
@@ -179,8 +228,17 @@ impl Quantization {
             value
                 .parse::<u64>()
                 .ok()
-                .filter(|n| *n <= limit)
-                .ok_or_else(|| invalid(option, format!("{key} takes a number up to {limit}")))
+                .filter(|n| (1..=limit).contains(n))
+                .ok_or_else(|| {
+                    invalid(
+                        option,
+                        format!(
+                            "{key} takes a number from 1 to {limit}; accepted options of {}: {}",
+                            self.format.name(),
+                            self.format.options()
+                        ),
+                    )
+                })
         };
         match key {
             "double" if bnb4 && value.is_empty() => self.double_quant = true,
@@ -191,26 +249,20 @@ impl Quantization {
                     return Err(invalid(option, "bits must be 2, 3, 4 or 8".into()));
                 }
             }
+            // GPTQ's and AWQ's `group_size: -1`: one scale per output column.
+            "group" if grouped && value == "-1" => self.group = 0,
             "group" if grouped => self.group = number(1 << 20)?,
             "kernel" if self.format == QuantFormat::Gptq => {
                 self.kernel = Some(lookup("quant kernel", value, KERNELS)?)
             }
             "block" if self.format == QuantFormat::Fp8 => self.block = number(1 << 30)?,
             _ => {
-                let accepted = match self.format {
-                    QuantFormat::Fp4 | QuantFormat::Nf4 => "double, compute=fp32|bf16|fp16",
-                    QuantFormat::Gptq => {
-                        "bits=2|3|4|8, group=N (0: per column), kernel=exllama|exllamav2|cuda-old"
-                    }
-                    QuantFormat::Awq => "bits=2|3|4|8, group=N (0: per column)",
-                    QuantFormat::Fp8 => "block=N (weights per scale; 0: one per matrix)",
-                    QuantFormat::Int8 => "none",
-                };
                 return Err(invalid(
                     option,
                     format!(
-                        "not an option of {}; accepted: {accepted}",
-                        self.format.name()
+                        "not an option of {}; accepted: {}",
+                        self.format.name(),
+                        self.format.options()
                     ),
                 ));
             }

@@ -31,7 +31,9 @@
 //!   positions.
 
 use crate::error::{PlanError, Result};
+use crate::estimate::{past_bound, MAX_BYTES};
 use crate::gpu::Gpu;
+use crate::limits;
 use crate::model::{Architecture, ModelSpec, Norm, TransformerSpec};
 use crate::settings::{pick, Settings};
 use crate::warning::Warning;
@@ -55,6 +57,8 @@ pub const DEFAULT_MAX_NUM_SEQS: u64 = 256;
 pub const DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
 /// vLLM's default KV-cache block size in tokens on CUDA (`CacheConfig.block_size`).
 pub const DEFAULT_BLOCK_SIZE: u64 = 16;
+/// The KV-cache block sizes vLLM accepts (`--block-size` choices, 0.6.5 to 0.8).
+pub const BLOCK_SIZES: [u64; 5] = [8, 16, 32, 64, 128];
 /// The smallest `max_num_batched_tokens` vLLM's V0 scheduler picks without chunked prefill:
 /// `max(max_model_len, 2048)` (`SchedulerConfig.__post_init__`).
 pub const MIN_BATCHED_TOKENS_WITHOUT_CHUNKING: u64 = 2048;
@@ -120,8 +124,11 @@ impl ServingProfile {
 /// Reading the serving flags of a request.
 impl Settings {
     /// The serving engine's settings when `--engine` is given (None without it), with vLLM's
-    /// defaults for `model`; a bad name, a zero count or a utilization outside (0, 1] is a
-    /// typed error, and so are engine flags without `--engine`.
+    /// defaults for `model`. A bad name, a count outside the planner's bounds
+    /// ([`crate::limits`]), a block size vLLM does not accept, fewer batched tokens than
+    /// sequences (vLLM's own `SchedulerConfig` check), a utilization outside (0, 1] and more
+    /// non-torch memory than [`crate::limits::MAX_OUTSIDE_BYTES`] are typed errors, and so are
+    /// engine flags without `--engine`.
     pub fn serving(&self, model: &ModelSpec) -> Result<Option<ServeSettings>> {
         let Some(engine) = pick(&self.engine, "engine", ENGINES)? else {
             let given = [
@@ -147,17 +154,8 @@ impl Settings {
                 None => Ok(None),
             };
         };
-        let positive = |name: &str, value: Option<u64>, default: u64| match value {
-            Some(0) => Err(PlanError::InvalidValue {
-                name: name.into(),
-                value: "0".into(),
-                reason: "must be a positive integer".into(),
-            }),
-            Some(v) => Ok(v),
-            None => Ok(default),
-        };
         let max_model_len = match (self.max_model_len, max_position_embeddings(model)) {
-            (Some(len), _) => positive("max-model-len", Some(len), 0)?,
+            (Some(len), _) => limits::POSITIONS.check("max-model-len", len)?,
             (None, Some(len)) => len,
             (None, None) => {
                 return Err(PlanError::InvalidValue {
@@ -180,43 +178,88 @@ impl Settings {
                 reason: "must be a share of the GPU above 0 and at most 1".into(),
             });
         }
+        let max_num_batched_tokens = match self.max_num_batched_tokens {
+            Some(tokens) => limits::TOKENS_PER_STEP.check("max-num-batched-tokens", tokens)?,
+            None => max_model_len.max(MIN_BATCHED_TOKENS_WITHOUT_CHUNKING),
+        };
+        let max_num_seqs = match self.max_num_seqs {
+            Some(seqs) => limits::BATCH.check("max-num-seqs", seqs)?,
+            None => DEFAULT_MAX_NUM_SEQS,
+        };
+        // vLLM's `SchedulerConfig._verify_args`: every sequence of a step has a token.
+        if max_num_batched_tokens < max_num_seqs {
+            let flag = |name: &str, value: u64, given: bool| {
+                let default = if given { "" } else { " (the default)" };
+                format!("--{name} {value}{default}")
+            };
+            return Err(PlanError::Conflict {
+                first: flag(
+                    "max-num-batched-tokens",
+                    max_num_batched_tokens,
+                    self.max_num_batched_tokens.is_some(),
+                ),
+                second: flag("max-num-seqs", max_num_seqs, self.max_num_seqs.is_some()),
+                reason: "vLLM refuses fewer tokens per step than sequences (every sequence of a \
+                         step has a token); raise --max-num-batched-tokens or lower \
+                         --max-num-seqs"
+                    .into(),
+            });
+        }
+        let block_size = self.block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
+        if !BLOCK_SIZES.contains(&block_size) {
+            return Err(PlanError::InvalidValue {
+                name: "block-size".into(),
+                value: block_size.to_string(),
+                reason: format!(
+                    "must be one of {} tokens (vLLM's --block-size choices)",
+                    BLOCK_SIZES.map(|b| b.to_string()).join(", ")
+                ),
+            });
+        }
+        let non_torch_bytes = self
+            .non_torch_bytes
+            .map(|bytes| limits::check_outside_bytes("non-torch-bytes", bytes))
+            .transpose()?
+            .unwrap_or(0);
         Ok(Some(ServeSettings {
             engine,
             max_model_len,
-            max_num_batched_tokens: positive(
-                "max-num-batched-tokens",
-                self.max_num_batched_tokens,
-                max_model_len.max(MIN_BATCHED_TOKENS_WITHOUT_CHUNKING),
-            )?,
-            max_num_seqs: positive("max-num-seqs", self.max_num_seqs, DEFAULT_MAX_NUM_SEQS)?,
+            max_num_batched_tokens,
+            max_num_seqs,
             gpu_memory_utilization: utilization,
-            block_size: positive("block-size", self.block_size, DEFAULT_BLOCK_SIZE)?,
-            non_torch_bytes: self.non_torch_bytes.unwrap_or(0),
+            block_size,
+            non_torch_bytes,
         }))
     }
 
-    /// The shape flags of a PyTorch forward that a serving engine's profile does not read: it
-    /// runs its own batch (`max_num_seqs` sequences sharing `max_num_batched_tokens` tokens)
-    /// with its own attention kernel and no KV cache.
+    /// The flags of a PyTorch forward that a serving engine's profile does not read: it runs
+    /// its own batch (`max_num_seqs` sequences sharing `max_num_batched_tokens` tokens) with
+    /// its own attention kernel and no KV cache, through its own model code in the weights'
+    /// dtype (no transformers, litgpt or gpt-fast modelling code, no autocast).
     pub(crate) fn ignored_by_engine(&self) -> Vec<Warning> {
         if self.engine.is_none() {
             return Vec::new();
         }
+        let batch = "the serving engine's profile runs its own batch (--max-num-seqs sequences \
+                     sharing --max-num-batched-tokens tokens) with its own attention kernel";
+        let code = "the serving engine runs its own model code (vLLM's) in the weights' dtype \
+                    (--dtype): no transformers, litgpt or gpt-fast modelling code, no autocast";
         [
-            ("--batch", self.batch.is_some()),
-            ("--seq", self.seq.is_some()),
-            ("--new-tokens", self.new_tokens.is_some()),
-            ("--attn", self.attn.is_some()),
-            ("--no-cache", self.no_cache),
-            ("--labels", self.labels),
+            ("--batch", self.batch.is_some(), batch),
+            ("--seq", self.seq.is_some(), batch),
+            ("--new-tokens", self.new_tokens.is_some(), batch),
+            ("--attn", self.attn.is_some(), batch),
+            ("--no-cache", self.no_cache, batch),
+            ("--labels", self.labels, batch),
+            ("--framework", self.framework.is_some(), code),
+            ("--transformers", self.transformers.is_some(), code),
+            ("--amp", self.amp.is_some(), code),
         ]
         .into_iter()
-        .filter(|(_, given)| *given)
-        .map(|(flag, _)| Warning::Ignored {
+        .filter(|(_, given, _)| *given)
+        .map(|(flag, _, reason)| Warning::Ignored {
             flag,
-            reason: "the serving engine's profile runs its own batch (--max-num-seqs sequences \
-                     sharing --max-num-batched-tokens tokens) with its own attention kernel"
-                .into(),
+            reason: reason.into(),
         })
         .collect()
     }
@@ -250,6 +293,16 @@ pub fn serving_profile(
     let forward_peak_bytes = forward_peak(spec, serve.max_num_batched_tokens, d);
     let sampler_peak_bytes = sampler_peak(spec, serve, d);
     let activation_peak_bytes = forward_peak_bytes.max(sampler_peak_bytes);
+    if weights_bytes + activation_peak_bytes >= MAX_BYTES {
+        return Err(past_bound(
+            format!(
+                "max-num-batched-tokens {}, max-num-seqs {}",
+                serve.max_num_batched_tokens, serve.max_num_seqs
+            ),
+            "the profile run's peak".into(),
+            "lower --max-num-batched-tokens or --max-num-seqs",
+        ));
+    }
     let kv_bytes_per_token = spec.layers * spec.cache_width() * kv_dtype(workload).bytes();
     let mut profile = ServingProfile {
         settings: *serve,
@@ -265,6 +318,8 @@ pub fn serving_profile(
         max_concurrency: None,
     };
     if let Some(gpu) = gpu {
+        // Within `i64`: the bounds on the profile's peak ([`MAX_BYTES`]), on non-torch memory
+        // and on the GPU's keep every term below 2⁴⁹ bytes.
         let usable = (gpu.memory_bytes as f64 * serve.gpu_memory_utilization) as i64;
         let kv = usable - (weights_bytes + activation_peak_bytes + serve.non_torch_bytes) as i64;
         let blocks = kv.max(0) as u64 / (serve.block_size * kv_bytes_per_token);
@@ -338,9 +393,10 @@ const SAMPLER_BYTES_PER_LOGIT: u64 = 4 + 4 + 8 + 1 + 4 + 4 + 1 + 8 + 4;
 
 /// Peak bytes of the profile's sampler step: the final hidden states of every token and of
 /// the sampled ones, the LM head's logits over the padded vocabulary, and the top-k/top-p
-/// path's tensors over one row per sequence.
+/// path's tensors over one row per sequence (every sequence has a token:
+/// [`Settings::serving`]).
 fn sampler_peak(spec: &TransformerSpec, serve: &ServeSettings, d: u64) -> u64 {
-    let rows = serve.max_num_seqs.min(serve.max_num_batched_tokens);
+    let rows = serve.max_num_seqs;
     let padded_vocab = spec.vocab.div_ceil(VOCAB_PADDING) * VOCAB_PADDING;
     let hidden = (serve.max_num_batched_tokens + rows) * spec.hidden * d;
     hidden + rows * padded_vocab * d + rows * spec.vocab * SAMPLER_BYTES_PER_LOGIT

@@ -861,7 +861,9 @@ impl Workload {
             return Err(invalid(
                 "amp",
                 "fp32",
-                "autocast dtype must be bf16 or fp16".into(),
+                "autocast dtype must be bf16 or fp16 (fp32 compute is no autocast: leave --amp \
+                 out)"
+                    .into(),
             ));
         }
         if self.attention == Attention::Flash && self.compute_dtype() == Dtype::Fp32 {
@@ -943,7 +945,6 @@ pub mod choices {
         ("hybrid-shard", FsdpSharding::HybridShard),
         ("hybrid-shard-zero2", FsdpSharding::HybridShardZero2),
     ];
-    /// `--fsdp-mp` (a half-precision `param_dtype`).
     /// `--framework`.
     pub const FRAMEWORKS: &[(&str, Framework)] = &[
         ("hf", Framework::Hf),
@@ -961,13 +962,15 @@ pub mod choices {
         ("fused", Loss::Fused),
         ("cross-entropy", Loss::CrossEntropy),
     ];
-    /// `--fsdp-mp`.
+    /// `--fsdp-mp` (a half-precision `param_dtype`).
     pub const FSDP_MP_DTYPES: &[(&str, Dtype)] = &[
         ("bf16", Dtype::Bf16),
         ("bfloat16", Dtype::Bf16),
         ("fp16", Dtype::Fp16),
         ("float16", Dtype::Fp16),
     ];
+    /// `--amp` (autocast to a half-precision dtype).
+    pub const AMP_DTYPES: &[(&str, Dtype)] = FSDP_MP_DTYPES;
     /// `--offload` (a bare `--offload`, or `true` in a settings file, is `all`).
     pub const OFFLOADS: &[(&str, Offload)] = &[
         ("none", Offload::None),

@@ -462,9 +462,11 @@ fn the_deepest_accepted_model_estimates_without_hanging() {
     assert!(e.total_params > 100_000_000_000);
 }
 
+/// A workload within every input bound whose plan reaches the planner's bound on one GPU
+/// ([`MAX_BYTES`]) is an error naming its sizes, never a saturated figure.
 #[test]
-fn absurd_workloads_saturate_instead_of_overflowing() {
-    let e = plan(
+fn absurd_workloads_are_refused_instead_of_saturating() {
+    let (name, message) = invalid(plan(
         &model("llama-3-8b"),
         Settings {
             seq: Some(1 << 24),
@@ -472,10 +474,13 @@ fn absurd_workloads_saturate_instead_of_overflowing() {
             attn: Some("eager".into()),
             ..Settings::default()
         },
-    )
-    .unwrap();
-    assert_eq!(e.breakdown.activations, MAX_BYTES, "{:?}", e.breakdown);
-    assert!(e.peak_total_bytes > e.peak_allocated_bytes);
+    ));
+    assert_eq!(name, "workload");
+    assert!(
+        message.contains("batch 16777216, seq 16777216")
+            && message.contains(&MAX_BYTES.to_string()),
+        "{message}"
+    );
 }
 
 #[test]

@@ -16,6 +16,10 @@ impl Settings {
             "ZeRO, FSDP and offloading are planned for training; in {mode_name} mode every GPU \
              keeps the weights (its tensor-parallel share)"
         );
+        let no_pipeline = format!(
+            "pipeline parallelism is planned for training; in {mode_name} mode every GPU keeps the \
+             whole model (its tensor-parallel share)"
+        );
         let inference = mode != Mode::Train;
         let fsdp_inactive = inference || !self.fsdp;
         let one_gpu = "one GPU creates no NCCL communicator".to_string();
@@ -36,6 +40,9 @@ impl Settings {
         let fsdp1_inactive = fsdp_inactive || self.fsdp_version.as_deref() != Some("1");
         let zero_inactive =
             inference || matches!(self.zero.as_deref(), None | Some("0")) || self.fsdp;
+        let no_tp_group = "sequence parallelism splits activations over the tensor-parallel \
+                           group, and --tp 1 makes none"
+            .to_string();
         let tokens = format!(
             "{} reads tokens, not images: its input is --seq",
             model.name
@@ -98,6 +105,7 @@ impl Settings {
                 &no_training,
             ),
             ("--keep-grads", inference && self.keep_grads, &no_training),
+            ("--pp", inference && self.pp.is_some(), &no_pipeline),
             ("--zero", inference && self.zero.is_some(), &no_sharding),
             ("--fsdp", inference && self.fsdp, &no_sharding),
             (
@@ -145,6 +153,7 @@ impl Settings {
                 (zero_inactive || self.zero.as_deref() != Some("3")) && self.no_zero_init,
                 &no_zero3,
             ),
+            ("--sp", self.sp && self.tp.unwrap_or(1) <= 1, &no_tp_group),
             (
                 "--seq",
                 !model.reads_tokens() && self.seq.is_some(),
@@ -196,13 +205,22 @@ impl Settings {
                 });
             }
         }
-        let no_optimizer = self.optimizer.as_deref().is_some_and(|o| {
-            parse("optimizer", o, choices::OPTIMIZERS).ok() == Some(Optimizer::None)
-        });
-        if !inference && no_optimizer && self.optimizer_impl.is_some() {
+        let optimizer = self
+            .optimizer
+            .as_deref()
+            .and_then(|o| parse("optimizer", o, choices::OPTIMIZERS).ok());
+        let own_step = match optimizer {
+            Some(Optimizer::None) => Some("--optimizer none runs no optimizer step"),
+            Some(Optimizer::Adam8bit) => Some(
+                "bitsandbytes' 8-bit Adam runs its own step kernel (no foreach, fused or \
+                 for-loop implementation)",
+            ),
+            _ => None,
+        };
+        if let Some(reason) = own_step.filter(|_| !inference && self.optimizer_impl.is_some()) {
             warnings.push(Warning::Ignored {
                 flag: "--optimizer-impl",
-                reason: "--optimizer none runs no optimizer step".into(),
+                reason: reason.into(),
             });
         }
         if mode != Mode::Train && self.loss.is_some() {
@@ -235,13 +253,28 @@ impl Settings {
             .loss
             .as_deref()
             .is_none_or(|l| parse("loss", l, choices::LOSSES).ok() == Some(Loss::Hf));
-        if self.hold_outputs && (mode != Mode::Train || !hf_loss) {
-            warnings.push(Warning::Ignored {
-                flag: "--hold-outputs",
-                reason: "only a training step with the model's own loss (--loss hf) returns \
-                         logits beside the loss (--loss none holds its outputs anyway)"
-                    .into(),
-            });
+        if self.hold_outputs {
+            let reason = if mode != Mode::Train || !hf_loss {
+                Some(
+                    "only a training step with the model's own loss (--loss hf) returns logits \
+                     beside the loss (--loss none holds its outputs anyway)"
+                        .to_string(),
+                )
+            } else if !model.has_lm_loss() {
+                Some(format!(
+                    "{} has no language-model head: what it returns beside the loss holds no \
+                     vocabulary-sized logits",
+                    model.name
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                warnings.push(Warning::Ignored {
+                    flag: "--hold-outputs",
+                    reason,
+                });
+            }
         }
         if self.loss_chunk.is_some() && (mode != Mode::Train || !chunked) {
             warnings.push(Warning::Ignored {

@@ -42,10 +42,16 @@ pub struct Settings {
     pub seq: Option<u64>,
     /// Image side in pixels (vision transformers, dual encoders, CNNs, diffusion) [default: 224,
     /// or the config's image_size where it has one (a diffusers model's sample size × 8)].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub image_size: Option<u64>,
     /// Tokens to generate (generate mode) [default: 128].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub new_tokens: Option<u64>,
     /// Weight dtype: fp32, bf16, fp16 [default: fp32; inference: the config's torch_dtype].
     #[cfg_attr(feature = "clap", arg(long))]
@@ -91,7 +97,10 @@ pub struct Settings {
     #[cfg_attr(feature = "clap", arg(long))]
     pub labels: bool,
     /// Micro-batches accumulated per optimizer step [default: 1].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub grad_accum: Option<u64>,
     /// Gradients zeroed, not freed, between steps (zero_grad(set_to_none=False)).
     #[cfg_attr(feature = "clap", arg(long))]
@@ -109,20 +118,26 @@ pub struct Settings {
     #[cfg_attr(feature = "clap", arg(long))]
     pub hold_outputs: bool,
     /// Total GPUs [default: 1].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub gpus: Option<u64>,
     /// Machines the GPUs are spread over [default: 1].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub nodes: Option<u64>,
     /// ZeRO stage 0-3 [default: 0].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(feature = "clap", arg(long, allow_negative_numbers = true))]
     pub zero: Option<String>,
     /// PyTorch FSDP (full sharding unless --fsdp-sharding says otherwise).
     #[cfg_attr(feature = "clap", arg(long))]
     pub fsdp: bool,
     /// FSDP implementation with --fsdp: 1 (FullyShardedDataParallel) or 2 (fully_shard)
     /// [default: 2].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(feature = "clap", arg(long, allow_negative_numbers = true))]
     pub fsdp_version: Option<String>,
     /// FSDP sharding strategy with --fsdp (PyTorch's ShardingStrategy; FULL_SHARD or
     /// full_shard are read as full-shard): full-shard (everything sharded, each unit gathered
@@ -139,7 +154,10 @@ pub struct Settings {
     pub fsdp_mp: Option<String>,
     /// NCCL_BUFFSIZE in bytes, the Simple-protocol buffer of each NCCL connection (counted in
     /// the total, outside PyTorch's allocator) [default: 4194304].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub nccl_buffsize: Option<u64>,
     /// DeepSpeed ZeRO's bucket sizes and stage-3 thresholds with --zero 1-3: default
     /// (DeepSpeed's own: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
@@ -148,11 +166,11 @@ pub struct Settings {
     /// accelerate and the HF Trainer: h², 0.9·h², 10·h) [default: default].
     #[cfg_attr(feature = "clap", arg(long, value_name = "SIZES"))]
     pub zero_buckets: Option<String>,
-    /// Offload to CPU: all (a bare --offload: the optimizer and, with ZeRO-3/FSDP, the
-    /// parameters and their gradients; FSDP's CPUOffload, DeepSpeed's offload_optimizer with
-    /// offload_param), optimizer (DeepSpeed's offload_optimizer alone: optimizer states, step
-    /// and gradient partitions on the host, ZeRO-3's parameter partitions on the GPU) or none
-    /// [default: none].
+    /// Offload to CPU, with --zero 1-3 or --fsdp: all (a bare --offload: the optimizer and,
+    /// with ZeRO-3/FSDP, the parameters and their gradients; FSDP's CPUOffload, DeepSpeed's
+    /// offload_optimizer with offload_param), optimizer (DeepSpeed's offload_optimizer alone:
+    /// optimizer states, step and gradient partitions on the host, ZeRO-3's parameter
+    /// partitions on the GPU) or none [default: none].
     #[cfg_attr(
         feature = "clap",
         arg(long, value_name = "WHAT", num_args = 0..=1, default_missing_value = "all")
@@ -176,16 +194,25 @@ pub struct Settings {
     #[cfg_attr(feature = "clap", arg(long))]
     pub fsdp_cpu_ram_efficient_loading: bool,
     /// Tensor-parallel size [default: 1].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub tp: Option<u64>,
     /// Pipeline-parallel size [default: 1].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub pp: Option<u64>,
-    /// Sequence parallelism over the tensor-parallel group.
+    /// Sequence parallelism over the tensor-parallel group (with --tp above 1).
     #[cfg_attr(feature = "clap", arg(long))]
     pub sp: bool,
     /// LoRA adapter rank (frozen base) [default: 16 with --qlora, else no LoRA].
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub lora_rank: Option<u64>,
     /// QLoRA: LoRA over a 4-bit NF4 base.
     #[cfg_attr(feature = "clap", arg(long))]
@@ -200,7 +227,7 @@ pub struct Settings {
     /// saves its dropout's output and mask [default: 0].
     #[cfg_attr(
         feature = "clap",
-        arg(long, value_name = "P", allow_negative_numbers = true)
+        arg(long, value_name = "P", allow_hyphen_values = true)
     )]
     pub lora_dropout: Option<f64>,
     /// Loss of a training step: hf (the model's own from labels: cross-entropy over every
@@ -244,7 +271,10 @@ pub struct Settings {
     pub cache_len: Option<u64>,
     /// Positions per chunk of `--loss chunked` / `chunked-fp32` [default: 128 (litgpt's
     /// lm_head_chunk_size) / an eighth of --seq (torchtune's 8 output chunks)].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "POSITIONS"))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "POSITIONS", allow_negative_numbers = true, value_parser = count)
+    )]
     pub loss_chunk: Option<u64>,
     /// transformers release whose modelling code is planned, MAJOR.MINOR[.PATCH]: generate's
     /// prefill computes every prompt position's logits before the family took `logits_to_keep`
@@ -296,26 +326,41 @@ pub struct Settings {
     pub engine: Option<String>,
     /// With --engine: the longest request in tokens [default: the config's
     /// max_position_embeddings].
-    #[cfg_attr(feature = "clap", arg(long, value_parser = count))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub max_model_len: Option<u64>,
     /// With --engine: tokens per scheduler step, the profile run's token count [default:
     /// max(max_model_len, 2048), vLLM V0 without chunked prefill].
-    #[cfg_attr(feature = "clap", arg(long, value_parser = count))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub max_num_batched_tokens: Option<u64>,
     /// With --engine: sequences per scheduler step, the profile run's sampled rows [default:
     /// 256].
-    #[cfg_attr(feature = "clap", arg(long, value_parser = count))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub max_num_seqs: Option<u64>,
     /// With --engine: share of the GPU's memory the engine may use, above 0 and at most 1
     /// [default: 0.9].
-    #[cfg_attr(feature = "clap", arg(long, allow_negative_numbers = true))]
+    #[cfg_attr(feature = "clap", arg(long, allow_hyphen_values = true))]
     pub gpu_memory_utilization: Option<f64>,
     /// With --engine: tokens per KV-cache block [default: 16].
-    #[cfg_attr(feature = "clap", arg(long, value_parser = count))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = count)
+    )]
     pub block_size: Option<u64>,
     /// With --engine: bytes outside PyTorch's allocator the profile counts (vLLM's logged
     /// non_torch_memory: cuBLAS and NCCL workspaces), taken off the KV cache [default: 0].
-    #[cfg_attr(feature = "clap", arg(long, value_name = "BYTES"))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "BYTES", allow_negative_numbers = true, value_parser = count)
+    )]
     pub non_torch_bytes: Option<u64>,
     /// LoRA over an int8 base (validation data only; not a `gpumem plan` flag).
     #[cfg_attr(feature = "clap", arg(skip))]
@@ -445,6 +490,10 @@ impl Settings {
         if let (None, Some(size)) = (self.image_size, model.native_image_size()) {
             workload.image_size = size;
         }
+        // A model that reads no tokens ignores `--seq` (with a warning): it plans the default.
+        if !model.reads_tokens() {
+            workload.seq = Workload::default().seq;
+        }
         let mut warnings = self.ignored(model, workload.mode);
         warnings.extend(self.ignored_by_engine());
         if self.bitsandbytes.is_some()
@@ -468,6 +517,20 @@ impl Settings {
             .map_or(Ok(LoraTargets::default()), |text| {
                 LoraTargets::parse(text, model_type)
             })
+    }
+
+    /// `--amp`: a half-precision autocast dtype, the error for another listing only those.
+    /// `fp32` is read as itself, which [`Workload::validate`] refuses with its reason.
+    fn amp(&self) -> Result<Option<Dtype>> {
+        let Some(text) = self.amp.as_deref() else {
+            return Ok(None);
+        };
+        match parse("amp dtype", text, choices::AMP_DTYPES) {
+            Err(_) if parse("amp dtype", text, choices::DTYPES).ok() == Some(Dtype::Fp32) => {
+                Ok(Some(Dtype::Fp32))
+            }
+            half => half.map(Some),
+        }
     }
 
     /// `--lora-dropout`: a probability below 1.
@@ -593,13 +656,8 @@ impl Settings {
             d.mode
         };
         let mode = pick(&self.mode, "mode", choices::MODES)?.unwrap_or(default_mode);
-        if self.engine.is_some() && mode == Mode::Train {
-            return Err(PlanError::Conflict {
-                first: "--engine".into(),
-                second: "--mode train".into(),
-                reason: "a serving engine runs inference; drop --mode".into(),
-            });
-        }
+        self.check_engine(mode)?;
+        self.check_unread_sizes(mode)?;
         let sharding = self.sharding()?;
         let target = self.target()?;
         let gpu = match target {
@@ -637,7 +695,7 @@ impl Settings {
             image_size: self.image_size.unwrap_or(d.image_size),
             new_tokens: self.new_tokens.unwrap_or(d.new_tokens),
             dtype: pick(&self.dtype, "dtype", choices::DTYPES)?.unwrap_or(default_dtype),
-            amp: pick(&self.amp, "amp dtype", choices::DTYPES)?,
+            amp: self.amp()?,
             optimizer: pick(&self.optimizer, "optimizer", choices::OPTIMIZERS)?
                 .unwrap_or(d.optimizer),
             optimizer_impl: pick(
@@ -662,7 +720,7 @@ impl Settings {
                 }
             },
             lora,
-            layout: self.layout(sharding)?,
+            layout: self.layout(sharding, mode)?,
             target,
             blas_workspace: match target {
                 Target::Cpu => 0,
@@ -714,6 +772,70 @@ impl Settings {
         Ok(workload)
     }
 
+    /// A serving engine's profile is one inference forward of its own batch, on one GPU per
+    /// instance, over the base model's weights: another mode, tensor or pipeline parallelism
+    /// and LoRA adapters are conflicts (the profile would silently answer without them).
+    fn check_engine(&self, mode: Mode) -> Result<()> {
+        let engines = crate::serving::ENGINES;
+        let Some(engine) = pick(&self.engine, "engine", engines)? else {
+            return Ok(());
+        };
+        let one_gpu = "the profile is planned for one GPU per instance (vLLM's \
+                       tensor_parallel_size and pipeline_parallel_size 1): parallel workers \
+                       are not modelled; plan a model that fits one GPU, or drop --engine";
+        let (tp, pp) = (self.tp.unwrap_or(1), self.pp.unwrap_or(1));
+        let adapters = if self.qlora {
+            Some("--qlora".to_string())
+        } else {
+            self.lora_rank.map(|rank| format!("--lora-rank {rank}"))
+        };
+        let refused = [
+            (
+                mode != Mode::Infer,
+                format!(
+                    "--mode {}",
+                    choices::name(choices::MODES, mode).unwrap_or("?")
+                ),
+                "a serving engine's profile runs one inference forward over its own batch; \
+                 drop --mode",
+            ),
+            (tp > 1, format!("--tp {tp}"), one_gpu),
+            (pp > 1, format!("--pp {pp}"), one_gpu),
+            (
+                adapters.is_some(),
+                adapters.unwrap_or_default(),
+                "the profile plans the base model's weights; serving LoRA adapters (vLLM's \
+                 --enable-lora) is not modelled",
+            ),
+        ];
+        match refused.into_iter().find(|(given, _, _)| *given) {
+            None => Ok(()),
+            Some((_, second, reason)) => Err(PlanError::Conflict {
+                first: format!("--engine {}", choices::name(engines, engine).unwrap_or("?")),
+                second,
+                reason: reason.into(),
+            }),
+        }
+    }
+
+    /// `--new-tokens` and `--cache-len` outside generate mode, which ignores them (with a
+    /// warning): a value no run accepts is still an error ([`Workload::validate`] checks them
+    /// in generate mode).
+    fn check_unread_sizes(&self, mode: Mode) -> Result<()> {
+        if mode == Mode::Generate {
+            return Ok(());
+        }
+        for (name, value) in [
+            ("new-tokens", self.new_tokens),
+            ("cache-len", self.cache_len),
+        ] {
+            if let Some(value) = value {
+                crate::limits::POSITIONS.check(name, value)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The sharding `--zero` or `--fsdp` asks for; both at once are a conflict.
     fn sharding(&self) -> Result<Sharding> {
         let d = Workload::default();
@@ -741,8 +863,10 @@ impl Settings {
     }
 
     /// The LoRA adapters the flags ask for, over the base their quantisation gives; none
-    /// without a rank, QLoRA or an int8 base.
+    /// without a rank, QLoRA or an int8 base. `--lora-dropout` is checked either way: a value
+    /// that is no probability is an error even where no adapter reads it.
     fn lora(&self) -> Result<Option<Lora>> {
+        let dropout = self.lora_dropout()?;
         let base = if self.qlora {
             Some(BaseQuant::QLORA)
         } else if self.lora_base_int8 {
@@ -753,16 +877,23 @@ impl Settings {
         match base {
             Some(base) => Ok(Some(Lora {
                 targets: self.lora_targets("")?,
-                dropout: self.lora_dropout()?,
+                dropout,
                 ..Lora::new(self.lora_rank.unwrap_or(DEFAULT_LORA_RANK), base)
             })),
             None => Ok(None),
         }
     }
 
-    /// The GPUs, their parallelism and the sharding of the model states.
-    fn layout(&self, sharding: Sharding) -> Result<Layout> {
+    /// The GPUs, their parallelism and the sharding of the model states in `mode`: ZeRO, FSDP
+    /// and offloading only in training (elsewhere they are warned about as ignored, and change
+    /// nothing).
+    fn layout(&self, sharding: Sharding, mode: Mode) -> Result<Layout> {
         let d = Workload::default().layout;
+        let offload = self.offload_for(sharding, mode)?;
+        let sharding = match mode {
+            Mode::Train => sharding,
+            Mode::Infer | Mode::Generate => Sharding::None,
+        };
         Ok(Layout {
             gpus: self.gpus.unwrap_or(d.gpus),
             nodes: self.nodes.unwrap_or(d.nodes),
@@ -770,7 +901,7 @@ impl Settings {
             pp: self.pp.unwrap_or(d.pp),
             sp: self.sp,
             sharding,
-            offload: self.offload_for(sharding)?,
+            offload,
             zero_init: !self.no_zero_init,
             fsdp_cpu_loading: self.fsdp_cpu_ram_efficient_loading,
             fsdp_version: pick(&self.fsdp_version, "FSDP version", choices::FSDP_VERSIONS)?
@@ -797,10 +928,13 @@ impl Settings {
         })
     }
 
-    /// What `--offload` moves to the host under `sharding`. FSDP has no optimizer-only
-    /// offload: its `CPUOffload(offload_params=True)` moves the parameter shards and runs the
-    /// optimizer step on the host, so `optimizer` with `--fsdp` is a conflict.
-    fn offload_for(&self, sharding: Sharding) -> Result<Offload> {
+    /// What `--offload` moves to the host under `sharding` in `mode`. FSDP has no
+    /// optimizer-only offload: its `CPUOffload(offload_params=True)` moves the parameter shards
+    /// and runs the optimizer step on the host, so `optimizer` with `--fsdp` is a conflict.
+    /// Offloading is DeepSpeed ZeRO's or FSDP's, so a training run without either that asks
+    /// for it is a conflict too; outside training nothing is offloaded (the flag is ignored,
+    /// with a warning).
+    fn offload_for(&self, sharding: Sharding, mode: Mode) -> Result<Offload> {
         let offload = pick(&self.offload, "offload", choices::OFFLOADS)?.unwrap_or_default();
         if sharding == Sharding::Fsdp && offload == Offload::Optimizer {
             return Err(PlanError::Conflict {
@@ -808,6 +942,22 @@ impl Settings {
                 second: "--offload optimizer".into(),
                 reason: "FSDP's CPU offload moves the parameters with the optimizer; use \
                          --offload all"
+                    .into(),
+            });
+        }
+        if mode != Mode::Train {
+            return Ok(Offload::None);
+        }
+        if sharding == Sharding::None && offload != Offload::None {
+            return Err(PlanError::Conflict {
+                first: format!(
+                    "--offload {}",
+                    choices::name(choices::OFFLOADS, offload).unwrap_or("?")
+                ),
+                second: "no --zero or --fsdp".into(),
+                reason: "offloading is DeepSpeed ZeRO's (offload_optimizer and offload_param, \
+                         stages 1-3) or FSDP's (CPUOffload); add --zero 2 (ZeRO-Offload), \
+                         --zero 3 or --fsdp"
                     .into(),
             });
         }
