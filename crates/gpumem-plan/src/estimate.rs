@@ -4,9 +4,9 @@
 
 use crate::checks::check;
 use crate::distributed::{nccl_bytes, reduced_at_backward_end};
-use crate::error::Result;
+use crate::error::{PlanError, Result};
 use crate::graph::build_units;
-use crate::model::ModelSpec;
+use crate::model::{ModelSpec, ParamCounts};
 use crate::releases::OldRelease;
 use crate::states::{model_states, trainable_params, States};
 use crate::unit::{Unit, ACCUMULATION_COPIES};
@@ -190,17 +190,16 @@ pub struct Estimate {
 
 /// Estimates the peak memory of `workload` on `model` for the busiest GPU.
 pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -> Result<Estimate> {
-    let warnings = check(model, workload)?;
+    let mut warnings = check(model, workload)?;
     let counts = model.params();
     let trainable = trainable_params(model, workload, &counts);
     let mut peaks: Vec<(Phase, Breakdown)> = match workload.mode {
         Mode::Train => {
-            let stages = pipeline_stages(model, workload);
-            let mut peaks = Vec::new();
-            for (stage_units, in_flight) in stages {
-                let states = model_states(model, workload, &counts, &stage_units, trainable);
-                let stage = simulate_training(&stage_units, &states, workload, in_flight);
-                merge_busiest(&mut peaks, stage);
+            let (first, last) = training_stages(model, workload, &counts, trainable);
+            warnings.extend(selective_without_scores(model, workload, &first.units));
+            let mut peaks = first.peaks;
+            if let Some(last) = last {
+                merge_busiest(&mut peaks, last.peaks);
             }
             let startup = crate::sequence::startup_peak(model, workload)?;
             if startup > 0 {
@@ -223,6 +222,7 @@ pub fn estimate(model: &ModelSpec, workload: &Workload, overheads: &Overheads) -
     for (_, phase) in peaks.iter_mut().filter(|(p, _)| *p != Phase::Startup) {
         phase.blas_workspace = workspace;
     }
+    check_bounded(model, workload, &peaks)?;
     let (peak_phase, mut breakdown) = peaks
         .iter()
         .copied()
@@ -295,11 +295,7 @@ impl Estimate {
 }
 
 /// Keeps, per phase, the larger of two pipeline stages' peaks.
-fn merge_busiest(peaks: &mut Vec<(Phase, Breakdown)>, stage: Vec<(Phase, Breakdown)>) {
-    if peaks.is_empty() {
-        *peaks = stage;
-        return;
-    }
+fn merge_busiest(peaks: &mut [(Phase, Breakdown)], stage: Vec<(Phase, Breakdown)>) {
     for ((_, kept), (_, new)) in peaks.iter_mut().zip(stage) {
         if new.allocated() > kept.allocated() {
             *kept = new;
@@ -307,22 +303,90 @@ fn merge_busiest(peaks: &mut Vec<(Phase, Breakdown)>, stage: Vec<(Phase, Breakdo
     }
 }
 
-/// Pipeline stages to evaluate: the first (most activations in flight) and the last (the head).
-fn pipeline_stages(model: &ModelSpec, workload: &Workload) -> Vec<(Vec<Unit>, f64)> {
+/// One pipeline stage of a training step on one GPU (the whole model without pipeline
+/// parallelism): its units, the micro-batches whose activations it holds at once, and the
+/// peaks of its phases.
+pub(crate) struct Stage {
+    /// The stage's units, in forward order.
+    pub(crate) units: Vec<Unit>,
+    /// Micro-batches in flight (1F1B: the first stage holds up to `pp`).
+    pub(crate) in_flight: f64,
+    /// Its phases' peaks (without the cuBLAS workspaces, the same on every stage).
+    peaks: Vec<(Phase, Breakdown)>,
+}
+
+impl Stage {
+    /// The stage's peak allocated bytes over its phases.
+    fn peak(&self) -> u64 {
+        self.peaks
+            .iter()
+            .map(|(_, b)| b.allocated())
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The pipeline stages of a training step ([`pipeline_stages`]), each simulated over its own
+/// model states: the first, and the last where there is pipeline parallelism.
+fn training_stages(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+    trainable: u64,
+) -> (Stage, Option<Stage>) {
+    let stage = |units: Vec<Unit>, in_flight: f64| {
+        let states = model_states(model, workload, counts, &units, trainable);
+        let peaks = simulate_training(&units, &states, workload, in_flight);
+        Stage {
+            units,
+            in_flight,
+            peaks,
+        }
+    };
+    let ((first, in_flight), last) = pipeline_stages(model, workload);
+    (stage(first, in_flight), last.map(|units| stage(units, 1.0)))
+}
+
+/// The pipeline stage of a training step whose peak is the step's: the one the busiest GPU
+/// runs, which the allocation sequence plans ([`crate::sequence::allocation_sequence`]).
+pub(crate) fn busiest_stage(
+    model: &ModelSpec,
+    workload: &Workload,
+    counts: &ParamCounts,
+    trainable: u64,
+) -> Stage {
+    match training_stages(model, workload, counts, trainable) {
+        (first, Some(last)) if last.peak() > first.peak() => last,
+        (first, _) => first,
+    }
+}
+
+/// Pipeline stages to evaluate: the first (most activations in flight) with its micro-batches
+/// in flight, and, with pipeline parallelism, the last (the head).
+fn pipeline_stages(
+    model: &ModelSpec,
+    workload: &Workload,
+) -> ((Vec<Unit>, f64), Option<Vec<Unit>>) {
     let units = build_units(model, workload, workload.batch);
     let stages = workload.layout.pp as usize;
     if stages == 1 {
-        return vec![(units, 1.0)];
+        return ((units, 1.0), None);
     }
-    let blocks: Vec<&Unit> = units.iter().filter(|u| u.name == "block").collect();
-    let per_stage = blocks.len().div_ceil(stages);
-    let first: Vec<Unit> = units.iter().take(1 + per_stage).cloned().collect();
-    let last_blocks = blocks.len().saturating_sub(per_stage * (stages - 1)).max(1);
+    // The stages split the language model's blocks; a vision-language model's tower and
+    // projector, which run before its embeddings, are the first stage's.
+    let start = units
+        .iter()
+        .rposition(|u| u.name == "embeddings")
+        .unwrap_or(0);
+    let blocks = units[start..].iter().filter(|u| u.name == "block").count();
+    let per_stage = blocks.div_ceil(stages);
+    let first: Vec<Unit> = units.iter().take(start + 1 + per_stage).cloned().collect();
+    let last_blocks = blocks.saturating_sub(per_stage * (stages - 1)).max(1);
     let mut last: Vec<Unit> = units.iter().rev().take(1 + last_blocks).cloned().collect();
     last.reverse();
     // 1F1B: the first stage holds `pp` micro-batches in flight when there are that many.
     let in_flight = (workload.grad_accum.min(workload.layout.pp)) as f64;
-    vec![(first, in_flight), (last, 1.0)]
+    ((first, in_flight), Some(last))
 }
 
 /// What a unit saves for backward under the checkpointing policy.
@@ -385,13 +449,85 @@ pub(crate) fn kept_and_recomputed(units: &[Unit], policy: Checkpointing) -> Vec<
         .collect()
 }
 
-/// Ceiling of every breakdown entry (2⁵⁹ bytes, 512 PiB): absurd workloads saturate here, so the
-/// sums and differences of entries never overflow.
-pub const MAX_BYTES: u64 = 1 << 59;
+/// The planner's bound on the memory of one moment on one GPU: 2⁴⁸ bytes (256 TiB), about a
+/// thousand times the largest GPU's memory, and a quarter of the largest simulated device the
+/// allocation sequence is replayed on (1 PiB), so that every allocator policy's reserve of a
+/// plan within the bound fits there. A breakdown entry saturates here, so that sums of
+/// entries never overflow, and a phase that reaches it is an error ([`past_bound`]), never a
+/// saturated figure.
+pub const MAX_BYTES: u64 = 1 << 48;
 
 /// Bytes of a modelled quantity, rounded and saturated at [`MAX_BYTES`].
 fn bytes(x: f64) -> u64 {
     (x.max(0.0).round() as u64).min(MAX_BYTES)
+}
+
+/// The error for a plan whose `moment` (a phase, what it mostly holds) reaches [`MAX_BYTES`]
+/// under the sizes `value` names; `advice` says what to make smaller.
+pub(crate) fn past_bound(value: String, moment: String, advice: &str) -> PlanError {
+    PlanError::InvalidValue {
+        name: "workload".into(),
+        value,
+        reason: format!(
+            "{moment} reaches the planner's bound of {MAX_BYTES} bytes (2⁴⁸, 256 TiB) on one \
+             GPU, far beyond any GPU's memory; {advice}"
+        ),
+    }
+}
+
+/// Refuses a plan one of whose phases reaches [`MAX_BYTES`] allocated: its figures would be
+/// saturated, not planned ([`past_bound`], naming the phase, its largest entry and the
+/// workload's sizes).
+fn check_bounded(
+    model: &ModelSpec,
+    workload: &Workload,
+    peaks: &[(Phase, Breakdown)],
+) -> Result<()> {
+    let Some((phase, breakdown)) = peaks.iter().find(|(_, b)| b.allocated() >= MAX_BYTES) else {
+        return Ok(());
+    };
+    // The first of the largest entries (saturated ones tie).
+    let (largest, _) = breakdown
+        .entries()
+        .into_iter()
+        .rev()
+        .max_by_key(|(_, bytes)| *bytes)
+        .unwrap_or(("memory", 0));
+    let mut sizes = vec![format!("batch {}", workload.batch)];
+    if model.reads_tokens() {
+        sizes.push(format!("seq {}", workload.seq));
+    }
+    if workload.mode == Mode::Generate {
+        sizes.push(format!("new-tokens {}", workload.new_tokens));
+    }
+    if model.reads_images() {
+        sizes.push(format!("image-size {}", workload.image_size));
+    }
+    Err(past_bound(
+        sizes.join(", "),
+        format!("its {} phase, mostly {largest},", phase.label()),
+        "plan a smaller batch, sequence or image",
+    ))
+}
+
+/// `--grad-ckpt-selective` recomputes what the attention cores save: where no unit saves any
+/// (a fused SDPA or FlashAttention kernel keeps no score matrix; a CNN has no attention), it
+/// changes nothing, which is warned about.
+fn selective_without_scores(
+    model: &ModelSpec,
+    workload: &Workload,
+    units: &[Unit],
+) -> Option<Warning> {
+    let nothing = units.iter().all(|u| u.attention_core == 0.0);
+    (workload.checkpointing == Checkpointing::Selective && nothing).then(|| Warning::Ignored {
+        flag: "--grad-ckpt-selective",
+        reason: format!(
+            "{}'s attention saves no score matrices for backward (a fused attention kernel, or \
+             no attention), so recomputing its core frees nothing; --grad-ckpt recomputes \
+             whole blocks",
+            model.name
+        ),
+    })
 }
 
 fn simulate_training(

@@ -373,31 +373,31 @@ fn stage_weight_bytes(
     trained_bytes: f64,
 ) -> f64 {
     let weight_bytes = workload.dtype.bytes() as f64;
-    let weights = match workload.lora {
-        Some(l) => {
+    let base = match (workload.lora, workload.quant) {
+        (Some(l), _) if l.base != BaseQuant::None => {
             let quantised =
                 (counts.block_linear + four_bit_head_params(model, workload)) as f64 * share;
             quantised * base_weight_bytes(l.base, workload.dtype)
                 + (full_params - quantised) * weight_bytes
-                + trainable as f64 * share * trained_bytes
         }
-        // A quantised checkpoint stores its block linears in its format; its kernel may
-        // allocate a buffer per GPU when the model is loaded.
-        None => match workload.quant {
-            Some(quant) => {
-                let quantised = counts.block_linear as f64 * share;
-                let kernel = match &model.arch {
-                    Architecture::Transformer(spec) => quant.kernel_buffer_bytes(spec),
-                    _ => 0.0,
-                };
-                quantised * quant.bytes_per_weight()
-                    + (full_params - quantised) * weight_bytes
-                    + kernel
-            }
-            None => full_params * weight_bytes,
-        },
+        // A quantised checkpoint (in inference, with or without adapters over it) stores its
+        // block linears in its format; its kernel may allocate a buffer per GPU when the model
+        // is loaded.
+        (_, Some(quant)) => {
+            let quantised = counts.block_linear as f64 * share;
+            let kernel = match &model.arch {
+                Architecture::Transformer(spec) => quant.kernel_buffer_bytes(spec),
+                _ => 0.0,
+            };
+            quantised * quant.bytes_per_weight() + (full_params - quantised) * weight_bytes + kernel
+        }
+        _ => full_params * weight_bytes,
     };
-    weights + module_buffer_bytes(model, workload, counts, share)
+    let adapters = match workload.lora {
+        Some(_) => trainable as f64 * share * trained_bytes,
+        None => 0.0,
+    };
+    base + adapters + module_buffer_bytes(model, workload, counts, share)
 }
 
 /// Bytes of a stage's module buffers (its `share` of the model): the model's own (norm

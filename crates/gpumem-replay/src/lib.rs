@@ -276,6 +276,7 @@ pub fn replay(
     };
     within_capacity(
         trace,
+        trace.events.len(),
         policy,
         options,
         (unlimited, report),
@@ -284,11 +285,12 @@ pub fn replay(
     )
 }
 
-/// The replay on a device of `options.capacity` where the `unlimited` run's reserved peak
-/// exceeds it: its report when reclaiming made it fit (what would happen on that device),
-/// else the unlimited report with where it ran out of memory.
+/// The replay of `trace`'s events before `end` on a device of `options.capacity` where the
+/// `unlimited` run's reserved peak exceeds it: its report when reclaiming made it fit (what
+/// would happen on that device), else the unlimited report with where it ran out of memory.
 fn within_capacity(
     trace: &Trace,
+    end: usize,
     policy: &dyn PolicySource,
     options: &ReplayOptions,
     (unlimited, mut report): (Run, PolicyReport),
@@ -304,7 +306,7 @@ fn within_capacity(
             })
         }
     };
-    let limited = run(trace, policy, capacity, options, progress)?;
+    let limited = run_until(trace, end, policy, capacity, options, progress)?;
     report.oom = limited.oom_report(trace, capacity);
     if report.oom.is_none() {
         // Reclaiming made it fit: the capacity-bound run is what would happen on that device.
@@ -370,11 +372,14 @@ pub fn smallest_capacity(
     Ok(Some(hi))
 }
 
-/// Replays `trace` through `policy` for its peak allocated and reserved bytes and device
-/// calls, without the steady-state pass, capacity search and asynchronous model that
-/// [`replay`] adds (what a planner needs, at a fraction of the cost): once on an unlimited
-/// device, and again on one of `options.capacity` where the first run outgrew it, as
-/// [`replay`] does.
+/// Replays `trace` through `policy` for its peaks (allocated, requested, reserved), its
+/// allocating device calls, its retries and where it runs out of memory, without the
+/// steady-state pass, capacity search and asynchronous model that [`replay`] adds (what a
+/// planner needs, at a fraction of the cost): once on an unlimited device, and again on one of
+/// `options.capacity` where the first run outgrew it, as [`replay`] does. It stops at the
+/// trace's last allocation: the frees after it change none of these (a free only returns
+/// memory), so the report's freeing device calls and synchronisations leave them out
+/// (a plan's sequence ends by freeing everything: a third of its events).
 pub fn replay_peaks(
     trace: &Trace,
     policy: impl PolicySource,
@@ -385,10 +390,23 @@ pub fn replay_peaks(
         placement_only: true,
         ..options.clone()
     };
-    let unlimited = run(trace, policy, UNLIMITED_CAPACITY, &options, &mut |_| {})?;
+    let end = trace
+        .events
+        .iter()
+        .rposition(|e| matches!(e, Event::Alloc { .. }))
+        .map_or(0, |last| last + 1);
+    let unlimited = run_until(
+        trace,
+        end,
+        policy,
+        UNLIMITED_CAPACITY,
+        &options,
+        &mut |_| {},
+    )?;
     let report = unlimited.report(policy, trace, None);
     let within = within_capacity(
         trace,
+        end,
         policy,
         &options,
         (unlimited, report),
@@ -653,8 +671,28 @@ fn drive(
     Ok((calls_per_step, None))
 }
 
+/// Replays `trace` through a fresh pool of `policy` on a device of `capacity` bytes.
 fn run(
     trace: &Trace,
+    policy: &dyn PolicySource,
+    capacity: u64,
+    options: &ReplayOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Run, ReplayError> {
+    run_until(
+        trace,
+        trace.events.len(),
+        policy,
+        capacity,
+        options,
+        progress,
+    )
+}
+
+/// [`run`] over `trace`'s events before `end`.
+fn run_until(
+    trace: &Trace,
+    end: usize,
     policy: &dyn PolicySource,
     capacity: u64,
     options: &ReplayOptions,
@@ -668,7 +706,7 @@ fn run(
         options.history_capacity,
         !options.placement_only,
     )?;
-    let total = trace.events.len();
+    let total = end;
     let started = Instant::now();
     let mut on_event = |index: usize| {
         if index.is_multiple_of(PROGRESS_EVERY) {
@@ -680,7 +718,7 @@ fn run(
         }
     };
     let (_, oom, initial_state) =
-        initial_state::drive_trace(&pool, trace, &mut AddressMap::default(), &mut on_event)?;
+        initial_state::drive_until(&pool, trace, end, &mut AddressMap::default(), &mut on_event)?;
     progress(Progress {
         policy: policy.name(),
         done: total,
@@ -904,5 +942,65 @@ mod tests {
         assert_eq!(highest_rank(ranks.iter().map(Vec::as_slice)), 1);
         assert_eq!(highest_rank(ranks[..1].iter().map(Vec::as_slice)), 0);
         assert_eq!(highest_rank(std::iter::empty()), 0);
+    }
+
+    /// A planned sequence ends by freeing everything (a third of the events of a large plan):
+    /// `replay_peaks` stops at its last allocation, with the peaks, retries and out-of-memory
+    /// point of the whole replay, on an unlimited device and on ones that make the pool empty
+    /// its cache or run out.
+    #[test]
+    fn peaks_stop_at_the_last_allocation_with_the_whole_replays_figures() {
+        let model = gpumem_plan::find_model("gpt2").unwrap();
+        let workload = gpumem_plan::Settings {
+            batch: Some(4),
+            seq: Some(256),
+            ..gpumem_plan::Settings::default()
+        }
+        .resolve(&model)
+        .unwrap()
+        .workload;
+        let events = gpumem_plan::allocation_sequence(&model, &workload).unwrap();
+        let trace = planned::planned_trace("gpt2", &events);
+        let last = trace
+            .events
+            .iter()
+            .rposition(|e| matches!(e, Event::Alloc { .. }))
+            .unwrap();
+        assert!(last + 1 < trace.events.len());
+        let figures = |r: &PolicyReport| {
+            (
+                r.peak_allocated_bytes,
+                r.peak_requested_bytes,
+                r.peak_reserved_bytes,
+                r.num_alloc_retries,
+                r.oom.as_ref().map(|o| (o.event_index, o.reserved_bytes)),
+            )
+        };
+        let whole = |policy, capacity| {
+            let options = ReplayOptions {
+                capacity,
+                ..ReplayOptions::default()
+            };
+            replay(&trace, policy, &options, &mut |_| {})
+                .unwrap()
+                .report
+        };
+        // Just below PyTorch's reserved peak its pool empties its cache once and fits; at half
+        // the live peak every policy runs out.
+        let reserved = whole(PolicyKind::Torch, None).peak_reserved_bytes;
+        let flushing = Some(reserved - (8 << 20));
+        assert_eq!(whole(PolicyKind::Torch, flushing).num_alloc_retries, 1);
+        for capacity in [None, flushing, Some(trace.summary().peak_live_bytes / 2)] {
+            let options = ReplayOptions {
+                capacity,
+                ..ReplayOptions::default()
+            };
+            for policy in planned::PLAN_POLICIES {
+                let peaks = replay_peaks(&trace, policy, &options).unwrap();
+                let what = format!("{policy:?} {capacity:?}");
+                assert_eq!(figures(&peaks), figures(&whole(policy, capacity)), "{what}");
+                assert_eq!(peaks.events, last + 1, "{what}");
+            }
+        }
     }
 }

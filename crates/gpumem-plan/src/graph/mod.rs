@@ -3,7 +3,7 @@
 //! keeps (saved inputs of linears, GELU/LayerNorm inputs, softmax outputs, dropout masks, the fp32
 //! upcast of logits in the loss), so the phase simulation can replay a step.
 
-use crate::model::{Architecture, ModelSpec, Patches, TransformerSpec};
+use crate::model::{Architecture, ModelSpec, TransformerSpec};
 use crate::quantity::{Bytes, Tokens, Width};
 use crate::releases::OldRelease;
 use crate::unit::Unit;
@@ -41,15 +41,20 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
                     .tower
                     .patches
                     .map_or(workload.image_size, |p| p.image_size);
+                // LoRA trains adapters on the language model's blocks only
+                // (`lora::lora_params`): the tower and the projector are frozen with the rest of
+                // the base, carry no adapter, and nothing that needs a gradient reaches them.
+                let adapters_only = workload.mode == Mode::Train && workload.lora.is_some();
                 let images = Workload {
                     image_size: tower_size,
+                    lora: workload.lora.filter(|_| !adapters_only),
                     ..workload.clone()
                 };
                 let tower = TransformerGraph::new(&vision.tower, &images, batch);
                 // Training: the layers after the one whose hidden states LLaVA reads, and the
                 // tower's own final norm, feed nothing that reaches the loss.
                 let read = vision.feature_layers as usize;
-                let frozen = workload.freeze_vision_tower;
+                let frozen = workload.freeze_vision_tower || adapters_only;
                 units.extend(tower.units().into_iter().enumerate().map(|(index, unit)| {
                     // Units: the patch embeddings (0), the blocks (1..=layers), the final norm.
                     let unit = unit.in_a_tower();
@@ -59,7 +64,16 @@ pub fn build_units(model: &ModelSpec, workload: &Workload, batch: u64) -> Vec<Un
                         unit
                     }
                 }));
-                units.push(tower.projector(vision.projector, vision.image_tokens, spec.hidden));
+                let projector = tower.projector(vision.projector, vision.image_tokens, spec.hidden);
+                units.push(if adapters_only {
+                    // Not a block: no checkpoint wraps it.
+                    Unit {
+                        checkpoint: None,
+                        ..projector.unused_in_training()
+                    }
+                } else {
+                    projector
+                });
             }
             let text = TransformerGraph::new(spec, workload, batch);
             if let Some(dual) = &spec.dual {
@@ -148,13 +162,7 @@ impl<'a> TransformerGraph<'a> {
     /// Sequence length of the (decoder or only) stack.
     fn sequence(&self) -> Tokens {
         match self.spec.patches {
-            Some(p) => Tokens(
-                Patches {
-                    image_size: self.workload.image_size,
-                    ..p
-                }
-                .tokens() as f64,
-            ),
+            Some(p) => Tokens(p.tokens_at(self.workload.image_size) as f64),
             None => Tokens(self.workload.seq as f64),
         }
     }

@@ -85,7 +85,13 @@ pub struct Patches {
 impl Patches {
     /// Tokens the encoder sees: one per patch, plus the class token.
     pub fn tokens(&self) -> u64 {
-        (self.image_size / self.patch).pow(2) + u64::from(self.class_token)
+        self.tokens_at(self.image_size)
+    }
+
+    /// Tokens the encoder sees for images of side `image_size`, which a tower may run at
+    /// instead of its trained size.
+    pub fn tokens_at(&self, image_size: u64) -> u64 {
+        (image_size / self.patch).pow(2) + u64::from(self.class_token)
     }
 }
 

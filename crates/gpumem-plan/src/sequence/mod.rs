@@ -17,8 +17,8 @@
 use crate::distributed::{reduced_at_backward_end, PhaseBuffers};
 use crate::error::Result;
 use crate::estimate::{
-    accumulates_gradients, blas_workspace_count, decode_step_units, kept_and_recomputed,
-    tuple_cache, Kept,
+    accumulates_gradients, blas_workspace_count, busiest_stage, decode_step_units,
+    kept_and_recomputed, tuple_cache, Kept, Overheads,
 };
 use crate::graph::build_units;
 use crate::lora::adapter_matrices;
@@ -95,8 +95,9 @@ pub const STEPS: u64 = 2;
 /// At most this many tensors per unit and kind, so that a sequence stays small for any model.
 const MAX_PIECES: f64 = 64.0;
 
-/// The allocation sequence of `workload` on `model` (the first pipeline stage for `--pp`; the
-/// whole model otherwise), on one GPU.
+/// The allocation sequence of `workload` on `model` on one GPU: in training, of the pipeline
+/// stage whose peak is the step's for `--pp` (the first, with its micro-batches in flight, or
+/// the last, with the head), of the whole model otherwise.
 pub fn allocation_sequence(model: &ModelSpec, workload: &Workload) -> Result<Vec<PlannedEvent>> {
     Ok(planned_run(model, workload)?.events)
 }
@@ -117,10 +118,20 @@ pub struct PlannedRun {
 
 /// [`allocation_sequence`] with the ids of the process's workspaces ([`PlannedRun`]).
 pub fn planned_run(model: &ModelSpec, workload: &Workload) -> Result<PlannedRun> {
-    crate::check(model, workload)?;
+    // What the estimate refuses, a sequence refuses too: no tensor of it reaches the
+    // planner's bound on a phase's memory.
+    crate::estimate(model, workload, &Overheads::default())?;
     let counts = model.params();
     let trainable = trainable_params(model, workload, &counts);
-    let units = build_units(model, workload, workload.batch);
+    // A training step runs its busiest pipeline stage (the whole model without pipeline
+    // parallelism).
+    let (units, in_flight) = match workload.mode {
+        Mode::Train => {
+            let stage = busiest_stage(model, workload, &counts, trainable);
+            (stage.units, stage.in_flight as usize)
+        }
+        Mode::Infer | Mode::Generate => (build_units(model, workload, workload.batch), 1),
+    };
     let states = model_states(model, workload, &counts, &units, trainable);
     let mut out = Emitter {
         workspaces: Workspaces {
@@ -157,7 +168,7 @@ pub fn planned_run(model: &ModelSpec, workload: &Workload) -> Result<PlannedRun>
         })
         .collect();
     match workload.mode {
-        Mode::Train => train(&mut out, &units, &states, workload, &shapes),
+        Mode::Train => train(&mut out, &units, &states, workload, &shapes, in_flight),
         Mode::Infer | Mode::Generate => {
             let preallocated = workload.static_cache_positions().is_some();
             let setup = if preallocated {
@@ -241,6 +252,8 @@ struct Shapes {
     block_matrices: Vec<u64>,
     /// Elements of each weight matrix of a vision tower's dense block.
     tower_matrices: Vec<u64>,
+    /// Bytes of one hidden state of a vision tower's block (over the tower's patch tokens).
+    tower_activation: f64,
     /// Elements of each weight tensor of a mixture-of-experts block, as the release planned
     /// holds them.
     moe_block_tensors: Vec<u64>,
@@ -268,7 +281,7 @@ impl Shapes {
         let (matrix, hidden, widest) = match &model.arch {
             Architecture::Transformer(t) => {
                 let h = t.hidden as f64;
-                let tokens = (workload.batch * workload.tokens().max(1)) as f64;
+                let tokens = workload.batch as f64 * stack_tokens(t, workload, None) as f64;
                 let tp = workload.layout.tp as f64;
                 let widest = (t.vocab as f64 / tp * 4.0).max(t.intermediate as f64 * act);
                 (h * h / tp, tokens * h * act, tokens * widest)
@@ -305,17 +318,11 @@ impl Shapes {
                 Architecture::Transformer(t) => t.block_matrices(),
                 Architecture::Resnet(_) | Architecture::Diffusion(_) => Vec::new(),
             },
-            tower_matrices: match &model.arch {
-                Architecture::Transformer(t) => {
-                    let tower = t
-                        .vision
-                        .as_ref()
-                        .map(|v| &v.tower)
-                        .or(t.dual.as_ref().map(|d| &d.tower));
-                    tower.map_or(Vec::new(), |tower| tower.block_matrices())
-                }
-                Architecture::Resnet(_) | Architecture::Diffusion(_) => Vec::new(),
-            },
+            tower_matrices: tower(model).map_or(Vec::new(), |(t, _)| t.block_matrices()),
+            tower_activation: tower(model).map_or(0.0, |(t, image)| {
+                let tokens = workload.batch as f64 * stack_tokens(t, workload, image) as f64;
+                (tokens * t.hidden as f64 * act).max(512.0)
+            }),
             moe_block_tensors: match &model.arch {
                 Architecture::Transformer(t) => {
                     let release = OldRelease::of(t, workload);
@@ -351,14 +358,21 @@ impl Shapes {
         }
     }
 
-    /// Bytes of one of `unit`'s hidden states: an audio encoder block's own, else the
-    /// model's typical one.
-    fn activation_of(&self, unit: &Unit) -> f64 {
+    /// Bytes of one of `unit`'s hidden states where its stack's differ from the model's
+    /// typical one: an audio encoder block's, a vision tower block's.
+    fn own_activation(&self, unit: &Unit) -> Option<f64> {
         if unit.whole.encoder_hidden > 0.0 {
-            unit.whole.encoder_hidden.max(512.0)
+            Some(unit.whole.encoder_hidden.max(512.0))
+        } else if unit.whole.tower_block {
+            Some(self.tower_activation)
         } else {
-            self.activation
+            None
         }
+    }
+
+    /// Bytes of one of `unit`'s hidden states: its stack's own, else the model's typical one.
+    fn activation_of(&self, unit: &Unit) -> f64 {
+        self.own_activation(unit).unwrap_or(self.activation)
     }
 
     /// Bytes of one of `unit`'s transient tensors in training: a block's are at most its
@@ -451,6 +465,30 @@ impl Shapes {
     /// The share of the model's parameters in `unit`.
     fn share(&self, unit: &Unit) -> f64 {
         unit.params as f64 / self.params
+    }
+}
+
+/// Tokens one sample runs through `spec`'s stack: a vision transformer's patches of an image
+/// of side `image` (the workload's when `None`) with its class token, else the positions of
+/// the workload's sequence.
+fn stack_tokens(spec: &TransformerSpec, workload: &Workload, image: Option<u64>) -> u64 {
+    match spec.patches {
+        Some(p) => p.tokens_at(image.unwrap_or(workload.image_size)),
+        None => workload.tokens().max(1),
+    }
+}
+
+/// The vision tower of `model` (a vision-language model's or a dual encoder's), with the image
+/// side it runs at when that is its own (a vision-language model's tower reads its images at
+/// its trained size; a dual encoder's, at the workload's).
+fn tower(model: &ModelSpec) -> Option<(&TransformerSpec, Option<u64>)> {
+    let Architecture::Transformer(t) = &model.arch else {
+        return None;
+    };
+    match (&t.vision, &t.dual) {
+        (Some(v), _) => Some((&v.tower, v.tower.patches.map(|p| p.image_size))),
+        (None, Some(d)) => Some((&d.tower, None)),
+        (None, None) => None,
     }
 }
 
@@ -568,11 +606,18 @@ impl Emitter {
     }
 }
 
-/// Two training steps: forward (saved activations accumulate), backward in reverse (each
-/// unit's saved tensors freed as its gradients appear), optimizer step (states created in the
-/// first step, the implementation's temporaries), gradients freed (`set_to_none=True`) unless
-/// they accumulate.
-fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload, shapes: &Shapes) {
+/// Two training steps: forward (saved activations accumulate, those of `in_flight`
+/// micro-batches on a pipeline's first stage), backward in reverse (each unit's saved tensors
+/// freed as its gradients appear), optimizer step (states created in the first step, the
+/// implementation's temporaries), gradients freed (`set_to_none=True`) unless they accumulate.
+fn train(
+    out: &mut Emitter,
+    units: &[Unit],
+    states: &States,
+    workload: &Workload,
+    shapes: &Shapes,
+    in_flight: usize,
+) {
     let accumulating = accumulates_gradients(workload);
     let mut kept_gradients: Vec<Vec<u64>> = Vec::new();
     if accumulating {
@@ -596,7 +641,7 @@ fn train(out: &mut Emitter, units: &[Unit], states: &States, workload: &Workload
             saved,
             held,
             gathered,
-        } = train_forward(out, units, &kept, states, shapes);
+        } = train_forward(out, units, &kept, states, shapes, in_flight);
         out.free(previous);
         let mut gradients = train_backward(
             out,
@@ -720,13 +765,15 @@ struct ForwardLeft {
     gathered: Vec<Option<u64>>,
 }
 
-/// A training step's forward.
+/// A training step's forward, with the saved tensors of `in_flight` micro-batches (1F1B's
+/// first pipeline stage: the others' come before this one's backward).
 fn train_forward(
     out: &mut Emitter,
     units: &[Unit],
     kept: &[Kept],
     states: &States,
     shapes: &Shapes,
+    in_flight: usize,
 ) -> ForwardLeft {
     let mut saved = Vec::with_capacity(units.len());
     let mut held = Vec::new();
@@ -759,17 +806,24 @@ fn train_forward(
             Some(phases) => no_grad_phases(out, &phases, &mut |_| {}),
             None => grad_forward_transient(out, unit, shapes),
         };
-        let mut unit_saved = if kept.saved < unit.saved {
-            // Recomputed in backward: what is kept is the block input.
-            out.pieces(kept.saved, shapes.activation_of(unit))
-        } else {
-            out.grouped(kept.saved, whole.saved, shapes.activation_of(unit))
+        let save = |out: &mut Emitter| {
+            let mut unit_saved = if kept.saved < unit.saved {
+                // Recomputed in backward: what is kept is the block input.
+                out.pieces(kept.saved, shapes.activation_of(unit))
+            } else {
+                out.grouped(kept.saved, whole.saved, shapes.activation_of(unit))
+            };
+            if !kept.wrapped {
+                unit_saved.extend(shapes.saved_linears(out, unit, states));
+            }
+            unit_saved
         };
-        if !kept.wrapped {
-            unit_saved.extend(shapes.saved_linears(out, unit, states));
+        let mut unit_saved = save(out);
+        out.free_all(transient);
+        for _ in 1..in_flight {
+            unit_saved.extend(save(out));
         }
         saved.push(unit_saved);
-        out.free_all(transient);
         held.push(out.alloc(unit.held));
         forward_held.push(out.alloc(unit.forward_held));
     }
@@ -1020,10 +1074,8 @@ fn infer(
         }
         let piece = if index == last {
             shapes.largest
-        } else if unit.whole.encoder_hidden > 0.0 {
-            shapes.activation_of(unit)
         } else {
-            shapes.live
+            shapes.own_activation(unit).unwrap_or(shapes.live)
         };
         // The KV cache comes with the unit's (first sublayer's) live tensors.
         let mut started = |out: &mut Emitter| {
