@@ -106,6 +106,16 @@ def test_bad_arguments_raise_typed_errors_naming_what_is_accepted():
         gpumem.tune(SMALL, top=0)
 
 
+def test_request_values_are_checked_in_process():
+    """plan() checks the request's own values as the command does, used or not: a margin out of
+    range without a fit, a context past 1 TiB, a global batch of 0 (the command alone did)."""
+    for settings, message in [(dict(margin=1.5), r"invalid margin = 1\.5"),
+                              (dict(context_mib=2**40), "invalid context-mib"),
+                              (dict(global_batch=0), "invalid global-batch = 0")]:
+        with pytest.raises(gpumem.PlanError, match=message):
+            gpumem.plan(model="gpt2", **settings)
+
+
 def test_replay_of_a_file_equals_the_command():
     got = gpumem.replay(SMALL, capacity="64MiB")
     want = cli_json("replay", str(SMALL), "--capacity", "64MiB")

@@ -48,6 +48,7 @@ pub fn run(args: PlanArgs) -> Result<(), CommandError> {
     if args.list_models {
         return output::print(&gpumem_plan::model_names().join("\n"));
     }
+    check_flags(&args).map_err(|e| e.to_string())?;
     let report = plan(&args.request).map_err(|e| e.to_string())?;
     if let Some(path) = &args.report {
         let gpu_bytes = report.gpu.as_ref().map(|g| g.memory_bytes);
@@ -56,7 +57,7 @@ pub fn run(args: PlanArgs) -> Result<(), CommandError> {
             .map_err(|e| format!("--report {}: {e}", path.display()))?;
     }
     if let Some(path) = &args.trace_out {
-        write_trace(&args.request, &report, path).map_err(|e| e.to_string())?;
+        write_trace(&args.request, &report, path)?;
     }
     let text = if args.json {
         serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
@@ -67,16 +68,44 @@ pub fn run(args: PlanArgs) -> Result<(), CommandError> {
     report.fit_error.map_or(Ok(()), |e| Err(e.into()))
 }
 
-/// Writes the planned allocation sequence of the report's workload to `path`.
-fn write_trace(request: &PlanRequest, report: &PlanReport, path: &Path) -> Result<(), PlanError> {
-    let model = request.model_spec()?;
-    let trace = planned_trace(
-        &format!("gpumem plan: {}", model.name),
-        &allocation_sequence(&model, &report.workload)?,
-    );
-    gpumem_trace::write_path(&trace, path, Format::Native).map_err(|e| PlanError::Unreadable {
-        path: path.display().to_string(),
-        reason: format!("cannot write the trace: {e}"),
+/// The outputs that draw a PyTorch process, which a serving engine's plan is not (a conflict
+/// rather than a page or trace of a run not planned).
+fn check_flags(args: &PlanFlags) -> Result<(), PlanError> {
+    let Some(engine) = &args.request.settings.engine else {
+        return Ok(());
+    };
+    let outputs = [
+        ("--report", args.report.is_some()),
+        ("--trace-out", args.trace_out.is_some()),
+    ];
+    match outputs.into_iter().find(|(_, given)| *given) {
+        None => Ok(()),
+        Some((flag, _)) => Err(PlanError::Conflict {
+            first: format!("--engine {engine}"),
+            second: flag.into(),
+            reason: "it draws the phases of a PyTorch process, and a serving engine's plan is \
+                     its start-up profile (printed, or with --json); drop one"
+                .into(),
+        }),
+    }
+}
+
+/// Writes the planned allocation sequence of the report's workload to `path`; a file that
+/// cannot be written is an error naming `--trace-out` and the path.
+fn write_trace(
+    request: &PlanRequest,
+    report: &PlanReport,
+    path: &Path,
+) -> Result<(), CommandError> {
+    let model = request.model_spec().map_err(|e| e.to_string())?;
+    let sequence = allocation_sequence(&model, &report.workload).map_err(|e| e.to_string())?;
+    let trace = planned_trace(&format!("gpumem plan: {}", model.name), &sequence);
+    gpumem_trace::write_path(&trace, path, Format::Native).map_err(|e| {
+        format!(
+            "--trace-out {}: cannot write the trace: {e}",
+            path.display()
+        )
+        .into()
     })
 }
 

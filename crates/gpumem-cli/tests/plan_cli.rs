@@ -687,3 +687,516 @@ fn a_run_that_fills_the_gpu_fits_by_emptying_the_cache() {
         "{card}"
     );
 }
+
+/// Runs `gpumem plan` with `flags` and returns its standard error after checking that it
+/// failed as a usage error (exit code 2).
+fn plan_error(flags: &[&str]) -> String {
+    let mut args = vec!["plan"];
+    args.extend_from_slice(flags);
+    let out = gpumem(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+    stderr
+}
+
+/// A value no run accepts is an error naming the flag and the range, also where the mode or
+/// the rest of the command ignores the flag (it used to pass with an "ignored" warning, or
+/// silently: a margin without a fit, a context of 95 TiB planned as a 536-million-GiB peak).
+#[test]
+fn out_of_range_values_are_errors_even_where_ignored() {
+    let cases: [(&[&str], &str); 9] = [
+        (
+            &["--lora-dropout", "1.5"],
+            "invalid lora-dropout = 1.5: must be a probability",
+        ),
+        (&["--lora-dropout", "nan"], "invalid lora-dropout = NaN"),
+        (&["--lora-dropout", "-0.1"], "invalid lora-dropout = -0.1"),
+        (
+            &[
+                "--mode",
+                "infer",
+                "--lora-rank",
+                "8",
+                "--lora-dropout",
+                "-inf",
+            ],
+            "invalid lora-dropout = -inf",
+        ),
+        (
+            &["--new-tokens", "0"],
+            "invalid new-tokens = 0: must be between 1 and 16777216",
+        ),
+        (
+            &["--mode", "infer", "--cache-len", "18446744073709551615"],
+            "invalid cache-len = 18446744073709551615: must be between 1 and 16777216",
+        ),
+        (
+            &["--context-mib", "99999999999999"],
+            "invalid context-mib = 99999999999999: must be between 0 and 1048576 MiB",
+        ),
+        (
+            &["--margin", "nan"],
+            "invalid margin = NaN: must be a fraction in [0, 0.9)",
+        ),
+        (&["--margin", "1.5"], "invalid margin = 1.5"),
+    ];
+    for (flags, expected) in cases {
+        let stderr = plan_error(&[&["--model", "gpt2"], flags].concat());
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+    }
+}
+
+/// A negative count is refused by the flag's name with the reason, not as clap's "unexpected
+/// argument '-1'" that names no flag; a negative ZeRO stage or FSDP version is an unknown one.
+#[test]
+fn negative_counts_name_their_flag() {
+    for (flag, kind) in [("--zero", "ZeRO stage"), ("--fsdp-version", "FSDP version")] {
+        let stderr = plan_error(&["--model", "gpt2", flag, "-1"]);
+        assert!(
+            stderr.contains(&format!("unknown {kind} `-1`")),
+            "{flag}: {stderr}"
+        );
+    }
+    for flag in [
+        "--image-size",
+        "--new-tokens",
+        "--grad-accum",
+        "--gpus",
+        "--nodes",
+        "--nccl-buffsize",
+        "--tp",
+        "--pp",
+        "--lora-rank",
+        "--loss-chunk",
+        "--max-model-len",
+        "--non-torch-bytes",
+    ] {
+        let stderr = plan_error(&["--model", "gpt2", flag, "-1"]);
+        assert!(
+            stderr.contains(&format!("invalid value '-1' for '{flag} <"))
+                && stderr.contains("must be a positive integer"),
+            "{flag}: {stderr}"
+        );
+    }
+}
+
+/// `--global-batch` is between 1 and the batch bound: 0 was fitted as if not given, and 10¹¹
+/// failed naming `grad-accum`, a flag not typed.
+#[test]
+fn a_global_batch_out_of_range_is_an_error_naming_it() {
+    for value in ["0", "100000000000"] {
+        let stderr = plan_error(&[
+            "--model",
+            "gpt2",
+            "--gpu",
+            "h100",
+            "--fit",
+            "batch",
+            "--reserved",
+            "estimate",
+            "--global-batch",
+            value,
+        ]);
+        assert!(
+            stderr.contains(&format!(
+                "invalid global-batch = {value}: must be between 1 and 16777216"
+            )),
+            "{value}: {stderr}"
+        );
+    }
+}
+
+/// Flags a run does not use change nothing, or are refused: ZeRO and offloading in
+/// generation (warned as ignored, yet they changed the replayed peak), `--seq` on a vision
+/// transformer (the same), `--sp` without tensor parallelism (silently nothing), and
+/// `--offload` without ZeRO or FSDP (planned as an offload no run can do).
+#[test]
+fn flags_a_run_ignores_change_nothing_or_are_refused() {
+    let plan = |extra: &[&str]| {
+        json_of(&gpumem(
+            &[
+                &[
+                    "plan",
+                    "--model",
+                    "llama-3.2-1b",
+                    "--dtype",
+                    "bf16",
+                    "--json",
+                ],
+                extra,
+            ]
+            .concat(),
+        ))
+    };
+    let unchanged =
+        |base: &[&str], flags: &[&str]| {
+            let plain = plan(base);
+            let with = plan(&[base, flags].concat());
+            for key in ["peak_total_bytes", "breakdown", "replay"] {
+                assert_eq!(plain[key], with[key], "{flags:?}: {key}");
+            }
+            let warnings = with["warnings"].as_array().unwrap();
+            assert!(
+                warnings.iter().any(|w| w["kind"] == "ignored"
+                    && w["message"].as_str().unwrap().starts_with(flags[0])),
+                "{flags:?}: {warnings:?}"
+            );
+        };
+    let generate = ["--mode", "generate"];
+    unchanged(&generate, &["--zero", "1"]);
+    unchanged(&generate, &["--offload", "all"]);
+    unchanged(&[], &["--sp"]);
+    let vit = |extra: &[&str]| {
+        json_of(&gpumem(
+            &[&["plan", "--model", "vit-b-16", "--json"], extra].concat(),
+        ))
+    };
+    assert_eq!(vit(&[])["replay"], vit(&["--seq", "2048"])["replay"]);
+    let stderr = plan_error(&["--model", "gpt2", "--offload"]);
+    assert!(
+        stderr.contains("--offload all cannot be combined with no --zero or --fsdp"),
+        "{stderr}"
+    );
+}
+
+/// A serving engine's profile is one inference forward on one GPU over the base weights: a
+/// mode, tensor or pipeline parallelism, adapters, and outputs that draw a PyTorch process
+/// are refused (they used to be dropped silently: `--tp 2` printed a whole model's weights
+/// per GPU).
+#[test]
+fn engine_settings_it_does_not_plan_are_refused() {
+    let dir = std::env::temp_dir();
+    let page = dir.join("gpumem-engine-plan.html");
+    let trace = dir.join("gpumem-engine-plan.jsonl");
+    let cases: [(&[&str], &str); 6] = [
+        (&["--mode", "generate"], "--mode generate"),
+        (&["--gpus", "2", "--tp", "2"], "--tp 2"),
+        (&["--gpus", "2", "--pp", "2"], "--pp 2"),
+        (&["--lora-rank", "8"], "--lora-rank 8"),
+        (&["--report", page.to_str().unwrap()], "--report"),
+        (&["--trace-out", trace.to_str().unwrap()], "--trace-out"),
+    ];
+    for (flags, second) in cases {
+        let stderr = plan_error(
+            &[
+                &["--model", "llama-3-8b", "--engine", "vllm", "--gpu", "h100"],
+                flags,
+            ]
+            .concat(),
+        );
+        assert!(
+            stderr.contains(&format!("--engine vllm cannot be combined with {second}")),
+            "{flags:?}: {stderr}"
+        );
+    }
+}
+
+/// An image smaller than a vision transformer's patch has no patch (PyTorch's convolution
+/// raises); it was planned as a sequence of the class token alone.
+#[test]
+fn an_image_smaller_than_a_patch_is_an_error() {
+    for (model, size, patch) in [("vit-base", "8", 16), ("clip-vit-base-patch32", "16", 32)] {
+        let stderr = plan_error(&["--model", model, "--image-size", size]);
+        assert!(
+            stderr.contains(&format!(
+                "invalid image-size = {size}: must be at least the {patch}-pixel patch side"
+            )),
+            "{model}: {stderr}"
+        );
+    }
+}
+
+/// A trace that cannot be written names `--trace-out` and says it cannot write (it said
+/// "cannot read").
+#[test]
+fn an_unwritable_trace_out_names_the_flag() {
+    let dir = std::env::temp_dir();
+    let stderr = plan_error(&[
+        "--model",
+        "gpt2",
+        "--reserved",
+        "estimate",
+        "--trace-out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        stderr.contains(&format!(
+            "--trace-out {}: cannot write the trace",
+            dir.display()
+        )),
+        "{stderr}"
+    );
+}
+
+/// `gpumem plan --json` with `args`, after checking that it succeeded.
+fn plan_json(args: &[&str]) -> serde_json::Value {
+    json_of(&gpumem(&[&["plan", "--json"], args].concat()))
+}
+
+/// `args` with each `--flag [value]` of `changes` set, as a user adds an advice line to the
+/// command: a flag already given takes the new value, the others are added.
+fn with_changes(args: &[&str], changes: &str) -> Vec<String> {
+    let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    for flag in changes.split(" --") {
+        let mut words = flag.trim_start_matches("--").splitn(2, ' ');
+        let name = format!("--{}", words.next().unwrap());
+        let value = words.next().map(str::to_string);
+        match args.iter().position(|a| *a == name) {
+            Some(i) => {
+                if let Some(value) = value {
+                    args[i + 1] = value;
+                }
+            }
+            None => args.extend([name].into_iter().chain(value)),
+        }
+    }
+    args
+}
+
+/// Every advice line and the plan that fits are the plan their flags give: `--qlora` on an fp32
+/// plan also moved it to bf16 without saying so (gemma-3-1b on a T4: "plan that fits: add
+/// --qlora --grad-ckpt → 14.27 GiB", 19.35 GiB with those flags), and halving a batch twice
+/// printed `--batch` twice, which no command line takes.
+#[test]
+fn every_advice_change_is_the_plan_its_flags_give() {
+    let cases: [&[&str]; 2] = [
+        &[
+            "--model",
+            "gemma-3-1b",
+            "--gpu",
+            "t4",
+            "--mode",
+            "train",
+            "--batch",
+            "4",
+            "--seq",
+            "1024",
+        ],
+        &[
+            "--model",
+            "qwen2.5-7b",
+            "--mode",
+            "infer",
+            "--batch",
+            "32",
+            "--seq",
+            "4096",
+            "--gpu",
+            "a10g",
+        ],
+    ];
+    for base in cases {
+        let report = plan_json(base);
+        let fits = &report["plan_that_fits"];
+        let flags: Vec<&str> = fits["changes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{base:?}: no plan that fits"))
+            .iter()
+            .map(|c| c.as_str().unwrap())
+            .collect();
+        let names: std::collections::BTreeSet<&str> =
+            flags.iter().map(|f| f.split(' ').next().unwrap()).collect();
+        assert_eq!(names.len(), flags.len(), "a flag set twice: {flags:?}");
+        let mut changes: Vec<(String, &serde_json::Value)> = report["advice"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["change"].as_str().unwrap().into(),
+                    &a["new_peak_total_bytes"],
+                )
+            })
+            .collect();
+        changes.push((flags.join(" "), &fits["peak_total_bytes"]));
+        for (change, peak) in changes {
+            let args = with_changes(base, &change);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            assert_eq!(
+                &plan_json(&args)["peak_total_bytes"],
+                peak,
+                "{base:?} + {change}"
+            );
+        }
+    }
+}
+
+/// The larger batch suggested for an idle GPU keeps the 10 % margin it promises, by the
+/// replay the plan prints, and is the largest that does: it was fitted on the estimate and
+/// then replayed (`--batch 68 → 24.01 GiB (10% margin kept)` on a GPU of 22.35 GiB).
+#[test]
+fn the_batch_for_idle_memory_keeps_its_margin() {
+    let base = [
+        "--model", "gpt2", "--gpu", "24GB", "--mode", "infer", "--seq", "1024",
+    ];
+    let report = plan_json(&base);
+    let usable = (report["gpu"]["memory_bytes"].as_u64().unwrap() as f64 * 0.9) as u64;
+    let larger = report["advice"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["cost"].as_str().unwrap().contains("idle memory"))
+        .expect("a larger batch for the idle GPU");
+    let peak = larger["new_peak_total_bytes"].as_u64().unwrap();
+    assert!(peak <= usable, "{larger}: {peak} > {usable}");
+    let batch: u64 = larger["change"].as_str().unwrap()["--batch ".len()..]
+        .parse()
+        .unwrap();
+    let next = with_changes(&base, &format!("--batch {}", batch + 1));
+    let next: Vec<&str> = next.iter().map(String::as_str).collect();
+    assert!(plan_json(&next)["peak_total_bytes"].as_u64().unwrap() > usable);
+}
+
+/// The fit and the plan it prints are one replay: the fit's reserved and total are the plan's
+/// (a ResNet-50 on a T4 fitted at 13.22 GiB printed 14.14 GiB: the fit replayed within the
+/// usable memory, the plan within the GPU), and the value is the largest that fits (Pythia-1B
+/// stopped at batch 73 and sequence 37443 where 74 and 37444 fit).
+#[test]
+fn the_fit_is_the_largest_value_the_printed_plan_fits() {
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[
+                "--model",
+                "resnet50",
+                "--amp",
+                "bf16",
+                "--optimizer",
+                "sgd",
+                "--gpu",
+                "t4",
+            ],
+            "batch",
+        ),
+        (
+            &["--model", "pythia-1b", "--gpu", "t4", "--mode", "infer"],
+            "batch",
+        ),
+        (
+            &["--model", "pythia-1b", "--gpu", "t4", "--mode", "infer"],
+            "seq",
+        ),
+    ];
+    for (base, target) in cases {
+        let report = plan_json(&[base, &["--fit", target]].concat());
+        let fit = &report["fit"];
+        let usable = fit["usable_bytes"].as_u64().unwrap();
+        assert_eq!(fit["total_bytes"], report["peak_total_bytes"], "{base:?}");
+        assert_eq!(fit["reserved_bytes"], report["peak_reserved_bytes"]);
+        assert!(fit["total_bytes"].as_u64().unwrap() <= usable, "{fit}");
+        let value = fit["value"].as_u64().unwrap();
+        let flag = format!("--{target}");
+        let at = |v: u64| {
+            let args = with_changes(base, &format!("{flag} {v}"));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            plan_json(&args)["peak_total_bytes"].as_u64().unwrap()
+        };
+        assert_eq!(at(value), fit["total_bytes"].as_u64().unwrap());
+        assert!(
+            at(value + 1) > usable,
+            "{base:?}: {target} {} fits",
+            value + 1
+        );
+    }
+}
+
+/// A GPU no larger than the context (and NCCL's memory) leaves the replay no device: an error
+/// naming `--gpu` and `--context-mib` with the sizes (it failed as "invalid planned allocation
+/// sequence … simulated device capacity 0 bytes"). Without the replay the plan just does not
+/// fit.
+#[test]
+fn a_gpu_smaller_than_the_context_is_an_error_naming_both() {
+    for extra in [&[][..], &["--fit", "batch"]] {
+        let stderr = plan_error(&[&["--model", "gpt2", "--gpu", "100MiB"], extra].concat());
+        assert!(
+            stderr.contains(
+                "--gpu of 100.00 MiB cannot be combined with --context-mib 500: the CUDA \
+                 context and framework take 500.00 MiB"
+            ),
+            "{extra:?}: {stderr}"
+        );
+    }
+    let smaller = plan_json(&["--model", "gpt2", "--gpu", "100MiB", "--context-mib", "50"]);
+    assert_eq!(smaller["gpu"]["fits"], false);
+    let estimated = plan_json(&[
+        "--model",
+        "gpt2",
+        "--gpu",
+        "100MiB",
+        "--reserved",
+        "estimate",
+    ]);
+    assert_eq!(estimated["gpu"]["fits"], false);
+}
+
+/// The request's own flags: a negative value names its flag (it was clap's "unexpected
+/// argument '-1'"); a global batch is checked without a fit too; a margin without a fit, and a
+/// `--batch` that `--fit batch` replaces, are warned about (they were dropped silently); a
+/// serving engine refuses a fit and a GPU count of a PyTorch process, and its PyTorch figures
+/// do not move with the flags it ignores.
+#[test]
+fn request_flags_are_checked_warned_or_refused() {
+    for flag in ["--global-batch", "--context-mib"] {
+        let stderr = plan_error(&["--model", "gpt2", flag, "-1"]);
+        assert!(
+            stderr.contains(&format!("invalid value '-1' for '{flag} <"))
+                && stderr.contains("must be a non-negative integer"),
+            "{flag}: {stderr}"
+        );
+    }
+    let stderr = plan_error(&["--model", "gpt2", "--margin", "-1"]);
+    assert!(stderr.contains("invalid margin = -1"), "{stderr}");
+    let stderr = plan_error(&["--model", "gpt2", "--global-batch", "0"]);
+    assert!(stderr.contains("invalid global-batch = 0"), "{stderr}");
+    let warned = |args: &[&str], flag: &str| {
+        let warnings = plan_json(args)["warnings"].to_string();
+        warnings.contains(&format!("{flag} has no effect"))
+    };
+    assert!(warned(&["--model", "gpt2", "--margin", "0.2"], "--margin"));
+    let fit = [
+        "--model", "gpt2", "--gpu", "t4", "--fit", "batch", "--margin", "0.2",
+    ];
+    assert!(!warned(&fit, "--margin"));
+    assert!(warned(&[&fit[..], &["--batch", "4"]].concat(), "--batch"));
+    let engine = ["--model", "llama-3-8b", "--engine", "vllm", "--gpu", "h100"];
+    for (flags, second) in [
+        (&["--fit", "batch"][..], "--fit batch"),
+        (&["--min-gpus"], "--min-gpus"),
+    ] {
+        let stderr = plan_error(&[&engine[..], flags].concat());
+        assert!(
+            stderr.contains(&format!("--engine vllm cannot be combined with {second}")),
+            "{stderr}"
+        );
+    }
+    let plain = plan_json(&engine);
+    let ignored = plan_json(
+        &[
+            &engine[..],
+            &[
+                "--batch",
+                "64",
+                "--seq",
+                "4096",
+                "--new-tokens",
+                "5",
+                "--attn",
+                "eager",
+                "--no-cache",
+                "--labels",
+            ],
+        ]
+        .concat(),
+    );
+    for key in [
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "peak_total_bytes",
+        "breakdown",
+        "replay",
+        "gpu",
+        "serving",
+    ] {
+        assert_eq!(plain[key], ignored[key], "{key}");
+    }
+    assert_eq!(ignored["advice"], serde_json::json!([]));
+}

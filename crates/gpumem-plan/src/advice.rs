@@ -2,8 +2,8 @@
 
 use crate::checks::check;
 use crate::error::Result;
-use crate::estimate::{estimate, Overheads};
-use crate::fit::{fit, FitTarget};
+use crate::estimate::{estimate, Estimate, Overheads};
+use crate::fit::{fit_measured, FitGoal, FitTarget};
 use crate::model::{Architecture, ModelSpec};
 use crate::quant::{QuantFormat, Quantization};
 use crate::workload::{
@@ -12,10 +12,10 @@ use crate::workload::{
 };
 use serde::Serialize;
 
-/// How the peak total of a plan is measured when changes to it are compared: the
-/// estimate's own ([`Estimated`]: allocated plus the allocator share plus the context), or
-/// another (the `gpumem_replay` crate replays the plan's allocation sequence through PyTorch's
-/// allocator for reserved memory).
+/// How the peak total of a plan is measured when changes to it are compared or a fit is
+/// searched: the estimate's own ([`Estimated`]: allocated plus the allocator share plus the
+/// context), or another (the `gpumem_replay` crate replays the plan's allocation sequence
+/// through PyTorch's allocator for reserved memory).
 pub trait PeakMeasure {
     /// Peak total bytes (reserved plus context) of `workload` on `model`.
     fn peak_total(
@@ -24,6 +24,21 @@ pub trait PeakMeasure {
         workload: &Workload,
         overheads: &Overheads,
     ) -> Result<u64>;
+
+    /// The estimate of `workload` on `model` whose peak total is [`PeakMeasure::peak_total`]'s:
+    /// by default the estimate with the reserved memory that total leaves beside the context
+    /// and NCCL's memory.
+    fn measure(
+        &self,
+        model: &ModelSpec,
+        workload: &Workload,
+        overheads: &Overheads,
+    ) -> Result<Estimate> {
+        let planned = estimate(model, workload, overheads)?;
+        let outside = planned.breakdown.framework + planned.breakdown.communication;
+        let total = self.peak_total(model, workload, overheads)?;
+        Ok(planned.with_reserved(total.saturating_sub(outside)))
+    }
 }
 
 /// The estimate's peak total ([`crate::Estimate::peak_total_bytes`]): milliseconds for any
@@ -38,6 +53,15 @@ impl PeakMeasure for Estimated {
         overheads: &Overheads,
     ) -> Result<u64> {
         Ok(estimate(model, workload, overheads)?.peak_total_bytes)
+    }
+
+    fn measure(
+        &self,
+        model: &ModelSpec,
+        workload: &Workload,
+        overheads: &Overheads,
+    ) -> Result<Estimate> {
+        estimate(model, workload, overheads)
     }
 }
 
@@ -142,14 +166,22 @@ fn training_candidates(model: &ModelSpec, w: &Workload) -> Vec<Candidate> {
             "trains adapters only: a different fine-tune, not full training",
             with(&|x| x.lora = Some(Lora::new(16, BaseQuant::None))),
         ));
+        // A 4-bit base computes in 16 bits: an fp32 plan moves to bf16 weights, and says so.
+        let dtype = match w.dtype {
+            Dtype::Fp32 => Dtype::Bf16,
+            other => other,
+        };
         list.push((
-            "--qlora".into(),
+            if dtype == w.dtype {
+                "--qlora"
+            } else {
+                "--qlora --dtype bf16"
+            }
+            .into(),
             "4-bit frozen base: ~20-30% slower steps, small quality loss",
             with(&|x| {
                 x.lora = Some(Lora::new(16, BaseQuant::QLORA));
-                if x.dtype == Dtype::Fp32 {
-                    x.dtype = Dtype::Bf16;
-                }
+                x.dtype = dtype;
             }),
         ));
     }
@@ -291,8 +323,8 @@ pub fn advise(
 }
 
 /// Changes applied one after another, each the largest remaining saving by `measure`, until the
-/// plan fits `gpu_bytes` (None when even all of them do not suffice). Returns the flags and the
-/// final peak.
+/// plan fits `gpu_bytes` (None when even all of them do not suffice). Returns the flags (each
+/// once, at its last value), the final workload and its peak.
 pub fn combine_until_fits(
     model: &ModelSpec,
     workload: &Workload,
@@ -318,7 +350,23 @@ pub fn combine_until_fits(
         changes.push(change);
         (current, peak) = (changed, new_peak);
     }
-    Ok(Some((changes, current, peak)))
+    Ok(Some((merge_flags(&changes), current, peak)))
+}
+
+/// The flags of `changes` (each one or more `--flag [value]`), each flag once where it was
+/// first set, at the value set last: halving the batch twice is `--batch 1 --grad-accum 4`,
+/// not `--batch 2 --grad-accum 2 --batch 1 --grad-accum 4`, which no command line takes.
+fn merge_flags(changes: &[String]) -> Vec<String> {
+    let mut flags: Vec<String> = Vec::new();
+    for flag in changes.iter().flat_map(|c| c.split(" --")) {
+        let flag = format!("--{}", flag.trim_start_matches("--"));
+        let name = |f: &str| f.split(' ').next().unwrap_or_default().to_string();
+        match flags.iter_mut().find(|kept| name(kept) == name(&flag)) {
+            Some(kept) => *kept = flag,
+            None => flags.push(flag),
+        }
+    }
+    flags
 }
 
 /// Least share of the peak a change must save to be advised: below it the saving is within
@@ -329,11 +377,11 @@ pub const MIN_SAVING_SHARE: f64 = 0.005;
 /// Share of GPU memory below which a fitting plan is said to leave the GPU idle.
 pub const IDLE_SHARE: f64 = 0.5;
 
-/// Safety margin used when suggesting a larger batch.
-pub const HEADROOM_MARGIN: f64 = 0.1;
+/// Safety margin kept when suggesting a larger batch: a fit's default.
+pub const HEADROOM_MARGIN: f64 = crate::fit::DEFAULT_MARGIN;
 
-/// When the plan uses less than [`IDLE_SHARE`] of the GPU, the largest batch that still fits
-/// (found on the estimate, then its peak taken by `measure`).
+/// When the plan uses less than [`IDLE_SHARE`] of the GPU, the largest batch whose peak by
+/// `measure` keeps [`HEADROOM_MARGIN`] of it free.
 fn use_headroom(
     model: &ModelSpec,
     workload: &Workload,
@@ -345,19 +393,17 @@ fn use_headroom(
     if current as f64 >= IDLE_SHARE * gpu as f64 {
         return Ok(None);
     }
-    let larger = fit(
-        model,
-        workload,
-        overheads,
-        FitTarget::Batch,
-        gpu,
-        HEADROOM_MARGIN,
-        None,
-    )?;
+    let goal = FitGoal {
+        target: FitTarget::Batch,
+        gpu_bytes: gpu,
+        margin: HEADROOM_MARGIN,
+        global_batch: None,
+    };
+    let larger = fit_measured(model, workload, overheads, &goal, measure)?;
     if larger.value <= workload.batch {
         return Ok(None);
     }
-    let new_peak = measure.peak_total(model, &larger.workload, overheads)?;
+    let new_peak = larger.estimate.peak_total_bytes;
     Ok(Some(Suggestion {
         change: format!("--batch {}", larger.value),
         new_peak_total_bytes: new_peak,

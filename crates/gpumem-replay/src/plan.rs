@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use gpumem_plan::estimate::DEFAULT_CONTEXT_BYTES;
-use gpumem_plan::fit::MAX_GPUS;
+use gpumem_plan::fit::{check_margin, fit_measured, FitGoal, DEFAULT_MARGIN, MAX_GPUS};
+use gpumem_plan::limits::{check_context_mib, BATCH};
 use gpumem_plan::{
     advise, combine_until_fits, estimate, fewest_gpus, find_gpu, find_model, load_config,
     serving_profile, Estimate, Estimated, Fit, FitTarget, ModelSpec, Overheads, PeakMeasure,
@@ -18,8 +19,7 @@ use gpumem_pool::PolicyKind;
 use serde::{Deserialize, Serialize};
 
 use crate::planned::{
-    fit_reserved, pool_capacity, replay_failed, replay_run, PlanReplayError, Replayed,
-    PLAN_POLICIES,
+    pool_capacity, replay_failed, replay_run, PlanReplayError, Replayed, PLAN_POLICIES,
 };
 
 /// Where a plan's reserved memory comes from.
@@ -58,24 +58,32 @@ pub struct PlanRequest {
     #[serde(flatten)]
     pub settings: Settings,
     /// Global batch to reach with accumulation (with --fit batch).
-    #[cfg_attr(feature = "clap", arg(long))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, allow_negative_numbers = true, value_parser = whole_number)
+    )]
     pub global_batch: Option<u64>,
     /// GPU name (h100, a100-40gb, rtx-4090, ...) or a size (24GB, 80GiB): says whether the
     /// run fits, and replays reserved memory within it (PyTorch empties its cache before it
     /// runs out).
     #[cfg_attr(feature = "clap", arg(long))]
     pub gpu: Option<String>,
-    /// Find the largest batch or seq that fits --gpu.
+    /// Find the largest batch or seq whose plan fits --gpu with --margin kept free, and show
+    /// the plan at it (a --batch or --seq it replaces is ignored).
     #[cfg_attr(feature = "clap", arg(long))]
     pub fit: Option<String>,
-    /// Safety margin kept free when fitting, as a fraction of GPU memory.
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = 0.1))]
-    pub margin: f64,
+    /// Safety margin --fit and --min-gpus keep free, as a fraction of GPU memory [default: 0.1].
+    #[cfg_attr(feature = "clap", arg(long, allow_negative_numbers = true))]
+    pub margin: Option<f64>,
     /// Also find the fewest GPUs on which this layout fits --gpu.
     #[cfg_attr(feature = "clap", arg(long))]
     pub min_gpus: bool,
     /// CUDA context + framework per GPU, MiB.
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = DEFAULT_CONTEXT_BYTES >> 20))]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, default_value_t = DEFAULT_CONTEXT_BYTES >> 20, allow_negative_numbers = true,
+            value_parser = whole_number)
+    )]
     pub context_mib: u64,
     /// Where reserved memory comes from: replay (the planned allocations replayed through
     /// PyTorch's allocator; tens of ms) or estimate (a fixed allocator share; microseconds).
@@ -92,7 +100,7 @@ impl Default for PlanRequest {
             global_batch: None,
             gpu: None,
             fit: None,
-            margin: 0.1,
+            margin: None,
             min_gpus: false,
             context_mib: DEFAULT_CONTEXT_BYTES >> 20,
             reserved: ReservedBy::Replay,
@@ -193,6 +201,40 @@ impl PlanRequest {
         }
     }
 
+    /// The request's own values, checked whether or not the plan uses them: the margin, the
+    /// context and the global batch.
+    fn check_values(&self) -> Result<(), PlanError> {
+        if let Some(margin) = self.margin {
+            check_margin(margin)?;
+        }
+        check_context_mib(self.context_mib)?;
+        if let Some(global) = self.global_batch {
+            BATCH.check("global-batch", global)?;
+        }
+        Ok(())
+    }
+
+    /// A serving engine's plan is its start-up profile on one GPU: a fit or a GPU count
+    /// searched on the peaks of a PyTorch process would answer for a run not planned.
+    fn check_engine(&self) -> Result<(), PlanError> {
+        let Some(engine) = &self.settings.engine else {
+            return Ok(());
+        };
+        let second = match (&self.fit, self.min_gpus) {
+            (Some(fit), _) => format!("--fit {fit}"),
+            (None, true) => "--min-gpus".into(),
+            (None, false) => return Ok(()),
+        };
+        Err(PlanError::Conflict {
+            first: format!("--engine {engine}"),
+            second,
+            reason: "it searches the peaks of a PyTorch process, and a serving engine's plan is \
+                     its start-up profile on one GPU, whose KV cache takes what the weights and \
+                     activations leave (--gpu-memory-utilization, --max-num-seqs); drop one"
+                .into(),
+        })
+    }
+
     /// The flags given that act on nothing asked for.
     fn unused_flags(&self, target: Option<FitTarget>) -> Vec<Warning> {
         let mut warnings = Vec::new();
@@ -208,8 +250,60 @@ impl PlanRequest {
                 reason: "it counts GPUs of the --gpu given, and none is".into(),
             });
         }
+        if self.margin.is_some() && target.is_none() && !(self.min_gpus && self.gpu.is_some()) {
+            warnings.push(Warning::Ignored {
+                flag: "--margin",
+                reason: "it is the memory --fit and --min-gpus (with --gpu) keep free, and \
+                         neither is asked for"
+                    .into(),
+            });
+        }
+        let searched = match target {
+            Some(FitTarget::Batch) => self.settings.batch.map(|_| "--batch"),
+            Some(FitTarget::Seq) => self.settings.seq.map(|_| "--seq"),
+            None => None,
+        };
+        if let (Some(flag), Some(fit)) = (searched, &self.fit) {
+            warnings.push(Warning::Ignored {
+                flag,
+                reason: format!(
+                    "--fit {fit} searches it from 1 up, and the plan shown is at the largest \
+                     value that fits"
+                ),
+            });
+        }
         warnings
     }
+}
+
+/// Parses a whole number typed on the command line: a negative one gets a reason rather than
+/// clap's "invalid digit found in string".
+#[cfg(feature = "clap")]
+fn whole_number(text: &str) -> Result<u64, String> {
+    text.parse()
+        .map_err(|_| "must be a non-negative integer".to_string())
+}
+
+/// `settings` without the flags `warnings` say have no effect, as if not given: a serving
+/// engine's PyTorch figures then stay those of the run it plans, whatever flags it ignores
+/// (`--batch`, `--seq`, …). The settings' fields are the flags' names (`--no-cache` is
+/// `no_cache`), as [`PlanRequest::field_names`] reads them.
+fn without_ignored(settings: &Settings, warnings: &[Warning]) -> Result<Settings, PlanError> {
+    let invalid = |e: serde_json::Error| PlanError::InvalidValue {
+        name: "settings".into(),
+        value: format!("{settings:?}"),
+        reason: format!("do not read back without the ignored flags: {e}"),
+    };
+    let mut fields = match serde_json::to_value(settings).map_err(invalid)? {
+        serde_json::Value::Object(fields) => fields,
+        _ => return Ok(settings.clone()),
+    };
+    for warning in warnings {
+        if let Warning::Ignored { flag, .. } = warning {
+            fields.remove(&flag.trim_start_matches("--").replace('-', "_"));
+        }
+    }
+    serde_json::from_value(serde_json::Value::Object(fields)).map_err(invalid)
 }
 
 /// Peak memory of the planned allocation sequence replayed through one allocator policy.
@@ -252,9 +346,11 @@ pub struct FitReport {
     pub grad_accum: u64,
     /// Global batch reached: micro-batch × data-parallel ranks × accumulation.
     pub global_batch: u64,
-    /// Peak reserved bytes at the fitted value (replayed or estimated, as the plan says).
+    /// Peak reserved bytes at the fitted value (replayed or estimated, as the plan says): the
+    /// plan's own `peak_reserved_bytes`.
     pub reserved_bytes: u64,
-    /// Reserved plus the context: what was compared with `usable_bytes`.
+    /// Reserved plus the context and NCCL's memory: what was compared with `usable_bytes`, the
+    /// plan's own `peak_total_bytes`.
     pub total_bytes: u64,
 }
 
@@ -270,7 +366,7 @@ pub struct MinGpus {
 /// Changes that together make a plan that does not fit the GPU fit it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlanThatFits {
-    /// The changes, as flags, in the order they were added.
+    /// The changes, as flags in the order they were added, each flag once at its last value.
     pub changes: Vec<String>,
     /// Peak total bytes with all of them.
     pub peak_total_bytes: u64,
@@ -292,7 +388,8 @@ pub struct PlanReport {
     pub estimate: Estimate,
     /// The planned allocations replayed per policy (empty when `reserved_by` is estimate).
     pub replay: Vec<PlannedReserved>,
-    /// Changes to the plan, largest saving first.
+    /// Changes to the plan, largest saving first (none with `--engine`: they change a PyTorch
+    /// process).
     pub advice: Vec<Suggestion>,
     /// The GPU asked about, when one is.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -317,66 +414,54 @@ pub struct PlanReport {
 
 /// Plans `request`: the estimate (reserved memory as `request.reserved` says), the advice,
 /// and the fit, fewest GPUs and plan that fits when asked for. When nothing fits, the report
-/// is the plan as asked for with its advice, and `fit_error` says why.
+/// is the plan as asked for with its advice, and `fit_error` says why. With `--engine`, the
+/// PyTorch figures are planned without the flags the engine ignores, and no advice is given.
 pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
+    request.check_values()?;
+    request.check_engine()?;
     let model = request.model_spec()?;
     let settings = Settings {
         gpu: request.gpu.clone(),
         ..request.settings.clone()
     };
     let resolved = settings.resolve(&model)?;
-    let workload = resolved.workload;
+    let engine = settings.engine.is_some();
+    let workload = if engine {
+        without_ignored(&settings, &resolved.warnings)?
+            .resolve(&model)?
+            .workload
+    } else {
+        resolved.workload
+    };
     let gpu = request.gpu.as_deref().map(find_gpu).transpose()?;
     let serving = settings
         .serving(&model)?
         .map(|serve| serving_profile(&model, &workload, &serve, gpu.as_ref()))
         .transpose()?;
     let overheads = Overheads {
-        context_bytes: request.context_mib.saturating_mul(1 << 20),
+        context_bytes: request.context_mib << 20,
         ..Overheads::default()
     };
+    let margin = request.margin.unwrap_or(DEFAULT_MARGIN);
     let target = request.fit_target()?;
     let replayed = request.reserved == ReservedBy::Replay;
     let measure: &dyn PeakMeasure = if replayed { &Replayed } else { &Estimated };
     let mut fit_error = None;
     let fitted = match (target, &gpu) {
         (Some(target), Some(gpu)) => {
-            let found = if replayed {
-                fit_reserved(
-                    &model,
-                    &workload,
-                    &overheads,
-                    target,
-                    gpu.memory_bytes,
-                    request.margin,
-                    request.global_batch,
-                )
-                .map(|f| (f.fit, f.reserved_bytes, f.total_bytes))
-            } else {
-                gpumem_plan::fit(
-                    &model,
-                    &workload,
-                    &overheads,
-                    target,
-                    gpu.memory_bytes,
-                    request.margin,
-                    request.global_batch,
-                )
-                .map(|f| {
-                    let (reserved, total) =
-                        (f.estimate.peak_reserved_bytes, f.estimate.peak_total_bytes);
-                    (f, reserved, total)
-                })
-                .map_err(PlanReplayError::Plan)
+            let goal = FitGoal {
+                target,
+                gpu_bytes: gpu.memory_bytes,
+                margin,
+                global_batch: request.global_batch,
             };
-            match found {
-                Ok(found) => Some(found),
-                Err(PlanReplayError::Plan(e @ PlanError::NothingFits { .. })) => {
+            match fit_measured(&model, &workload, &overheads, &goal, measure) {
+                Ok(fit) => Some(fit),
+                Err(e @ PlanError::NothingFits { .. }) => {
                     fit_error = Some(e.to_string());
                     None
                 }
-                Err(PlanReplayError::Plan(e)) => return Err(e),
-                Err(PlanReplayError::Replay(e)) => return Err(replay_failed(&model, e)),
+                Err(e) => return Err(e),
             }
         }
         (Some(_), None) => {
@@ -388,12 +473,13 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
         }
         _ => None,
     };
+    // The fit's estimate is the plan's, measured as the plan is: its figures are the plan's.
     let (shown, estimated) = match &fitted {
-        Some((f, _, _)) => (f.workload.clone(), f.estimate.clone()),
+        Some(f) => (f.workload.clone(), f.estimate.clone()),
         None => (workload.clone(), estimate(&model, &workload, &overheads)?),
     };
     let replay = if replayed {
-        replay_plan(&model, &shown, pool_capacity(&shown, &estimated))?
+        replay_plan(&model, &shown, pool_capacity(&shown, &estimated)?)?
     } else {
         Vec::new()
     };
@@ -413,9 +499,12 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
         _ => None,
     };
     let gpu_bytes = gpu.as_ref().map(|g| g.memory_bytes);
-    let advice = advise(&model, &shown, &overheads, gpu_bytes, measure)?;
+    let advice = match engine {
+        true => Vec::new(),
+        false => advise(&model, &shown, &overheads, gpu_bytes, measure)?,
+    };
     let plan_that_fits = match gpu_bytes {
-        Some(bytes) if estimated.peak_total_bytes > bytes => combine_until_fits(
+        Some(bytes) if !engine && estimated.peak_total_bytes > bytes => combine_until_fits(
             &model, &shown, &overheads, bytes, measure,
         )?
         .map(|(changes, _, peak_total_bytes)| PlanThatFits {
@@ -426,13 +515,7 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     };
     let min_gpus = match (&gpu, request.min_gpus) {
         (Some(g), true) => Some(MinGpus {
-            gpus: fewest_gpus(
-                &model,
-                &workload,
-                &overheads,
-                g.memory_bytes,
-                request.margin,
-            )?,
+            gpus: fewest_gpus(&model, &workload, &overheads, g.memory_bytes, margin)?,
             searched_up_to: MAX_GPUS,
         }),
         _ => None,
@@ -453,11 +536,10 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
             name: g.name,
             memory_bytes: g.memory_bytes,
         }),
+        fit: fitted.as_ref().map(|f| fit_report(f, &estimated)),
         estimate: estimated,
         replay,
         advice,
-        fit: fitted
-            .map(|(f, reserved_bytes, total_bytes)| fit_report(&f, reserved_bytes, total_bytes)),
         min_gpus,
         plan_that_fits,
         fit_error,
@@ -465,8 +547,8 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     })
 }
 
-/// The fit as the report shows it.
-fn fit_report(fit: &Fit, reserved_bytes: u64, total_bytes: u64) -> FitReport {
+/// The fit as the report shows it, with the plan's figures at the fitted value.
+fn fit_report(fit: &Fit, plan: &Estimate) -> FitReport {
     FitReport {
         target: fit.target,
         value: fit.value,
@@ -474,8 +556,8 @@ fn fit_report(fit: &Fit, reserved_bytes: u64, total_bytes: u64) -> FitReport {
         usable_bytes: fit.usable_bytes,
         grad_accum: fit.grad_accum,
         global_batch: fit.global_batch,
-        reserved_bytes,
-        total_bytes,
+        reserved_bytes: plan.peak_reserved_bytes,
+        total_bytes: plan.peak_total_bytes,
     }
 }
 
@@ -539,5 +621,26 @@ mod tests {
         let request = PlanRequest::from_json(r#"{"model": "gpt2", "batch": 4}"#).unwrap();
         assert_eq!(request.settings.batch, Some(4));
         assert_eq!(request.reserved, ReservedBy::Replay);
+    }
+
+    /// `plan` itself checks the request's own values, for the Python package as for the
+    /// command line (which alone did): a margin out of range without a fit, a context past
+    /// 1 TiB, a global batch of 0 without a fit.
+    #[test]
+    fn plan_checks_the_request_values() {
+        for (json, field) in [
+            (r#"{"model": "gpt2", "margin": 1.5}"#, "margin"),
+            (
+                r#"{"model": "gpt2", "context_mib": 99999999999999}"#,
+                "context-mib",
+            ),
+            (r#"{"model": "gpt2", "global_batch": 0}"#, "global-batch"),
+        ] {
+            let refused = plan(&PlanRequest::from_json(json).unwrap());
+            assert!(
+                matches!(&refused, Err(PlanError::InvalidValue { name, .. }) if name == field),
+                "{json}: {refused:?}"
+            );
+        }
     }
 }

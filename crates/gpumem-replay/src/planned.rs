@@ -2,6 +2,7 @@
 //! ([`gpumem_plan::allocation_sequence`]) becomes a trace, replayed through the policies like a
 //! recorded one, so that the plan predicts reserved memory as each allocator would hold it.
 
+use gpumem_plan::fit::{fit_measured, FitGoal};
 use gpumem_plan::{
     allocation_sequence, estimate, startup_sequence, Estimate, Fit, FitTarget, ModelSpec,
     Overheads, PeakMeasure, PlanError, PlannedEvent, Workload,
@@ -49,10 +50,36 @@ pub fn planned_trace(name: &str, events: &[PlannedEvent]) -> Trace {
 
 /// The bytes PyTorch's pool can take on the GPU `workload` names (`Workload::device_memory`):
 /// its memory less what lives outside the pool as `estimate` has it (the CUDA context and
-/// NCCL's memory). None where no GPU is named.
-pub fn pool_capacity(workload: &Workload, estimate: &Estimate) -> Option<u64> {
-    let outside = estimate.breakdown.framework + estimate.breakdown.communication;
-    workload.device_memory.map(|m| m.saturating_sub(outside))
+/// NCCL's memory). None where no GPU is named; a GPU that this leaves nothing is an error
+/// naming `--gpu` and `--context-mib`, with the sizes.
+pub fn pool_capacity(workload: &Workload, estimate: &Estimate) -> Result<Option<u64>, PlanError> {
+    let Some(memory) = workload.device_memory else {
+        return Ok(None);
+    };
+    let (context, nccl) = (
+        estimate.breakdown.framework,
+        estimate.breakdown.communication,
+    );
+    match memory.checked_sub(context.saturating_add(nccl)) {
+        Some(capacity) if capacity > 0 => Ok(Some(capacity)),
+        _ => {
+            let mib = |bytes: u64| format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64);
+            let nccl = match nccl {
+                0 => String::new(),
+                n => format!(" and NCCL's communicators {}", mib(n)),
+            };
+            Err(PlanError::Conflict {
+                first: format!("--gpu of {}", mib(memory)),
+                second: format!("--context-mib {}", context >> 20),
+                reason: format!(
+                    "the CUDA context and framework take {}{nccl} outside PyTorch's allocator, \
+                     no less than the GPU holds, which leaves the allocator nothing; name a \
+                     larger GPU or give a smaller --context-mib",
+                    mib(context)
+                ),
+            })
+        }
+    }
 }
 
 /// Peaks of `workload`'s run replayed through each of `policies` (default settings): its steps
@@ -124,13 +151,13 @@ pub fn estimate_replayed(
     overheads: &Overheads,
 ) -> Result<Estimate, PlanReplayError> {
     let planned = estimate(model, workload, overheads)?;
-    let capacity = pool_capacity(workload, &planned);
+    let capacity = pool_capacity(workload, &planned)?;
     Ok(planned.with_reserved(torch_reserved(model, workload, capacity)?))
 }
 
-/// Peak totals measured by the allocator replay ([`estimate_replayed`]), for ranking advice on
-/// the memory PyTorch would reserve; a sequence that does not replay (a defect of the planner)
-/// is an error naming the model.
+/// Peaks measured by the allocator replay ([`estimate_replayed`]), for ranking advice and
+/// fitting on the memory PyTorch would reserve; a sequence that does not replay (a defect of
+/// the planner) is an error naming the model.
 pub struct Replayed;
 
 impl PeakMeasure for Replayed {
@@ -140,11 +167,19 @@ impl PeakMeasure for Replayed {
         workload: &Workload,
         overheads: &Overheads,
     ) -> Result<u64, PlanError> {
-        match estimate_replayed(model, workload, overheads) {
-            Ok(e) => Ok(e.peak_total_bytes),
-            Err(PlanReplayError::Plan(e)) => Err(e),
-            Err(PlanReplayError::Replay(e)) => Err(replay_failed(model, e)),
-        }
+        Ok(self.measure(model, workload, overheads)?.peak_total_bytes)
+    }
+
+    fn measure(
+        &self,
+        model: &ModelSpec,
+        workload: &Workload,
+        overheads: &Overheads,
+    ) -> Result<Estimate, PlanError> {
+        estimate_replayed(model, workload, overheads).map_err(|e| match e {
+            PlanReplayError::Plan(e) => e,
+            PlanReplayError::Replay(e) => replay_failed(model, e),
+        })
     }
 }
 
@@ -157,11 +192,11 @@ pub fn replay_failed(model: &ModelSpec, e: ReplayError) -> PlanError {
     }
 }
 
-/// A fit checked on reserved memory: the largest value whose replayed reserved memory plus the
-/// CUDA context and NCCL's memory fits the usable memory.
+/// A fit on reserved memory: the largest value whose replayed reserved memory plus the CUDA
+/// context and NCCL's memory fits the usable memory.
 #[derive(Debug, Clone)]
 pub struct ReservedFit {
-    /// The fit (its `gpu_bytes`, `usable_bytes` and `margin` are the ones asked for).
+    /// The fit (its `estimate` is the replayed one of the fitted plan).
     pub fit: Fit,
     /// Peak reserved bytes of the fitted plan replayed through PyTorch's policy (`torch`).
     pub reserved_bytes: u64,
@@ -170,10 +205,10 @@ pub struct ReservedFit {
     pub total_bytes: u64,
 }
 
-/// Why planning with the allocator replay (a reserved-memory fit, a replayed estimate) failed.
+/// Why planning with the allocator replay (a replayed estimate) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanReplayError {
-    /// The planner refused or nothing fits.
+    /// The planner refused.
     #[error(transparent)]
     Plan(#[from] PlanError),
     /// The planned sequence did not replay.
@@ -181,16 +216,11 @@ pub enum PlanReplayError {
     Replay(#[from] ReplayError),
 }
 
-/// Rounds of [`fit_reserved`]: each shrinks the memory the allocated-memory fit may use by the
-/// reserved overshoot of the last (and by 3 % more when the value did not drop); the
-/// reserved/allocated ratio changes little with the value, so a few rounds settle.
-const FIT_ROUNDS: usize = 16;
-
-/// [`gpumem_plan::fit()`] on reserved memory: the fit on the planner's allocated estimate, then
-/// the fitted plan's allocation sequence replayed through the `torch` policy (within the usable
-/// memory, emptying its cache where it must); while its reserved peak plus the context and
-/// NCCL's memory exceeds `gpu_bytes × (1 − margin)`, the allocated-memory fit is repeated on
-/// memory shrunk by the overshoot. The margin then covers what neither models: cuDNN
+/// [`gpumem_plan::fit()`] on reserved memory: the largest value whose plan, replayed through the
+/// `torch` policy within the GPU of `gpu_bytes` exactly as `gpumem plan` replays the plan it
+/// prints ([`Replayed`]: emptying its cache where it must), keeps its reserved peak plus the
+/// context and NCCL's memory within `gpu_bytes × (1 − margin)`. The search starts where the
+/// estimate's fit ends, a few replays away. The margin then covers what neither models: cuDNN
 /// workspaces, NCCL's memory beyond its buffers, other processes, the planner's own error.
 pub fn fit_reserved(
     model: &ModelSpec,
@@ -200,63 +230,23 @@ pub fn fit_reserved(
     gpu_bytes: u64,
     margin: f64,
     global_batch: Option<u64>,
-) -> Result<ReservedFit, PlanReplayError> {
-    let usable = gpumem_plan::fit::usable_bytes(gpu_bytes, margin) as f64;
-    let mut budget = gpu_bytes as f64;
-    let mut last = None;
-    for _ in 0..FIT_ROUNDS {
-        let mut fit = match gpumem_plan::fit(
-            model,
-            workload,
-            overheads,
-            target,
-            budget as u64,
-            margin,
-            global_batch,
-        ) {
-            Ok(fit) => fit,
-            // Shrunk past the smallest value: nothing fits the memory asked for (below).
-            Err(PlanError::NothingFits { .. }) if last.is_some() => break,
-            Err(e) => return Err(e.into()),
-        };
-        // Beside the pool: the context and NCCL's memory. Within the usable memory the
-        // allocator frees its cache before it fails.
-        let outside = overheads.context_bytes + fit.estimate.breakdown.communication;
-        let capacity = (usable as u64).saturating_sub(outside);
-        let reserved = torch_reserved(model, &fit.workload, Some(capacity))?;
-        let total = reserved.saturating_add(outside);
-        fit.gpu_bytes = gpu_bytes;
-        fit.usable_bytes = usable as u64;
-        let found = ReservedFit {
-            fit,
-            reserved_bytes: reserved,
-            total_bytes: total,
-        };
-        if total as f64 <= usable {
-            return Ok(found);
-        }
-        let value = found.fit.value;
-        let stalled = last
-            .as_ref()
-            .is_some_and(|l: &ReservedFit| l.fit.value <= value);
-        last = Some(found);
-        if value == 1 {
-            break;
-        }
-        // Shrink what the allocated fit may use by the overshoot, more when that did not
-        // lower the value.
-        budget *= (usable / total as f64).min(0.999) * if stalled { 0.97 } else { 1.0 };
-    }
-    let (smallest, needed) = last.map_or((1, 0), |f| (f.fit.value, f.total_bytes));
-    Err(PlanReplayError::Plan(PlanError::NothingFits {
-        what: match target {
-            FitTarget::Batch => "batch",
-            FitTarget::Seq => "seq",
-        },
-        smallest,
-        needed_gib: needed as f64 / (1u64 << 30) as f64,
-        usable_gib: usable / (1u64 << 30) as f64,
-    }))
+) -> Result<ReservedFit, PlanError> {
+    let on_gpu = Workload {
+        device_memory: Some(gpu_bytes),
+        ..workload.clone()
+    };
+    let goal = FitGoal {
+        target,
+        gpu_bytes,
+        margin,
+        global_batch,
+    };
+    let fit = fit_measured(model, &on_gpu, overheads, &goal, &Replayed)?;
+    Ok(ReservedFit {
+        reserved_bytes: fit.estimate.peak_reserved_bytes,
+        total_bytes: fit.estimate.peak_total_bytes,
+        fit,
+    })
 }
 
 #[cfg(test)]
