@@ -132,16 +132,16 @@ fn check_architecture(
             check_positions(model, t, workload, warnings)?;
         }
         Architecture::Resnet(_) | Architecture::Diffusion(_) if workload.lora.is_some() => {
-            return Err(PlanError::InvalidValue {
-                name: "lora-rank".into(),
-                value: model.name.clone(),
-                reason: "LoRA is modelled for transformers only".into(),
+            return Err(PlanError::Conflict {
+                first: "LoRA (--lora-rank / --qlora)".into(),
+                second: format!("model {}", model.name),
+                reason: "LoRA is modelled for transformers only; plan this model without it".into(),
             });
         }
         Architecture::Resnet(_) | Architecture::Diffusion(_) if workload.freeze_vision_tower => {
-            return Err(PlanError::InvalidValue {
-                name: "freeze-vision-tower".into(),
-                value: model.name.clone(),
+            return Err(PlanError::Conflict {
+                first: "--freeze-vision-tower".into(),
+                second: format!("model {}", model.name),
                 reason: "needs a vision tower beside a language model or text tower".into(),
             });
         }

@@ -877,3 +877,23 @@ fn torchvision_vision_transformers_run_sdpa_whatever_attn_says() {
     };
     assert!(hf_peak(hf_eager.workload) > hf_peak(hf_sdpa.workload));
 }
+
+#[test]
+fn lora_or_a_frozen_tower_on_a_model_without_them_is_a_conflict_naming_the_model() {
+    let resnet = model("resnet50");
+    for settings in [
+        Settings {
+            lora_rank: Some(8),
+            ..Settings::default()
+        },
+        Settings {
+            freeze_vision_tower: true,
+            ..Settings::default()
+        },
+    ] {
+        match plan(&resnet, settings) {
+            Err(PlanError::Conflict { second, .. }) => assert_eq!(second, "model resnet50"),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+    }
+}
