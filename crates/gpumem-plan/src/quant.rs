@@ -375,33 +375,49 @@ fn invalid(option: &str, reason: String) -> PlanError {
 /// Reads a config's `quantization_config` (None without one). Only the fields a format's
 /// storage depends on are read; the rest are ignored.
 pub fn from_config(json: &Value) -> Result<Option<CheckpointQuant>> {
-    let Some(config) = json.get("quantization_config").filter(|v| v.is_object()) else {
-        return Ok(None);
+    let config = match json.get("quantization_config") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(config) if config.is_object() => config,
+        Some(other) => return Err(wrong_type("quantization_config", other, "an object")),
     };
-    let text = |key: &str| config.get(key).and_then(Value::as_str);
-    let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
-    let number = |keys: &[&str], default: i64| {
+    // Each field read is typed: null or absent is the producer's default, another type an error.
+    let field = |key: &str| config.get(key).filter(|v| !v.is_null());
+    let text = |key: &str| -> Result<Option<&str>> {
+        field(key)
+            .map(|v| v.as_str().ok_or_else(|| config_error(key, v, "a string")))
+            .transpose()
+    };
+    let flag = |key: &str| -> Result<bool> {
+        field(key).map_or(Ok(false), |v| {
+            v.as_bool()
+                .ok_or_else(|| config_error(key, v, "true or false"))
+        })
+    };
+    let number = |keys: &[&str], default: i64| -> Result<i64> {
         keys.iter()
-            .find_map(|k| config.get(*k).and_then(Value::as_i64))
-            .unwrap_or(default)
+            .find_map(|k| field(k).map(|v| (k, v)))
+            .map_or(Ok(default), |(k, v)| {
+                v.as_i64().ok_or_else(|| config_error(k, v, "an integer"))
+            })
     };
     // Configs written before `quant_method` existed name bitsandbytes by its load flags.
-    let method = text("quant_method").unwrap_or(if flag("load_in_4bit") || flag("load_in_8bit") {
+    let (load_4bit, load_8bit) = (flag("load_in_4bit")?, flag("load_in_8bit")?);
+    let method = text("quant_method")?.unwrap_or(if load_4bit || load_8bit {
         "bitsandbytes"
     } else {
         ""
     });
     let quant = match method.to_ascii_lowercase().as_str() {
-        "bitsandbytes" if flag("load_in_8bit") => Quantization::of(QuantFormat::Int8),
-        "bitsandbytes" if flag("load_in_4bit") => {
-            let kind = text("bnb_4bit_quant_type").unwrap_or("fp4");
+        "bitsandbytes" if load_8bit => Quantization::of(QuantFormat::Int8),
+        "bitsandbytes" if load_4bit => {
+            let kind = text("bnb_4bit_quant_type")?.unwrap_or("fp4");
             let mut quant = Quantization::of(lookup(
                 "quantization_config.bnb_4bit_quant_type",
                 kind,
                 &FORMATS[1..3],
             )?);
-            quant.double_quant = flag("bnb_4bit_use_double_quant");
-            if let Some(compute) = text("bnb_4bit_compute_dtype") {
+            quant.double_quant = flag("bnb_4bit_use_double_quant")?;
+            if let Some(compute) = text("bnb_4bit_compute_dtype")? {
                 quant.compute = lookup(
                     "quantization_config.bnb_4bit_compute_dtype",
                     compute,
@@ -417,7 +433,7 @@ pub fn from_config(json: &Value) -> Result<Option<CheckpointQuant>> {
                 QuantFormat::Awq
             };
             let mut quant = Quantization::of(format);
-            let bits = number(&["bits", "w_bit"], 4);
+            let bits = number(&["bits", "w_bit"], 4)?;
             quant.bits = u64::try_from(bits)
                 .ok()
                 .filter(|b| matches!(b, 2 | 3 | 4 | 8))
@@ -426,13 +442,24 @@ pub fn from_config(json: &Value) -> Result<Option<CheckpointQuant>> {
                     value: bits.to_string(),
                     reason: "must be 2, 3, 4 or 8".into(),
                 })?;
-            let group = number(&["group_size", "q_group_size"], 128);
-            quant.group = u64::try_from(group).unwrap_or(0);
+            // -1 is how GPTQ configs write one scale per column.
+            let group = number(&["group_size", "q_group_size"], 128)?;
+            quant.group = match group {
+                -1 => 0,
+                1..=MAX_GROUP => group as u64,
+                _ => {
+                    return Err(PlanError::InvalidValue {
+                        name: "quantization_config.group_size".into(),
+                        value: group.to_string(),
+                        reason: format!("must be -1 (one scale per column) or 1 to {MAX_GROUP}"),
+                    })
+                }
+            };
             quant
         }
         "fp8" => {
             let mut quant = Quantization::of(QuantFormat::Fp8);
-            quant.block = fp8_block(config);
+            quant.block = fp8_block(field("weight_block_size"))?;
             quant
         }
         _ => {
@@ -448,18 +475,43 @@ pub fn from_config(json: &Value) -> Result<Option<CheckpointQuant>> {
     Ok(Some(CheckpointQuant::Known(quant)))
 }
 
+/// The largest quantisation group (weights per scale) a config may name: far above any
+/// checkpoint's (GPTQ and AWQ use 32 to 1024).
+const MAX_GROUP: i64 = 1 << 24;
+
+/// The error for `quantization_config.KEY` holding `value` where `expected` belongs.
+fn config_error(key: &str, value: &Value, expected: &str) -> PlanError {
+    wrong_type(&format!("quantization_config.{key}"), value, expected)
+}
+
+/// The error for field `name` holding `value` where `expected` belongs.
+fn wrong_type(name: &str, value: &Value, expected: &str) -> PlanError {
+    PlanError::InvalidValue {
+        name: name.into(),
+        value: value.to_string(),
+        reason: format!("must be {expected}"),
+    }
+}
+
 /// Weights sharing one scale in an fp8 checkpoint: the product of `weight_block_size`'s
 /// sides (rows × columns), or 0 without one (one scale per matrix).
-fn fp8_block(config: &Value) -> u64 {
-    config
-        .get("weight_block_size")
-        .and_then(Value::as_array)
-        .map_or(0, |sides| {
-            sides
-                .iter()
-                .map(|s| s.as_u64().unwrap_or(1))
-                .product::<u64>()
+fn fp8_block(sides: Option<&Value>) -> Result<u64> {
+    let Some(value) = sides else {
+        return Ok(0);
+    };
+    let expected = "a list of positive integers (rows, columns) whose product is at most 2^24";
+    let refuse = || config_error("weight_block_size", value, expected);
+    let sides = value.as_array().ok_or_else(refuse)?;
+    sides
+        .iter()
+        .try_fold(1u64, |product, side| {
+            side.as_u64()
+                .filter(|&s| s > 0)
+                .and_then(|s| product.checked_mul(s))
+                .filter(|&p| p <= MAX_GROUP as u64)
         })
+        .filter(|_| !sides.is_empty())
+        .ok_or_else(refuse)
 }
 
 /// The error for inference on a checkpoint whose quantisation is not modelled.
@@ -477,6 +529,69 @@ pub fn unknown_method(model: &str, method: &str) -> PlanError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantization_config_fields_of_the_wrong_type_or_range_are_errors() {
+        let read =
+            |q: serde_json::Value| from_config(&serde_json::json!({ "quantization_config": q }));
+        for (bad, field) in [
+            (serde_json::json!("x"), "quantization_config"),
+            (serde_json::json!([]), "quantization_config"),
+            (
+                serde_json::json!({"quant_method": "gptq", "bits": "8"}),
+                "quantization_config.bits",
+            ),
+            (
+                serde_json::json!({"quant_method": "gptq", "bits": 8.0}),
+                "quantization_config.bits",
+            ),
+            (
+                serde_json::json!({"quant_method": "gptq", "group_size": -5}),
+                "quantization_config.group_size",
+            ),
+            (
+                serde_json::json!({"quant_method": "awq", "q_group_size": 1e30}),
+                "quantization_config.q_group_size",
+            ),
+            (
+                serde_json::json!({"quant_method": "fp8", "weight_block_size": "x"}),
+                "quantization_config.weight_block_size",
+            ),
+            (
+                serde_json::json!({"quant_method": "fp8", "weight_block_size": [0, 128]}),
+                "quantization_config.weight_block_size",
+            ),
+            (
+                serde_json::json!({"quant_method": "fp8", "weight_block_size": [u64::MAX, 128]}),
+                "quantization_config.weight_block_size",
+            ),
+            (
+                serde_json::json!({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_use_double_quant": "true"}),
+                "quantization_config.bnb_4bit_use_double_quant",
+            ),
+            (
+                serde_json::json!({"load_in_4bit": "true"}),
+                "quantization_config.load_in_4bit",
+            ),
+        ] {
+            match read(bad.clone()) {
+                Err(PlanError::InvalidValue { name, .. }) => assert_eq!(name, field, "{bad}"),
+                other => panic!("{bad}: expected an error naming {field}, got {other:?}"),
+            }
+        }
+        // What producers write stays accepted: null fields, -1 groups, fp8 blocks.
+        assert!(read(serde_json::Value::Null).unwrap().is_none());
+        for good in [
+            serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": null}),
+            serde_json::json!({"quant_method": "fp8", "weight_block_size": [128, 128]}),
+            serde_json::json!({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_compute_dtype": null}),
+        ] {
+            assert!(
+                matches!(read(good.clone()), Ok(Some(CheckpointQuant::Known(_)))),
+                "{good}"
+            );
+        }
+    }
 
     #[test]
     fn parses_formats_with_their_options() {
