@@ -453,7 +453,7 @@ pub(crate) fn kept_and_recomputed(units: &[Unit], policy: Checkpointing) -> Vec<
 /// thousand times the largest GPU's memory, and a quarter of the largest simulated device the
 /// allocation sequence is replayed on (1 PiB), so that every allocator policy's reserve of a
 /// plan within the bound fits there. A breakdown entry saturates here, so that sums of
-/// entries never overflow, and a phase that reaches it is an error ([`past_bound`]), never a
+/// entries never overflow, and a phase that reaches it is an error (`past_bound`), never a
 /// saturated figure.
 pub const MAX_BYTES: u64 = 1 << 48;
 
