@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::os::unix::net::UnixListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -53,6 +51,20 @@ impl Tmux {
 
     fn alive(&self) -> bool {
         self.run(&["has-session", "-t", "top"]).status.success()
+    }
+
+    /// Presses q and waits for the session to end; fails with the screen after 10 s.
+    fn quit(&self) {
+        self.keys(&["q"]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.alive() {
+            assert!(
+                Instant::now() < deadline,
+                "q did not quit:\n{}",
+                self.screen()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 
@@ -179,16 +191,7 @@ fn top_shows_gpus_pools_and_processes_and_answers_keys() {
         s.contains("end of recording")
     });
 
-    tmux.keys(&["q"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tmux.alive() {
-        assert!(
-            Instant::now() < deadline,
-            "q did not quit:\n{}",
-            tmux.screen()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    tmux.quit();
 }
 
 #[test]
@@ -199,22 +202,7 @@ fn a_stuck_pool_endpoint_is_named_on_screen_and_the_view_keeps_refreshing() {
     let dir = std::env::temp_dir().join(format!("gpumem-top-stuck-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    // An endpoint of this test's (live) process that sends a space every 100 ms and never
-    // a whole answer.
-    let socket = dir.join(format!("{}.sock", std::process::id()));
-    let listener = UnixListener::bind(&socket).unwrap();
-    std::thread::spawn(move || {
-        for mut stream in listener.incoming().map_while(Result::ok) {
-            std::thread::spawn(move || {
-                for _ in 0..600 {
-                    if stream.write_all(b" ").is_err() {
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            });
-        }
-    });
+    common::stuck_endpoint(&dir, 60);
     let tmux = Tmux {
         socket: format!("gpumem-top-stuck-{}", std::process::id()),
     };
@@ -247,16 +235,7 @@ fn a_stuck_pool_endpoint_is_named_on_screen_and_the_view_keeps_refreshing() {
     assert!(line.contains(dir.to_str().unwrap()), "{line}");
     // Each refresh waits at most the 500 ms bound for the stuck endpoint, so the view
     // still answers keys: q quits within a few refreshes.
-    tmux.keys(&["q"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tmux.alive() {
-        assert!(
-            Instant::now() < deadline,
-            "q did not quit:\n{}",
-            tmux.screen()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    tmux.quit();
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

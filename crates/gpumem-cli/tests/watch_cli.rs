@@ -3,8 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixListener;
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -132,21 +131,7 @@ fn live_sampling_ends_on_time_when_the_interval_is_longer() {
 #[test]
 fn a_stuck_pool_endpoint_is_skipped_with_a_warning_and_the_recording_ends_on_time() {
     let dir = scratch("stuck-endpoint");
-    // An endpoint of this test's (live) process that sends a space every 100 ms, for 20 s.
-    let socket = dir.join(format!("{}.sock", std::process::id()));
-    let listener = UnixListener::bind(&socket).unwrap();
-    std::thread::spawn(move || {
-        for mut stream in listener.incoming().map_while(Result::ok) {
-            std::thread::spawn(move || {
-                for _ in 0..200 {
-                    if stream.write_all(b" ").is_err() {
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            });
-        }
-    });
+    let socket = common::stuck_endpoint(&dir, 20);
     let output = dir.join("r.jsonl");
     let args = [
         "watch",
