@@ -490,10 +490,6 @@ impl Settings {
         if let (None, Some(size)) = (self.image_size, model.native_image_size()) {
             workload.image_size = size;
         }
-        // A model that reads no tokens ignores `--seq` (with a warning): it plans the default.
-        if !model.reads_tokens() {
-            workload.seq = Workload::default().seq;
-        }
         let mut warnings = self.ignored(model, workload.mode);
         warnings.extend(self.ignored_by_engine());
         if self.bitsandbytes.is_some()
